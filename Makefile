@@ -1,0 +1,32 @@
+# The two commands of the README. Both create .venv when it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+MODEL ?= smollm2-135m-instruct
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: run test lint install install-test
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	# torch first and pinned, so no later requirement can pull another build.
+	$(BIN)/pip install torch==2.13.0
+
+install: $(BIN)/python
+	$(BIN)/pip install -e .
+
+install-test: $(BIN)/python
+	$(BIN)/pip install -e '.[test]'
+
+run: install
+	$(BIN)/ember pull $(MODEL)
+	$(BIN)/ember serve --model $(MODEL) --host $(HOST) --port $(PORT)
+
+test: install-test
+	$(BIN)/ruff check ember tests
+	$(BIN)/python -m pytest -q
+
+lint: install-test
+	$(BIN)/ruff check ember tests
