@@ -1,0 +1,1 @@
+"""ember: LLM inference and serving."""

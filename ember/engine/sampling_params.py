@@ -1,0 +1,84 @@
+"""What a user asks of one generation: how many tokens, how to pick them, when to stop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# A bound on a single request's output, so a typo cannot pin the engine for hours.
+MAX_TOKENS_LIMIT = 1_000_000
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    """Sampling and stopping rules of one request; validated on construction.
+
+    `temperature == 0` means greedy. `top_k <= 0` and `top_p == 1` disable those filters.
+    `logprobs=k` returns the sampled token's logprob plus the `k` most likely alternatives
+    at each step (`k=0`: the sampled token only); `prompt_logprobs` likewise for prompt tokens.
+    Logprobs are those of the model's raw distribution, before penalties and filters.
+    A `seed` makes the request's samples reproducible whatever else shares its batch.
+    """
+
+    n: int = 1
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+        self._validate()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def _validate(self) -> None:
+        _check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "an integer from 1 to 128")
+        if self.max_tokens is not None:
+            _check(
+                isinstance(self.max_tokens, int) and 1 <= self.max_tokens <= MAX_TOKENS_LIMIT,
+                "max_tokens",
+                f"an integer from 1 to {MAX_TOKENS_LIMIT}",
+            )
+        _check(self.min_tokens >= 0, "min_tokens", "a non-negative integer")
+        if self.max_tokens is not None:
+            _check(self.min_tokens <= self.max_tokens, "min_tokens", "at most max_tokens")
+        _check(0.0 <= self.temperature <= 100.0, "temperature", "a number from 0 to 100")
+        _check(0.0 < self.top_p <= 1.0, "top_p", "a number in (0, 1]")
+        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "-1, 0 (off) or a positive integer")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "a number from 0 to 1")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "a number from -2 to 2")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "a number from -2 to 2")
+        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "a number in (0, 2]")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings")
+        _check(len(self.stop) <= 16, "stop", "at most 16 strings")
+        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "non-negative token ids")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(isinstance(value, int) and 0 <= value <= MAX_LOGPROBS, name, f"an integer from 0 to {MAX_LOGPROBS}")
+        if self.seed is not None:
+            _check(isinstance(self.seed, int) and abs(self.seed) < 2**63, "seed", "a 64-bit integer")
+
+
+def _check(condition: bool, name: str, expected: str) -> None:
+    if not condition:
+        raise ValueError(f"sampling parameter {name!r} must be {expected}")
