@@ -69,11 +69,15 @@ class IncrementalDecoder:
     token completes them; `flush()` releases what is left (invalid bytes as U+FFFD).
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, skip_special_tokens: bool = False, at_start: bool = True
+    ) -> None:
+        # `at_start`: the next token begins a text (e.g. it follows BOS), so a SentencePiece
+        # vocabulary's leading space is dropped; False when continuing a prompt's text.
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         self._pending = b""
-        self._at_start = True
+        self._at_start = at_start
 
     def push(self, token_id: int) -> str:
         tokenizer = self._tokenizer

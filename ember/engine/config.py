@@ -1,0 +1,122 @@
+"""The engine's validated configuration: model, cache and scheduler, built once from flags or kwargs."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class CacheConfig:
+    """Paged KV cache: block size and how much memory the blocks get.
+
+    `num_kv_blocks` wins over `kv_cache_memory_bytes`; with neither, the cache gets enough
+    blocks for `max_num_seqs` sequences of full context, capped at 2 GiB.
+    """
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.block_size <= 1024:
+            raise ValueError("block_size must be from 1 to 1024 tokens")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be at least 1")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError("kv_cache_memory_bytes must be positive")
+
+
+@dataclass
+class SchedulerConfig:
+    """Step budget: tokens per step, sequences per step, and whether long prompts are chunked."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be at least 1")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+
+
+@dataclass
+class EngineConfig:
+    """Everything needed to build an engine: which model, which tokenizer, dtype, cache, scheduler.
+
+    `model` is a path (GGUF file, HF safetensors folder, llama2.c .bin) or a registered name;
+    `tokenizer` overrides the model's own tokenizer.
+    """
+
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    seed: int = 0
+    served_model_name: str | None = None
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EngineConfig:
+        """Build the config from the flags `add_engine_arguments` defined."""
+        return cls(
+            model=args.model,
+            tokenizer=args.tokenizer,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            seed=args.seed,
+            served_model_name=getattr(args, "served_model_name", None),
+            cache=CacheConfig(
+                block_size=args.block_size,
+                num_kv_blocks=args.num_kv_blocks,
+                kv_cache_memory_bytes=args.kv_cache_memory,
+                enable_prefix_caching=not args.no_prefix_caching,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                max_num_seqs=args.max_num_seqs,
+                enable_chunked_prefill=not args.no_chunked_prefill,
+            ),
+        )
+
+
+def parse_bytes(text: str) -> int:
+    """'512MiB', '2GB', '1e9' or a plain integer -> bytes."""
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    lowered = text.strip().lower()
+    for suffix, factor in units.items():
+        if lowered.endswith(suffix):
+            return int(float(lowered[: -len(suffix)]) * factor)
+    try:
+        return int(float(lowered))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} as a size; write e.g. 512MiB or 2GB") from None
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags, shared by every command that builds an engine."""
+    defaults = EngineConfig(model="")
+    parser.add_argument("--model", required=True, help="registered name, GGUF file, HF folder or llama2.c .bin")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer file overriding the model's own")
+    parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPES)
+    parser.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
+    parser.add_argument("--block-size", type=int, default=defaults.cache.block_size)
+    parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV cache budget, e.g. 512MiB")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.scheduler.max_num_batched_tokens)
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.scheduler.max_num_seqs)
+    parser.add_argument("--no-prefix-caching", action="store_true", help="switch prefix caching off")
+    parser.add_argument("--no-chunked-prefill", action="store_true", help="switch chunked prefill off")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of unseeded sampling")

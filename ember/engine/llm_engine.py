@@ -1,0 +1,313 @@
+"""LLMEngine: requests in, one step at a time, deltas out. The synchronous heart of ember."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ember.engine.config import EngineConfig
+from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
+from ember.engine.runner import ModelRunner, StepResult, kv_cache_bytes_per_block
+from ember.engine.sampling_params import SamplingParams
+from ember.engine.scheduler import Scheduler, SchedulerOutput
+from ember.engine.stop_checker import StopChecker
+from ember.kv.cache_manager import KVCacheManager
+from ember.layers.sampler import SampledToken, Sampler
+from ember.models.config import ModelConfig
+from ember.models.loader import DTYPES, LoadedModel, load_model
+from ember.models.registry import resolve_model
+from ember.tokenizers.base import Tokenizer
+
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step ran: which requests, how many tokens, how long it took."""
+
+    step_index: int
+    request_ids: tuple[str, ...]
+    num_scheduled_tokens: int
+    num_preempted: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's queues, cache and counters."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    block_size: int
+    kv_cache_bytes: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    num_steps: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    computed_tokens_total: int
+
+
+class LLMEngine:
+    """Owns model, tokenizer, KV cache, scheduler and runner; `step()` advances every running request."""
+
+    def __init__(self, config: EngineConfig, show_progress: bool = False) -> None:
+        self.config = config
+        torch.manual_seed(config.seed)
+        model_path = resolve_model(config.model)
+        loaded = load_model(model_path, config.dtype, show_progress=show_progress)
+        self.model_config: ModelConfig = loaded.config
+        self.model_name = config.served_model_name or _model_name(config.model, model_path)
+        self.tokenizer = _load_tokenizer(config, loaded)
+        self.max_model_len = min(config.max_model_len or loaded.config.max_position_embeddings, loaded.config.max_position_embeddings)
+        self.block_size = config.cache.block_size
+        num_blocks = self._num_kv_blocks(loaded.config)
+        self.kv = KVCacheManager(num_blocks, self.block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        generator = torch.Generator().manual_seed(config.seed)
+        self.eos_ids = self.tokenizer.eos_ids if self.tokenizer is not None else frozenset()
+        self.runner = ModelRunner(loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids)
+        self.stop_checker = StopChecker(self.eos_ids, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self._arrivals = itertools.count()
+        self._aborted_outputs: list[RequestOutput] = []
+        self._step_records: collections.deque[StepRecord] = collections.deque(maxlen=4096)
+        self._counters = collections.Counter()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Queue a request; raises ValueError (saying what to change) if it can never run."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self._validate(prompt_token_ids, params)
+        request = Request(request_id, list(prompt_token_ids), params, prompt, priority, next(self._arrivals))
+        forks = params.n > 1 and len(prompt_token_ids) > 1
+        count = 1 if forks else params.n
+        request.sequences = [make_sequence(request, i, self.tokenizer, prompt_token_ids) for i in range(count)]
+        request.sequences[0].fork_pending = forks
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]
+        self.requests[request_id] = request
+        for seq in request.sequences:
+            self.scheduler.add_sequence(seq)
+        self._counters["prompt_tokens"] += len(prompt_token_ids)
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now; its blocks go back to the pool. Unknown ids are ignored."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.sequences:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+        self._aborted_outputs.append(self._delta(request, request.sequences))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or bool(self._aborted_outputs)
+
+    # -- stepping ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample, detokenize; returns the deltas of changed requests."""
+        outputs, self._aborted_outputs = self._aborted_outputs, []
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return outputs
+        started = time.perf_counter()
+        result = self.runner.execute(plan)
+        outputs.extend(self._process(plan, result))
+        self._record(plan, time.perf_counter() - started)
+        return outputs
+
+    def _process(self, plan: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        changed: dict[str, list[Sequence]] = {}
+        for item in plan.scheduled:
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            if seq.seq_id in result.prompt_logprobs:
+                self._add_prompt_logprobs(seq.request, result.prompt_logprobs[seq.seq_id])
+            if seq.fork_pending and seq.num_computed_tokens == seq.compute_target:
+                self._fork(seq)
+            token = result.sampled.get(seq.seq_id)
+            if token is not None:
+                self._append(seq, token)
+                changed.setdefault(seq.request.request_id, []).append(seq)
+        outputs = []
+        for request_id, seqs in changed.items():
+            request = self.requests[request_id]
+            outputs.append(self._delta(request, seqs))
+            if request.finished:
+                request.metrics.finished_time = time.monotonic()
+                del self.requests[request_id]
+        return outputs
+
+    def _fork(self, parent: Sequence) -> None:
+        parent.fork_pending = False
+        request = parent.request
+        children = [make_sequence(request, i, self.tokenizer, parent.token_ids) for i in range(1, request.params.n)]
+        request.sequences.extend(children)
+        self.scheduler.fork(parent, children)
+
+    def _append(self, seq: Sequence, token: SampledToken) -> None:
+        request = seq.request
+        if request.metrics.first_token_time is None:
+            request.metrics.first_token_time = time.monotonic()
+        if seq.params.logprobs is not None:
+            seq.pending_logprobs.append(self._position_logprobs(token))
+            seq.cumulative_logprob += token.logprob or 0.0
+        self.stop_checker.append_token(seq, token.token_id)
+        self._counters["generation_tokens"] += 1
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+
+    def _delta(self, request: Request, seqs: list[Sequence]) -> RequestOutput:
+        completions = [self._completion_delta(seq) for seq in seqs]
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=completions,
+            finished=request.finished or all(s.finish_reason == "abort" for s in seqs),
+            prompt=request.prompt,
+            num_cached_tokens=request.num_cached_tokens,
+            prompt_logprobs=request.prompt_logprobs,
+            metrics=request.metrics,
+        )
+
+    def _completion_delta(self, seq: Sequence) -> CompletionOutput:
+        end = self.stop_checker.emittable_text_end(seq)
+        text = seq.text[seq.num_emitted_chars : end]
+        seq.num_emitted_chars = max(seq.num_emitted_chars, end)
+        token_ids = seq.output_token_ids[seq.num_emitted_tokens :]
+        seq.num_emitted_tokens = seq.num_output_tokens
+        logprobs = None
+        if seq.params.logprobs is not None:
+            logprobs, seq.pending_logprobs = seq.pending_logprobs, []
+        return CompletionOutput(
+            index=seq.index,
+            text=text,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            cumulative_logprob=seq.cumulative_logprob if seq.params.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+
+    def _position_logprobs(self, token: SampledToken) -> PositionLogprobs:
+        entries = {token.token_id: Logprob(token.logprob or 0.0, token.rank or 1, self._piece(token.token_id))}
+        for rank, (token_id, value) in enumerate(zip(token.top_token_ids or [], token.top_logprobs or [], strict=True), 1):
+            entries.setdefault(token_id, Logprob(value, rank, self._piece(token_id)))
+        return entries
+
+    def _add_prompt_logprobs(self, request: Request, tokens: list[SampledToken]) -> None:
+        assert request.prompt_logprobs is not None
+        request.prompt_logprobs.extend(self._position_logprobs(token) for token in tokens)
+
+    def _piece(self, token_id: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token_id])
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _record(self, plan: SchedulerOutput, duration_s: float) -> None:
+        self._counters["steps"] += 1
+        self._counters["computed_tokens"] += plan.num_batched_tokens
+        request_ids = tuple(dict.fromkeys(item.seq.request.request_id for item in plan.scheduled))
+        self._step_records.append(
+            StepRecord(self._counters["steps"], request_ids, plan.num_batched_tokens, len(plan.preempted), duration_s)
+        )
+
+    def step_records(self) -> list[StepRecord]:
+        return list(self._step_records)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.kv.usage,
+            num_free_blocks=self.kv.num_free_blocks,
+            num_total_blocks=self.kv.pool.num_blocks,
+            block_size=self.block_size,
+            kv_cache_bytes=self.runner.kv_cache_bytes,
+            prefix_cache_queries=self.kv.prefix_stats.queries,
+            prefix_cache_hits=self.kv.prefix_stats.hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_steps=self._counters["steps"],
+            prompt_tokens_total=self._counters["prompt_tokens"],
+            generation_tokens_total=self._counters["generation_tokens"],
+            computed_tokens_total=self._counters["computed_tokens"],
+        )
+
+    def _num_kv_blocks(self, config: ModelConfig) -> int:
+        cache = self.config.cache
+        if cache.num_kv_blocks is not None:
+            return cache.num_kv_blocks
+        per_block = kv_cache_bytes_per_block(config, self.block_size, DTYPES[self.config.dtype])
+        if cache.kv_cache_memory_bytes is not None:
+            blocks = cache.kv_cache_memory_bytes // per_block
+            if blocks < 1:
+                raise ValueError(f"--kv-cache-memory {cache.kv_cache_memory_bytes} holds no block; one block takes {per_block} bytes")
+            return blocks
+        wanted = -(-self.max_model_len // self.block_size) * self.config.scheduler.max_num_seqs
+        return max(1, min(wanted, DEFAULT_KV_CACHE_BYTES // per_block))
+
+    def _validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError("the prompt is empty; give at least one token")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        if num_prompt >= self.max_model_len:
+            raise ValueError(f"the prompt has {num_prompt} tokens; the context window is {self.max_model_len}, so at most {self.max_model_len - 1} fit")
+        max_tokens = params.max_tokens or (self.max_model_len - num_prompt)
+        if num_prompt + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context window of "
+                f"{self.max_model_len}; lower max_tokens to at most {self.max_model_len - num_prompt}"
+            )
+        blocks_needed = -(-(num_prompt + max_tokens) // self.block_size)
+        if blocks_needed > self.kv.pool.num_blocks:
+            raise ValueError(
+                f"this request needs {blocks_needed} KV blocks but the cache has {self.kv.pool.num_blocks}; "
+                "lower max_tokens or raise --kv-cache-memory / --num-kv-blocks"
+            )
+        scheduler = self.config.scheduler
+        if not scheduler.enable_chunked_prefill and num_prompt + max_tokens > scheduler.max_num_batched_tokens:
+            raise ValueError(
+                f"with chunked prefill off, prompt + output ({num_prompt + max_tokens} tokens) must fit "
+                f"max_num_batched_tokens ({scheduler.max_num_batched_tokens}); raise it or enable chunked prefill"
+            )
+
+
+def _model_name(given: str, path: Path) -> str:
+    return given if not Path(given).exists() else path.stem
+
+
+def _load_tokenizer(config: EngineConfig, loaded: LoadedModel) -> Tokenizer | None:
+    source = Path(config.tokenizer) if config.tokenizer else loaded.tokenizer_path
+    if source is None:
+        return None
+    from ember.tokenizers import load as load_tokenizer
+
+    return load_tokenizer(source)
+
+
+__all__ = ["EngineStats", "LLMEngine", "SequenceStatus", "StepRecord"]

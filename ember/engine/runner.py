@@ -1,0 +1,149 @@
+"""The model runner: turns a scheduler plan into one flat forward pass, then samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ember.engine.request import Sequence
+from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
+from ember.kv.cache_manager import BlockCopy, KVCacheManager
+from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
+from ember.layers.sampler import SampledToken, Sampler, SamplingRow, describe_position
+from ember.models.config import ModelConfig
+from ember.models.llama import LlamaForCausalLM
+
+
+@dataclass
+class StepResult:
+    """What one forward pass produced: a sampled token per sampling sequence, prompt logprobs."""
+
+    sampled: dict[str, SampledToken]
+    prompt_logprobs: dict[str, list[SampledToken]]
+
+
+def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes in every layer's key and value caches."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
+
+
+class ModelRunner:
+    """Owns the model and its per-layer KV caches; executes steps."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        num_blocks: int,
+        block_size: int,
+        kv: KVCacheManager,
+        sampler: Sampler,
+        eos_ids: frozenset[int],
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.kv = kv
+        self.sampler = sampler
+        self.eos_ids = eos_ids
+        config = model.config
+        dtype = model.model.embed_tokens.weight.dtype
+        self.kv_caches = [
+            torch.zeros(2, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype=dtype)
+            for _ in range(config.num_layers)
+        ]
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
+
+    @torch.inference_mode()
+    def execute(self, plan: SchedulerOutput) -> StepResult:
+        self._copy_blocks(plan.block_copies)
+        input_ids, positions, metadata = self._prepare(plan.scheduled)
+        hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+        return self._sample(plan.scheduled, hidden)
+
+    def _copy_blocks(self, copies: list[BlockCopy]) -> None:
+        if not copies:
+            return
+        sources = torch.tensor([c.source for c in copies])
+        destinations = torch.tensor([c.destination for c in copies])
+        for cache in self.kv_caches:
+            cache[:, destinations] = cache[:, sources]
+
+    def _prepare(self, scheduled: list[ScheduledSequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        token_chunks, position_chunks, slot_chunks = [], [], []
+        prefills: list[PrefillSegment] = []
+        decode_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        start = 0
+        for item in scheduled:
+            seq, count = item.seq, item.num_new_tokens
+            first = seq.num_computed_tokens
+            block_ids = self.kv.block_table(seq.seq_id).block_ids
+            positions = torch.arange(first, first + count)
+            table = torch.tensor(block_ids, dtype=torch.long)
+            token_chunks.append(seq.token_ids[first : first + count])
+            position_chunks.append(positions)
+            slot_chunks.append(table[positions // self.block_size] * self.block_size + positions % self.block_size)
+            if count == 1:
+                decode_rows.append(start)
+                decode_tables.append(block_ids)
+                decode_lens.append(first + 1)
+            else:
+                prefills.append(PrefillSegment(start, start + count, first + count, table))
+            start += count
+        metadata = AttentionMetadata(
+            slot_mapping=torch.cat(slot_chunks),
+            prefills=prefills,
+            decode=self._decode_batch(decode_rows, decode_tables, decode_lens),
+        )
+        input_ids = torch.tensor([t for chunk in token_chunks for t in chunk], dtype=torch.long)
+        return input_ids, torch.cat(position_chunks), metadata
+
+    def _decode_batch(self, rows: list[int], tables: list[list[int]], lens: list[int]) -> DecodeBatch | None:
+        if not rows:
+            return None
+        max_blocks = max(len(t) for t in tables)
+        padded = torch.zeros(len(tables), max_blocks, dtype=torch.long)
+        for i, table in enumerate(tables):
+            padded[i, : len(table)] = torch.tensor(table)
+        key_mask = torch.arange(max_blocks * self.block_size).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+        return DecodeBatch(token_indices=torch.tensor(rows), block_tables=padded, key_mask=key_mask)
+
+    def _sample(self, scheduled: list[ScheduledSequence], hidden: torch.Tensor) -> StepResult:
+        ends = torch.tensor([item.num_new_tokens for item in scheduled]).cumsum(0)
+        sampling = [(i, item.seq) for i, item in enumerate(scheduled) if item.samples]
+        result = StepResult(sampled={}, prompt_logprobs={})
+        if sampling:
+            rows = torch.tensor([int(ends[i]) - 1 for i, _ in sampling])
+            logits = self.model.compute_logits(hidden[rows])
+            tokens = self.sampler(logits, [self._sampling_row(seq) for _, seq in sampling])
+            result.sampled = {seq.seq_id: token for (_, seq), token in zip(sampling, tokens, strict=True)}
+        for i, item in enumerate(scheduled):
+            if item.seq.params.prompt_logprobs is not None and item.seq.index == 0:
+                start = int(ends[i]) - item.num_new_tokens
+                result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(item, hidden[start : int(ends[i])])
+        return result
+
+    def _sampling_row(self, seq: Sequence) -> SamplingRow:
+        params = seq.params
+        banned: tuple[int, ...] = ()
+        if seq.num_output_tokens < params.min_tokens:
+            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
+            banned = tuple(sorted(stops))
+        return SamplingRow(params, seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids, seq.generator, banned)
+
+    def _prompt_logprobs(self, item: ScheduledSequence, hidden: torch.Tensor) -> list[SampledToken]:
+        """Logprob of each next prompt token predicted inside this chunk."""
+        seq = item.seq
+        first = seq.num_computed_tokens
+        last = min(first + item.num_new_tokens, seq.num_prompt_tokens - 1)
+        if last <= first:
+            return []
+        logprobs = torch.log_softmax(self.model.compute_logits(hidden[: last - first]).float(), dim=-1)
+        num_top = seq.params.prompt_logprobs or 0
+        targets = seq.token_ids[first + 1 : last + 1]
+        return [describe_position(logprobs[j], target, num_top) for j, target in enumerate(targets)]

@@ -1,0 +1,181 @@
+"""The scheduler: each step, who runs and how many tokens each gets, within one token budget."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ember.engine.config import SchedulerConfig
+from ember.engine.request import Sequence, SequenceStatus
+from ember.kv.cache_manager import BlockCopy, CachedPrefix, KVCacheManager
+
+
+@dataclass
+class ScheduledSequence:
+    """A sequence in this step's batch and how many of its tokens are computed."""
+
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        return self.seq.samples_after(self.num_new_tokens)
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan: the batch, the block copies to do first, who was preempted."""
+
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    block_copies: list[BlockCopy] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(item.num_new_tokens for item in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Continuous batching with chunked prefill, FCFS (or priority) admission, preemption by recompute."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add_sequence(self, seq: Sequence) -> None:
+        """Queue a new sequence by (priority, arrival)."""
+        seq.status = SequenceStatus.WAITING
+        key = _queue_key(seq)
+        position = len(self.waiting)
+        while position > 0 and _queue_key(self.waiting[position - 1]) > key:
+            position -= 1
+        self.waiting.insert(position, seq)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step.
+
+        Every step guarantees:
+        - at most `max_num_batched_tokens` tokens and `max_num_seqs` sequences are scheduled;
+        - running sequences go first (decodes, then unfinished prefills, oldest first); when the
+          pool has no block for one, the newest running sequence not yet in this step's batch is
+          preempted by recompute: its blocks are freed and it goes back to the front of the
+          queue with its output kept;
+        - waiting sequences are admitted in queue order, only in steps without preemption, with
+          prefix-cache hits counted as computed and long prompts cut to fit the budget;
+        - every sequence is in exactly one of waiting, running or finished: none lost, none twice.
+        """
+        out = SchedulerOutput()
+        budget = self._schedule_running(self.config.max_num_batched_tokens, out)
+        if not out.preempted:
+            self._admit_waiting(budget, out)
+        return out
+
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Start `children` sharing every KV block of `parent`, right behind it in the running order."""
+        position = self.running.index(parent) + 1
+        for child in children:
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.status = SequenceStatus.RUNNING
+            self.kv.fork(parent.seq_id, child.seq_id)
+        self.running[position:position] = children
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a finished (or aborted) sequence out of its queue and give back its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        self.kv.free(seq.seq_id)
+
+    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+        # Decodes first keep inter-token latency low while long prompts are chunked in.
+        order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
+        for seq in order:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            copies = self._allocate_or_preempt(seq, num_new, out)
+            if copies is None:
+                continue
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            out.block_copies.extend(copies)
+            budget -= num_new
+        return budget
+
+    def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> list[BlockCopy] | None:
+        """Blocks for `seq`, preempting the newest running sequences until they fit; None if `seq` itself went."""
+        while True:
+            copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new)
+            if copies is not None:
+                return copies
+            # Never a sequence already in this step's batch: its blocks are promised to the step.
+            scheduled = {id(item.seq) for item in out.scheduled}
+            victim = next(s for s in reversed(self.running) if id(s) not in scheduled)
+            self._preempt(victim, out)
+            if victim is seq:
+                return None
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq.seq_id)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.insert(0, seq)
+        out.preempted.append(seq)
+        self.num_preemptions += 1
+
+    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            if len(self.running) + _seats_needed(seq) > self.config.max_num_seqs:
+                break
+            prefix = self._cached_prefix(seq)
+            seq.num_computed_tokens = prefix.num_tokens
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if num_new < seq.num_uncomputed_tokens and not self.config.enable_chunked_prefill:
+                break  # the whole prompt must fit in one step
+            copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new, prefix)
+            if copies is None:
+                seq.num_computed_tokens = 0
+                break
+            self.waiting.pop(0)
+            self._record_admission(seq, prefix)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            out.block_copies.extend(copies)
+            budget -= num_new
+
+    def _cached_prefix(self, seq: Sequence) -> CachedPrefix:
+        # At least one token is always computed: its logits are what the step samples from.
+        return self.kv.find_cached_prefix(seq.token_ids, seq.compute_target - 1)
+
+    @staticmethod
+    def _record_admission(seq: Sequence, prefix: CachedPrefix) -> None:
+        request = seq.request
+        if request.metrics.first_scheduled_time is None:
+            request.metrics.first_scheduled_time = time.monotonic()
+            request.num_cached_tokens = min(prefix.num_tokens, seq.num_prompt_tokens)
+
+
+def _queue_key(seq: Sequence) -> tuple[int, int]:
+    return (seq.request.priority, seq.request.arrival_index)
+
+
+def _seats_needed(seq: Sequence) -> int:
+    """A sequence about to fork needs seats for all its siblings."""
+    return seq.params.n if seq.fork_pending else 1

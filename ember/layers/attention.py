@@ -1,0 +1,121 @@
+"""Attention over the paged KV cache for a flat batch of mixed prefill and decode requests.
+
+The cache of one layer is a tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]`
+(keys, values). A token's slot is `block_id * block_size + offset`. Each step writes the new
+tokens' keys and values to their slots first, then every request attends to its own blocks
+only, causally: no attention crosses requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSegment:
+    """One request with several new tokens: rows `[start, end)` of the flat batch."""
+
+    start: int
+    end: int
+    seq_len: int  # context length after this step, new tokens included
+    block_table: torch.Tensor  # [num_blocks] block ids covering seq_len
+
+    @property
+    def num_cached(self) -> int:
+        return self.seq_len - (self.end - self.start)
+
+
+@dataclass
+class DecodeBatch:
+    """Requests with exactly one new token each, attended in one padded batch."""
+
+    token_indices: torch.Tensor  # [batch] rows of the flat batch
+    block_tables: torch.Tensor  # [batch, max_blocks], padded with block 0
+    key_mask: torch.Tensor  # [batch, max_blocks * block_size] True where the key exists
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step facts every attention layer needs; built once per step by the model runner."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot of each new token
+    prefills: list[PrefillSegment]
+    decode: DecodeBatch | None
+
+
+def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store the new tokens' keys and values in their cache slots."""
+    num_kv_heads, head_dim = key.shape[1], key.shape[2]
+    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
+    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """query [T, H, D], key/value [T, H_kv, D] of the new tokens -> output [T, H, D]."""
+    write_kv(kv_cache, key, value, metadata.slot_mapping)
+    output = torch.empty_like(query)
+    for segment in metadata.prefills:
+        output[segment.start : segment.end] = _prefill_attention(query, key, value, kv_cache, segment, scale)
+    if metadata.decode is not None:
+        batch = metadata.decode
+        output[batch.token_indices] = _decode_attention(query[batch.token_indices], kv_cache, batch, scale)
+    return output
+
+
+def _prefill_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    segment: PrefillSegment,
+    scale: float,
+) -> torch.Tensor:
+    q = query[segment.start : segment.end].transpose(0, 1)  # [H, n, D]
+    if segment.num_cached == 0:
+        # Nothing cached before these tokens: attend to them directly, plain causal.
+        k = key[segment.start : segment.end].transpose(0, 1)
+        v = value[segment.start : segment.end].transpose(0, 1)
+        out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale, enable_gqa=True)
+        return out.transpose(0, 1)
+    k, v = _gather(kv_cache, segment.block_table, segment.seq_len)
+    num_new = segment.end - segment.start
+    # Query i sits at absolute position num_cached + i and sees keys 0..num_cached + i.
+    query_positions = torch.arange(segment.num_cached, segment.seq_len).unsqueeze(1)
+    mask = torch.arange(segment.seq_len).unsqueeze(0) <= query_positions
+    out = F.scaled_dot_product_attention(
+        q, k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.transpose(0, 1)[:num_new]
+
+
+def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [seq_len, H_kv, D] of one request, read from its blocks."""
+    blocks = kv_cache[:, block_table]  # [2, nb, bs, H_kv, D]
+    flat = blocks.flatten(1, 2)[:, :seq_len]
+    return flat[0], flat[1]
+
+
+def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, batch: DecodeBatch, scale: float) -> torch.Tensor:
+    """query [B, H, D], one token per request -> [B, H, D]; grouped heads share their KV head."""
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    blocks = kv_cache[:, batch.block_tables]  # [2, B, nb, bs, H_kv, D]
+    keys = blocks[0].flatten(1, 2).permute(0, 2, 3, 1)  # [B, H_kv, D, L]
+    values = blocks[1].flatten(1, 2).transpose(1, 2)  # [B, H_kv, L, D]
+    q = query.view(num_seqs, num_kv_heads, group, head_dim).to(keys.dtype)
+    scores = torch.matmul(q, keys).float() * scale  # [B, H_kv, G, L]
+    scores.masked_fill_(~batch.key_mask[:, None, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(values.dtype)
+    out = torch.matmul(weights, values)  # [B, H_kv, G, D]
+    return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)

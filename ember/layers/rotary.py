@@ -1,0 +1,59 @@
+"""Rotary position embedding (RoPE) in the half-split layout transformers uses."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ember.models.config import RopeScaling
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """Per-pair rotation frequencies, rescaled as the model's rope scaling says."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
+    low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    is_medium = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return torch.where(is_medium, blended, scaled)
+
+
+class RotaryEmbedding:
+    """Rotates queries and keys by their absolute positions; cos/sin tables built once.
+
+    A plain object, not a module: its tables are derived, never loaded, so they are built on
+    a real device even while the model's parameters are still on the meta device.
+    """
+
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None, device: str = "cpu"
+    ) -> None:
+        inv_freq = rope_inverse_frequencies(head_dim, theta, scaling).to(device)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64, device=device), inv_freq)
+        self.cos = angles.cos().float()
+        self.sin = angles.sin().float()
+
+    def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim] -> both rotated."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1 = x[..., :half].float()
+    x2 = x[..., half:].float()
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.to(x.dtype)

@@ -1,0 +1,138 @@
+"""Turns the last-position logits of each sampling sequence into its next token (and logprobs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ember.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs to know of one sequence: its rules, its history, its random stream.
+
+    `generator` is the sequence's own seeded stream (None: the engine's shared stream);
+    `banned_token_ids` are ids that may not be sampled yet (EOS and stop ids before `min_tokens`).
+    """
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None = None
+    banned_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class SampledToken:
+    """The chosen token, its raw logprob, and (if asked) its rank and the top alternatives."""
+
+    token_id: int
+    logprob: float | None = None
+    rank: int | None = None
+    top_token_ids: list[int] | None = None
+    top_logprobs: list[float] | None = None
+
+
+class Sampler:
+    """Greedy, temperature, top-k, top-p, min-p and penalties, one row per sequence.
+
+    Every random draw of a seeded row comes from that row's own generator, and the number of
+    draws per step is fixed (one exponential per vocabulary entry), so a seeded request
+    samples the same tokens whatever else shares its batch.
+    """
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self._generator = generator
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        logits = logits.float()
+        wants_logprobs = any(row.params.logprobs is not None for row in rows)
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
+        logits = _apply_penalties(logits.clone(), rows)
+        token_ids = self._choose(logits, rows)
+        return [_describe(i, int(token_ids[i]), row, raw_logprobs) for i, row in enumerate(rows)]
+
+    def _choose(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        token_ids = logits.argmax(dim=-1)
+        random_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
+        if random_rows:
+            index = torch.tensor(random_rows)
+            probs = _filtered_probs(logits[index], [rows[i].params for i in random_rows])
+            noise = self._exponential_noise(probs.shape, [rows[i].generator for i in random_rows])
+            token_ids[index] = (probs / noise).argmax(dim=-1)
+        return token_ids
+
+    def _exponential_noise(self, shape: torch.Size, generators: list[torch.Generator | None]) -> torch.Tensor:
+        # argmax(p / E) with E ~ Exp(1) picks index i with probability p_i (the exponential race).
+        noise = torch.empty(shape).exponential_(generator=self._generator)
+        for i, generator in enumerate(generators):
+            if generator is not None:
+                noise[i].exponential_(generator=generator)
+        return noise
+
+
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    for i, row in enumerate(rows):
+        params = row.params
+        if params.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long)
+            if len(seen):
+                values = logits[i, seen]
+                logits[i, seen] = torch.where(
+                    values > 0, values / params.repetition_penalty, values * params.repetition_penalty
+                )
+        if (params.presence_penalty or params.frequency_penalty) and row.output_token_ids:
+            counts = torch.bincount(torch.tensor(row.output_token_ids), minlength=logits.shape[1])[: logits.shape[1]]
+            logits[i] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+        if row.banned_token_ids:
+            logits[i, list(row.banned_token_ids)] = float("-inf")
+    return logits
+
+
+def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Probabilities after temperature, top-k, top-p and min-p; filtered entries are 0."""
+    temperatures = torch.tensor([p.temperature for p in params]).unsqueeze(1)
+    logits = logits / temperatures
+    needs_filter = any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params)
+    if needs_filter:
+        logits = _filter(logits, params)
+    return torch.softmax(logits, dim=-1)
+
+
+def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    vocab = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab).unsqueeze(0)
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).unsqueeze(1)
+    remove = ranks >= top_k
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+    top_p = torch.tensor([p.top_p for p in params]).unsqueeze(1)
+    # Drop a token when the tokens ranked above it already cover top_p; the first always stays.
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    remove |= mass_before >= top_p
+    min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
+    remove |= sorted_probs < min_p * sorted_probs[:, :1]
+    remove[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _describe(index: int, token_id: int, row: SamplingRow, raw_logprobs: torch.Tensor | None) -> SampledToken:
+    num_top = row.params.logprobs
+    if num_top is None or raw_logprobs is None:
+        return SampledToken(token_id=token_id)
+    return describe_position(raw_logprobs[index], token_id, num_top)
+
+
+def describe_position(logprobs: torch.Tensor, token_id: int, num_top: int) -> SampledToken:
+    """Logprob and rank of `token_id` in one position's log-distribution, plus its top `num_top`."""
+    chosen = logprobs[token_id]
+    rank = int((logprobs > chosen).sum()) + 1
+    top_ids: list[int] = []
+    top_values: list[float] = []
+    if num_top > 0:
+        values, ids = logprobs.topk(num_top)
+        top_ids, top_values = ids.tolist(), values.tolist()
+    return SampledToken(token_id, float(chosen), rank, top_ids, top_values)

@@ -1,0 +1,112 @@
+"""GGUF model files: metadata -> ModelConfig, tensors dequantized and renamed to transformers' names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from ember.models.config import ModelConfig
+
+GGUF_MAGIC = b"GGUF"
+
+# Tensor types dequantized at load; running packed formats directly is ember.quant's job.
+SUPPORTED_TYPES = {
+    GGMLQuantizationType.F32,
+    GGMLQuantizationType.F16,
+    GGMLQuantizationType.BF16,
+    GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q4_1,
+    GGMLQuantizationType.Q5_0,
+    GGMLQuantizationType.Q5_1,
+    GGMLQuantizationType.Q2_K,
+    GGMLQuantizationType.Q3_K,
+    GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K,
+    GGMLQuantizationType.Q6_K,
+}
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def is_gguf_file(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def read_gguf_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """All key-value fields as Python values (token lists included)."""
+    return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def read_gguf_config(reader: GGUFReader) -> ModelConfig:
+    metadata = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
+    if "tokenizer.ggml.tokens" in reader.fields:
+        metadata["tokenizer.ggml.tokens"] = range(len(reader.fields["tokenizer.ggml.tokens"].data))
+    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    return ModelConfig.from_gguf(metadata, has_output_tensor=has_output)
+
+
+def hf_name(gguf_name: str) -> str:
+    """GGUF tensor name -> transformers' name (e.g. blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_PATTERN.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no counterpart in ember's Llama model")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+
+
+def unpermute_rope(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved rotary pairs -> transformers' half split)."""
+    rows = weight.shape[0]
+    head_dim = rows // num_heads
+    shaped = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
+    return shaped.swapaxes(1, 2).reshape(weight.shape)
+
+
+def iter_gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(transformers name, float32 tensor) pairs, dequantized one at a time."""
+    permute_rope = config.architecture == "llama"
+    for tensor in reader.tensors:
+        if tensor.tensor_type not in SUPPORTED_TYPES:
+            raise ValueError(
+                f"GGUF tensor {tensor.name} has type {tensor.tensor_type.name}, which ember cannot load yet; "
+                f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}"
+            )
+        values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        values = values.reshape([int(d) for d in reversed(tensor.shape)])
+        if permute_rope and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
+            values = unpermute_rope(values, config.num_heads)
+        elif permute_rope and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
+            values = unpermute_rope(values, config.num_kv_heads)
+        values = np.ascontiguousarray(values)
+        if not values.flags.writeable:  # F32 tensors are views of the read-only file map
+            values = values.copy()
+        yield hf_name(tensor.name), torch.from_numpy(values)

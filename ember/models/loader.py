@@ -1,0 +1,96 @@
+"""One entry point from a checkpoint path to a ready model: format found by content, weights lazy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from gguf import GGUFReader
+from rich.progress import Progress
+from torch import nn
+
+from ember.models.config import ModelConfig
+from ember.models.gguf_loader import is_gguf_file, iter_gguf_tensors, read_gguf_config
+from ember.models.hf_loader import find_hf_tokenizer, is_hf_folder, iter_hf_tensors, read_hf_config
+from ember.models.llama import LlamaForCausalLM
+from ember.models.llama2c_loader import (
+    is_llama2c_file,
+    iter_llama2c_tensors,
+    llama2c_config,
+    read_llama2c_header,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A model with its weights in place, and where its tokenizer can be read from (if anywhere)."""
+
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer_path: Path | None
+    format: str
+
+
+def load_model(path: Path, dtype: str = "float32", show_progress: bool = False) -> LoadedModel:
+    """Load a GGUF file, an HF safetensors folder or a llama2.c .bin into ember's model."""
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist; give a file, a folder or a registered name")
+    if is_hf_folder(path):
+        config = read_hf_config(path)
+        tensors: Iterable[tuple[str, torch.Tensor]] = iter_hf_tensors(path)
+        return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress)
+    if is_gguf_file(path):
+        reader = GGUFReader(str(path))
+        config = read_gguf_config(reader)
+        return _build(config, iter_gguf_tensors(reader, config), dtype, path, "gguf", show_progress, len(reader.tensors))
+    if is_llama2c_file(path):
+        header = read_llama2c_header(path)
+        return _build(llama2c_config(header), iter_llama2c_tensors(path, header), dtype, None, "llama2c", show_progress)
+    raise ValueError(
+        f"{path} is not a model ember can read: expected a GGUF file, a folder with config.json and "
+        "*.safetensors, or a llama2.c .bin checkpoint"
+    )
+
+
+def _build(
+    config: ModelConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: str,
+    tokenizer_path: Path | None,
+    fmt: str,
+    show_progress: bool,
+    total: int | None = None,
+) -> LoadedModel:
+    torch_dtype = DTYPES[dtype]
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    expected = dict(model.state_dict())
+    state: dict[str, torch.Tensor] = {}
+    with Progress(disable=not show_progress, transient=True) as progress:
+        task = progress.add_task("loading weights", total=total)
+        for name, tensor in tensors:
+            if name not in expected:
+                if name.endswith("rotary_emb.inv_freq"):
+                    continue  # derived, not a weight
+                raise ValueError(f"checkpoint tensor {name!r} does not belong to a {config.architecture} model")
+            if tuple(tensor.shape) != tuple(expected[name].shape):
+                raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
+            state[name] = tensor.to(torch_dtype)
+            progress.advance(task)
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    model.load_state_dict(state, assign=True)
+    _freeze(model)
+    return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt)
+
+
+def _freeze(model: nn.Module) -> None:
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)

@@ -1,0 +1,92 @@
+"""The `ember serve` subcommand: engine flags plus the server's own."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ember.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The HTTP server's flags."""
+    defaults = ServerConfig()
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default=defaults.host, help="address to listen on (default %(default)s)")
+    group.add_argument("--port", type=int, default=defaults.port, help="port to listen on (default %(default)s)")
+    group.add_argument(
+        "--max-waiting",
+        type=int,
+        default=defaults.max_waiting,
+        help="requests allowed to wait for their first token; beyond it: 503 + Retry-After (default %(default)s)",
+    )
+    group.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body accepted; beyond it: 413 (default %(default)s)",
+    )
+    group.add_argument(
+        "--served-model-name",
+        dest="served_model_names",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="model id(s) clients send as 'model' (default: the model's registered name)",
+    )
+    group.add_argument("--chat-template", type=Path, default=None, help="Jinja file overriding the model's chat template")
+    group.add_argument("--log-prompts", action="store_true", help="include prompt text in the per-request log lines")
+    group.add_argument("--no-debug-endpoints", action="store_true", help="do not expose GET /debug/engine")
+
+
+def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The ServerConfig the flags describe."""
+    chat_template = None
+    if args.chat_template is not None:
+        if not args.chat_template.is_file():
+            raise SystemExit(f"--chat-template {args.chat_template}: no such file")
+        chat_template = args.chat_template.read_text(encoding="utf-8")
+    try:
+        return ServerConfig(
+            host=args.host,
+            port=args.port,
+            max_waiting=args.max_waiting,
+            max_body_bytes=args.max_body_bytes,
+            served_model_names=args.served_model_names or [],
+            log_prompts=args.log_prompts,
+            chat_template=chat_template,
+            enable_debug_endpoints=not args.no_debug_endpoints,
+        )
+    except ValueError as error:
+        raise SystemExit(f"ember serve: {error}") from None
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Run `ember serve` with parsed flags; returns the exit status."""
+    from ember.engine.config import EngineConfig
+    from ember.server.serve import run_server
+
+    server_config = server_config_from_args(args)
+    try:
+        engine_config = EngineConfig.from_args(args)
+    except ValueError as error:
+        raise SystemExit(f"ember serve: {error}") from None
+    if server_config.served_model_names:
+        engine_config.served_model_name = server_config.served_model_names[0]
+    run_server(engine_config, server_config)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `serve` to the `ember` command; the parser's `func` runs it."""
+    from ember.engine.config import add_engine_arguments
+
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Load a model and serve /v1/chat/completions, /v1/completions, /metrics and more.",
+    )
+    add_engine_arguments(parser)
+    add_server_arguments(parser)
+    parser.set_defaults(func=serve_command)
+    return parser

@@ -1,0 +1,41 @@
+"""The server's own settings: where it listens, how much it admits, what it calls the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class ServerConfig:
+    """Validated settings of one HTTP server in front of one engine.
+
+    `max_waiting` bounds how many requests may wait for their first token at once;
+    one more is answered 503 with `Retry-After: retry_after_s`. `served_model_names`
+    are the ids clients may send as `model` (empty: the engine's own model name).
+    `log_prompts` adds prompt text to the per-request log line (off: ids and counts only).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_waiting: int = 256
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    served_model_names: list[str] = field(default_factory=list)
+    retry_after_s: int = 1
+    log_prompts: bool = False
+    chat_template: str | None = None
+    enable_debug_endpoints: bool = True
+
+    def __post_init__(self) -> None:
+        self.served_model_names = list(self.served_model_names)
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"server port must be from 0 to 65535, got {self.port}")
+        if self.max_waiting < 1:
+            raise ValueError(f"--max-waiting must be at least 1, got {self.max_waiting}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"--max-body-bytes must be at least 1024, got {self.max_body_bytes}")
+        if self.retry_after_s < 1:
+            raise ValueError(f"retry_after_s must be at least 1, got {self.retry_after_s}")
+        if any(not name for name in self.served_model_names):
+            raise ValueError("--served-model-name values must be non-empty")

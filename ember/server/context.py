@@ -1,0 +1,35 @@
+"""Everything the route handlers of one app share, built once by `build_app`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.server.admission import AdmissionGate
+from ember.server.chat_template import ChatTemplate
+from ember.server.config import ServerConfig
+from ember.server.metrics import ServerMetrics
+from ember.server.request_log import RequestLogger
+
+
+@dataclass
+class ServingContext:
+    """One server's engine, settings, model ids, chat template, admission gate, metrics and log."""
+
+    engine: object
+    config: ServerConfig
+    model_names: list[str]
+    chat_template: ChatTemplate | None
+    admission: AdmissionGate
+    metrics: ServerMetrics
+    request_logger: RequestLogger
+    created_time: int
+
+    @property
+    def tokenizer(self):
+        """The engine's tokenizer."""
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        """The engine's context window in tokens."""
+        return self.engine.max_model_len

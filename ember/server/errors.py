@@ -1,0 +1,110 @@
+"""OpenAI-style errors: one exception type, one JSON body, handlers so nothing leaks a traceback."""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("ember.server")
+
+
+class ApiError(Exception):
+    """A request the server will not serve, with the OpenAI error fields to tell the client why.
+
+    `param` names the offending request field (dotted path) when there is one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int = HTTPStatus.BAD_REQUEST,
+        error_type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = int(status_code)
+        self.error_type = error_type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        """The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`."""
+        return error_body(self.message, self.error_type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        """This error as an HTTP response."""
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+
+
+def error_body(message: str, error_type: str, param: str | None, code: str | None) -> dict:
+    """The OpenAI error JSON object."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def from_validation_error(error: ValidationError, what: str = "request body") -> ApiError:
+    """An ApiError naming the first invalid field of a pydantic validation failure."""
+    first = error.errors(include_url=False)[0]
+    kind = first.get("type", "")
+    location = [str(part) for part in first.get("loc", ())]
+    param = ".".join(location) or None
+    if kind == "json_invalid":
+        return ApiError(
+            f"The {what} is not valid JSON: {first.get('msg')}. Send a JSON object.",
+            code="invalid_json",
+        )
+    if kind == "extra_forbidden":
+        return ApiError(
+            f"Unsupported parameter {param!r}: ember does not recognise it. Remove it from the request.",
+            param=param,
+            code="unsupported_parameter",
+        )
+    if kind == "missing":
+        return ApiError(f"Missing required parameter {param!r}.", param=param, code="missing_required_parameter")
+    if not location:
+        return ApiError(f"The {what} must be a JSON object: {first.get('msg')}.", code="invalid_type")
+    message = first.get("msg", "invalid value")
+    # Pydantic prefixes custom validator messages with "Value error, "; the client needs only the reason.
+    message = message.removeprefix("Value error, ")
+    return ApiError(f"Invalid value for {param!r}: {message}.", param=param, code="invalid_value")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every failure to an OpenAI error body; unexpected ones become a bare 500."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+        message = f"Invalid request: {first.get('msg', 'validation failed')}"
+        return ApiError(message, param=param, code="invalid_value").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return ApiError(
+            str(exc.detail), status_code=exc.status_code, error_type=error_type, headers=exc.headers
+        ).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error serving %s %s", request.method, request.url.path)
+        return ApiError(
+            "The server hit an internal error; it has been logged.",
+            status_code=HTTPStatus.INTERNAL_SERVER_ERROR,
+            error_type="server_error",
+        ).response()

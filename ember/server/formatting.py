@@ -1,0 +1,85 @@
+"""Engine outputs -> OpenAI response objects: choices, logprobs in both formats, usage."""
+
+from __future__ import annotations
+
+from ember.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from ember.server.protocol import (
+    ChatLogprobs,
+    CompletionLogprobs,
+    PromptTokensDetails,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+
+def usage_of(outputs: list[RequestOutput], completion_tokens: int) -> Usage:
+    """Usage of a request made of these engine requests (one per prompt)."""
+    prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    cached_tokens = sum(output.num_cached_tokens for output in outputs)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+def openai_finish_reason(reason: str | None) -> str | None:
+    """OpenAI knows `stop` and `length`; an aborted completion reports `stop` (it ended early)."""
+    if reason is None or reason == "length":
+        return reason
+    return "stop"
+
+
+class LogprobFormatter:
+    """Turns the engine's per-position logprob dicts into OpenAI's two logprob formats."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def _text(self, token_id: int, decoded: str | None) -> str:
+        return decoded if decoded is not None else self._tokenizer.id_to_piece(token_id)
+
+    def _bytes(self, token_id: int) -> list[int]:
+        return list(self._tokenizer.token_bytes(token_id))
+
+    def _top(self, position: PositionLogprobs, num_top: int) -> list[tuple[int, float, str]]:
+        ranked = sorted(position.items(), key=lambda item: item[1].rank)[:num_top]
+        return [(token_id, lp.logprob, self._text(token_id, lp.decoded_token)) for token_id, lp in ranked]
+
+    def chat(self, part: CompletionOutput, num_top: int) -> ChatLogprobs | None:
+        """`{"content": [{token, logprob, bytes, top_logprobs}]}` for the new tokens of `part`."""
+        if part.logprobs is None:
+            return None
+        content = []
+        for token_id, position in zip(part.token_ids, part.logprobs, strict=False):
+            chosen = position.get(token_id) or next(iter(position.values()))
+            content.append(
+                TokenLogprob(
+                    token=self._text(token_id, chosen.decoded_token),
+                    logprob=chosen.logprob,
+                    bytes=self._bytes(token_id),
+                    top_logprobs=[
+                        TopLogprob(token=text, logprob=logprob, bytes=self._bytes(top_id))
+                        for top_id, logprob, text in self._top(position, num_top)
+                    ],
+                )
+            )
+        return ChatLogprobs(content=content)
+
+    def completion(self, part: CompletionOutput, num_top: int, text_offset: int) -> CompletionLogprobs | None:
+        """The legacy `{tokens, token_logprobs, top_logprobs, text_offset}` for the new tokens."""
+        if part.logprobs is None:
+            return None
+        result = CompletionLogprobs()
+        offset = text_offset
+        for token_id, position in zip(part.token_ids, part.logprobs, strict=False):
+            chosen = position.get(token_id) or next(iter(position.values()))
+            text = self._text(token_id, chosen.decoded_token)
+            result.tokens.append(text)
+            result.token_logprobs.append(chosen.logprob)
+            result.top_logprobs.append({top_text: logprob for _, logprob, top_text in self._top(position, num_top)})
+            result.text_offset.append(offset)
+            offset += len(text)
+        return result

@@ -1,0 +1,188 @@
+"""Driving engine requests for HTTP: admission, abort on exit, metrics and the log line at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from fastapi import Request
+
+from ember.engine.outputs import OutputAccumulator, RequestOutput
+from ember.engine.sampling_params import SamplingParams
+from ember.server.admission import AdmissionTicket
+from ember.server.context import ServingContext
+from ember.server.errors import ApiError
+from ember.server.metrics import FinishedRequest
+from ember.server.requests import PreparedPrompt
+
+T = TypeVar("T")
+
+DISCONNECT_POLL_S = 0.5
+
+
+class _RequestTracker:
+    """Counts what one engine request produced, to report it when it ends."""
+
+    def __init__(self, request_id: str, num_prompt_tokens: int) -> None:
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.arrival_time = time.monotonic()
+        self.first_token_time: float | None = None
+        self.num_cached_tokens = 0
+        self.tokens_per_completion: dict[int, int] = {}
+        self.finish_reasons: dict[int, str] = {}
+        self.is_finished = False
+
+    def add(self, delta: RequestOutput) -> None:
+        now = time.monotonic()
+        self.num_cached_tokens = delta.num_cached_tokens
+        for part in delta.outputs:
+            if part.token_ids and self.first_token_time is None:
+                self.first_token_time = now
+            self.tokens_per_completion[part.index] = self.tokens_per_completion.get(part.index, 0) + len(
+                part.token_ids
+            )
+            if part.finish_reason is not None:
+                self.finish_reasons[part.index] = part.finish_reason
+        self.is_finished = delta.finished
+
+    def finished(self) -> FinishedRequest:
+        end_time = time.monotonic()
+        reasons = set(self.finish_reasons.values())
+        if not self.is_finished or "abort" in reasons:
+            finish_reason = "abort"
+        else:
+            finish_reason = "length" if "length" in reasons else "stop"
+        time_to_first_token_s = None
+        time_per_output_token_s = None
+        if self.first_token_time is not None:
+            time_to_first_token_s = self.first_token_time - self.arrival_time
+            longest = max(self.tokens_per_completion.values(), default=0)
+            if longest > 1:
+                time_per_output_token_s = (end_time - self.first_token_time) / (longest - 1)
+        return FinishedRequest(
+            request_id=self.request_id,
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=sum(self.tokens_per_completion.values()),
+            cached_tokens=self.num_cached_tokens,
+            finish_reason=finish_reason,
+            time_to_first_token_s=time_to_first_token_s,
+            time_per_output_token_s=time_per_output_token_s,
+            latency_s=end_time - self.arrival_time,
+        )
+
+
+async def tracked_generate(
+    context: ServingContext,
+    request_id: str,
+    prompt: PreparedPrompt,
+    params: SamplingParams,
+    ticket: AdmissionTicket,
+) -> AsyncIterator[RequestOutput]:
+    """The engine's deltas for one prompt.
+
+    However the caller stops (finished, closed early, cancelled by a disconnect), the engine
+    request is aborted unless it finished, its waiting slot is returned, and one metrics
+    observation and one log line are written.
+    """
+    tracker = _RequestTracker(request_id, len(prompt.token_ids))
+    stream = context.engine.generate(request_id, prompt.token_ids, params, prompt=prompt.text)
+    has_started = False
+    try:
+        async for delta in stream:
+            if not has_started:
+                has_started = True
+                ticket.mark_started()
+            tracker.add(delta)
+            yield delta
+    except ValueError as error:
+        # The engine's own admission check (e.g. the request cannot fit); the client's fault.
+        raise ApiError(str(error), code="invalid_request") from error
+    finally:
+        if not has_started:
+            ticket.mark_started()
+        with contextlib.suppress(Exception):
+            await stream.aclose()
+        if not tracker.is_finished:
+            context.engine.abort(request_id)
+        finished = tracker.finished()
+        context.metrics.observe_finished(finished)
+        context.request_logger.log_finished(finished, prompt.text)
+
+
+async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Items of several async iterators as they come, tagged with the iterator's index.
+
+    Closing the merged iterator cancels and closes every source.
+    """
+    if len(streams) == 1:
+        source = streams[0]
+        try:
+            async for item in source:
+                yield 0, item
+        finally:
+            await source.aclose()
+        return
+    queue: asyncio.Queue[tuple[int, object, BaseException | None, bool]] = asyncio.Queue()
+
+    async def pump(index: int, source: AsyncIterator[T]) -> None:
+        try:
+            async for item in source:
+                await queue.put((index, item, None, False))
+        except Exception as error:
+            await queue.put((index, None, error, True))
+            return
+        finally:
+            await source.aclose()
+        await queue.put((index, None, None, True))
+
+    tasks = [asyncio.create_task(pump(index, source)) for index, source in enumerate(streams)]
+    try:
+        num_open = len(tasks)
+        while num_open:
+            index, item, error, is_done = await queue.get()
+            if error is not None:
+                raise error
+            if is_done:
+                num_open -= 1
+                continue
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def collect(streams: list[AsyncIterator[RequestOutput]], n: int) -> list[RequestOutput]:
+    """The accumulated final output of each stream (non-streaming requests)."""
+    accumulators = [OutputAccumulator(f"prompt-{index}", n) for index in range(len(streams))]
+    merged = merge_streams(streams)
+    try:
+        async for index, delta in merged:
+            accumulators[index].add(delta)
+    finally:
+        await merged.aclose()
+    return [accumulator.result() for accumulator in accumulators]
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run `work`, cancelling it if the HTTP client goes away first (non-streaming requests)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise ApiError("The client disconnected.", status_code=499, code="client_disconnected")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -1,0 +1,276 @@
+"""The OpenAI wire format: request models (validated strictly) and response models.
+
+Requests forbid unknown fields, so a parameter ember does not implement is named in a 400
+instead of being silently ignored. Fields that OpenAI defines but ember cannot honour are
+declared here and rejected by `ember.server.requests` when set to anything but their no-op value.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 128
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+class StrictModel(BaseModel):
+    """Base of every request model: JSON types are not coerced and unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(StrictModel):
+    """`stream_options`: whether the last chunk carries the usage of the whole request."""
+
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class TextContentPart(StrictModel):
+    """One text part of a message whose content is a list of parts."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(StrictModel):
+    """One turn of a conversation; `developer` is treated as `system`."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message content as one string (text parts joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class SamplingFields(StrictModel):
+    """Sampling and stopping fields shared by chat and text completions (OpenAI plus vLLM extras)."""
+
+    model: str | None = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[NonNegativeInt] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # Accepted and ignored: bookkeeping fields with no effect on generation.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    add_generation_prompt: bool = True
+    # OpenAI features ember does not implement; rejected unless absent or a no-op value.
+    tools: list[Any] | None = None
+    tool_choice: Any | None = None
+    functions: list[Any] | None = None
+    function_call: Any | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    audio: Any | None = None
+    modalities: list[str] | None = None
+    prediction: Any | None = None
+    reasoning_effort: str | None = None
+
+
+PromptInput = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingFields):
+    """`POST /v1/completions`; `prompt` is text, texts, token ids or lists of token ids."""
+
+    prompt: PromptInput
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+
+
+class TokenizeRequest(StrictModel):
+    """`POST /tokenize`: a text prompt, or chat messages rendered through the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(StrictModel):
+    """`POST /detokenize`."""
+
+    model: str | None = None
+    tokens: list[NonNegativeInt]
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+class PromptTokensDetails(BaseModel):
+    """How many prompt tokens came from the prefix cache."""
+
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    """Token counts of one request (all of its `n` completions)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class TopLogprob(BaseModel):
+    """One alternative token at a position (chat format)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    """The sampled token at a position with its top alternatives (chat format)."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """`choices[i].logprobs` of a chat completion."""
+
+    content: list[TokenLogprob] | None
+
+
+class CompletionLogprobs(BaseModel):
+    """`choices[i].logprobs` of a text completion (the legacy format)."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class AssistantMessage(BaseModel):
+    """The generated turn of a chat completion."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+
+
+class ChatChoice(BaseModel):
+    """One completion of a chat request."""
+
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    """Body of a non-streamed chat completion."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class DeltaMessage(BaseModel):
+    """What a streamed chat chunk adds to its choice."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    """One choice's part of a streamed chat chunk."""
+
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One SSE event of a streamed chat completion."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    """One completion of a text request (also the streamed chunk's choice)."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None
+
+
+class CompletionResponse(BaseModel):
+    """Body of a text completion, and of each of its streamed chunks."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    """One entry of `GET /v1/models`."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "ember"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    """Body of `GET /v1/models`."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,226 @@
+"""From a validated OpenAI request to what the engine takes: prompt token ids and SamplingParams.
+
+Every check a client can fail lives here and raises ApiError naming the field, so the engine
+only ever sees requests it can serve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from ember.engine.sampling_params import SamplingParams
+from ember.server.chat_template import ChatTemplate
+from ember.server.errors import ApiError, from_validation_error
+from ember.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class PreparedPrompt:
+    """One prompt ready for the engine: its token ids and, when it was text, the text."""
+
+    token_ids: list[int]
+    text: str | None = None
+
+
+def resolve_model(requested: str | None, served_names: list[str]) -> str:
+    """The model id to answer with; 404 when the client names a model this server does not serve."""
+    if requested is None or requested in served_names:
+        return served_names[0] if requested is None else requested
+    raise ApiError(
+        f"The model {requested!r} does not exist on this server; it serves {served_names}.",
+        status_code=HTTPStatus.NOT_FOUND,
+        error_type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _unsupported(param: str, what: str) -> ApiError:
+    return ApiError(
+        f"Unsupported parameter {param!r}: ember does not support {what}. Remove it from the request.",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+def _check_common(request: SamplingFields) -> None:
+    if request.logit_bias:
+        raise _unsupported("logit_bias", "logit_bias")
+    if request.stream_options is not None and not request.stream:
+        raise ApiError(
+            "'stream_options' is only allowed when 'stream' is true.",
+            param="stream_options",
+            code="invalid_value",
+        )
+
+
+def check_chat_request(request: ChatCompletionRequest) -> None:
+    """Reject chat fields ember cannot honour, naming each."""
+    _check_common(request)
+    if request.tools:
+        raise _unsupported("tools", "tool calling")
+    if request.tool_choice not in (None, "none"):
+        raise _unsupported("tool_choice", "tool calling")
+    if request.functions:
+        raise _unsupported("functions", "function calling")
+    if request.function_call not in (None, "none"):
+        raise _unsupported("function_call", "function calling")
+    if request.response_format is not None and request.response_format.get("type") != "text":
+        raise _unsupported("response_format", "structured output (only {'type': 'text'})")
+    if request.audio is not None:
+        raise _unsupported("audio", "audio output")
+    if request.modalities not in (None, ["text"]):
+        raise _unsupported("modalities", "modalities other than ['text']")
+    if request.prediction is not None:
+        raise _unsupported("prediction", "predicted outputs")
+    if request.reasoning_effort is not None:
+        raise _unsupported("reasoning_effort", "reasoning effort")
+    if request.top_logprobs is not None and not request.logprobs:
+        raise ApiError(
+            "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs", code="invalid_value"
+        )
+    both_limits = request.max_tokens is not None and request.max_completion_tokens is not None
+    if both_limits and request.max_tokens != request.max_completion_tokens:
+        raise ApiError(
+            "Set only one of 'max_tokens' and 'max_completion_tokens'.",
+            param="max_completion_tokens",
+            code="invalid_value",
+        )
+    for index, message in enumerate(request.messages):
+        if message.content is None and message.role != "assistant":
+            raise ApiError(
+                f"Message {index} ({message.role}) has no content.",
+                param=f"messages.{index}.content",
+                code="invalid_value",
+            )
+
+
+def check_completion_request(request: CompletionRequest) -> None:
+    """Reject completion fields ember cannot honour, naming each."""
+    _check_common(request)
+    if request.echo:
+        raise _unsupported("echo", "echoing the prompt")
+    if request.suffix:
+        raise _unsupported("suffix", "insertion with a suffix")
+    if request.best_of is not None and request.best_of != request.n:
+        raise _unsupported("best_of", "best_of other than n")
+
+
+def sampling_params(request: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """SamplingParams of a request, with OpenAI's defaults (temperature 1, top_p 1)."""
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+
+    def given(value, default):
+        return default if value is None else value
+
+    try:
+        return SamplingParams(
+            n=request.n,
+            max_tokens=max_tokens,
+            min_tokens=request.min_tokens,
+            temperature=given(request.temperature, 1.0),
+            top_p=given(request.top_p, 1.0),
+            top_k=given(request.top_k, 0),
+            min_p=given(request.min_p, 0.0),
+            seed=request.seed,
+            presence_penalty=given(request.presence_penalty, 0.0),
+            frequency_penalty=given(request.frequency_penalty, 0.0),
+            repetition_penalty=given(request.repetition_penalty, 1.0),
+            stop=stop,
+            stop_token_ids=list(request.stop_token_ids or []),
+            ignore_eos=request.ignore_eos,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            logprobs=logprobs,
+            skip_special_tokens=request.skip_special_tokens,
+        )
+    except ValueError as error:
+        raise ApiError(f"Invalid sampling parameters: {error}.", code="invalid_value") from error
+
+
+def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+    """SamplingParams of a chat request; no max tokens means up to the context window."""
+    max_tokens = request.max_completion_tokens or request.max_tokens
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    return sampling_params(request, max_tokens, logprobs)
+
+
+def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
+    """SamplingParams of a text completion request."""
+    return sampling_params(request, request.max_tokens, request.logprobs)
+
+
+def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate | None, tokenizer) -> PreparedPrompt:
+    """The chat messages rendered by the model's template and tokenized."""
+    if template is None:
+        raise ApiError(
+            "This model has no chat template; use /v1/completions or start the server with a chat template.",
+            param="messages",
+            code="no_chat_template",
+        )
+    text = template.render(request.messages, add_generation_prompt=request.add_generation_prompt)
+    # The template already writes any BOS it wants; adding special tokens again would double it.
+    return PreparedPrompt(tokenizer.encode(text, add_special_tokens=False), text)
+
+
+def completion_prompts(request: CompletionRequest, tokenizer) -> list[PreparedPrompt]:
+    """Each prompt of a completion request (text, texts, ids, or lists of ids), tokenized."""
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return [_text_prompt(prompt, tokenizer)]
+    if not prompt:
+        raise ApiError("'prompt' must not be an empty list.", param="prompt", code="invalid_value")
+    if isinstance(prompt[0], str):
+        return [_text_prompt(text, tokenizer) for text in prompt]
+    if isinstance(prompt[0], int):
+        return [_id_prompt(prompt, tokenizer, "prompt")]
+    return [_id_prompt(ids, tokenizer, f"prompt.{index}") for index, ids in enumerate(prompt)]
+
+
+def _text_prompt(text: str, tokenizer) -> PreparedPrompt:
+    return PreparedPrompt(tokenizer.encode(text, add_special_tokens=True), text)
+
+
+def _id_prompt(ids: list[int], tokenizer, param: str) -> PreparedPrompt:
+    vocab_size = tokenizer.vocab_size
+    bad = [token for token in ids if not 0 <= token < vocab_size]
+    if bad:
+        raise ApiError(
+            f"Token ids must be from 0 to {vocab_size - 1}; got {bad[:5]}.", param=param, code="invalid_value"
+        )
+    return PreparedPrompt(list(ids))
+
+
+def check_fits(prompt: PreparedPrompt, max_tokens: int | None, max_model_len: int, prompt_param: str) -> None:
+    """Raise a 400 unless the prompt plus `max_tokens` fits in the context window."""
+    num_prompt_tokens = len(prompt.token_ids)
+    if num_prompt_tokens == 0:
+        raise ApiError("The prompt is empty: send at least one token.", param=prompt_param, code="invalid_value")
+    if num_prompt_tokens >= max_model_len:
+        raise ApiError(
+            f"The prompt is {num_prompt_tokens} tokens, but this model's context window is "
+            f"{max_model_len} tokens and leaves no room to generate. Shorten the prompt.",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+        raise ApiError(
+            f"max_tokens={max_tokens} does not fit: the prompt is {num_prompt_tokens} tokens and the "
+            f"context window is {max_model_len}, so at most {max_model_len - num_prompt_tokens} "
+            "tokens can be generated. Lower max_tokens or shorten the prompt.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+
+
+def parse_request(model_class: type[M], body: bytes) -> M:
+    """The request body validated as `model_class`; a 400 naming the first bad field otherwise."""
+    try:
+        return model_class.model_validate_json(body)
+    except ValidationError as error:
+        raise from_validation_error(error) from None

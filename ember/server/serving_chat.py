@@ -1,0 +1,117 @@
+"""`POST /v1/chat/completions`: render the conversation, generate, answer whole or streamed."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from ember.engine.outputs import RequestOutput
+from ember.server.context import ServingContext
+from ember.server.formatting import LogprobFormatter, openai_finish_reason, usage_of
+from ember.server.generation import cancel_on_disconnect, collect, merge_streams, tracked_generate
+from ember.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    DeltaMessage,
+)
+from ember.server.requests import (
+    chat_prompt,
+    chat_sampling_params,
+    check_chat_request,
+    check_fits,
+    parse_request,
+    resolve_model,
+)
+from ember.server.sse import event, sse_response
+
+
+async def create_chat_completion(context: ServingContext, raw_request: Request) -> Response:
+    """Validate, admit and run one chat completion request."""
+    request = parse_request(ChatCompletionRequest, await raw_request.body())
+    model = resolve_model(request.model, context.model_names)
+    check_chat_request(request)
+    params = chat_sampling_params(request)
+    prompt = chat_prompt(request, context.chat_template, context.tokenizer)
+    check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    num_top = request.top_logprobs or 0
+    ticket = context.admission.admit(1)
+    stream = tracked_generate(context, request_id, prompt, params, ticket)
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        chunks = _chunks(context, request_id, model, stream, params.n, num_top, include_usage)
+        return sse_response(chunks, ticket.release)
+    try:
+        (output,) = await cancel_on_disconnect(raw_request, collect([stream], params.n))
+    finally:
+        ticket.release()
+    return JSONResponse(_response(context, request_id, model, output, num_top).model_dump())
+
+
+def _response(
+    context: ServingContext, request_id: str, model: str, output: RequestOutput, num_top: int
+) -> ChatCompletionResponse:
+    formatter = LogprobFormatter(context.tokenizer)
+    choices = [
+        ChatChoice(
+            index=completion.index,
+            message=AssistantMessage(content=completion.text),
+            logprobs=formatter.chat(completion, num_top),
+            finish_reason=openai_finish_reason(completion.finish_reason),
+        )
+        for completion in output.outputs
+    ]
+    completion_tokens = sum(len(completion.token_ids) for completion in output.outputs)
+    return ChatCompletionResponse(
+        id=request_id, model=model, choices=choices, usage=usage_of([output], completion_tokens)
+    )
+
+
+async def _chunks(
+    context: ServingContext,
+    request_id: str,
+    model: str,
+    stream: AsyncIterator[RequestOutput],
+    n: int,
+    num_top: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The SSE events of a streamed chat completion: a role chunk per choice, then one chunk per
+    choice per engine step, then (if asked) a usage chunk with no choices."""
+    created = int(time.time())
+    formatter = LogprobFormatter(context.tokenizer)
+
+    def chunk(choices: list[ChatChunkChoice], usage=None) -> str:
+        return event(ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=usage))
+
+    for index in range(n):
+        yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+    completion_tokens = 0
+    last: RequestOutput | None = None
+    merged = merge_streams([stream])
+    try:
+        async for _, delta in merged:
+            last = delta
+            for part in delta.outputs:
+                completion_tokens += len(part.token_ids)
+                if not part.text and not part.token_ids and part.finish_reason is None:
+                    continue
+                choice = ChatChunkChoice(
+                    index=part.index,
+                    delta=DeltaMessage(content=part.text),
+                    logprobs=formatter.chat(part, num_top),
+                    finish_reason=openai_finish_reason(part.finish_reason),
+                )
+                yield chunk([choice])
+    finally:
+        await merged.aclose()
+    if include_usage and last is not None:
+        yield chunk([], usage=usage_of([last], completion_tokens))

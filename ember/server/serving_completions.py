@@ -1,0 +1,121 @@
+"""`POST /v1/completions`: one engine request per prompt, answered whole or streamed."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from ember.engine.outputs import RequestOutput
+from ember.server.context import ServingContext
+from ember.server.formatting import LogprobFormatter, openai_finish_reason, usage_of
+from ember.server.generation import cancel_on_disconnect, collect, merge_streams, tracked_generate
+from ember.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from ember.server.requests import (
+    check_completion_request,
+    check_fits,
+    completion_prompts,
+    completion_sampling_params,
+    parse_request,
+    resolve_model,
+)
+from ember.server.sse import event, sse_response
+
+
+async def create_completion(context: ServingContext, raw_request: Request) -> Response:
+    """Validate, admit and run one text completion request (one or more prompts)."""
+    request = parse_request(CompletionRequest, await raw_request.body())
+    model = resolve_model(request.model, context.model_names)
+    check_completion_request(request)
+    params = completion_sampling_params(request)
+    prompts = completion_prompts(request, context.tokenizer)
+    for prompt in prompts:
+        check_fits(prompt, params.max_tokens, context.max_model_len, "prompt")
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    num_top = request.logprobs or 0
+    ticket = context.admission.admit(len(prompts))
+    streams = [
+        tracked_generate(context, f"{request_id}-{index}", prompt, params, ticket)
+        for index, prompt in enumerate(prompts)
+    ]
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        chunks = _chunks(context, request_id, model, streams, params.n, num_top, include_usage)
+        return sse_response(chunks, ticket.release)
+    try:
+        outputs = await cancel_on_disconnect(raw_request, collect(streams, params.n))
+    finally:
+        ticket.release()
+    return JSONResponse(_response(context, request_id, model, outputs, params.n, num_top).model_dump())
+
+
+def _response(
+    context: ServingContext,
+    request_id: str,
+    model: str,
+    outputs: list[RequestOutput],
+    n: int,
+    num_top: int,
+) -> CompletionResponse:
+    formatter = LogprobFormatter(context.tokenizer)
+    choices = []
+    completion_tokens = 0
+    for prompt_index, output in enumerate(outputs):
+        for completion in output.outputs:
+            completion_tokens += len(completion.token_ids)
+            choices.append(
+                CompletionChoice(
+                    index=prompt_index * n + completion.index,
+                    text=completion.text,
+                    logprobs=formatter.completion(completion, num_top, 0),
+                    finish_reason=openai_finish_reason(completion.finish_reason),
+                )
+            )
+    return CompletionResponse(
+        id=request_id, model=model, choices=choices, usage=usage_of(outputs, completion_tokens)
+    )
+
+
+async def _chunks(
+    context: ServingContext,
+    request_id: str,
+    model: str,
+    streams: list[AsyncIterator[RequestOutput]],
+    n: int,
+    num_top: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The SSE events of a streamed completion: one chunk per choice per engine step, then (if
+    asked) a usage chunk with no choices."""
+    created = int(time.time())
+    formatter = LogprobFormatter(context.tokenizer)
+    text_offsets: dict[int, int] = {}
+    last_outputs: dict[int, RequestOutput] = {}
+    completion_tokens = 0
+    merged = merge_streams(streams)
+    try:
+        async for prompt_index, delta in merged:
+            last_outputs[prompt_index] = delta
+            for part in delta.outputs:
+                completion_tokens += len(part.token_ids)
+                if not part.text and not part.token_ids and part.finish_reason is None:
+                    continue
+                index = prompt_index * n + part.index
+                offset = text_offsets.get(index, 0)
+                choice = CompletionChoice(
+                    index=index,
+                    text=part.text,
+                    logprobs=formatter.completion(part, num_top, offset),
+                    finish_reason=openai_finish_reason(part.finish_reason),
+                )
+                text_offsets[index] = offset + len(part.text)
+                yield event(CompletionResponse(id=request_id, created=created, model=model, choices=[choice]))
+    finally:
+        await merged.aclose()
+    if include_usage and last_outputs:
+        outputs = [last_outputs[index] for index in sorted(last_outputs)]
+        usage = usage_of(outputs, completion_tokens)
+        yield event(CompletionResponse(id=request_id, created=created, model=model, choices=[], usage=usage))

@@ -1,0 +1,57 @@
+"""Server-sent events in the OpenAI streaming format: `data: {json}` events, then `data: [DONE]`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from starlette.background import BackgroundTask
+
+from ember.server.errors import ApiError, error_body
+
+logger = logging.getLogger("ember.server")
+
+DONE_EVENT = "data: [DONE]\n\n"
+
+
+def event(payload: BaseModel | dict) -> str:
+    """One SSE event carrying `payload` as JSON."""
+    data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
+    return f"data: {data}\n\n"
+
+
+async def guarded_events(events: AsyncIterator[str], on_close: Callable[[], None]) -> AsyncIterator[str]:
+    """`events` then `[DONE]`; a failure after headers went out becomes an error event, never a traceback."""
+    try:
+        async for item in events:
+            yield item
+    except ApiError as error:
+        yield event(error.body())
+    except Exception:
+        logger.exception("internal error while streaming a response")
+        yield event(error_body("The server hit an internal error; it has been logged.", "server_error", None, None))
+    finally:
+        await events.aclose()
+        on_close()
+    yield DONE_EVENT
+
+
+def sse_response(events: AsyncIterator[str], on_close: Callable[[], None]) -> StreamingResponse:
+    """A streaming response of `events`; `on_close` runs exactly when the stream ends, however it ends."""
+    closed = False
+
+    def close_once() -> None:
+        nonlocal closed
+        if not closed:
+            closed = True
+            on_close()
+
+    return StreamingResponse(
+        guarded_events(events, close_once),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        background=BackgroundTask(close_once),
+    )

@@ -1,0 +1,170 @@
+"""Byte-level BPE tokenizers: GPT-2, tiktoken encodings, Llama 3, Qwen2, SmolLM2.
+
+Text is split at special tokens, each ordinary chunk is cut into pieces by the
+pre-tokenizer, and each piece's UTF-8 bytes are merged by the merge table. Results are
+cached per piece on the instance, which is what makes pure Python fast on real text (a
+few thousand distinct pieces cover most of any corpus).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ember.tokenizers.base import Tokenizer
+from ember.tokenizers.merges import CACHE_LIMIT, BytePairMerger
+from ember.tokenizers.patterns import PreTokenizer
+from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
+
+
+def clean_surrogates(text: str) -> str:
+    """`text` with lone surrogates (unencodable in UTF-8) replaced by U+FFFD, as tiktoken does."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+class ByteLevelBPETokenizer(Tokenizer):
+    """A byte-level BPE vocabulary with its pre-tokenizer and special tokens.
+
+    `token_bytes_by_id[i]` is the byte string of ordinary token i (None for ids that are
+    unused or special). `special_tokens` maps special-token text to id; `special_ids` are the
+    ids that `is_special` reports (and `decode(skip_special_tokens=True)` drops): by default
+    every special token, but loaders pass a narrower set where a format marks some added
+    tokens as non-special (they are still matched as whole tokens in text).
+    """
+
+    def __init__(
+        self,
+        *,
+        merger: BytePairMerger,
+        pre_tokenizer: PreTokenizer,
+        token_bytes_by_id: list[bytes | None],
+        special_tokens: dict[str, int],
+        special_ids: Iterable[int] | None = None,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        extra_eos_ids: Iterable[int] = (),
+        add_bos: bool = False,
+        chat_template: str | None = None,
+        name: str = "bpe",
+    ) -> None:
+        self.name = name
+        self._merger = merger
+        self._pre_tokenizer = pre_tokenizer
+        self._token_bytes = list(token_bytes_by_id)
+        self._specials = SpecialTokenMatcher(special_tokens)
+        self._special_ids = frozenset(
+            special_tokens.values() if special_ids is None else special_ids
+        )
+        self._special_bytes = {token_id: text.encode() for text, token_id in special_tokens.items()}
+        size = max([len(self._token_bytes) - 1, *special_tokens.values()], default=-1) + 1
+        self._vocab_size = size
+        self._bos_id = bos_id
+        self._eos_id = eos_id
+        self._eos_ids = frozenset([*([] if eos_id is None else [eos_id]), *extra_eos_ids])
+        self._add_bos = add_bos
+        self._chat_template = chat_template
+        self._piece_cache: dict[str, list[int]] = {}
+
+    # --- the Tokenizer contract -------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos_id
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._eos_id
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self._eos_ids
+
+    @property
+    def add_bos(self) -> bool:
+        return self._add_bos
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """Special-token text -> id (every token matched whole in text)."""
+        return dict(self._specials.special_tokens)
+
+    def encode(
+        self,
+        text: str,
+        add_special_tokens: bool = False,
+        *,
+        allowed_special: SpecialSet = "all",
+        disallowed_special: SpecialSet = (),
+    ) -> list[int]:
+        """Token ids of `text`.
+
+        Special-token text in `allowed_special` becomes the special token; text of a token in
+        `disallowed_special` raises ValueError; other special-token text is encoded as
+        ordinary text. tiktoken's defaults are allowed=(), disallowed="all"; ember's are
+        allowed="all" because chat templates render special tokens as text.
+        `add_special_tokens=True` prepends BOS when the vocabulary asks for it (`add_bos`).
+        """
+        text = clean_surrogates(text)
+        ids: list[int] = []
+        if add_special_tokens and self._add_bos and self._bos_id is not None:
+            ids.append(self._bos_id)
+        allowed, disallowed = self._specials.resolve(allowed_special, disallowed_special)
+        self._specials.check_disallowed(text, disallowed)
+        for chunk, special_id in self._specials.split(text, allowed):
+            if special_id is None:
+                ids.extend(self.encode_ordinary(chunk))
+            else:
+                ids.append(special_id)
+        return ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Token ids of `text` with no special-token matching at all."""
+        cache = self._piece_cache
+        merge = self._merger.merge_uncached
+        ids: list[int] = []
+        extend = ids.extend
+        for piece in self._pre_tokenizer.split(text):
+            piece_ids = cache.get(piece)
+            if piece_ids is None:
+                piece_ids = merge(piece.encode("utf-8"))
+                if len(cache) >= CACHE_LIMIT:
+                    cache.clear()
+                cache[piece] = piece_ids
+            extend(piece_ids)
+        return ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        special = self._special_bytes.get(token_id)
+        if special is not None:
+            return special
+        if 0 <= token_id < len(self._token_bytes):
+            data = self._token_bytes[token_id]
+            if data is not None:
+                return data
+        raise ValueError(f"token id {token_id} is not in this vocabulary (size {self.vocab_size})")
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special_ids
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The exact bytes of `ids` (no UTF-8 repair)."""
+        return b"".join(self.token_bytes(token_id) for token_id in ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        if skip_special_tokens:
+            ids = [token_id for token_id in ids if token_id not in self._special_ids]
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return f"ByteLevelBPETokenizer(name={self.name!r}, vocab_size={self.vocab_size})"

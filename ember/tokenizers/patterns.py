@@ -1,0 +1,111 @@
+"""Pre-tokenization: the regular expressions that cut text into pieces before BPE merges.
+
+Each named pattern is a fact about one published tokenizer (GPT-2/r50k/p50k, cl100k,
+o200k, Llama 3, Qwen2); SmolLM2 first isolates every digit and then applies GPT-2's
+pattern to what lies between. Pieces never cross the boundaries the pattern finds, so
+merges stay inside a piece, and the piece is the unit of the encoder's cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import regex
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# tiktoken's r50k/p50k spelling of the GPT-2 pattern (possessive, same matches).
+R50K_PATTERN = (
+    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+)
+CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+LLAMA3_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+QWEN2_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+# One piece per numeric character: HF's `Digits(individual_digits=True)`.
+SINGLE_DIGIT_PATTERN = r"\p{N}"
+
+NAMED_PATTERNS: dict[str, str] = {
+    "gpt2": GPT2_PATTERN,
+    "r50k": R50K_PATTERN,
+    "p50k": R50K_PATTERN,
+    "cl100k": CL100K_PATTERN,
+    "o200k": O200K_PATTERN,
+    "llama3": LLAMA3_PATTERN,
+    "qwen2": QWEN2_PATTERN,
+}
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """Cuts text into pieces with a sequence of splitting stages.
+
+    Each stage is a regex whose matches become pieces and whose unmatched gaps are kept as
+    pieces too (HF's "Isolated" split behaviour), applied to every piece of the previous
+    stage. Most tokenizers have one stage; SmolLM2 has two (digits, then GPT-2).
+    """
+
+    stages: tuple[str, ...]
+    # True when every stage matches every character of any text (all named patterns do),
+    # so `findall` alone gives the pieces: the fast path.
+    is_complete: bool = False
+    _compiled: tuple[regex.Pattern, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_compiled", tuple(regex.compile(s) for s in self.stages))
+
+    @classmethod
+    def named(cls, name: str) -> PreTokenizer:
+        """The pre-tokenizer of a known tokenizer family (see NAMED_PATTERNS, plus "smollm")."""
+        if name == "smollm":
+            return cls((SINGLE_DIGIT_PATTERN, GPT2_PATTERN), is_complete=False)
+        if name not in NAMED_PATTERNS:
+            known = ", ".join(sorted([*NAMED_PATTERNS, "smollm"]))
+            raise ValueError(f"unknown pre-tokenizer {name!r}; known: {known}")
+        return cls((NAMED_PATTERNS[name],), is_complete=True)
+
+    def split(self, text: str) -> list[str]:
+        """The pieces of `text`, in order; their concatenation is `text`."""
+        compiled = self._compiled
+        if len(compiled) == 1:
+            if self.is_complete:
+                return compiled[0].findall(text)
+            return _split_isolated(compiled[0], text)
+        pieces = [text]
+        for pattern in compiled:
+            pieces = [sub for piece in pieces for sub in _split_isolated(pattern, piece)]
+        return pieces
+
+
+def _split_isolated(pattern: regex.Pattern, text: str) -> list[str]:
+    """Matches of `pattern` in `text` plus the gaps between them, in order."""
+    pieces: list[str] = []
+    position = 0
+    for match in pattern.finditer(text):
+        start, end = match.span()
+        if start > position:
+            pieces.append(text[position:start])
+        if end > start:
+            pieces.append(text[start:end])
+        position = end
+    if position < len(text):
+        pieces.append(text[position:])
+    return pieces

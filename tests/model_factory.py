@@ -1,0 +1,47 @@
+"""Tiny random-weight checkpoints built with transformers, saved as safetensors folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY_SHAPE = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Path:
+    """A random `family` ("llama", "qwen2", "mistral") model in `folder`; returns the folder."""
+    import transformers
+
+    config_classes = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }
+    config_class, model_class = config_classes[family]
+    settings = dict(TINY_SHAPE, rope_theta=10000.0, tie_word_embeddings=False)
+    if family == "mistral":
+        settings["sliding_window"] = None
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    model = model_class(config_class(**settings)).eval()
+    with torch.no_grad():  # make the random weights less uniform so logits spread out
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.02)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def load_reference(folder: Path):
+    """The transformers model saved in `folder`, float32, eval mode."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()

@@ -1,0 +1,126 @@
+"""Helpers for server tests: free ports, a server in a thread or a subprocess, error-body checks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (bind to port 0, read it back, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ThreadedServer:
+    """Runs an ASGI app under uvicorn on a free loopback port, in a daemon thread."""
+
+    def __init__(self, app) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def __enter__(self) -> ThreadedServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the threaded test server did not start within 10 s")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+
+class ServeProcess:
+    """A real `serve` subprocess (`python -m ember.server serve ...`) on a free loopback port.
+
+    Its output goes to a log file, which is quoted when it fails to become healthy.
+    """
+
+    def __init__(self, args: list[str], log_path: Path, startup_timeout_s: float = 180.0) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._command = [
+            sys.executable, "-m", "ember.server", "serve", *args,
+            "--host", "127.0.0.1", "--port", str(self.port),
+        ]  # fmt: skip
+        self._log_path = log_path
+        self._startup_timeout_s = startup_timeout_s
+        self._process: subprocess.Popen | None = None
+
+    def __enter__(self) -> ServeProcess:
+        log = self._log_path.open("wb")
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._process = subprocess.Popen(
+            self._command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=environment
+        )
+        deadline = time.monotonic() + self._startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"ember serve exited with {self._process.returncode}:\n{self.log_text()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise RuntimeError(f"ember serve was not healthy within {self._startup_timeout_s} s:\n{self.log_text()}")
+
+    def __exit__(self, *_: object) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout=10)
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process ended."""
+        return None if self._process is None else self._process.poll()
+
+    def log_text(self) -> str:
+        """What the server printed so far."""
+        return self._log_path.read_text(errors="replace")
+
+
+def assert_openai_error(response: httpx.Response, status_code: int) -> dict:
+    """Assert `response` is `status_code` with an OpenAI error body and no traceback; return the error."""
+    assert response.status_code == status_code, (response.status_code, response.text)
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert "Traceback" not in response.text
+    return error
+
+
+def parse_sse(text: str) -> list[dict | str]:
+    """The `data:` payloads of an SSE body, JSON-decoded except the final `[DONE]`."""
+    import json
+
+    payloads: list[dict | str] = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            payloads.append(data if data == "[DONE]" else json.loads(data))
+    return payloads
