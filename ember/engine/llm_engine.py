@@ -97,7 +97,7 @@ class LLMEngine:
         """Queue a request; raises ValueError (saying what to change) if it can never run."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        self._validate(prompt_token_ids, params)
+        self.validate_request(prompt_token_ids, params)
         request = Request(request_id, list(prompt_token_ids), params, prompt, priority, next(self._arrivals))
         forks = params.n > 1 and len(prompt_token_ids) > 1
         count = 1 if forks else params.n
@@ -268,7 +268,8 @@ class LLMEngine:
         wanted = -(-self.max_model_len // self.block_size) * self.config.scheduler.max_num_seqs
         return max(1, min(wanted, DEFAULT_KV_CACHE_BYTES // per_block))
 
-    def _validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError, saying what to change, if this request could never run here."""
         num_prompt = len(prompt_token_ids)
         if num_prompt == 0:
             raise ValueError("the prompt is empty; give at least one token")

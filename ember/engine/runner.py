@@ -10,7 +10,7 @@ from ember.engine.request import Sequence
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import BlockCopy, KVCacheManager
 from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
-from ember.layers.sampler import SampledToken, Sampler, SamplingRow, describe_position
+from ember.layers.sampler import SampledToken, Sampler, SamplingRow
 from ember.models.config import ModelConfig
 from ember.models.llama import LlamaForCausalLM
 
@@ -137,13 +137,25 @@ class ModelRunner:
         return SamplingRow(params, seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids, seq.generator, banned)
 
     def _prompt_logprobs(self, item: ScheduledSequence, hidden: torch.Tensor) -> list[SampledToken]:
-        """Logprob of each next prompt token predicted inside this chunk."""
+        """Logprob, rank and top alternatives of each next prompt token predicted inside this chunk."""
         seq = item.seq
         first = seq.num_computed_tokens
         last = min(first + item.num_new_tokens, seq.num_prompt_tokens - 1)
         if last <= first:
             return []
         logprobs = torch.log_softmax(self.model.compute_logits(hidden[: last - first]).float(), dim=-1)
+        targets = torch.tensor(seq.token_ids[first + 1 : last + 1])
+        chosen = logprobs.gather(1, targets.unsqueeze(1))
+        ranks = (logprobs > chosen).sum(dim=1) + 1
         num_top = seq.params.prompt_logprobs or 0
-        targets = seq.token_ids[first + 1 : last + 1]
-        return [describe_position(logprobs[j], target, num_top) for j, target in enumerate(targets)]
+        top_values, top_ids = logprobs.topk(num_top, dim=1) if num_top else (None, None)
+        return [
+            SampledToken(
+                token_id=int(targets[j]),
+                logprob=float(chosen[j, 0]),
+                rank=int(ranks[j]),
+                top_token_ids=top_ids[j].tolist() if top_ids is not None else [],
+                top_logprobs=top_values[j].tolist() if top_values is not None else [],
+            )
+            for j in range(last - first)
+        ]

@@ -22,7 +22,7 @@ from ember.server.requests import parse_request, resolve_model
 from ember.server.serving_chat import create_chat_completion
 from ember.server.serving_completions import create_completion
 
-DEBUG_STEP_RECORDS = 256
+DEBUG_STEP_RECORDS = 1024
 
 
 def build_app(engine, config: ServerConfig | None = None) -> FastAPI:

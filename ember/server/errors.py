@@ -56,7 +56,11 @@ def from_validation_error(error: ValidationError, what: str = "request body") ->
     """An ApiError naming the first invalid field of a pydantic validation failure."""
     first = error.errors(include_url=False)[0]
     kind = first.get("type", "")
-    location = [str(part) for part in first.get("loc", ())]
+    # Union branches show up in `loc` as type tags ("str", "list[int]"); the client's field path
+    # is what remains.
+    raw_location = first.get("loc", ())
+    location = [str(part) for part in raw_location if not _is_type_tag(part)]
+    is_union = len(location) != len(raw_location)
     param = ".".join(location) or None
     if kind == "json_invalid":
         return ApiError(
@@ -73,10 +77,25 @@ def from_validation_error(error: ValidationError, what: str = "request body") ->
         return ApiError(f"Missing required parameter {param!r}.", param=param, code="missing_required_parameter")
     if not location:
         return ApiError(f"The {what} must be a JSON object: {first.get('msg')}.", code="invalid_type")
+    if is_union:
+        field_name = location[-1] if not location[-1].isdigit() else location[-2]
+        expected = _UNION_EXPECTATIONS.get(field_name, "one of the documented types")
+        return ApiError(f"Invalid value for {param!r}: expected {expected}.", param=param, code="invalid_type")
     message = first.get("msg", "invalid value")
     # Pydantic prefixes custom validator messages with "Value error, "; the client needs only the reason.
     message = message.removeprefix("Value error, ")
     return ApiError(f"Invalid value for {param!r}: {message}.", param=param, code="invalid_value")
+
+
+_UNION_EXPECTATIONS = {
+    "stop": "a string or a list of strings",
+    "prompt": "a string, a list of strings, a list of token ids, or a list of lists of token ids",
+    "content": "a string or a list of {'type': 'text', 'text': ...} parts",
+}
+
+
+def _is_type_tag(part: object) -> bool:
+    return isinstance(part, str) and (part in {"str", "int", "float", "bool"} or "[" in part or part[:1].isupper())
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -94,11 +113,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return ApiError(message, param=param, code="invalid_value").response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return ApiError(
-            str(exc.detail), status_code=exc.status_code, error_type=error_type, headers=exc.headers
-        ).response()
+        message = f"{exc.detail}: {request.method} {request.url.path}"
+        return ApiError(message, status_code=exc.status_code, error_type=error_type, headers=exc.headers).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

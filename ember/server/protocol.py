@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
@@ -213,10 +213,14 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
-    """What a streamed chat chunk adds to its choice."""
+    """What a streamed chat chunk adds to its choice; unset fields are left out, as OpenAI does."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler):
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class ChatChunkChoice(BaseModel):

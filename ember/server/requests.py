@@ -6,6 +6,7 @@ only ever sees requests it can serve.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TypeVar
@@ -140,7 +141,10 @@ def sampling_params(request: SamplingFields, max_tokens: int | None, logprobs: i
             skip_special_tokens=request.skip_special_tokens,
         )
     except ValueError as error:
-        raise ApiError(f"Invalid sampling parameters: {error}.", code="invalid_value") from error
+        # SamplingParams names the field as "sampling parameter 'x' ..."; pass it on as `param`.
+        named = re.search(r"parameter '(\w+)'", str(error))
+        param = named.group(1) if named else None
+        raise ApiError(f"Invalid value: {error}.", param=param, code="invalid_value") from error
 
 
 def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
@@ -183,6 +187,8 @@ def completion_prompts(request: CompletionRequest, tokenizer) -> list[PreparedPr
 
 
 def _text_prompt(text: str, tokenizer) -> PreparedPrompt:
+    if not text:
+        raise ApiError("'prompt' must not be an empty string.", param="prompt", code="invalid_value")
     return PreparedPrompt(tokenizer.encode(text, add_special_tokens=True), text)
 
 

@@ -8,7 +8,7 @@ few thousand distinct pieces cover most of any corpus).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ember.tokenizers.base import Tokenizer
 from ember.tokenizers.merges import CACHE_LIMIT, BytePairMerger
@@ -48,6 +48,8 @@ class ByteLevelBPETokenizer(Tokenizer):
         extra_eos_ids: Iterable[int] = (),
         add_bos: bool = False,
         chat_template: str | None = None,
+        ignore_merges: bool = False,
+        normalize: Callable[[str], str] | None = None,
         name: str = "bpe",
     ) -> None:
         self.name = name
@@ -66,7 +68,17 @@ class ByteLevelBPETokenizer(Tokenizer):
         self._eos_ids = frozenset([*([] if eos_id is None else [eos_id]), *extra_eos_ids])
         self._add_bos = add_bos
         self._chat_template = chat_template
+        self._normalize = normalize
         self._piece_cache: dict[str, list[int]] = {}
+        # HF's `ignore_merges` (Llama 3): a piece that is itself a token is taken whole. Seeding
+        # the piece cache with those tokens gives exactly that, since pieces are looked up there
+        # first; the seed lives in a separate dict so clearing the cache cannot lose it.
+        self._whole_pieces: dict[str, list[int]] = {}
+        if ignore_merges:
+            for token_id, data in enumerate(self._token_bytes):
+                text = None if data is None else data.decode("utf-8", errors="replace")
+                if text is not None and "\ufffd" not in text:
+                    self._whole_pieces[text] = [token_id]
 
     # --- the Tokenizer contract -------------------------------------------------------------
 
@@ -116,6 +128,8 @@ class ByteLevelBPETokenizer(Tokenizer):
         `add_special_tokens=True` prepends BOS when the vocabulary asks for it (`add_bos`).
         """
         text = clean_surrogates(text)
+        if self._normalize is not None:
+            text = self._normalize(text)
         ids: list[int] = []
         if add_special_tokens and self._add_bos and self._bos_id is not None:
             ids.append(self._bos_id)
@@ -137,7 +151,7 @@ class ByteLevelBPETokenizer(Tokenizer):
         for piece in self._pre_tokenizer.split(text):
             piece_ids = cache.get(piece)
             if piece_ids is None:
-                piece_ids = merge(piece.encode("utf-8"))
+                piece_ids = self._whole_pieces.get(piece) or merge(piece.encode("utf-8"))
                 if len(cache) >= CACHE_LIMIT:
                     cache.clear()
                 cache[piece] = piece_ids

@@ -7,7 +7,13 @@ from pathlib import Path
 from ember.tokenizers.base import Tokenizer
 from ember.tokenizers.gguf_metadata import GGUF_MAGIC
 from ember.tokenizers.gguf_vocab import load_gguf
+from ember.tokenizers.hf_json import load_gpt2_folder, load_tokenizer_json
 from ember.tokenizers.llama2c import load_llama2c, looks_like_llama2c
+from ember.tokenizers.sentencepiece_model import (
+    load_sentencepiece_model,
+    looks_like_sentencepiece_model,
+)
+from ember.tokenizers.tiktoken_files import load_tiktoken, looks_like_tiktoken
 
 SUPPORTED = (
     "a .gguf model or vocab-only file, a llama2.c tokenizer.bin, a .tiktoken rank file, an HF "
@@ -30,13 +36,22 @@ def load(path: str | Path) -> Tokenizer:
         head = handle.read(64)
     if head.startswith(GGUF_MAGIC):
         return load_gguf(path)
-    data = path.read_bytes()
-    if looks_like_llama2c(data):
+    if head.lstrip().startswith(b"{"):
+        return load_tokenizer_json(path)
+    if looks_like_tiktoken(head):
+        return load_tiktoken(path)
+    if looks_like_sentencepiece_model(head):
+        return load_sentencepiece_model(path)
+    if looks_like_llama2c(path.read_bytes()):
         return load_llama2c(path)
     raise ValueError(f"{path}: not a tokenizer file ember recognises; expected {SUPPORTED}")
 
 
 def _load_folder(folder: Path) -> Tokenizer:
+    if (folder / "tokenizer.json").is_file():
+        return load(folder / "tokenizer.json")
+    if (folder / "encoder.json").is_file() and (folder / "vocab.bpe").is_file():
+        return load_gpt2_folder(folder)
     for name in ("tokenizer.json", "tokenizer.model", "tokenizer.bin"):
         if (folder / name).is_file():
             return load(folder / name)

@@ -10,184 +10,40 @@ spelled with byte-fallback pieces `<0xNN>` (or the unknown piece when there are 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
-from ember.tokenizers.base import Tokenizer
-from ember.tokenizers.pieces import PieceKind, byte_of_piece
-from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
+from ember.tokenizers.sentencepiece_vocab import (
+    SPACE_MARKER,
+    SentencePieceOptions,
+    SentencePieceTokenizer,
+)
 
-SPACE_MARKER = "\u2581"
-
-
-@dataclass(frozen=True)
-class SentencePieceOptions:
-    """How text is normalised before merging, and which pieces may be formed by merges.
-
-    `space_marker` replaces every space (" " for llama2.c files, which store real spaces);
-    `merge_kinds` are the piece kinds a merge may produce (llama2.c: every piece);
-    `prefix_after_special`: whether text after a special token gets the dummy prefix too
-    (llama.cpp and HF do this; sentencepiece never sees special tokens in text).
-    """
-
-    add_dummy_prefix: bool = True
-    remove_extra_whitespaces: bool = False
-    space_marker: str = SPACE_MARKER
-    byte_fallback: bool = True
-    merge_kinds: frozenset[PieceKind] = frozenset({PieceKind.NORMAL, PieceKind.USER_DEFINED})
-    prefix_after_special: bool = True
+__all__ = ["SPACE_MARKER", "SentencePieceBPETokenizer", "SentencePieceOptions"]
 
 
-class SentencePieceBPETokenizer(Tokenizer):
+class SentencePieceBPETokenizer(SentencePieceTokenizer):
     """A scored piece vocabulary encoded by highest-score-first merges (see module doc)."""
 
-    def __init__(
-        self,
-        *,
-        pieces: Sequence[str],
-        scores: Sequence[float],
-        kinds: Sequence[PieceKind],
-        options: SentencePieceOptions,
-        bos_id: int | None,
-        eos_id: int | None,
-        unk_id: int | None,
-        add_bos: bool = True,
-        extra_eos_ids: Iterable[int] = (),
-        special_tokens: dict[str, int] | None = None,
-        chat_template: str | None = None,
-        name: str = "sentencepiece-bpe",
-    ) -> None:
-        if not len(pieces) == len(scores) == len(kinds):
-            raise ValueError("pieces, scores and kinds must have the same length")
-        self.name = name
-        self.options = options
-        self._pieces = list(pieces)
-        self._kinds = [PieceKind(kind) for kind in kinds]
-        self._bos_id, self._eos_id, self._unk_id = bos_id, eos_id, unk_id
-        self._add_bos = add_bos
-        self._eos_ids = frozenset([*([] if eos_id is None else [eos_id]), *extra_eos_ids])
-        self._chat_template = chat_template
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
         # piece -> (negated score, id): the heap orders by it, so the best score pops first.
         self._mergeable: dict[str, tuple[float, int]] = {}
-        for token_id, (piece, score, kind) in enumerate(zip(pieces, scores, kinds, strict=False)):
-            if kind in options.merge_kinds and piece not in self._mergeable:
-                self._mergeable[piece] = (-float(score), token_id)
-        self._byte_ids: list[int | None] = [None] * 256
-        for token_id, (piece, kind) in enumerate(zip(pieces, kinds, strict=False)):
-            byte = byte_of_piece(piece)
-            usable = kind in (PieceKind.BYTE, PieceKind.NORMAL)
-            if byte is not None and usable and self._byte_ids[byte] is None:
-                self._byte_ids[byte] = token_id
-        self._has_byte_fallback = options.byte_fallback and None not in self._byte_ids
-        if special_tokens is None:
-            special_tokens = {
-                piece: token_id
-                for token_id, (piece, kind) in enumerate(zip(pieces, kinds, strict=False))
-                if kind in (PieceKind.CONTROL, PieceKind.USER_DEFINED)
-            }
-        self._specials = SpecialTokenMatcher(special_tokens)
-        self._special_ids = frozenset(
-            token_id for token_id, kind in enumerate(self._kinds) if kind == PieceKind.CONTROL
-        )
-        self._token_bytes = [
-            self._piece_bytes(piece, kind) for piece, kind in zip(pieces, kinds, strict=False)
-        ]
+        merge_kinds = self.options.merge_kinds
+        for token_id, (piece, score, kind) in enumerate(
+            zip(self._pieces, self._scores, self._kinds, strict=True)
+        ):
+            if kind in merge_kinds and piece not in self._mergeable:
+                self._mergeable[piece] = (-score, token_id)
 
-    def _piece_bytes(self, piece: str, kind: PieceKind) -> bytes:
-        byte = byte_of_piece(piece)
-        if byte is not None and kind in (PieceKind.BYTE, PieceKind.NORMAL):
-            return bytes([byte])
-        if kind in (PieceKind.CONTROL, PieceKind.UNKNOWN):
-            return piece.encode()
-        return piece.replace(self.options.space_marker, " ").encode()
-
-    # --- the Tokenizer contract -------------------------------------------------------------
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._pieces)
-
-    @property
-    def bos_id(self) -> int | None:
-        return self._bos_id
-
-    @property
-    def eos_id(self) -> int | None:
-        return self._eos_id
-
-    @property
-    def unk_id(self) -> int | None:
-        return self._unk_id
-
-    @property
-    def eos_ids(self) -> frozenset[int]:
-        return self._eos_ids
-
-    @property
-    def add_bos(self) -> bool:
-        return self._add_bos
-
-    @property
-    def chat_template(self) -> str | None:
-        return self._chat_template
-
-    @property
-    def strips_leading_space(self) -> bool:
-        return self.options.add_dummy_prefix
-
-    @property
-    def pieces(self) -> list[str]:
-        """The vocabulary's pieces, by id."""
-        return list(self._pieces)
-
-    def encode(
-        self,
-        text: str,
-        add_special_tokens: bool = False,
-        *,
-        allowed_special: SpecialSet = "all",
-        disallowed_special: SpecialSet = (),
-    ) -> list[int]:
-        """Token ids of `text`; control/user-defined piece text in `allowed_special` becomes
-        that piece (pass `allowed_special=()` for sentencepiece's behaviour, which never
-        matches them); see `ByteLevelBPETokenizer.encode` for the special-token rules."""
+    def _segment(self, normalized: str) -> list[int]:
         ids: list[int] = []
-        if add_special_tokens and self._add_bos and self._bos_id is not None:
-            ids.append(self._bos_id)
-        allowed, disallowed = self._specials.resolve(allowed_special, disallowed_special)
-        self._specials.check_disallowed(text, disallowed)
-        is_first = True
-        after_special = False
-        for chunk, special_id in self._specials.split(text, allowed):
-            if special_id is not None:
-                ids.append(special_id)
-                after_special = True
+        mergeable = self._mergeable
+        for symbol in self._merge(list(normalized)):
+            entry = mergeable.get(symbol)
+            if entry is not None:
+                ids.append(entry[1])
             else:
-                prefix = is_first or (after_special and self.options.prefix_after_special)
-                ids.extend(self.encode_ordinary(chunk, add_dummy_prefix=prefix))
-                after_special = False
-            is_first = False
+                ids.extend(self._spell_unknown(symbol))
         return ids
-
-    def encode_ordinary(self, text: str, add_dummy_prefix: bool = True) -> list[int]:
-        """Token ids of `text` with no special-token matching."""
-        symbols = list(self.normalize(text, add_dummy_prefix))
-        if not symbols:
-            return []
-        return self._to_ids(self._merge(symbols))
-
-    def normalize(self, text: str, add_dummy_prefix: bool = True) -> str:
-        """`text` as the merge loop sees it: whitespace handled, dummy prefix, space marker."""
-        options = self.options
-        if options.remove_extra_whitespaces:
-            text = " ".join(part for part in text.split(" ") if part)
-        if not text:
-            return ""
-        if options.add_dummy_prefix and add_dummy_prefix:
-            text = " " + text
-        if options.space_marker != " ":
-            text = text.replace(" ", options.space_marker)
-        return text
 
     def _merge(self, symbols: list[str]) -> list[str]:
         # Heap of (negated score, left position); linked list over positions. An entry is
@@ -230,34 +86,6 @@ class SentencePieceBPETokenizer(Tokenizer):
                 if entry is not None:
                     heapq.heappush(heap, (entry[0], before, symbols[before] + merged))
         return [symbol for symbol, keep in zip(symbols, alive, strict=False) if keep]
-
-    def _to_ids(self, symbols: list[str]) -> list[int]:
-        ids: list[int] = []
-        mergeable = self._mergeable
-        for symbol in symbols:
-            entry = mergeable.get(symbol)
-            if entry is not None:
-                ids.append(entry[1])
-            elif self._has_byte_fallback:
-                ids.extend(self._byte_ids[byte] for byte in symbol.encode("utf-8"))
-            elif self._unk_id is not None:
-                ids.append(self._unk_id)
-            else:
-                raise ValueError(f"{symbol!r} is not in the vocabulary, which has no unknown piece")
-        return ids
-
-    def token_bytes(self, token_id: int) -> bytes:
-        if not 0 <= token_id < len(self._token_bytes):
-            raise ValueError(
-                f"token id {token_id} is not in this vocabulary (size {self.vocab_size})"
-            )
-        return self._token_bytes[token_id]
-
-    def is_special(self, token_id: int) -> bool:
-        return token_id in self._special_ids
-
-    def id_to_piece(self, token_id: int) -> str:
-        return self._pieces[token_id]
 
     def __repr__(self) -> str:
         return f"SentencePieceBPETokenizer(name={self.name!r}, vocab_size={self.vocab_size})"

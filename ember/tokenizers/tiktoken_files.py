@@ -140,6 +140,9 @@ def tokenizer_from_ranks(
         eos_id=lookup(spec.eos_token),
         extra_eos_ids=[specials[name] for name in spec.end_of_turn_tokens if name in specials],
         add_bos=spec.add_bos,
+        # tiktoken takes a piece that is itself a token whole, before any merging; Llama 3
+        # has tokens that merges alone never reach.
+        ignore_merges=True,
         name=spec.name,
     )
 

@@ -1,0 +1,41 @@
+"""The `ember` command: thin subcommands over the library."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from ember.cli import eval_cmd, generate_cmd, pull_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ember", description="LLM inference and serving.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    pull_cmd.register(subparsers)
+    generate_cmd.register(subparsers)
+    eval_cmd.register(subparsers)
+    _register_optional(subparsers)
+    return parser
+
+
+def _register_optional(subparsers: argparse._SubParsersAction) -> None:
+    """Subcommands owned by other packages, each a module with `register(subparsers)`."""
+    for module_name in ("ember.server.cli", "ember.tokenizers.cli", "ember.bench.cli"):
+        if importlib.util.find_spec(module_name) is not None:
+            importlib.import_module(module_name).register(subparsers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"ember {args.command}: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

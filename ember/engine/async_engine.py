@@ -1,0 +1,171 @@
+"""AsyncEngine: the engine's step loop on a background thread, streaming deltas to asyncio consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from ember.engine.config import EngineConfig
+from ember.engine.llm_engine import EngineStats, LLMEngine, StepRecord
+from ember.engine.outputs import RequestOutput
+from ember.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None
+    priority: int
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class _Stream:
+    """Where one request's deltas go: an asyncio queue fed from the engine thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncEngine:
+    """One LLMEngine shared by many concurrent requests (continuous batching across callers).
+
+    Only the engine thread touches the LLMEngine; callers talk to it through a command queue,
+    and read `stats()` / `step_records()` from a snapshot refreshed after every step.
+    """
+
+    def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
+        self.engine = LLMEngine(config, show_progress=show_progress)
+        self.tokenizer = self.engine.tokenizer
+        self.model_name = self.engine.model_name
+        self.max_model_len = self.engine.max_model_len
+        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._streams_lock = threading.Lock()
+        self._stats = self.engine.stats()
+        self._records: list[StepRecord] = []
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ember-engine", daemon=True)
+        self._thread.start()
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's deltas; the last has `finished=True`. Leaving early aborts the request."""
+        self.engine.validate_request(prompt_token_ids, params)
+        if self._stopped.is_set():
+            raise RuntimeError("the engine has been shut down")
+        stream = _Stream(asyncio.get_running_loop())
+        with self._streams_lock:
+            if request_id in self._streams:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            self._streams[request_id] = stream
+        self._commands.put(_Add(request_id, list(prompt_token_ids), params, prompt, priority))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            with self._streams_lock:
+                self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine to drop a request and free its blocks (thread-safe, idempotent)."""
+        self._commands.put(_Abort(request_id))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def step_records(self) -> list[StepRecord]:
+        return list(self._records)
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._commands.put(None)
+        self._thread.join(timeout=30)
+
+    # -- engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._apply_commands(block=not self.engine.has_unfinished_requests())
+            if self._stopped.is_set():
+                break
+            try:
+                outputs = self.engine.step()
+            except Exception as error:  # a failed step fails its requests, never the thread
+                logger.exception("engine step failed")
+                self._fail_all(error)
+                continue
+            for output in outputs:
+                self._deliver(output)
+            self._stats = self.engine.stats()
+            self._records = self.engine.step_records()[-1024:]
+
+    def _apply_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while command is not None:
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+        self._stopped.set()
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            self.engine.abort_request(command.request_id)
+            return
+        try:
+            self.engine.add_request(
+                command.request_id, command.prompt_token_ids, command.params, command.prompt, command.priority
+            )
+        except ValueError as error:
+            self._deliver_error(command.request_id, error)
+
+    def _deliver(self, output: RequestOutput) -> None:
+        with self._streams_lock:
+            stream = self._streams.get(output.request_id)
+        if stream is not None:
+            stream.put(output)
+
+    def _deliver_error(self, request_id: str, error: BaseException) -> None:
+        with self._streams_lock:
+            stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.put(error)
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort_request(request_id)
+            self._deliver_error(request_id, RuntimeError(f"the engine failed while running this request: {error}"))
+        self.engine.step()  # drain the abort outputs so nothing lingers

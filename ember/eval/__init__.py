@@ -1,0 +1,1 @@
+"""ember.eval: model quality measurements."""

@@ -1,0 +1,91 @@
+"""LLM: the offline Python entry point, `LLM(model).generate(prompts, params)`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.progress import Progress
+
+from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from ember.engine.llm_engine import LLMEngine
+from ember.engine.outputs import OutputAccumulator, RequestOutput
+from ember.engine.sampling_params import SamplingParams
+
+PromptInput = str | Sequence[int]
+
+
+class LLM:
+    """Runs a batch of prompts to completion with continuous batching, returning full outputs in order.
+
+    `model` is a registered name, a GGUF file, an HF safetensors folder or a llama2.c .bin.
+    Extra keyword arguments set `CacheConfig` / `SchedulerConfig` fields by name
+    (e.g. `block_size=16, max_num_batched_tokens=512, enable_prefix_caching=False`).
+    """
+
+    def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "float32", seed: int = 0, max_model_len: int | None = None, **options) -> None:
+        cache_fields = {k: options.pop(k) for k in list(options) if k in CacheConfig.__dataclass_fields__}
+        scheduler_fields = {k: options.pop(k) for k in list(options) if k in SchedulerConfig.__dataclass_fields__}
+        if options:
+            raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
+        config = EngineConfig(
+            model=model,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            cache=CacheConfig(**cache_fields),
+            scheduler=SchedulerConfig(**scheduler_fields),
+        )
+        self.engine = LLMEngine(config)
+        self.tokenizer = self.engine.tokenizer
+        self._next_id = 0
+
+    def encode(self, prompt: PromptInput) -> list[int]:
+        """Token ids of a prompt: text goes through the model's tokenizer (BOS added if it wants one)."""
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise ValueError("this model carries no tokenizer; pass tokenizer=PATH or give token ids")
+        return self.tokenizer.encode(prompt, add_special_tokens=True)
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        show_progress: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (one params for all, or one per prompt); outputs in prompt order."""
+        batch = _as_batch(prompts)
+        params = sampling_params or SamplingParams()
+        params_list = list(params) if isinstance(params, Sequence) else [params] * len(batch)
+        if len(params_list) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(params_list)} sampling params")
+        accumulators: dict[str, OutputAccumulator] = {}
+        for prompt, request_params in zip(batch, params_list, strict=True):
+            request_id = str(self._next_id)
+            self._next_id += 1
+            text = prompt if isinstance(prompt, str) else None
+            self.engine.add_request(request_id, self.encode(prompt), request_params, prompt=text)
+            accumulators[request_id] = OutputAccumulator(request_id, request_params.n)
+        self._run(accumulators, show_progress)
+        return [accumulator.result() for accumulator in accumulators.values()]
+
+    def _run(self, accumulators: dict[str, OutputAccumulator], show_progress: bool) -> None:
+        remaining = set(accumulators)
+        with Progress(disable=not show_progress, transient=True) as progress:
+            task = progress.add_task("generating", total=len(remaining))
+            while remaining:
+                for output in self.engine.step():
+                    if output.request_id in accumulators:
+                        accumulators[output.request_id].add(output)
+                    if output.finished and output.request_id in remaining:
+                        remaining.discard(output.request_id)
+                        progress.advance(task)
+
+
+def _as_batch(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [list(prompts)]  # one prompt of token ids
+    return list(prompts)

@@ -1,0 +1,157 @@
+"""HF `tokenizer.json` (byte-level BPE models) and GPT-2's `encoder.json` + `vocab.bpe`.
+
+Supported pre-tokenizers: ByteLevel (with or without its GPT-2 regex), Split with a regex and
+the "Isolated" behaviour, Digits, and Sequences of those; normalizer: none or NFC. Anything
+else raises a ValueError naming the part, so a tokenizer is never silently approximated.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+from ember.tokenizers.bpe import ByteLevelBPETokenizer
+from ember.tokenizers.byte_level import ByteLevelCodec
+from ember.tokenizers.gguf_vocab import END_OF_TURN_TOKENS, merger_from_merge_list
+from ember.tokenizers.patterns import GPT2_PATTERN, NAMED_PATTERNS, PreTokenizer
+
+SINGLE_DIGITS, DIGIT_RUNS = r"\p{N}", r"\p{N}+"
+
+
+def _unsupported(what: str, value: Any) -> ValueError:
+    return ValueError(
+        f"tokenizer.json {what} {json.dumps(value)[:200]} is not supported by ember.tokenizers "
+        "(supported: byte-level BPE with ByteLevel/Split/Digits pre-tokenizers)"
+    )
+
+
+def pre_tokenizer_stages(spec: dict[str, Any] | None) -> list[str]:
+    """The regex stages equivalent to an HF pre_tokenizer spec."""
+    if spec is None:
+        return []
+    kind = spec.get("type")
+    if kind == "Sequence":
+        return [stage for part in spec["pretokenizers"] for stage in pre_tokenizer_stages(part)]
+    if kind == "ByteLevel":
+        if spec.get("add_prefix_space"):
+            raise _unsupported("pre_tokenizer", spec)
+        return [GPT2_PATTERN] if spec.get("use_regex", True) else []
+    if kind == "Digits":
+        return [SINGLE_DIGITS if spec.get("individual_digits") else DIGIT_RUNS]
+    if kind == "Split":
+        pattern = spec.get("pattern", {})
+        if spec.get("behavior") != "Isolated" or spec.get("invert") or "Regex" not in pattern:
+            raise _unsupported("pre_tokenizer", spec)
+        return [pattern["Regex"]]
+    raise _unsupported("pre_tokenizer", spec)
+
+
+def _pre_tokenizer(stages: list[str]) -> PreTokenizer:
+    if not stages:
+        return PreTokenizer((r"(?s).+",), is_complete=True)
+    # A single stage that is one of the published patterns covers every character.
+    is_complete = len(stages) == 1 and stages[0] in NAMED_PATTERNS.values()
+    return PreTokenizer(tuple(stages), is_complete=is_complete)
+
+
+def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
+    """The tokenizer of an HF tokenizer.json file with a byte-level BPE model."""
+    spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    model = spec.get("model", {})
+    if model.get("type") != "BPE":
+        raise _unsupported("model type", model.get("type"))
+    if (
+        model.get("byte_fallback")
+        or model.get("continuing_subword_prefix")
+        or model.get("end_of_word_suffix")
+    ):
+        raise _unsupported(
+            "BPE option", {k: v for k, v in model.items() if k != "vocab" and k != "merges"}
+        )
+    normalizer = spec.get("normalizer")
+    if normalizer is not None and normalizer.get("type") != "NFC":
+        raise _unsupported("normalizer", normalizer)
+    vocab: dict[str, int] = model["vocab"]
+    added = spec.get("added_tokens", [])
+    tokens_by_id = {token_id: token for token, token_id in vocab.items()}
+    size = max([*tokens_by_id, *(entry["id"] for entry in added)], default=-1) + 1
+    tokens = [tokens_by_id.get(token_id, "") for token_id in range(size)]
+    codec = ByteLevelCodec()
+    token_bytes: list[bytes | None] = []
+    for token in tokens:
+        try:
+            token_bytes.append(codec.to_bytes(token) if token else None)
+        except ValueError:
+            token_bytes.append(token.encode())
+    special_tokens = {entry["content"]: entry["id"] for entry in added}
+    special_ids = [entry["id"] for entry in added if entry.get("special")]
+    for entry in added:
+        token_bytes[entry["id"]] = None
+    merger = merger_from_merge_list(tokens, model.get("merges", []), codec)
+    config = _read_config(Path(path).parent)
+    bos = config.get("bos_token")
+    eos = config.get("eos_token")
+    extra = [special_tokens[name] for name in END_OF_TURN_TOKENS if name in special_tokens]
+    template_file = Path(path).parent / "chat_template.jinja"
+    chat_template = config.get("chat_template")
+    if chat_template is None and template_file.is_file():
+        chat_template = template_file.read_text(encoding="utf-8")
+    tokenizer = ByteLevelBPETokenizer(
+        merger=merger,
+        pre_tokenizer=_pre_tokenizer(pre_tokenizer_stages(spec.get("pre_tokenizer"))),
+        token_bytes_by_id=token_bytes,
+        special_tokens=special_tokens,
+        special_ids=special_ids,
+        bos_id=special_tokens.get(bos) if isinstance(bos, str) else None,
+        eos_id=special_tokens.get(eos) if isinstance(eos, str) else None,
+        extra_eos_ids=extra,
+        chat_template=chat_template,
+        ignore_merges=bool(model.get("ignore_merges")),
+        normalize=(lambda text: unicodedata.normalize("NFC", text)) if normalizer else None,
+        name=f"tokenizer.json:{Path(path).parent.name}",
+    )
+    return tokenizer
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    """tokenizer_config.json beside tokenizer.json (BOS/EOS names, chat template), if any."""
+    config_path = folder / "tokenizer_config.json"
+    if not config_path.is_file():
+        return {}
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    for key in ("bos_token", "eos_token"):
+        if isinstance(config.get(key), dict):  # {"content": "<s>", ...}
+            config[key] = config[key].get("content")
+    return config
+
+
+def load_gpt2_folder(folder: str | Path) -> ByteLevelBPETokenizer:
+    """GPT-2's tokenizer from a folder with `encoder.json` (token -> id) and `vocab.bpe`
+    (merges in priority order, after a "#version" line)."""
+    folder = Path(folder)
+    encoder: dict[str, int] = json.loads((folder / "encoder.json").read_text(encoding="utf-8"))
+    lines = (folder / "vocab.bpe").read_text(encoding="utf-8").split("\n")
+    merges = [line for line in lines if line and not line.startswith("#version")]
+    size = max(encoder.values()) + 1
+    tokens = [""] * size
+    for token, token_id in encoder.items():
+        tokens[token_id] = token
+    codec = ByteLevelCodec()
+    special_tokens = (
+        {"<|endoftext|>": encoder["<|endoftext|>"]} if "<|endoftext|>" in encoder else {}
+    )
+    token_bytes: list[bytes | None] = [
+        None if token in special_tokens else codec.to_bytes(token) for token in tokens
+    ]
+    eos = special_tokens.get("<|endoftext|>")
+    return ByteLevelBPETokenizer(
+        merger=merger_from_merge_list(tokens, merges, codec),
+        pre_tokenizer=PreTokenizer.named("gpt2"),
+        token_bytes_by_id=token_bytes,
+        special_tokens=special_tokens,
+        bos_id=eos,
+        eos_id=eos,
+        name=f"gpt2:{folder.name}",
+    )

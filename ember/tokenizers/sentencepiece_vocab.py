@@ -1,0 +1,206 @@
+"""What every SentencePiece-style vocabulary shares: scored pieces with kinds, the `▁` space
+convention and dummy prefix, special-token matching, byte-fallback spelling and decoding.
+Subclasses only say how normalised text is segmented (BPE merges, Unigram Viterbi).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ember.tokenizers.base import Tokenizer
+from ember.tokenizers.pieces import PieceKind, byte_of_piece
+from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
+
+SPACE_MARKER = "\u2581"
+
+
+@dataclass(frozen=True)
+class SentencePieceOptions:
+    """How text is normalised before merging, and which pieces may be formed by merges.
+
+    `space_marker` replaces every space (" " for llama2.c files, which store real spaces);
+    `merge_kinds` are the piece kinds a merge may produce (llama2.c: every piece);
+    `prefix_after_special`: whether text after a special token gets the dummy prefix too
+    (llama.cpp and HF do this; sentencepiece never sees special tokens in text).
+    """
+
+    add_dummy_prefix: bool = True
+    remove_extra_whitespaces: bool = False
+    space_marker: str = SPACE_MARKER
+    byte_fallback: bool = True
+    merge_kinds: frozenset[PieceKind] = frozenset({PieceKind.NORMAL, PieceKind.USER_DEFINED})
+    prefix_after_special: bool = True
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A scored piece vocabulary; `_segment` (in a subclass) turns normalised text into ids."""
+
+    def __init__(
+        self,
+        *,
+        pieces: Sequence[str],
+        scores: Sequence[float],
+        kinds: Sequence[PieceKind],
+        options: SentencePieceOptions,
+        bos_id: int | None,
+        eos_id: int | None,
+        unk_id: int | None,
+        add_bos: bool = True,
+        extra_eos_ids: Iterable[int] = (),
+        special_tokens: dict[str, int] | None = None,
+        chat_template: str | None = None,
+        name: str = "sentencepiece",
+    ) -> None:
+        if not len(pieces) == len(scores) == len(kinds):
+            raise ValueError("pieces, scores and kinds must have the same length")
+        self.name = name
+        self.options = options
+        self._pieces = list(pieces)
+        self._kinds = [PieceKind(kind) for kind in kinds]
+        self._bos_id, self._eos_id, self._unk_id = bos_id, eos_id, unk_id
+        self._add_bos = add_bos
+        self._eos_ids = frozenset([*([] if eos_id is None else [eos_id]), *extra_eos_ids])
+        self._chat_template = chat_template
+        self._scores = [float(score) for score in scores]
+        self._byte_ids: list[int | None] = [None] * 256
+        for token_id, (piece, kind) in enumerate(zip(pieces, kinds, strict=False)):
+            byte = byte_of_piece(piece)
+            usable = kind in (PieceKind.BYTE, PieceKind.NORMAL)
+            if byte is not None and usable and self._byte_ids[byte] is None:
+                self._byte_ids[byte] = token_id
+        self._has_byte_fallback = options.byte_fallback and None not in self._byte_ids
+        if special_tokens is None:
+            special_tokens = {
+                piece: token_id
+                for token_id, (piece, kind) in enumerate(zip(pieces, kinds, strict=False))
+                if kind in (PieceKind.CONTROL, PieceKind.USER_DEFINED)
+            }
+        self._specials = SpecialTokenMatcher(special_tokens)
+        self._special_ids = frozenset(
+            token_id for token_id, kind in enumerate(self._kinds) if kind == PieceKind.CONTROL
+        )
+        self._token_bytes = [
+            self._piece_bytes(piece, kind) for piece, kind in zip(pieces, kinds, strict=False)
+        ]
+
+    def _piece_bytes(self, piece: str, kind: PieceKind) -> bytes:
+        byte = byte_of_piece(piece)
+        if byte is not None and kind in (PieceKind.BYTE, PieceKind.NORMAL):
+            return bytes([byte])
+        if kind in (PieceKind.CONTROL, PieceKind.UNKNOWN):
+            return piece.encode()
+        return piece.replace(self.options.space_marker, " ").encode()
+
+    # --- the Tokenizer contract -------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._pieces)
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos_id
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._eos_id
+
+    @property
+    def unk_id(self) -> int | None:
+        return self._unk_id
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self._eos_ids
+
+    @property
+    def add_bos(self) -> bool:
+        return self._add_bos
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    @property
+    def strips_leading_space(self) -> bool:
+        return self.options.add_dummy_prefix
+
+    @property
+    def pieces(self) -> list[str]:
+        """The vocabulary's pieces, by id."""
+        return list(self._pieces)
+
+    def encode(
+        self,
+        text: str,
+        add_special_tokens: bool = False,
+        *,
+        allowed_special: SpecialSet = "all",
+        disallowed_special: SpecialSet = (),
+    ) -> list[int]:
+        """Token ids of `text`; control/user-defined piece text in `allowed_special` becomes
+        that piece (pass `allowed_special=()` for sentencepiece's behaviour, which never
+        matches them); see `ByteLevelBPETokenizer.encode` for the special-token rules."""
+        ids: list[int] = []
+        if add_special_tokens and self._add_bos and self._bos_id is not None:
+            ids.append(self._bos_id)
+        allowed, disallowed = self._specials.resolve(allowed_special, disallowed_special)
+        self._specials.check_disallowed(text, disallowed)
+        is_first = True
+        after_special = False
+        for chunk, special_id in self._specials.split(text, allowed):
+            if special_id is not None:
+                ids.append(special_id)
+                after_special = True
+            else:
+                prefix = is_first or (after_special and self.options.prefix_after_special)
+                ids.extend(self.encode_ordinary(chunk, add_dummy_prefix=prefix))
+                after_special = False
+            is_first = False
+        return ids
+
+    def encode_ordinary(self, text: str, add_dummy_prefix: bool = True) -> list[int]:
+        """Token ids of `text` with no special-token matching."""
+        normalized = self.normalize(text, add_dummy_prefix)
+        return self._segment(normalized) if normalized else []
+
+    def normalize(self, text: str, add_dummy_prefix: bool = True) -> str:
+        """`text` as the merge loop sees it: whitespace handled, dummy prefix, space marker."""
+        options = self.options
+        if options.remove_extra_whitespaces:
+            text = " ".join(part for part in text.split(" ") if part)
+        if not text:
+            return ""
+        if options.add_dummy_prefix and add_dummy_prefix:
+            text = " " + text
+        if options.space_marker != " ":
+            text = text.replace(" ", options.space_marker)
+        return text
+
+    @abstractmethod
+    def _segment(self, normalized: str) -> list[int]:
+        """Token ids of non-empty normalised text."""
+
+    def _spell_unknown(self, symbol: str) -> list[int]:
+        """Ids for a symbol outside the vocabulary: its UTF-8 bytes as byte pieces where the
+        vocabulary has them, else the unknown piece."""
+        if self._has_byte_fallback:
+            return [self._byte_ids[byte] for byte in symbol.encode("utf-8")]
+        if self._unk_id is not None:
+            return [self._unk_id]
+        raise ValueError(f"{symbol!r} is not in the vocabulary, which has no unknown piece")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < len(self._token_bytes):
+            raise ValueError(
+                f"token id {token_id} is not in this vocabulary (size {self.vocab_size})"
+            )
+        return self._token_bytes[token_id]
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special_ids
+
+    def id_to_piece(self, token_id: int) -> str:
+        return self._pieces[token_id]
