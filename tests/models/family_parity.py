@@ -1,0 +1,95 @@
+"""Shared parity checks against transformers (the reference) for ember's model families.
+
+Each family test builds a tiny random model with transformers, saves it as safetensors, and
+asserts: prompt logits in float32 within LOGIT_TOLERANCE of transformers (all prompts in one
+mixed flat batch, some with a cached prefix), and greedy generation identical to
+`generate(do_sample=False)` alone and in a mixed batch with chunked prefill forced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.llm_engine import LLMEngine
+from ember.engine.sampling_params import SamplingParams
+from ember.llm import LLM
+
+LOGIT_TOLERANCE = 1e-4
+PROMPT_LENGTHS = (5, 23, 1, 40)
+NUM_GENERATED = 48
+BLOCK_SIZE = 4
+NUM_BLOCKS = 400
+
+
+def save_random_model(model_class, config, folder: Path, seed: int = 0) -> Path:
+    """A transformers model of `config` with spread-out random weights, saved in `folder`."""
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():  # make the random weights less uniform so logits (and routes) spread out
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.02)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def load_reference(folder: Path):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def make_prompts(vocab_size: int, lengths: tuple[int, ...] = PROMPT_LENGTHS) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(0, vocab_size, (n,), generator=generator).tolist() for n in lengths]
+
+
+def ember_prompt_logits(folder: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """Logits of every prompt position, all prompts in one flat batch (one forward pass)."""
+    engine = LLMEngine(EngineConfig(model=str(folder), cache=CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=256)))
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=1))
+    plan = engine.scheduler.schedule()
+    assert len(plan.scheduled) == len(prompts)
+    input_ids, positions, metadata = engine.runner._prepare(plan.scheduled)
+    with torch.inference_mode():
+        hidden = engine.runner.model(input_ids, positions, engine.runner.kv_caches, metadata)
+        logits = engine.runner.model.compute_logits(hidden)
+    return list(logits.split([len(p) for p in prompts]))
+
+
+def assert_prompt_logits_match(folder: Path, reference, prompts: list[list[int]]) -> None:
+    ours = ember_prompt_logits(folder, prompts)
+    for prompt, logits in zip(prompts, ours, strict=True):
+        with torch.no_grad():
+            expected = reference(torch.tensor([prompt])).logits[0]
+        difference = (logits - expected).abs().max().item()
+        assert difference <= LOGIT_TOLERANCE, f"prompt of {len(prompt)} tokens: max abs diff {difference}"
+
+
+def reference_greedy(reference, prompt: list[int], num_tokens: int = NUM_GENERATED) -> list[int]:
+    with torch.no_grad():
+        out = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=num_tokens, min_new_tokens=num_tokens, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def assert_greedy_matches(folder: Path, reference, prompts: list[list[int]], budget: int = 7) -> LLM:
+    """Greedy tokens equal transformers' alone and batched (chunked prefill: `budget` tokens a step)."""
+    expected = [reference_greedy(reference, prompt) for prompt in prompts]
+    llm = LLM(str(folder), block_size=BLOCK_SIZE, num_kv_blocks=NUM_BLOCKS, max_num_batched_tokens=budget)
+    params = SamplingParams(temperature=0, max_tokens=NUM_GENERATED, ignore_eos=True)
+    alone = llm.generate([prompts[1]], params)[0].outputs[0].token_ids
+    assert alone == expected[1]
+    batched = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+    for i, (ours, theirs) in enumerate(zip(batched, expected, strict=True)):
+        assert ours == theirs, f"prompt {i}: first difference at token {_first_difference(ours, theirs)}"
+    assert llm.engine.kv.num_free_blocks == NUM_BLOCKS
+    return llm
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
