@@ -13,7 +13,7 @@ import torch
 from ember.engine.config import EngineConfig
 from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
-from ember.engine.runner import ModelRunner, StepResult, kv_cache_bytes_per_block
+from ember.engine.runner import ModelRunner, StepResult, kv_cache_bytes_per_block, kv_cache_layout
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import Scheduler, SchedulerOutput
 from ember.engine.stop_checker import StopChecker
@@ -71,8 +71,11 @@ class LLMEngine:
         self.tokenizer = _load_tokenizer(config, loaded)
         self.max_model_len = min(config.max_model_len or loaded.config.max_position_embeddings, loaded.config.max_position_embeddings)
         self.block_size = config.cache.block_size
+        self.kv_layout = kv_cache_layout(loaded.model)
         num_blocks = self._num_kv_blocks(loaded.config)
-        self.kv = KVCacheManager(num_blocks, self.block_size, config.cache.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            num_blocks, self.block_size, config.cache.enable_prefix_caching, self.kv_layout.group_windows
+        )
         self.scheduler = Scheduler(config.scheduler, self.kv)
         generator = torch.Generator().manual_seed(config.seed)
         self.eos_ids = self.tokenizer.eos_ids if self.tokenizer is not None else frozenset()
@@ -259,7 +262,7 @@ class LLMEngine:
         cache = self.config.cache
         if cache.num_kv_blocks is not None:
             return cache.num_kv_blocks
-        per_block = kv_cache_bytes_per_block(config, self.block_size, DTYPES[self.config.dtype])
+        per_block = kv_cache_bytes_per_block(config, self.block_size, DTYPES[self.config.dtype], self.kv_layout)
         if cache.kv_cache_memory_bytes is not None:
             blocks = cache.kv_cache_memory_bytes // per_block
             if blocks < 1:
@@ -284,7 +287,7 @@ class LLMEngine:
                 f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context window of "
                 f"{self.max_model_len}; lower max_tokens to at most {self.max_model_len - num_prompt}"
             )
-        blocks_needed = -(-(num_prompt + max_tokens) // self.block_size)
+        blocks_needed = self.kv.num_blocks_needed(num_prompt + max_tokens, self.config.scheduler.max_num_batched_tokens)
         if blocks_needed > self.kv.pool.num_blocks:
             raise ValueError(
                 f"this request needs {blocks_needed} KV blocks but the cache has {self.kv.pool.num_blocks}; "

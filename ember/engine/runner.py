@@ -9,6 +9,7 @@ import torch
 from ember.engine.request import Sequence
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import BlockCopy, KVCacheManager
+from ember.kv.specs import FullAttentionSpec, KVCacheLayout, LatentAttentionSpec
 from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
 from ember.layers.sampler import SampledToken, Sampler, SamplingRow
 from ember.models.config import ModelConfig
@@ -23,10 +24,23 @@ class StepResult:
     prompt_logprobs: dict[str, list[SampledToken]]
 
 
-def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes in every layer's key and value caches."""
+def kv_cache_bytes_per_block(
+    config: ModelConfig, block_size: int, dtype: torch.dtype, layout: KVCacheLayout | None = None
+) -> int:
+    """Bytes one block takes in every layer's caches (from `layout` when the model has one)."""
     element = torch.empty((), dtype=dtype).element_size()
+    if layout is not None:
+        return layout.bytes_per_block(block_size, element)
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
+
+
+def kv_cache_layout(model: torch.nn.Module) -> KVCacheLayout:
+    """The model's per-layer KV specs (`model.kv_cache_specs()`), or full attention on every layer."""
+    specs = getattr(model, "kv_cache_specs", None)
+    if specs is not None:
+        return KVCacheLayout.from_specs(specs())
+    config = model.config
+    return KVCacheLayout.from_specs([FullAttentionSpec(config.num_kv_heads, config.head_dim)] * config.num_layers)
 
 
 class ModelRunner:
@@ -46,16 +60,19 @@ class ModelRunner:
         self.kv = kv
         self.sampler = sampler
         self.eos_ids = eos_ids
-        config = model.config
-        dtype = model.model.embed_tokens.weight.dtype
-        self.kv_caches = [
-            torch.zeros(2, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype=dtype)
-            for _ in range(config.num_layers)
+        dtype = next(model.parameters()).dtype
+        self.layout = kv_cache_layout(model)
+        self.cache_tensors = [
+            torch.zeros(self.layout.tensor_spec(t).cache_shape(num_blocks, block_size), dtype=dtype)
+            for t in range(self.layout.num_tensors)
         ]
+        # Layer i's cache; layers of different groups may share a tensor (see KVCacheLayout).
+        self.kv_caches = [self.cache_tensors[t] for t in self.layout.layer_tensors]
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
+        """Bytes the engine allocated for KV, every cache tensor counted once."""
+        return sum(cache.numel() * cache.element_size() for cache in self.cache_tensors)
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> StepResult:
@@ -69,48 +86,83 @@ class ModelRunner:
             return
         sources = torch.tensor([c.source for c in copies])
         destinations = torch.tensor([c.destination for c in copies])
-        for cache in self.kv_caches:
-            cache[:, destinations] = cache[:, sources]
+        for t, cache in enumerate(self.cache_tensors):
+            if isinstance(self.layout.tensor_spec(t), LatentAttentionSpec):
+                cache[destinations] = cache[sources]
+            else:
+                cache[:, destinations] = cache[:, sources]
 
     def _prepare(self, scheduled: list[ScheduledSequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        token_chunks, position_chunks, slot_chunks = [], [], []
+        token_chunks, position_chunks = [], []
+        for item in scheduled:
+            first = item.seq.num_computed_tokens
+            token_chunks.append(item.seq.token_ids[first : first + item.num_new_tokens])
+            position_chunks.append(torch.arange(first, first + item.num_new_tokens))
+        groups = [
+            self._group_metadata(scheduled, position_chunks, group, window)
+            for group, window in enumerate(self.layout.group_windows)
+        ]
+        metadata = groups[0]
+        metadata.other_groups = tuple(groups[1:])
+        input_ids = torch.tensor([t for chunk in token_chunks for t in chunk], dtype=torch.long)
+        return input_ids, torch.cat(position_chunks), metadata
+
+    def _group_metadata(
+        self, scheduled: list[ScheduledSequence], position_chunks: list[torch.Tensor], group: int, window: int | None
+    ) -> AttentionMetadata:
+        """Slots, prefill segments and the decode batch over one layer group's block tables."""
+        slot_chunks = []
         prefills: list[PrefillSegment] = []
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
+        decode_first_blocks: list[int] = []
         start = 0
-        for item in scheduled:
+        for item, positions in zip(scheduled, position_chunks, strict=True):
             seq, count = item.seq, item.num_new_tokens
             first = seq.num_computed_tokens
-            block_ids = self.kv.block_table(seq.seq_id).block_ids
-            positions = torch.arange(first, first + count)
+            block_ids = self.kv.group_tables[group][seq.seq_id].block_ids
             table = torch.tensor(block_ids, dtype=torch.long)
-            token_chunks.append(seq.token_ids[first : first + count])
-            position_chunks.append(positions)
             slot_chunks.append(table[positions // self.block_size] * self.block_size + positions % self.block_size)
             if count == 1:
+                # A window only reaches back to the block holding position first - window + 1.
+                first_block = 0 if window is None else max(0, first - window + 1) // self.block_size
                 decode_rows.append(start)
-                decode_tables.append(block_ids)
+                decode_tables.append(block_ids[first_block:])
                 decode_lens.append(first + 1)
+                decode_first_blocks.append(first_block)
             else:
                 prefills.append(PrefillSegment(start, start + count, first + count, table))
             start += count
-        metadata = AttentionMetadata(
+        return AttentionMetadata(
             slot_mapping=torch.cat(slot_chunks),
             prefills=prefills,
-            decode=self._decode_batch(decode_rows, decode_tables, decode_lens),
+            decode=self._decode_batch(decode_rows, decode_tables, decode_lens, window, decode_first_blocks),
+            sliding_window=window,
         )
-        input_ids = torch.tensor([t for chunk in token_chunks for t in chunk], dtype=torch.long)
-        return input_ids, torch.cat(position_chunks), metadata
 
-    def _decode_batch(self, rows: list[int], tables: list[list[int]], lens: list[int]) -> DecodeBatch | None:
+    def _decode_batch(
+        self,
+        rows: list[int],
+        tables: list[list[int]],
+        lens: list[int],
+        window: int | None = None,
+        first_blocks: list[int] | None = None,
+    ) -> DecodeBatch | None:
         if not rows:
             return None
         max_blocks = max(len(t) for t in tables)
         padded = torch.zeros(len(tables), max_blocks, dtype=torch.long)
         for i, table in enumerate(tables):
             padded[i, : len(table)] = torch.tensor(table)
-        key_mask = torch.arange(max_blocks * self.block_size).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+        key_positions = torch.arange(max_blocks * self.block_size).unsqueeze(0)
+        lengths = torch.tensor(lens).unsqueeze(1)
+        if window is None:
+            key_mask = key_positions < lengths
+        else:
+            assert first_blocks is not None
+            key_positions = key_positions + torch.tensor(first_blocks).unsqueeze(1) * self.block_size
+            key_mask = (key_positions < lengths) & (key_positions >= lengths - window)
         return DecodeBatch(token_indices=torch.tensor(rows), block_tables=padded, key_mask=key_mask)
 
     def _sample(self, scheduled: list[ScheduledSequence], hidden: torch.Tensor) -> StepResult:

@@ -141,17 +141,19 @@ class Scheduler:
     def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if len(self.running) + _seats_needed(seq) > self.config.max_num_seqs:
+            # A running sequence about to fork will need a seat for each sibling too.
+            seats_taken = sum(_seats_needed(s) for s in self.running)
+            if seats_taken + _seats_needed(seq) > self.config.max_num_seqs:
                 break
             prefix = self._cached_prefix(seq)
-            seq.num_computed_tokens = prefix.num_tokens
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if num_new < seq.num_uncomputed_tokens and not self.config.enable_chunked_prefill:
+            num_uncomputed = seq.compute_target - prefix.num_tokens
+            num_new = min(num_uncomputed, budget)
+            if num_new < num_uncomputed and not self.config.enable_chunked_prefill:
                 break  # the whole prompt must fit in one step
-            copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new, prefix)
+            copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, prefix.num_tokens, num_new, prefix)
             if copies is None:
-                seq.num_computed_tokens = 0
                 break
+            seq.num_computed_tokens = prefix.num_tokens
             self.waiting.pop(0)
             self._record_admission(seq, prefix)
             seq.status = SequenceStatus.RUNNING

@@ -4,6 +4,10 @@ The cache of one layer is a tensor `[2, num_blocks, block_size, num_kv_heads, he
 (keys, values). A token's slot is `block_id * block_size + offset`. Each step writes the new
 tokens' keys and values to their slots first, then every request attends to its own blocks
 only, causally: no attention crosses requests.
+
+A layer group with a sliding window of W tokens (its metadata's `sliding_window`) lets the
+query at position p see keys p - W + 1 .. p only; its block tables may start with blocks the
+KV manager gave back (id -1), which lie wholly before every window of the step and are skipped.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ class DecodeBatch:
 
     token_indices: torch.Tensor  # [batch] rows of the flat batch
     block_tables: torch.Tensor  # [batch, max_blocks], padded with block 0
-    key_mask: torch.Tensor  # [batch, max_blocks * block_size] True where the key exists
+    key_mask: torch.Tensor  # [batch, max_blocks * block_size] True where the key exists (and is in the window)
 
 
 @dataclass
@@ -44,6 +48,12 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] cache slot of each new token
     prefills: list[PrefillSegment]
     decode: DecodeBatch | None
+    sliding_window: int | None = None  # of this layer group; decode's key_mask already applies it
+    other_groups: tuple[AttentionMetadata, ...] = ()  # layer groups 1.. of a model whose layers differ
+
+    def for_group(self, group: int) -> AttentionMetadata:
+        """The metadata of layer group `group` (0 is this object itself)."""
+        return self if group == 0 else self.other_groups[group - 1]
 
 
 def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -60,15 +70,21 @@ def paged_attention(
     kv_cache: torch.Tensor,
     metadata: AttentionMetadata,
     scale: float,
+    logit_softcap: float | None = None,
 ) -> torch.Tensor:
-    """query [T, H, D], key/value [T, H_kv, D] of the new tokens -> output [T, H, D]."""
+    """query [T, H, D], key/value [T, H_kv, D] of the new tokens -> output [T, H, D].
+
+    `logit_softcap` (Gemma 2) squashes scores to `cap * tanh(score / cap)` before the softmax.
+    """
     write_kv(kv_cache, key, value, metadata.slot_mapping)
     output = torch.empty_like(query)
     for segment in metadata.prefills:
-        output[segment.start : segment.end] = _prefill_attention(query, key, value, kv_cache, segment, scale)
+        output[segment.start : segment.end] = _prefill_attention(
+            query, key, value, kv_cache, segment, scale, metadata.sliding_window, logit_softcap
+        )
     if metadata.decode is not None:
         batch = metadata.decode
-        output[batch.token_indices] = _decode_attention(query[batch.token_indices], kv_cache, batch, scale)
+        output[batch.token_indices] = _decode_attention(query[batch.token_indices], kv_cache, batch, scale, logit_softcap)
     return output
 
 
@@ -79,23 +95,44 @@ def _prefill_attention(
     kv_cache: torch.Tensor,
     segment: PrefillSegment,
     scale: float,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
 ) -> torch.Tensor:
     q = query[segment.start : segment.end].transpose(0, 1)  # [H, n, D]
-    if segment.num_cached == 0:
+    if segment.num_cached == 0 and sliding_window is None and logit_softcap is None:
         # Nothing cached before these tokens: attend to them directly, plain causal.
         k = key[segment.start : segment.end].transpose(0, 1)
         v = value[segment.start : segment.end].transpose(0, 1)
         out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale, enable_gqa=True)
         return out.transpose(0, 1)
-    k, v = _gather(kv_cache, segment.block_table, segment.seq_len)
+    # A window skips the blocks before the first query's window (they may be given back).
+    first_block = 0 if sliding_window is None else max(0, segment.num_cached - sliding_window + 1) // kv_cache.shape[2]
+    first_key = first_block * kv_cache.shape[2]
+    k, v = _gather(kv_cache, segment.block_table[first_block:], segment.seq_len - first_key)
     num_new = segment.end - segment.start
     # Query i sits at absolute position num_cached + i and sees keys 0..num_cached + i.
     query_positions = torch.arange(segment.num_cached, segment.seq_len).unsqueeze(1)
-    mask = torch.arange(segment.seq_len).unsqueeze(0) <= query_positions
-    out = F.scaled_dot_product_attention(
-        q, k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True
-    )
+    key_positions = torch.arange(first_key, segment.seq_len).unsqueeze(0)
+    mask = key_positions <= query_positions
+    if sliding_window is not None:
+        mask &= key_positions > query_positions - sliding_window
+    k, v = k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
+    if logit_softcap is not None:
+        return _softcapped_attention(q, k, v, mask, scale, logit_softcap).transpose(0, 1)[:num_new]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)[:num_new]
+
+
+def _softcapped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, cap: float
+) -> torch.Tensor:
+    """q [H, n, D], k/v [H_kv, L, D], mask [n, L] -> [H, n, D] with scores capped at +-cap."""
+    group = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    scores = torch.matmul(q, k.transpose(1, 2)).float() * scale
+    scores = cap * torch.tanh(scores / cap)
+    scores.masked_fill_(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
 
 
 def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +142,9 @@ def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> 
     return flat[0], flat[1]
 
 
-def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, batch: DecodeBatch, scale: float) -> torch.Tensor:
+def _decode_attention(
+    query: torch.Tensor, kv_cache: torch.Tensor, batch: DecodeBatch, scale: float, logit_softcap: float | None = None
+) -> torch.Tensor:
     """query [B, H, D], one token per request -> [B, H, D]; grouped heads share their KV head."""
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
@@ -115,6 +154,8 @@ def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, batch: Decode
     values = blocks[1].flatten(1, 2).transpose(1, 2)  # [B, H_kv, L, D]
     q = query.view(num_seqs, num_kv_heads, group, head_dim).to(keys.dtype)
     scores = torch.matmul(q, keys).float() * scale  # [B, H_kv, G, L]
+    if logit_softcap is not None:
+        scores = logit_softcap * torch.tanh(scores / logit_softcap)
     scores.masked_fill_(~batch.key_mask[:, None, None, :], float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(values.dtype)
     out = torch.matmul(weights, values)  # [B, H_kv, G, D]

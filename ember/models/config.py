@@ -2,10 +2,45 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma2")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A sparse mixture-of-experts feed-forward: top-k routed experts, optional shared experts.
+
+    `dense_layers` use a plain MLP of `intermediate_size` instead. Qwen2-MoE gates its shared
+    expert with a sigmoid (`has_shared_expert_gate`); DeepSeek-V2 adds its shared experts as is.
+    """
+
+    num_experts: int
+    num_experts_per_token: int
+    expert_intermediate_size: int
+    normalize_top_k: bool = True
+    routed_scaling_factor: float = 1.0
+    shared_intermediate_size: int = 0
+    has_shared_expert_gate: bool = False
+    dense_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_experts_per_token <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok ({self.num_experts_per_token}) must be from 1 to the number of experts ({self.num_experts})"
+            )
+
+
+@dataclass(frozen=True)
+class LatentAttentionConfig:
+    """DeepSeek-V2 multi-head latent attention: low-rank KV (and optionally Q) with a decoupled rope key."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -39,12 +74,27 @@ class ModelConfig:
     qkv_bias: bool = False
     output_bias: bool = False
     mlp_bias: bool = False
+    # Per-layer sliding window in tokens (None: the layer sees every token); None: no windows.
+    layer_windows: tuple[int | None, ...] | None = None
+    hidden_act: str = "silu"
+    layer_norm_eps: float = 1e-5
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    query_pre_attn_scalar: float | None = None
+    moe: MoEConfig | None = None
+    mla: LatentAttentionConfig | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
+        if self.layer_windows is not None and len(self.layer_windows) != self.num_layers:
+            raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers")
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of `layer` in tokens, or None when it attends to every token."""
+        return None if self.layer_windows is None else self.layer_windows[layer]
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -53,12 +103,21 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
-        """From a transformers `config.json` dict of a Llama, Mistral or Qwen2 model."""
+        """From a transformers `config.json` dict of any family in SUPPORTED_HF_TYPES."""
         model_type = config.get("model_type")
         if model_type not in SUPPORTED_HF_TYPES:
             raise ValueError(
                 f"model_type {model_type!r} is not supported; ember loads {', '.join(SUPPORTED_HF_TYPES)}"
             )
+        if model_type == "gpt2":
+            return _gpt2_config(config)
+        base = cls._llama_like(config)
+        extras = _FAMILY_EXTRAS.get(model_type)
+        return replace(base, **extras(config)) if extras else base
+
+    @classmethod
+    def _llama_like(cls, config: dict[str, Any]) -> ModelConfig:
+        model_type = config["model_type"]
         num_heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
         attention_bias = bool(config.get("attention_bias", False))
@@ -76,9 +135,11 @@ class ModelConfig:
             rope_theta=_hf_rope_theta(config),
             rope_scaling=_hf_rope_scaling(config),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or attention_bias,
+            qkv_bias=model_type in ("qwen2", "qwen2_moe") or attention_bias,
             output_bias=attention_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
+            layer_windows=_hf_layer_windows(config),
+            hidden_act=config.get("hidden_act") or config.get("hidden_activation") or "silu",
         )
 
     @classmethod
@@ -141,3 +202,133 @@ def _hf_rope_scaling(config: dict[str, Any]) -> RopeScaling | None:
             original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
         )
     raise ValueError(f"rope scaling {kind!r} is not supported; ember handles linear and llama3")
+
+
+def _hf_layer_windows(config: dict[str, Any]) -> tuple[int | None, ...] | None:
+    """Per-layer windows from `sliding_window` and `layer_types` (or Qwen2's `max_window_layers`)."""
+    window = config.get("sliding_window")
+    num_layers = config["num_hidden_layers"]
+    model_type = config["model_type"]
+    if model_type in ("qwen2", "qwen2_moe") and not config.get("use_sliding_window", False):
+        window = None
+    if not window:
+        return None
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        if model_type in ("qwen2", "qwen2_moe"):
+            first = config.get("max_window_layers", num_layers)
+            layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+        elif model_type == "gemma2":
+            layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+        else:
+            layer_types = ["sliding_attention"] * num_layers
+    if model_type == "mistral":  # transformers' Mistral windows every layer whatever layer_types says
+        layer_types = ["sliding_attention"] * num_layers
+    windows = tuple(int(window) if kind == "sliding_attention" else None for kind in layer_types)
+    return windows if any(w is not None for w in windows) else None
+
+
+def _mixtral_extras(config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "moe": MoEConfig(
+            num_experts=config["num_local_experts"],
+            num_experts_per_token=config["num_experts_per_tok"],
+            expert_intermediate_size=config["intermediate_size"],
+            normalize_top_k=True,
+        )
+    }
+
+
+def _qwen2_moe_extras(config: dict[str, Any]) -> dict[str, Any]:
+    num_layers = config["num_hidden_layers"]
+    step = config.get("decoder_sparse_step", 1)
+    only_mlp = set(config.get("mlp_only_layers") or [])
+    num_experts = config["num_experts"]
+    dense = tuple(i for i in range(num_layers) if i in only_mlp or num_experts == 0 or (i + 1) % step)
+    return {
+        "moe": MoEConfig(
+            num_experts=num_experts,
+            num_experts_per_token=config["num_experts_per_tok"],
+            expert_intermediate_size=config["moe_intermediate_size"],
+            normalize_top_k=bool(config.get("norm_topk_prob", False)),
+            shared_intermediate_size=config.get("shared_expert_intermediate_size", 0),
+            has_shared_expert_gate=True,
+            dense_layers=dense,
+        )
+    }
+
+
+def _deepseek_v2_extras(config: dict[str, Any]) -> dict[str, Any]:
+    if config.get("topk_method", "greedy") != "greedy":
+        raise ValueError(f"DeepSeek-V2 topk_method {config['topk_method']!r} is not supported; ember routes greedily")
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if (parameters.get("rope_type") or parameters.get("type") or "default") != "default":
+        raise ValueError("DeepSeek-V2 with rope scaling (YaRN) is not supported yet; ember runs default rope")
+    first_moe = config.get("first_k_dense_replace", 0)
+    moe_every = config.get("moe_layer_freq", 1)
+    num_layers = config["num_hidden_layers"]
+    dense = tuple(i for i in range(num_layers) if i < first_moe or i % moe_every)
+    mla = LatentAttentionConfig(
+        kv_lora_rank=config["kv_lora_rank"],
+        qk_nope_head_dim=config["qk_nope_head_dim"],
+        qk_rope_head_dim=config["qk_rope_head_dim"],
+        v_head_dim=config["v_head_dim"],
+        q_lora_rank=config.get("q_lora_rank"),
+    )
+    return {
+        "head_dim": config["qk_nope_head_dim"] + config["qk_rope_head_dim"],
+        "qkv_bias": bool(config.get("attention_bias", False)),
+        "mla": mla,
+        "moe": MoEConfig(
+            num_experts=config["n_routed_experts"],
+            num_experts_per_token=config["num_experts_per_tok"],
+            expert_intermediate_size=config["moe_intermediate_size"],
+            normalize_top_k=False,  # transformers' greedy router leaves the top-k weights as they are
+            routed_scaling_factor=float(config.get("routed_scaling_factor", 1.0)),
+            shared_intermediate_size=config["moe_intermediate_size"] * (config.get("n_shared_experts") or 0),
+            dense_layers=dense,
+        ),
+    }
+
+
+def _gemma2_extras(config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "attn_logit_softcap": config.get("attn_logit_softcapping"),
+        "final_logit_softcap": config.get("final_logit_softcapping"),
+        "query_pre_attn_scalar": float(config.get("query_pre_attn_scalar", config.get("head_dim", 256))),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)),
+    }
+
+
+_FAMILY_EXTRAS = {
+    "mixtral": _mixtral_extras,
+    "qwen2_moe": _qwen2_moe_extras,
+    "deepseek_v2": _deepseek_v2_extras,
+    "gemma2": _gemma2_extras,
+}
+
+
+def _gpt2_config(config: dict[str, Any]) -> ModelConfig:
+    if config.get("scale_attn_by_inverse_layer_idx") or not config.get("scale_attn_weights", True):
+        raise ValueError("GPT-2 with scale_attn_by_inverse_layer_idx or without scale_attn_weights is not supported")
+    if config.get("add_cross_attention"):
+        raise ValueError("GPT-2 with cross-attention is an encoder-decoder; ember runs decoder-only GPT-2")
+    hidden = config["n_embd"]
+    num_heads = config["n_head"]
+    return ModelConfig(
+        architecture="gpt2",
+        vocab_size=config["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=config.get("n_inner") or 4 * hidden,
+        num_layers=config["n_layer"],
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=hidden // num_heads,
+        max_position_embeddings=config.get("n_positions", 1024),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        qkv_bias=True,
+        output_bias=True,
+        mlp_bias=True,
+        hidden_act=config.get("activation_function", "gelu_new"),
+        layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+    )

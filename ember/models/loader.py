@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class LoadedModel:
     """A model with its weights in place, and where its tokenizer can be read from (if anywhere)."""
 
-    model: LlamaForCausalLM
+    model: nn.Module  # LlamaForCausalLM or another family's model with the same forward
     config: ModelConfig
     tokenizer_path: Path | None
     format: str
@@ -67,14 +68,15 @@ def _build(
 ) -> LoadedModel:
     torch_dtype = DTYPES[dtype]
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     expected = dict(model.state_dict())
+    is_derived = getattr(model, "is_derived_tensor", lambda name: name.endswith("rotary_emb.inv_freq"))
     state: dict[str, torch.Tensor] = {}
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task("loading weights", total=total)
         for name, tensor in tensors:
             if name not in expected:
-                if name.endswith("rotary_emb.inv_freq"):
+                if is_derived(name):
                     continue  # derived, not a weight
                 raise ValueError(f"checkpoint tensor {name!r} does not belong to a {config.architecture} model")
             if tuple(tensor.shape) != tuple(expected[name].shape):
@@ -82,13 +84,36 @@ def _build(
             state[name] = tensor.to(torch_dtype)
             progress.advance(task)
     if config.tie_word_embeddings:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        for tied, source in getattr(model, "tied_weights", {"lm_head.weight": "model.embed_tokens.weight"}).items():
+            state[tied] = state[source]
     missing = sorted(set(expected) - set(state))
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
     model.load_state_dict(state, assign=True)
     _freeze(model)
     return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt)
+
+
+def model_class(config: ModelConfig) -> type[nn.Module]:
+    """The family class that runs `config` (Llama's own fast path when no layer is windowed)."""
+    architecture = config.architecture
+    if architecture in ("llama", "qwen2", "mistral"):
+        if config.layer_windows is None:
+            return LlamaForCausalLM
+        from ember.models.mistral import MistralForCausalLM
+
+        return MistralForCausalLM
+    families = {
+        "mixtral": ("ember.models.mixtral", "MixtralForCausalLM"),
+        "qwen2_moe": ("ember.models.qwen2_moe", "Qwen2MoeForCausalLM"),
+        "deepseek_v2": ("ember.models.deepseek_v2", "DeepseekV2ForCausalLM"),
+        "gpt2": ("ember.models.gpt2", "GPT2LMHeadModel"),
+        "gemma2": ("ember.models.gemma2", "Gemma2ForCausalLM"),
+    }
+    if architecture not in families:
+        raise ValueError(f"architecture {architecture!r} has no ember model; ember runs {', '.join(['llama', 'qwen2', 'mistral', *families])}")
+    module_name, class_name = families[architecture]
+    return getattr(importlib.import_module(module_name), class_name)
 
 
 def _freeze(model: nn.Module) -> None:

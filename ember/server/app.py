@@ -131,14 +131,7 @@ def _engine_snapshot(context: ServingContext) -> dict:
     return {
         "stats": dataclasses.asdict(stats),
         "server_num_waiting": context.admission.num_waiting,
-        "step_records": [
-            {
-                "step_index": record.step_index,
-                "request_ids": list(record.request_ids),
-                "num_scheduled_tokens": record.num_scheduled_tokens,
-            }
-            for record in records
-        ],
+        "step_records": [dataclasses.asdict(record) for record in records],
     }
 
 

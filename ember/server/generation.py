@@ -35,6 +35,7 @@ class _RequestTracker:
         self.tokens_per_completion: dict[int, int] = {}
         self.finish_reasons: dict[int, str] = {}
         self.is_finished = False
+        self.is_rejected = False
 
     def add(self, delta: RequestOutput) -> None:
         now = time.monotonic()
@@ -52,7 +53,9 @@ class _RequestTracker:
     def finished(self) -> FinishedRequest:
         end_time = time.monotonic()
         reasons = set(self.finish_reasons.values())
-        if not self.is_finished or "abort" in reasons:
+        if self.is_rejected:
+            finish_reason = "rejected"
+        elif not self.is_finished or "abort" in reasons:
             finish_reason = "abort"
         else:
             finish_reason = "length" if "length" in reasons else "stop"
@@ -100,7 +103,8 @@ async def tracked_generate(
             yield delta
     except ValueError as error:
         # The engine's own admission check (e.g. the request cannot fit); the client's fault.
-        raise ApiError(str(error), code="invalid_request") from error
+        tracker.is_rejected = True
+        raise ApiError(f"The engine cannot run this request: {error}.", code="invalid_request") from error
     finally:
         if not has_started:
             ticket.mark_started()
@@ -109,7 +113,8 @@ async def tracked_generate(
         if not tracker.is_finished:
             context.engine.abort(request_id)
         finished = tracker.finished()
-        context.metrics.observe_finished(finished)
+        if not tracker.is_rejected:
+            context.metrics.observe_finished(finished)
         context.request_logger.log_finished(finished, prompt.text)
 
 

@@ -21,7 +21,10 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
 class StrictModel(BaseModel):
-    """Base of every request model: JSON types are not coerced and unknown fields are errors."""
+    """Base of every request model: JSON types are not coerced and unknown fields are errors.
+
+    Optional fields also accept an explicit null (many clients send every field), meaning the default.
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -60,7 +63,7 @@ class SamplingFields(StrictModel):
     """Sampling and stopping fields shared by chat and text completions (OpenAI plus vLLM extras)."""
 
     model: str | None = None
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: int | None = Field(default=1, ge=1, le=MAX_N)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -72,10 +75,10 @@ class SamplingFields(StrictModel):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
-    min_tokens: int = Field(default=0, ge=0)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
+    min_tokens: int | None = Field(default=0, ge=0)
+    ignore_eos: bool | None = False
+    skip_special_tokens: bool | None = True
+    include_stop_str_in_output: bool | None = False
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -93,7 +96,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool | None = True
     # OpenAI features ember does not implement; rejected unless absent or a no-op value.
     tools: list[Any] | None = None
     tool_choice: Any | None = None

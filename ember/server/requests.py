@@ -109,7 +109,7 @@ def check_completion_request(request: CompletionRequest) -> None:
         raise _unsupported("echo", "echoing the prompt")
     if request.suffix:
         raise _unsupported("suffix", "insertion with a suffix")
-    if request.best_of is not None and request.best_of != request.n:
+    if request.best_of is not None and request.best_of != (request.n or 1):
         raise _unsupported("best_of", "best_of other than n")
 
 
@@ -122,9 +122,9 @@ def sampling_params(request: SamplingFields, max_tokens: int | None, logprobs: i
 
     try:
         return SamplingParams(
-            n=request.n,
+            n=given(request.n, 1),
             max_tokens=max_tokens,
-            min_tokens=request.min_tokens,
+            min_tokens=given(request.min_tokens, 0),
             temperature=given(request.temperature, 1.0),
             top_p=given(request.top_p, 1.0),
             top_k=given(request.top_k, 0),
@@ -135,10 +135,10 @@ def sampling_params(request: SamplingFields, max_tokens: int | None, logprobs: i
             repetition_penalty=given(request.repetition_penalty, 1.0),
             stop=stop,
             stop_token_ids=list(request.stop_token_ids or []),
-            ignore_eos=request.ignore_eos,
-            include_stop_str_in_output=request.include_stop_str_in_output,
+            ignore_eos=given(request.ignore_eos, False),
+            include_stop_str_in_output=given(request.include_stop_str_in_output, False),
             logprobs=logprobs,
-            skip_special_tokens=request.skip_special_tokens,
+            skip_special_tokens=given(request.skip_special_tokens, True),
         )
     except ValueError as error:
         # SamplingParams names the field as "sampling parameter 'x' ..."; pass it on as `param`.
@@ -167,7 +167,8 @@ def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate | None, t
             param="messages",
             code="no_chat_template",
         )
-    text = template.render(request.messages, add_generation_prompt=request.add_generation_prompt)
+    add_generation_prompt = request.add_generation_prompt is not False
+    text = template.render(request.messages, add_generation_prompt=add_generation_prompt)
     # The template already writes any BOS it wants; adding special tokens again would double it.
     return PreparedPrompt(tokenizer.encode(text, add_special_tokens=False), text)
 

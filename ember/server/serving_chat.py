@@ -7,7 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from ember.engine.outputs import RequestOutput
 from ember.server.context import ServingContext
@@ -30,7 +30,7 @@ from ember.server.requests import (
     parse_request,
     resolve_model,
 )
-from ember.server.sse import event, sse_response
+from ember.server.responses import event, model_response, sse_response
 
 
 async def create_chat_completion(context: ServingContext, raw_request: Request) -> Response:
@@ -53,7 +53,7 @@ async def create_chat_completion(context: ServingContext, raw_request: Request) 
         (output,) = await cancel_on_disconnect(raw_request, collect([stream], params.n))
     finally:
         ticket.release()
-    return JSONResponse(_response(context, request_id, model, output, num_top).model_dump())
+    return model_response(_response(context, request_id, model, output, num_top))
 
 
 def _response(

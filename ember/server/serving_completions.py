@@ -7,10 +7,11 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from ember.engine.outputs import RequestOutput
 from ember.server.context import ServingContext
+from ember.server.errors import ApiError
 from ember.server.formatting import LogprobFormatter, openai_finish_reason, usage_of
 from ember.server.generation import cancel_on_disconnect, collect, merge_streams, tracked_generate
 from ember.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
@@ -22,7 +23,7 @@ from ember.server.requests import (
     parse_request,
     resolve_model,
 )
-from ember.server.sse import event, sse_response
+from ember.server.responses import event, model_response, sse_response
 
 
 async def create_completion(context: ServingContext, raw_request: Request) -> Response:
@@ -32,6 +33,13 @@ async def create_completion(context: ServingContext, raw_request: Request) -> Re
     check_completion_request(request)
     params = completion_sampling_params(request)
     prompts = completion_prompts(request, context.tokenizer)
+    if len(prompts) > context.config.max_waiting:
+        raise ApiError(
+            f"Too many prompts in one request ({len(prompts)}); this server takes at most "
+            f"{context.config.max_waiting}. Split the batch.",
+            param="prompt",
+            code="invalid_value",
+        )
     for prompt in prompts:
         check_fits(prompt, params.max_tokens, context.max_model_len, "prompt")
     request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -49,7 +57,7 @@ async def create_completion(context: ServingContext, raw_request: Request) -> Re
         outputs = await cancel_on_disconnect(raw_request, collect(streams, params.n))
     finally:
         ticket.release()
-    return JSONResponse(_response(context, request_id, model, outputs, params.n, num_top).model_dump())
+    return model_response(_response(context, request_id, model, outputs, params.n, num_top))
 
 
 def _response(

@@ -58,6 +58,11 @@ class Tokenizer(ABC):
         decoder = IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
         return decoder.push_many(ids) + decoder.flush()
 
+    def keeps_text_start(self, token_id: int) -> bool:
+        """Whether decoding this (non-special) token leaves the start-of-text state alone, so
+        the next piece still loses its leading space (sentencepiece's unknown piece does)."""
+        return False
+
     def id_to_piece(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
@@ -87,9 +92,10 @@ class IncrementalDecoder:
             piece = tokenizer.token_bytes(token_id)
         else:
             piece = tokenizer.token_bytes(token_id)
-            if self._at_start and tokenizer.strips_leading_space and piece.startswith(b" "):
-                piece = piece[1:]
-            self._at_start = False
+            if not tokenizer.keeps_text_start(token_id):
+                if self._at_start and tokenizer.strips_leading_space and piece.startswith(b" "):
+                    piece = piece[1:]
+                self._at_start = False
         self._pending += piece
         return self._release()
 

@@ -53,6 +53,7 @@ class TrainerSpec:
     bos_id: int = 1
     eos_id: int = 2
     pad_id: int = -1
+    unk_surface: str = " \u2047 "  # field 44: what decoding prints for the unknown piece
     extra_fields: bytes = b""
 
 
@@ -141,6 +142,8 @@ def _read_trainer(data: bytes) -> TrainerSpec:
             setattr(spec, _TRAINER_INTS[number], wire.as_signed(value))
         elif number == 35 and wire_type == wire.VARINT:
             spec.byte_fallback = bool(value)
+        elif number == 44 and wire_type == wire.LENGTH_DELIMITED:
+            spec.unk_surface = value.decode("utf-8")
         else:
             extra += _reencode(number, wire_type, value)
     spec.extra_fields = bytes(extra)
@@ -152,6 +155,7 @@ def _write_trainer(spec: TrainerSpec) -> bytes:
     for number, name in _TRAINER_INTS.items():
         out += wire.field_varint(number, getattr(spec, name))
     out += wire.field_varint(35, spec.byte_fallback)
+    out += wire.field_bytes(44, spec.unk_surface)
     return bytes(out) + spec.extra_fields
 
 
@@ -239,6 +243,7 @@ def tokenizer_from_model(model: SentencePieceModel, name: str = "sentencepiece")
         remove_extra_whitespaces=normalizer.remove_extra_whitespaces,
         space_marker="\u2581" if normalizer.escape_whitespaces else " ",
         byte_fallback=trainer.byte_fallback,
+        unknown_surface=trainer.unk_surface,
     )
     if trainer.model_type == MODEL_BPE:
         return SentencePieceBPETokenizer(options=options, **common)

@@ -32,6 +32,8 @@ class SentencePieceOptions:
     byte_fallback: bool = True
     merge_kinds: frozenset[PieceKind] = frozenset({PieceKind.NORMAL, PieceKind.USER_DEFINED})
     prefix_after_special: bool = True
+    # What the unknown piece decodes to (sentencepiece: " \u2047 "); None: its own text.
+    unknown_surface: str | None = None
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -89,6 +91,8 @@ class SentencePieceTokenizer(Tokenizer):
         byte = byte_of_piece(piece)
         if byte is not None and kind in (PieceKind.BYTE, PieceKind.NORMAL):
             return bytes([byte])
+        if kind == PieceKind.UNKNOWN and self.options.unknown_surface is not None:
+            return self.options.unknown_surface.encode()
         if kind in (PieceKind.CONTROL, PieceKind.UNKNOWN):
             return piece.encode()
         return piece.replace(self.options.space_marker, " ").encode()
@@ -177,6 +181,9 @@ class SentencePieceTokenizer(Tokenizer):
             text = " " + text
         if options.space_marker != " ":
             text = text.replace(" ", options.space_marker)
+        if options.remove_extra_whitespaces:
+            # sentencepiece strips trailing markers after escaping, literal "▁" included.
+            text = text.rstrip(options.space_marker)
         return text
 
     @abstractmethod
@@ -198,6 +205,9 @@ class SentencePieceTokenizer(Tokenizer):
                 f"token id {token_id} is not in this vocabulary (size {self.vocab_size})"
             )
         return self._token_bytes[token_id]
+
+    def keeps_text_start(self, token_id: int) -> bool:
+        return self._kinds[token_id] == PieceKind.UNKNOWN
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids

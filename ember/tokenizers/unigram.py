@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -82,16 +83,21 @@ class UnigramModel:
         return starts
 
     def viterbi(self, text: str) -> list[LatticeNode]:
-        """The best segmentation; on equal scores the path whose last piece starts earliest."""
+        """The best segmentation; on equal scores the path whose last piece starts earliest.
+
+        Path scores are summed in float32, as sentencepiece does: which of two equal-looking
+        paths wins depends on the rounding of the sums, so parity needs the same arithmetic.
+        """
         size = len(text)
-        best = [-math.inf] * (size + 1)
+        best = array("f", [-math.inf]) * (size + 1)
+        rounded = array("f", [0.0])  # storing into a float32 array rounds like C's float
         back: list[LatticeNode | None] = [None] * (size + 1)
         best[0] = 0.0
         for nodes in self.lattice(text):
             for node in nodes:
-                candidate = best[node.start] + node.score
-                if candidate > best[node.end]:
-                    best[node.end] = candidate
+                rounded[0] = best[node.start] + node.score
+                if back[node.end] is None or rounded[0] > best[node.end]:
+                    best[node.end] = rounded[0]
                     back[node.end] = node
         return _backtrack(back, size)
 

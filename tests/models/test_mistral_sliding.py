@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 import transformers
 
+from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.llm_engine import LLMEngine
+from ember.engine.sampling_params import SamplingParams
+
 from tests.models.family_parity import (
     assert_greedy_matches,
     assert_prompt_logits_match,
@@ -51,3 +55,16 @@ def test_prompt_logits_match_transformers_past_the_window(model_folder):
 def test_greedy_generation_past_the_window_matches_transformers(model_folder):
     reference = load_reference(model_folder)
     assert_greedy_matches(model_folder, reference, make_prompts(256))
+
+
+def test_a_windowed_request_holds_window_plus_one_block_while_decoding_ten_windows(tmp_path):
+    folder = _mistral(tmp_path)
+    engine = LLMEngine(EngineConfig(model=str(folder), cache=CacheConfig(block_size=4, num_kv_blocks=64)))
+    engine.add_request("r", list(range(10)), SamplingParams(temperature=0, max_tokens=10 * WINDOW, ignore_eos=True))
+    most_held = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        if "r#0" in engine.kv.tables:
+            most_held = max(most_held, engine.kv.block_table("r#0").num_held_blocks)
+    assert most_held <= -(-WINDOW // 4) + 1
+    assert engine.kv.num_free_blocks == 64

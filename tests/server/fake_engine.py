@@ -94,6 +94,8 @@ class FakeEngine:
         self.generation_tokens_total = 0
         # A plain flag polled by the generator, so a test thread may flip it safely.
         self.is_held = False
+        # When set, every request is refused with this ValueError, as the engine's own check would.
+        self.reject_reason: str | None = None
 
     def hold(self) -> None:
         """Make requests wait before their first token until `release()`."""
@@ -105,6 +107,8 @@ class FakeEngine:
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt=None):
         """Deltas of FAKE_REPLY repeated, honouring n, max_tokens, stop and logprobs."""
+        if self.reject_reason is not None:
+            raise ValueError(self.reject_reason)
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         budget = self.max_model_len - len(prompt_token_ids)

@@ -14,6 +14,7 @@ import httpx
 import uvicorn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVED_MODEL = "smollm2-135m-instruct"
 
 
 def free_port() -> int:
@@ -48,7 +49,7 @@ class ThreadedServer:
 
 
 class ServeProcess:
-    """A real `serve` subprocess (`python -m ember.server serve ...`) on a free loopback port.
+    """A real `ember serve` subprocess (`python -m ember.cli.main serve ...`) on a free loopback port.
 
     Its output goes to a log file, which is quoted when it fails to become healthy.
     """
@@ -57,18 +58,19 @@ class ServeProcess:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._command = [
-            sys.executable, "-m", "ember.server", "serve", *args,
+            sys.executable, "-m", "ember.cli.main", "serve", *args,
             "--host", "127.0.0.1", "--port", str(self.port),
         ]  # fmt: skip
         self._log_path = log_path
         self._startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen | None = None
+        self._log_file = None
 
     def __enter__(self) -> ServeProcess:
-        log = self._log_path.open("wb")
+        self._log_file = self._log_path.open("wb")
         environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._process = subprocess.Popen(
-            self._command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=environment
+            self._command, cwd=REPO_ROOT, stdout=self._log_file, stderr=subprocess.STDOUT, env=environment
         )
         deadline = time.monotonic() + self._startup_timeout_s
         while time.monotonic() < deadline:
@@ -91,6 +93,9 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait(timeout=10)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
 
     @property
     def returncode(self) -> int | None:
@@ -100,6 +105,11 @@ class ServeProcess:
     def log_text(self) -> str:
         """What the server printed so far."""
         return self._log_path.read_text(errors="replace")
+
+
+def smollm2_server_process(gguf: Path, log_path: Path, *extra_args: str) -> ServeProcess:
+    """A `serve` process (not yet started) for the SmolLM2 GGUF, served as `smollm2-135m-instruct`."""
+    return ServeProcess(["--model", str(gguf), "--served-model-name", SERVED_MODEL, *extra_args], log_path)
 
 
 def assert_openai_error(response: httpx.Response, status_code: int) -> dict:

@@ -1,4 +1,4 @@
-"""Server-sent events in the OpenAI streaming format: `data: {json}` events, then `data: [DONE]`."""
+"""Response bodies: SSE in the OpenAI streaming format (`data: {json}` events, then `data: [DONE]`) and JSON."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
@@ -37,6 +37,11 @@ async def guarded_events(events: AsyncIterator[str], on_close: Callable[[], None
         await events.aclose()
         on_close()
     yield DONE_EVENT
+
+
+def model_response(payload: BaseModel) -> Response:
+    """A JSON response of a response model (pydantic writes non-finite floats as null)."""
+    return Response(payload.model_dump_json(), media_type="application/json")
 
 
 def sse_response(events: AsyncIterator[str], on_close: Callable[[], None]) -> StreamingResponse:

@@ -1,0 +1,94 @@
+"""The decoder skeleton every non-Llama family shares: embed, layers over their KV groups, norm, head.
+
+A family supplies its decoder layer; the skeleton hands each layer its cache and the attention
+metadata of its layer group (full or windowed), so the family's files hold only the block math.
+Parameter names follow transformers (`model.embed_tokens`, `model.layers.N`, `model.norm`,
+`lm_head`) so checkpoints map 1:1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ember.kv.specs import FullAttentionSpec, KVCacheLayout, KVCacheSpec, SlidingWindowSpec
+from ember.layers.attention import AttentionMetadata
+from ember.layers.norm import RMSNorm
+from ember.layers.rotary import RotaryEmbedding
+from ember.models.config import ModelConfig
+
+LayerFactory = Callable[[int, Any], nn.Module]
+
+
+def attention_kv_specs(config: ModelConfig) -> list[KVCacheSpec]:
+    """Full-attention or sliding-window spec of each layer, from the config's per-layer windows."""
+    specs: list[KVCacheSpec] = []
+    for layer in range(config.num_layers):
+        window = config.window_of(layer)
+        if window is None:
+            specs.append(FullAttentionSpec(config.num_kv_heads, config.head_dim))
+        else:
+            specs.append(SlidingWindowSpec(config.num_kv_heads, config.head_dim, window))
+    return specs
+
+
+class DecoderModel(nn.Module):
+    """Embedding, the decoder layers (each with its group's metadata), the final RMSNorm."""
+
+    def __init__(self, config: ModelConfig, make_layer: LayerFactory, specs: list[KVCacheSpec], rotary: Any) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(make_layer(i, rotary) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layer_groups = KVCacheLayout.from_specs(specs).layer_groups
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        for layer, kv_cache, group in zip(self.layers, kv_caches, self.layer_groups, strict=True):
+            h = layer(h, positions, kv_cache, metadata.for_group(group))
+        return self.norm(h)
+
+
+class DecoderForCausalLM(nn.Module):
+    """A `DecoderModel` plus the LM head; subclasses give `make_layer` and (if not plain attention) specs."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, self.make_layer, self.kv_cache_specs(), self.make_rotary())
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def make_layer(self, layer_index: int, rotary: Any) -> nn.Module:
+        """Decoder layer `layer_index`, sharing the model's rotary tables."""
+        raise NotImplementedError
+
+    def make_rotary(self) -> Any:
+        """The rotary embedding every layer shares (Llama's half-split layout over head_dim)."""
+        config = self.config
+        return RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
+
+    def kv_cache_specs(self) -> list[KVCacheSpec]:
+        """What each layer's KV cache holds; the runner allocates from this."""
+        return attention_kv_specs(self.config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Final hidden states [num_tokens, hidden] of the flat batch."""
+        return self.model(input_ids, positions, kv_caches, metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

@@ -1,0 +1,131 @@
+"""GPT-2: learned positions, LayerNorm, GELU, multi-head attention, Conv1D-layout weights with biases.
+
+transformers keeps GPT-2's weights in Conv1D layout ([in, out], `y = x @ W + b`); ember keeps
+that layout too, so checkpoint tensors load as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ember.kv.specs import FullAttentionSpec, KVCacheSpec
+from ember.layers.attention import AttentionMetadata, paged_attention
+from ember.models.config import ModelConfig
+
+ACTIVATIONS = {
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+
+class Conv1D(nn.Module):
+    """A linear layer stored transposed, as GPT-2 checkpoints store it: weight [in, out]."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, x, self.weight)
+
+
+class GPT2Attention(nn.Module):
+    """Multi-head attention: one fused QKV projection, no rotary (positions are in the input)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        self.c_attn = Conv1D(config.hidden_size, 3 * config.hidden_size)
+        self.c_proj = Conv1D(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.c_attn(x).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
+        out = paged_attention(q, k, v, kv_cache, metadata, self.scale)
+        return self.c_proj(out.reshape(num_tokens, -1))
+
+
+class GPT2MLP(nn.Module):
+    """proj(gelu(fc(x)))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"GPT-2 activation {config.hidden_act!r} is not supported; ember runs {', '.join(ACTIVATIONS)}")
+        self.c_fc = Conv1D(config.hidden_size, config.intermediate_size)
+        self.c_proj = Conv1D(config.intermediate_size, config.hidden_size)
+        self.activation = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.activation(self.c_fc(x)))
+
+
+class GPT2Block(nn.Module):
+    """Pre-LayerNorm block: h = x + attn(ln_1(x)); out = h + mlp(ln_2(h))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attn = GPT2Attention(config)
+        self.ln_2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = GPT2MLP(config)
+
+    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        h = x + self.attn(self.ln_1(x), kv_cache, metadata)
+        return h + self.mlp(self.ln_2(h))
+
+
+class GPT2Model(nn.Module):
+    """Token plus learned position embeddings, the blocks, the final LayerNorm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.h = nn.ModuleList(GPT2Block(config) for _ in range(config.num_layers))
+        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        h = self.wte(input_ids) + self.wpe(positions)
+        for block, kv_cache in zip(self.h, kv_caches, strict=True):
+            h = block(h, kv_cache, metadata)
+        return self.ln_f(h)
+
+
+class GPT2LMHeadModel(nn.Module):
+    """GPT-2 with its LM head tied to the token embedding; names follow transformers."""
+
+    tied_weights = {"lm_head.weight": "transformer.wte.weight"}
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = GPT2Model(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @staticmethod
+    def is_derived_tensor(name: str) -> bool:
+        """Old GPT-2 checkpoints carry their causal-mask buffers; ember builds masks per step."""
+        return name.endswith((".attn.bias", ".attn.masked_bias"))
+
+    def kv_cache_specs(self) -> list[KVCacheSpec]:
+        return [FullAttentionSpec(self.config.num_heads, self.config.head_dim)] * self.config.num_layers
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Final hidden states [num_tokens, hidden] of the flat batch."""
+        return self.transformer(input_ids, positions, kv_caches, metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

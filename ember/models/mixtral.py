@@ -1,0 +1,40 @@
+"""Mixtral: Mistral's attention, and a sparse MoE feed-forward (top-2 of 8 experts) in every block."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ember.layers.attention import AttentionMetadata
+from ember.layers.moe import MixtralExpert, SparseMoE
+from ember.layers.norm import RMSNorm
+from ember.layers.rotary import RotaryEmbedding
+from ember.models.config import ModelConfig
+from ember.models.decoder import DecoderForCausalLM
+from ember.models.llama import LlamaAttention
+
+
+class MixtralDecoderLayer(nn.Module):
+    """h = x + attn(norm(x)); out = h + moe(norm(h))."""
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        if config.moe is None:
+            raise ValueError("a Mixtral config needs num_local_experts and num_experts_per_tok")
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, rotary)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.block_sparse_moe = SparseMoE(config.hidden_size, config.moe, MixtralExpert)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, metadata)
+        return h + self.block_sparse_moe(self.post_attention_layernorm(h))
+
+
+class MixtralForCausalLM(DecoderForCausalLM):
+    """Mixtral 8x7B-shaped model (any expert count and top-k)."""
+
+    def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
+        return MixtralDecoderLayer(self.config, rotary)

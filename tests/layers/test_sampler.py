@@ -1,0 +1,94 @@
+"""The sampler against the distributions it promises: filters, seeds, penalties, logprobs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.engine.sampling_params import SamplingParams
+from ember.layers.sampler import Sampler, SamplingRow
+
+LOGITS = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03]))
+
+
+def _row(seed: int | None = None, output: list[int] | None = None, **params) -> SamplingRow:
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    return SamplingRow(SamplingParams(**params), prompt_token_ids=[], output_token_ids=output or [], generator=generator)
+
+
+def _frequencies(row_factory, draws: int = 4000) -> torch.Tensor:
+    sampler = Sampler(torch.Generator().manual_seed(0))
+    rows = [row_factory() for _ in range(draws)]
+    tokens = sampler(LOGITS.expand(draws, -1), rows)
+    return torch.bincount(torch.tensor([t.token_id for t in tokens]), minlength=5).float() / draws
+
+
+def test_greedy_takes_the_argmax():
+    tokens = Sampler(torch.Generator())(LOGITS.unsqueeze(0), [_row(temperature=0)])
+    assert tokens[0].token_id == 0
+
+
+def test_temperature_one_samples_the_softmax_distribution():
+    observed = _frequencies(lambda: _row(temperature=1.0))
+    assert torch.allclose(observed, LOGITS.exp(), atol=0.03)
+
+
+def test_top_k_keeps_only_the_k_most_likely():
+    observed = _frequencies(lambda: _row(temperature=1.0, top_k=2))
+    assert observed[2:].sum() == 0
+    assert observed[0] == pytest.approx(2 / 3, abs=0.03)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    observed = _frequencies(lambda: _row(temperature=1.0, top_p=0.7))
+    # 0.5 alone < 0.7, 0.5 + 0.25 >= 0.7: tokens 0 and 1 stay.
+    assert observed[2:].sum() == 0 and observed[1] > 0
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_top():
+    observed = _frequencies(lambda: _row(temperature=1.0, min_p=0.2))
+    # threshold 0.2 * 0.5 = 0.1: tokens 3 (0.07) and 4 (0.03) go.
+    assert observed[3:].sum() == 0 and observed[2] > 0
+
+
+def test_a_seeded_row_draws_the_same_token_whatever_its_neighbours():
+    sampler = Sampler(torch.Generator().manual_seed(0))
+    flat = torch.zeros(1, 1000)
+    alone = sampler(flat, [_row(seed=42, temperature=1.0)])[0].token_id
+    crowd = [_row(temperature=1.0) for _ in range(7)] + [_row(seed=42, temperature=1.0)]
+    together = sampler(flat.expand(8, -1), crowd)[-1].token_id
+    assert together == alone
+
+
+def test_frequency_and_presence_penalties_lower_repeated_tokens():
+    sampler = Sampler(torch.Generator())
+    row = _row(temperature=0, output=[0, 0, 0], frequency_penalty=0.5)
+    assert sampler(LOGITS.unsqueeze(0), [row])[0].token_id == 1
+    row = _row(temperature=0, output=[0], presence_penalty=1.0)
+    assert sampler(LOGITS.unsqueeze(0), [row])[0].token_id == 1
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    sampler = Sampler(torch.Generator())
+    logits = torch.tensor([[2.0, 1.5, -1.0]])
+    row = _row(temperature=0, output=[0], repetition_penalty=2.0)  # 2.0 -> 1.0 < 1.5
+    assert sampler(logits, [row])[0].token_id == 1
+
+
+def test_logprobs_are_of_the_raw_distribution_with_ranks():
+    sampler = Sampler(torch.Generator())
+    row = _row(temperature=0, logprobs=2, output=[0], presence_penalty=2.0)
+    token = sampler(LOGITS.unsqueeze(0), [row])[0]
+    assert token.token_id == 1  # penalty moved the choice ...
+    assert token.logprob == pytest.approx(float(LOGITS[1]))  # ... not the reported logprob
+    assert token.rank == 2
+    assert token.top_token_ids == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [dict(temperature=-1), dict(top_p=0), dict(top_k=-5), dict(n=0), dict(max_tokens=0), dict(logprobs=50), dict(min_p=2)],
+)
+def test_invalid_sampling_parameters_are_refused_by_name(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams(**bad)

@@ -1,0 +1,62 @@
+"""Chat templates: given a model's Jinja template and messages, the prompt is exactly the template's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ember.server.chat_template import ChatTemplate
+from ember.server.errors import ApiError
+from ember.server.protocol import ChatMessage
+
+SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+@pytest.fixture(scope="module")
+def smollm2_template(shared_dir: Path) -> ChatTemplate:
+    path = shared_dir / "tokenizers" / "smollm2" / "chat_template.jinja"
+    if not path.is_file():
+        pytest.skip(f"{path} is missing")
+    return ChatTemplate(path.read_text(encoding="utf-8"))
+
+
+def messages(*pairs: tuple[str, str]) -> list[ChatMessage]:
+    return [ChatMessage(role=role, content=content) for role, content in pairs]
+
+
+def test_smollm2_adds_its_default_system_turn_and_the_assistant_header(smollm2_template: ChatTemplate) -> None:
+    prompt = smollm2_template.render(messages(("user", "Hi")))
+    assert prompt == (
+        f"<|im_start|>system\n{SMOLLM2_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_developer_role_is_rendered_as_system(smollm2_template: ChatTemplate) -> None:
+    prompt = smollm2_template.render(messages(("developer", "Be brief."), ("user", "Hi")), add_generation_prompt=False)
+    assert prompt == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+
+
+def test_text_parts_are_joined() -> None:
+    template = ChatTemplate("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    message = ChatMessage.model_validate({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})
+    assert template.render([message]) == "ab"
+
+
+def test_raise_exception_in_a_template_is_a_400_naming_messages() -> None:
+    template = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}")
+    with pytest.raises(ApiError) as raised:
+        template.render(messages(("assistant", "x")))
+    assert raised.value.status_code == 400 and raised.value.param == "messages"
+    assert "first must be user" in raised.value.message
+
+
+def test_a_template_that_does_not_compile_is_refused_at_load() -> None:
+    with pytest.raises(ValueError, match="does not compile"):
+        ChatTemplate("{% for %}")
+
+
+def test_the_sandbox_blocks_attribute_escapes() -> None:
+    template = ChatTemplate("{{ messages.__class__.__mro__ }}")
+    with pytest.raises(ApiError):
+        template.render(messages(("user", "x")))

@@ -1,0 +1,151 @@
+"""A real `serve` process under load: batching across HTTP requests, disconnects, bad input, metrics.
+
+Given one server on the SmolLM2 GGUF, when many clients stream at once, cut their streams, or send
+malformed requests, then requests share engine steps, nothing leaks, and the server stays healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from tests.server.bad_inputs import bad_requests
+from tests.server.harness import SERVED_MODEL, ServeProcess, assert_openai_error
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Name a primary colour.",
+    "Write a haiku about the sea.",
+    "What is 2 + 2?",
+]
+MAX_TOKENS = 12
+
+
+def metric(base_url: str, name: str) -> float:
+    """The value of one unlabelled-by-reason `ember:` metric from /metrics."""
+    text = httpx.get(f"{base_url}/metrics").text
+    found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    assert found, f"{name} missing from /metrics"
+    return float(found.group(1))
+
+
+def wait_until_idle(base_url: str, timeout_s: float = 30.0) -> dict:
+    """Engine stats once nothing runs or waits and no KV block is in use (fails after timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = httpx.get(f"{base_url}/debug/engine").json()["stats"]
+        is_idle = stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["kv_cache_usage"] == 0
+        if is_idle or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.2)
+
+
+def chat(content: str) -> dict:
+    return {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+    }
+
+
+@pytest.fixture(scope="module")
+def solo_answers(smollm2_server: ServeProcess) -> dict[str, str]:
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    return {prompt: client.chat.completions.create(**chat(prompt)).choices[0].message.content for prompt in PROMPTS}
+
+
+def test_sixteen_concurrent_streams_share_steps_and_match_solo_greedy(
+    smollm2_server: ServeProcess, solo_answers: dict[str, str]
+) -> None:
+    prompts = [PROMPTS[index % len(PROMPTS)] for index in range(16)]
+
+    async def stream_one(client: AsyncOpenAI, prompt: str) -> tuple[str, str]:
+        stream = await client.chat.completions.create(**chat(prompt), stream=True)
+        request_id, text = "", ""
+        async for chunk in stream:
+            request_id = chunk.id
+            text += "".join(choice.delta.content or "" for choice in chunk.choices)
+        return request_id, text
+
+    async def stream_all() -> list[tuple[str, str]]:
+        client = AsyncOpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=300)
+        async with client:
+            return await asyncio.gather(*(stream_one(client, prompt) for prompt in prompts))
+
+    results = asyncio.run(stream_all())
+    for prompt, (_, text) in zip(prompts, results, strict=True):
+        assert text == solo_answers[prompt], prompt
+    ours = {request_id for request_id, _ in results}
+    records = httpx.get(f"{smollm2_server.base_url}/debug/engine").json()["step_records"]
+    most_together = max(len(ours.intersection(record["request_ids"])) for record in records)
+    assert most_together > 1, "no engine step ran two of the concurrent requests together"
+    stats = wait_until_idle(smollm2_server.base_url)
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_streams_cut_after_the_first_chunk_return_every_block(smollm2_server: ServeProcess) -> None:
+    base_url = smollm2_server.base_url
+    body = {**chat("Tell me a long story about a dragon."), "max_tokens": 400, "stream": True}
+
+    async def cut(index: int) -> None:
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+            request = {**body, "messages": [{"role": "user", "content": f"Story {index}: a long tale of a dragon."}]}
+            async with client.stream("POST", "/v1/chat/completions", json=request) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    if '"content":"' in line and '"role"' not in line:
+                        return  # the first generated chunk: hang up
+
+    async def cut_all() -> None:
+        await asyncio.gather(*(cut(index) for index in range(8)))
+
+    asyncio.run(cut_all())
+    stats = wait_until_idle(base_url)
+    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+    assert stats["kv_cache_usage"] == 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    assert metric(base_url, "ember:kv_cache_usage_perc") == 0
+    assert metric(base_url, "ember:num_requests_running") == 0
+    assert 'finished_reason="abort"' in httpx.get(f"{base_url}/metrics").text
+
+
+def test_bad_inputs_get_openai_errors_and_leave_the_server_healthy(smollm2_server: ServeProcess) -> None:
+    base_url = smollm2_server.base_url
+    max_model_len = httpx.get(f"{base_url}/v1/models").json()["data"][0]["max_model_len"]
+    table = bad_requests(SERVED_MODEL, max_model_len)
+    assert len(table) >= 20
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        for bad in table:
+            if isinstance(bad.body, bytes):
+                headers = {"content-type": "application/json"}
+                response = client.request(bad.method, bad.path, content=bad.body, headers=headers)
+            elif bad.body is None:
+                response = client.request(bad.method, bad.path)
+            else:
+                response = client.request(bad.method, bad.path, json=bad.body)
+            error = assert_openai_error(response, bad.status_code)
+            if bad.param is not None:
+                assert error["param"] == bad.param, (bad.name, error)
+        assert client.get("/health").status_code == 200
+        response = client.post("/v1/completions", json={"model": SERVED_MODEL, "prompt": "Hello", "max_tokens": 2})
+        assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
+        assert_openai_error(client.post("/v1/completions", content=b"x" * (5 * 2**20)), 413)
+
+
+def test_metrics_count_tokens_and_latencies(smollm2_server: ServeProcess) -> None:
+    base_url = smollm2_server.base_url
+    assert metric(base_url, "ember:prompt_tokens_total") > 0
+    assert metric(base_url, "ember:generation_tokens_total") > 0
+    assert metric(base_url, "ember:prefix_cache_queries_total") >= metric(base_url, "ember:prefix_cache_hits_total") > 0
+    assert metric(base_url, "ember:time_to_first_token_seconds_count") > 0
+    assert metric(base_url, "ember:time_per_output_token_seconds_count") > 0
+    assert metric(base_url, "ember:e2e_request_latency_seconds_count") > 0
+    text = httpx.get(f"{base_url}/metrics").text
+    assert re.search(r'ember:request_success_total\{finished_reason="(length|stop)"', text)
+    assert "ember:num_preemptions_total" in text and "ember:num_requests_waiting" in text
