@@ -63,6 +63,10 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="ember-engine", daemon=True)
         self._thread.start()
 
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError, saying what to change, if this request could never run (checked up front)."""
+        self.engine.validate_request(prompt_token_ids, params)
+
     async def generate(
         self,
         request_id: str,

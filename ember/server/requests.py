@@ -225,6 +225,17 @@ def check_fits(prompt: PreparedPrompt, max_tokens: int | None, max_model_len: in
         )
 
 
+def check_engine_accepts(engine, prompt: PreparedPrompt, params: SamplingParams, prompt_param: str) -> None:
+    """Raise a 400 if the engine could never run this request (e.g. more KV blocks than it has).
+
+    Checked before any response starts, so a streaming client gets a status code, not an event.
+    """
+    try:
+        engine.validate_request(prompt.token_ids, params)
+    except ValueError as error:
+        raise ApiError(f"The engine cannot run this request: {error}.", param=prompt_param, code="invalid_request") from error
+
+
 def parse_request(model_class: type[M], body: bytes) -> M:
     """The request body validated as `model_class`; a 400 naming the first bad field otherwise."""
     try:

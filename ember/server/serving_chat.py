@@ -26,6 +26,7 @@ from ember.server.requests import (
     chat_prompt,
     chat_sampling_params,
     check_chat_request,
+    check_engine_accepts,
     check_fits,
     parse_request,
     resolve_model,
@@ -41,6 +42,7 @@ async def create_chat_completion(context: ServingContext, raw_request: Request) 
     params = chat_sampling_params(request)
     prompt = chat_prompt(request, context.chat_template, context.tokenizer)
     check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
+    check_engine_accepts(context.engine, prompt, params, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     num_top = request.top_logprobs or 0
     ticket = context.admission.admit(1)

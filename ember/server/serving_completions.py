@@ -17,6 +17,7 @@ from ember.server.generation import cancel_on_disconnect, collect, merge_streams
 from ember.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from ember.server.requests import (
     check_completion_request,
+    check_engine_accepts,
     check_fits,
     completion_prompts,
     completion_sampling_params,
@@ -42,6 +43,7 @@ async def create_completion(context: ServingContext, raw_request: Request) -> Re
         )
     for prompt in prompts:
         check_fits(prompt, params.max_tokens, context.max_model_len, "prompt")
+        check_engine_accepts(context.engine, prompt, params, "prompt")
     request_id = f"cmpl-{uuid.uuid4().hex}"
     num_top = request.logprobs or 0
     ticket = context.admission.admit(len(prompts))

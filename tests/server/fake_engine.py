@@ -105,16 +105,21 @@ class FakeEngine:
         """Let held requests run."""
         self.is_held = False
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt=None):
-        """Deltas of FAKE_REPLY repeated, honouring n, max_tokens, stop and logprobs."""
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """The real engine's up-front refusal: a set reason, an empty prompt, or no room to generate."""
         if self.reject_reason is not None:
             raise ValueError(self.reject_reason)
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         budget = self.max_model_len - len(prompt_token_ids)
-        max_tokens = budget if params.max_tokens is None else params.max_tokens
-        if max_tokens > budget:
+        if params.max_tokens is not None and params.max_tokens > budget:
             raise ValueError(f"prompt plus max_tokens exceeds {self.max_model_len}")
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt=None):
+        """Deltas of FAKE_REPLY repeated, honouring n, max_tokens, stop and logprobs."""
+        self.validate_request(prompt_token_ids, params)
+        budget = self.max_model_len - len(prompt_token_ids)
+        max_tokens = budget if params.max_tokens is None else params.max_tokens
         metrics = RequestMetrics(arrival_time=time.monotonic())
         self.running.add(request_id)
         is_finished = False
