@@ -13,7 +13,13 @@ from ember.models.config import ModelConfig
 
 
 class LlamaAttention(nn.Module):
-    """Grouped-query self-attention with rotary positions; K/V live in the layer's cache."""
+    """Grouped-query self-attention with rotary positions; K/V live in the layer's cache.
+
+    Q, K and V come from one fused projection (`qkv_proj`, packed from the checkpoint's
+    q_proj / k_proj / v_proj at load): one matrix product instead of three.
+    """
+
+    packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
 
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
         super().__init__()
@@ -21,37 +27,40 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.output_bias)
+        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=config.output_bias)
         self.rotary = rotary
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         out = paged_attention(q, k, v, kv_cache, metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up in one fused product."""
+
+    packed_modules = {"gate_up_proj": ("gate_proj", "up_proj")}
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         hidden, inner = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(hidden, inner, bias=config.mlp_bias)
-        self.up_proj = nn.Linear(hidden, inner, bias=config.mlp_bias)
+        self.gate_up_proj = nn.Linear(hidden, 2 * inner, bias=config.mlp_bias)
         self.down_proj = nn.Linear(inner, hidden, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -22,6 +22,7 @@ from ember.models.llama2c_loader import (
     llama2c_config,
     read_llama2c_header,
 )
+from ember.models.packing import PackingPlan
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -72,9 +73,18 @@ def _build(
     expected = dict(model.state_dict())
     is_derived = getattr(model, "is_derived_tensor", lambda name: name.endswith("rotary_emb.inv_freq"))
     state: dict[str, torch.Tensor] = {}
+    packing = PackingPlan.for_model(model, set(expected))
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task("loading weights", total=total)
-        for name, tensor in tensors:
+        for checkpoint_name, checkpoint_tensor in tensors:
+            progress.advance(task)
+            if checkpoint_name in packing.targets:
+                fused = packing.add(checkpoint_name, checkpoint_tensor)
+                if fused is None:
+                    continue
+                name, tensor = fused
+            else:
+                name, tensor = checkpoint_name, checkpoint_tensor
             if name not in expected:
                 if is_derived(name):
                     continue  # derived, not a weight
@@ -82,7 +92,6 @@ def _build(
             if tuple(tensor.shape) != tuple(expected[name].shape):
                 raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
             state[name] = tensor.to(torch_dtype)
-            progress.advance(task)
     if config.tie_word_embeddings:
         for tied, source in getattr(model, "tied_weights", {"lm_head.weight": "model.embed_tokens.weight"}).items():
             state[tied] = state[source]

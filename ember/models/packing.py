@@ -1,0 +1,57 @@
+"""Packed parameters: one fused weight (e.g. qkv_proj) filled from several checkpoint tensors.
+
+A module declares `packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}`; the loader
+concatenates the checkpoint's parts along the output dimension, in that order. Fewer, larger
+matrix products are what makes a CPU step fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class PackedTarget:
+    """Where one checkpoint tensor goes: the fused parameter's name, its slot, how many slots."""
+
+    name: str
+    index: int
+    num_parts: int
+
+
+@dataclass
+class PackingPlan:
+    """Checkpoint name -> packed target for every fused parameter of a model, and the parts gathered so far."""
+
+    targets: dict[str, PackedTarget]
+    _parts: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
+
+    @classmethod
+    def for_model(cls, model: nn.Module, parameter_names: set[str]) -> PackingPlan:
+        targets = {}
+        for module_name, module in model.named_modules():
+            packed = getattr(module, "packed_modules", None)
+            if not packed:
+                continue
+            prefix = f"{module_name}." if module_name else ""
+            for fused, parts in packed.items():
+                for suffix in ("weight", "bias"):
+                    fused_name = f"{prefix}{fused}.{suffix}"
+                    if fused_name not in parameter_names:
+                        continue
+                    for index, part in enumerate(parts):
+                        targets[f"{prefix}{part}.{suffix}"] = PackedTarget(fused_name, index, len(parts))
+        return cls(targets)
+
+    def add(self, checkpoint_name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        """Keep a part; returns (fused name, fused tensor) once every part of it has arrived."""
+        target = self.targets[checkpoint_name]
+        parts = self._parts.setdefault(target.name, {})
+        parts[target.index] = tensor
+        if len(parts) < target.num_parts:
+            return None
+        del self._parts[target.name]
+        return target.name, torch.cat([parts[i] for i in range(target.num_parts)], dim=0)
