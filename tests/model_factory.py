@@ -44,4 +44,4 @@ def load_reference(folder: Path):
     """The transformers model saved in `folder`, float32, eval mode."""
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

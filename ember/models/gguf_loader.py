@@ -68,6 +68,9 @@ def read_gguf_config(reader: GGUFReader) -> ModelConfig:
     metadata = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
     if "tokenizer.ggml.tokens" in reader.fields:
         metadata["tokenizer.ggml.tokens"] = range(len(reader.fields["tokenizer.ggml.tokens"].data))
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embedding is not None:  # the embedding's rows are the vocabulary, whatever the metadata says
+        metadata[f"{metadata['general.architecture']}.vocab_size"] = int(embedding.shape[1])
     has_output = any(t.name == "output.weight" for t in reader.tensors)
     return ModelConfig.from_gguf(metadata, has_output_tensor=has_output)
 

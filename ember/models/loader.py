@@ -48,7 +48,8 @@ def load_model(path: Path, dtype: str = "float32", show_progress: bool = False) 
     if is_gguf_file(path):
         reader = GGUFReader(str(path))
         config = read_gguf_config(reader)
-        return _build(config, iter_gguf_tensors(reader, config), dtype, path, "gguf", show_progress, len(reader.tensors))
+        tokenizer_path = path if "tokenizer.ggml.model" in reader.fields else None
+        return _build(config, iter_gguf_tensors(reader, config), dtype, tokenizer_path, "gguf", show_progress, len(reader.tensors))
     if is_llama2c_file(path):
         header = read_llama2c_header(path)
         return _build(llama2c_config(header), iter_llama2c_tensors(path, header), dtype, None, "llama2c", show_progress)

@@ -1,0 +1,170 @@
+"""GGUF loading against the `gguf` package (the reference for (de)quantization) and transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from ember.models.gguf_loader import unpermute_rope
+from ember.models.loader import load_model
+from tests.model_factory import load_reference, save_tiny_model
+
+T = GGMLQuantizationType
+NUM_HEADS, NUM_KV_HEADS = 4, 2
+# Shapes chosen so every matrix row is a whole number of 256-value super-blocks.
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=NUM_HEADS, num_key_value_heads=NUM_KV_HEADS, vocab_size=256)
+_HF_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER_PARTS = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _gguf_name(hf_name: str) -> str:
+    if hf_name in _HF_TO_GGUF:
+        return _HF_TO_GGUF[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    part, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_LAYER_PARTS[part]}.{kind}"
+
+
+def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's q/k row order (interleaved rotary pairs), as its converter writes it."""
+    rows = weight.shape[0]
+    return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _random_k_quant(rows: int, cols: int, qtype: GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
+    """Valid raw k-quant blocks: random quants and scales, finite fp16 super-block scales."""
+    block_bytes = {T.Q4_K: 144, T.Q6_K: 210}[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
+    small = np.frombuffer(np.float16([0.01, 0.002]).tobytes(), dtype=np.uint8)
+    if qtype == T.Q4_K:
+        raw[..., 0:4] = small  # d, dmin
+    else:
+        raw[..., 208:210] = small[:2]  # d is the last field
+        raw[..., 192:208] = raw[..., 192:208] % 64  # int8 scales, kept small
+    return raw.reshape(rows, -1)
+
+
+def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Write the HF model in `folder` as a GGUF; returns the float32 weights each tensor decodes to (HF layout)."""
+    reference = load_reference(folder)
+    config = reference.config
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(NUM_HEADS)
+    writer.add_head_count_kv(NUM_KV_HEADS)
+    writer.add_rope_freq_base(10000.0)  # save_tiny_model sets rope_theta=10000
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    expected = {}
+    for hf_name, tensor in reference.state_dict().items():
+        values = tensor.float().numpy()
+        name = _gguf_name(hf_name)
+        if name.endswith(("attn_q.weight", "attn_k.weight")):
+            values = _llama_cpp_permute(values, NUM_HEADS if "attn_q" in name else NUM_KV_HEADS)
+        if values.ndim == 1 or qtype == T.F32:
+            writer.add_tensor(name, values)
+            decoded = values
+        elif qtype in (T.Q4_K, T.Q6_K):
+            raw = _random_k_quant(*values.shape, qtype, rng)
+            writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+            decoded = dequantize(raw, qtype)
+        else:
+            raw = quantize(values, qtype)
+            writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+            decoded = dequantize(raw, qtype)
+        if name.endswith(("attn_q.weight", "attn_k.weight")):
+            decoded = unpermute_rope(decoded, NUM_HEADS if "attn_q" in name else NUM_KV_HEADS)
+        expected[hf_name] = decoded.reshape(tensor.shape)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return expected
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    return save_tiny_model("llama", tmp_path_factory.mktemp("gguf-src"), **SHAPE)
+
+
+def _loaded_weight(model, hf_name: str) -> torch.Tensor:
+    """A checkpoint tensor's value inside ember's model (fused projections sliced back apart)."""
+    state = model.state_dict()
+    if hf_name in state:
+        return state[hf_name]
+    prefix, part, kind = hf_name.rsplit(".", 2)
+    fused_parts = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2), "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    fused, index = fused_parts[part]
+    fused_weight = state[f"{prefix}.{fused}.{kind}"]
+    config = model.config
+    sizes = {
+        "qkv_proj": [config.num_heads * config.head_dim, *[config.num_kv_heads * config.head_dim] * 2],
+        "gate_up_proj": [config.intermediate_size] * 2,
+    }[fused]
+    return fused_weight.split(sizes)[index]
+
+
+@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_every_tensor_type_loads_to_what_the_gguf_package_dequantizes(tiny_folder, tmp_path, qtype):
+    expected = write_gguf(tiny_folder, tmp_path / "model.gguf", qtype, np.random.default_rng(0))
+    loaded = load_model(tmp_path / "model.gguf")
+    assert loaded.format == "gguf"
+    for hf_name, values in expected.items():
+        assert torch.equal(_loaded_weight(loaded.model, hf_name), torch.from_numpy(values).float()), hf_name
+
+
+def test_f32_gguf_logits_match_transformers(tiny_folder, tmp_path):
+    from ember.engine.config import CacheConfig, EngineConfig
+    from ember.engine.llm_engine import LLMEngine
+    from ember.engine.sampling_params import SamplingParams
+
+    write_gguf(tiny_folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0))
+    reference = load_reference(tiny_folder)
+    prompt = list(range(3, 40))
+    engine = LLMEngine(EngineConfig(model=str(tmp_path / "model.gguf"), tokenizer=None, cache=CacheConfig(num_kv_blocks=16)))
+    engine.add_request("r", prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs.extend(engine.step())
+    ours = torch.tensor([outputs[-1].prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(reference(torch.tensor([prompt])).logits[0], dim=-1)
+    theirs = logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_an_unsupported_tensor_type_is_named_in_the_error(tiny_folder, tmp_path):
+    path = tmp_path / "iq.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_embedding_length(256)
+    writer.add_head_count(4)
+    writer.add_feed_forward_length(512)
+    writer.add_tensor("token_embd.weight", np.zeros((256, 66), dtype=np.uint8), raw_shape=(256, 66), raw_dtype=T.IQ2_XXS)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="IQ2_XXS"):
+        load_model(path)
