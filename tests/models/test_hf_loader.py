@@ -1,0 +1,27 @@
+"""HF safetensors folders: sharded checkpoints with an index load the same weights as one file."""
+
+from __future__ import annotations
+
+import torch
+
+from ember.models.hf_loader import safetensors_files
+from ember.models.loader import load_model
+from tests.model_factory import load_reference, save_tiny_model
+
+
+def test_a_sharded_checkpoint_loads_the_same_model_as_a_single_file(tmp_path):
+    single = save_tiny_model("llama", tmp_path / "single")
+    reference = load_reference(single)
+    reference.save_pretrained(tmp_path / "sharded", safe_serialization=True, max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert len(safetensors_files(tmp_path / "sharded")) > 1
+    whole = load_model(single).model.state_dict()
+    pieces = load_model(tmp_path / "sharded").model.state_dict()
+    assert whole.keys() == pieces.keys()
+    assert all(torch.equal(whole[name], pieces[name]) for name in whole)
+
+
+def test_bfloat16_loading_casts_every_weight(tmp_path):
+    folder = save_tiny_model("qwen2", tmp_path / "qwen2")
+    model = load_model(folder, dtype="bfloat16").model
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
