@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 import sys
 
-from ember.cli import eval_cmd, generate_cmd, pull_cmd
+from ember.cli import eval_cmd, generate_cmd, kv_cmd, pull_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     pull_cmd.register(subparsers)
     generate_cmd.register(subparsers)
     eval_cmd.register(subparsers)
+    kv_cmd.register(subparsers)
     _register_optional(subparsers)
     return parser
 

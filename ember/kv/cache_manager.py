@@ -102,10 +102,6 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage
 
-    @property
-    def has_window(self) -> bool:
-        return any(window is not None for window in self.group_windows)
-
     def block_table(self, seq_id: str) -> BlockTable:
         """The block table of the first layer group (the only one of a plain model)."""
         return self.tables[seq_id]

@@ -12,6 +12,10 @@ model keeps full KV only for its global layers).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ember.models.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -140,3 +144,17 @@ class KVCacheLayout:
             kept = num_tokens if spec.window is None else min(num_tokens, spec.window)
             total += spec.elements_per_token() * kept
         return total * element_size
+
+
+def kv_specs_for(config: ModelConfig) -> list[KVCacheSpec]:
+    """Per-layer specs of a model config: latent for MLA, else full or windowed attention per layer."""
+    if config.mla is not None:
+        return [LatentAttentionSpec(config.mla.kv_lora_rank, config.mla.qk_rope_head_dim)] * config.num_layers
+    specs: list[KVCacheSpec] = []
+    for layer in range(config.num_layers):
+        window = config.window_of(layer)
+        if window is None:
+            specs.append(FullAttentionSpec(config.num_kv_heads, config.head_dim))
+        else:
+            specs.append(SlidingWindowSpec(config.num_kv_heads, config.head_dim, window))
+    return specs

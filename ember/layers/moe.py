@@ -18,29 +18,34 @@ from ember.models.config import MoEConfig
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU feed-forward `down(act(gate(x)) * up(x))` with transformers' Llama/Qwen parameter names."""
+    """SwiGLU feed-forward `down(silu(gate(x)) * up(x))`; gate and up fused, packed at load from
+    the checkpoint's gate_proj / up_proj (transformers' Llama/Qwen/DeepSeek names)."""
+
+    packed_modules = {"gate_up_proj": ("gate_proj", "up_proj")}
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class MixtralExpert(nn.Module):
-    """Mixtral's expert: the same SwiGLU with its checkpoint names w1 (gate), w3 (up), w2 (down)."""
+    """Mixtral's expert: the same SwiGLU, packed from its checkpoint names w1 (gate) and w3 (up); w2 is down."""
+
+    packed_modules = {"w13": ("w1", "w3")}
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.w1 = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.w3 = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.w13 = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.w2 = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 @dataclass

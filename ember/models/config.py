@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma2")
+SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma2", "falcon")
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,8 @@ class ModelConfig:
             )
         if model_type == "gpt2":
             return _gpt2_config(config)
+        if model_type == "falcon":
+            return _falcon_config(config)
         base = cls._llama_like(config)
         extras = _FAMILY_EXTRAS.get(model_type)
         return replace(base, **extras(config)) if extras else base
@@ -297,6 +299,7 @@ def _gemma2_extras(config: dict[str, Any]) -> dict[str, Any]:
         "final_logit_softcap": config.get("final_logit_softcapping"),
         "query_pre_attn_scalar": float(config.get("query_pre_attn_scalar", config.get("head_dim", 256))),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)),
+        "hidden_act": config.get("hidden_activation") or "gelu_pytorch_tanh",
     }
 
 
@@ -330,5 +333,37 @@ def _gpt2_config(config: dict[str, Any]) -> ModelConfig:
         output_bias=True,
         mlp_bias=True,
         hidden_act=config.get("activation_function", "gelu_new"),
+        layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+    )
+
+
+def _falcon_config(config: dict[str, Any]) -> ModelConfig:
+    if config.get("alibi") or config.get("new_decoder_architecture") or not config.get("parallel_attn", True):
+        raise ValueError(
+            "ember runs Falcon-7B-style models (parallel attention, rotary, multi-query or MHA); "
+            "ALiBi, new_decoder_architecture (Falcon-40B) and sequential blocks are not supported"
+        )
+    if config.get("activation", "gelu") != "gelu":
+        raise ValueError(f"Falcon activation {config['activation']!r} is not supported; ember runs gelu")
+    hidden = config["hidden_size"]
+    num_heads = config["num_attention_heads"]
+    bias = bool(config.get("bias", False))
+    return ModelConfig(
+        architecture="falcon",
+        vocab_size=config["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=config.get("ffn_hidden_size") or 4 * hidden,
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=1 if config.get("multi_query", True) else num_heads,
+        head_dim=hidden // num_heads,
+        max_position_embeddings=config.get("max_position_embeddings", 2048),
+        rope_theta=_hf_rope_theta(config),
+        rope_scaling=_hf_rope_scaling(config),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        qkv_bias=bias,
+        output_bias=bias,
+        mlp_bias=bias,
+        hidden_act="gelu",
         layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
     )

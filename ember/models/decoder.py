@@ -14,25 +14,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ember.kv.specs import FullAttentionSpec, KVCacheLayout, KVCacheSpec, SlidingWindowSpec
+from ember.kv.specs import KVCacheLayout, KVCacheSpec, kv_specs_for
 from ember.layers.attention import AttentionMetadata
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
 from ember.models.config import ModelConfig
 
 LayerFactory = Callable[[int, Any], nn.Module]
-
-
-def attention_kv_specs(config: ModelConfig) -> list[KVCacheSpec]:
-    """Full-attention or sliding-window spec of each layer, from the config's per-layer windows."""
-    specs: list[KVCacheSpec] = []
-    for layer in range(config.num_layers):
-        window = config.window_of(layer)
-        if window is None:
-            specs.append(FullAttentionSpec(config.num_kv_heads, config.head_dim))
-        else:
-            specs.append(SlidingWindowSpec(config.num_kv_heads, config.head_dim, window))
-    return specs
 
 
 class DecoderModel(nn.Module):
@@ -78,7 +66,7 @@ class DecoderForCausalLM(nn.Module):
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         """What each layer's KV cache holds; the runner allocates from this."""
-        return attention_kv_specs(self.config)
+        return kv_specs_for(self.config)
 
     def forward(
         self,

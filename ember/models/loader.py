@@ -119,6 +119,7 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
         "deepseek_v2": ("ember.models.deepseek_v2", "DeepseekV2ForCausalLM"),
         "gpt2": ("ember.models.gpt2", "GPT2LMHeadModel"),
         "gemma2": ("ember.models.gemma2", "Gemma2ForCausalLM"),
+        "falcon": ("ember.models.falcon", "FalconForCausalLM"),
     }
     if architecture not in families:
         raise ValueError(f"architecture {architecture!r} has no ember model; ember runs {', '.join(['llama', 'qwen2', 'mistral', *families])}")

@@ -50,13 +50,17 @@ class ByteLevelBPETokenizer(Tokenizer):
         chat_template: str | None = None,
         ignore_merges: bool = False,
         normalize: Callable[[str], str] | None = None,
+        strip_left: Iterable[str] = (),
+        strip_right: Iterable[str] = (),
         name: str = "bpe",
     ) -> None:
         self.name = name
         self._merger = merger
         self._pre_tokenizer = pre_tokenizer
         self._token_bytes = list(token_bytes_by_id)
-        self._specials = SpecialTokenMatcher(special_tokens)
+        self._specials = SpecialTokenMatcher(
+            special_tokens, frozenset(strip_left), frozenset(strip_right)
+        )
         self._special_ids = frozenset(
             special_tokens.values() if special_ids is None else special_ids
         )
@@ -69,16 +73,18 @@ class ByteLevelBPETokenizer(Tokenizer):
         self._add_bos = add_bos
         self._chat_template = chat_template
         self._normalize = normalize
-        self._piece_cache: dict[str, list[int]] = {}
-        # HF's `ignore_merges` (Llama 3): a piece that is itself a token is taken whole. Seeding
-        # the piece cache with those tokens gives exactly that, since pieces are looked up there
-        # first; the seed lives in a separate dict so clearing the cache cannot lose it.
-        self._whole_pieces: dict[str, list[int]] = {}
+        # Per-piece caches: pieces that are one token map to its id (the common case, kept
+        # apart so that a run of them is answered by one C-level map), the rest to id lists.
+        # HF's `ignore_merges` (Llama 3) and tiktoken take a piece that is itself a token
+        # whole: seeding the one-token cache with every token gives exactly that.
+        self._whole_pieces: dict[str, int] = {}
         if ignore_merges:
             for token_id, data in enumerate(self._token_bytes):
                 text = None if data is None else data.decode("utf-8", errors="replace")
                 if text is not None and "\ufffd" not in text:
-                    self._whole_pieces[text] = [token_id]
+                    self._whole_pieces[text] = token_id
+        self._single_cache: dict[str, int] = dict(self._whole_pieces)
+        self._multi_cache: dict[str, list[int]] = {}
 
     # --- the Tokenizer contract -------------------------------------------------------------
 
@@ -105,6 +111,11 @@ class ByteLevelBPETokenizer(Tokenizer):
     @property
     def chat_template(self) -> str | None:
         return self._chat_template
+
+    @property
+    def uses_compiled_core(self) -> bool:
+        """Whether merges run in the optional compiled core (see native.py)."""
+        return self._merger.is_native
 
     @property
     def special_tokens(self) -> dict[str, int]:
@@ -144,18 +155,37 @@ class ByteLevelBPETokenizer(Tokenizer):
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Token ids of `text` with no special-token matching at all."""
-        cache = self._piece_cache
-        merge = self._merger.merge_uncached
-        ids: list[int] = []
-        extend = ids.extend
-        for piece in self._pre_tokenizer.split(text):
-            piece_ids = cache.get(piece)
-            if piece_ids is None:
-                piece_ids = self._whole_pieces.get(piece) or merge(piece.encode("utf-8"))
-                if len(cache) >= CACHE_LIMIT:
-                    cache.clear()
-                cache[piece] = piece_ids
-            extend(piece_ids)
+        pieces = self._pre_tokenizer.split(text)
+        ids = list(map(self._single_cache.get, pieces))
+        if None not in ids:
+            return ids
+        # Splice the multi-token pieces in; index() and slicing keep the scan in C.
+        out: list[int] = []
+        start = 0
+        try:
+            while True:
+                at = ids.index(None, start)
+                out += ids[start:at]
+                out += self._piece_ids(pieces[at])
+                start = at + 1
+        except ValueError:
+            out += ids[start:]
+        return out
+
+    def _piece_ids(self, piece: str) -> list[int]:
+        """Ids of one piece that is not a cached single token (merged and cached here)."""
+        ids = self._multi_cache.get(piece)
+        if ids is not None:
+            return ids
+        ids = self._merger.merge_uncached(piece.encode("utf-8"))
+        if len(ids) == 1:
+            if len(self._single_cache) >= len(self._whole_pieces) + CACHE_LIMIT:
+                self._single_cache = dict(self._whole_pieces)
+            self._single_cache[piece] = ids[0]
+        else:
+            if len(self._multi_cache) >= CACHE_LIMIT:
+                self._multi_cache.clear()
+            self._multi_cache[piece] = ids
         return ids
 
     def token_bytes(self, token_id: int) -> bytes:

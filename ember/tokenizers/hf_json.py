@@ -1,8 +1,9 @@
 """HF `tokenizer.json` (byte-level BPE models) and GPT-2's `encoder.json` + `vocab.bpe`.
 
 Supported pre-tokenizers: ByteLevel (with or without its GPT-2 regex), Split with a regex and
-the "Isolated" behaviour, Digits, and Sequences of those; normalizer: none or NFC. Anything
-else raises a ValueError naming the part, so a tokenizer is never silently approximated.
+the "Isolated" behaviour, Digits, and Sequences of those; normalizer: none or NFC; added
+tokens with `lstrip` / `rstrip` (`single_word` added tokens raise). Anything else raises a
+ValueError naming the part, so a tokenizer is never silently approximated.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def pre_tokenizer_stages(spec: dict[str, Any] | None) -> list[str]:
 def _pre_tokenizer(stages: list[str]) -> PreTokenizer:
     if not stages:
         return PreTokenizer((r"(?s).+",), is_complete=True)
+    if stages == [SINGLE_DIGITS, GPT2_PATTERN]:  # SmolLM2's Digits + ByteLevel, as one pattern
+        return PreTokenizer.named("smollm")
     # A single stage that is one of the published patterns covers every character.
     is_complete = len(stages) == 1 and stages[0] in NAMED_PATTERNS.values()
     return PreTokenizer(tuple(stages), is_complete=is_complete)
@@ -75,6 +78,8 @@ def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
         raise _unsupported("normalizer", normalizer)
     vocab: dict[str, int] = model["vocab"]
     added = spec.get("added_tokens", [])
+    if any(entry.get("single_word") for entry in added):
+        raise _unsupported("added token option", [e for e in added if e.get("single_word")][0])
     tokens_by_id = {token_id: token for token, token_id in vocab.items()}
     size = max([*tokens_by_id, *(entry["id"] for entry in added)], default=-1) + 1
     tokens = [tokens_by_id.get(token_id, "") for token_id in range(size)]
@@ -110,6 +115,8 @@ def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
         chat_template=chat_template,
         ignore_merges=bool(model.get("ignore_merges")),
         normalize=(lambda text: unicodedata.normalize("NFC", text)) if normalizer else None,
+        strip_left=[entry["content"] for entry in added if entry.get("lstrip")],
+        strip_right=[entry["content"] for entry in added if entry.get("rstrip")],
         name=f"tokenizer.json:{Path(path).parent.name}",
     )
     return tokenizer

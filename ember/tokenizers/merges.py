@@ -10,6 +10,10 @@ of a token into two tokens may merge), see `pair_table_from_ranks`.
 from __future__ import annotations
 
 import heapq
+from itertools import repeat
+from operator import lshift, or_
+
+from ember.tokenizers.native import load_native
 
 # Pair keys and table values pack two numbers into one int: fast to hash and compare.
 ID_BITS = 22
@@ -18,6 +22,11 @@ MAX_VOCAB = 1 << ID_BITS
 # Pieces longer than this use the heap-based merge (O(n log n)) instead of rescanning.
 SCAN_LIMIT = 48
 CACHE_LIMIT = 200_000
+# Greater than every table value: "this pair does not merge".
+NO_MERGE = 1 << 62
+# Constant iterables for the C-level maps in the scan merge (immutable, shared safely).
+_ID_SHIFTS = repeat(ID_BITS)
+_NO_MERGES = repeat(NO_MERGE)
 
 
 def pair_key(left: int, right: int) -> int:
@@ -53,12 +62,21 @@ class BytePairMerger:
     encoding such a byte raises ValueError).
     """
 
-    def __init__(self, byte_ids: list[int | None], table: dict[int, int]) -> None:
+    def __init__(
+        self, byte_ids: list[int | None], table: dict[int, int], use_native: bool = True
+    ) -> None:
         if len(byte_ids) != 256:
             raise ValueError("byte_ids must give one entry per byte value (256)")
         self.byte_ids = byte_ids
         self.table = table
         self._cache: dict[bytes, list[int]] = {}
+        # The compiled loop computes exactly what merge_python does, faster (see native.py).
+        self._native = load_native(table, byte_ids, ID_BITS) if use_native else None
+
+    @property
+    def is_native(self) -> bool:
+        """Whether merges run in the compiled core."""
+        return self._native is not None
 
     def merge(self, data: bytes) -> list[int]:
         """Token ids of one piece (cached)."""
@@ -71,37 +89,47 @@ class BytePairMerger:
         return ids
 
     def merge_uncached(self, data: bytes) -> list[int]:
-        """Token ids of one piece, computed."""
-        byte_ids = self.byte_ids
-        try:
-            ids = [byte_ids[b] for b in data]
-            if None in ids:
-                raise TypeError
-        except TypeError:
-            missing = next(b for b in data if byte_ids[b] is None)
+        """Token ids of one piece, computed (by the compiled core when present)."""
+        if self._native is not None:
+            ids = self._native.merge(data)
+            if ids is not None:
+                return ids
+        return self.merge_python(data)
+
+    def merge_python(self, data: bytes) -> list[int]:
+        """Token ids of one piece, computed in Python: the reference implementation."""
+        ids = list(map(self.byte_ids.__getitem__, data))
+        if None in ids:
+            missing = next(byte for byte in data if self.byte_ids[byte] is None)
             raise ValueError(
                 f"byte 0x{missing:02X} has no token in this vocabulary; it cannot be encoded"
-            ) from None
+            )
+        if len(ids) < 2:
+            return ids
         if len(ids) <= SCAN_LIMIT:
             return self._merge_by_scan(ids)
         return self._merge_by_heap(ids)
 
     def _merge_by_scan(self, ids: list[int]) -> list[int]:
+        # `values[i]` is the table value of the pair (ids[i], ids[i+1]) or NO_MERGE; building
+        # it, min() and index() run in C, and a merge re-looks-up only the two pairs beside it.
         get = self.table.get
-        while len(ids) > 1:
-            best = None
-            best_at = 0
-            left = ids[0]
-            for at in range(1, len(ids)):
-                right = ids[at]
-                value = get((left << ID_BITS) | right)
-                if value is not None and (best is None or value < best):
-                    best = value
-                    best_at = at - 1
-                left = right
-            if best is None:
+        keys = map(or_, map(lshift, ids, _ID_SHIFTS), ids[1:])
+        values = list(map(get, keys, _NO_MERGES))
+        while True:
+            best = min(values)
+            if best == NO_MERGE:
                 break
-            ids[best_at : best_at + 2] = [best & ID_MASK]
+            at = values.index(best)  # leftmost on ties
+            ids[at] = best & ID_MASK
+            del ids[at + 1]
+            del values[at]
+            if not values:
+                break
+            if at > 0:
+                values[at - 1] = get((ids[at - 1] << ID_BITS) | ids[at], NO_MERGE)
+            if at < len(values):
+                values[at] = get((ids[at] << ID_BITS) | ids[at + 1], NO_MERGE)
         return ids
 
     def _merge_by_heap(self, ids: list[int]) -> list[int]:

@@ -43,6 +43,12 @@ QWEN2_PATTERN = (
 )
 # One piece per numeric character: HF's `Digits(individual_digits=True)`.
 SINGLE_DIGIT_PATTERN = r"\p{N}"
+# SmolLM2: digits isolated, then GPT-2's pattern between them, as one pattern. Splitting at
+# digits first ends a whitespace run before a digit where the chunk ends, where GPT-2's
+# `\s+(?!\S)` takes the whole run: `\s+(?=\p{N})`, tried first, does the same here.
+SMOLLM_PATTERN = (
+    r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?=\p{N})|\s+(?!\S)|\s+"""
+)
 
 NAMED_PATTERNS: dict[str, str] = {
     "gpt2": GPT2_PATTERN,
@@ -52,6 +58,7 @@ NAMED_PATTERNS: dict[str, str] = {
     "o200k": O200K_PATTERN,
     "llama3": LLAMA3_PATTERN,
     "qwen2": QWEN2_PATTERN,
+    "smollm": SMOLLM_PATTERN,
 }
 
 
@@ -77,11 +84,9 @@ class PreTokenizer:
 
     @classmethod
     def named(cls, name: str) -> PreTokenizer:
-        """The pre-tokenizer of a known tokenizer family (see NAMED_PATTERNS, plus "smollm")."""
-        if name == "smollm":
-            return cls((SINGLE_DIGIT_PATTERN, GPT2_PATTERN), is_complete=False)
+        """The pre-tokenizer of a known tokenizer family (see NAMED_PATTERNS)."""
         if name not in NAMED_PATTERNS:
-            known = ", ".join(sorted([*NAMED_PATTERNS, "smollm"]))
+            known = ", ".join(sorted(NAMED_PATTERNS))
             raise ValueError(f"unknown pre-tokenizer {name!r}; known: {known}")
         return cls((NAMED_PATTERNS[name],), is_complete=True)
 

@@ -10,6 +10,7 @@ spelled with byte-fallback pieces `<0xNN>` (or the unknown piece when there are 
 from __future__ import annotations
 
 import heapq
+import re
 
 from ember.tokenizers.sentencepiece_vocab import (
     SPACE_MARKER,
@@ -18,6 +19,8 @@ from ember.tokenizers.sentencepiece_vocab import (
 )
 
 __all__ = ["SPACE_MARKER", "SentencePieceBPETokenizer", "SentencePieceOptions"]
+
+WORD_CACHE_LIMIT = 100_000
 
 
 class SentencePieceBPETokenizer(SentencePieceTokenizer):
@@ -33,16 +36,56 @@ class SentencePieceBPETokenizer(SentencePieceTokenizer):
         ):
             if kind in merge_kinds and piece not in self._mergeable:
                 self._mergeable[piece] = (-score, token_id)
+        self._word_split = self._word_splitter()
+        self._word_cache: dict[str, list[int]] = {}
+
+    def _word_splitter(self) -> re.Pattern | None:
+        """A splitter of normalised text into words that merges never cross, or None.
+
+        When no mergeable piece has the space marker after its first character (runs of
+        markers aside) and the marker itself is a piece, no merge can join a non-marker
+        character to a following marker: cutting before every marker that follows another
+        character gives pieces that merge independently. Then each word's ids are cached.
+        """
+        marker = self.options.space_marker
+        if marker not in self._mergeable:
+            return None
+        for piece in self._mergeable:
+            if marker in piece[1:] and piece.strip(marker):
+                return None
+        escaped = re.escape(marker)
+        return re.compile(f"(?<=[^{escaped}])(?={escaped})")
 
     def _segment(self, normalized: str) -> list[int]:
+        if self._word_split is None:
+            return self._segment_uncached(normalized)
+        cache = self._word_cache
+        ids: list[int] = []
+        for word in self._word_split.split(normalized):
+            word_ids = cache.get(word)
+            if word_ids is None:
+                word_ids = self._segment_uncached(word)
+                if len(cache) >= WORD_CACHE_LIMIT:
+                    cache.clear()
+                cache[word] = word_ids
+            ids.extend(word_ids)
+        return ids
+
+    def _segment_uncached(self, normalized: str) -> list[int]:
         ids: list[int] = []
         mergeable = self._mergeable
+        unknown_run: list[str] = []  # consecutive unknown symbols become one unknown token
         for symbol in self._merge(list(normalized)):
             entry = mergeable.get(symbol)
-            if entry is not None:
-                ids.append(entry[1])
-            else:
-                ids.extend(self._spell_unknown(symbol))
+            if entry is None:
+                unknown_run.append(symbol)
+                continue
+            if unknown_run:
+                ids.extend(self._spell_unknown("".join(unknown_run)))
+                unknown_run = []
+            ids.append(entry[1])
+        if unknown_run:
+            ids.extend(self._spell_unknown("".join(unknown_run)))
         return ids
 
     def _merge(self, symbols: list[str]) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from ember.tokenizers import protobuf_wire as wire
 from ember.tokenizers.base import Tokenizer
 from ember.tokenizers.pieces import PieceKind
+from ember.tokenizers.sp_normalizer import CharsMap
 
 MODEL_UNIGRAM, MODEL_BPE, MODEL_WORD, MODEL_CHAR = 1, 2, 3, 4
 
@@ -31,8 +32,8 @@ class SentencePieceEntry:
 
 @dataclass
 class NormalizerSpec:
-    """How text is normalised before encoding. ember supports rule-free normalisation
-    ("identity", or an empty precompiled_charsmap)."""
+    """How text is normalised before encoding: compiled rules (see sp_normalizer.py) and
+    whitespace options."""
 
     name: str = "identity"
     precompiled_charsmap: bytes = b""
@@ -219,11 +220,9 @@ def tokenizer_from_model(model: SentencePieceModel, name: str = "sentencepiece")
     from ember.tokenizers.unigram import UnigramTokenizer
 
     normalizer = model.normalizer
-    if normalizer.precompiled_charsmap and normalizer.name != "identity":
-        raise ValueError(
-            f"{name}: normalization rule {normalizer.name!r} (a precompiled character map) is "
-            "not supported by ember.tokenizers; retrain with normalization_rule_name=identity"
-        )
+    charsmap = (
+        CharsMap(normalizer.precompiled_charsmap) if normalizer.precompiled_charsmap else None
+    )
     trainer = model.trainer
 
     def valid(token_id: int) -> int | None:
@@ -244,6 +243,7 @@ def tokenizer_from_model(model: SentencePieceModel, name: str = "sentencepiece")
         space_marker="\u2581" if normalizer.escape_whitespaces else " ",
         byte_fallback=trainer.byte_fallback,
         unknown_surface=trainer.unk_surface,
+        charsmap=charsmap,
     )
     if trainer.model_type == MODEL_BPE:
         return SentencePieceBPETokenizer(options=options, **common)

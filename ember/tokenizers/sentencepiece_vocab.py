@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ember.tokenizers.base import Tokenizer
 from ember.tokenizers.pieces import PieceKind, byte_of_piece
+from ember.tokenizers.sp_normalizer import CharsMap, normalize_with_rules
 from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
 
 SPACE_MARKER = "\u2581"
@@ -34,6 +35,8 @@ class SentencePieceOptions:
     prefix_after_special: bool = True
     # What the unknown piece decodes to (sentencepiece: " \u2047 "); None: its own text.
     unknown_surface: str | None = None
+    # Compiled normalisation rules of a .model file (e.g. nmt_nfkc); None: identity.
+    charsmap: CharsMap | None = None
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -173,6 +176,14 @@ class SentencePieceTokenizer(Tokenizer):
     def normalize(self, text: str, add_dummy_prefix: bool = True) -> str:
         """`text` as the merge loop sees it: whitespace handled, dummy prefix, space marker."""
         options = self.options
+        if options.charsmap is not None:
+            return normalize_with_rules(
+                text,
+                options.charsmap,
+                add_dummy_prefix=options.add_dummy_prefix and add_dummy_prefix,
+                remove_extra_whitespaces=options.remove_extra_whitespaces,
+                space_marker=options.space_marker,
+            )
         if options.remove_extra_whitespaces:
             text = " ".join(part for part in text.split(" ") if part)
         if not text:

@@ -14,27 +14,42 @@ class SpecialTokenMatcher:
     """Splits text at occurrences of special tokens.
 
     At each position the longest special token that starts there wins (leftmost-longest),
-    as in tiktoken and HF's added-vocabulary matcher.
+    as in tiktoken and HF's added-vocabulary matcher. Tokens named in `strip_left` /
+    `strip_right` (HF's `lstrip` / `rstrip`) also absorb the whitespace beside them.
     """
 
-    def __init__(self, special_tokens: dict[str, int]) -> None:
+    def __init__(
+        self,
+        special_tokens: dict[str, int],
+        strip_left: frozenset[str] = frozenset(),
+        strip_right: frozenset[str] = frozenset(),
+    ) -> None:
         self.special_tokens = dict(special_tokens)
-        self._patterns: dict[frozenset[str], regex.Pattern | None] = {}
+        self._every = frozenset(self.special_tokens)  # one object: its hash is computed once
+        self._strip_left = strip_left
+        self._strip_right = strip_right
+        self._patterns: dict[frozenset[str], tuple[regex.Pattern, list[str]] | None] = {}
 
-    def _pattern(self, names: frozenset[str]) -> regex.Pattern | None:
+    def _pattern(self, names: frozenset[str]) -> tuple[regex.Pattern, list[str]] | None:
+        """The alternation over `names` (longest first) and the name of each group."""
         if names not in self._patterns:
             if not names:
                 self._patterns[names] = None
             else:
                 ordered = sorted(names, key=lambda name: (-len(name), name))
-                self._patterns[names] = regex.compile("|".join(regex.escape(n) for n in ordered))
+                alternatives = []
+                for name in ordered:
+                    left = r"\s*" if name in self._strip_left else ""
+                    right = r"\s*" if name in self._strip_right else ""
+                    alternatives.append(f"({left}{regex.escape(name)}{right})")
+                self._patterns[names] = (regex.compile("|".join(alternatives)), ordered)
         return self._patterns[names]
 
     def resolve(
         self, allowed_special: SpecialSet, disallowed_special: SpecialSet
     ) -> tuple[frozenset[str], frozenset[str]]:
         """The (allowed, disallowed) name sets that "all" and explicit collections stand for."""
-        every = frozenset(self.special_tokens)
+        every = self._every
         allowed = every if allowed_special == "all" else frozenset(allowed_special)
         unknown = allowed - every
         if unknown:
@@ -48,30 +63,33 @@ class SpecialTokenMatcher:
 
     def check_disallowed(self, text: str, disallowed: frozenset[str]) -> None:
         """Raises ValueError when `text` contains a disallowed special token's text."""
-        pattern = self._pattern(disallowed)
-        if pattern is None:
+        compiled = self._pattern(disallowed)
+        if compiled is None:
             return
-        match = pattern.search(text)
+        match = compiled[0].search(text)
         if match is not None:
+            name = compiled[1][match.lastindex - 1]
             raise ValueError(
-                f"text contains the special token {match.group()!r}, which is disallowed; pass "
-                f"allowed_special={{{match.group()!r}}} (or 'all') to encode it as a special "
+                f"text contains the special token {name!r}, which is disallowed; pass "
+                f"allowed_special={{{name!r}}} (or 'all') to encode it as a special "
                 "token, or disallowed_special=() to encode it as ordinary text"
             )
 
     def split(self, text: str, allowed: frozenset[str]) -> Iterator[tuple[str, int | None]]:
         """Yields (chunk, None) for ordinary text and (name, id) for each allowed special."""
-        pattern = self._pattern(allowed)
-        if pattern is None:
+        compiled = self._pattern(allowed)
+        if compiled is None:
             if text:
                 yield text, None
             return
+        pattern, names = compiled
         position = 0
         for match in pattern.finditer(text):
             start, end = match.span()
             if start > position:
                 yield text[position:start], None
-            yield match.group(), self.special_tokens[match.group()]
+            name = names[match.lastindex - 1]
+            yield name, self.special_tokens[name]
             position = end
         if position < len(text):
             yield text[position:], None

@@ -37,9 +37,12 @@ class Bench:
         self._arrivals = itertools.count()
         self._tokens = itertools.count(1000)
 
-    def add(self, request_id: str, prompt: list[int], max_tokens: int = 8, n: int = 1, priority: int = 0) -> Request:
+    def add(
+        self, request_id: str, prompt: list[int], max_tokens: int = 8, n: int = 1, priority: int = 0
+    ) -> Request:
         params = SamplingParams(n=n, max_tokens=max_tokens)
-        request = Request(request_id, list(prompt), params, priority=priority, arrival_index=next(self._arrivals))
+        arrival_index = next(self._arrivals)
+        request = Request(request_id, list(prompt), params, priority=priority, arrival_index=arrival_index)
         forks = n > 1 and len(prompt) > 1
         request.sequences = [make_sequence(request, i, None, prompt) for i in range(1 if forks else n)]
         request.sequences[0].fork_pending = forks
@@ -409,3 +412,29 @@ def test_a_preempted_sequence_resumes_from_its_own_cached_head() -> None:
     assert plans[:3] == [{"a#0": 1}, {"a#0": 1}, {"b#0": 5}]
     assert bench.requests["b"].num_cached_tokens == 0  # counted at first admission only
     assert bench.kv.num_free_blocks == 5
+
+
+def test_preempting_a_sequence_that_shares_cached_blocks_frees_only_its_own() -> None:
+    bench = Bench(num_blocks=4, max_num_batched_tokens=16, enable_prefix_caching=True)
+    bench.add("a", prompt(8), max_tokens=8)
+    assert plan(bench.step()) == {"a#0": 8}  # blocks 0 and 1, both cached
+    bench.add("b", prompt(8), max_tokens=8)
+    # a's decode takes block 2 first; b hits block 0 only (the hit stops one token short)
+    # and recomputes tokens 4..7 into block 3.
+    assert plan(bench.step()) == {"a#0": 1, "b#0": 4}
+    assert bench.kv.block_table("a#0").block_ids == [0, 1, 2]
+    assert bench.kv.block_table("b#0").block_ids == [0, 3]
+    pool = bench.kv.pool
+    assert [block.ref_count for block in pool.blocks] == [2, 1, 1, 1]
+
+    out = bench.step()  # b needs a third block at position 8
+
+    assert ids(out.preempted) == ["b#0"]
+    assert plan(out) == {"a#0": 1}
+    assert [block.ref_count for block in pool.blocks] == [1, 1, 1, 0]
+    assert pool.free_queue.block_ids() == [3]
+    b = bench.seq("b#0")
+    assert [blk.block_id for blk in bench.kv.find_cached_prefix(b.token_ids, 8).blocks] == [0, 1]
+    bench.run_until_idle()
+    assert [s.num_output_tokens for s in (bench.seq("a#0"), b)] == [8, 8]
+    assert bench.kv.num_free_blocks == 4

@@ -8,8 +8,10 @@ mixed flat batch, some with a cached prefix), and greedy generation identical to
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 
 from ember.engine.config import CacheConfig, EngineConfig
@@ -22,6 +24,15 @@ PROMPT_LENGTHS = (5, 23, 1, 40)
 NUM_GENERATED = 48
 BLOCK_SIZE = 4
 NUM_BLOCKS = 400
+
+
+@pytest.fixture
+def single_thread_torch() -> Iterator[None]:
+    """Tiny models gain nothing from threads, and on a busy machine extra threads only contend."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 def save_random_model(model_class, config, folder: Path, seed: int = 0) -> Path:
@@ -92,4 +103,4 @@ def assert_greedy_matches(folder: Path, reference, prompts: list[list[int]], bud
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

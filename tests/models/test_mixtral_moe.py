@@ -8,13 +8,16 @@ import transformers
 
 from ember.layers.moe import GatedMLP, SparseMoE, group_by_expert, route_top_k
 from ember.models.config import MoEConfig
-from tests.models.family_parity import (
+from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
     assert_prompt_logits_match,
     load_reference,
     make_prompts,
     save_random_model,
+    single_thread_torch,
 )
+
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
 VOCAB = 256
 TINY = dict(

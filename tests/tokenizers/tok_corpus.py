@@ -140,6 +140,7 @@ def build_corpus(
     ]
     samples = list(MULTILINGUAL) + _numbers(rng)
     samples += ["", " ", "\n", "a", " a", "  a", "a  ", "\t\n \t", " " * 40, "\n" * 20]
+    samples += ["a   1", "x \n 2", "  3", "4  ", "5 \t 6", ".  7", "'s 8", "\u3000\u30009", "٣ ٤"]
     while len(samples) < count:
         kind = rng.random()
         if kind < 0.25:

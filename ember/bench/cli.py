@@ -1,0 +1,175 @@
+"""`ember bench ...`: one subcommand per workload, `roofline`, `tokenizers`, and `all` (the report)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shlex
+import sys
+from pathlib import Path
+
+WORKLOAD_COMMANDS = ("mixed", "batch1", "shared-prefix", "long-prefill", "serve")
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("bench", help="benchmarks: ember vs HF transformers and llama.cpp, roofline, report")
+    commands = parser.add_subparsers(dest="bench_command", required=True)
+    for name, help_text in (
+        ("mixed", "throughput on 64 mixed-length requests: ember vs its peers"),
+        ("batch1", "single-stream decode tok/s vs peers and the memory roofline"),
+        ("shared-prefix", "TTFT with prefix caching on vs off"),
+        ("long-prefill", "decoders' inter-token latency with chunked prefill on vs off"),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        _common(sub)
+        if name in ("mixed", "shared-prefix"):
+            sub.add_argument("--num-requests", type=int, default=None, help="request count (default 64 x --scale)")
+        if name == "long-prefill":
+            sub.add_argument("--chunk-tokens", type=int, default=256, help="step token budget with chunked prefill on")
+        sub.add_argument("--workload", type=Path, default=None, help="replay this JSONL workload instead of generating one")
+        sub.add_argument("--save-workload", type=Path, default=None, help="write the generated workload to this JSONL file")
+        sub.set_defaults(func=_run_workload)
+    serve = commands.add_parser("serve", help="HTTP load against an OpenAI-compatible server (default: start ember serve)")
+    _common(serve, peers=False)
+    serve.add_argument("--url", default=None, help="base URL of a running server (default: start `ember serve` on a free port)")
+    serve.add_argument("--served-model", default=None, help="the 'model' field to send (default: none)")
+    serve.add_argument("--num-requests", type=int, default=None, help="requests per run (default 64 x --scale)")
+    serve.add_argument("--concurrency", type=int, default=16, help="most requests in flight (0: no cap)")
+    serve.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
+    serve.add_argument("--slo-ttft-ms", type=float, default=2000.0)
+    serve.add_argument("--slo-tpot-ms", type=float, default=200.0)
+    serve.add_argument("--workload", type=Path, default=None, help="replay this JSONL serve workload")
+    serve.add_argument("--save-workload", type=Path, default=None)
+    serve.set_defaults(func=_run_workload)
+    roofline = commands.add_parser("roofline", help="memory read bandwidth (C probe) and matmul throughput of this machine")
+    roofline.add_argument("--model", default="smollm2-135m-instruct", help="model whose bytes/token sets the decode roofline")
+    roofline.add_argument("--repeats", type=int, default=3)
+    roofline.add_argument("--json", type=Path, default=None)
+    roofline.set_defaults(func=_run_roofline)
+    everything = commands.add_parser("all", help="run every benchmark available and write results, plots and the report")
+    _common(everything, default_dtype="both")
+    everything.add_argument("--report", type=Path, default=None, help="write the Markdown report here (BENCHMARKS.md)")
+    everything.add_argument("--out-dir", type=Path, default=Path("benchmarks"), help="results/ and plots/ go under this folder")
+    everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,tokenizers")
+    everything.add_argument("--chunk-tokens", type=int, default=256)
+    everything.add_argument("--no-profile", action="store_true", help="skip profiling ember when a goal is missed")
+    everything.set_defaults(func=_run_all)
+    tokenizers = commands.add_parser("tokenizers", help="tokenizer encode throughput: ember vs tiktoken vs HF tokenizers")
+    tokenizers.add_argument("--text-mb", type=float, default=10.0)
+    tokenizers.add_argument("--repeats", type=int, default=3)
+    tokenizers.add_argument("--seed", type=int, default=0)
+    tokenizers.add_argument("--json", type=Path, default=None)
+    tokenizers.set_defaults(func=_run_tokenizers)
+    return parser
+
+
+def _common(parser: argparse.ArgumentParser, peers: bool = True, default_dtype: str = "float32") -> None:
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="registered name, GGUF file or HF folder")
+    parser.add_argument("--dtype", default=default_dtype, choices=("float32", "bfloat16", "both"))
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median and min-max are reported)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts (1.0: issue 5's sizes)")
+    if peers:
+        parser.add_argument("--peers", default="hf,llamacpp", help="comma-separated peers: hf, llamacpp, or none")
+    parser.add_argument("--json", type=Path, default=None, help="also write the section as JSON here")
+
+
+def _options(args: argparse.Namespace):
+    from ember.bench.suite import PEERS, BenchOptions
+
+    if args.repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    if args.scale <= 0:
+        raise ValueError("--scale must be positive")
+    peers = tuple(p for p in getattr(args, "peers", "none").split(",") if p and p != "none")
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise ValueError(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)} or none")
+    dtypes = ("float32", "bfloat16") if args.dtype == "both" else (args.dtype,)
+    options = BenchOptions(model=args.model, dtypes=dtypes, repeats=args.repeats, seed=args.seed, scale=args.scale, peers=peers,
+                           num_requests=getattr(args, "num_requests", None), workload_file=getattr(args, "workload", None),
+                           save_workload=getattr(args, "save_workload", None), chunk_tokens=getattr(args, "chunk_tokens", 256))
+    options.tick = lambda description: print(f"[bench] {description}", file=sys.stderr, flush=True)
+    return options
+
+
+def _run_workload(args: argparse.Namespace) -> int:
+    from ember.bench import printing, suite
+
+    options = _options(args)
+    name = args.bench_command
+    if name == "mixed":
+        section = suite.bench_mixed(options)
+    elif name == "batch1":
+        section = suite.bench_batch1(options)
+    elif name == "shared-prefix":
+        section = suite.bench_shared_prefix(options, options.dtypes[0])
+    elif name == "long-prefill":
+        section = suite.bench_long_prefill(options, options.dtypes[0])
+    else:
+        from ember.bench.serve import SLO
+
+        section = suite.bench_serve(options, url=args.url, concurrency=args.concurrency or None, request_rate=args.request_rate,
+                                    slo=SLO(args.slo_ttft_ms, args.slo_tpot_ms), dtype=options.dtypes[0], served_model=args.served_model)
+    printing.print_section(name, section, options.skipped)
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, section)
+    return 0
+
+
+def _run_roofline(args: argparse.Namespace) -> int:
+    from ember.bench import printing, suite
+
+    options = suite.BenchOptions(model=args.model, repeats=args.repeats)
+    section = suite.bench_roofline(options)
+    printing.print_section("roofline", section, {})
+    _dump(args.json, section)
+    return 0
+
+
+def _run_all(args: argparse.Namespace) -> int:
+    from ember.bench import printing
+    from ember.bench.run_all import SECTIONS, run_all
+
+    options = _options(args)
+    only = SECTIONS if args.only is None else tuple(s.strip() for s in args.only.split(",") if s.strip())
+    unknown = [s for s in only if s not in SECTIONS]
+    if unknown:
+        raise ValueError(f"--only: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    results = run_all(options, _command_line(), args.report, args.out_dir, only, profile=not args.no_profile)
+    printing.print_summary(results)
+    if args.report:
+        print(f"wrote {args.report}, {args.out_dir}/results/summary.json and plots under {args.out_dir}/plots")
+    return 0
+
+
+def _run_tokenizers(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("ember.bench.tokenizers") is None:
+        print("ember bench tokenizers: ember/bench/tokenizers.py is not present in this checkout", file=sys.stderr)
+        return 2
+    from ember.bench.run_all import run_tokenizer_bench_if_present
+    from ember.bench.suite import BenchOptions
+
+    outcome = run_tokenizer_bench_if_present(BenchOptions(repeats=args.repeats, seed=args.seed), text_mb=args.text_mb)
+    if outcome is None:
+        print("ember bench tokenizers: ember/bench/tokenizers.py has no run_tokenizer_bench", file=sys.stderr)
+        return 2
+    print(outcome.get("markdown") or json.dumps(outcome, indent=2, default=str))
+    _dump(args.json, outcome)
+    return 0
+
+
+def _dump(path: Path | None, data: dict) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def _command_line() -> str:
+    """The command as typed (`ember bench ...`), for the report's 'reproduce' line."""
+    argv = sys.argv[1:]
+    if argv and argv[0] != "bench" and "bench" in argv:
+        argv = argv[argv.index("bench") :]
+    return "ember " + " ".join(shlex.quote(a) for a in argv)

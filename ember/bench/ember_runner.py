@@ -1,0 +1,146 @@
+"""Runs a workload through ember's LLMEngine, with any one lever switched off.
+
+Levers: prefix caching, chunked prefill (each an engine config flag) and continuous batching,
+which is switched off by feeding the engine static batches: add `static_batch_size` requests,
+step until every one has finished, then the next batch (no refill while a batch runs).
+Each run builds a fresh engine (so no prefix cache survives from a previous repeat) and warms
+it up with one short request of token ids that no workload contains.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from ember.bench.results import RequestTiming, RunResult
+from ember.bench.workloads import BenchRequest, Workload
+from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+
+
+@dataclass(frozen=True)
+class EmberSettings:
+    """The engine configuration of one ember variant, named for the report."""
+
+    label: str = "ember"
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    static_batch_size: int | None = None  # None: continuous batching
+    kv_cache_memory_bytes: int | None = None
+
+    def config(self, model: str, dtype: str) -> EngineConfig:
+        return EngineConfig(
+            model=model,
+            dtype=dtype,
+            cache=CacheConfig(enable_prefix_caching=self.enable_prefix_caching, kv_cache_memory_bytes=self.kv_cache_memory_bytes),
+            scheduler=SchedulerConfig(
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                max_num_seqs=self.max_num_seqs,
+                enable_chunked_prefill=self.enable_chunked_prefill,
+            ),
+        )
+
+    def with_(self, **changes) -> EmberSettings:
+        return replace(self, **changes)
+
+
+def make_engine(model: str, dtype: str, settings: EmberSettings):
+    from ember.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(settings.config(model, dtype))
+    _warm_up(engine)
+    return engine
+
+
+def _warm_up(engine) -> None:
+    from ember.engine.sampling_params import SamplingParams
+
+    engine.add_request("warmup", [7] * 24, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def run_ember(model: str, dtype: str, workload: Workload, settings: EmberSettings = EmberSettings()) -> RunResult:
+    """One timed pass of `workload` on a freshly built engine."""
+    engine = make_engine(model, dtype, settings)
+    if settings.static_batch_size:
+        timings, wall_s = _run_static(engine, workload.requests, settings.static_batch_size)
+    else:
+        timings, wall_s = _run_continuous(engine, workload.requests)
+    stats = engine.stats()
+    extra = {
+        "dtype": dtype,
+        "settings": settings.__dict__,
+        "prefix_cache_queries": stats.prefix_cache_queries,
+        "prefix_cache_hits": stats.prefix_cache_hits,
+        "num_preemptions": stats.num_preemptions,
+        "num_steps": stats.num_steps,
+        "cached_prompt_tokens": sum(t.num_cached_tokens for t in timings.values()),
+    }
+    output_tokens = sum(t.output_tokens for t in timings.values())
+    return RunResult(settings.label, workload.name, wall_s, output_tokens, list(timings.values()), extra)
+
+
+def _sampling(request: BenchRequest):
+    from ember.engine.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def _add(engine, request: BenchRequest, timings: dict[str, RequestTiming], arrival: float | None = None) -> None:
+    arrival = time.monotonic() if arrival is None else arrival
+    timings[request.request_id] = RequestTiming(request.request_id, request.role, request.prompt_len, 0, arrival)
+    engine.add_request(request.request_id, request.prompt_token_ids, _sampling(request))
+
+
+def _step(engine, timings: dict[str, RequestTiming]) -> Iterator[str]:
+    """One engine step; records token times; yields the ids of requests that finished."""
+    outputs = engine.step()
+    now = time.monotonic()
+    for output in outputs:
+        timing = timings.get(output.request_id)
+        if timing is None:
+            continue
+        new_tokens = sum(len(c.token_ids) for c in output.outputs)
+        if new_tokens:
+            timing.output_tokens += new_tokens
+            timing.token_times.append(now)
+            if timing.first_token is None:
+                timing.first_token = now
+        timing.num_cached_tokens = output.num_cached_tokens
+        if output.finished:
+            timing.finished = now
+            yield output.request_id
+
+
+def _run_continuous(engine, requests: list[BenchRequest]) -> tuple[dict[str, RequestTiming], float]:
+    """Everything with after_tokens == 0 at t=0; the rest once the first request has made that many tokens."""
+    timings: dict[str, RequestTiming] = {}
+    held = sorted((r for r in requests if r.after_tokens > 0), key=lambda r: r.after_tokens)
+    leader = requests[0].request_id
+    started = time.monotonic()
+    for request in requests:
+        if request.after_tokens == 0:
+            _add(engine, request, timings)
+    remaining = len(requests)
+    while remaining:
+        produced = timings[leader].output_tokens if leader in timings else 0
+        while held and (held[0].after_tokens <= produced or not engine.has_unfinished_requests()):
+            _add(engine, held.pop(0), timings)
+        remaining -= sum(1 for _ in _step(engine, timings))
+    return timings, time.monotonic() - started
+
+
+def _run_static(engine, requests: list[BenchRequest], batch_size: int) -> tuple[dict[str, RequestTiming], float]:
+    timings: dict[str, RequestTiming] = {}
+    started = time.monotonic()
+    for start in range(0, len(requests), batch_size):
+        batch = requests[start : start + batch_size]
+        for request in batch:
+            _add(engine, request, timings, arrival=started)  # every request arrived at t=0
+        remaining = len(batch)
+        while remaining:
+            remaining -= sum(1 for _ in _step(engine, timings))
+    return timings, time.monotonic() - started

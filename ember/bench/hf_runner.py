@@ -1,0 +1,125 @@
+"""HF transformers as a user runs it: `generate()` on static batches with left padding.
+
+The model loads from the same GGUF (`gguf_file=`, dequantized by transformers) or the same
+safetensors folder as ember's. Greedy decoding; outputs are forced to the batch's longest target
+(`min_new_tokens`), and only each request's own target counts as output, so tokens HF computes
+past a request's end are the price of static batching, not a gift to its throughput.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ember.bench.results import RequestTiming, RunResult
+from ember.bench.workloads import Workload
+
+TORCH_DTYPES = ("float32", "bfloat16")
+
+
+def hf_available() -> str | None:
+    """None if transformers can be used, else why not."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return "transformers is not installed (pip install transformers)"
+    return None
+
+
+class HFRunner:
+    """One loaded transformers model; `run` times one pass of a workload through it."""
+
+    def __init__(self, model_path: Path, dtype: str, batch_size: int = 16) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()  # the benchmark's own progress bar is the one to watch
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"HF peer dtype must be one of {TORCH_DTYPES}")
+        torch_dtype = getattr(torch, dtype)
+        if model_path.is_file():
+            model = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name, dtype=torch_dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype)
+        self.model = model.eval()
+        self.dtype = dtype
+        self.batch_size = batch_size
+        self.pad_id = 0
+        self._generate([[1] * 8], 2)  # warm-up
+
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int):
+        import torch
+
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[row, width - len(prompt) :] = 1
+        with torch.inference_mode():
+            return self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=self.pad_id,
+            )
+
+    def run(self, workload: Workload, batch_size: int | None = None) -> RunResult:
+        size = batch_size or self.batch_size
+        timings = []
+        generated = 0
+        started = time.monotonic()
+        for start in range(0, len(workload.requests), size):
+            batch = workload.requests[start : start + size]
+            longest = max(r.max_tokens for r in batch)
+            output = self._generate([r.prompt_token_ids for r in batch], longest)
+            now = time.monotonic()
+            generated += (output.shape[1] - max(r.prompt_len for r in batch)) * len(batch)
+            for r in batch:
+                timings.append(RequestTiming(r.request_id, r.role, r.prompt_len, r.max_tokens, started, finished=now))
+        wall_s = time.monotonic() - started
+        useful = sum(t.output_tokens for t in timings)
+        extra = {"dtype": self.dtype, "batch_size": size, "generated_tokens_incl_padding": generated}
+        return RunResult("hf", workload.name, wall_s, useful, timings, extra)
+
+    def run_batch1(self, workload: Workload) -> RunResult:
+        """Each request alone (batch 1), with a streamer timing every generated token."""
+        import torch
+        from transformers.generation.streamers import BaseStreamer
+
+        class TokenClock(BaseStreamer):
+            def __init__(self) -> None:
+                self.calls: list[float] = []
+
+            def put(self, value) -> None:
+                self.calls.append(time.monotonic())
+
+            def end(self) -> None:
+                pass
+
+        timings = []
+        started = time.monotonic()
+        for r in workload.requests:
+            clock = TokenClock()
+            arrival = time.monotonic()
+            with torch.inference_mode():
+                self.model.generate(
+                    input_ids=torch.tensor([r.prompt_token_ids]),
+                    attention_mask=torch.ones((1, r.prompt_len), dtype=torch.long),
+                    max_new_tokens=r.max_tokens,
+                    min_new_tokens=r.max_tokens,
+                    do_sample=False,
+                    pad_token_id=self.pad_id,
+                    streamer=clock,
+                )
+            token_times = clock.calls[1:]  # the first put() is the prompt
+            timings.append(
+                RequestTiming(r.request_id, r.role, r.prompt_len, len(token_times), arrival,
+                              first_token=token_times[0], finished=token_times[-1], token_times=token_times)
+            )
+        wall_s = time.monotonic() - started
+        return RunResult("hf", workload.name, wall_s, sum(t.output_tokens for t in timings), timings, {"dtype": self.dtype, "batch_size": 1})

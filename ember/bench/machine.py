@@ -1,0 +1,80 @@
+"""Where the numbers came from: CPU model and flags, threads, library versions, load, commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+INTERESTING_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                     "avx512_bf16", "avx_vnni", "amx_bf16", "amx_tile", "amx_int8")
+
+
+def cpu_info() -> dict:
+    model, flags = platform.processor() or "unknown", set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name") and model in ("unknown", "", platform.processor()):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    return {"cpu_model": model, "cpu_flags": [f for f in INTERESTING_FLAGS if f in flags]}
+
+
+def _version(module: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:  # noqa: BLE001 - any failure means "not installed" here
+        return None
+
+
+def memory_gib() -> float | None:
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.is_file():
+        return None
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return round(int(line.split()[1]) / 2**20, 1)
+    return None
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine_info() -> dict:
+    import torch
+
+    info = cpu_info()
+    info.update(
+        {
+            "logical_cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "memory_gib": memory_gib(),
+            "os": f"{platform.system()} {platform.release()}",
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "llama_cpp_python": _version("llama_cpp_python"),
+            "load_average_at_start": load_average(),
+        }
+    )
+    return info
+
+
+def git_commit(repo: Path | None = None) -> str:
+    """The checked-out commit (with '+dirty' when the tree has changes), or 'unknown'."""
+    cwd = repo or Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")

@@ -1,0 +1,113 @@
+"""Terminal output of a benchmark section: the tokens/s, latencies and ratios, as rich tables."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from ember.bench.report import LABELS, fmt, fmt_ratio, fmt_spread, goal_values
+
+
+def print_section(name: str, section: dict, skipped: dict[str, str]) -> None:
+    console = Console()
+    printer = {
+        "mixed": _mixed,
+        "batch1": _batch1,
+        "shared-prefix": _shared_prefix,
+        "long-prefill": _long_prefill,
+        "serve": _serve,
+        "roofline": _roofline,
+    }[name]
+    console.print(printer(section))
+    for peer, why in skipped.items():
+        console.print(f"[yellow]skipped {peer}[/]: {why}")
+
+
+def _mixed(section: dict) -> Table:
+    table = Table(title=f"mixed: {section['num_requests']} requests, {section['output_tokens']} output tokens")
+    for column in ("dtype", "engine", "output tok/s (median, min-max)", "ember / this"):
+        table.add_column(column)
+    for dtype, entry in section["dtype"].items():
+        ember = entry["ember"]["tok_s"]["median"]
+        for engine in ("ember", "ember_static", "hf", "llamacpp"):
+            if engine in entry:
+                other = entry[engine]["tok_s"]["median"]
+                table.add_row(dtype, LABELS[engine], fmt_spread(entry[engine]["tok_s"]), fmt_ratio(ember / other if other else None))
+    return table
+
+
+def _batch1(section: dict) -> Table:
+    table = Table(title=f"batch1 (memory bandwidth {section['bandwidth_gb_s']:.2f} GB/s)")
+    for column in ("dtype", "engine", "decode tok/s", "end-to-end tok/s", "% of roofline"):
+        table.add_column(column)
+    for dtype, entry in section["dtype"].items():
+        for engine in ("ember", "hf", "llamacpp"):
+            if engine in entry:
+                decode = entry[engine]["decode_tok_s"]
+                table.add_row(dtype, LABELS[engine], fmt_spread(decode), fmt_spread(entry[engine]["tok_s"]),
+                              f"{100 * decode['median'] / entry['roofline_tok_s']:.0f}%")
+        table.add_row(dtype, "memory roofline", fmt(entry["roofline_tok_s"]), "", "100%")
+    return table
+
+
+def _shared_prefix(section: dict) -> Table:
+    table = Table(title=f"shared-prefix: mean TTFT off/on {fmt_ratio(section['ttft_ratio'])}, prefix reuse {fmt(section['prefix_reuse_pct'])}%")
+    for column in ("prefix caching", "mean TTFT s", "output tok/s", "prefix reuse %"):
+        table.add_column(column)
+    for key in ("on", "off"):
+        table.add_row(key, fmt_spread(section[key]["mean_ttft_s"], 3), fmt_spread(section[key]["tok_s"]), fmt_spread(section[key]["prefix_reuse_pct"]))
+    return table
+
+
+def _long_prefill(section: dict) -> Table:
+    table = Table(title=f"long-prefill: decoders' p99 ITL off/on {fmt_ratio(section['p99_itl_ratio'])}")
+    for column in ("ember", "ITL p50 ms", "ITL p99 ms", "ITL max ms", "long TTFT ms", "output tok/s"):
+        table.add_column(column)
+    for key in ("on", "off"):
+        s = section[key]
+        table.add_row(s["label"], fmt_spread(s["p50_itl_ms"]), fmt_spread(s["p99_itl_ms"]), fmt_spread(s["max_itl_ms"]),
+                      fmt_spread(s["long_ttft_ms"], 0), fmt_spread(s["tok_s"]))
+    return table
+
+
+def _serve(section: dict) -> Table:
+    table = Table(title=f"serve: {section['target']}, {section['num_requests']} requests, concurrency {section['concurrency']}")
+    table.add_column("metric")
+    table.add_column("median (min-max)")
+    for label, key, digits in (("output tok/s", "tok_s", 1), ("mean TTFT ms", "mean_ttft_ms", 0), ("p99 TTFT ms", "p99_ttft_ms", 0),
+                               ("mean TPOT ms", "mean_tpot_ms", 1), ("p99 ITL ms", "p99_itl_ms", 1), ("goodput req/s", "goodput_req_s", 2)):
+        table.add_row(label, fmt_spread(section[key], digits))
+    table.add_row("failed requests", str(section["errors"]))
+    return table
+
+
+def _roofline(section: dict) -> Table:
+    table = Table(title="roofline")
+    table.add_column("measure")
+    table.add_column("value")
+    table.add_row("memory read bandwidth", f"{fmt_spread(section['bandwidth_gb_s'], 2)} GB/s ({section['method']})")
+    for dtype, gflops in section["matmul_gflops"].items():
+        table.add_row(f"matmul {dtype}", f"{gflops:.1f} GFLOP/s")
+    for dtype, tok_s in section["roofline_tok_s"].items():
+        table.add_row(f"decode roofline {dtype}", f"{tok_s:.1f} tok/s ({section['bytes_per_token'][dtype] / 1e6:.0f} MB/token)")
+    return table
+
+
+def print_summary(results: dict) -> None:
+    from ember.bench.report import GOALS
+
+    console = Console()
+    table = Table(title="ember bench all: goals")
+    for column in ("goal", "target", "measured"):
+        table.add_column(column)
+    values = goal_values(results)
+    for key, what, target, test in GOALS:
+        value = values.get(key)
+        shown = "n/a" if value is None else (f"{value:.1f}%" if target.endswith("%") else f"{value:.2f}x")
+        style = "" if value is None else ("green" if test(value) else "red")
+        table.add_row(what, target, f"[{style}]{shown}[/]" if style else shown)
+    console.print(table)
+    for name, why in results.get("errors", {}).items():
+        console.print(f"[red]{name} failed[/]: {why}")
+    for name, why in results.get("skipped", {}).items():
+        console.print(f"[yellow]skipped {name}[/]: {why}")

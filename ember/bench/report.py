@@ -1,0 +1,452 @@
+"""From one `bench all` results dict to summary.json, PNG plots and BENCHMARKS.md.
+
+Rendering is pure: it reads the results dict only, so a report can be regenerated (or tested)
+from a saved results file without running anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+GOALS = (
+    # (key, what, target text, test on the measured value)
+    ("mixed_f32_hf", "`mixed` float32: ember / HF transformers output tok/s", ">= 5x", lambda v: v >= 5.0),
+    ("mixed_f32_llamacpp", "`mixed` float32: ember / llama.cpp output tok/s", ">= 1.5x", lambda v: v >= 1.5),
+    ("mixed_bf16_hf", "`mixed` bfloat16: ember / HF transformers output tok/s", ">= 5x", lambda v: v >= 5.0),
+    ("mixed_bf16_llamacpp", "`mixed` bfloat16: ember / llama.cpp output tok/s", ">= 1.5x", lambda v: v >= 1.5),
+    ("batch1_roofline", "`batch1` float32: decode tok/s as % of the memory roofline", ">= 90%", lambda v: v >= 90.0),
+    ("shared_prefix_ttft", "`shared-prefix`: mean TTFT, prefix caching off / on", ">= 5x", lambda v: v >= 5.0),
+    ("shared_prefix_reuse", "`shared-prefix`: prefix tokens served from the cache", ">= 90%", lambda v: v >= 90.0),
+    ("long_prefill_p99", "`long-prefill`: decoders' p99 ITL, chunked prefill off / on", ">= 3x", lambda v: v >= 3.0),
+)
+
+
+def _get(data: dict | None, *keys):
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def summary(results: dict) -> dict:
+    """The headline figures in the shape issue 5 fixed (a peer or benchmark not run: null)."""
+    mixed = {}
+    for dtype in ("float32", "bfloat16"):
+        entry = _get(results, "mixed", "dtype", dtype)
+        mixed[dtype] = {
+            "ember_tok_s": _get(entry, "ember", "tok_s", "median"),
+            "hf_tok_s": _get(entry, "hf", "tok_s", "median"),
+            "llamacpp_tok_s": _get(entry, "llamacpp", "tok_s", "median"),
+            "ratio_hf": _get(entry, "ratio_hf"),
+            "ratio_llamacpp": _get(entry, "ratio_llamacpp"),
+        }
+    batch1 = _get(results, "batch1", "dtype", "float32")
+    return {
+        "mixed": {"dtype": mixed},
+        "batch1": {
+            "ember_tok_s": _get(batch1, "ember", "decode_tok_s", "median"),
+            "roofline_tok_s": _get(batch1, "roofline_tok_s"),
+            "roofline_pct": _get(batch1, "roofline_pct"),
+            "hf_tok_s": _get(batch1, "hf", "decode_tok_s", "median"),
+            "llamacpp_tok_s": _get(batch1, "llamacpp", "decode_tok_s", "median"),
+        },
+        "shared_prefix": {
+            "ttft_ratio": _get(results, "shared_prefix", "ttft_ratio"),
+            "prefix_reuse_pct": _get(results, "shared_prefix", "prefix_reuse_pct"),
+        },
+        "long_prefill": {"p99_itl_ratio": _get(results, "long_prefill", "p99_itl_ratio")},
+        "machine": results.get("machine", {}),
+        "commit": results.get("commit", "unknown"),
+    }
+
+
+def goal_values(results: dict) -> dict[str, float | None]:
+    s = summary(results)
+    return {
+        "mixed_f32_hf": s["mixed"]["dtype"]["float32"]["ratio_hf"],
+        "mixed_f32_llamacpp": s["mixed"]["dtype"]["float32"]["ratio_llamacpp"],
+        "mixed_bf16_hf": s["mixed"]["dtype"]["bfloat16"]["ratio_hf"],
+        "mixed_bf16_llamacpp": s["mixed"]["dtype"]["bfloat16"]["ratio_llamacpp"],
+        "batch1_roofline": s["batch1"]["roofline_pct"],
+        "shared_prefix_ttft": s["shared_prefix"]["ttft_ratio"],
+        "shared_prefix_reuse": s["shared_prefix"]["prefix_reuse_pct"],
+        "long_prefill_p99": s["long_prefill"]["p99_itl_ratio"],
+    }
+
+
+def write_summary(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary(results), indent=2) + "\n")
+
+
+# -- formatting -----------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.{digits}f}{suffix}"
+
+
+def fmt_spread(data: dict | None, digits: int = 1) -> str:
+    """'median (min-max)' of a repeated measurement."""
+    if not data:
+        return "n/a"
+    return f"{data['median']:,.{digits}f} ({data['min']:,.{digits}f}–{data['max']:,.{digits}f})"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+# -- plots ------------------------------------------------------------------------------------------
+
+
+def make_plots(results: dict, folder: Path) -> dict[str, Path]:
+    """PNG plots of what was measured; returns {name: path}. Needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return {}
+    folder.mkdir(parents=True, exist_ok=True)
+    plots: dict[str, Path] = {}
+    mixed = _get(results, "mixed", "dtype")
+    if mixed:
+        plots["mixed"] = _bars(plt, folder / "mixed_throughput.png", "mixed: output tokens/s (median, min–max)", mixed,
+                               ("ember", "ember_static", "hf", "llamacpp"), "tok_s")
+    batch1 = _get(results, "batch1", "dtype")
+    if batch1:
+        plots["batch1"] = _bars(plt, folder / "batch1_decode.png", "batch1: decode tokens/s (median, min–max)", batch1,
+                                ("ember", "hf", "llamacpp"), "decode_tok_s", roofline=True)
+    shared = results.get("shared_prefix")
+    if shared:
+        plots["shared_prefix"] = _cdf(plt, folder / "shared_prefix_ttft_cdf.png", "shared-prefix: TTFT CDF",
+                                      {f"prefix caching {k}": _pool(shared[k]["runs"], "ttft_s") for k in ("on", "off")}, "TTFT (s)")
+    long = results.get("long_prefill")
+    if long:
+        plots["long_prefill"] = _cdf(plt, folder / "long_prefill_itl_cdf.png", "long-prefill: decoders' inter-token latency CDF",
+                                     {long[k]["label"]: _pool(long[k]["runs"], "itl_s", "decoder") for k in ("on", "off")}, "ITL (s)", log=True)
+    serve = results.get("serve")
+    if serve and serve.get("runs"):
+        plots["serve"] = _cdf(plt, folder / "serve_latency_cdf.png", f"serve: {serve['target']}",
+                              {"TTFT": _pool(serve["runs"], "ttft_s"), "ITL": _pool(serve["runs"], "itl_s", "main")}, "seconds", log=True)
+    return plots
+
+
+def _pool(runs: list[dict], key: str, role: str | None = None) -> list[float]:
+    values: list[float] = []
+    for run in runs:
+        data = run.get(key, [])
+        values.extend(data.get(role, []) if role is not None else data)
+    return values
+
+
+LABELS = {"ember": "ember", "ember_static": "ember, static batches", "hf": "HF transformers", "llamacpp": "llama.cpp"}
+
+
+def _bars(plt, path: Path, title: str, by_dtype: dict, engines: tuple[str, ...], metric: str, roofline: bool = False) -> Path:
+    dtypes = list(by_dtype)
+    present = [e for e in engines if any(e in by_dtype[d] for d in dtypes)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(1, len(present) + roofline)
+    for i, engine in enumerate(present):
+        medians, low, high = [], [], []
+        for d in dtypes:
+            s = _get(by_dtype[d], engine, metric) or {"median": 0, "min": 0, "max": 0}
+            medians.append(s["median"])
+            low.append(s["median"] - s["min"])
+            high.append(s["max"] - s["median"])
+        xs = [x + i * width for x in range(len(dtypes))]
+        ax.bar(xs, medians, width, yerr=[low, high], capsize=3, label=LABELS.get(engine, engine))
+    if roofline:
+        xs = [x + len(present) * width for x in range(len(dtypes))]
+        ax.bar(xs, [by_dtype[d].get("roofline_tok_s", 0) for d in dtypes], width, label="memory roofline", color="lightgray", hatch="//")
+    ax.set_xticks([x + width * (len(present) + roofline - 1) / 2 for x in range(len(dtypes))], dtypes)
+    ax.set_ylabel("tokens/s")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _cdf(plt, path: Path, title: str, series: dict[str, list[float]], xlabel: str, log: bool = False) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, values in series.items():
+        if not values:
+            continue
+        ordered = sorted(values)
+        ax.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post", label=f"{label} (n={len(ordered)})")
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of samples")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# -- BENCHMARKS.md -----------------------------------------------------------------------------
+
+
+def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_dir: Path | None = None) -> str:
+    """BENCHMARKS.md from a results dict; plot links are made relative to `report_dir`."""
+    plots = plots or {}
+    lines: list[str] = []
+    add = lines.append
+    add("# ember benchmarks")
+    add("")
+    add("<!-- Generated by `ember bench all --report BENCHMARKS.md`. Do not edit by hand: rerun the command. -->")
+    add("")
+    add(f"Measured {results.get('started_at', '?')} – {results.get('finished_at', '?')} on commit `{results.get('commit', 'unknown')}` "
+        f"with model `{_get(results, 'options', 'model')}`. Command:")
+    add("")
+    add("```")
+    add(results.get("command", "ember bench all --report BENCHMARKS.md"))
+    add("```")
+    add("")
+    options = results.get("options", {})
+    add(f"Every figure is the median of {options.get('repeats', '?')} runs, with (min–max); ratios are ratios of medians. "
+        f"Workload sizes are scaled by {options.get('scale', 1.0)} relative to issue 5 "
+        "(request counts only; prompt and output lengths are as specified), so the whole suite fits in about 20 minutes here. "
+        "Absolute numbers hold for this machine only.")
+    for note in results.get("notes", []):
+        add("")
+        add(f"> {note}")
+    add("")
+    _machine(lines, results)
+    _goals(lines, results)
+    _skipped(lines, results)
+    _roofline(lines, results)
+    _mixed(lines, results, plots, report_dir)
+    _batch1(lines, results, plots, report_dir)
+    _shared_prefix(lines, results, plots, report_dir)
+    _long_prefill(lines, results, plots, report_dir)
+    _serve(lines, results, plots, report_dir)
+    _tokenizers(lines, results)
+    _closing(lines, results)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _img(lines: list[str], plots: dict[str, Path], key: str, report_dir: Path | None) -> None:
+    if key not in plots:
+        return
+    path = plots[key]
+    if report_dir is not None:
+        with contextlib.suppress(ValueError):  # a plot outside the report's folder keeps its absolute path
+            path = path.resolve().relative_to(report_dir.resolve())
+    lines += ["", f"![{key}]({path.as_posix()})"]
+
+
+def _machine(lines: list[str], results: dict) -> None:
+    m = results.get("machine", {})
+    lines += ["## Machine", ""]
+    rows = [
+        ["CPU", str(m.get("cpu_model"))],
+        ["CPU flags (SIMD)", ", ".join(m.get("cpu_flags", [])) or "n/a"],
+        ["logical CPUs / torch threads", f"{m.get('logical_cpus')} / {m.get('torch_threads')}"],
+        ["memory", f"{m.get('memory_gib')} GiB"],
+        ["OS / Python", f"{m.get('os')} / {m.get('python')}"],
+        ["torch / transformers / llama-cpp-python", f"{m.get('torch')} / {m.get('transformers')} / {m.get('llama_cpp_python') or 'not installed'}"],
+        ["load average (1, 5, 15 min) at start / end", f"{m.get('load_average_at_start')} / {m.get('load_average_at_end')}"],
+    ]
+    lines += _table(["", ""], rows)
+    lines.append("")
+
+
+def _goals(lines: list[str], results: dict) -> None:
+    values = goal_values(results)
+    lines += ["## Goals", "", "Where ember stands against the goals of issue 5:", ""]
+    rows = []
+    for key, what, target, test in GOALS:
+        value = values.get(key)
+        unit = "%" if target.endswith("%") else "x"
+        measured = "not measured" if value is None else (f"{value:.1f}%" if unit == "%" else f"{value:.2f}x")
+        verdict = "—" if value is None else ("met" if test(value) else "**missed**")
+        rows.append([what, target, measured, verdict])
+    lines += _table(["goal", "target", "measured", ""], rows)
+    lines.append("")
+
+
+def _skipped(lines: list[str], results: dict) -> None:
+    skipped = results.get("skipped", {})
+    errors = results.get("errors", {})
+    if not skipped and not errors:
+        return
+    lines += ["## Not run", ""]
+    for name, why in skipped.items():
+        lines.append(f"- **{name}**: {why}")
+    for name, why in errors.items():
+        lines.append(f"- **{name}** failed: `{why}`")
+    lines.append("")
+
+
+def _roofline(lines: list[str], results: dict) -> None:
+    r = results.get("roofline")
+    if not r:
+        return
+    lines += ["## Roofline (`ember bench roofline`)", ""]
+    rows = [
+        ["memory read bandwidth", f"{fmt_spread(r['bandwidth_gb_s'], 2)} GB/s", r["method"] + f", {r['threads']} threads, {r['array_bytes'] / 2**30:.0f} GiB array"],
+        ["matmul float32", f"{fmt(r['matmul_gflops'].get('float32'))} GFLOP/s", "torch.mm 1024x1024"],
+        ["matmul bfloat16", f"{fmt(r['matmul_gflops'].get('bfloat16'))} GFLOP/s", "torch.mm 1024x1024"],
+    ]
+    for dtype, per_token in r.get("bytes_per_token", {}).items():
+        rows.append([f"bytes read per decoded token ({dtype})", f"{per_token / 1e6:.0f} MB",
+                     f"roofline {fmt(r['roofline_tok_s'][dtype])} tok/s at batch 1"])
+    lines += _table(["", "value", "how"], rows)
+    lines.append("")
+
+
+def _mixed(lines: list[str], results: dict, plots: dict, report_dir: Path | None) -> None:
+    section = results.get("mixed")
+    if not section:
+        return
+    lines += ["## `mixed`: throughput", "",
+              f"{section['num_requests']} requests arriving at once, {section['prompt_tokens']} prompt and "
+              f"{section['output_tokens']} output tokens in all (lengths {section['workload'].get('distribution', '')}). "
+              "HF runs `generate()` in static batches of 16 with left padding (only each request's own target counts as output); "
+              "llama.cpp runs 16 parallel sequences through its batched API; ember runs once with continuous batching and once fed static batches of 16.", ""]
+    rows = []
+    for dtype, entry in section["dtype"].items():
+        for engine in ("ember", "ember_static", "hf", "llamacpp"):
+            if engine not in entry:
+                continue
+            ratio = "1.00x" if engine == "ember" else fmt_ratio(_ratio_of(entry, engine))
+            rows.append([dtype, LABELS[engine], fmt_spread(entry[engine]["tok_s"]), ratio])
+    lines += _table(["dtype", "engine", "output tok/s", "ember / this"], rows)
+    _img(lines, plots, "mixed", report_dir)
+    lines.append("")
+
+
+def _ratio_of(entry: dict, engine: str) -> float | None:
+    ember = _get(entry, "ember", "tok_s", "median")
+    other = _get(entry, engine, "tok_s", "median")
+    return None if not other or ember is None else ember / other
+
+
+def _batch1(lines: list[str], results: dict, plots: dict, report_dir: Path | None) -> None:
+    section = results.get("batch1")
+    if not section:
+        return
+    w = section["workload"]
+    lines += ["## `batch1`: single-stream decode", "",
+              f"One {w.get('prompt_len')}-token prompt, {w.get('output_len')} tokens out. Decode tok/s counts the tokens after the first "
+              "over the time after the first; end-to-end tok/s includes the prefill. "
+              f"Roofline: {section['bandwidth_gb_s']:.2f} GB/s / bytes read per token.", ""]
+    rows = []
+    for dtype, entry in section["dtype"].items():
+        for engine in ("ember", "hf", "llamacpp"):
+            if engine not in entry:
+                continue
+            decode = entry[engine]["decode_tok_s"]
+            pct = 100.0 * decode["median"] / entry["roofline_tok_s"]
+            rows.append([dtype, LABELS[engine], fmt_spread(decode), fmt_spread(entry[engine]["tok_s"]), f"{pct:.0f}%"])
+        rows.append([dtype, "memory roofline", fmt(entry["roofline_tok_s"]), "", "100%"])
+    lines += _table(["dtype", "engine", "decode tok/s", "end-to-end tok/s", "% of roofline"], rows)
+    _img(lines, plots, "batch1", report_dir)
+    lines.append("")
+
+
+def _shared_prefix(lines: list[str], results: dict, plots: dict, report_dir: Path | None) -> None:
+    s = results.get("shared_prefix")
+    if not s:
+        return
+    w = s["workload"]
+    lines += ["## `shared-prefix`: prefix caching", "",
+              f"{s['num_requests']} requests arriving at once, each a shared {w.get('prefix_len')}-token system prompt plus a distinct "
+              f"{w.get('question_len')}-token question, {w.get('output_len')} tokens out ({s['dtype']}). "
+              "Reuse = prompt tokens served from the prefix cache / all requests' prefix tokens (the first request cannot reuse).", ""]
+    rows = [[f"prefix caching {k}", fmt_spread(s[k]["mean_ttft_s"], 3), fmt_spread(s[k]["tok_s"]), fmt_spread(s[k]["prefix_reuse_pct"])] for k in ("on", "off")]
+    lines += _table(["ember", "mean TTFT (s)", "output tok/s", "prefix reuse %"], rows)
+    lines += ["", f"Mean TTFT off / on: **{fmt_ratio(s.get('ttft_ratio'))}**."]
+    _img(lines, plots, "shared_prefix", report_dir)
+    lines.append("")
+
+
+def _long_prefill(lines: list[str], results: dict, plots: dict, report_dir: Path | None) -> None:
+    s = results.get("long_prefill")
+    if not s:
+        return
+    w = s["workload"]
+    lines += ["## `long-prefill`: chunked prefill", "",
+              f"{w.get('num_decoders')} decoders ({w.get('decoder_prompt_len')}-token prompts, {w.get('decoder_output_len')} tokens out) "
+              f"while {w.get('num_long')} prompts of {w.get('long_prompt_len')} tokens arrive, spread over the decoders' run ({s['dtype']}). "
+              f"Chunked prefill on uses a {s['chunk_tokens']}-token step budget; off needs a budget that holds a whole prompt ({s['off_budget_tokens']}).", ""]
+    rows = [[s[k]["label"], fmt_spread(s[k]["p50_itl_ms"]), fmt_spread(s[k]["p99_itl_ms"]), fmt_spread(s[k]["max_itl_ms"]),
+             fmt_spread(s[k]["long_ttft_ms"], 0), fmt_spread(s[k]["tok_s"])] for k in ("on", "off")]
+    lines += _table(["ember", "decoder ITL p50 (ms)", "p99 (ms)", "max (ms)", "long prompts' TTFT (ms)", "output tok/s"], rows)
+    lines += ["", f"Decoders' p99 ITL off / on: **{fmt_ratio(s.get('p99_itl_ratio'))}** (p50: {fmt_ratio(s.get('p50_itl_ratio'))})."]
+    _img(lines, plots, "long_prefill", report_dir)
+    lines.append("")
+
+
+def _serve(lines: list[str], results: dict, plots: dict, report_dir: Path | None) -> None:
+    s = results.get("serve")
+    if not s:
+        return
+    rate = "all at once" if s.get("request_rate") is None else f"Poisson at {s['request_rate']} req/s"
+    lines += ["## `serve`: HTTP load against an OpenAI-compatible server", "",
+              f"{s['num_requests']} mixed-like requests per run ({rate}, at most {s.get('concurrency')} in flight) streamed from "
+              f"`/v1/completions` of {s['target']}; a new seed per repeat. Goodput: requests/s with TTFT <= {s['slo']['ttft_ms']:.0f} ms "
+              f"and TPOT <= {s['slo']['tpot_ms']:.0f} ms.", ""]
+    rows = [
+        ["output tok/s", fmt_spread(s["tok_s"])],
+        ["mean TTFT (ms)", fmt_spread(s["mean_ttft_ms"], 0)],
+        ["p99 TTFT (ms)", fmt_spread(s["p99_ttft_ms"], 0)],
+        ["mean TPOT (ms)", fmt_spread(s["mean_tpot_ms"])],
+        ["p99 ITL (ms)", fmt_spread(s["p99_itl_ms"])],
+        ["goodput (req/s)", fmt_spread(s["goodput_req_s"], 2)],
+        ["failed requests", str(s.get("errors", 0))],
+    ]
+    lines += _table(["", s["target"]], rows)
+    _img(lines, plots, "serve", report_dir)
+    lines.append("")
+
+
+def _tokenizers(lines: list[str], results: dict) -> None:
+    t = results.get("tokenizers")
+    if not t:
+        return
+    lines += ["## Tokenizers (`ember bench tokenizers`)", ""]
+    if isinstance(t, dict) and isinstance(t.get("markdown"), str):
+        lines.append(t["markdown"])
+    else:
+        lines += ["```json", json.dumps(t, indent=2, default=str)[:6000], "```"]
+    lines.append("")
+
+
+def _closing(lines: list[str], results: dict) -> None:
+    values = goal_values(results)
+    missed = [what for key, what, _, test in GOALS if values.get(key) is not None and not test(values[key])]
+    profile = results.get("profile")
+    lines += ["## Closing note", ""]
+    if not missed:
+        lines.append("Every goal that could be measured here was met.")
+    else:
+        lines.append("Missed: " + "; ".join(missed) + ".")
+    if profile:
+        lines += ["", f"Profile of ember ({profile.get('what')}): share of self CPU time by operator, top {len(profile.get('top', []))}:", ""]
+        lines += _table(["operator", "self CPU %", "calls"], [[f"`{op['name']}`", f"{op['pct']:.1f}", str(op["calls"])] for op in profile.get("top", [])])
+        if profile.get("python_overhead_pct") is not None:
+            lines += ["", f"Time outside the model's forward (scheduling, sampling, bookkeeping in Python): {profile['python_overhead_pct']:.0f}% of the step."]
+    for note in results.get("closing_notes", []):
+        lines += ["", note]
+    lines.append("")

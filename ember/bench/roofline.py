@@ -1,0 +1,164 @@
+"""This machine's ceilings: memory read bandwidth (a STREAM-like C probe) and matmul throughput.
+
+Bandwidth is measured by a small C program compiled at run time (gcc -O3 -march=native
+-fopenmp) that sums a 1 GiB array of doubles with all threads, best of several passes; torch's
+own reductions understate it on some CPUs. Without a compiler, numpy's sum is the fallback and
+the result says so. Decode of one token reads every weight once (plus the KV cache so far), so
+`bandwidth / bytes_per_token` bounds single-stream tokens/s.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PROBE_SOURCE = r"""
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv) {
+    size_t bytes = argc > 1 ? strtoull(argv[1], 0, 10) : (1ull << 30);
+    int passes = argc > 2 ? atoi(argv[2]) : 10;
+    size_t n = bytes / sizeof(double);
+    double *a = aligned_alloc(64, n * sizeof(double));
+    if (!a) { fprintf(stderr, "cannot allocate %zu bytes\n", bytes); return 1; }
+    /* first touch from the threads that will read it, so pages land near them */
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) a[i] = (double)(i & 1023);
+    double best = 1e30, checksum = 0.0;
+    for (int p = 0; p < passes; p++) {
+        double s = 0.0;
+        double t0 = omp_get_wtime();
+        #pragma omp parallel for simd schedule(static) reduction(+:s)
+        for (size_t i = 0; i < n; i++) s += a[i];
+        double dt = omp_get_wtime() - t0;
+        if (dt < best) best = dt;
+        checksum += s;
+    }
+    printf("%.6f %d %.1f\n", (double)(n * sizeof(double)) / best / 1e9, omp_get_max_threads(), checksum);
+    free(a);
+    return 0;
+}
+"""
+
+
+@dataclass
+class Bandwidth:
+    """Best-of-passes read bandwidth and how it was measured."""
+
+    gb_per_s: float
+    method: str
+    threads: int
+    array_bytes: int
+
+
+def measure_bandwidth(array_bytes: int = 1 << 30, passes: int = 10, compiler: str | None = None) -> Bandwidth:
+    """Read bandwidth in GB/s (10^9 bytes/s) with all threads: C probe, else numpy."""
+    cc = compiler or shutil.which("gcc") or shutil.which("cc")
+    if cc is not None:
+        try:
+            return _c_probe(cc, array_bytes, passes)
+        except (subprocess.CalledProcessError, OSError, ValueError):
+            pass  # no OpenMP or no -march=native here: fall back below, and say so
+    return _numpy_probe(array_bytes, passes)
+
+
+def _c_probe(cc: str, array_bytes: int, passes: int) -> Bandwidth:
+    with tempfile.TemporaryDirectory(prefix="ember-roofline-") as scratch:
+        source = Path(scratch) / "probe.c"
+        binary = Path(scratch) / "probe"
+        source.write_text(PROBE_SOURCE)
+        subprocess.run([cc, "-O3", "-march=native", "-fopenmp", str(source), "-o", str(binary)], check=True, capture_output=True)
+        completed = subprocess.run([str(binary), str(array_bytes), str(passes)], check=True, capture_output=True, text=True)
+    gb_per_s, threads, _ = completed.stdout.split()
+    return Bandwidth(float(gb_per_s), f"C probe ({Path(cc).name} -O3 -march=native -fopenmp, sum of doubles)", int(threads), array_bytes)
+
+
+def _numpy_probe(array_bytes: int, passes: int) -> Bandwidth:
+    import numpy as np
+
+    array = np.ones(array_bytes // 8, dtype=np.float64)
+    best = float("inf")
+    for _ in range(passes):
+        started = time.perf_counter()
+        array.sum()
+        best = min(best, time.perf_counter() - started)
+    return Bandwidth(array.nbytes / best / 1e9, "numpy sum (no C compiler found; understates)", 1, array.nbytes)
+
+
+def measure_matmul(dtype: str = "float32", size: int = 1024, seconds: float = 1.0) -> float:
+    """Square matmul throughput in GFLOP/s with torch's threads."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    a = torch.randn(size, size).to(torch_dtype)
+    b = torch.randn(size, size).to(torch_dtype)
+    torch.mm(a, b)
+    count = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        torch.mm(a, b)
+        count += 1
+    elapsed = time.perf_counter() - started
+    return 2.0 * size**3 * count / elapsed / 1e9
+
+
+@dataclass
+class Roofline:
+    bandwidth: Bandwidth
+    matmul_gflops: dict[str, float]
+
+    def to_dict(self) -> dict:
+        return {"bandwidth": asdict(self.bandwidth), "matmul_gflops": self.matmul_gflops}
+
+
+def measure_roofline(dtypes: tuple[str, ...] = ("float32", "bfloat16"), array_bytes: int = 1 << 30) -> Roofline:
+    return Roofline(measure_bandwidth(array_bytes), {dtype: measure_matmul(dtype) for dtype in dtypes})
+
+
+# -- bytes read per decoded token --------------------------------------------------------------
+
+BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def weight_elements(model_path: Path) -> int:
+    """Number of weight elements a decode step reads: every tensor once (a tied embedding once, as the LM head)."""
+    from gguf import GGUFReader
+
+    if model_path.is_file():
+        reader = GGUFReader(str(model_path))
+        return sum(int(t.n_elements) for t in reader.tensors)
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(model_path.glob("*.safetensors")):
+        with safe_open(str(file), framework="numpy") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                total += int(_prod(f.get_slice(name).get_shape()))
+    return total
+
+
+def _prod(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= int(d)
+    return out
+
+
+def bytes_per_token(model_path: Path, dtype: str, kv_bytes_per_token: int = 0, context_len: int = 0) -> int:
+    """Bytes one decode step of one sequence reads at `dtype`: weights, plus its KV cache at `context_len`."""
+    return weight_elements(model_path) * BYTES_PER_ELEMENT[dtype] + kv_bytes_per_token * context_len
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
+    return 2 * num_layers * num_kv_heads * head_dim * BYTES_PER_ELEMENT[dtype]
+
+
+def cpu_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,131 @@
+"""`ember bench all`: every benchmark that can run here, then results JSON, plots, summary and report."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import time
+import traceback
+from pathlib import Path
+
+from ember.bench import report, suite
+from ember.bench.machine import git_commit, load_average, machine_info
+from ember.bench.suite import BenchOptions
+
+SECTIONS = ("roofline", "mixed", "batch1", "shared-prefix", "long-prefill", "serve", "tokenizers")
+
+
+def run_all(options: BenchOptions, command: str, report_path: Path | None, out_dir: Path, only: tuple[str, ...] = SECTIONS,
+            profile: bool = True) -> dict:
+    """Run the benchmarks in `only`; write out_dir/results/<stamp>.json, summary.json, plots and the report."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    started = time.gmtime()
+    options.workload_dir = out_dir / "workloads"
+    results: dict = {
+        "command": command,
+        "started_at": time.strftime("%Y-%m-%d %H:%M UTC", started),
+        "commit": git_commit(),
+        "machine": machine_info(),
+        "options": {"model": options.model, "dtypes": list(options.dtypes), "repeats": options.repeats, "seed": options.seed,
+                    "scale": options.scale, "peers": list(options.peers), "chunk_tokens": options.chunk_tokens},
+        "skipped": options.skipped,
+        "errors": {},
+        "notes": [],
+        "closing_notes": [],
+    }
+    total = sum(suite.planned_runs(options, name) for name in only) + 4
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()) as progress:
+        task = progress.add_task("ember bench all", total=total)
+
+        def tick(description: str) -> None:
+            progress.update(task, description=description, advance=1)
+            if not progress.console.is_terminal:  # a log file gets one line per step instead of a live bar
+                progress.console.print(f"[{time.strftime('%H:%M:%S')}] {description}")
+
+        options.tick = tick
+        bandwidth = None
+        for name in only:
+            key = name.replace("-", "_")
+            try:
+                if name == "roofline":
+                    results[key] = suite.bench_roofline(options)
+                    bandwidth = results[key]["bandwidth_gb_s"]["median"]
+                elif name == "mixed":
+                    results[key] = suite.bench_mixed(options)
+                elif name == "batch1":
+                    results[key] = suite.bench_batch1(options, bandwidth)
+                elif name == "shared-prefix":
+                    results[key] = suite.bench_shared_prefix(options)
+                elif name == "long-prefill":
+                    results[key] = suite.bench_long_prefill(options)
+                elif name == "serve":
+                    results[key] = suite.bench_serve(options)
+                elif name == "tokenizers":
+                    tick("tokenizers")
+                    outcome = run_tokenizer_bench_if_present(options)
+                    if outcome is None:
+                        options.skipped["tokenizers"] = "ember/bench/tokenizers.py (run_tokenizer_bench) is not present"
+                    else:
+                        results[key] = outcome
+            except Exception as error:  # noqa: BLE001 - one broken benchmark must not lose the others' results
+                results["errors"][name] = f"{type(error).__name__}: {error}"[:500]
+                traceback.print_exc()
+        if profile and _any_goal_missed(results):
+            tick("profiling ember")
+            try:
+                results["profile"] = _profile(options)
+            except Exception as error:  # noqa: BLE001
+                results["errors"]["profile"] = f"{type(error).__name__}: {error}"[:500]
+    results["machine"]["load_average_at_end"] = load_average()
+    results["finished_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    _write(results, options, report_path, out_dir, started)
+    return results
+
+
+def run_tokenizer_bench_if_present(options: BenchOptions, text_mb: float = 2.0):
+    """ember/bench/tokenizers.py's `run_tokenizer_bench` (another module's), or None where it is absent."""
+    if importlib.util.find_spec("ember.bench.tokenizers") is None:
+        return None
+    module = importlib.import_module("ember.bench.tokenizers")
+    bench = getattr(module, "run_tokenizer_bench", None)
+    if bench is None:
+        return None
+    from ember.bench.workloads import find_corpus_dir
+
+    corpus = find_corpus_dir()
+    if corpus is None:
+        raise FileNotFoundError("the tokenizer benchmark needs the shared assets (../shared or $EMBER_SHARED)")
+    accepted = inspect.signature(bench).parameters
+    candidates = {"shared_dir": corpus.parent, "repeats": options.repeats, "seed": options.seed, "text_bytes": int(text_mb * 1e6)}
+    outcome = bench(**{name: value for name, value in candidates.items() if name in accepted})
+    if isinstance(outcome, str):
+        return {"markdown": outcome}
+    formatter = getattr(module, "format_markdown", None)
+    if formatter is not None and isinstance(outcome, dict):
+        outcome = dict(outcome, markdown=formatter(outcome).replace("## ", "### ", 1))
+    return outcome
+
+
+def _any_goal_missed(results: dict) -> bool:
+    values = report.goal_values(results)
+    return any(values.get(key) is not None and not test(values[key]) for key, _, _, test in report.GOALS)
+
+
+def _profile(options: BenchOptions) -> dict:
+    from ember.bench.profile import profile_ember
+
+    return profile_ember(suite.model_path(options.model).as_posix(), options.dtypes[0])
+
+
+def _write(results: dict, options: BenchOptions, report_path: Path | None, out_dir: Path, started) -> None:
+    results_dir = out_dir / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", started)
+    (results_dir / f"{stamp}.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    report.write_summary(results, results_dir / "summary.json")
+    plots = report.make_plots(results, out_dir / "plots")
+    if report_path is not None:
+        report_path.write_text(report.render_markdown(results, plots, report_path.resolve().parent))

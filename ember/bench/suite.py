@@ -1,0 +1,404 @@
+"""The benchmarks themselves: each runs ember and its peers on one workload and returns a section.
+
+A section is plain JSON: the workload's parameters, per engine the repeated measurements
+(median, min, max of at least `repeats` runs) and the ratios the goals are judged by. Repeats
+are interleaved (ember, peer, ember, peer, ...) so that drift on a shared machine hits all alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ember.bench import workloads
+from ember.bench.ember_runner import EmberSettings, run_ember
+from ember.bench.results import RunResult
+from ember.bench.stats import latency_summary, mean, ratio, spread
+from ember.bench.workloads import TokenSource, Workload
+
+PEERS = ("hf", "llamacpp")
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass
+class BenchOptions:
+    """What every benchmark needs to know: model, precision, repeats, size, peers, where to write."""
+
+    model: str = DEFAULT_MODEL
+    dtypes: tuple[str, ...] = ("float32",)
+    repeats: int = 3
+    seed: int = 0
+    scale: float = 1.0  # multiplies request counts (1.0: the sizes of issue 5)
+    num_requests: int | None = None  # overrides the scaled request count of mixed, shared-prefix, serve
+    peers: tuple[str, ...] = PEERS
+    workload_file: Path | None = None  # replay this JSONL instead of generating
+    save_workload: Path | None = None
+    workload_dir: Path | None = None  # bench all: every generated workload is saved here as <name>.jsonl
+    chunk_tokens: int = 256  # token budget per step with chunked prefill on (long-prefill)
+    hf_batch_size: int = 16
+    llamacpp_slots: int = 16
+    cache_dir: Path | None = None  # exported GGUFs for llama.cpp
+    tick: Callable[[str], None] = field(default=lambda description: None)
+    skipped: dict[str, str] = field(default_factory=dict)  # peer -> why it was not run
+
+    def scaled(self, count: int) -> int:
+        return max(1, round(count * self.scale))
+
+    def requests(self, default: int) -> int:
+        return self.num_requests or self.scaled(default)
+
+
+# -- shared plumbing -----------------------------------------------------------------------------
+
+
+def model_path(model: str) -> Path:
+    from ember.models.registry import resolve_model
+
+    return resolve_model(model)
+
+
+_SOURCES: dict[str, TokenSource] = {}
+
+
+def token_source(model: str) -> TokenSource:
+    """The corpus tokenized with the model's own tokenizer (once per process)."""
+    if model not in _SOURCES:
+        from ember.tokenizers import load
+
+        _SOURCES[model] = TokenSource.from_tokenizer(load(model_path(model)))
+    return _SOURCES[model]
+
+
+def make_workload(options: BenchOptions, name: str, seed_offset: int = 0, **params) -> Workload:
+    if options.workload_file is not None:
+        workload = Workload.load(options.workload_file)
+        if workload.name != name:
+            raise ValueError(f"{options.workload_file} holds a {workload.name!r} workload, not {name!r}")
+        return workload
+    workload = workloads.build(name, token_source(options.model), seed=options.seed + seed_offset, **params)
+    if options.save_workload is not None and seed_offset == 0:
+        workload.save(options.save_workload)
+    if options.workload_dir is not None and seed_offset == 0:
+        workload.save(options.workload_dir / f"{name}.jsonl")
+    return workload
+
+
+def peer_unavailable(peer: str) -> str | None:
+    """None if the peer can run here, else the reason it cannot."""
+    if peer == "hf":
+        from ember.bench.hf_runner import hf_available
+
+        return hf_available()
+    if peer == "llamacpp":
+        from ember.bench.llamacpp_runner import llamacpp_available
+
+        return llamacpp_available()
+    return f"unknown peer {peer!r}"
+
+
+def active_peers(options: BenchOptions) -> list[str]:
+    active = []
+    for peer in options.peers:
+        reason = peer_unavailable(peer)
+        if reason is None:
+            active.append(peer)
+        else:
+            options.skipped[peer] = reason
+    return active
+
+
+def _tok_s(runs: list[RunResult]) -> dict:
+    return spread([r.output_tok_s for r in runs]).to_dict()
+
+
+def _run_record(run: RunResult) -> dict:
+    """What the results file keeps of one run: its summary and its raw latencies (for CDF plots)."""
+    record = run.summary()
+    record["ttft_s"] = run.ttfts()
+    record["itl_s"] = {role: run.itls(role) for role in sorted({r.role for r in run.requests})}
+    return record
+
+
+def _llamacpp_gguf(options: BenchOptions, dtype: str) -> Path:
+    from ember.bench.gguf_export import export_gguf
+    from ember.models.registry import ember_home
+
+    source = model_path(options.model)
+    if not source.is_file():
+        raise ValueError("the llama.cpp peer needs a GGUF model")
+    folder = options.cache_dir or ember_home() / "bench"
+    return export_gguf(source, folder / f"{source.stem}.{ {'float32': 'F32', 'bfloat16': 'BF16'}[dtype] }.gguf", dtype)
+
+
+# -- mixed ---------------------------------------------------------------------------------------
+
+
+def bench_mixed(options: BenchOptions) -> dict:
+    """Output tokens/s of ember (continuous and static batches), HF and llama.cpp, per dtype."""
+    workload = make_workload(options, "mixed", num_requests=options.requests(64))
+    peers = active_peers(options)
+    path = model_path(options.model)
+    section = {"workload": workload.params, "num_requests": len(workload.requests),
+               "output_tokens": workload.total_output_tokens, "prompt_tokens": workload.total_prompt_tokens, "dtype": {}}
+    for dtype in options.dtypes:
+        runners: dict[str, Callable[[], RunResult]] = {
+            "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings()),
+            "ember_static": lambda dtype=dtype: run_ember(
+                options.model, dtype, workload, EmberSettings(label="ember (static batches of 16)", static_batch_size=16)
+            ),
+        }
+        if "hf" in peers:
+            runners["hf"] = _lazy_hf(path, dtype, options.hf_batch_size, workload)
+        if "llamacpp" in peers:
+            runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, options.llamacpp_slots)
+        runs = _interleave(options, f"mixed {dtype}", runners)
+        entry = {name: {"tok_s": _tok_s(rs), "runs": [_run_record(r) for r in rs]} for name, rs in runs.items()}
+        ember = entry["ember"]["tok_s"]["median"]
+        entry["ratio_hf"] = ratio(ember, entry.get("hf", {}).get("tok_s", {}).get("median"))
+        entry["ratio_llamacpp"] = ratio(ember, entry.get("llamacpp", {}).get("tok_s", {}).get("median"))
+        entry["ratio_static"] = ratio(ember, entry["ember_static"]["tok_s"]["median"])
+        section["dtype"][dtype] = entry
+    return section
+
+
+def _lazy_hf(path: Path, dtype: str, batch_size: int, workload: Workload, batch1: bool = False) -> Callable[[], RunResult]:
+    """Load the HF model on first use, keep it for the following repeats."""
+    holder = {}
+
+    def run() -> RunResult:
+        from ember.bench.hf_runner import HFRunner
+
+        if "runner" not in holder:
+            holder["runner"] = HFRunner(path, dtype, batch_size)
+        runner = holder["runner"]
+        return runner.run_batch1(workload) if batch1 else runner.run(workload)
+
+    return run
+
+
+def _lazy_llamacpp(options: BenchOptions, dtype: str, workload: Workload, slots: int) -> Callable[[], RunResult]:
+    holder = {}
+
+    def run() -> RunResult:
+        from ember.bench.llamacpp_runner import LlamaCppRunner
+
+        if "runner" not in holder:
+            context = max(r.prompt_len + r.max_tokens for r in workload.requests)
+            holder["runner"] = LlamaCppRunner(_llamacpp_gguf(options, dtype), dtype, slots=slots, slot_context=context)
+        return holder["runner"].run(workload)
+
+    return run
+
+
+def _interleave(options: BenchOptions, title: str, runners: dict[str, Callable[[], RunResult]]) -> dict[str, list[RunResult]]:
+    runs: dict[str, list[RunResult]] = {name: [] for name in runners}
+    for repeat in range(options.repeats):
+        for name, runner in runners.items():
+            options.tick(f"{title}: {name} ({repeat + 1}/{options.repeats})")
+            runs[name].append(runner())
+    return runs
+
+
+def planned_runs(options: BenchOptions, workload: str) -> int:
+    """How many timed runs a benchmark makes (for the progress bar)."""
+    peers = len([p for p in options.peers if p in PEERS])
+    per_dtype = {"mixed": 2 + peers, "batch1": 1 + peers}
+    if workload in per_dtype:
+        return per_dtype[workload] * len(options.dtypes) * options.repeats
+    return {"shared-prefix": 2, "long-prefill": 2, "serve": 1, "roofline": 0}.get(workload, 0) * options.repeats
+
+
+# -- batch1 -------------------------------------------------------------------------------------
+
+
+def decode_tok_s(run: RunResult) -> float:
+    """Single-stream decode rate: tokens after the first over the time after the first."""
+    timing = run.requests[0]
+    if timing.first_token is None or timing.finished is None or timing.output_tokens < 2:
+        return 0.0
+    return (timing.output_tokens - 1) / (timing.finished - timing.first_token)
+
+
+def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> dict:
+    """One 128-token prompt, 128 tokens out: decode tok/s of each engine, and ember's against the roofline."""
+    from ember.bench.roofline import bytes_per_token, measure_bandwidth
+
+    workload = make_workload(options, "batch1")
+    peers = active_peers(options)
+    path = model_path(options.model)
+    if bandwidth_gb_s is None:
+        options.tick("batch1: measuring memory bandwidth")
+        bandwidth_gb_s = measure_bandwidth().gb_per_s
+    section = {"workload": workload.params, "bandwidth_gb_s": bandwidth_gb_s, "dtype": {}}
+    for dtype in options.dtypes:
+        runners: dict[str, Callable[[], RunResult]] = {
+            "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings(max_num_seqs=1)),
+        }
+        if "hf" in peers:
+            runners["hf"] = _lazy_hf(path, dtype, 1, workload, batch1=True)
+        if "llamacpp" in peers:
+            runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, 1)
+        runs = _interleave(options, f"batch1 {dtype}", runners)
+        per_token = bytes_per_token(path, dtype)
+        roofline_tok_s = bandwidth_gb_s * 1e9 / per_token
+        entry = {
+            name: {"decode_tok_s": spread([decode_tok_s(r) for r in rs]).to_dict(), "tok_s": _tok_s(rs),
+                   "runs": [_run_record(r) for r in rs]}
+            for name, rs in runs.items()
+        }
+        ember = entry["ember"]["decode_tok_s"]["median"]
+        entry["bytes_per_token"] = per_token
+        entry["roofline_tok_s"] = roofline_tok_s
+        entry["roofline_pct"] = 100.0 * ember / roofline_tok_s
+        for peer in ("hf", "llamacpp"):
+            if peer in entry:
+                entry[f"{peer}_roofline_pct"] = 100.0 * entry[peer]["decode_tok_s"]["median"] / roofline_tok_s
+                entry[f"ratio_{peer}"] = ratio(ember, entry[peer]["decode_tok_s"]["median"])
+        section["dtype"][dtype] = entry
+    return section
+
+
+# -- shared-prefix ----------------------------------------------------------------------------
+
+
+def bench_shared_prefix(options: BenchOptions, dtype: str = "float32") -> dict:
+    """Mean TTFT with prefix caching on vs off, and how much of the shared prefix was served from cache."""
+    workload = make_workload(options, "shared-prefix", num_requests=options.requests(64))
+    prefix_len = workload.params.get("prefix_len", 1024)
+    runners = {
+        "on": lambda: run_ember(options.model, dtype, workload, EmberSettings(label="ember (prefix caching on)")),
+        "off": lambda: run_ember(
+            options.model, dtype, workload, EmberSettings(label="ember (prefix caching off)", enable_prefix_caching=False)
+        ),
+    }
+    runs = _interleave(options, "shared-prefix", runners)
+    section: dict = {"workload": workload.params, "num_requests": len(workload.requests), "dtype": dtype}
+    for name, rs in runs.items():
+        section[name] = {
+            "mean_ttft_s": spread([mean(r.ttfts()) for r in rs]).to_dict(),
+            "tok_s": _tok_s(rs),
+            "prefix_reuse_pct": spread([_prefix_reuse_pct(r, prefix_len) for r in rs]).to_dict(),
+            "runs": [_run_record(r) for r in rs],
+        }
+    section["ttft_ratio"] = ratio(section["off"]["mean_ttft_s"]["median"], section["on"]["mean_ttft_s"]["median"])
+    section["prefix_reuse_pct"] = section["on"]["prefix_reuse_pct"]["median"]
+    return section
+
+
+def _prefix_reuse_pct(run: RunResult, prefix_len: int) -> float:
+    """Share of all requests' shared-prefix tokens that came from the cache (the first request's cannot)."""
+    reused = sum(min(t.num_cached_tokens, prefix_len) for t in run.requests)
+    return 100.0 * reused / (prefix_len * len(run.requests))
+
+
+# -- long-prefill -------------------------------------------------------------------------------
+
+
+def bench_long_prefill(options: BenchOptions, dtype: str = "float32") -> dict:
+    """Decoders' inter-token latency while long prompts arrive, chunked prefill on vs off."""
+    workload = make_workload(options, "long-prefill", num_decoders=options.scaled(16), num_long=max(1, options.scaled(4)))
+    longest = max(r.prompt_len + r.max_tokens for r in workload.requests)
+    off_budget = max(4096, longest)
+    runners = {
+        "on": lambda: run_ember(
+            options.model, dtype, workload,
+            EmberSettings(label=f"ember (chunked prefill on, {options.chunk_tokens} tokens/step)", max_num_batched_tokens=options.chunk_tokens),
+        ),
+        "off": lambda: run_ember(
+            options.model, dtype, workload,
+            EmberSettings(label=f"ember (chunked prefill off, {off_budget} tokens/step)", enable_chunked_prefill=False, max_num_batched_tokens=off_budget),
+        ),
+    }
+    runs = _interleave(options, "long-prefill", runners)
+    section: dict = {"workload": workload.params, "dtype": dtype, "chunk_tokens": options.chunk_tokens, "off_budget_tokens": off_budget}
+    for name, rs in runs.items():
+        itl = [latency_summary(r.itls("decoder")) for r in rs]
+        section[name] = {
+            "label": rs[0].engine,
+            "p50_itl_ms": spread([s["p50_ms"] for s in itl]).to_dict(),
+            "p99_itl_ms": spread([s["p99_ms"] for s in itl]).to_dict(),
+            "max_itl_ms": spread([s["max_ms"] for s in itl]).to_dict(),
+            "long_ttft_ms": spread([1000 * mean(r.ttfts("long-prompt")) for r in rs]).to_dict(),
+            "tok_s": _tok_s(rs),
+            "runs": [_run_record(r) for r in rs],
+        }
+    section["p99_itl_ratio"] = ratio(section["off"]["p99_itl_ms"]["median"], section["on"]["p99_itl_ms"]["median"])
+    section["p50_itl_ratio"] = ratio(section["off"]["p50_itl_ms"]["median"], section["on"]["p50_itl_ms"]["median"])
+    return section
+
+
+# -- serve ----------------------------------------------------------------------------------------
+
+
+def bench_serve(
+    options: BenchOptions,
+    url: str | None = None,
+    concurrency: int | None = 16,
+    request_rate: float = float("inf"),
+    slo=None,
+    dtype: str = "float32",
+    served_model: str | None = None,
+) -> dict:
+    """Load-test a running server at `url`, or start `ember serve` on a free port and test that."""
+    import asyncio
+    import contextlib
+
+    from ember.bench.serve import SLO, ember_server, run_load, serve_summary
+
+    slo = slo or SLO()
+    num_requests = options.requests(64)
+    server = contextlib.nullcontext(url) if url else ember_server(options.model, dtype)
+    label = url or f"ember serve ({dtype})"
+    options.tick(f"serve: starting {label}")
+    runs = []
+    with server as base_url:
+        for repeat in range(options.repeats):
+            # A new seed per repeat, so a server's prefix cache cannot serve a repeat's prompts.
+            workload = make_workload(options, "serve", seed_offset=repeat, num_requests=num_requests, request_rate=request_rate)
+            options.tick(f"serve: {label} ({repeat + 1}/{options.repeats})")
+            runs.append(asyncio.run(run_load(base_url, workload, served_model, concurrency, label=label)))
+    summaries = [serve_summary(r, slo) for r in runs]
+    return {
+        "target": label,
+        "num_requests": num_requests,
+        "concurrency": concurrency,
+        "request_rate": None if request_rate == float("inf") else request_rate,
+        "slo": summaries[0]["slo"],
+        "tok_s": _tok_s(runs),
+        "mean_ttft_ms": spread([s["ttft"].get("mean_ms", 0.0) for s in summaries]).to_dict(),
+        "p99_ttft_ms": spread([s["ttft"].get("p99_ms", 0.0) for s in summaries]).to_dict(),
+        "mean_tpot_ms": spread([s["tpot"].get("mean_ms", 0.0) for s in summaries]).to_dict(),
+        "p99_itl_ms": spread([s["itl"].get("p99_ms", 0.0) for s in summaries]).to_dict(),
+        "goodput_req_s": spread([s["goodput_req_s"] for s in summaries]).to_dict(),
+        "errors": sum(s["errors"] for s in summaries),
+        "runs": [dict(s, ttft_s=r.ttfts(), itl_s={"main": r.itls()}) for s, r in zip(summaries, runs, strict=True)],
+    }
+
+
+# -- roofline ---------------------------------------------------------------------------------
+
+
+def bench_roofline(options: BenchOptions) -> dict:
+    from ember.bench.roofline import bytes_per_token, measure_bandwidth, measure_matmul
+
+    bandwidths = []
+    for repeat in range(options.repeats):
+        options.tick(f"roofline: memory bandwidth ({repeat + 1}/{options.repeats})")
+        bandwidths.append(measure_bandwidth())
+    options.tick("roofline: matmul throughput")
+    matmul = {dtype: measure_matmul(dtype) for dtype in ("float32", "bfloat16")}
+    path = model_path(options.model)
+    gb_s = spread([b.gb_per_s for b in bandwidths]).to_dict()
+    per_token = {dtype: bytes_per_token(path, dtype) for dtype in ("float32", "bfloat16")}
+    return {
+        "bandwidth_gb_s": gb_s,
+        "method": bandwidths[0].method,
+        "threads": bandwidths[0].threads,
+        "array_bytes": bandwidths[0].array_bytes,
+        "matmul_gflops": matmul,
+        "bytes_per_token": per_token,
+        "roofline_tok_s": {dtype: gb_s["median"] * 1e9 / b for dtype, b in per_token.items()},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -1,0 +1,134 @@
+"""Gemma 2: local (sliding) and global layers alternating, logit soft-capping, four norms per block.
+
+Differences from Llama, each visible below: embeddings scaled by sqrt(hidden); RMSNorm scales by
+(1 + weight); the block norms both the input and the output of attention and of the MLP; the
+MLP is GeGLU (tanh GELU); attention scores are scaled by `query_pre_attn_scalar ** -0.5` and
+soft-capped, `cap * tanh(score / cap)`, and so are the final logits. Even layers attend within
+a sliding window, odd layers to everything (`layer_types` in the config says which).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ember.kv.specs import KVCacheSpec
+from ember.layers.attention import AttentionMetadata, paged_attention
+from ember.layers.rotary import RotaryEmbedding
+from ember.models.config import ModelConfig
+from ember.models.decoder import DecoderForCausalLM, DecoderModel, LayerFactory
+
+
+class GemmaRMSNorm(nn.Module):
+    """x / rms(x) * (1 + weight), in float32; Gemma stores the weight as an offset from one."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class Gemma2Attention(nn.Module):
+    """GQA with rotary positions, soft-capped scores, and the window of its layer group."""
+
+    packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        self.logit_softcap = config.attn_logit_softcap
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.output_bias)
+        self.rotary = rotary
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = paged_attention(q, k, v, kv_cache, metadata, self.scale, logit_softcap=self.logit_softcap)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class Gemma2MLP(nn.Module):
+    """GeGLU: down(gelu_tanh(gate(x)) * up(x)), gate and up fused."""
+
+    packed_modules = {"gate_up_proj": ("gate_proj", "up_proj")}
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hidden, inner = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = nn.Linear(hidden, 2 * inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class Gemma2DecoderLayer(nn.Module):
+    """h = x + post_attn_norm(attn(norm(x))); out = h + post_ff_norm(mlp(pre_ff_norm(h)))."""
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(hidden, eps)
+        self.self_attn = Gemma2Attention(config, rotary)
+        self.post_attention_layernorm = GemmaRMSNorm(hidden, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
+        self.mlp = Gemma2MLP(config)
+        self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), positions, kv_cache, metadata))
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+class Gemma2Model(DecoderModel):
+    """The shared decoder with Gemma's scaled embeddings and (1 + weight) final norm."""
+
+    def __init__(self, config: ModelConfig, make_layer: LayerFactory, specs: list[KVCacheSpec], rotary: RotaryEmbedding) -> None:
+        super().__init__(config, make_layer, specs, rotary)
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.embed_scale = config.hidden_size**0.5
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        for layer, kv_cache, group in zip(self.layers, kv_caches, self.layer_groups, strict=True):
+            h = layer(h, positions, kv_cache, metadata.for_group(group))
+        return self.norm(h)
+
+
+class Gemma2ForCausalLM(DecoderForCausalLM):
+    """Gemma 2 with its LM head tied to the embedding and soft-capped final logits."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        self.model = Gemma2Model(config, self.make_layer, self.kv_cache_specs(), self.make_rotary())
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
+        return Gemma2DecoderLayer(self.config, rotary)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)

@@ -1,0 +1,211 @@
+"""An optional compiled merge loop (C, built on first use with the system compiler).
+
+The pure-Python merge loop in merges.py is the reference and the fallback: this module only
+makes the same computation faster when a C compiler is present. The shared library is built
+once per source version into a cache folder ($EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember or
+~/.cache/ember) and loaded with ctypes. Set EMBER_TOKENIZERS_PURE_PYTHON=1 to never use it.
+Any failure to build or load quietly means "not available".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from array import array
+from pathlib import Path
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Open-addressing hash table: pair key (left << 22 | right) -> merge value. */
+typedef struct { uint64_t *keys; uint64_t *values; uint64_t mask; } table_t;
+
+static uint64_t slot_of(uint64_t key, uint64_t mask) {
+    key ^= key >> 31; key *= 0x9E3779B97F4A7C15ULL; key ^= key >> 29;
+    return key & mask;
+}
+
+void *ember_table_new(const uint64_t *keys, const uint64_t *values, int64_t count) {
+    table_t *table = (table_t *)malloc(sizeof(table_t));
+    if (!table) return 0;
+    uint64_t size = 16;
+    while (size < (uint64_t)count * 2 + 16) size <<= 1;
+    table->mask = size - 1;
+    table->keys = (uint64_t *)calloc(size, sizeof(uint64_t));
+    table->values = (uint64_t *)calloc(size, sizeof(uint64_t));
+    if (!table->keys || !table->values) { free(table->keys); free(table->values); free(table); return 0; }
+    for (int64_t i = 0; i < count; i++) {
+        uint64_t stored = keys[i] + 1;  /* 0 marks an empty slot */
+        uint64_t slot = slot_of(stored, table->mask);
+        while (table->keys[slot] && table->keys[slot] != stored) slot = (slot + 1) & table->mask;
+        table->keys[slot] = stored;
+        table->values[slot] = values[i];
+    }
+    return table;
+}
+
+void ember_table_free(void *pointer) {
+    table_t *table = (table_t *)pointer;
+    if (!table) return;
+    free(table->keys); free(table->values); free(table);
+}
+
+static uint64_t lookup(const table_t *table, uint64_t key, uint64_t missing) {
+    uint64_t stored = key + 1;
+    uint64_t slot = slot_of(stored, table->mask);
+    while (table->keys[slot]) {
+        if (table->keys[slot] == stored) return table->values[slot];
+        slot = (slot + 1) & table->mask;
+    }
+    return missing;
+}
+
+/* Merges the bytes of one piece; writes ids to out (capacity >= length); returns the count,
+   or -1 when a byte has no token. Lowest value first, leftmost on ties. */
+int64_t ember_merge(const void *pointer, const int64_t *byte_ids, const uint8_t *data,
+                    int64_t length, int64_t *out, uint64_t *values, int64_t id_bits) {
+    const table_t *table = (const table_t *)pointer;
+    const uint64_t missing = ~(uint64_t)0;
+    const uint64_t id_mask = (((uint64_t)1) << id_bits) - 1;
+    int64_t count = length;
+    for (int64_t i = 0; i < length; i++) {
+        int64_t id = byte_ids[data[i]];
+        if (id < 0) return -1;
+        out[i] = id;
+    }
+    for (int64_t i = 0; i + 1 < count; i++)
+        values[i] = lookup(table, ((uint64_t)out[i] << id_bits) | (uint64_t)out[i + 1], missing);
+    while (count > 1) {
+        uint64_t best = missing; int64_t at = -1;
+        for (int64_t i = 0; i + 1 < count; i++)
+            if (values[i] < best) { best = values[i]; at = i; }
+        if (at < 0) break;
+        out[at] = (int64_t)(best & id_mask);
+        for (int64_t i = at + 1; i + 1 < count; i++) out[i] = out[i + 1];
+        for (int64_t i = at; i + 2 < count; i++) values[i] = values[i + 1];
+        count--;
+        if (at > 0)
+            values[at - 1] = lookup(table, ((uint64_t)out[at - 1] << id_bits) | (uint64_t)out[at], missing);
+        if (at + 1 < count)
+            values[at] = lookup(table, ((uint64_t)out[at] << id_bits) | (uint64_t)out[at + 1], missing);
+    }
+    return count;
+}
+"""
+
+PURE_PYTHON_ENV = "EMBER_TOKENIZERS_PURE_PYTHON"
+
+
+def _cache_dir() -> Path:
+    explicit = os.environ.get("EMBER_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ember"
+
+
+def build_library() -> Path | None:
+    """Path of the compiled library, building it if needed; None when that is impossible."""
+    if os.environ.get(PURE_PYTHON_ENV):
+        return None
+    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    try:
+        target = _cache_dir() / f"ember_bpe_{digest}.so"
+    except RuntimeError:  # no home folder to cache in
+        return None
+    if target.is_file():
+        return target
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            source = Path(scratch) / "ember_bpe.c"
+            source.write_text(SOURCE)
+            built = Path(scratch) / target.name
+            subprocess.run(
+                [compiler, "-O2", "-shared", "-fPIC", "-o", str(built), str(source)],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            os.replace(built, target)  # atomic: concurrent builders never see half a file
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return target
+
+
+class NativeMerger:
+    """The compiled merge loop bound to one merge table (owned by one BytePairMerger)."""
+
+    MAX_LENGTH = 4096  # longer pieces go to the Python heap merge (O(n log n))
+
+    def __init__(
+        self, library: ctypes.CDLL, table: dict[int, int], byte_ids: list[int | None], id_bits: int
+    ) -> None:
+        self._library = library
+        keys = array("Q", table.keys())
+        values = array("Q", table.values())
+        keys_address = keys.buffer_info()[0]
+        values_address = values.buffer_info()[0]
+        self._table = library.ember_table_new(keys_address, values_address, len(keys))
+        if not self._table:
+            raise MemoryError("could not allocate the native merge table")
+        self._byte_ids = (ctypes.c_int64 * 256)(*[-1 if b is None else b for b in byte_ids])
+        self._out = (ctypes.c_int64 * self.MAX_LENGTH)()
+        self._values = (ctypes.c_uint64 * self.MAX_LENGTH)()
+        self._id_bits = id_bits
+        self._merge = library.ember_merge
+
+    def merge(self, data: bytes) -> list[int] | None:
+        """Ids of one piece; None when the piece is too long or has an unknown byte."""
+        length = len(data)
+        if length > self.MAX_LENGTH:
+            return None
+        count = self._merge(
+            self._table, self._byte_ids, data, length, self._out, self._values, self._id_bits
+        )
+        if count < 0:
+            return None
+        return self._out[:count]
+
+    def __del__(self) -> None:
+        table = getattr(self, "_table", None)
+        if table:
+            self._library.ember_table_free(table)
+            self._table = None
+
+
+def load_native(
+    table: dict[int, int], byte_ids: list[int | None], id_bits: int
+) -> NativeMerger | None:
+    """A NativeMerger for this table, or None when the compiled core is unavailable."""
+    path = build_library()
+    if path is None:
+        return None
+    try:
+        # PyDLL keeps the GIL during calls: the merger's scratch buffers are then never
+        # shared by two threads at once.
+        library = ctypes.PyDLL(str(path))
+        library.ember_table_new.restype = ctypes.c_void_p
+        library.ember_table_new.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        library.ember_table_free.argtypes = [ctypes.c_void_p]
+        library.ember_merge.restype = ctypes.c_int64
+        library.ember_merge.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+        ]
+        return NativeMerger(library, table, byte_ids, id_bits)
+    except (OSError, AttributeError, MemoryError):
+        return None

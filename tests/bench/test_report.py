@@ -1,0 +1,86 @@
+"""Report rendering from a fake results dict: summary.json's shape, goal verdicts, tables, plots."""
+
+from __future__ import annotations
+
+import json
+
+from ember.bench import report
+
+
+def _spread(median, low=None, high=None):
+    return {"median": median, "min": low if low is not None else median, "max": high if high is not None else median, "values": [median]}
+
+
+def _run(ttft, itl):
+    return {"ttft_s": ttft, "itl_s": {"main": itl, "decoder": itl}}
+
+
+def fake_results() -> dict:
+    mixed_entry = {
+        "ember": {"tok_s": _spread(300.0, 290.0, 310.0), "runs": []},
+        "ember_static": {"tok_s": _spread(150.0), "runs": []},
+        "hf": {"tok_s": _spread(50.0), "runs": []},
+        "ratio_hf": 6.0,
+        "ratio_llamacpp": None,
+        "ratio_static": 2.0,
+    }
+    return {
+        "command": "ember bench all --report BENCHMARKS.md --scale 0.5",
+        "started_at": "2026-01-01 09:00 UTC",
+        "finished_at": "2026-01-01 09:20 UTC",
+        "commit": "abc123",
+        "machine": {"cpu_model": "Test CPU", "cpu_flags": ["avx2"], "torch": "2.13.0"},
+        "options": {"model": "m", "repeats": 3, "scale": 0.5},
+        "skipped": {"llamacpp": "not installed"},
+        "errors": {},
+        "roofline": {"bandwidth_gb_s": _spread(20.0), "method": "C probe", "threads": 2, "array_bytes": 1 << 30,
+                     "matmul_gflops": {"float32": 100.0, "bfloat16": 50.0}, "bytes_per_token": {"float32": 500e6},
+                     "roofline_tok_s": {"float32": 40.0}},
+        "mixed": {"workload": {"distribution": "log-normal"}, "num_requests": 32, "output_tokens": 3000, "prompt_tokens": 5000,
+                  "dtype": {"float32": mixed_entry}},
+        "batch1": {"workload": {"prompt_len": 128, "output_len": 128}, "bandwidth_gb_s": 20.0,
+                   "dtype": {"float32": {"ember": {"decode_tok_s": _spread(30.0), "tok_s": _spread(28.0)},
+                                         "roofline_tok_s": 40.0, "roofline_pct": 75.0, "bytes_per_token": 500e6}}},
+        "shared_prefix": {"workload": {"prefix_len": 1024, "question_len": 32, "output_len": 16}, "num_requests": 32, "dtype": "float32",
+                          "on": {"mean_ttft_s": _spread(1.0), "tok_s": _spread(10.0), "prefix_reuse_pct": _spread(95.0), "runs": [_run([1.0, 2.0], [])]},
+                          "off": {"mean_ttft_s": _spread(8.0), "tok_s": _spread(2.0), "prefix_reuse_pct": _spread(0.0), "runs": [_run([8.0], [])]},
+                          "ttft_ratio": 8.0, "prefix_reuse_pct": 95.0},
+        "long_prefill": {"workload": {"num_decoders": 16}, "dtype": "float32", "chunk_tokens": 256, "off_budget_tokens": 4096,
+                         "on": {"label": "on", "p50_itl_ms": _spread(50.0), "p99_itl_ms": _spread(100.0), "max_itl_ms": _spread(120.0),
+                                "long_ttft_ms": _spread(900.0), "tok_s": _spread(100.0), "runs": [_run([], [0.05, 0.1])]},
+                         "off": {"label": "off", "p50_itl_ms": _spread(50.0), "p99_itl_ms": _spread(200.0), "max_itl_ms": _spread(900.0),
+                                 "long_ttft_ms": _spread(800.0), "tok_s": _spread(100.0), "runs": [_run([], [0.05, 0.9])]},
+                         "p99_itl_ratio": 2.0, "p50_itl_ratio": 1.0},
+    }
+
+
+def test_summary_has_the_issue_shape_with_null_for_peers_not_run():
+    s = report.summary(fake_results())
+    assert set(s) == {"mixed", "batch1", "shared_prefix", "long_prefill", "machine", "commit"}
+    f32 = s["mixed"]["dtype"]["float32"]
+    assert f32 == {"ember_tok_s": 300.0, "hf_tok_s": 50.0, "llamacpp_tok_s": None, "ratio_hf": 6.0, "ratio_llamacpp": None}
+    assert s["mixed"]["dtype"]["bfloat16"]["ember_tok_s"] is None
+    assert s["batch1"] == {"ember_tok_s": 30.0, "roofline_tok_s": 40.0, "roofline_pct": 75.0, "hf_tok_s": None, "llamacpp_tok_s": None}
+    assert s["shared_prefix"] == {"ttft_ratio": 8.0, "prefix_reuse_pct": 95.0}
+    assert s["long_prefill"] == {"p99_itl_ratio": 2.0}
+    json.dumps(s)  # machine-readable as is
+
+
+def test_markdown_states_command_goals_peers_and_tables():
+    text = report.render_markdown(fake_results())
+    assert "ember bench all --report BENCHMARKS.md --scale 0.5" in text
+    assert "| `mixed` float32: ember / HF transformers output tok/s | >= 5x | 6.00x | met |" in text
+    assert "| `batch1` float32: decode tok/s as % of the memory roofline | >= 90% | 75.0% | **missed** |" in text
+    assert "| `long-prefill`: decoders' p99 ITL, chunked prefill off / on | >= 3x | 2.00x | **missed** |" in text
+    assert "not measured" in text  # llama.cpp ratio
+    assert "**llamacpp**: not installed" in text
+    assert "300.0 (290.0–310.0)" in text
+    assert "Missed:" in text
+
+
+def test_plots_are_written_as_png(tmp_path):
+    plots = report.make_plots(fake_results(), tmp_path)
+    assert set(plots) == {"mixed", "batch1", "shared_prefix", "long_prefill"}
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in plots.values())
+    text = report.render_markdown(fake_results(), plots, tmp_path)
+    assert "![mixed](mixed_throughput.png)" in text

@@ -1,0 +1,86 @@
+"""DeepSeek-V2 (MLA with absorbed decode, MoE with shared experts) against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.llm_engine import LLMEngine
+from ember.engine.sampling_params import SamplingParams
+from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
+    assert_greedy_matches,
+    assert_prompt_logits_match,
+    load_reference,
+    make_prompts,
+    save_random_model,
+    single_thread_torch,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
+
+VOCAB = 256
+KV_LORA_RANK = 16
+ROPE_DIM = 8
+
+
+def _deepseek_v2(folder, q_lora_rank=None):
+    config = transformers.DeepseekV2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        n_routed_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=1.5,
+        kv_lora_rank=KV_LORA_RANK,
+        q_lora_rank=q_lora_rank,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=ROPE_DIM,
+        v_head_dim=12,
+    )
+    return save_random_model(transformers.DeepseekV2ForCausalLM, config, folder)
+
+
+@pytest.fixture(scope="module", params=[None, 24], ids=["q-full", "q-lora"])
+def model_folder(request, tmp_path_factory):
+    return _deepseek_v2(tmp_path_factory.mktemp("deepseek"), q_lora_rank=request.param)
+
+
+def test_prompt_logits_match_transformers(model_folder):
+    assert_prompt_logits_match(model_folder, load_reference(model_folder), make_prompts(VOCAB))
+
+
+def test_greedy_generation_with_absorbed_decode_matches_transformers(model_folder):
+    assert_greedy_matches(model_folder, load_reference(model_folder), make_prompts(VOCAB))
+
+
+def test_the_engine_allocates_exactly_the_latent_bytes_per_token(tmp_path):
+    folder = _deepseek_v2(tmp_path)
+    engine = LLMEngine(EngineConfig(model=str(folder), cache=CacheConfig(block_size=4, num_kv_blocks=10)))
+    num_layers, element_size = 2, 4
+    latent_bytes_per_token = num_layers * (KV_LORA_RANK + ROPE_DIM) * element_size
+    assert engine.runner.kv_cache_bytes == 10 * 4 * latent_bytes_per_token
+    # The same attention as MHA would cache per head a key (16 + 8) and a value (12).
+    mha_bytes_per_token = num_layers * 4 * (16 + ROPE_DIM + 12) * element_size
+    assert latent_bytes_per_token * 6 == mha_bytes_per_token  # 192 vs 1152 bytes
+
+
+def test_decode_steps_never_expand_the_latent(tmp_path):
+    folder = _deepseek_v2(tmp_path)
+    engine = LLMEngine(EngineConfig(model=str(folder), cache=CacheConfig(block_size=4, num_kv_blocks=64)))
+    engine.add_request("r", list(range(1, 30)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    engine.step()  # the prefill may expand
+    expansions = []
+    for layer in engine.runner.model.model.layers:
+        layer.self_attn.kv_b_proj.register_forward_hook(lambda *_: expansions.append(1))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.stats().generation_tokens_total == 8
+    assert expansions == []  # kv_b_proj's weight is used (absorbed), the module never runs on latents

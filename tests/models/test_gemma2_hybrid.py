@@ -1,0 +1,48 @@
+"""Gemma 2 (alternating local/global layers, soft-capping, four norms) against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
+    assert_greedy_matches,
+    assert_prompt_logits_match,
+    load_reference,
+    make_prompts,
+    save_random_model,
+    single_thread_torch,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
+
+VOCAB = 256
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    config = transformers.Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        sliding_window=12,
+        query_pre_attn_scalar=16,
+        attn_logit_softcapping=1.0,  # small caps so the tanh really bends the tiny model's scores
+        final_logit_softcapping=2.0,
+        attn_implementation="eager",
+    )
+    return save_random_model(transformers.Gemma2ForCausalLM, config, tmp_path_factory.mktemp("gemma2"))
+
+
+def test_prompt_logits_match_transformers_past_the_window(model_folder):
+    assert_prompt_logits_match(model_folder, load_reference(model_folder), make_prompts(VOCAB))
+
+
+def test_greedy_generation_past_the_window_matches_transformers(model_folder):
+    llm = assert_greedy_matches(model_folder, load_reference(model_folder), make_prompts(VOCAB))
+    assert llm.engine.kv.group_windows == (12, None)

@@ -1,0 +1,45 @@
+"""HF added tokens with `lstrip` / `rstrip`: the whitespace beside them belongs to the token
+(reference: `tokenizers`), and options ember does not support are refused, not approximated."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tok_corpus import build_corpus
+
+from ember.tokenizers import load
+
+
+def with_added_tokens(shared_dir, tmp_path, entries):
+    spec = json.loads((shared_dir / "tokenizers/smollm2/tokenizer.json").read_text("utf-8"))
+    for entry in spec["added_tokens"]:
+        entry.update(entries.get(entry["content"], {}))
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    return path
+
+
+def test_lstrip_and_rstrip_tokens_absorb_whitespace_like_tokenizers(shared_dir, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    path = with_added_tokens(
+        shared_dir,
+        tmp_path,
+        {
+            "<|im_start|>": {"lstrip": True},
+            "<|im_end|>": {"rstrip": True},
+            "<repo_name>": {"lstrip": True, "rstrip": True},
+        },
+    )
+    ours = load(path)
+    reference = tokenizers.Tokenizer.from_file(str(path))
+    specials = ("<|im_start|>", "<|im_end|>", "<repo_name>", "<file_sep>")
+    samples = ["a  <|im_start|>  b", "x <|im_end|> \n y", " <repo_name> ", "\t<|im_end|>\t"]
+    for text in samples + build_corpus(shared_dir, count=500, seed=70, specials=specials):
+        assert ours.encode(text) == reference.encode(text).ids, text
+
+
+def test_single_word_added_tokens_are_refused(shared_dir, tmp_path):
+    path = with_added_tokens(shared_dir, tmp_path, {"<|im_end|>": {"single_word": True}})
+    with pytest.raises(ValueError, match="not supported"):
+        load(path)
