@@ -33,7 +33,8 @@ class RotaryEmbedding:
     """Rotates queries and keys by their absolute positions; cos/sin tables built once.
 
     A plain object, not a module: its tables are derived, never loaded, so they are built on
-    a real device even while the model's parameters are still on the meta device.
+    a real device even while the model's parameters are still on the meta device. Like
+    transformers, the rotation runs in the activations' dtype.
     """
 
     def __init__(
@@ -41,19 +42,18 @@ class RotaryEmbedding:
     ) -> None:
         inv_freq = rope_inverse_frequencies(head_dim, theta, scaling).to(device)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float64, device=device), inv_freq)
-        self.cos = angles.cos().float()
-        self.sin = angles.sin().float()
+        # Full-width tables ([cos, cos], [sin, sin]) so a rotation is two products and a sum.
+        self.cos = torch.cat((angles.cos(), angles.cos()), dim=-1).float()
+        self.sin = torch.cat((angles.sin(), angles.sin()), dim=-1).float()
 
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim] -> both rotated."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return self.rotate(positions, q), self.rotate(positions, k)
 
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1 = x[..., :half].float()
-    x2 = x[..., half:].float()
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return rotated.to(x.dtype)
+    def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, heads, head_dim] rotated by each token's position (any number of heads)."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated_half * sin

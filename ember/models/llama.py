@@ -38,11 +38,11 @@ class LlamaAttention(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        heads = self.qkv_proj(x).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        # Queries and keys are adjacent heads of the fused output: one rotation covers both.
+        qk = self.rotary.rotate(positions, heads[:, : self.num_heads + self.num_kv_heads])
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = heads[:, self.num_heads + self.num_kv_heads :]
         out = paged_attention(q, k, v, kv_cache, metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
