@@ -294,6 +294,8 @@ class LLMEngine:
                 "lower max_tokens or raise --kv-cache-memory / --num-kv-blocks"
             )
         scheduler = self.config.scheduler
+        if params.n > scheduler.max_num_seqs:
+            raise ValueError(f"n ({params.n}) exceeds max_num_seqs ({scheduler.max_num_seqs}); lower n or raise --max-num-seqs")
         if not scheduler.enable_chunked_prefill and num_prompt + max_tokens > scheduler.max_num_batched_tokens:
             raise ValueError(
                 f"with chunked prefill off, prompt + output ({num_prompt + max_tokens} tokens) must fit "

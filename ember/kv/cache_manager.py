@@ -253,7 +253,12 @@ class KVCacheManager:
     def _cache_full_blocks(
         self, table: BlockTable, token_ids: Sequence[int], num_tokens: int, extra_keys: tuple, group: int = 0
     ) -> None:
-        """Hash and register every block that is full once `num_tokens` tokens are in."""
+        """Hash and register every block that is full once `num_tokens` tokens are in.
+
+        Registered at allocation, before the step computes them: a request admitted later in
+        the same step may hit these blocks, which is sound because every attention layer
+        writes all new keys and values of the step before any request reads the cache.
+        """
         if not self.enable_prefix_caching:
             return
         num_full = min(num_tokens, len(token_ids)) // self.block_size
