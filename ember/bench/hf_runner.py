@@ -8,6 +8,8 @@ past a request's end are the price of static batching, not a gift to its through
 
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 from pathlib import Path
 
@@ -39,10 +41,12 @@ class HFRunner:
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"HF peer dtype must be one of {TORCH_DTYPES}")
         torch_dtype = getattr(torch, dtype)
-        if model_path.is_file():
-            model = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name, dtype=torch_dtype)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype)
+        # transformers' GGUF conversion draws its own tqdm bar whatever the verbosity.
+        with contextlib.redirect_stderr(io.StringIO()):
+            if model_path.is_file():
+                model = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name, dtype=torch_dtype)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype)
         self.model = model.eval()
         self.dtype = dtype
         self.batch_size = batch_size

@@ -267,7 +267,14 @@ def _machine(lines: list[str], results: dict) -> None:
         ["torch / transformers / llama-cpp-python", f"{m.get('torch')} / {m.get('transformers')} / {m.get('llama_cpp_python') or 'not installed'}"],
         ["load average (1, 5, 15 min) at start / end", f"{m.get('load_average_at_start')} / {m.get('load_average_at_end')}"],
     ]
+    during = m.get("load_average_during")
+    if during:
+        rows.append(["1-min load average while measuring", f"mean {during['mean']}, max {during['max']} ({during['samples']} samples)"])
     lines += _table(["", ""], rows)
+    if during and m.get("logical_cpus") and during["mean"] > 1.5 * m["logical_cpus"]:
+        lines += ["", f"**Other processes shared this machine's {m['logical_cpus']} CPUs while it was measured** (load average "
+                  f"{during['mean']} on average): every absolute figure below is lower than on an idle machine, and ratios "
+                  "carry more noise than their min–max suggests."]
     lines.append("")
 
 
@@ -433,6 +440,18 @@ def _tokenizers(lines: list[str], results: dict) -> None:
     lines.append("")
 
 
+def _bottleneck(profile: dict) -> str:
+    """One sentence naming where a decode step's time goes, from the profile."""
+    overhead = profile.get("python_overhead_pct") or 0.0
+    top = profile.get("top") or [{"name": "?", "pct": 0.0}]
+    step = f"a decode step took {profile.get('step_ms', 0):.0f} ms"
+    if overhead >= 30.0:
+        return (f"Bottleneck: {step}, and {overhead:.0f}% of it was spent outside torch operators (Python scheduling, "
+                f"bookkeeping, sampling, tensor setup); of the operator time, `{top[0]['name']}` took the largest share ({top[0]['pct']:.0f}%).")
+    return (f"Bottleneck: {step}; {100 - overhead:.0f}% of it inside torch operators, led by `{top[0]['name']}` "
+            f"({top[0]['pct']:.0f}% of operator time).")
+
+
 def _closing(lines: list[str], results: dict) -> None:
     values = goal_values(results)
     missed = [what for key, what, _, test in GOALS if values.get(key) is not None and not test(values[key])]
@@ -445,8 +464,7 @@ def _closing(lines: list[str], results: dict) -> None:
     if profile:
         lines += ["", f"Profile of ember ({profile.get('what')}): share of self CPU time by operator, top {len(profile.get('top', []))}:", ""]
         lines += _table(["operator", "self CPU %", "calls"], [[f"`{op['name']}`", f"{op['pct']:.1f}", str(op["calls"])] for op in profile.get("top", [])])
-        if profile.get("python_overhead_pct") is not None:
-            lines += ["", f"Time outside the model's forward (scheduling, sampling, bookkeeping in Python): {profile['python_overhead_pct']:.0f}% of the step."]
+        lines += ["", _bottleneck(profile)]
     for note in results.get("closing_notes", []):
         lines += ["", note]
     lines.append("")

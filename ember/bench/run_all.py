@@ -40,8 +40,13 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()) as progress:
         task = progress.add_task("ember bench all", total=total)
 
+        loads: list[float] = []
+
         def tick(description: str) -> None:
             progress.update(task, description=description, advance=1)
+            load = load_average()
+            if load:
+                loads.append(load[0])
             if not progress.console.is_terminal:  # a log file gets one line per step instead of a live bar
                 progress.console.print(f"[{time.strftime('%H:%M:%S')}] {description}")
 
@@ -80,6 +85,8 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
             except Exception as error:  # noqa: BLE001
                 results["errors"]["profile"] = f"{type(error).__name__}: {error}"[:500]
     results["machine"]["load_average_at_end"] = load_average()
+    if loads:
+        results["machine"]["load_average_during"] = {"mean": round(sum(loads) / len(loads), 2), "max": max(loads), "samples": len(loads)}
     results["finished_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     _write(results, options, report_path, out_dir, started)
     return results

@@ -12,6 +12,8 @@ after the softmax: the latent is never expanded per step.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,19 +21,56 @@ from torch import nn
 from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import rope_inverse_frequencies
-from ember.models.config import LatentAttentionConfig, ModelConfig
+from ember.models.config import LatentAttentionConfig, ModelConfig, YarnRope
 
 LATENT_NORM_EPS = 1e-6  # transformers' DeepSeek-V2 builds its latent norms with the default eps
 
 
-class InterleavedRotaryEmbedding:
-    """RoPE on adjacent pairs (x[2i], x[2i+1]), the layout of DeepSeek-V2's checkpoints."""
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context stretched `scale` times."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
-    def __init__(self, rope_dim: int, max_positions: int, theta: float, device: str = "cpu") -> None:
-        inv_freq = rope_inverse_frequencies(rope_dim, theta, None).to(device)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64, device=device), inv_freq)
-        self.cos = angles.cos().float()
-        self.sin = angles.sin().float()
+
+def yarn_inverse_frequencies(rope_dim: int, theta: float, yarn: YarnRope) -> torch.Tensor:
+    """YaRN: short wavelengths kept (extrapolated), long ones divided by `factor`, a linear ramp between."""
+
+    def correction_dim(num_rotations: float) -> float:
+        wavelengths = yarn.original_max_position_embeddings / (num_rotations * 2 * math.pi)
+        return rope_dim * math.log(wavelengths) / (2 * math.log(theta))
+
+    low, high = correction_dim(yarn.beta_fast), correction_dim(yarn.beta_slow)
+    if yarn.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rope_dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float64, device="cpu") - low) / (high - low)).clamp(0, 1)
+    extrapolation = rope_inverse_frequencies(rope_dim, theta, None)
+    return extrapolation / yarn.factor * ramp + extrapolation * (1 - ramp)
+
+
+def yarn_attention_factor(yarn: YarnRope) -> float:
+    """The factor YaRN multiplies cos and sin by."""
+    if yarn.attention_factor is not None:
+        return yarn.attention_factor
+    if yarn.mscale and yarn.mscale_all_dim:
+        return yarn_mscale(yarn.factor, yarn.mscale) / yarn_mscale(yarn.factor, yarn.mscale_all_dim)
+    return yarn_mscale(yarn.factor)
+
+
+class InterleavedRotaryEmbedding:
+    """RoPE on adjacent pairs (x[2i], x[2i+1]), the layout of DeepSeek-V2's checkpoints (YaRN optional)."""
+
+    def __init__(
+        self, rope_dim: int, max_positions: int, theta: float, yarn: YarnRope | None = None, device: str = "cpu"
+    ) -> None:
+        if yarn is None:
+            inv_freq, factor = rope_inverse_frequencies(rope_dim, theta, None), 1.0
+        else:
+            inv_freq, factor = yarn_inverse_frequencies(rope_dim, theta, yarn), yarn_attention_factor(yarn)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64, device=device), inv_freq.to(device))
+        self.cos = (angles.cos() * factor).float()
+        self.sin = (angles.sin() * factor).float()
 
     def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x [tokens, heads, rope_dim] rotated by each token's position."""
@@ -55,6 +94,8 @@ class LatentAttention(nn.Module):
         self.num_heads = config.num_heads
         self.qk_head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
         self.scale = self.qk_head_dim**-0.5
+        if mla.yarn is not None and mla.yarn.mscale_all_dim:
+            self.scale *= yarn_mscale(mla.yarn.factor, mla.yarn.mscale_all_dim) ** 2
         hidden, heads, bias = config.hidden_size, config.num_heads, config.qkv_bias
         if mla.q_lora_rank is None:
             self.q_proj = nn.Linear(hidden, heads * self.qk_head_dim, bias=False)

@@ -58,8 +58,18 @@ class ExpertDispatch:
 
 
 def route_top_k(router_logits: torch.Tensor, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax router -> (weights [T, k], expert ids [T, k]), normalized and scaled as the config says."""
+    """Softmax router -> (weights [T, k], expert ids [T, k]), normalized and scaled as the config says.
+
+    With expert groups (DeepSeek-V2's group-limited greedy), a token first picks the
+    `num_selected_groups` groups whose best expert scores highest, then its top-k inside them.
+    """
     probs = torch.softmax(router_logits.float(), dim=-1)
+    if config.num_expert_groups:
+        num_tokens = probs.shape[0]
+        grouped = probs.view(num_tokens, config.num_expert_groups, -1)
+        best_groups = grouped.max(dim=-1).values.topk(config.num_selected_groups or 1, dim=-1).indices
+        group_mask = torch.zeros_like(grouped[..., 0]).scatter_(1, best_groups, 1.0)
+        probs = (grouped * group_mask.unsqueeze(-1)).view(num_tokens, -1)
     weights, experts = torch.topk(probs, config.num_experts_per_token, dim=-1)
     if config.normalize_top_k:
         weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -24,12 +24,28 @@ class MoEConfig:
     shared_intermediate_size: int = 0
     has_shared_expert_gate: bool = False
     dense_layers: tuple[int, ...] = ()
+    num_expert_groups: int | None = None  # group-limited routing: experts only from the best groups
+    num_selected_groups: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_experts_per_token <= self.num_experts:
             raise ValueError(
                 f"num_experts_per_tok ({self.num_experts_per_token}) must be from 1 to the number of experts ({self.num_experts})"
             )
+
+
+@dataclass(frozen=True)
+class YarnRope:
+    """YaRN rope extension (DeepSeek-V2's `rope_scaling`): ramped frequencies, scaled attention."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,7 @@ class LatentAttentionConfig:
     qk_rope_head_dim: int
     v_head_dim: int
     q_lora_rank: int | None = None
+    yarn: YarnRope | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +152,8 @@ class ModelConfig:
             max_position_embeddings=config.get("max_position_embeddings", 4096),
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=_hf_rope_theta(config),
-            rope_scaling=_hf_rope_scaling(config),
+            # DeepSeek-V2's YaRN is read by its extras, into the latent attention config.
+            rope_scaling=None if model_type == "deepseek_v2" else _hf_rope_scaling(config),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=model_type in ("qwen2", "qwen2_moe") or attention_bias,
             output_bias=attention_bias,
@@ -261,11 +279,11 @@ def _qwen2_moe_extras(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _deepseek_v2_extras(config: dict[str, Any]) -> dict[str, Any]:
-    if config.get("topk_method", "greedy") != "greedy":
-        raise ValueError(f"DeepSeek-V2 topk_method {config['topk_method']!r} is not supported; ember routes greedily")
-    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if (parameters.get("rope_type") or parameters.get("type") or "default") != "default":
-        raise ValueError("DeepSeek-V2 with rope scaling (YaRN) is not supported yet; ember runs default rope")
+    topk_method = config.get("topk_method", "greedy")
+    if topk_method not in ("greedy", "group_limited_greedy"):
+        raise ValueError(f"DeepSeek-V2 topk_method {topk_method!r} is not supported; ember routes greedy or group_limited_greedy")
+    is_grouped = topk_method == "group_limited_greedy"
+    yarn = _hf_yarn(config)
     first_moe = config.get("first_k_dense_replace", 0)
     moe_every = config.get("moe_layer_freq", 1)
     num_layers = config["num_hidden_layers"]
@@ -276,6 +294,7 @@ def _deepseek_v2_extras(config: dict[str, Any]) -> dict[str, Any]:
         qk_rope_head_dim=config["qk_rope_head_dim"],
         v_head_dim=config["v_head_dim"],
         q_lora_rank=config.get("q_lora_rank"),
+        yarn=yarn,
     )
     return {
         "head_dim": config["qk_nope_head_dim"] + config["qk_rope_head_dim"],
@@ -289,8 +308,32 @@ def _deepseek_v2_extras(config: dict[str, Any]) -> dict[str, Any]:
             routed_scaling_factor=float(config.get("routed_scaling_factor", 1.0)),
             shared_intermediate_size=config["moe_intermediate_size"] * (config.get("n_shared_experts") or 0),
             dense_layers=dense,
+            num_expert_groups=config.get("n_group") if is_grouped else None,
+            num_selected_groups=config.get("topk_group") if is_grouped else None,
         ),
     }
+
+
+def _hf_yarn(config: dict[str, Any]) -> YarnRope | None:
+    """DeepSeek-V2's rope scaling: none, or YaRN (the only kind its checkpoints use)."""
+    parameters = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    kind = parameters.get("rope_type") or parameters.get("type") or "default"
+    if kind == "default":
+        return None
+    if kind != "yarn":
+        raise ValueError(f"DeepSeek-V2 rope scaling {kind!r} is not supported; ember runs default rope and YaRN")
+    original = parameters.get("original_max_position_embeddings") or config["max_position_embeddings"]
+    factor = parameters.get("factor") or config["max_position_embeddings"] / original
+    return YarnRope(
+        factor=float(factor),
+        original_max_position_embeddings=int(original),
+        beta_fast=float(parameters.get("beta_fast") or 32),
+        beta_slow=float(parameters.get("beta_slow") or 1),
+        mscale=parameters.get("mscale"),
+        mscale_all_dim=parameters.get("mscale_all_dim"),
+        attention_factor=parameters.get("attention_factor"),
+        truncate=bool(parameters.get("truncate", True)),
+    )
 
 
 def _gemma2_extras(config: dict[str, Any]) -> dict[str, Any]:

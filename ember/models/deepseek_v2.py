@@ -46,7 +46,8 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
     def make_rotary(self) -> InterleavedRotaryEmbedding:
         config = self.config
         assert config.mla is not None
-        return InterleavedRotaryEmbedding(config.mla.qk_rope_head_dim, config.max_position_embeddings, config.rope_theta)
+        mla = config.mla
+        return InterleavedRotaryEmbedding(mla.qk_rope_head_dim, config.max_position_embeddings, config.rope_theta, mla.yarn)
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         if self.config.mla is None:

@@ -96,7 +96,8 @@ def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
         token_bytes[entry["id"]] = None
     merger = merger_from_merge_list(tokens, model.get("merges", []), codec)
     config = _read_config(Path(path).parent)
-    bos = config.get("bos_token")
+    leading = _leading_special(spec.get("post_processor"))
+    bos = leading if leading in special_tokens else config.get("bos_token")
     eos = config.get("eos_token")
     extra = [special_tokens[name] for name in END_OF_TURN_TOKENS if name in special_tokens]
     template_file = Path(path).parent / "chat_template.jinja"
@@ -113,6 +114,7 @@ def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
         eos_id=special_tokens.get(eos) if isinstance(eos, str) else None,
         extra_eos_ids=extra,
         chat_template=chat_template,
+        add_bos=leading in special_tokens,
         ignore_merges=bool(model.get("ignore_merges")),
         normalize=(lambda text: unicodedata.normalize("NFC", text)) if normalizer else None,
         strip_left=[entry["content"] for entry in added if entry.get("lstrip")],
@@ -120,6 +122,25 @@ def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
         name=f"tokenizer.json:{Path(path).parent.name}",
     )
     return tokenizer
+
+
+def _leading_special(post_processor: dict[str, Any] | None) -> str | None:
+    """The special token a TemplateProcessing post-processor puts before a single text (the
+    BOS that `add_special_tokens=True` adds, as Llama 3's tokenizer.json does), if any."""
+    if not post_processor:
+        return None
+    if post_processor.get("type") == "Sequence":
+        for part in post_processor.get("processors", []):
+            found = _leading_special(part)
+            if found is not None:
+                return found
+        return None
+    if post_processor.get("type") != "TemplateProcessing":
+        return None
+    single = post_processor.get("single") or []
+    if single and "SpecialToken" in single[0]:
+        return single[0]["SpecialToken"].get("id")
+    return None
 
 
 def _read_config(folder: Path) -> dict[str, Any]:

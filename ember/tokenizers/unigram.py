@@ -14,19 +14,20 @@ import math
 import random
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ember.tokenizers.pieces import PieceKind
 from ember.tokenizers.sentencepiece_vocab import SentencePieceTokenizer
 
 UNKNOWN_PENALTY = 10.0
+_NOT_A_PREFIX = object()  # a sentinel (immutable): "no piece starts with this text"
 # User-defined pieces always win: sentencepiece scores them length * max_score - 0.1.
 USER_DEFINED_PENALTY = 0.1
 
 
-@dataclass(frozen=True)
-class LatticeNode:
-    """One candidate piece in the lattice: text[start:end] as `token_id` (None: unknown)."""
+class LatticeNode(NamedTuple):
+    """One candidate piece in the lattice: text[start:end] as `token_id` (None: unknown).
+    A NamedTuple: lattices create many of them, and tuples are the cheapest to build."""
 
     start: int
     end: int
@@ -58,6 +59,13 @@ class UnigramModel:
                 bonus = len(piece) * self.max_score - USER_DEFINED_PENALTY
                 self._index.setdefault(piece, (token_id, bonus))
         self.max_piece_length = max((len(piece) for piece in self._index), default=1)
+        # Every piece and every proper prefix of one (value None): the lattice stops extending
+        # a candidate as soon as it is no prefix of any piece, a trie walk with one dict.
+        self._prefixes: dict[str, tuple[int, float] | None] = {}
+        for piece in self._index:
+            for end in range(1, len(piece)):
+                self._prefixes.setdefault(piece[:end], None)
+        self._prefixes.update(self._index)
 
     def lookup(self, piece: str) -> tuple[int, float] | None:
         """(id, score) of a piece that segmentations may use, None otherwise."""
@@ -65,7 +73,7 @@ class UnigramModel:
 
     def lattice(self, text: str) -> list[list[LatticeNode]]:
         """Nodes grouped by start position; every position has at least one node."""
-        index = self._index
+        prefixes = self._prefixes
         longest = self.max_piece_length
         size = len(text)
         starts: list[list[LatticeNode]] = []
@@ -73,7 +81,9 @@ class UnigramModel:
             nodes = []
             has_single = False
             for end in range(start + 1, min(size, start + longest) + 1):
-                entry = index.get(text[start:end])
+                entry = prefixes.get(text[start:end], _NOT_A_PREFIX)
+                if entry is _NOT_A_PREFIX:
+                    break
                 if entry is not None:
                     nodes.append(LatticeNode(start, end, entry[0], entry[1]))
                     has_single = has_single or end == start + 1

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -36,6 +37,7 @@ from ember.tokenizers.sentencepiece_model import (
 from ember.tokenizers.unigram import UnigramModel
 
 SPACE_MARKER = "\u2581"
+_WORD_START = re.compile(f"(?={SPACE_MARKER})")
 EXPECTED_FREQUENCY_THRESHOLD = 0.5
 REQUIRED_CHAR_SCORE_STEP = 0.0001
 
@@ -113,7 +115,8 @@ class UnigramTrainer:
             return ""
         if options.add_dummy_prefix:
             sentence = " " + sentence
-        return sentence.replace(" ", SPACE_MARKER)
+        sentence = sentence.replace(" ", SPACE_MARKER)
+        return sentence.rstrip(SPACE_MARKER) if options.remove_extra_whitespaces else sentence
 
     def _words(self, sentences: Iterable[str]) -> tuple[Counter[str], list[list[str]]]:
         words: Counter[str] = Counter()
@@ -122,13 +125,8 @@ class UnigramTrainer:
             sentence = self.normalize(raw.rstrip("\n"))
             if not sentence or len(sentence.encode()) > self.options.max_sentence_length:
                 continue
-            parts = [part for part in sentence.split(SPACE_MARKER)]
-            split = (
-                [SPACE_MARKER + part for part in parts[1:]]
-                if parts[0] == ""
-                else [parts[0], *(SPACE_MARKER + part for part in parts[1:])]
-            )
-            split = [word for word in split if word]
+            # A word starts at every marker: pieces may hold a marker only in front.
+            split = [word for word in _WORD_START.split(sentence) if word]
             words.update(split)
             sentence_words.append(split)
         return words, sentence_words

@@ -24,7 +24,19 @@ KV_LORA_RANK = 16
 ROPE_DIM = 8
 
 
-def _deepseek_v2(folder, q_lora_rank=None):
+YARN = dict(
+    rope_type="yarn",
+    rope_theta=10000.0,
+    factor=4.0,
+    original_max_position_embeddings=64,
+    beta_fast=32,
+    beta_slow=1,
+    mscale=1.0,
+    mscale_all_dim=0.8,  # unequal: both the cos/sin factor and the softmax temperature differ from 1
+)
+
+
+def _deepseek_v2(folder, q_lora_rank=None, rope_parameters=None, **routing):
     config = transformers.DeepseekV2Config(
         vocab_size=VOCAB,
         hidden_size=64,
@@ -44,13 +56,24 @@ def _deepseek_v2(folder, q_lora_rank=None):
         qk_nope_head_dim=16,
         qk_rope_head_dim=ROPE_DIM,
         v_head_dim=12,
+        rope_parameters=rope_parameters,
+        **routing,
     )
     return save_random_model(transformers.DeepseekV2ForCausalLM, config, folder)
 
 
-@pytest.fixture(scope="module", params=[None, 24], ids=["q-full", "q-lora"])
+# One group of two experts per token: unlike greedy top-2, whose experts may come from two groups.
+GROUP_LIMITED = dict(topk_method="group_limited_greedy", n_group=3, topk_group=1)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[(None, None, {}), (24, None, {}), (None, YARN, GROUP_LIMITED)],
+    ids=["q-full", "q-lora", "yarn-group-limited"],
+)
 def model_folder(request, tmp_path_factory):
-    return _deepseek_v2(tmp_path_factory.mktemp("deepseek"), q_lora_rank=request.param)
+    q_lora_rank, rope_parameters, routing = request.param
+    return _deepseek_v2(tmp_path_factory.mktemp("deepseek"), q_lora_rank, rope_parameters, **routing)
 
 
 def test_prompt_logits_match_transformers(model_folder):

@@ -43,3 +43,26 @@ def test_single_word_added_tokens_are_refused(shared_dir, tmp_path):
     path = with_added_tokens(shared_dir, tmp_path, {"<|im_end|>": {"single_word": True}})
     with pytest.raises(ValueError, match="not supported"):
         load(path)
+
+
+def test_a_template_that_starts_with_a_special_token_means_add_bos(shared_dir, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = json.loads((shared_dir / "tokenizers/smollm2/tokenizer.json").read_text("utf-8"))
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {
+            "<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}
+        },
+    }
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    ours = load(path)
+    reference = tokenizers.Tokenizer.from_file(str(path))
+    assert (ours.add_bos, ours.bos_id) == (True, 1)
+    assert ours.encode("Hi there", add_special_tokens=True) == reference.encode("Hi there").ids
+    assert ours.encode("Hi there") == reference.encode("Hi there", add_special_tokens=False).ids
