@@ -225,7 +225,7 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     options = results.get("options", {})
     add(f"Every figure is the median of {options.get('repeats', '?')} runs, with (min–max); ratios are ratios of medians. "
         f"Workload sizes are scaled by {options.get('scale', 1.0)} relative to issue 5 "
-        "(request counts only; prompt and output lengths are as specified), so the whole suite fits in about 20 minutes here. "
+        "(request counts only; prompt and output lengths are as specified) to keep the whole suite within about half an hour on this machine. "
         "Absolute numbers hold for this machine only.")
     for note in results.get("notes", []):
         add("")

@@ -163,17 +163,20 @@ def bench_mixed(options: BenchOptions) -> dict:
     return section
 
 
+_HF_MODELS: dict[tuple[str, str], object] = {}
+
+
 def _lazy_hf(path: Path, dtype: str, batch_size: int, workload: Workload, batch1: bool = False) -> Callable[[], RunResult]:
-    """Load the HF model on first use, keep it for the following repeats."""
-    holder = {}
+    """Load the HF model on first use, and keep it for every later run of this process at this dtype."""
 
     def run() -> RunResult:
         from ember.bench.hf_runner import HFRunner
 
-        if "runner" not in holder:
-            holder["runner"] = HFRunner(path, dtype, batch_size)
-        runner = holder["runner"]
-        return runner.run_batch1(workload) if batch1 else runner.run(workload)
+        key = (str(path), dtype)
+        if key not in _HF_MODELS:
+            _HF_MODELS[key] = HFRunner(path, dtype)
+        runner = _HF_MODELS[key]
+        return runner.run_batch1(workload) if batch1 else runner.run(workload, batch_size)
 
     return run
 
