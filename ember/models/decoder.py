@@ -8,6 +8,7 @@ Parameter names follow transformers (`model.embed_tokens`, `model.layers.N`, `mo
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +47,7 @@ class DecoderModel(nn.Module):
         return self.norm(h)
 
 
-class DecoderForCausalLM(nn.Module):
+class DecoderForCausalLM(nn.Module, ABC):
     """A `DecoderModel` plus the LM head; subclasses give `make_layer` and (if not plain attention) specs."""
 
     def __init__(self, config: ModelConfig) -> None:
@@ -55,9 +56,9 @@ class DecoderForCausalLM(nn.Module):
         self.model = DecoderModel(config, self.make_layer, self.kv_cache_specs(), self.make_rotary())
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
+    @abstractmethod
     def make_layer(self, layer_index: int, rotary: Any) -> nn.Module:
         """Decoder layer `layer_index`, sharing the model's rotary tables."""
-        raise NotImplementedError
 
     def make_rotary(self) -> Any:
         """The rotary embedding every layer shares (Llama's half-split layout over head_dim)."""
