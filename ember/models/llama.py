@@ -1,4 +1,4 @@
-"""The Llama family (Llama 2/3, Mistral without its window, Qwen2, SmolLM2) over a paged KV cache."""
+"""The Llama family (Llama 2/3, Mistral, Qwen2, SmolLM2) over a paged KV cache."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
 from ember.models.config import ModelConfig
+from ember.models.decoder import DecoderForCausalLM
 
 
 class LlamaAttention(nn.Module):
@@ -80,49 +81,12 @@ class LlamaDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class LlamaModel(nn.Module):
-    """Embedding, the decoder layers, the final norm."""
+class LlamaForCausalLM(DecoderForCausalLM):
+    """The Llama family: Llama blocks over the config's per-layer KV specs.
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        rotary = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
-        )
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    Full attention for Llama, Qwen2 and SmolLM2; a sliding window on every layer for Mistral,
+    and on Qwen2's layers past `max_window_layers` (hybrid local/global).
+    """
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, positions, kv_cache, metadata)
-        return self.norm(h)
-
-
-class LlamaForCausalLM(nn.Module):
-    """The decoder plus the LM head; parameter names follow transformers' so checkpoints map 1:1."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """Final hidden states [num_tokens, hidden] of the flat batch."""
-        return self.model(input_ids, positions, kv_caches, metadata)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+    def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
+        return LlamaDecoderLayer(self.config, rotary)

@@ -105,14 +105,10 @@ def _build(
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:
-    """The family class that runs `config` (Llama's own fast path when no layer is windowed)."""
+    """The family class that runs `config`."""
     architecture = config.architecture
     if architecture in ("llama", "qwen2", "mistral"):
-        if config.layer_windows is None:
-            return LlamaForCausalLM
-        from ember.models.mistral import MistralForCausalLM
-
-        return MistralForCausalLM
+        return LlamaForCausalLM
     families = {
         "mixtral": ("ember.models.mixtral", "MixtralForCausalLM"),
         "qwen2_moe": ("ember.models.qwen2_moe", "Qwen2MoeForCausalLM"),
