@@ -53,6 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     everything.add_argument("--out-dir", type=Path, default=Path("benchmarks"), help="results/ and plots/ go under this folder")
     everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,tokenizers")
     everything.add_argument("--chunk-tokens", type=int, default=256)
+    everything.add_argument("--requests", default=None, metavar="NAME=N,...",
+                            help="request counts per workload overriding --scale, e.g. mixed=24,serve=8 (mixed, shared-prefix, serve)")
+    everything.add_argument("--static-dtype", default=None, choices=("float32", "bfloat16"),
+                            help="run the static-batches lever of `mixed` at this dtype only (default: every dtype)")
+    everything.add_argument("--tokenizer-text-mb", type=float, default=2.0, help="text size of the tokenizer benchmark in `all`")
     everything.add_argument("--no-profile", action="store_true", help="skip profiling ember when a goal is missed")
     everything.set_defaults(func=_run_all)
     tokenizers = commands.add_parser("tokenizers", help="tokenizer encode throughput: ember vs tiktoken vs HF tokenizers")
@@ -137,11 +142,28 @@ def _run_all(args: argparse.Namespace) -> int:
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
         raise ValueError(f"--only: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
-    results = run_all(options, _command_line(), args.report, args.out_dir, only, profile=not args.no_profile)
+    options.requests_by_workload = _parse_requests(args.requests)
+    options.static_dtypes = None if args.static_dtype is None else (args.static_dtype,)
+    results = run_all(options, _command_line(), args.report, args.out_dir, only, profile=not args.no_profile,
+                      tokenizer_text_mb=args.tokenizer_text_mb)
     printing.print_summary(results)
     if args.report:
         print(f"wrote {args.report}, {args.out_dir}/results/summary.json and plots under {args.out_dir}/plots")
     return 0
+
+
+def _parse_requests(text: str | None) -> dict[str, int]:
+    """'mixed=24,serve=8' -> {'mixed': 24, 'serve': 8}."""
+    counts: dict[str, int] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in ("mixed", "shared-prefix", "serve") or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"--requests: {part!r} should read NAME=N with NAME one of mixed, shared-prefix, serve and N >= 1")
+        counts[name] = int(value)
+    return counts
 
 
 def _run_tokenizers(args: argparse.Namespace) -> int:

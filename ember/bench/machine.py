@@ -64,9 +64,20 @@ def machine_info() -> dict:
             "transformers": _version("transformers"),
             "llama_cpp_python": _version("llama_cpp_python"),
             "load_average_at_start": load_average(),
+            "llama_cpp_system_info": llama_cpp_system_info(),
         }
     )
     return info
+
+
+def llama_cpp_system_info() -> str | None:
+    """llama.cpp's own line of the CPU features it was built with, where llama-cpp-python is installed."""
+    try:
+        import llama_cpp
+
+        return llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    except Exception:  # noqa: BLE001 - not installed, or its library does not load
+        return None
 
 
 def git_commit(repo: Path | None = None) -> str:

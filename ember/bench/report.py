@@ -224,8 +224,8 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     add("")
     options = results.get("options", {})
     add(f"Every figure is the median of {options.get('repeats', '?')} runs, with (min–max); ratios are ratios of medians. "
-        f"Workload sizes are scaled by {options.get('scale', 1.0)} relative to issue 5 "
-        "(request counts only; prompt and output lengths are as specified) to keep the whole suite within about half an hour on this machine. "
+        f"Request counts are scaled by {options.get('scale', 1.0)} relative to issue 5{_overrides(options)} "
+        "(prompt and output lengths are as specified) to keep the whole suite within about half an hour on this machine. "
         "Absolute numbers hold for this machine only.")
     for note in results.get("notes", []):
         add("")
@@ -243,6 +243,13 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     _tokenizers(lines, results)
     _closing(lines, results)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _overrides(options: dict) -> str:
+    counts = options.get("requests") or {}
+    if not counts:
+        return ""
+    return " (" + ", ".join(f"`{name}`: {n} requests" for name, n in counts.items()) + ")"
 
 
 def _img(lines: list[str], plots: dict[str, Path], key: str, report_dir: Path | None) -> None:
@@ -267,6 +274,8 @@ def _machine(lines: list[str], results: dict) -> None:
         ["torch / transformers / llama-cpp-python", f"{m.get('torch')} / {m.get('transformers')} / {m.get('llama_cpp_python') or 'not installed'}"],
         ["load average (1, 5, 15 min) at start / end", f"{m.get('load_average_at_start')} / {m.get('load_average_at_end')}"],
     ]
+    if m.get("llama_cpp_system_info"):
+        rows.append(["llama.cpp build (its system info)", f"`{m['llama_cpp_system_info']}`"])
     during = m.get("load_average_during")
     if during:
         rows.append(["1-min load average while measuring", f"mean {during['mean']}, max {during['max']} ({during['samples']} samples)"])

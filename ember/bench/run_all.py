@@ -18,7 +18,7 @@ SECTIONS = ("roofline", "mixed", "batch1", "shared-prefix", "long-prefill", "ser
 
 
 def run_all(options: BenchOptions, command: str, report_path: Path | None, out_dir: Path, only: tuple[str, ...] = SECTIONS,
-            profile: bool = True) -> dict:
+            profile: bool = True, tokenizer_text_mb: float = 2.0) -> dict:
     """Run the benchmarks in `only`; write out_dir/results/<stamp>.json, summary.json, plots and the report."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -30,7 +30,8 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
         "commit": git_commit(),
         "machine": machine_info(),
         "options": {"model": options.model, "dtypes": list(options.dtypes), "repeats": options.repeats, "seed": options.seed,
-                    "scale": options.scale, "peers": list(options.peers), "chunk_tokens": options.chunk_tokens},
+                    "scale": options.scale, "requests": options.requests_by_workload, "peers": list(options.peers),
+                    "chunk_tokens": options.chunk_tokens, "static_dtypes": list(options.static_dtypes or options.dtypes)},
         "skipped": options.skipped,
         "errors": {},
         "notes": [],
@@ -70,7 +71,7 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
                     results[key] = suite.bench_serve(options)
                 elif name == "tokenizers":
                     tick("tokenizers")
-                    outcome = run_tokenizer_bench_if_present(options)
+                    outcome = run_tokenizer_bench_if_present(options, tokenizer_text_mb)
                     if outcome is None:
                         options.skipped["tokenizers"] = "ember/bench/tokenizers.py (run_tokenizer_bench) is not present"
                     else:

@@ -32,6 +32,8 @@ class BenchOptions:
     seed: int = 0
     scale: float = 1.0  # multiplies request counts (1.0: the sizes of issue 5)
     num_requests: int | None = None  # overrides the scaled request count of mixed, shared-prefix, serve
+    requests_by_workload: dict[str, int] = field(default_factory=dict)  # bench all: e.g. {"mixed": 24, "serve": 8}
+    static_dtypes: tuple[str, ...] | None = None  # dtypes that also run ember on static batches (None: all)
     peers: tuple[str, ...] = PEERS
     workload_file: Path | None = None  # replay this JSONL instead of generating
     save_workload: Path | None = None
@@ -46,8 +48,8 @@ class BenchOptions:
     def scaled(self, count: int) -> int:
         return max(1, round(count * self.scale))
 
-    def requests(self, default: int) -> int:
-        return self.num_requests or self.scaled(default)
+    def requests(self, default: int, workload: str = "") -> int:
+        return self.requests_by_workload.get(workload) or self.num_requests or self.scaled(default)
 
 
 # -- shared plumbing -----------------------------------------------------------------------------
@@ -137,7 +139,7 @@ def _llamacpp_gguf(options: BenchOptions, dtype: str) -> Path:
 
 def bench_mixed(options: BenchOptions) -> dict:
     """Output tokens/s of ember (continuous and static batches), HF and llama.cpp, per dtype."""
-    workload = make_workload(options, "mixed", num_requests=options.requests(64))
+    workload = make_workload(options, "mixed", num_requests=options.requests(64, "mixed"))
     peers = active_peers(options)
     path = model_path(options.model)
     section = {"workload": workload.params, "num_requests": len(workload.requests),
@@ -145,10 +147,11 @@ def bench_mixed(options: BenchOptions) -> dict:
     for dtype in options.dtypes:
         runners: dict[str, Callable[[], RunResult]] = {
             "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings()),
-            "ember_static": lambda dtype=dtype: run_ember(
-                options.model, dtype, workload, EmberSettings(label="ember (static batches of 16)", static_batch_size=16)
-            ),
         }
+        if options.static_dtypes is None or dtype in options.static_dtypes:
+            runners["ember_static"] = lambda dtype=dtype: run_ember(
+                options.model, dtype, workload, EmberSettings(label="ember (static batches of 16)", static_batch_size=16)
+            )
         if "hf" in peers:
             runners["hf"] = _lazy_hf(path, dtype, options.hf_batch_size, workload)
         if "llamacpp" in peers:
@@ -158,12 +161,16 @@ def bench_mixed(options: BenchOptions) -> dict:
         ember = entry["ember"]["tok_s"]["median"]
         entry["ratio_hf"] = ratio(ember, entry.get("hf", {}).get("tok_s", {}).get("median"))
         entry["ratio_llamacpp"] = ratio(ember, entry.get("llamacpp", {}).get("tok_s", {}).get("median"))
-        entry["ratio_static"] = ratio(ember, entry["ember_static"]["tok_s"]["median"])
+        entry["ratio_static"] = ratio(ember, _get_median(entry, "ember_static"))
         section["dtype"][dtype] = entry
     return section
 
 
 _HF_MODELS: dict[tuple[str, str], object] = {}
+
+
+def _get_median(entry: dict, engine: str) -> float | None:
+    return entry[engine]["tok_s"]["median"] if engine in entry else None
 
 
 def _lazy_hf(path: Path, dtype: str, batch_size: int, workload: Workload, batch1: bool = False) -> Callable[[], RunResult]:
@@ -207,9 +214,11 @@ def _interleave(options: BenchOptions, title: str, runners: dict[str, Callable[[
 def planned_runs(options: BenchOptions, workload: str) -> int:
     """How many timed runs a benchmark makes (for the progress bar)."""
     peers = len([p for p in options.peers if p in PEERS])
-    per_dtype = {"mixed": 2 + peers, "batch1": 1 + peers}
-    if workload in per_dtype:
-        return per_dtype[workload] * len(options.dtypes) * options.repeats
+    if workload == "mixed":
+        static = len([d for d in options.dtypes if options.static_dtypes is None or d in options.static_dtypes])
+        return ((1 + peers) * len(options.dtypes) + static) * options.repeats
+    if workload == "batch1":
+        return (1 + peers) * len(options.dtypes) * options.repeats
     return {"shared-prefix": 2, "long-prefill": 2, "serve": 1, "roofline": 0}.get(workload, 0) * options.repeats
 
 
@@ -268,7 +277,7 @@ def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> 
 
 def bench_shared_prefix(options: BenchOptions, dtype: str = "float32") -> dict:
     """Mean TTFT with prefix caching on vs off, and how much of the shared prefix was served from cache."""
-    workload = make_workload(options, "shared-prefix", num_requests=options.requests(64))
+    workload = make_workload(options, "shared-prefix", num_requests=options.requests(64, "shared-prefix"))
     prefix_len = workload.params.get("prefix_len", 1024)
     runners = {
         "on": lambda: run_ember(options.model, dtype, workload, EmberSettings(label="ember (prefix caching on)")),
@@ -301,7 +310,9 @@ def _prefix_reuse_pct(run: RunResult, prefix_len: int) -> float:
 
 def bench_long_prefill(options: BenchOptions, dtype: str = "float32") -> dict:
     """Decoders' inter-token latency while long prompts arrive, chunked prefill on vs off."""
-    workload = make_workload(options, "long-prefill", num_decoders=options.scaled(16), num_long=max(1, options.scaled(4)))
+    # Only the decoders scale: with fewer than 4 long prompts their ITL spikes fall below 1% of the
+    # samples and p99 stops seeing them.
+    workload = make_workload(options, "long-prefill", num_decoders=options.scaled(16), num_long=4)
     longest = max(r.prompt_len + r.max_tokens for r in workload.requests)
     off_budget = max(4096, longest)
     runners = {
@@ -351,7 +362,7 @@ def bench_serve(
     from ember.bench.serve import SLO, ember_server, run_load, serve_summary
 
     slo = slo or SLO()
-    num_requests = options.requests(64)
+    num_requests = options.requests(64, "serve")
     server = contextlib.nullcontext(url) if url else ember_server(options.model, dtype)
     label = url or f"ember serve ({dtype})"
     options.tick(f"serve: starting {label}")

@@ -24,3 +24,29 @@ def test_an_unknown_peer_is_refused_with_the_known_ones():
     args = build_parser().parse_args(["bench", "mixed", "--peers", "vllm"])
     with pytest.raises(ValueError, match="hf, llamacpp"):
         _options(args)
+
+
+def test_per_workload_request_counts_parse_and_bad_ones_say_what_to_write():
+    from ember.bench.cli import _parse_requests
+
+    assert _parse_requests("mixed=20, serve=8") == {"mixed": 20, "serve": 8}
+    assert _parse_requests(None) == {}
+    with pytest.raises(ValueError, match="NAME=N"):
+        _parse_requests("batch1=3")
+
+
+def test_request_counts_override_the_scale_per_workload():
+    from ember.bench.suite import BenchOptions
+
+    options = BenchOptions(scale=0.25, requests_by_workload={"mixed": 20})
+    assert options.requests(64, "mixed") == 20
+    assert options.requests(64, "serve") == 16
+
+
+def test_the_static_lever_at_one_dtype_plans_fewer_runs():
+    from ember.bench.suite import BenchOptions, planned_runs
+
+    both = BenchOptions(dtypes=("float32", "bfloat16"), repeats=3, peers=("hf",))
+    one = BenchOptions(dtypes=("float32", "bfloat16"), repeats=3, peers=("hf",), static_dtypes=("float32",))
+    assert planned_runs(both, "mixed") == (2 * 2 + 2) * 3
+    assert planned_runs(one, "mixed") == (2 * 2 + 1) * 3

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from ember.engine.config import CacheConfig, EngineConfig
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
