@@ -34,7 +34,9 @@ class CacheConfig:
 class SchedulerConfig:
     """Step budget: tokens per step, sequences per step, and whether long prompts are chunked."""
 
-    max_num_batched_tokens: int = 2048
+    # Small enough that a step with a prompt chunk stays short for the decoders sharing it
+    # (CPU prefill runs ~1-2k tokens/s), large enough that the matrix products stay efficient.
+    max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     enable_chunked_prefill: bool = True
 
