@@ -17,6 +17,7 @@ from torch import nn
 
 from ember.kv.specs import KVCacheLayout, KVCacheSpec, kv_specs_for
 from ember.layers.attention import AttentionMetadata
+from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
 from ember.models.config import ModelConfig
@@ -54,7 +55,7 @@ class DecoderForCausalLM(nn.Module, ABC):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config, self.make_layer, self.kv_cache_specs(), self.make_rotary())
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
     @abstractmethod
     def make_layer(self, layer_index: int, rotary: Any) -> nn.Module:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ember.layers.attention import AttentionMetadata, paged_attention
+from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
 from ember.models.config import ModelConfig
@@ -31,8 +32,8 @@ class LlamaAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         hidden = config.hidden_size
-        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, hidden, bias=config.output_bias)
+        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = Linear(self.q_size, hidden, bias=config.output_bias)
         self.rotary = rotary
 
     def forward(
@@ -56,8 +57,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         hidden, inner = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = nn.Linear(hidden, 2 * inner, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(inner, hidden, bias=config.mlp_bias)
+        self.gate_up_proj = Linear(hidden, 2 * inner, bias=config.mlp_bias)
+        self.down_proj = Linear(inner, hidden, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)

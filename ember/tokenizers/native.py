@@ -2,21 +2,18 @@
 
 The pure-Python merge loop in merges.py is the reference and the fallback: this module only
 makes the same computation faster when a C compiler is present. The shared library is built
-once per source version into a cache folder ($EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember or
-~/.cache/ember) and loaded with ctypes. Set EMBER_TOKENIZERS_PURE_PYTHON=1 to never use it.
+once per source version into ember's cache folder (ember.native_build) and loaded with ctypes. Set EMBER_TOKENIZERS_PURE_PYTHON=1 to never use it.
 Any failure to build or load quietly means "not available".
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 from array import array
 from pathlib import Path
+
+from ember.native_build import build_shared_library
 
 SOURCE = r"""
 #include <stdint.h>
@@ -101,44 +98,11 @@ int64_t ember_merge(const void *pointer, const int64_t *byte_ids, const uint8_t 
 PURE_PYTHON_ENV = "EMBER_TOKENIZERS_PURE_PYTHON"
 
 
-def _cache_dir() -> Path:
-    explicit = os.environ.get("EMBER_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ember"
-
-
 def build_library() -> Path | None:
-    """Path of the compiled library, building it if needed; None when that is impossible."""
+    """Path of the compiled merge loop, building it if needed; None when that is impossible."""
     if os.environ.get(PURE_PYTHON_ENV):
         return None
-    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
-    try:
-        target = _cache_dir() / f"ember_bpe_{digest}.so"
-    except RuntimeError:  # no home folder to cache in
-        return None
-    if target.is_file():
-        return target
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        return None
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            source = Path(scratch) / "ember_bpe.c"
-            source.write_text(SOURCE)
-            built = Path(scratch) / target.name
-            subprocess.run(
-                [compiler, "-O2", "-shared", "-fPIC", "-o", str(built), str(source)],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-            os.replace(built, target)  # atomic: concurrent builders never see half a file
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return target
+    return build_shared_library("ember_bpe", SOURCE, ("-O2",))
 
 
 class NativeMerger:

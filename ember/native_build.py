@@ -1,0 +1,54 @@
+"""Builds small C sources into shared libraries on first use, cached by source digest.
+
+Used for optional compiled fast paths (the tokenizer merge loop, the CPU GEMV). Each caller
+keeps a pure-Python/torch path as reference and fallback: no compiler, a failed build, or the
+caller's opt-out environment variable all mean "not available" (None), never an error.
+The cache folder is $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember, else ~/.cache/ember.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("EMBER_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ember"
+
+
+def build_shared_library(name: str, source: str, flags: tuple[str, ...] = ("-O2",)) -> Path | None:
+    """Path of `source` compiled with `flags` into a shared library; None when it cannot be built."""
+    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:16]
+    try:
+        target = cache_dir() / f"{name}_{digest}.so"
+    except RuntimeError:  # no home folder to cache in
+        return None
+    if target.is_file():
+        return target
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            source_path = Path(scratch) / f"{name}.c"
+            source_path.write_text(source)
+            built = Path(scratch) / target.name
+            subprocess.run(
+                [compiler, *flags, "-shared", "-fPIC", "-o", str(built), str(source_path)],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            os.replace(built, target)  # atomic: concurrent builders never see half a file
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return target
