@@ -35,8 +35,19 @@ def test_linear_takes_the_kernel_only_for_a_few_float32_rows_without_autograd():
     with torch.inference_mode():
         assert cpu_gemv.can_use(torch.zeros(4, 4), weight)
         assert not cpu_gemv.can_use(torch.zeros(cpu_gemv.MAX_ROWS + 1, 4), weight)
-        assert not cpu_gemv.can_use(torch.zeros(1, 4, dtype=torch.bfloat16), weight.bfloat16())
-        assert not cpu_gemv.can_use(torch.zeros(4, 8)[:, ::2], weight)  # not contiguous
+        assert cpu_gemv.can_use(torch.zeros(1, 4, dtype=torch.bfloat16), weight.bfloat16())
+        assert not cpu_gemv.can_use(torch.zeros(1, 4, dtype=torch.float16), weight.half())
+        assert not cpu_gemv.can_use(torch.zeros(1, 4), weight.t().contiguous().t())  # weight not contiguous
+
+
+def test_bfloat16_weights_accumulate_in_float32(gemv):
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(300, 576, generator=generator).bfloat16()
+    x = torch.randn(2, 576, generator=generator).bfloat16()
+    expected = F.linear(x.float(), weight.float()).bfloat16()
+    ours = gemv(x, weight, None)
+    assert ours.dtype == torch.bfloat16
+    assert torch.allclose(ours.float(), expected.float(), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("m", [1, 3, 9])
