@@ -26,21 +26,23 @@ class EmberSettings:
     label: str = "ember"
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None  # None: the engine's own default
+    max_num_seqs: int | None = None
     static_batch_size: int | None = None  # None: continuous batching
     kv_cache_memory_bytes: int | None = None
 
     def config(self, model: str, dtype: str) -> EngineConfig:
+        """The engine's defaults, except the levers and limits this variant sets."""
+        scheduler = {"enable_chunked_prefill": self.enable_chunked_prefill}
+        if self.max_num_batched_tokens is not None:
+            scheduler["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.max_num_seqs is not None:
+            scheduler["max_num_seqs"] = self.max_num_seqs
         return EngineConfig(
             model=model,
             dtype=dtype,
             cache=CacheConfig(enable_prefix_caching=self.enable_prefix_caching, kv_cache_memory_bytes=self.kv_cache_memory_bytes),
-            scheduler=SchedulerConfig(
-                max_num_batched_tokens=self.max_num_batched_tokens,
-                max_num_seqs=self.max_num_seqs,
-                enable_chunked_prefill=self.enable_chunked_prefill,
-            ),
+            scheduler=SchedulerConfig(**scheduler),
         )
 
     def with_(self, **changes) -> EmberSettings:
