@@ -59,6 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             help="run the static-batches lever of `mixed` at this dtype only (default: every dtype)")
     everything.add_argument("--tokenizer-text-mb", type=float, default=2.0, help="text size of the tokenizer benchmark in `all`")
     everything.add_argument("--no-profile", action="store_true", help="skip profiling ember when a goal is missed")
+    everything.add_argument("--from-results", type=Path, default=None, metavar="RESULTS_JSON",
+                            help="measure nothing: redraw the plots, summary.json and --report from a saved results file")
     everything.set_defaults(func=_run_all)
     tokenizers = commands.add_parser("tokenizers", help="tokenizer encode throughput: ember vs tiktoken vs HF tokenizers")
     tokenizers.add_argument("--text-mb", type=float, default=10.0)
@@ -137,6 +139,12 @@ def _run_all(args: argparse.Namespace) -> int:
     from ember.bench import printing
     from ember.bench.run_all import SECTIONS, run_all
 
+    if args.from_results is not None:
+        from ember.bench.run_all import rerender
+
+        rerender(args.from_results, args.report, args.out_dir)
+        print(f"redrew {args.report or 'nothing (no --report)'}, summary.json and plots from {args.from_results}")
+        return 0
     options = _options(args)
     only = SECTIONS if args.only is None else tuple(s.strip() for s in args.only.split(",") if s.strip())
     unknown = [s for s in only if s not in SECTIONS]

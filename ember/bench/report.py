@@ -275,7 +275,8 @@ def _machine(lines: list[str], results: dict) -> None:
         ["load average (1, 5, 15 min) at start / end", f"{m.get('load_average_at_start')} / {m.get('load_average_at_end')}"],
     ]
     if m.get("llama_cpp_system_info"):
-        rows.append(["llama.cpp build (its system info)", f"`{m['llama_cpp_system_info']}`"])
+        features = m["llama_cpp_system_info"].replace("|", ",").strip(" ,")  # a pipe would split the table cell
+        rows.append(["llama.cpp build (its system info)", f"`{features}`"])
     during = m.get("load_average_during")
     if during:
         rows.append(["1-min load average while measuring", f"mean {during['mean']}, max {during['max']} ({during['samples']} samples)"])

@@ -128,12 +128,24 @@ def _profile(options: BenchOptions) -> dict:
     return profile_ember(suite.model_path(options.model).as_posix(), options.dtypes[0])
 
 
+def rerender(results_file: Path, report_path: Path | None, out_dir: Path) -> None:
+    """Summary, plots and report from a saved results file, measuring nothing (e.g. after a renderer fix)."""
+    if not results_file.is_file():
+        raise FileNotFoundError(f"results file {results_file} does not exist; see {out_dir / 'results'}")
+    results = json.loads(results_file.read_text())
+    _render(results, report_path, out_dir)
+
+
 def _write(results: dict, options: BenchOptions, report_path: Path | None, out_dir: Path, started) -> None:
     results_dir = out_dir / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", started)
     (results_dir / f"{stamp}.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    report.write_summary(results, results_dir / "summary.json")
+    _render(results, report_path, out_dir)
+
+
+def _render(results: dict, report_path: Path | None, out_dir: Path) -> None:
+    report.write_summary(results, out_dir / "results" / "summary.json")
     plots = report.make_plots(results, out_dir / "plots")
     if report_path is not None:
         report_path.write_text(report.render_markdown(results, plots, report_path.resolve().parent))
