@@ -42,6 +42,9 @@ def iter_hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, shard.get_tensor(name)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.bpe", "tokenizer.bin")
+
+
 def find_hf_tokenizer(folder: Path) -> Path | None:
-    candidate = folder / "tokenizer.json"
-    return candidate if candidate.is_file() else None
+    """The folder itself when it holds a tokenizer file (ember.tokenizers.load picks which), else None."""
+    return folder if any((folder / name).is_file() for name in TOKENIZER_FILES) else None

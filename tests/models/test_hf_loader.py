@@ -25,3 +25,16 @@ def test_bfloat16_loading_casts_every_weight(tmp_path):
     folder = save_tiny_model("qwen2", tmp_path / "qwen2")
     model = load_model(folder, dtype="bfloat16").model
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def test_the_tokenizer_of_a_folder_is_found_whatever_file_holds_it(tmp_path, shared_dir):
+    import shutil
+
+    from ember.models.hf_loader import find_hf_tokenizer
+    from ember.tokenizers import load
+
+    folder = save_tiny_model("llama", tmp_path / "with-sentencepiece")
+    assert find_hf_tokenizer(folder) is None
+    shutil.copy(shared_dir / "tokenizers" / "llama2" / "tokenizer.model", folder / "tokenizer.model")
+    assert find_hf_tokenizer(folder) == folder
+    assert load(folder).encode("Hello world") == load(folder / "tokenizer.model").encode("Hello world")
