@@ -74,6 +74,8 @@ def load_llama2c(path: str | Path) -> SentencePieceBPETokenizer:
         options=options,
         bos_id=BOS_ID,
         eos_id=EOS_ID,
+        # run.c ends generation at BOS too: llama2.c models open the next story with it.
+        extra_eos_ids=(BOS_ID,),
         unk_id=UNK_ID,
         add_bos=True,
         special_tokens={},

@@ -187,3 +187,12 @@ def test_requests_that_cannot_run_are_refused_with_a_clear_message(llm, prompt_l
     with pytest.raises(ValueError, match=message):
         llm.engine.add_request("bad", [5] * prompt_length, params)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_a_llama2c_story_ends_where_run_c_stops_at_bos(llm):
+    bos = llm.tokenizer.bos_id
+    ended = run_to_completion(llm, {"e": ([bos], SamplingParams(temperature=0, max_tokens=400))})["e"].outputs[0]
+    ignored = run_to_completion(llm, {"i": ([bos], SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))})["i"].outputs[0]
+    assert ended.finish_reason == "stop" and ended.token_ids[-1] == bos
+    assert ignored.finish_reason == "length"
+    assert ignored.token_ids[: len(ended.token_ids)] == ended.token_ids
