@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 
+from ember.engine.llm_engine import EngineStats
 from ember.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from ember.engine.sampling_params import SamplingParams
 from ember.tokenizers.base import Tokenizer
@@ -58,25 +58,6 @@ class ByteTokenizer(Tokenizer):
 
     def is_special(self, token_id: int) -> bool:
         return token_id >= 256
-
-
-@dataclass
-class FakeStats:
-    """Same fields as the engine's EngineStats."""
-
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    num_free_blocks: int
-    num_total_blocks: int
-    block_size: int
-    kv_cache_bytes: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
-    num_steps: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
 
 
 class FakeEngine:
@@ -174,9 +155,9 @@ class FakeEngine:
         """Record an abort (the generator's own cleanup already stopped it)."""
         self.running.discard(request_id)
 
-    def stats(self) -> FakeStats:
-        """Stats shaped like EngineStats."""
-        return FakeStats(
+    def stats(self) -> EngineStats:
+        """The engine's own stats type, with the fake's counters."""
+        return EngineStats(
             num_running=len(self.running),
             num_waiting=0,
             kv_cache_usage=0.0,
@@ -190,6 +171,7 @@ class FakeEngine:
             num_steps=0,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
+            computed_tokens_total=self.prompt_tokens_total + self.generation_tokens_total,
         )
 
     def step_records(self) -> list:
