@@ -5,8 +5,26 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 
+def replace_lone_surrogates(text: str) -> str:
+    """`text` with lone surrogates replaced by U+FFFD.
+
+    A Python str may hold a lone surrogate (U+D800..U+DFFF, e.g. from JSON "\\ud800"), which
+    has no UTF-8 form. Every ember tokenizer encodes it as U+FFFD, as tiktoken does (the
+    `tokenizers` and `sentencepiece` bindings refuse such strings): `encode` is total.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 class Tokenizer(ABC):
     """Text <-> token ids for one vocabulary.
+
+    `encode` is total: every str encodes (lone surrogates as U+FFFD, see
+    `replace_lone_surrogates`), and `decode(encode(text)) == text` wherever the vocabulary can
+    spell every byte of `text`.
 
     `token_bytes(id)` is the exact byte string a token stands for (special tokens: their
     text), which is what lets `IncrementalDecoder` stream text without breaking UTF-8.

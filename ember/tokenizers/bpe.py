@@ -9,20 +9,14 @@ few thousand distinct pieces cover most of any corpus).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from itertools import compress, repeat
+from operator import is_
 
-from ember.tokenizers.base import Tokenizer
-from ember.tokenizers.merges import CACHE_LIMIT, BytePairMerger
+from ember.tokenizers.base import Tokenizer, replace_lone_surrogates
+from ember.tokenizers.merges import BytePairMerger
 from ember.tokenizers.patterns import PreTokenizer
+from ember.tokenizers.piece_cache import PieceCache
 from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
-
-
-def clean_surrogates(text: str) -> str:
-    """`text` with lone surrogates (unencodable in UTF-8) replaced by U+FFFD, as tiktoken does."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
 
 
 class ByteLevelBPETokenizer(Tokenizer):
@@ -83,8 +77,8 @@ class ByteLevelBPETokenizer(Tokenizer):
                 text = None if data is None else data.decode("utf-8", errors="replace")
                 if text is not None and "\ufffd" not in text:
                     self._whole_pieces[text] = token_id
-        self._single_cache: dict[str, int] = dict(self._whole_pieces)
-        self._multi_cache: dict[str, list[int]] = {}
+        self._single_cache: PieceCache[int] = PieceCache(self._whole_pieces)
+        self._multi_cache: PieceCache[list[int]] = PieceCache()
 
     # --- the Tokenizer contract -------------------------------------------------------------
 
@@ -118,6 +112,13 @@ class ByteLevelBPETokenizer(Tokenizer):
         return self._merger.is_native
 
     @property
+    def missing_bytes(self) -> frozenset[int]:
+        """Byte values this vocabulary has no token for: `encode` drops them, as HF's BPE and
+        llama.cpp do (SmolLM2 lacks 0xF1, the lead byte of U+40000..U+7FFFF), so they are
+        the only bytes `decode(encode(text))` can lose."""
+        return self._merger.missing_bytes
+
+    @property
     def special_tokens(self) -> dict[str, int]:
         """Special-token text -> id (every token matched whole in text)."""
         return dict(self._specials.special_tokens)
@@ -138,7 +139,7 @@ class ByteLevelBPETokenizer(Tokenizer):
         allowed="all" because chat templates render special tokens as text.
         `add_special_tokens=True` prepends BOS when the vocabulary asks for it (`add_bos`).
         """
-        text = clean_surrogates(text)
+        text = replace_lone_surrogates(text)
         if self._normalize is not None:
             text = self._normalize(text)
         ids: list[int] = []
@@ -159,17 +160,26 @@ class ByteLevelBPETokenizer(Tokenizer):
         ids = list(map(self._single_cache.get, pieces))
         if None not in ids:
             return ids
-        # Splice the multi-token pieces in; index() and slicing keep the scan in C.
+        # Merge each distinct uncached piece once (a run of 4M digits is 4M equal pieces),
+        # fill in those that are one token with a C-level map, splice the rest in.
+        missing = set(compress(pieces, map(is_, ids, repeat(None))))
+        resolved = {piece: self._piece_ids(piece) for piece in missing}
+        singles = {piece: found[0] for piece, found in resolved.items() if len(found) == 1}
+        if singles:
+            ids = list(map(singles.get, pieces, ids))
+            if None not in ids:
+                return ids
         out: list[int] = []
         start = 0
-        try:
-            while True:
+        while True:
+            try:
                 at = ids.index(None, start)
-                out += ids[start:at]
-                out += self._piece_ids(pieces[at])
-                start = at + 1
-        except ValueError:
-            out += ids[start:]
+            except ValueError:  # no multi-token piece left
+                break
+            out += ids[start:at]
+            out += resolved[pieces[at]]
+            start = at + 1
+        out += ids[start:]
         return out
 
     def _piece_ids(self, piece: str) -> list[int]:
@@ -179,13 +189,9 @@ class ByteLevelBPETokenizer(Tokenizer):
             return ids
         ids = self._merger.merge_uncached(piece.encode("utf-8"))
         if len(ids) == 1:
-            if len(self._single_cache) >= len(self._whole_pieces) + CACHE_LIMIT:
-                self._single_cache = dict(self._whole_pieces)
-            self._single_cache[piece] = ids[0]
+            self._single_cache.remember(piece, ids[0])
         else:
-            if len(self._multi_cache) >= CACHE_LIMIT:
-                self._multi_cache.clear()
-            self._multi_cache[piece] = ids
+            self._multi_cache.remember(piece, ids)
         return ids
 
     def token_bytes(self, token_id: int) -> bytes:

@@ -21,7 +21,6 @@ ID_MASK = (1 << ID_BITS) - 1
 MAX_VOCAB = 1 << ID_BITS
 # Pieces longer than this use the heap-based merge (O(n log n)) instead of rescanning.
 SCAN_LIMIT = 48
-CACHE_LIMIT = 200_000
 # Greater than every table value: "this pair does not merge".
 NO_MERGE = 1 << 62
 # Constant iterables for the C-level maps in the scan merge (immutable, shared safely).
@@ -56,10 +55,12 @@ def pair_table_from_ranks(ranks: dict[bytes, int]) -> dict[int, int]:
 
 
 class BytePairMerger:
-    """Applies a merge table to byte strings, with a per-instance cache of results.
+    """Applies a merge table to byte strings.
 
-    `byte_ids[b]` is the token id of the single byte b (None where the vocabulary lacks it:
-    encoding such a byte raises ValueError).
+    `byte_ids[b]` is the token id of the single byte b, None where the vocabulary lacks it:
+    such bytes are skipped, as HF's BPE (with no unknown token) and llama.cpp drop them, so
+    encoding is total even for vocabularies trained without every byte (SmolLM2 has no token
+    for 0xF1, the lead byte of U+40000..U+7FFFF).
     """
 
     def __init__(
@@ -69,7 +70,7 @@ class BytePairMerger:
             raise ValueError("byte_ids must give one entry per byte value (256)")
         self.byte_ids = byte_ids
         self.table = table
-        self._cache: dict[bytes, list[int]] = {}
+        self.missing_bytes = frozenset(byte for byte, token in enumerate(byte_ids) if token is None)
         # The compiled loop computes exactly what merge_python does, faster (see native.py).
         self._native = load_native(table, byte_ids, ID_BITS) if use_native else None
 
@@ -77,16 +78,6 @@ class BytePairMerger:
     def is_native(self) -> bool:
         """Whether merges run in the compiled core."""
         return self._native is not None
-
-    def merge(self, data: bytes) -> list[int]:
-        """Token ids of one piece (cached)."""
-        ids = self._cache.get(data)
-        if ids is None:
-            ids = self.merge_uncached(data)
-            if len(self._cache) >= CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[data] = ids
-        return ids
 
     def merge_uncached(self, data: bytes) -> list[int]:
         """Token ids of one piece, computed (by the compiled core when present)."""
@@ -100,10 +91,7 @@ class BytePairMerger:
         """Token ids of one piece, computed in Python: the reference implementation."""
         ids = list(map(self.byte_ids.__getitem__, data))
         if None in ids:
-            missing = next(byte for byte in data if self.byte_ids[byte] is None)
-            raise ValueError(
-                f"byte 0x{missing:02X} has no token in this vocabulary; it cannot be encoded"
-            )
+            ids = [token for token in ids if token is not None]
         if len(ids) < 2:
             return ids
         if len(ids) <= SCAN_LIMIT:

@@ -62,19 +62,25 @@ static uint64_t lookup(const table_t *table, uint64_t key, uint64_t missing) {
     return missing;
 }
 
-/* Merges the bytes of one piece; writes ids to out (capacity >= length); returns the count,
-   or -1 when a byte has no token. Lowest value first, leftmost on ties. */
+/* Ids of the bytes of a piece, skipping bytes that have no token (as HF's BPE and llama.cpp
+   drop them); returns how many were written to out. */
+static int64_t byte_tokens(const int64_t *byte_ids, const uint8_t *data, int64_t length, int64_t *out) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < length; i++) {
+        int64_t id = byte_ids[data[i]];
+        if (id >= 0) out[count++] = id;
+    }
+    return count;
+}
+
+/* Merges the bytes of one short piece by rescanning; writes ids to out (capacity >= length)
+   and returns their count. Lowest value first, leftmost on ties. */
 int64_t ember_merge(const void *pointer, const int64_t *byte_ids, const uint8_t *data,
                     int64_t length, int64_t *out, uint64_t *values, int64_t id_bits) {
     const table_t *table = (const table_t *)pointer;
     const uint64_t missing = ~(uint64_t)0;
     const uint64_t id_mask = (((uint64_t)1) << id_bits) - 1;
-    int64_t count = length;
-    for (int64_t i = 0; i < length; i++) {
-        int64_t id = byte_ids[data[i]];
-        if (id < 0) return -1;
-        out[i] = id;
-    }
+    int64_t count = byte_tokens(byte_ids, data, length, out);
     for (int64_t i = 0; i + 1 < count; i++)
         values[i] = lookup(table, ((uint64_t)out[i] << id_bits) | (uint64_t)out[i + 1], missing);
     while (count > 1) {
@@ -93,6 +99,86 @@ int64_t ember_merge(const void *pointer, const int64_t *byte_ids, const uint8_t 
     }
     return count;
 }
+
+/* The same merges for long pieces in O(n log n): a linked list over positions and a binary
+   heap of (value, left position) candidates; a popped candidate is stale when its left
+   symbol was merged away or its pair no longer has that value. Returns the count, or -1 when
+   scratch memory cannot be allocated. */
+typedef struct { uint64_t value; int64_t at; } candidate_t;
+
+static int before(candidate_t a, candidate_t b) {
+    return a.value < b.value || (a.value == b.value && a.at < b.at);
+}
+
+static void heap_push(candidate_t *heap, int64_t *size, candidate_t item) {
+    int64_t i = (*size)++;
+    while (i > 0) {
+        int64_t parent = (i - 1) / 2;
+        if (!before(item, heap[parent])) break;
+        heap[i] = heap[parent]; i = parent;
+    }
+    heap[i] = item;
+}
+
+static candidate_t heap_pop(candidate_t *heap, int64_t *size) {
+    candidate_t top = heap[0], last = heap[--(*size)];
+    int64_t i = 0;
+    for (;;) {
+        int64_t child = 2 * i + 1;
+        if (child >= *size) break;
+        if (child + 1 < *size && before(heap[child + 1], heap[child])) child++;
+        if (!before(heap[child], last)) break;
+        heap[i] = heap[child]; i = child;
+    }
+    if (*size > 0) heap[i] = last;
+    return top;
+}
+
+int64_t ember_merge_long(const void *pointer, const int64_t *byte_ids, const uint8_t *data,
+                         int64_t length, int64_t *out, int64_t id_bits) {
+    const table_t *table = (const table_t *)pointer;
+    const uint64_t missing = ~(uint64_t)0;
+    const uint64_t id_mask = (((uint64_t)1) << id_bits) - 1;
+    int64_t count = byte_tokens(byte_ids, data, length, out);
+    if (count < 2) return count;
+    int64_t *next = (int64_t *)malloc(sizeof(int64_t) * count);
+    int64_t *prev = (int64_t *)malloc(sizeof(int64_t) * count);
+    /* every merge pushes at most two candidates: count - 1 initial + 2 per merge */
+    candidate_t *heap = (candidate_t *)malloc(sizeof(candidate_t) * 3 * count);
+    if (!next || !prev || !heap) { free(next); free(prev); free(heap); return -1; }
+    int64_t size = 0;
+    for (int64_t i = 0; i < count; i++) { next[i] = i + 1; prev[i] = i - 1; }
+    for (int64_t i = 0; i + 1 < count; i++) {
+        uint64_t value = lookup(table, ((uint64_t)out[i] << id_bits) | (uint64_t)out[i + 1], missing);
+        if (value != missing) { candidate_t c = {value, i}; heap_push(heap, &size, c); }
+    }
+    while (size > 0) {
+        candidate_t top = heap_pop(heap, &size);
+        int64_t at = top.at;
+        if (out[at] < 0) continue;  /* merged away */
+        int64_t right = next[at];
+        if (right >= count) continue;
+        if (lookup(table, ((uint64_t)out[at] << id_bits) | (uint64_t)out[right], missing) != top.value) continue;
+        out[at] = (int64_t)(top.value & id_mask);
+        out[right] = -1;
+        int64_t after = next[right];
+        next[at] = after;
+        if (after < count) {
+            prev[after] = at;
+            uint64_t value = lookup(table, ((uint64_t)out[at] << id_bits) | (uint64_t)out[after], missing);
+            if (value != missing) { candidate_t c = {value, at}; heap_push(heap, &size, c); }
+        }
+        int64_t left = prev[at];
+        if (left >= 0) {
+            uint64_t value = lookup(table, ((uint64_t)out[left] << id_bits) | (uint64_t)out[at], missing);
+            if (value != missing) { candidate_t c = {value, left}; heap_push(heap, &size, c); }
+        }
+    }
+    int64_t kept = 0;
+    for (int64_t i = 0; i < count; i++) if (out[i] >= 0) out[kept++] = out[i];
+    free(next); free(prev); free(heap);
+    return kept;
+}
 """
 
 PURE_PYTHON_ENV = "EMBER_TOKENIZERS_PURE_PYTHON"
@@ -108,7 +194,7 @@ def build_library() -> Path | None:
 class NativeMerger:
     """The compiled merge loop bound to one merge table (owned by one BytePairMerger)."""
 
-    MAX_LENGTH = 4096  # longer pieces go to the Python heap merge (O(n log n))
+    SCAN_LENGTH = 256  # longer pieces use the O(n log n) heap merge, also compiled
 
     def __init__(
         self, library: ctypes.CDLL, table: dict[int, int], byte_ids: list[int | None], id_bits: int
@@ -122,22 +208,24 @@ class NativeMerger:
         if not self._table:
             raise MemoryError("could not allocate the native merge table")
         self._byte_ids = (ctypes.c_int64 * 256)(*[-1 if b is None else b for b in byte_ids])
-        self._out = (ctypes.c_int64 * self.MAX_LENGTH)()
-        self._values = (ctypes.c_uint64 * self.MAX_LENGTH)()
+        self._out = (ctypes.c_int64 * self.SCAN_LENGTH)()
+        self._values = (ctypes.c_uint64 * self.SCAN_LENGTH)()
         self._id_bits = id_bits
         self._merge = library.ember_merge
+        self._merge_long = library.ember_merge_long
 
     def merge(self, data: bytes) -> list[int] | None:
-        """Ids of one piece; None when the piece is too long or has an unknown byte."""
+        """Ids of one piece (bytes without a token are skipped); None when scratch memory for
+        a long piece cannot be allocated."""
         length = len(data)
-        if length > self.MAX_LENGTH:
-            return None
-        count = self._merge(
-            self._table, self._byte_ids, data, length, self._out, self._values, self._id_bits
-        )
-        if count < 0:
-            return None
-        return self._out[:count]
+        if length <= self.SCAN_LENGTH:
+            count = self._merge(
+                self._table, self._byte_ids, data, length, self._out, self._values, self._id_bits
+            )
+            return self._out[:count]
+        out = (ctypes.c_int64 * length)()
+        count = self._merge_long(self._table, self._byte_ids, data, length, out, self._id_bits)
+        return None if count < 0 else out[:count]
 
     def __del__(self) -> None:
         table = getattr(self, "_table", None)
@@ -167,6 +255,15 @@ def load_native(
             ctypes.c_char_p,
             ctypes.c_int64,
             ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+        ]
+        library.ember_merge_long.restype = ctypes.c_int64
+        library.ember_merge_long.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int64,
             ctypes.c_void_p,
             ctypes.c_int64,
         ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import re
 
+from ember.tokenizers.piece_cache import PieceCache
 from ember.tokenizers.sentencepiece_vocab import (
     SPACE_MARKER,
     SentencePieceOptions,
@@ -19,8 +20,6 @@ from ember.tokenizers.sentencepiece_vocab import (
 )
 
 __all__ = ["SPACE_MARKER", "SentencePieceBPETokenizer", "SentencePieceOptions"]
-
-WORD_CACHE_LIMIT = 100_000
 
 
 class SentencePieceBPETokenizer(SentencePieceTokenizer):
@@ -37,7 +36,7 @@ class SentencePieceBPETokenizer(SentencePieceTokenizer):
             if kind in merge_kinds and piece not in self._mergeable:
                 self._mergeable[piece] = (-score, token_id)
         self._word_split = self._word_splitter()
-        self._word_cache: dict[str, list[int]] = {}
+        self._word_cache: PieceCache[list[int]] = PieceCache()
 
     def _word_splitter(self) -> re.Pattern | None:
         """A splitter of normalised text into words that merges never cross, or None.
@@ -65,9 +64,7 @@ class SentencePieceBPETokenizer(SentencePieceTokenizer):
             word_ids = cache.get(word)
             if word_ids is None:
                 word_ids = self._segment_uncached(word)
-                if len(cache) >= WORD_CACHE_LIMIT:
-                    cache.clear()
-                cache[word] = word_ids
+                cache.remember(word, word_ids)
             ids.extend(word_ids)
         return ids
 

@@ -9,7 +9,7 @@ from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ember.tokenizers.base import Tokenizer
+from ember.tokenizers.base import Tokenizer, replace_lone_surrogates
 from ember.tokenizers.pieces import PieceKind, byte_of_piece
 from ember.tokenizers.sp_normalizer import CharsMap, normalize_with_rules
 from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
@@ -150,6 +150,7 @@ class SentencePieceTokenizer(Tokenizer):
         """Token ids of `text`; control/user-defined piece text in `allowed_special` becomes
         that piece (pass `allowed_special=()` for sentencepiece's behaviour, which never
         matches them); see `ByteLevelBPETokenizer.encode` for the special-token rules."""
+        text = replace_lone_surrogates(text)
         ids: list[int] = []
         if add_special_tokens and self._add_bos and self._bos_id is not None:
             ids.append(self._bos_id)
