@@ -26,8 +26,8 @@ def test_past_the_byte_budget_the_cache_starts_over_from_its_seed():
 def test_huge_one_letter_prompts_leave_nothing_behind_in_the_caches(smollm2_gguf):
     tokenizer = load(smollm2_gguf)
     for letter in "abcde":
-        ids = tokenizer.encode(letter * 1_000_000)
-        assert tokenizer.decode(ids) == letter * 1_000_000
+        ids = tokenizer.encode(letter * 300_000)
+        assert tokenizer.decode(ids) == letter * 300_000
     held = tokenizer._single_cache.held_bytes + tokenizer._multi_cache.held_bytes
     assert held < 10_000
     assert all(len(piece) <= 256 for piece in [*tokenizer._single_cache, *tokenizer._multi_cache])
