@@ -59,7 +59,7 @@ class Sampler:
         random_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
         if random_rows:
             index = torch.tensor(random_rows)
-            probs = _filtered_probs(logits[index], [rows[i].params for i in random_rows])
+            probs = filtered_probs(logits[index], [rows[i].params for i in random_rows])
             noise = self._exponential_noise(probs.shape, [rows[i].generator for i in random_rows])
             token_ids[index] = (probs / noise).argmax(dim=-1)
         return token_ids
@@ -91,7 +91,7 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     return logits
 
 
-def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Probabilities after temperature, top-k, top-p and min-p; filtered entries are 0."""
     temperatures = torch.tensor([p.temperature for p in params]).unsqueeze(1)
     logits = logits / temperatures

@@ -1,0 +1,172 @@
+"""Speculative verification: keep a prefix of the drafted tokens so the output is exactly the target's.
+
+Every proposer (n-gram, draft model) hands the same rule its drafts. Draft token i was drawn
+from q_i; the target gives p_i at the same position (both after the row's temperature, top-k,
+top-p and min-p, applied by the one `filtered_probs`). Draft i is kept with probability
+min(1, p_i(d_i) / q_i(d_i)); at the first rejection one token is drawn from
+norm(max(0, p_i - q_i)) instead and the rest are dropped; when all K are kept, a bonus token is
+drawn from p_K. Each emitted token is then distributed exactly as the target would have sampled
+it (Leviathan et al. 2023, Chen et al. 2023). A proposer that drafts deterministically (n-gram
+lookup) has q one-hot at its token, so the rule keeps d_i with probability p_i(d_i).
+
+Greedy rows keep drafts while they equal the target's argmax and end with the target's argmax:
+token for token what plain greedy decoding gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ember.layers.sampler import SampledToken, SamplingRow, describe_position, filtered_probs
+
+
+@dataclass
+class DraftRow:
+    """One sequence's drafted tokens and, for a sampling proposer, the distributions they came from.
+
+    `probs` is `[len(token_ids), vocab]` (already filtered by the row's params) or None for a
+    deterministic proposer, whose q is one-hot at each drafted token.
+    """
+
+    token_ids: list[int]
+    probs: torch.Tensor | None = None
+
+
+@dataclass
+class Verified:
+    """What verification decided for a batch: kept drafts per row and the one token drawn after them."""
+
+    num_accepted: torch.Tensor  # [B] drafts kept
+    final_token_ids: torch.Tensor  # [B] the resampled (on rejection) or bonus (all kept) token
+
+
+def verify(
+    target_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_drafts: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    uniforms: torch.Tensor,
+    noise: torch.Tensor,
+    is_greedy: torch.Tensor,
+) -> Verified:
+    """The rejection rule over a padded batch.
+
+    target_probs [B, K+1, V]: p at each draft position and the bonus position; draft_token_ids
+    [B, K] (padding anywhere past `num_drafts`); draft_probs [B, K, V] or None (one-hot drafts);
+    uniforms [B, K] in [0, 1); noise [B, V] exponential(1) for the final draw (exponential race);
+    is_greedy [B]: rows that keep drafts only on argmax agreement.
+    """
+    batch, num_positions, vocab = target_probs.shape
+    k = num_positions - 1
+    rows = torch.arange(batch)
+    positions = torch.arange(k)
+    argmax = target_probs.argmax(dim=-1)  # [B, K+1]
+    p_draft = target_probs[:, :k].gather(2, draft_token_ids.unsqueeze(2)).squeeze(2)  # [B, K]
+    q_draft = torch.ones_like(p_draft) if draft_probs is None else draft_probs.gather(2, draft_token_ids.unsqueeze(2)).squeeze(2)
+    # u < p / q, written without a division (q > 0: the draft was drawn from q).
+    sampled_accept = uniforms * q_draft < p_draft
+    greedy_accept = draft_token_ids == argmax[:, :k]
+    accept = torch.where(is_greedy.unsqueeze(1), greedy_accept, sampled_accept) & (positions < num_drafts.unsqueeze(1))
+    num_accepted = accept.int().cumprod(dim=1).sum(dim=1)  # length of the kept prefix
+    final = _final_distribution(target_probs, draft_token_ids, draft_probs, num_accepted, num_drafts, rows, vocab)
+    sampled = (final / noise).argmax(dim=-1)
+    greedy = argmax[rows, num_accepted]
+    return Verified(num_accepted, torch.where(is_greedy, greedy, sampled))
+
+
+def _final_distribution(
+    target_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    num_accepted: torch.Tensor,
+    num_drafts: torch.Tensor,
+    rows: torch.Tensor,
+    vocab: int,
+) -> torch.Tensor:
+    """norm(max(0, p - q)) at the first rejected position; p itself at the bonus position."""
+    p = target_probs[rows, num_accepted]  # [B, V]
+    k = draft_token_ids.shape[1]
+    rejected = num_accepted < num_drafts
+    if k == 0:
+        return p
+    at = num_accepted.clamp(max=k - 1)
+    if draft_probs is None:
+        q = torch.nn.functional.one_hot(draft_token_ids[rows, at], vocab).to(p.dtype)
+    else:
+        q = draft_probs[rows, at]
+    residual = (p - q).clamp(min=0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    # p == q up to rounding leaves no residual mass; rejection then had probability ~0 and p is exact.
+    residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(p.dtype).tiny), p)
+    return torch.where(rejected.unsqueeze(1), residual, p)
+
+
+class RejectionSampler:
+    """Verifies each row's drafts against the target logits at its K+1 scored positions.
+
+    Random draws of a seeded row come from that row's own generator (K uniforms and one
+    exponential per vocabulary entry, a fixed count per step), so a seeded request's output
+    does not depend on what shares its batch.
+    """
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self._generator = generator
+
+    def __call__(self, logits: list[torch.Tensor], rows: list[SamplingRow], drafts: list[DraftRow]) -> list[list[SampledToken]]:
+        """`logits[b]` is `[len(drafts[b].token_ids) + 1, vocab]`; returns the emitted tokens of each row."""
+        vocab = logits[0].shape[-1]
+        k = max(len(d.token_ids) for d in drafts)
+        batch = len(rows)
+        target_logits = torch.zeros(batch, k + 1, vocab)
+        draft_ids = torch.zeros(batch, k, dtype=torch.long)
+        has_probs = any(d.probs is not None for d in drafts)
+        draft_probs = torch.zeros(batch, k, vocab) if has_probs else None
+        for b, (row_logits, draft) in enumerate(zip(logits, drafts, strict=True)):
+            n = len(draft.token_ids)
+            target_logits[b, : n + 1] = row_logits.float()
+            draft_ids[b, :n] = torch.tensor(draft.token_ids, dtype=torch.long)
+            if draft_probs is not None:
+                draft_probs[b, :n] = draft.probs if draft.probs is not None else torch.nn.functional.one_hot(draft_ids[b, :n], vocab)
+        target_probs = self._target_probs(target_logits, rows)
+        num_drafts = torch.tensor([len(d.token_ids) for d in drafts])
+        uniforms, noise = self._draws(num_drafts, k, vocab, rows)
+        is_greedy = torch.tensor([row.params.is_greedy for row in rows])
+        verified = verify(target_probs, draft_ids, num_drafts, draft_probs, uniforms, noise, is_greedy)
+        return [
+            self._emitted(logits[b], draft_ids[b], int(verified.num_accepted[b]), int(verified.final_token_ids[b]), rows[b])
+            for b in range(batch)
+        ]
+
+    @staticmethod
+    def _target_probs(target_logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        batch, positions, vocab = target_logits.shape
+        random_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
+        probs = torch.softmax(target_logits, dim=-1)  # greedy rows only need the argmax
+        if random_rows:
+            index = torch.tensor(random_rows)
+            params = [rows[i].params for i in random_rows for _ in range(positions)]
+            flat = target_logits[index].reshape(-1, vocab)
+            probs[index] = filtered_probs(flat, params).reshape(len(random_rows), positions, vocab)
+        return probs
+
+    def _draws(self, num_drafts: torch.Tensor, k: int, vocab: int, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = len(rows)
+        uniforms = torch.rand(batch, k, generator=self._generator)
+        noise = torch.empty(batch, vocab).exponential_(generator=self._generator)
+        for b, row in enumerate(rows):
+            if row.generator is not None:
+                n = int(num_drafts[b])
+                uniforms[b, :n] = torch.rand(n, generator=row.generator)
+                noise[b].exponential_(generator=row.generator)
+        return uniforms, noise
+
+    @staticmethod
+    def _emitted(logits: torch.Tensor, draft_ids: torch.Tensor, num_accepted: int, final: int, row: SamplingRow) -> list[SampledToken]:
+        token_ids = draft_ids[:num_accepted].tolist() + [final]
+        num_top = row.params.logprobs
+        if num_top is None:
+            return [SampledToken(token_id) for token_id in token_ids]
+        logprobs = torch.log_softmax(logits[: len(token_ids)].float(), dim=-1)
+        return [describe_position(logprobs[i], token_id, num_top) for i, token_id in enumerate(token_ids)]
