@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rich.progress import Progress
 
-from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_params import SamplingParams
@@ -18,13 +18,19 @@ class LLM:
     """Runs a batch of prompts to completion with continuous batching, returning full outputs in order.
 
     `model` is a registered name, a GGUF file, an HF safetensors folder or a llama2.c .bin.
-    Extra keyword arguments set `CacheConfig` / `SchedulerConfig` fields by name
-    (e.g. `block_size=16, max_num_batched_tokens=512, enable_prefix_caching=False`).
+    Extra keyword arguments set `CacheConfig` / `SchedulerConfig` / `SpeculativeConfig` fields by
+    name (e.g. `block_size=16, max_num_batched_tokens=512, enable_prefix_caching=False`);
+    speculation: `speculative_method="ngram"|"draft", num_speculative_tokens=K, draft_model=PATH`.
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "float32", seed: int = 0, max_model_len: int | None = None, **options) -> None:
         cache_fields = {k: options.pop(k) for k in list(options) if k in CacheConfig.__dataclass_fields__}
         scheduler_fields = {k: options.pop(k) for k in list(options) if k in SchedulerConfig.__dataclass_fields__}
+        speculative_fields = {
+            k: options.pop(k) for k in list(options) if k in SpeculativeConfig.__dataclass_fields__ and k != "method"
+        }
+        if "speculative_method" in options:
+            speculative_fields["method"] = options.pop("speculative_method")
         if options:
             raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
         config = EngineConfig(
@@ -35,6 +41,7 @@ class LLM:
             max_model_len=max_model_len,
             cache=CacheConfig(**cache_fields),
             scheduler=SchedulerConfig(**scheduler_fields),
+            speculative=SpeculativeConfig(**speculative_fields),
         )
         self.engine = LLMEngine(config)
         self.tokenizer = self.engine.tokenizer

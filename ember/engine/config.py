@@ -1,4 +1,4 @@
-"""The engine's validated configuration: model, cache and scheduler, built once from flags or kwargs."""
+"""The engine's validated configuration: model, cache, scheduler and speculation, built once from flags or kwargs."""
 
 from __future__ import annotations
 
@@ -47,6 +47,51 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs must be at least 1")
 
 
+SPECULATIVE_METHODS = ("ngram", "draft", "medusa", "eagle")
+IMPLEMENTED_SPECULATIVE_METHODS = ("ngram", "draft")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding: which proposer drafts, how many tokens, and the draft model if any.
+
+    `method` None switches speculation off. "ngram" looks the last `ngram_max`..`ngram_min`
+    tokens up earlier in the sequence (prompt lookup) and drafts what followed; "draft" runs
+    `draft_model` (same tokenizer as the target). `adaptive` lets each sequence's draft length
+    follow its acceptance rate, down to 0 (with a probe now and then) when speculation does
+    not pay.
+    """
+
+    method: str | None = None
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
+    ngram_max: int = 4
+    ngram_min: int = 2
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method is None:
+            return
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method {self.method!r} is unknown; choose one of {', '.join(SPECULATIVE_METHODS)}")
+        if self.method not in IMPLEMENTED_SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative method {self.method!r} is not available yet; use one of {', '.join(IMPLEMENTED_SPECULATIVE_METHODS)}"
+            )
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError("num_speculative_tokens must be from 1 to 16")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative method 'draft' needs a draft model; pass draft_model=PATH (--draft-model)")
+        if self.method != "draft" and self.draft_model:
+            raise ValueError(f"a draft model is only used by speculative method 'draft', not {self.method!r}; drop draft_model")
+        if not 1 <= self.ngram_min <= self.ngram_max <= 16:
+            raise ValueError("n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 16")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None
+
+
 @dataclass
 class EngineConfig:
     """Everything needed to build an engine: which model, which tokenizer, dtype, cache, scheduler.
@@ -63,6 +108,7 @@ class EngineConfig:
     served_model_name: str | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -90,6 +136,12 @@ class EngineConfig:
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_num_seqs=args.max_num_seqs,
                 enable_chunked_prefill=not args.no_chunked_prefill,
+            ),
+            speculative=SpeculativeConfig(
+                method=args.speculative_method,
+                num_speculative_tokens=args.num_speculative_tokens,
+                draft_model=args.draft_model,
+                adaptive=not args.no_adaptive_speculation,
             ),
         )
 
@@ -122,3 +174,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true", help="switch prefix caching off")
     parser.add_argument("--no-chunked-prefill", action="store_true", help="switch chunked prefill off")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of unseeded sampling")
+    parser.add_argument("--speculative-method", default=None, choices=SPECULATIVE_METHODS,
+                        help="speculative decoding proposer (default: off)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=defaults.speculative.num_speculative_tokens,
+                        help="most tokens drafted per step and sequence")
+    parser.add_argument("--draft-model", default=None, help="draft model (same tokenizer) for --speculative-method draft")
+    parser.add_argument("--no-adaptive-speculation", action="store_true",
+                        help="always draft --num-speculative-tokens instead of following the acceptance rate")

@@ -15,9 +15,11 @@ from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, Re
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
 from ember.engine.runner import ModelRunner, StepResult, kv_cache_bytes_per_block, kv_cache_layout
 from ember.engine.sampling_params import SamplingParams
-from ember.engine.scheduler import Scheduler, SchedulerOutput
+from ember.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+from ember.engine.spec.speculator import Speculator
 from ember.engine.stop_checker import StopChecker
 from ember.kv.cache_manager import KVCacheManager
+from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import SampledToken, Sampler
 from ember.models.config import ModelConfig
 from ember.models.loader import DTYPES, LoadedModel, load_model
@@ -56,6 +58,24 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     computed_tokens_total: int
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
+    spec_verifications_total: int = 0
+    spec_draft_time_s: float = 0.0
+    spec_verify_time_s: float = 0.0
+    spec_accepted_histogram: tuple[int, ...] = ()  # [j] = verifications that kept j drafted tokens
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Share of drafted tokens the target kept (0 when nothing was drafted)."""
+        return self.spec_accepted_tokens_total / self.spec_draft_tokens_total if self.spec_draft_tokens_total else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens one verification emitted on average: kept drafts plus the one drawn after them."""
+        if not self.spec_verifications_total:
+            return 0.0
+        return (self.spec_accepted_tokens_total + self.spec_verifications_total) / self.spec_verifications_total
 
 
 class LLMEngine:
@@ -79,7 +99,9 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         generator = torch.Generator().manual_seed(config.seed)
         self.eos_ids = self.tokenizer.eos_ids if self.tokenizer is not None else frozenset()
-        self.runner = ModelRunner(loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids)
+        self.speculator = self._make_speculator(num_blocks, show_progress)
+        rejection = RejectionSampler(generator) if self.speculator is not None else None
+        self.runner = ModelRunner(loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids, rejection)
         self.stop_checker = StopChecker(self.eos_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
@@ -122,6 +144,8 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
+        if self.speculator is not None:
+            self.speculator.retain(self.scheduler.running)
         self._aborted_outputs.append(self._delta(request, request.sequences))
 
     def has_unfinished_requests(self) -> bool:
@@ -132,27 +156,37 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample, detokenize; returns the deltas of changed requests."""
         outputs, self._aborted_outputs = self._aborted_outputs, []
-        plan = self.scheduler.schedule()
+        drafts = self.speculator.propose(self.scheduler.running) if self.speculator is not None else {}
+        plan = self.scheduler.schedule(drafts)
         if plan.is_empty:
             return outputs
         started = time.perf_counter()
         result = self.runner.execute(plan)
+        duration_s = time.perf_counter() - started
         outputs.extend(self._process(plan, result))
-        self._record(plan, time.perf_counter() - started)
+        self._record(plan, duration_s)
+        if self.speculator is not None:
+            self.speculator.retain(self.scheduler.running)
         return outputs
 
     def _process(self, plan: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
         changed: dict[str, list[Sequence]] = {}
         for item in plan.scheduled:
             seq = item.seq
-            seq.num_computed_tokens += item.num_new_tokens
+            tokens = result.sampled.get(seq.seq_id, [])
+            num_rejected = self._count_verification(item, tokens)
+            seq.num_computed_tokens += item.num_new_tokens - num_rejected
             if seq.seq_id in result.prompt_logprobs:
                 self._add_prompt_logprobs(seq.request, result.prompt_logprobs[seq.seq_id])
             if seq.fork_pending and seq.num_computed_tokens == seq.compute_target:
                 self._fork(seq)
-            token = result.sampled.get(seq.seq_id)
-            if token is not None:
+            for token in tokens:
                 self._append(seq, token)
+                if seq.finish_reason is not None:
+                    break  # a stop inside the kept drafts ends the sequence there
+            if num_rejected and seq.finish_reason is None:
+                self.scheduler.roll_back(seq)
+            if tokens:
                 changed.setdefault(seq.request.request_id, []).append(seq)
         outputs = []
         for request_id, seqs in changed.items():
@@ -162,6 +196,14 @@ class LLMEngine:
                 request.metrics.finished_time = time.monotonic()
                 del self.requests[request_id]
         return outputs
+
+    def _count_verification(self, item: ScheduledSequence, tokens: list[SampledToken]) -> int:
+        """Record what verification kept of `item`'s drafts; returns how many were rejected."""
+        if item.draft is None or self.speculator is None:
+            return 0
+        num_accepted = len(tokens) - 1
+        self.speculator.record(item.seq, item.num_draft_tokens, num_accepted)
+        return item.num_draft_tokens - num_accepted
 
     def _fork(self, parent: Sequence) -> None:
         parent.fork_pending = False
@@ -230,6 +272,9 @@ class LLMEngine:
     # -- bookkeeping ------------------------------------------------------------------------
 
     def _record(self, plan: SchedulerOutput, duration_s: float) -> None:
+        if self.speculator is not None:
+            num_drafts = sum(item.num_draft_tokens for item in plan.scheduled)
+            self.speculator.observe_step(plan.num_batched_tokens, num_drafts, duration_s)
         self._counters["steps"] += 1
         self._counters["computed_tokens"] += plan.num_batched_tokens
         request_ids = tuple(dict.fromkeys(item.seq.request.request_id for item in plan.scheduled))
@@ -256,7 +301,43 @@ class LLMEngine:
             prompt_tokens_total=self._counters["prompt_tokens"],
             generation_tokens_total=self._counters["generation_tokens"],
             computed_tokens_total=self._counters["computed_tokens"],
+            **self._speculation_stats(),
         )
+
+    def _speculation_stats(self) -> dict:
+        if self.speculator is None:
+            return {}
+        spec = self.speculator.stats
+        return dict(
+            spec_draft_tokens_total=spec.draft_tokens,
+            spec_accepted_tokens_total=spec.accepted_tokens,
+            spec_verifications_total=spec.verifications,
+            spec_draft_time_s=spec.draft_time_s,
+            spec_verify_time_s=spec.verify_time_s,
+            spec_accepted_histogram=tuple(spec.accepted_histogram),
+        )
+
+    def _make_speculator(self, num_blocks: int, show_progress: bool) -> Speculator | None:
+        """The configured proposer behind a speculator, or None when speculation is off."""
+        spec = self.config.speculative
+        if not spec.enabled:
+            return None
+        if spec.method == "ngram":
+            from ember.engine.spec.ngram import NgramProposer
+
+            return Speculator(spec, NgramProposer(spec.ngram_max, spec.ngram_min), uses_model=False)
+        from ember.engine.spec.draft_model import DraftModelProposer
+
+        assert spec.draft_model is not None  # SpeculativeConfig checked it
+        draft = load_model(resolve_model(spec.draft_model), self.config.dtype, show_progress=show_progress)
+        if draft.config.vocab_size != self.model_config.vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
+                f"({self.model_config.vocab_size}); give a draft model with the same tokenizer"
+            )
+        generator = torch.Generator().manual_seed(self.config.seed + 1)
+        proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, generator)
+        return Speculator(spec, proposer, uses_model=True)
 
     def _num_kv_blocks(self, config: ModelConfig) -> int:
         cache = self.config.cache

@@ -11,6 +11,7 @@ from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import BlockCopy, KVCacheManager
 from ember.kv.specs import FullAttentionSpec, KVCacheLayout, LatentAttentionSpec
 from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
+from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import SampledToken, Sampler, SamplingRow
 from ember.models.config import ModelConfig
 from ember.models.llama import LlamaForCausalLM
@@ -18,9 +19,13 @@ from ember.models.llama import LlamaForCausalLM
 
 @dataclass
 class StepResult:
-    """What one forward pass produced: a sampled token per sampling sequence, prompt logprobs."""
+    """What one forward pass produced: the new tokens of each sampling sequence, prompt logprobs.
 
-    sampled: dict[str, SampledToken]
+    A sequence without drafted tokens gets one token; one with drafts gets its kept drafts and
+    the token drawn after them.
+    """
+
+    sampled: dict[str, list[SampledToken]]
     prompt_logprobs: dict[str, list[SampledToken]]
 
 
@@ -54,11 +59,13 @@ class ModelRunner:
         kv: KVCacheManager,
         sampler: Sampler,
         eos_ids: frozenset[int],
+        rejection_sampler: RejectionSampler | None = None,
     ) -> None:
         self.model = model
         self.block_size = block_size
         self.kv = kv
         self.sampler = sampler
+        self.rejection_sampler = rejection_sampler
         self.eos_ids = eos_ids
         dtype = next(model.parameters()).dtype
         self.layout = kv_cache_layout(model)
@@ -76,10 +83,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> StepResult:
+        return self._sample(plan.scheduled, self._forward(plan))
+
+    @torch.inference_mode()
+    def last_position_logits(self, plan: SchedulerOutput) -> torch.Tensor:
+        """Logits [len(plan.scheduled), vocab] at each scheduled sequence's last new token (a draft model's step)."""
+        hidden = self._forward(plan)
+        ends = torch.tensor([item.num_new_tokens for item in plan.scheduled]).cumsum(0)
+        return self.model.compute_logits(hidden[ends - 1])
+
+    def _forward(self, plan: SchedulerOutput) -> torch.Tensor:
         self._copy_blocks(plan.block_copies)
         input_ids, positions, metadata = self._prepare(plan.scheduled)
-        hidden = self.model(input_ids, positions, self.kv_caches, metadata)
-        return self._sample(plan.scheduled, hidden)
+        return self.model(input_ids, positions, self.kv_caches, metadata)
 
     def _copy_blocks(self, copies: list[BlockCopy]) -> None:
         if not copies:
@@ -96,7 +112,7 @@ class ModelRunner:
         token_chunks, position_chunks = [], []
         for item in scheduled:
             first = item.seq.num_computed_tokens
-            token_chunks.append(item.seq.token_ids[first : first + item.num_new_tokens])
+            token_chunks.append(item.new_token_ids)
             position_chunks.append(torch.arange(first, first + item.num_new_tokens))
         groups = [
             self._group_metadata(scheduled, position_chunks, group, window)
@@ -167,18 +183,32 @@ class ModelRunner:
 
     def _sample(self, scheduled: list[ScheduledSequence], hidden: torch.Tensor) -> StepResult:
         ends = torch.tensor([item.num_new_tokens for item in scheduled]).cumsum(0)
-        sampling = [(i, item.seq) for i, item in enumerate(scheduled) if item.samples]
+        sampling = [(i, item.seq) for i, item in enumerate(scheduled) if item.samples and item.draft is None]
         result = StepResult(sampled={}, prompt_logprobs={})
         if sampling:
             rows = torch.tensor([int(ends[i]) - 1 for i, _ in sampling])
             logits = self.model.compute_logits(hidden[rows])
             tokens = self.sampler(logits, [self._sampling_row(seq) for _, seq in sampling])
-            result.sampled = {seq.seq_id: token for (_, seq), token in zip(sampling, tokens, strict=True)}
+            result.sampled = {seq.seq_id: [token] for (_, seq), token in zip(sampling, tokens, strict=True)}
+        result.sampled.update(self._verify(scheduled, hidden, ends))
         for i, item in enumerate(scheduled):
             if item.seq.params.prompt_logprobs is not None and item.seq.index == 0:
                 start = int(ends[i]) - item.num_new_tokens
                 result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(item, hidden[start : int(ends[i])])
         return result
+
+    def _verify(self, scheduled: list[ScheduledSequence], hidden: torch.Tensor, ends: torch.Tensor) -> dict[str, list[SampledToken]]:
+        """Score each drafted sequence's K+1 positions (its last token, then its drafts) and keep what the target agrees to."""
+        verifying = [(int(ends[i]), item) for i, item in enumerate(scheduled) if item.draft is not None]
+        if not verifying:
+            return {}
+        assert self.rejection_sampler is not None, "drafted tokens scheduled on a runner without a rejection sampler"
+        rows = torch.cat([torch.arange(end - item.num_draft_tokens - 1, end) for end, item in verifying])
+        logits = self.model.compute_logits(hidden[rows]).split([item.num_draft_tokens + 1 for _, item in verifying])
+        tokens = self.rejection_sampler(
+            list(logits), [self._sampling_row(item.seq) for _, item in verifying], [item.draft for _, item in verifying]
+        )
+        return {item.seq.seq_id: row_tokens for (_, item), row_tokens in zip(verifying, tokens, strict=True)}
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         params = seq.params

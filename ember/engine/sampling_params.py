@@ -18,6 +18,7 @@ class SamplingParams:
     at each step (`k=0`: the sampled token only); `prompt_logprobs` likewise for prompt tokens.
     Logprobs are those of the model's raw distribution, before penalties and filters.
     A `seed` makes the request's samples reproducible whatever else shares its batch.
+    `allow_speculation=False` opts this request out of the engine's speculative decoding.
     """
 
     n: int = 1
@@ -38,6 +39,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    allow_speculation: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -49,6 +51,11 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether logits depend on the tokens generated so far (so drafted positions would need them)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def _validate(self) -> None:
         _check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "an integer from 1 to 128")

@@ -8,18 +8,35 @@ from dataclasses import dataclass, field
 from ember.engine.config import SchedulerConfig
 from ember.engine.request import Sequence, SequenceStatus
 from ember.kv.cache_manager import BlockCopy, CachedPrefix, KVCacheManager
+from ember.layers.rejection_sampler import DraftRow
 
 
 @dataclass
 class ScheduledSequence:
-    """A sequence in this step's batch and how many of its tokens are computed."""
+    """A sequence in this step's batch and how many of its tokens are computed.
+
+    With a `draft`, the last `num_draft_tokens` of the `num_new_tokens` are drafted tokens that
+    the step scores after the sequence's own last token (speculative verification).
+    """
 
     seq: Sequence
     num_new_tokens: int
+    draft: DraftRow | None = None
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return 0 if self.draft is None else len(self.draft.token_ids)
 
     @property
     def samples(self) -> bool:
-        return self.seq.samples_after(self.num_new_tokens)
+        return self.seq.samples_after(self.num_new_tokens - self.num_draft_tokens)
+
+    @property
+    def new_token_ids(self) -> list[int]:
+        """The tokens this step computes: the sequence's uncomputed ones, then any drafted ones."""
+        first = self.seq.num_computed_tokens
+        own = self.seq.token_ids[first : first + self.num_new_tokens - self.num_draft_tokens]
+        return own if self.draft is None else own + self.draft.token_ids
 
 
 @dataclass
@@ -62,11 +79,14 @@ class Scheduler:
             position -= 1
         self.waiting.insert(position, seq)
 
-    def schedule(self) -> SchedulerOutput:
-        """Plan one step.
+    def schedule(self, drafts: dict[str, DraftRow] | None = None) -> SchedulerOutput:
+        """Plan one step; `drafts` are proposed tokens to verify, by sequence id.
 
         Every step guarantees:
-        - at most `max_num_batched_tokens` tokens and `max_num_seqs` sequences are scheduled;
+        - at most `max_num_batched_tokens` tokens (drafted ones included) and `max_num_seqs`
+          sequences are scheduled;
+        - drafted tokens ride only on a decoding sequence, only where the budget and free blocks
+          allow without preempting anyone; their slots are never registered in the prefix cache;
         - running sequences go first (decodes, then unfinished prefills, oldest first); when the
           pool has no block for one, the newest running sequence not yet in this step's batch is
           preempted by recompute: its blocks are freed and it goes back to the front of the
@@ -76,7 +96,7 @@ class Scheduler:
         - every sequence is in exactly one of waiting, running or finished: none lost, none twice.
         """
         out = SchedulerOutput()
-        budget = self._schedule_running(self.config.max_num_batched_tokens, out)
+        budget = self._schedule_running(self.config.max_num_batched_tokens, out, drafts or {})
         if not out.preempted:
             self._admit_waiting(budget, out)
         return out
@@ -99,7 +119,11 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         self.kv.free(seq.seq_id)
 
-    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+    def roll_back(self, seq: Sequence) -> None:
+        """Give back the blocks past `seq`'s computed tokens (slots of rejected drafted tokens)."""
+        self.kv.trim(seq.seq_id, seq.num_computed_tokens)
+
+    def _schedule_running(self, budget: int, out: SchedulerOutput, drafts: dict[str, DraftRow]) -> int:
         # Decodes first keep inter-token latency low while long prompts are chunked in.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         for seq in order:
@@ -107,6 +131,10 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            draft = drafts.get(seq.seq_id)
+            if draft is not None and self._schedule_draft(seq, draft, budget, out):
+                budget -= out.scheduled[-1].num_new_tokens
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             copies = self._allocate_or_preempt(seq, num_new, out)
             if copies is None:
@@ -115,6 +143,24 @@ class Scheduler:
             out.block_copies.extend(copies)
             budget -= num_new
         return budget
+
+    def _schedule_draft(self, seq: Sequence, draft: DraftRow, budget: int, out: SchedulerOutput) -> bool:
+        """Schedule `seq`'s last token plus as much of `draft` as fits; False (nothing changed) if none does.
+
+        Drafted tokens are a bet, so they never preempt: they take blocks only while at least
+        one free block per running sequence remains for the tokens that are sure to be kept.
+        """
+        num_draft = min(len(draft.token_ids), budget - 1)
+        if seq.num_uncomputed_tokens != 1 or num_draft < 1:
+            return False
+        if self.kv.num_free_blocks < len(self.running) + -(-num_draft // self.kv.block_size):
+            return False
+        copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, 1 + num_draft)
+        if copies is None:
+            return False
+        out.scheduled.append(ScheduledSequence(seq, 1 + num_draft, draft.truncated(num_draft)))
+        out.block_copies.extend(copies)
+        return True
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> list[BlockCopy] | None:
         """Blocks for `seq`, preempting the newest running sequences until they fit; None if `seq` itself went."""

@@ -197,6 +197,22 @@ class KVCacheManager:
             self.pool.share(self._held(parent.blocks))
             tables[child_id] = BlockTable(list(parent.blocks), list(parent.block_hashes))
 
+    def trim(self, seq_id: str, num_tokens: int) -> None:
+        """Keep only the blocks covering a sequence's first `num_tokens` tokens; give back the rest.
+
+        This rolls back the slots of rejected drafted tokens. No hash is lost: blocks are
+        registered only once full of the sequence's own tokens, which all lie before `num_tokens`.
+        """
+        num_kept = -(-num_tokens // self.block_size)
+        for tables in self.group_tables:
+            table = tables.get(seq_id)
+            if table is None or len(table.blocks) <= num_kept:
+                continue
+            assert len(table.block_hashes) <= num_kept, "a block past the computed tokens was registered"
+            dropped = table.blocks[num_kept:]
+            del table.blocks[num_kept:]
+            self.pool.release(self._held(reversed(dropped)))
+
     def free(self, seq_id: str) -> None:
         """Give back a sequence's blocks, last block first, so a prompt's tail is evicted before its head."""
         for tables in self.group_tables:

@@ -33,6 +33,12 @@ class DraftRow:
     token_ids: list[int]
     probs: torch.Tensor | None = None
 
+    def truncated(self, num_tokens: int) -> DraftRow:
+        """The first `num_tokens` drafted tokens (and their distributions)."""
+        if num_tokens >= len(self.token_ids):
+            return self
+        return DraftRow(self.token_ids[:num_tokens], None if self.probs is None else self.probs[:num_tokens])
+
 
 @dataclass
 class Verified:

@@ -50,6 +50,9 @@ class _EngineCollector(Collector):
             ("ember:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).", stats.kv_cache_usage),
             ("ember:kv_cache_free_blocks", "KV-cache blocks free to allocate.", stats.num_free_blocks),
             ("ember:kv_cache_total_blocks", "KV-cache blocks in the pool.", stats.num_total_blocks),
+            ("ember:spec_decode_acceptance_rate", "Share of drafted tokens the target kept.", stats.spec_acceptance_rate),
+            ("ember:spec_decode_mean_accepted_length", "Tokens emitted per verification (kept drafts + 1).",
+             stats.spec_mean_accepted_length),
         )
         for name, documentation, value in gauges:
             gauge = GaugeMetricFamily(name, documentation, labels=["model_name"])
@@ -61,6 +64,11 @@ class _EngineCollector(Collector):
             ("ember:num_preemptions", "Requests preempted to free KV-cache blocks.", stats.num_preemptions),
             ("ember:prompt_tokens", "Prompt tokens processed.", stats.prompt_tokens_total),
             ("ember:generation_tokens", "Tokens generated.", stats.generation_tokens_total),
+            ("ember:spec_decode_num_draft_tokens", "Tokens drafted for speculative decoding.", stats.spec_draft_tokens_total),
+            ("ember:spec_decode_num_accepted_tokens", "Drafted tokens the target kept.", stats.spec_accepted_tokens_total),
+            ("ember:spec_decode_num_verifications", "Sequence-steps that verified drafted tokens.", stats.spec_verifications_total),
+            ("ember:spec_decode_draft_time_seconds", "Time spent drafting.", stats.spec_draft_time_s),
+            ("ember:spec_decode_verify_time_seconds", "Time of target steps that verified drafts.", stats.spec_verify_time_s),
         )
         for name, documentation, value in counters:
             counter = CounterMetricFamily(name, documentation, labels=["model_name"])

@@ -1,0 +1,105 @@
+"""A small draft model with the target's tokenizer drafts K tokens one forward pass at a time.
+
+The draft keeps its own paged KV cache (its own block pool and tables) and, per sequence, a
+shadow `Sequence` holding the real tokens plus its own latest drafts. Before drafting, the
+shadow is reconciled with the real sequence: KV is kept up to the first position where a draft
+differs from what the target accepted, so rejected drafts are recomputed and accepted ones are
+not. Then one forward catches the draft up on the new real tokens and yields the first draft
+token, and K - 1 single-token forwards yield the rest, every drafting sequence batched together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ember.engine.request import Sequence
+from ember.engine.runner import ModelRunner
+from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
+from ember.kv.cache_manager import KVCacheManager
+from ember.layers.rejection_sampler import DraftRow
+from ember.layers.sampler import Sampler, filtered_probs
+
+
+@dataclass
+class DraftState:
+    """The draft model's view of one sequence: its shadow and how many shadow tokens are real."""
+
+    shadow: Sequence
+    num_real: int
+
+
+class DraftModelProposer:
+    """Drafts with a second model over its own KV cache; q is the draft's filtered distribution."""
+
+    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, generator: torch.Generator) -> None:
+        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.runner = ModelRunner(model, num_blocks, block_size, self.kv, Sampler(generator), frozenset())
+        self._generator = generator
+        self._states: dict[str, DraftState] = {}
+
+    def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
+        active = {seq: k for seq, k in wanted.items() if self._catch_up(seq)}
+        tokens: dict[str, list[int]] = {seq.seq_id: [] for seq in active}
+        probs: dict[str, list[torch.Tensor]] = {seq.seq_id: [] for seq in active}
+        for step in range(max(active.values(), default=0)):
+            batch = [seq for seq, k in active.items() if k > step and self._allocate(seq)]
+            if not batch:
+                break
+            self._draft_step(batch, tokens, probs)
+        return {
+            seq_id: DraftRow(ids, torch.stack(probs[seq_id]) if probs[seq_id] else None)
+            for seq_id, ids in tokens.items()
+            if ids
+        }
+
+    def retain(self, seq_ids: set[str]) -> None:
+        """Free the draft KV of sequences that are no longer running."""
+        for seq_id in set(self._states) - seq_ids:
+            del self._states[seq_id]
+            self.kv.free(seq_id)
+
+    def _catch_up(self, seq: Sequence) -> bool:
+        """Reconcile the shadow with the real tokens; keep KV only where every token so far is real."""
+        state = self._states.get(seq.seq_id)
+        if state is None:
+            shadow = Sequence(seq.seq_id, seq.request, seq.index, list(seq.token_ids), seq.num_prompt_tokens)
+            self._states[seq.seq_id] = DraftState(shadow, len(seq.token_ids))
+            return True
+        shadow, real = state.shadow, seq.token_ids
+        match = state.num_real
+        while match < min(len(shadow.token_ids), len(real)) and shadow.token_ids[match] == real[match]:
+            match += 1
+        del shadow.token_ids[match:]
+        shadow.token_ids.extend(real[match:])
+        shadow.num_computed_tokens = min(shadow.num_computed_tokens, match)
+        state.num_real = len(real)
+        return True
+
+    def _allocate(self, seq: Sequence) -> bool:
+        shadow = self._states[seq.seq_id].shadow
+        num_new = len(shadow.token_ids) - shadow.num_computed_tokens
+        return self.kv.allocate_slots(shadow.seq_id, shadow.token_ids, shadow.num_computed_tokens, num_new) is not None
+
+    def _draft_step(self, batch: list[Sequence], tokens: dict[str, list[int]], probs: dict[str, list[torch.Tensor]]) -> None:
+        """One draft forward over `batch` (catch-up or one token each) and one drafted token per sequence."""
+        shadows = [self._states[seq.seq_id].shadow for seq in batch]
+        plan = SchedulerOutput([ScheduledSequence(s, len(s.token_ids) - s.num_computed_tokens) for s in shadows])
+        logits = self.runner.last_position_logits(plan).float()
+        for row, (seq, shadow) in enumerate(zip(batch, shadows, strict=True)):
+            shadow.num_computed_tokens = len(shadow.token_ids)
+            token, q = self._sample(logits[row], seq)
+            shadow.token_ids.append(token)
+            tokens[seq.seq_id].append(token)
+            if q is not None:
+                probs[seq.seq_id].append(q)
+
+    def _sample(self, logits: torch.Tensor, seq: Sequence) -> tuple[int, torch.Tensor | None]:
+        """The draft's token and the distribution q it came from (None for greedy: only argmax agreement counts)."""
+        params = seq.params
+        if params.is_greedy:
+            return int(logits.argmax()), None
+        q = filtered_probs(logits.unsqueeze(0), [params])[0]
+        noise = torch.empty_like(q).exponential_(generator=seq.generator or self._generator)
+        return int((q / noise).argmax()), q

@@ -1,0 +1,64 @@
+"""Prompt lookup: draft what followed the last time the sequence's final n tokens appeared.
+
+Input-grounded generation (editing code, summarising with quotes) copies long runs of its
+input, so the last few tokens often recur earlier in the prompt and the tokens after that
+occurrence are a cheap, often right, guess. Drafting costs no model call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ember.engine.request import Sequence
+from ember.layers.rejection_sampler import DraftRow
+
+
+@dataclass
+class NgramIndex:
+    """For each n, the latest position right after each n-gram of a token list (indexed incrementally)."""
+
+    sizes: tuple[int, ...]
+    num_indexed: int = 0  # n-grams ending before this position are indexed
+    after: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
+
+    def update(self, token_ids: list[int]) -> None:
+        """Index every n-gram that has at least one token after it."""
+        for end in range(max(self.num_indexed, 1), len(token_ids)):
+            for n in self.sizes:
+                if end >= n:
+                    self.after.setdefault(n, {})[tuple(token_ids[end - n : end])] = end
+        self.num_indexed = max(self.num_indexed, len(token_ids))
+
+    def continuation(self, token_ids: list[int], num_tokens: int) -> list[int]:
+        """Up to `num_tokens` that followed the latest earlier occurrence of the longest matching suffix."""
+        for n in self.sizes:  # longest first
+            if len(token_ids) <= n:
+                continue
+            start = self.after.get(n, {}).get(tuple(token_ids[-n:]))
+            if start is not None:
+                return token_ids[start : start + num_tokens]
+        return []
+
+
+class NgramProposer:
+    """Drafts by n-gram lookup in each sequence's own tokens (prompt and output), longest n first."""
+
+    def __init__(self, ngram_max: int, ngram_min: int) -> None:
+        self.sizes = tuple(range(ngram_max, ngram_min - 1, -1))
+        self._indexes: dict[str, NgramIndex] = {}
+
+    def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
+        drafts = {}
+        for seq, num_tokens in wanted.items():
+            index = self._indexes.setdefault(seq.seq_id, NgramIndex(self.sizes))
+            # The index covers n-grams with a token after them; the newest token has none yet.
+            index.update(seq.token_ids)
+            tokens = index.continuation(seq.token_ids, num_tokens)
+            if tokens:
+                drafts[seq.seq_id] = DraftRow(tokens)
+        return drafts
+
+    def retain(self, seq_ids: set[str]) -> None:
+        """Forget the indexes of sequences that are no longer running."""
+        for seq_id in set(self._indexes) - seq_ids:
+            del self._indexes[seq_id]

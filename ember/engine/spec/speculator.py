@@ -1,0 +1,200 @@
+"""Who drafts, how many tokens, and what it paid: the engine's one handle on speculative decoding.
+
+Each step the speculator picks the decoding sequences that may speculate, gives each a draft
+length, asks the proposer, and afterwards records how many drafts the target kept.
+
+Adaptive draft length. With per-token acceptance a, K drafts yield (1 - a^(K+1)) / (1 - a)
+tokens per step, and cost 1 + K * c steps' worth of time, where c is what one more scored
+(and, for a draft model, drafted) token costs relative to a step. The speculator estimates a per
+sequence (discounted counts of kept vs tried drafts) and c from the steps it has seen (a linear
+fit of step time against scheduled tokens, plus measured draft time), then picks the K that
+gives most tokens per unit time. When no K > 0 pays, the sequence stops drafting, and probes
+with one draft token every `PROBE_INTERVAL` steps so a change in the text can bring it back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ember.engine.config import SpeculativeConfig
+from ember.engine.request import Sequence, SequenceStatus
+from ember.layers.rejection_sampler import DraftRow
+
+PROBE_INTERVAL = 16
+DISCOUNT = 0.9  # weight of older verifications in a sequence's acceptance estimate
+DEFAULT_EXTRA_TOKEN_COST = 0.05  # relative cost of one more scored token until steps have been timed
+
+
+class Proposer(Protocol):
+    """Drafts tokens for sequences: `wanted` maps each sequence to the most tokens it may draft."""
+
+    def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]: ...
+
+    def retain(self, seq_ids: set[str]) -> None: ...
+
+
+@dataclass
+class SpeculationStats:
+    """Counters of drafting and verification since the engine started."""
+
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verifications: int = 0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    accepted_histogram: list[int] = field(default_factory=list)  # [j] = verifications that kept j drafts
+
+
+@dataclass
+class Acceptance:
+    """Discounted counts of drafts kept and drafts tried by one sequence, and its probe clock."""
+
+    kept: float = 3.0  # prior: 3 of 4 kept
+    tried: float = 4.0
+    steps_off: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.kept / self.tried
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        # A verification is a run of kept drafts ended by one rejection (unless all were kept).
+        self.kept = DISCOUNT * self.kept + num_accepted
+        self.tried = DISCOUNT * self.tried + num_accepted + (1 if num_accepted < num_drafted else 0)
+
+
+@dataclass
+class StepTimeFit:
+    """Exponentially weighted least squares of step time against scheduled tokens: time = base + per_token * n."""
+
+    weight: float = 0.0
+    n: float = 0.0
+    t: float = 0.0
+    nn: float = 0.0
+    nt: float = 0.0
+
+    def add(self, num_tokens: int, duration_s: float, decay: float = 0.98) -> None:
+        self.weight = decay * self.weight + 1
+        self.n = decay * self.n + num_tokens
+        self.t = decay * self.t + duration_s
+        self.nn = decay * self.nn + num_tokens * num_tokens
+        self.nt = decay * self.nt + num_tokens * duration_s
+
+    def per_token_s(self) -> float | None:
+        if self.weight < 4:
+            return None
+        mean_n, mean_t = self.n / self.weight, self.t / self.weight
+        variance = self.nn / self.weight - mean_n**2
+        if variance < 0.25:
+            return None  # every step had the same size: the slope is unknown
+        return max(0.0, (self.nt / self.weight - mean_n * mean_t) / variance)
+
+    def predict_s(self, num_tokens: int) -> float | None:
+        per_token = self.per_token_s()
+        if per_token is None:
+            return None
+        return self.t / self.weight + per_token * (num_tokens - self.n / self.weight)
+
+
+class Speculator:
+    """Chooses draft lengths, runs the proposer, and keeps the statistics of what it bought."""
+
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, uses_model: bool) -> None:
+        self.config = config
+        self.proposer = proposer
+        self.uses_model = uses_model
+        self.stats = SpeculationStats(accepted_histogram=[0] * (config.num_speculative_tokens + 1))
+        self._acceptance: dict[str, Acceptance] = {}
+        self._step_fit = StepTimeFit()
+        self._draft_s_per_token: float | None = None
+
+    def propose(self, running: list[Sequence]) -> dict[str, DraftRow]:
+        """Drafts for this step, by sequence id, for the running sequences that decode and may speculate."""
+        wanted = {seq: k for seq in running if (k := self._draft_length(seq, len(running))) > 0}
+        if not wanted:
+            return {}
+        started = time.perf_counter()
+        drafts = self.proposer.propose(wanted)
+        elapsed = time.perf_counter() - started
+        self.stats.draft_time_s += elapsed
+        num_drafted = sum(len(d.token_ids) for d in drafts.values())
+        if self.uses_model and num_drafted:
+            per_token = elapsed / max(wanted.values())  # draft forwards run batched: one per position
+            old = self._draft_s_per_token
+            self._draft_s_per_token = per_token if old is None else 0.8 * old + 0.2 * per_token
+        return drafts
+
+    def retain(self, running: list[Sequence]) -> None:
+        """Drop the state (draft KV, n-gram indexes, acceptance) of sequences no longer running."""
+        live = {seq.seq_id for seq in running}
+        self.proposer.retain(live)
+        for seq_id in set(self._acceptance) - live:
+            del self._acceptance[seq_id]
+
+    def observe_step(self, num_scheduled_tokens: int, num_draft_tokens: int, duration_s: float) -> None:
+        """Time of one target step (drafted tokens included) for the cost estimate."""
+        self._step_fit.add(num_scheduled_tokens, duration_s)
+        if num_draft_tokens:
+            self.stats.verify_time_s += duration_s
+
+    def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        """What verification kept of one sequence's drafts."""
+        self.stats.draft_tokens += num_drafted
+        self.stats.accepted_tokens += num_accepted
+        self.stats.verifications += 1
+        self.stats.accepted_histogram[num_accepted] += 1
+        self._acceptance.setdefault(seq.seq_id, Acceptance()).record(num_drafted, num_accepted)
+
+    def _draft_length(self, seq: Sequence, batch_size: int) -> int:
+        if not self._may_speculate(seq):
+            return 0
+        params = seq.params
+        room = (params.max_tokens or 1 << 30) - seq.num_output_tokens - 1  # the token after the drafts counts too
+        k_max = min(self.config.num_speculative_tokens, room)
+        if k_max <= 0:
+            return 0
+        if not self.config.adaptive:
+            return k_max
+        acceptance = self._acceptance.setdefault(seq.seq_id, Acceptance())
+        k = best_draft_length(acceptance.rate, self._extra_token_cost(batch_size), k_max)
+        if k > 0:
+            acceptance.steps_off = 0
+            return k
+        acceptance.steps_off += 1
+        return 1 if acceptance.steps_off % PROBE_INTERVAL == 0 else 0
+
+    def _extra_token_cost(self, batch_size: int) -> float:
+        """What one more drafted token of one sequence costs, relative to the time a step gives each sequence."""
+        per_token = self._step_fit.per_token_s()
+        step = self._step_fit.predict_s(batch_size)
+        if per_token is None or step is None or step <= 0:
+            return DEFAULT_EXTRA_TOKEN_COST
+        cost = per_token
+        if self._draft_s_per_token is not None:
+            cost += self._draft_s_per_token / batch_size  # a draft forward serves the whole batch
+        return cost * batch_size / step
+
+    @staticmethod
+    def _may_speculate(seq: Sequence) -> bool:
+        params = seq.params
+        return (
+            seq.status is SequenceStatus.RUNNING
+            and params.allow_speculation
+            and not seq.fork_pending
+            and seq.num_uncomputed_tokens == 1
+            and not params.has_penalties  # penalties would need each drafted position's own history
+            and seq.num_output_tokens >= params.min_tokens  # banned stop tokens change inside the drafts
+        )
+
+
+def expected_tokens(acceptance_rate: float, num_drafts: int) -> float:
+    """Tokens one verification yields on average: kept drafts plus the one drawn after them."""
+    a = min(acceptance_rate, 0.999)
+    return (1 - a ** (num_drafts + 1)) / (1 - a)
+
+
+def best_draft_length(acceptance_rate: float, extra_token_cost: float, k_max: int) -> int:
+    """The K in 0..k_max with the most expected tokens per unit of step time."""
+    return max(range(k_max + 1), key=lambda k: expected_tokens(acceptance_rate, k) / (1 + k * extra_token_cost))
