@@ -48,8 +48,10 @@ async def create_chat_completion(context: ServingContext, raw_request: Request) 
     ticket = context.admission.admit(1)
     stream = tracked_generate(context, request_id, prompt, params, ticket)
     if request.stream:
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        chunks = _chunks(context, request_id, model, stream, params.n, num_top, include_usage)
+        options = request.stream_options
+        include_usage = bool(options and options.include_usage)
+        continuous_usage = bool(include_usage and options.continuous_usage_stats)
+        chunks = _chunks(context, request_id, model, stream, params.n, num_top, include_usage, continuous_usage)
         return sse_response(chunks, ticket.release)
     try:
         (output,) = await cancel_on_disconnect(raw_request, collect([stream], params.n))
@@ -85,9 +87,12 @@ async def _chunks(
     n: int,
     num_top: int,
     include_usage: bool,
+    continuous_usage: bool = False,
 ) -> AsyncIterator[str]:
     """The SSE events of a streamed chat completion: a role chunk per choice, then one chunk per
-    choice per engine step, then (if asked) a usage chunk with no choices."""
+    choice per engine step, then (if asked) a usage chunk with no choices. With
+    `continuous_usage` every token chunk also carries the usage so far (what a gateway bills
+    when the client cuts the stream)."""
     created = int(time.time())
     formatter = LogprobFormatter(context.tokenizer)
 
@@ -112,7 +117,7 @@ async def _chunks(
                     logprobs=formatter.chat(part, num_top),
                     finish_reason=openai_finish_reason(part.finish_reason),
                 )
-                yield chunk([choice])
+                yield chunk([choice], usage_of([delta], completion_tokens) if continuous_usage else None)
     finally:
         await merged.aclose()
     if include_usage and last is not None:

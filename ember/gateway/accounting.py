@@ -1,0 +1,114 @@
+"""Token accounting: bounding a request's tokens before it runs, and metering what it used.
+
+Budgets and rate limits hold exactly because the gateway reserves an upper bound of a request's
+tokens (and their price) before sending it, then settles the reservation to the usage the
+backend reported. A stream cut short is settled to what the client received.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ember.gateway.config import AccountingConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @staticmethod
+    def from_openai(usage: dict | None) -> TokenUsage | None:
+        """The usage object of an OpenAI response or chunk, or None if it has none."""
+        if not isinstance(usage, dict):
+            return None
+        details = usage.get("prompt_tokens_details") or {}
+        return TokenUsage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), int(details.get("cached_tokens") or 0))
+
+
+def prompt_text(endpoint: str, body: dict) -> str:
+    """The prompt's text, for prefix routing, the cache and the token bound."""
+    if endpoint == "/chat/completions":
+        return "".join(f"{message.get('role', '')}\n{content_text(message.get('content'))}\n" for message in body.get("messages") or ())
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(item if isinstance(item, str) else " ".join(map(str, item)) if isinstance(item, list) else str(item) for item in prompt)
+
+
+def content_text(content) -> str:
+    """A message's text whether it is a string or a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def prompt_token_bound(endpoint: str, body: dict, config: AccountingConfig) -> int:
+    """An upper bound of the prompt's token count: one token per UTF-8 byte (byte-level
+    tokenizers never do worse), plus the chat template's tokens per message."""
+    if endpoint == "/chat/completions":
+        messages = body.get("messages") or ()
+        text_bytes = sum(len(content_text(message.get("content")).encode("utf-8")) for message in messages)
+        return text_bytes + config.template_tokens_per_message * (len(messages) + 1)
+    prompt = body.get("prompt", "")
+    prompts = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
+    bound = 0
+    for item in prompts:
+        bound += len(item.encode("utf-8")) if isinstance(item, str) else len(item)
+        bound += config.template_tokens_per_message  # BOS and friends
+    return bound
+
+
+def completion_token_bound(body: dict, config: AccountingConfig) -> int:
+    """max_tokens (or max_completion_tokens) times the number of choices and prompts."""
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or config.default_max_tokens
+    choices = int(body.get("n") or 1)
+    prompt = body.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    return int(max_tokens) * choices * prompts
+
+
+class StreamMeter:
+    """Watches the chunks a client actually received: usage, token chunks, and choice 0's text.
+
+    When the backend reports usage on every chunk (ember's `continuous_usage_stats`) the meter
+    knows the exact count at any cut; otherwise it counts one token per content chunk and takes
+    the prompt bound for the prompt.
+    """
+
+    def __init__(self, prompt_bound: int) -> None:
+        self._prompt_bound = prompt_bound
+        self._reported: TokenUsage | None = None
+        self._token_chunks = 0
+        self._text_parts: list[str] = []
+        self.finished = False
+
+    def observe(self, chunk: dict) -> None:
+        reported = TokenUsage.from_openai(chunk.get("usage"))
+        if reported is not None:
+            self._reported = reported
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if choice.get("index", 0) == 0 and text:
+                self._text_parts.append(text)
+            if text or choice.get("finish_reason"):
+                self._token_chunks += 1
+            if choice.get("finish_reason"):
+                self.finished = True
+
+    def usage(self) -> TokenUsage:
+        """The tokens received so far."""
+        if self._reported is not None:
+            return self._reported
+        return TokenUsage(self._prompt_bound, self._token_chunks)
+
+    def text(self) -> str:
+        return "".join(self._text_parts)

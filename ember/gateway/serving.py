@@ -1,0 +1,386 @@
+"""The path of one generation request through the gateway.
+
+authenticate -> resolve the model (aliases, allow list) -> semantic cache -> reserve the
+request's upper-bound tokens and cost in the store -> dispatch (routing, retries, fallbacks)
+-> settle the reservation to the usage received -> metrics, trace, JSON log line.
+
+Every reservation is settled exactly once, whatever happens: success, backend failure, or a
+client that goes away mid-stream (settlement then runs as a detached task, so cancellation of
+the request cannot skip it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+
+import httpx
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from ember.gateway.accounting import (
+    StreamMeter,
+    TokenUsage,
+    completion_token_bound,
+    prompt_text,
+    prompt_token_bound,
+)
+from ember.gateway.cache import SemanticCache
+from ember.gateway.config import GatewayConfig, KeyConfig, ModelConfig
+from ember.gateway.dispatch import Attempt, AttemptObserver, Dispatcher, OpenedStream
+from ember.gateway.errors import GatewayError, error_body
+from ember.gateway.keys import KeyRing
+from ember.gateway.metrics import GatewayMetrics
+from ember.gateway.request_log import RequestLogger
+from ember.gateway.store import Denial, LedgerRow, Reservation, Store, window_of
+from ember.gateway.tracing import GatewayTracing
+from ember.gateway.upstream import UpstreamError
+
+CACHE_OPT_IN_HEADER = "x-ember-cache"
+
+
+@dataclasses.dataclass
+class GatewayState:
+    """Everything one gateway app owns; built by `build_app`, closed on shutdown."""
+
+    config: GatewayConfig
+    dispatcher: Dispatcher
+    store: Store
+    keys: KeyRing
+    cache: SemanticCache
+    metrics: GatewayMetrics
+    tracing: GatewayTracing
+    request_logger: RequestLogger
+    client: httpx.AsyncClient
+    detached: set[asyncio.Task] = dataclasses.field(default_factory=set)
+
+    def detach(self, coroutine) -> asyncio.Task:
+        """Run `coroutine` to completion even if the request that started it is cancelled."""
+        task = asyncio.ensure_future(coroutine)
+        self.detached.add(task)
+        task.add_done_callback(self.detached.discard)
+        return task
+
+
+@dataclasses.dataclass
+class Call:
+    """One client request as the gateway sees it."""
+
+    request_id: str
+    endpoint: str
+    key: KeyConfig
+    model: ModelConfig
+    body: dict
+    prompt_text: str
+    prompt_bound: int
+    completion_bound: int
+    started_s: float
+    span: Span
+    is_cacheable: bool
+    cache_scope: str
+    is_settled: bool = False
+
+    @property
+    def is_stream(self) -> bool:
+        return self.body.get("stream") is True
+
+    @property
+    def client_stream_options(self) -> dict:
+        options = self.body.get("stream_options")
+        return options if isinstance(options, dict) else {}
+
+
+class RequestObserver(AttemptObserver):
+    """One child span and one metric per backend attempt."""
+
+    def __init__(self, state: GatewayState, parent: Span) -> None:
+        self._state = state
+        self._parent = parent
+
+    def attempt_started(self, attempt: Attempt) -> Span:
+        return self._state.tracing.tracer.start_span(
+            "gateway.attempt",
+            context=trace.set_span_in_context(self._parent),
+            attributes={"backend": attempt.backend.name, "model": attempt.model.name, "upstream_model": attempt.upstream_model},
+        )
+
+    def attempt_ended(self, handle: Span, attempt: Attempt, error: UpstreamError | None) -> None:
+        outcome = "ok" if error is None else ("retryable_error" if error.is_retryable else "client_error")
+        self._state.metrics.attempts.labels(attempt.backend.name, outcome).inc()
+        if error is not None:
+            handle.set_status(Status(StatusCode.ERROR, str(error)))
+        handle.set_attribute("outcome", outcome)
+        handle.end()
+
+
+async def handle_generation(state: GatewayState, request: Request, endpoint: str) -> Response:
+    """Serve /v1/chat/completions, /v1/completions or /v1/embeddings."""
+    body = await read_json_body(request)
+    key = await state.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    model = resolve_model(state.config, body, key)
+    call = new_call(state, request, endpoint, key, model, body)
+    try:
+        cached = cached_response(state, call)
+        if cached is not None:
+            await settle(state, call, None, TokenUsage(), "cached", backend=None)
+            return cached
+        reservation = await reserve(state, call)
+        if call.is_stream:
+            return await start_stream(state, call, reservation)
+        return await complete(state, call, reservation)
+    except GatewayError as error:
+        finish_span(call.span, error.message)
+        if not call.is_settled:
+            state.metrics.requests.labels(call.model.name, call.key.name, str(error.status_code)).inc()
+        raise
+
+
+async def read_json_body(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise GatewayError("request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise GatewayError("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def resolve_model(config: GatewayConfig, body: dict, key: KeyConfig) -> ModelConfig:
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        raise GatewayError("`model` is required: one of " + ", ".join(config.model_names()), param="model")
+    model = config.resolve_model(name)
+    if model is None:
+        raise GatewayError(
+            f"model {name!r} is not served by this gateway; choose one of {config.model_names()}",
+            status_code=404, param="model", code="model_not_found",
+        )  # fmt: skip
+    if not key.allows(model.name):
+        raise GatewayError(
+            f"key {key.name!r} may not use model {model.name!r}", status_code=403, error_type="permission_error",
+            param="model", code="model_not_allowed",
+        )  # fmt: skip
+    return model
+
+
+def new_call(state: GatewayState, request: Request, endpoint: str, key: KeyConfig, model: ModelConfig, body: dict) -> Call:
+    accounting = state.config.accounting
+    if endpoint != "/embeddings" and not (body.get("max_tokens") or body.get("max_completion_tokens")):
+        body = {**body, "max_tokens": accounting.default_max_tokens}  # the reservation needs a bound
+    text = prompt_text(endpoint, body)
+    opted_in = request.headers.get(CACHE_OPT_IN_HEADER, "").lower() == "on"
+    span = state.tracing.tracer.start_span(
+        "gateway.request", attributes={"endpoint": endpoint, "model": model.name, "key": key.name, "tenant": key.tenant}
+    )
+    return Call(
+        request_id=f"gw-{uuid.uuid4().hex}",
+        endpoint=endpoint,
+        key=key,
+        model=model,
+        body=body,
+        prompt_text=text,
+        prompt_bound=prompt_token_bound(endpoint, body, accounting),
+        completion_bound=0 if endpoint == "/embeddings" else completion_token_bound(body, accounting),
+        started_s=time.monotonic(),
+        span=span,
+        is_cacheable=endpoint != "/embeddings" and state.cache.is_eligible(body, opted_in),
+        cache_scope=SemanticCache.scope(key.tenant, model.name, endpoint, body),
+    )
+
+
+def cached_response(state: GatewayState, call: Call) -> Response | None:
+    if not call.is_cacheable:
+        return None
+    answer = state.cache.lookup(call.cache_scope, call.prompt_text)
+    state.metrics.cache_lookups.labels(call.model.name, "miss" if answer is None else "hit").inc()
+    if answer is None:
+        return None
+    usage = TokenUsage.from_openai(answer.response.get("usage")) or TokenUsage()
+    state.metrics.cache_saved_tokens.labels(call.model.name).inc(usage.total_tokens)
+    call.span.set_attribute("cache_similarity", answer.similarity)
+    headers = {"x-ember-cache": "hit", "x-ember-cache-similarity": f"{answer.similarity:.4f}"}
+    if call.is_stream:
+        return StreamingResponse(replay_as_stream(answer.response, call), media_type="text/event-stream", headers=headers)
+    return JSONResponse(answer.response, headers=headers)
+
+
+async def replay_as_stream(response: dict, call: Call):
+    """A cached (non-streamed) answer sent as a stream: role, content, finish, usage if asked."""
+    choice = (response.get("choices") or [{}])[0]
+    base = {"id": response.get("id"), "created": response.get("created"), "model": response.get("model")}
+    if call.endpoint == "/chat/completions":
+        base["object"] = "chat.completion.chunk"
+        text = (choice.get("message") or {}).get("content") or ""
+        chunks = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None},
+                  {"index": 0, "delta": {"content": text}, "finish_reason": None},
+                  {"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason")}]  # fmt: skip
+    else:
+        base["object"] = "text_completion"
+        chunks = [{"index": 0, "text": choice.get("text", ""), "finish_reason": choice.get("finish_reason")}]
+    for chunk_choice in chunks:
+        yield sse({**base, "choices": [chunk_choice]})
+    if call.client_stream_options.get("include_usage"):
+        yield sse({**base, "choices": [], "usage": response.get("usage")})
+    yield "data: [DONE]\n\n"
+
+
+async def reserve(state: GatewayState, call: Call) -> Reservation:
+    chain_prices = [call.model.price] + [state.config.resolve_model(name).price for name in call.model.fallbacks]
+    cost_bound = max(price.cost_nano_usd(call.prompt_bound, call.completion_bound) for price in chain_prices)
+    tokens = call.prompt_bound + call.completion_bound
+    outcome = await state.store.reserve(call.key, call.request_id, tokens, cost_bound, time.time())
+    if isinstance(outcome, Denial):
+        state.metrics.rejections.labels(call.key.name, outcome.code).inc()
+        headers = {"retry-after": str(outcome.retry_after_s)} if outcome.retry_after_s else None
+        raise GatewayError(outcome.message, status_code=429, error_type="rate_limit_error", code=outcome.code, headers=headers)
+    return outcome
+
+
+async def complete(state: GatewayState, call: Call, reservation: Reservation) -> Response:
+    observer = RequestObserver(state, call.span)
+    try:
+        response, attempt = await state.dispatcher.complete(call.endpoint, call.body, call.model, call.prompt_text, observer)
+    except UpstreamError as error:
+        await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
+        raise gateway_error_of(error) from None
+    except BaseException:
+        await asyncio.shield(state.detach(settle(state, call, reservation, TokenUsage(), "cancelled", backend=None)))
+        raise
+    usage = TokenUsage.from_openai(response.get("usage")) or TokenUsage(call.prompt_bound, 0)
+    await settle(state, call, reservation, usage, "ok", backend=attempt.backend.name, served_by=attempt.model)
+    if call.is_cacheable:
+        state.cache.store(call.cache_scope, call.prompt_text, response)
+    finish_span(call.span)
+    return JSONResponse(response)
+
+
+async def start_stream(state: GatewayState, call: Call, reservation: Reservation) -> Response:
+    """Opens the upstream stream before answering, so failures before the first token are
+    retried and, if every attempt fails, reported as a plain HTTP error."""
+    observer = RequestObserver(state, call.span)
+    try:
+        opened = await state.dispatcher.open_stream(call.endpoint, call.body, call.model, call.prompt_text, observer)
+    except UpstreamError as error:
+        await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
+        raise gateway_error_of(error) from None
+    state.metrics.ttft.labels(call.model.name).observe(time.monotonic() - call.started_s)
+    return StreamingResponse(relay(state, call, reservation, opened), media_type="text/event-stream")
+
+
+async def relay(state: GatewayState, call: Call, reservation: Reservation, opened: OpenedStream):
+    """Forward the backend's chunks; settle to what the client received, however it ends."""
+    meter = StreamMeter(call.prompt_bound)
+    status = "cancelled"
+    try:
+        async for chunk in opened.chunks():
+            visible = client_view(chunk, call.client_stream_options)
+            if visible is not None:
+                yield sse(visible)
+            meter.observe(chunk)
+        status = "ok"
+        yield "data: [DONE]\n\n"
+    except UpstreamError as error:
+        status = "failed"  # after the first token: never retried, the client gets an error event
+        yield sse(error_body(f"the backend failed mid-stream: {error}", "server_error", code="backend_failed"))
+        yield "data: [DONE]\n\n"
+    finally:
+        usage = meter.usage()
+        settling = settle(state, call, reservation, usage, status, backend=opened.attempt.backend.name, served_by=opened.attempt.model)
+        await asyncio.shield(state.detach(settling))
+        if status == "ok" and call.is_cacheable and meter.finished:
+            state.cache.store(call.cache_scope, call.prompt_text, assembled_response(call, meter, usage))
+        finish_span(call.span, None if status == "ok" else status)
+
+
+def client_view(chunk: dict, options: dict) -> dict | None:
+    """The chunk as this client asked for it: the usage-only chunk only with include_usage,
+    usage on content chunks only with continuous_usage_stats."""
+    if not chunk.get("choices") and "usage" in chunk and not chunk.get("error"):
+        return chunk if options.get("include_usage") else None
+    if "usage" in chunk and not options.get("continuous_usage_stats"):
+        chunk = {name: value for name, value in chunk.items() if name != "usage"}
+    return chunk
+
+
+def assembled_response(call: Call, meter: StreamMeter, usage: TokenUsage) -> dict:
+    """A non-streamed response body built from a finished stream, for the cache."""
+    usage_body = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens, "total_tokens": usage.total_tokens}
+    if call.endpoint == "/chat/completions":
+        choice = {"index": 0, "message": {"role": "assistant", "content": meter.text()}, "finish_reason": "stop"}
+        return {"id": call.request_id, "object": "chat.completion", "created": int(time.time()), "model": call.model.name, "choices": [choice], "usage": usage_body}
+    choice = {"index": 0, "text": meter.text(), "finish_reason": "stop"}
+    return {"id": call.request_id, "object": "text_completion", "created": int(time.time()), "model": call.model.name, "choices": [choice], "usage": usage_body}
+
+
+async def settle(
+    state: GatewayState,
+    call: Call,
+    reservation: Reservation | None,
+    usage: TokenUsage,
+    status: str,
+    backend: str | None,
+    served_by: ModelConfig | None = None,
+) -> None:
+    """Write the request's ledger row (settling its reservation), metrics and log line."""
+    call.is_settled = True
+    price_model = served_by or call.model
+    cost = price_model.price.cost_nano_usd(usage.prompt_tokens, usage.completion_tokens)
+    row = LedgerRow(
+        request_id=call.request_id,
+        key_sha256=call.key.key_sha256,
+        model=price_model.name,
+        window=reservation.window if reservation else window_of(time.time()),
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cost_nano_usd=cost,
+        status=status,
+    )
+    if reservation is not None:
+        await state.store.settle(reservation, row)
+    labels = (price_model.name, call.key.name)
+    state.metrics.requests.labels(*labels, status).inc()
+    state.metrics.tokens.labels(*labels, "prompt").inc(usage.prompt_tokens)
+    state.metrics.tokens.labels(*labels, "completion").inc(usage.completion_tokens)
+    state.metrics.spend.labels(*labels).inc(cost)
+    elapsed_s = time.monotonic() - call.started_s
+    state.metrics.latency.labels(price_model.name).observe(elapsed_s)
+    call.span.set_attributes({"status": status, "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens})
+    if backend:
+        call.span.set_attribute("backend", backend)
+    state.request_logger.log(
+        {
+            "request_id": call.request_id, "key": call.key.name, "tenant": call.key.tenant, "endpoint": call.endpoint,
+            "model": price_model.name, "backend": backend, "status": status, "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens, "cost_nano_usd": cost, "latency_ms": round(elapsed_s * 1000, 2),
+        },
+        prompt=call.prompt_text,
+    )  # fmt: skip
+
+
+def gateway_error_of(error: UpstreamError) -> GatewayError:
+    """What the client sees when no backend served it: the backend's own 4xx body, or 502/503/504."""
+    if error.body is not None and not error.is_retryable:
+        inner = error.body["error"]
+        return GatewayError(
+            str(inner.get("message") or error), status_code=error.status_code, error_type=str(inner.get("type") or "invalid_request_error"),
+            param=inner.get("param"), code=inner.get("code"),
+        )  # fmt: skip
+    status = error.status_code if error.status_code in (503, 504) else 502
+    return GatewayError(f"no backend could serve the request: {error}", status_code=status, error_type="server_error", code="backend_unavailable")
+
+
+def finish_span(span: Span, error: str | None = None) -> None:
+    if not span.is_recording():
+        return
+    if error is not None:
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end()
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
