@@ -19,6 +19,8 @@ install: $(BIN)/python
 
 install-test: $(BIN)/python
 	$(BIN)/pip install -e '.[test]'
+	# The gateway's multi-replica tests start a real redis-server (Debian package).
+	command -v redis-server >/dev/null || (apt-get update && apt-get install -y --no-install-recommends redis-server)
 
 run: install
 	$(BIN)/ember pull $(MODEL)
