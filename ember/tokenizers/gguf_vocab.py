@@ -15,22 +15,10 @@ from ember.tokenizers.base import Tokenizer
 from ember.tokenizers.bpe import ByteLevelBPETokenizer
 from ember.tokenizers.byte_level import ByteLevelCodec
 from ember.tokenizers.gguf_metadata import read_gguf_metadata
+from ember.tokenizers.gguf_pre_tokenizers import gguf_pre_tokenizer
 from ember.tokenizers.merges import MAX_VOCAB, BytePairMerger, pair_key, pair_value
-from ember.tokenizers.patterns import PreTokenizer
 from ember.tokenizers.pieces import PieceKind
 from ember.tokenizers.sentencepiece_bpe import SentencePieceBPETokenizer, SentencePieceOptions
-
-# llama.cpp's pre-tokenizer names -> ember's patterns (see patterns.py).
-PRE_TOKENIZERS: dict[str, str] = {
-    "default": "gpt2",
-    "gpt-2": "gpt2",
-    "gpt2": "gpt2",
-    "smollm": "smollm",
-    "llama-bpe": "llama3",
-    "llama3": "llama3",
-    "qwen2": "qwen2",
-    "deepseek-r1-qwen": "qwen2",
-}
 
 # Text of tokens that end a turn in common chat formats: generation stops on them too.
 END_OF_TURN_TOKENS = (
@@ -85,12 +73,7 @@ def byte_level_from_gguf(metadata: dict[str, Any], name: str = "gguf") -> ByteLe
     tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
     types = list(metadata.get("tokenizer.ggml.token_type") or [PieceKind.NORMAL] * len(tokens))
     merges: list[str] = list(metadata.get("tokenizer.ggml.merges") or [])
-    pre_name = metadata.get("tokenizer.ggml.pre", "default")
-    if pre_name not in PRE_TOKENIZERS:
-        raise ValueError(
-            f"GGUF pre-tokenizer {pre_name!r} is not supported by ember.tokenizers; "
-            f"supported: {sorted(PRE_TOKENIZERS)}"
-        )
+    pre = gguf_pre_tokenizer(metadata.get("tokenizer.ggml.pre"))
     if len(tokens) > MAX_VOCAB:
         raise ValueError(f"vocabulary of {len(tokens)} tokens exceeds ember's limit {MAX_VOCAB}")
     codec = ByteLevelCodec()
@@ -111,7 +94,8 @@ def byte_level_from_gguf(metadata: dict[str, Any], name: str = "gguf") -> ByteLe
     merger = merger_from_merge_list(tokens, merges, codec)
     return ByteLevelBPETokenizer(
         merger=merger,
-        pre_tokenizer=PreTokenizer.named(PRE_TOKENIZERS[pre_name]),
+        pre_tokenizer=pre.build(),
+        ignore_merges=pre.ignore_merges,
         token_bytes_by_id=token_bytes,
         special_tokens=special_tokens,
         special_ids=control_ids,

@@ -16,7 +16,7 @@ from typing import Any
 from ember.tokenizers.bpe import ByteLevelBPETokenizer
 from ember.tokenizers.byte_level import ByteLevelCodec
 from ember.tokenizers.gguf_vocab import END_OF_TURN_TOKENS, merger_from_merge_list
-from ember.tokenizers.patterns import GPT2_PATTERN, NAMED_PATTERNS, PreTokenizer
+from ember.tokenizers.patterns import GPT2_PATTERN, PreTokenizer
 
 SINGLE_DIGITS, DIGIT_RUNS = r"\p{N}", r"\p{N}+"
 
@@ -47,16 +47,6 @@ def pre_tokenizer_stages(spec: dict[str, Any] | None) -> list[str]:
             raise _unsupported("pre_tokenizer", spec)
         return [pattern["Regex"]]
     raise _unsupported("pre_tokenizer", spec)
-
-
-def _pre_tokenizer(stages: list[str]) -> PreTokenizer:
-    if not stages:
-        return PreTokenizer((r"(?s).+",), is_complete=True)
-    if stages == [SINGLE_DIGITS, GPT2_PATTERN]:  # SmolLM2's Digits + ByteLevel, as one pattern
-        return PreTokenizer.named("smollm")
-    # A single stage that is one of the published patterns covers every character.
-    is_complete = len(stages) == 1 and stages[0] in NAMED_PATTERNS.values()
-    return PreTokenizer(tuple(stages), is_complete=is_complete)
 
 
 def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
@@ -106,7 +96,7 @@ def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
         chat_template = template_file.read_text(encoding="utf-8")
     tokenizer = ByteLevelBPETokenizer(
         merger=merger,
-        pre_tokenizer=_pre_tokenizer(pre_tokenizer_stages(spec.get("pre_tokenizer"))),
+        pre_tokenizer=PreTokenizer.from_stages(pre_tokenizer_stages(spec.get("pre_tokenizer"))),
         token_bytes_by_id=token_bytes,
         special_tokens=special_tokens,
         special_ids=special_ids,

@@ -9,9 +9,13 @@ merges stay inside a piece, and the piece is the unit of the encoder's cache.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import regex
+
+Splitter = Callable[[str], list[str]]
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # tiktoken's r50k/p50k spelling of the GPT-2 pattern (possessive, same matches).
@@ -50,6 +54,34 @@ SMOLLM_PATTERN = (
     r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?=\p{N})|\s+(?!\S)|\s+"""
 )
 
+# Qwen3.5: letters carry their combining marks (\p{M}), so "e" + U+0301 stays one piece.
+QWEN35_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+# Mistral's Tekken: o200k's case-aware words without the contractions, single digits.
+TEKKEN_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*""",
+        r"""\p{N}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+# Ling/Bailing MoE: Llama 3's shape with single digits and possessive quantifiers.
+BAILING_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+    r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+# Seed-Coder: single digits, punctuation runs never take a newline.
+SEED_CODER_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
 NAMED_PATTERNS: dict[str, str] = {
     "gpt2": GPT2_PATTERN,
     "r50k": R50K_PATTERN,
@@ -59,6 +91,10 @@ NAMED_PATTERNS: dict[str, str] = {
     "llama3": LLAMA3_PATTERN,
     "qwen2": QWEN2_PATTERN,
     "smollm": SMOLLM_PATTERN,
+    "qwen35": QWEN35_PATTERN,
+    "tekken": TEKKEN_PATTERN,
+    "bailing": BAILING_PATTERN,
+    "seed-coder": SEED_CODER_PATTERN,
 }
 
 
@@ -77,10 +113,22 @@ class PreTokenizer:
     is_complete: bool = False
     _compiled: tuple[regex.Pattern, ...] = field(init=False, repr=False, compare=False)
     _ascii_compiled: tuple[re.Pattern, ...] | None = field(init=False, repr=False, compare=False)
+    _splitters: tuple[Splitter, ...] = field(init=False, repr=False, compare=False)
+    _ascii_splitters: tuple[Splitter, ...] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_compiled", tuple(regex.compile(s) for s in self.stages))
-        object.__setattr__(self, "_ascii_compiled", ascii_variants(self.stages))
+        if self.is_complete and len(self.stages) != 1:
+            raise ValueError("is_complete applies to a single-stage pre-tokenizer only")
+        compiled = tuple(regex.compile(s) for s in self.stages)
+        ascii_compiled = ascii_variants(self.stages)
+        object.__setattr__(self, "_compiled", compiled)
+        object.__setattr__(self, "_ascii_compiled", ascii_compiled)
+        object.__setattr__(self, "_splitters", tuple(map(isolating_splitter, compiled)))
+        object.__setattr__(
+            self,
+            "_ascii_splitters",
+            None if ascii_compiled is None else tuple(map(isolating_splitter, ascii_compiled)),
+        )
 
     @classmethod
     def named(cls, name: str) -> PreTokenizer:
@@ -90,18 +138,29 @@ class PreTokenizer:
             raise ValueError(f"unknown pre-tokenizer {name!r}; known: {known}")
         return cls((NAMED_PATTERNS[name],), is_complete=True)
 
+    @classmethod
+    def from_stages(cls, stages: tuple[str, ...] | list[str]) -> PreTokenizer:
+        """The pre-tokenizer that applies `stages` in turn (HF's Split "Isolated" sequence,
+        llama.cpp's regex list); no stage at all keeps the text whole."""
+        stages = tuple(stages)
+        if not stages:
+            return cls((r"(?s).+",), is_complete=True)
+        if stages == (SINGLE_DIGIT_PATTERN, GPT2_PATTERN):  # Digits + ByteLevel, as one pattern
+            return cls.named("smollm")
+        # A single stage that is one of the published patterns covers every character.
+        is_complete = len(stages) == 1 and stages[0] in NAMED_PATTERNS.values()
+        return cls(stages, is_complete=is_complete)
+
     def split(self, text: str) -> list[str]:
         """The pieces of `text`, in order; their concatenation is `text`."""
-        compiled = self._compiled
+        compiled, splitters = self._compiled, self._splitters
         if self._ascii_compiled is not None and text.isascii():
-            compiled = self._ascii_compiled
-        if len(compiled) == 1:
-            if self.is_complete:
-                return compiled[0].findall(text)
-            return _split_isolated(compiled[0], text)
-        pieces = [text]
-        for pattern in compiled:
-            pieces = [sub for piece in pieces for sub in _split_isolated(pattern, piece)]
+            compiled, splitters = self._ascii_compiled, self._ascii_splitters
+        if self.is_complete:
+            return compiled[0].findall(text)
+        pieces = splitters[0](text)
+        for splitter in splitters[1:]:
+            pieces = [sub for piece in pieces for sub in splitter(piece)]
         return pieces
 
 
@@ -178,6 +237,19 @@ def _rewrite_classes(pattern: str, classes: dict[str, str]) -> str | None:
         out.append(char)
         position += 1
     return "".join(out)
+
+
+def isolating_splitter(pattern: regex.Pattern | re.Pattern) -> Splitter:
+    """A function text -> matches of `pattern` plus the gaps between them, in order.
+
+    For a pattern without groups, `split` on the pattern wrapped in one group returns
+    gaps and matches alternately (empty strings where a match is empty or two touch), all
+    in C: the empty strings are dropped. Patterns with groups of their own use finditer."""
+    if pattern.groups:
+        return partial(_split_isolated, pattern)
+    compile_pattern = re.compile if isinstance(pattern, re.Pattern) else regex.compile
+    split = compile_pattern(f"({pattern.pattern})", pattern.flags).split
+    return lambda text: list(filter(None, split(text)))
 
 
 def _split_isolated(pattern: regex.Pattern, text: str) -> list[str]:

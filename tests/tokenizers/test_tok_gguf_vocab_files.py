@@ -8,21 +8,9 @@ import json
 
 import pytest
 from tok_corpus import build_corpus
+from tok_gguf_writer import write_vocab_gguf
 
 from ember.tokenizers import SentencePieceBPETokenizer, load
-
-
-def write_vocab_gguf(path, model, tokens, types, **fields):
-    gguf = pytest.importorskip("gguf")
-    writer = gguf.GGUFWriter(str(path), arch="llama")
-    writer.add_tokenizer_model(model)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    for name, value in fields.items():
-        getattr(writer, f"add_{name}")(value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.close()
 
 
 def test_llama_gguf_vocab_matches_sentencepiece(shared_dir, tmp_path):

@@ -6,7 +6,10 @@ Deterministic (fixed seed), so a parity failure names a sample index that reprod
 from __future__ import annotations
 
 import random
+import unicodedata
 from pathlib import Path
+
+import regex
 
 MULTILINGUAL = [
     "The quick brown fox jumps over the lazy dog.",
@@ -32,6 +35,30 @@ MULTILINGUAL = [
     "Don't you'll they're I'm we've she'd IT'S YOU'LL He'S",
     "tabs\tand\t\ttabs\n\nnew\r\nlines\r\n\n\n   indented\n\t\tcode",
 ]
+
+# Scripts with combining marks and joiners, where pre-tokenizers differ most (issue 15).
+SCRIPTS = [
+    "Tiếng Việt là ngôn ngữ chính thức của Việt Nam. Người Việt viết chữ Quốc ngữ.",
+    "Điều 1. Mọi người sinh ra đều được tự do và bình đẳng về nhân phẩm và quyền lợi.",
+    " Việt",
+    "한국어는 한글로 씁니다. 대한민국의 수도는 서울입니다. 감사합니다!",
+    "ᄒᆞᆫ글 옛한글 자모: ᄀᆞᆯ, 그리고 호환 자모 ㄱㄴㄷ ㅏㅑ.",
+    "हिन्दी भारत की राजभाषा है। क्षत्रिय, श्रृंगार, द्वितीय, ज्ञान, पृथ्वी।",
+    "संस्कृतम् जगतः एकतमा अतिप्राचीना समृद्धा शास्त्रीया च भाषा।",
+    "العَرَبِيَّةُ لُغَةٌ سَامِيَّةٌ. مُحَمَّدٌ رَسُولُ اللّٰهِ. ٱلْحَمْدُ لِلَّهِ",
+    "فارسی: می‌خواهم، نمی‌دانم. اردو: یہ ایک جملہ ہے۔",
+    "ภาษาไทยเป็นภาษาราชการของประเทศไทย ผู้ใหญ่บ้าน น้ำใจ กำลังใจ",
+    "ພາສາລາວ ແລະ ភាសាខ្មែរ ហើយ မြန်မာဘာသာ",
+    "👨‍👩‍👧‍👦👩🏽‍💻🧑🏿‍🤝‍🧑🏻🏳️‍⚧️👁️‍🗨️❤️‍🩹🫱🏼‍🫲🏿🐻‍❄️",
+    "flags 🇰🇷🇮🇳🇻🇳🇹🇭🏴󠁧󠁢󠁳󠁣󠁴󠁿 keycaps 1️⃣#️⃣*️⃣ skin 👋🏻👋🏼👋🏽👋🏾👋🏿",
+    'def 안녕(이름: str) -> str:\n    return f"नमस्ते {이름}! สวัสดี"  # Việt\n',
+    "const تحية = `مرحبا ${name}`; let 変数 = [1, 2, 3]; // ẞ ß ǅ ǈ",
+    "SELECT tên, 나이 FROM người_dùng WHERE quốc_gia = 'Việt Nam' AND नाम != '';",
+    "ǅemal ǈubljana ǋegoš — titlecase digraphs, ﬁ ﬂ ligatures, Ⅻ Ⅷ, ①②, ²³",
+    "Ελληνικά: ἀρχὴ ἥμισυ παντός. Ὦ ξεῖν᾽. Кириллица: ёжик, Ї, Ґ.",
+]
+
+MULTILINGUAL += SCRIPTS + [unicodedata.normalize("NFD", text) for text in SCRIPTS]
 
 WHITESPACE = [
     " ",
@@ -74,6 +101,15 @@ PIECES = [
     "👨‍💻",
     "é",
     "e\u0301",
+    "e\u0323\u0302",
+    "\u0301",
+    "क्ष",
+    "ญ่",
+    "\u200d",
+    "\ufe0f",
+    "각",
+    "\u1100\u1161\u11a8",
+    "ـَ",
     "x",
     "(",
     ")",
@@ -101,6 +137,30 @@ def _numbers(rng: random.Random) -> list[str]:
     return samples
 
 
+RANDOM_RANGES = [
+    (0x20, 0x7E),
+    (0xA0, 0x2FFF),
+    (0x3000, 0x9FFF),
+    (0xAC00, 0xD7A3),
+    (0x1F300, 0x1FAFF),
+    (0x0300, 0x036F),
+    (0x0900, 0x097F),
+    (0x0E00, 0x0E7F),
+    (0x0600, 0x06FF),
+    (0x10000, 0x3FFFF),  # lead byte 0xF0, which every vocabulary here has
+]
+
+
+def _random_character(rng: random.Random) -> str:
+    """A random character from a script range, skipping code points assigned after Unicode 14
+    (Python's unicodedata) that `regex` knows: the references carry older Unicode tables than
+    `regex` (U+3E2C9 is a letter to `regex`, unassigned to tiktoken), a documented divergence."""
+    while True:
+        char = chr(rng.randint(*rng.choice(RANDOM_RANGES)))
+        if unicodedata.category(char) != "Cn" or regex.fullmatch(r"\p{Cn}", char):
+            return char
+
+
 def _random_mix(rng: random.Random) -> str:
     parts = []
     for _ in range(rng.randint(1, 25)):
@@ -110,19 +170,7 @@ def _random_mix(rng: random.Random) -> str:
         elif roll < 0.8:
             parts.append(rng.choice(WHITESPACE))
         elif roll < 0.9:
-            parts.append(
-                chr(
-                    rng.choice(
-                        [
-                            rng.randint(0x20, 0x7E),
-                            rng.randint(0xA0, 0x2FFF),
-                            rng.randint(0x3000, 0x9FFF),
-                            rng.randint(0xAC00, 0xD7A3),
-                            rng.randint(0x1F300, 0x1FAFF),
-                        ]
-                    )
-                )
-            )
+            parts.append(_random_character(rng))
         else:
             parts.append(rng.choice(MULTILINGUAL)[: rng.randint(1, 30)])
     return "".join(parts)

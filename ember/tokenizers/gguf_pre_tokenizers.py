@@ -1,0 +1,147 @@
+"""llama.cpp's GGUF pre-tokenizers (`tokenizer.ggml.pre`): each name's split stages, as facts.
+
+llama.cpp cuts text with a list of regexes applied in turn, each keeping its matches and the
+gaps between them as pieces (HF's Split "Isolated"); the lists here are those of llama.cpp's
+llama-vocab.cpp, written with the original tokenizer.json regexes where llama.cpp rewrote one
+for its own regex engine (e.g. `\\p{Lu}` spelled as a lookahead), since Python's `regex` runs
+the originals. `ignore_merges`: a piece that is itself a token is taken whole (Llama 3, Tekken).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.tokenizers.patterns import (
+    BAILING_PATTERN,
+    GPT2_PATTERN,
+    LLAMA3_PATTERN,
+    O200K_PATTERN,
+    QWEN2_PATTERN,
+    QWEN35_PATTERN,
+    SEED_CODER_PATTERN,
+    SINGLE_DIGIT_PATTERN,
+    TEKKEN_PATTERN,
+    PreTokenizer,
+)
+
+DEEPSEEK_LLM_STAGES = (
+    "[\r\n]",
+    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",  # noqa: E501, RUF001
+    "\\s?[!-/:-~！-／：-～‘-‟　-。]+",  # noqa: RUF001
+    "\\s+$",
+    "[一-龥ࠀ-一가-퟿]+",
+    "\\p{N}+",
+)
+DEEPSEEK_CODER_STAGES = (
+    "[\r\n]",
+    "\\s?\\p{L}+",
+    "\\s?\\p{P}+",
+    "[一-龥ࠀ-一가-퟿]+",
+    "\\p{N}",
+)
+DEEPSEEK_V3_STAGES = (
+    "\\p{N}{1,3}",
+    "[一-龥぀-ゟ゠-ヿ]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+FALCON_STAGES = ("[\\p{P}\\$\\+<=>\\^~\\|`]+", GPT2_PATTERN, "[0-9][0-9][0-9]")
+# What llama.cpp uses when a file names no pre-tokenizer (or "default").
+DEFAULT_STAGES = ("[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2_PATTERN, "\\p{N}+", "[0-9][0-9][0-9]")
+BLOOM_STAGES = (" ?[^(\\s|.,!?…。，、।۔،)]+",)  # noqa: RUF001
+VIKING_STAGES = (*BLOOM_STAGES, "\\p{N}")
+CHAMELEON_STAGES = (
+    "<sentinel:[0-9]+>",
+    "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+    "([\\t\\n]|    |  )",
+    "\\p{N}",
+    "[\\p{P}!-/:-@\\[-`{-~]",
+    GPT2_PATTERN,
+)
+SUPERBPE_STAGES = ("\\p{N}+", "(?=(\\d{3})+(?!\\d))")
+DIGITS_THEN_GPT2 = (SINGLE_DIGIT_PATTERN, GPT2_PATTERN)
+
+
+@dataclass(frozen=True)
+class GGUFPreTokenizer:
+    """How one `tokenizer.ggml.pre` value cuts text, and whether whole-token pieces skip merges."""
+
+    stages: tuple[str, ...]
+    ignore_merges: bool = False
+
+    def build(self) -> PreTokenizer:
+        return PreTokenizer.from_stages(self.stages)
+
+
+def _table() -> dict[str, GGUFPreTokenizer]:
+    llama3 = GGUFPreTokenizer((LLAMA3_PATTERN,), ignore_merges=True)
+    groups: list[tuple[tuple[str, ...], GGUFPreTokenizer]] = [
+        (("default",), GGUFPreTokenizer(DEFAULT_STAGES)),
+        (
+            ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0")
+            + ("lfm2", "jina-v5-nano"),
+            llama3,
+        ),
+        (("dbrx", "smaug-bpe", "glm4", "chatglm-bpe"), GGUFPreTokenizer((LLAMA3_PATTERN,))),
+        (("deepseek-llm",), GGUFPreTokenizer(DEEPSEEK_LLM_STAGES)),
+        (("deepseek-coder",), GGUFPreTokenizer(DEEPSEEK_CODER_STAGES)),
+        (
+            ("deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"),
+            GGUFPreTokenizer(DEEPSEEK_V3_STAGES),
+        ),
+        (("falcon",), GGUFPreTokenizer(FALCON_STAGES)),
+        (
+            ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de")
+            + ("a.x-4.0", "mellum", "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe")
+            + ("mpt", "olmo", "jais", "exaone4", "trillion", "granite-docling"),
+            GGUFPreTokenizer((GPT2_PATTERN,)),
+        ),
+        (
+            ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b")
+            + ("mellum2",),
+            GGUFPreTokenizer(DIGITS_THEN_GPT2),
+        ),
+        (
+            ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan")
+            + ("solar-open", "grok-2"),
+            GGUFPreTokenizer((QWEN2_PATTERN,)),
+        ),
+        (("qwen35",), GGUFPreTokenizer((QWEN35_PATTERN,))),
+        (("poro-chat", "bloom", "gpt3-finnish"), GGUFPreTokenizer(BLOOM_STAGES)),
+        (("viking",), GGUFPreTokenizer(VIKING_STAGES)),
+        (("tekken",), GGUFPreTokenizer((TEKKEN_PATTERN,), ignore_merges=True)),
+        (("chameleon",), GGUFPreTokenizer(CHAMELEON_STAGES)),
+        (
+            ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"),
+            GGUFPreTokenizer((O200K_PATTERN,)),
+        ),
+        (("superbpe",), GGUFPreTokenizer(SUPERBPE_STAGES)),
+        (("bailingmoe", "bailingmoe2", "llada-moe"), GGUFPreTokenizer((BAILING_PATTERN,))),
+        (("seed-coder",), GGUFPreTokenizer((SEED_CODER_PATTERN,))),
+    ]
+    return {name: spec for names, spec in groups for name in names}
+
+
+GGUF_PRE_TOKENIZERS: dict[str, GGUFPreTokenizer] = _table()
+
+# Named by llama.cpp but cut by hand-written code there, or not byte-level BPE at all.
+NOT_EXPRESSIBLE = {
+    "kimi-k2": "llama.cpp cuts it with custom Han-script code, not a regex list",
+    "afmoe": "llama.cpp groups its digits with custom code (\\p{AFMoE_digits})",
+    "gemma4": "a SentencePiece-style BPE on raw UTF-8, not a byte-level vocabulary",
+    "sarvam-moe": "a SentencePiece-style BPE on raw UTF-8, not a byte-level vocabulary",
+    "granite-embed-multi-311m": "a SentencePiece-style BPE on raw UTF-8",
+    "whitespace": "a whitespace split over raw UTF-8, not a byte-level vocabulary",
+}
+
+
+def gguf_pre_tokenizer(name: str | None) -> GGUFPreTokenizer:
+    """The split rules for a `tokenizer.ggml.pre` value (absent: llama.cpp's "default")."""
+    spec = GGUF_PRE_TOKENIZERS.get(name or "default")
+    if spec is not None:
+        return spec
+    reason = NOT_EXPRESSIBLE.get(name, "llama.cpp does not name it either")
+    raise ValueError(
+        f"GGUF pre-tokenizer {name!r} is not supported by ember.tokenizers ({reason}); "
+        f"supported: {', '.join(sorted(GGUF_PRE_TOKENIZERS))}"
+    )

@@ -1,0 +1,213 @@
+"""Every GGUF pre-tokenizer llama.cpp names, token for token against the `tokenizers` library.
+
+A small byte-level BPE is trained once with `tokenizers`; for each `tokenizer.ggml.pre` name,
+the same vocabulary is written (a) as a tokenizer.json whose pre_tokenizer is the Sequence of
+Split("Isolated") stages llama.cpp lists for that name, plus ByteLevel without its regex, and
+(b) as a GGUF vocab-only file naming the pre-tokenizer. The reference is `tokenizers` on (a);
+ember reads both (a) and (b). Tolerance: none. The same check against llama.cpp itself (its
+vocab-only GGUFs and their .inp/.out vectors) runs where llama-cpp-python is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from tok_corpus import SCRIPTS, build_corpus
+from tok_gguf_writer import write_vocab_gguf
+
+from ember.tokenizers import load
+from ember.tokenizers.gguf_pre_tokenizers import GGUF_PRE_TOKENIZERS, gguf_pre_tokenizer
+
+tokenizers = pytest.importorskip("tokenizers")
+
+# The names issue 15 lists, plus one of each remaining distinct rule set.
+NAMES = [
+    "default",
+    "gpt-2",
+    "llama-bpe",
+    "deepseek-llm",
+    "deepseek-coder",
+    "deepseek-v3",
+    "falcon",
+    "starcoder",
+    "refact",
+    "command-r",
+    "qwen2",
+    "qwen35",
+    "stablelm2",
+    "olmo",
+    "dbrx",
+    "smaug-bpe",
+    "poro-chat",
+    "jais",
+    "viking",
+    "tekken",
+    "chameleon",
+    "minerva-7b",
+    "bloom",
+    "gpt3-finnish",
+    "exaone",
+    "chatglm-bpe",
+    "gpt-4o",
+    "superbpe",
+    "bailingmoe",
+    "seed-coder",
+    "smollm",
+]
+SAMPLES_PER_NAME = 300
+# Names that share their rules with an earlier name are covered by that one's test.
+DISTINCT = [
+    name
+    for index, name in enumerate(NAMES)
+    if GGUF_PRE_TOKENIZERS[name] not in {GGUF_PRE_TOKENIZERS[n] for n in NAMES[:index]}
+]
+
+
+@pytest.fixture(scope="module")
+def trained_spec(shared_dir):
+    """tokenizer.json content of a 3,000-token byte-level BPE trained on the parity corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=3000,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>", "<|im_start|>"],
+        show_progress=False,
+    )
+    texts = build_corpus(shared_dir, count=3000, seed=61) + SCRIPTS * 5
+    tokenizer.train_from_iterator(texts, trainer)
+    return json.loads(tokenizer.to_str())
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_dir):
+    return build_corpus(shared_dir, count=SAMPLES_PER_NAME, seed=62, specials=("<|im_start|>",))
+
+
+def spec_with_pre_tokenizer(spec: dict, name: str) -> dict:
+    rules = gguf_pre_tokenizer(name)
+    splits = [
+        {"type": "Split", "pattern": {"Regex": stage}, "behavior": "Isolated", "invert": False}
+        for stage in rules.stages
+    ]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True}
+    changed = json.loads(json.dumps(spec))
+    changed["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [*splits, {**byte_level, "use_regex": False}],
+    }
+    changed["model"]["ignore_merges"] = rules.ignore_merges
+    return changed
+
+
+def write_gguf_of(spec: dict, name: str, path: Path) -> None:
+    vocab = spec["model"]["vocab"]
+    tokens = [""] * len(vocab)
+    for token, token_id in vocab.items():
+        tokens[token_id] = token
+    special = {entry["id"] for entry in spec["added_tokens"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    write_vocab_gguf(
+        path,
+        "gpt2",
+        tokens=tokens,
+        types=[3 if i in special else 1 for i in range(len(tokens))],
+        token_merges=merges,
+        tokenizer_pre=name,
+    )
+
+
+@pytest.mark.parametrize("name", DISTINCT)
+def test_gguf_pre_tokenizer_matches_tokenizers(trained_spec, corpus, tmp_path, name):
+    spec = spec_with_pre_tokenizer(trained_spec, name)
+    json_path = tmp_path / "tokenizer.json"
+    json_path.write_text(json.dumps(spec), encoding="utf-8")
+    gguf_path = tmp_path / "vocab.gguf"
+    write_gguf_of(spec, name, gguf_path)
+    reference = tokenizers.Tokenizer.from_file(str(json_path))
+    for ours in (load(json_path), load(gguf_path)):
+        mismatches = []
+        for index, text in enumerate(corpus):
+            expected = reference.encode(text).ids
+            got = ours.encode(text)
+            if got != expected:
+                mismatches.append((index, text[:50], got[:10], expected[:10]))
+            elif ours.decode(got) != text:
+                mismatches.append((index, text[:50], "decode"))
+        assert mismatches == [], f"{ours}: {len(mismatches)} differ, first {mismatches[:2]}"
+
+
+def test_every_named_rule_set_is_covered():
+    covered = {GGUF_PRE_TOKENIZERS[name] for name in NAMES}
+    assert covered == set(GGUF_PRE_TOKENIZERS.values())
+
+
+def test_ignore_merges_takes_a_whole_token_piece_that_merges_cannot_reach(tmp_path):
+    # Llama 3 (llama-bpe) has tokens no merge sequence builds, " Việt" among them: llama.cpp
+    # and HF take a piece that is a token whole. Here "ab" is a token with no merge.
+    byte_tokens = [chr(c) for c in range(ord("a"), ord("d"))]
+    tokens = [*byte_tokens, "ab"]
+    for name, expected in (("llama-bpe", [3]), ("gpt-2", [0, 1])):
+        path = tmp_path / f"{name}.gguf"
+        write_vocab_gguf(
+            path, "gpt2", tokens=tokens, types=[1] * 4, token_merges=[], tokenizer_pre=name
+        )
+        assert load(path).encode("ab") == expected, name
+
+
+def test_unknown_and_inexpressible_pre_tokenizers_say_so():
+    with pytest.raises(ValueError, match="custom Han-script code"):
+        gguf_pre_tokenizer("kimi-k2")
+    with pytest.raises(ValueError, match="not supported.*supported: "):
+        gguf_pre_tokenizer("no-such-tokenizer")
+
+
+def llama_cpp_vocab_dir() -> Path | None:
+    """vendor/llama.cpp/models of a llama-cpp-python source tree ($EMBER_LLAMA_CPP_MODELS)."""
+    explicit = os.environ.get("EMBER_LLAMA_CPP_MODELS")
+    return Path(explicit) if explicit and Path(explicit).is_dir() else None
+
+
+LLAMA_CPP_VOCABS = [
+    "llama-bpe",
+    "deepseek-llm",
+    "deepseek-coder",
+    "falcon",
+    "gpt-2",
+    "mpt",
+    "starcoder",
+    "qwen2",
+    "refact",
+    "command-r",
+    "phi-3",
+    "bert-bge",
+    "llama-spm",
+    "gpt-4o",
+    "qwen35",
+]
+
+
+@pytest.mark.parametrize("vocab", LLAMA_CPP_VOCABS)
+def test_llama_cpp_vocab_files_match_llama_cpp(vocab):
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed: llama.cpp parity not checked"
+    )
+    folder = llama_cpp_vocab_dir()
+    if folder is None:
+        pytest.skip("set EMBER_LLAMA_CPP_MODELS to llama.cpp's models/ folder (vocab GGUFs)")
+    path = folder / f"ggml-vocab-{vocab}.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} is not in this llama.cpp checkout")
+    inputs = (folder / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8")
+    texts = inputs.split("\n__ggml_vocab_test__\n")[:-1]
+    reference = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = load(path)
+    for text in texts + SCRIPTS:
+        expected = reference.tokenize(text.encode(), add_bos=False, special=False)
+        assert ours.encode(text, allowed_special=()) == expected, text
