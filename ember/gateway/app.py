@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ember.gateway.anthropic import AnthropicUpstream
+from ember.gateway.anthropic_front import handle_messages
 from ember.gateway.cache import SemanticCache
 from ember.gateway.config import GatewayConfig
 from ember.gateway.dispatch import Dispatcher
@@ -85,6 +86,10 @@ def _add_openai_routes(app: FastAPI, state: GatewayState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await handle_generation(state, request, "/completions")
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await handle_messages(state, request)
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:

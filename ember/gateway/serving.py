@@ -118,9 +118,10 @@ class RequestObserver(AttemptObserver):
         handle.end()
 
 
-async def handle_generation(state: GatewayState, request: Request, endpoint: str) -> Response:
-    """Serve /v1/chat/completions, /v1/completions or /v1/embeddings."""
-    body = await read_json_body(request)
+async def handle_generation(state: GatewayState, request: Request, endpoint: str, body: dict | None = None) -> Response:
+    """Serve /v1/chat/completions, /v1/completions or /v1/embeddings (`body`: already parsed
+    and translated, for the Anthropic front)."""
+    body = await read_json_body(request) if body is None else body
     key = await state.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
     model = resolve_model(state.config, body, key)
     call = new_call(state, request, endpoint, key, model, body)
