@@ -128,3 +128,68 @@ class RedisServer:
         if self._process is not None:
             self._process.terminate()
             self._process.wait(timeout=10)
+
+
+TINY_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n{% endfor %}"
+
+
+class EmberReplica:
+    """A real `ember serve` process on a fixed port that a test can kill (SIGKILL, like a
+    crash) and start again on the same port; output goes to `log_path`."""
+
+    def __init__(self, serve_args: list[str], log_path: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._command = [sys.executable, "-m", "ember.cli.main", "serve", *serve_args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self._log_path = log_path
+        self._process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = self._log_path.open("ab")
+        self._process = subprocess.Popen(self._command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def wait_healthy(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"ember serve exited with {self._process.returncode}:\n{self._log_path.read_text(errors='replace')}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"ember serve was not healthy within {timeout_s} s:\n{self._log_path.read_text(errors='replace')}")
+
+    def kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(timeout=10)
+
+    def metric(self, name: str) -> float:
+        """The value of one unlabelled-or-single-series metric from the replica's /metrics."""
+        for line in httpx.get(f"{self.base_url}/metrics", timeout=5).text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def __enter__(self) -> EmberReplica:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def stories_serve_args(stories_dir: Path, template_path: Path) -> list[str]:
+    """`ember serve` flags for the 260K-parameter llama2.c stories model with a plain chat template."""
+    template_path.write_text(TINY_CHAT_TEMPLATE)
+    return [
+        "--model", str(stories_dir / "stories260K.bin"), "--tokenizer", str(stories_dir / "tok512.bin"),
+        "--served-model-name", "tiny", "--chat-template", str(template_path),
+    ]  # fmt: skip
