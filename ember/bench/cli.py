@@ -42,6 +42,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve.add_argument("--workload", type=Path, default=None, help="replay this JSONL serve workload")
     serve.add_argument("--save-workload", type=Path, default=None)
     serve.set_defaults(func=_run_workload)
+    gateway = commands.add_parser("gateway", help="prefix-aware vs round-robin routing over 2 ember replicas, and gateway overhead")
+    gateway.add_argument("--model", default="smollm2-135m-instruct", help="what each `ember serve` replica loads")
+    gateway.add_argument("--documents", type=int, default=8, help="distinct shared prefixes")
+    gateway.add_argument("--doc-chars", type=int, default=2400, help="characters per document (the shared prefix)")
+    gateway.add_argument("--questions", type=int, default=4, help="requests per document")
+    gateway.add_argument("--concurrency", type=int, default=4)
+    gateway.add_argument("--max-tokens", type=int, default=8)
+    gateway.add_argument("--overhead-pairs", type=int, default=200, help="paired direct / gateway requests for the overhead")
+    gateway.add_argument("--seed", type=int, default=0)
+    gateway.add_argument("--plot", type=Path, default=None, help="write a PNG of hit rate and TTFT here")
+    gateway.add_argument("--json", type=Path, default=None)
+    gateway.set_defaults(func=_run_gateway)
     roofline = commands.add_parser("roofline", help="memory read bandwidth (C probe) and matmul throughput of this machine")
     roofline.add_argument("--model", default="smollm2-135m-instruct", help="model whose bytes/token sets the decode roofline")
     roofline.add_argument("--repeats", type=int, default=3)
@@ -122,6 +134,20 @@ def _run_workload(args: argparse.Namespace) -> int:
     printing.print_section(name, section, options.skipped)
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)
+    return 0
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    from ember.bench.gateway import dump, markdown, run_gateway_bench
+
+    for name in ("documents", "doc_chars", "questions", "concurrency", "max_tokens", "overhead_pairs"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    results = run_gateway_bench(args.model, args.documents, args.doc_chars, args.questions, args.concurrency, args.max_tokens,
+                                args.overhead_pairs, args.seed, args.plot)  # fmt: skip
+    print(markdown(results))
+    print(f"reproduce: {_command_line()}")
+    dump(results, args.json)
     return 0
 
 
