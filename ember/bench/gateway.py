@@ -54,7 +54,10 @@ def gateway_process(replica_urls: list[str], routing: str, folder: Path):
     import yaml
 
     config = {
-        "backends": [{"name": f"r{index}", "url": url + "/v1", "continuous_usage": True} for index, url in enumerate(replica_urls)],
+        "backends": [
+            {"name": f"r{index}", "url": url + "/v1", "continuous_usage": True, "first_token_timeout_s": 600, "timeout_s": 600}
+            for index, url in enumerate(replica_urls)
+        ],
         "models": [{"name": SERVED_NAME, "backends": [f"r{index}" for index in range(len(replica_urls))], "routing": routing}],
         "store": {"path": str(folder / f"{routing}.sqlite3")},
     }
@@ -81,6 +84,15 @@ def gateway_process(replica_urls: list[str], routing: str, folder: Path):
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+def warm(replica_urls: list[str]) -> None:
+    """One short request straight to each replica, so first-use costs stay out of the timings."""
+    import httpx
+
+    for url in replica_urls:
+        body = {"model": SERVED_NAME, "prompt": "Warm up.", "max_tokens": 2, "temperature": 0}
+        httpx.post(url + "/v1/completions", json=body, timeout=600).raise_for_status()
 
 
 def prefix_counters(replica_urls: list[str]) -> tuple[float, float]:
@@ -160,6 +172,8 @@ def run_gateway_bench(model: str, documents: int, doc_chars: int, questions: int
             with ember_server(model, extra_args=("--served-model-name", SERVED_NAME)) as r0, ember_server(
                 model, extra_args=("--served-model-name", SERVED_NAME)
             ) as r1, gateway_process([r0, r1], routing, Path(folder)) as gateway:
+                progress.update(task, description=f"{routing}: warming the replicas")
+                warm([r0, r1])
                 progress.update(task, description=f"{routing}: {len(prompts)} requests")
                 hits_before, queries_before = prefix_counters([r0, r1])
                 ttfts = asyncio.run(stream_ttfts(gateway, prompts, concurrency, max_tokens, advance))
