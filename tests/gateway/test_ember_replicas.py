@@ -15,7 +15,13 @@ import httpx
 import pytest
 
 from tests.gateway.backends import Behaviour, FakeBackend
-from tests.gateway.harness import EmberReplica, GatewayProcess, RedisServer, stories_serve_args, write_config
+from tests.gateway.harness import (
+    EmberReplica,
+    GatewayProcess,
+    RedisServer,
+    stories_serve_args,
+    write_config,
+)
 
 
 @dataclasses.dataclass
