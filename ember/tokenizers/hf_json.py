@@ -1,9 +1,10 @@
-"""HF `tokenizer.json` (byte-level BPE models) and GPT-2's `encoder.json` + `vocab.bpe`.
+"""HF `tokenizer.json` files and GPT-2's `encoder.json` + `vocab.bpe`.
 
-Supported pre-tokenizers: ByteLevel (with or without its GPT-2 regex), Split with a regex and
-the "Isolated" behaviour, Digits, and Sequences of those; normalizer: none or NFC; added
-tokens with `lstrip` / `rstrip` (`single_word` added tokens raise). Anything else raises a
-ValueError naming the part, so a tokenizer is never silently approximated.
+Byte-level BPE (ByteLevel, Split "Isolated" and Digits pre-tokenizers, no normalizer but NFC)
+runs on the fast `ByteLevelBPETokenizer`; everything else (WordPiece, BPE over Metaspace
+pieces with byte fallback, Unigram, the other normalizers and pre-tokenizers, single_word
+added tokens) runs on `hf_pipeline.PipelineTokenizer`. A part neither knows raises a
+ValueError naming it, so a tokenizer is never silently approximated.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
+from ember.tokenizers.base import Tokenizer
 from ember.tokenizers.bpe import ByteLevelBPETokenizer
 from ember.tokenizers.byte_level import ByteLevelCodec
 from ember.tokenizers.gguf_vocab import END_OF_TURN_TOKENS, merger_from_merge_list
+from ember.tokenizers.hf_pipeline import PipelineTokenizer
 from ember.tokenizers.patterns import GPT2_PATTERN, PreTokenizer
 
 SINGLE_DIGITS, DIGIT_RUNS = r"\p{N}", r"\p{N}+"
@@ -49,27 +52,52 @@ def pre_tokenizer_stages(spec: dict[str, Any] | None) -> list[str]:
     raise _unsupported("pre_tokenizer", spec)
 
 
-def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
-    """The tokenizer of an HF tokenizer.json file with a byte-level BPE model."""
+def load_tokenizer_json(path: str | Path) -> Tokenizer:
+    """The tokenizer of an HF tokenizer.json file: byte-level BPE runs on the fast
+    `ByteLevelBPETokenizer`, every other model and pipeline on `PipelineTokenizer`."""
     spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    if is_plain_byte_level_bpe(spec):
+        return _byte_level_from_spec(spec, Path(path))
+    tokenizer = PipelineTokenizer(spec, name=f"tokenizer.json:{Path(path).parent.name}")
+    config = _read_config(Path(path).parent)
+    specials = tokenizer.special_tokens
+    for key, attribute in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id")):
+        if isinstance(config.get(key), str) and config[key] in specials:
+            setattr(tokenizer, attribute, specials[config[key]])
+    return tokenizer
+
+
+def is_plain_byte_level_bpe(spec: dict[str, Any]) -> bool:
+    """Whether `ByteLevelBPETokenizer` runs this spec exactly: a BPE model on GPT-2's byte
+    alphabet with no byte fallback, subword prefix or suffix, no normalizer but NFC,
+    pre-tokenizers it knows, and no single_word added token."""
     model = spec.get("model", {})
-    if model.get("type") != "BPE":
-        raise _unsupported("model type", model.get("type"))
-    if (
-        model.get("byte_fallback")
-        or model.get("continuing_subword_prefix")
-        or model.get("end_of_word_suffix")
+    if model.get("type") != "BPE" or any(
+        model.get(option)
+        for option in ("byte_fallback", "continuing_subword_prefix", "end_of_word_suffix")
     ):
-        raise _unsupported(
-            "BPE option", {k: v for k, v in model.items() if k != "vocab" and k != "merges"}
-        )
+        return False
     normalizer = spec.get("normalizer")
     if normalizer is not None and normalizer.get("type") != "NFC":
-        raise _unsupported("normalizer", normalizer)
+        return False
+    if any(entry.get("single_word") for entry in spec.get("added_tokens", [])):
+        return False
+    pre_tokenizer = spec.get("pre_tokenizer")
+    decoder = spec.get("decoder") or {}
+    if "ByteLevel" not in json.dumps(pre_tokenizer) and decoder.get("type") != "ByteLevel":
+        return False
+    try:
+        pre_tokenizer_stages(pre_tokenizer)
+    except ValueError:
+        return False
+    return True
+
+
+def _byte_level_from_spec(spec: dict[str, Any], path: Path) -> ByteLevelBPETokenizer:
+    model = spec["model"]
+    normalizer = spec.get("normalizer")
     vocab: dict[str, int] = model["vocab"]
     added = spec.get("added_tokens", [])
-    if any(entry.get("single_word") for entry in added):
-        raise _unsupported("added token option", [e for e in added if e.get("single_word")][0])
     tokens_by_id = {token_id: token for token, token_id in vocab.items()}
     size = max([*tokens_by_id, *(entry["id"] for entry in added)], default=-1) + 1
     tokens = [tokens_by_id.get(token_id, "") for token_id in range(size)]
@@ -85,12 +113,12 @@ def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
     for entry in added:
         token_bytes[entry["id"]] = None
     merger = merger_from_merge_list(tokens, model.get("merges", []), codec)
-    config = _read_config(Path(path).parent)
+    config = _read_config(path.parent)
     leading = _leading_special(spec.get("post_processor"))
     bos = leading if leading in special_tokens else config.get("bos_token")
     eos = config.get("eos_token")
     extra = [special_tokens[name] for name in END_OF_TURN_TOKENS if name in special_tokens]
-    template_file = Path(path).parent / "chat_template.jinja"
+    template_file = path.parent / "chat_template.jinja"
     chat_template = config.get("chat_template")
     if chat_template is None and template_file.is_file():
         chat_template = template_file.read_text(encoding="utf-8")
@@ -109,7 +137,7 @@ def load_tokenizer_json(path: str | Path) -> ByteLevelBPETokenizer:
         normalize=(lambda text: unicodedata.normalize("NFC", text)) if normalizer else None,
         strip_left=[entry["content"] for entry in added if entry.get("lstrip")],
         strip_right=[entry["content"] for entry in added if entry.get("rstrip")],
-        name=f"tokenizer.json:{Path(path).parent.name}",
+        name=f"tokenizer.json:{path.parent.name}",
     )
     return tokenizer
 

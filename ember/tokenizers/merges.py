@@ -87,6 +87,15 @@ class BytePairMerger:
                 return ids
         return self.merge_python(data)
 
+    def merge_ids(self, ids: list[int]) -> list[int]:
+        """Merges a list of symbol ids (not bytes): for vocabularies whose symbols are
+        characters (HF BPE over Metaspace pieces)."""
+        if len(ids) < 2:
+            return list(ids)
+        if len(ids) <= SCAN_LIMIT:
+            return self._merge_by_scan(list(ids))
+        return self._merge_by_heap(list(ids))
+
     def merge_python(self, data: bytes) -> list[int]:
         """Token ids of one piece, computed in Python: the reference implementation."""
         ids = list(map(self.byte_ids.__getitem__, data))

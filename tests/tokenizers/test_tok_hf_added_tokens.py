@@ -1,5 +1,5 @@
-"""HF added tokens with `lstrip` / `rstrip`: the whitespace beside them belongs to the token
-(reference: `tokenizers`), and options ember does not support are refused, not approximated."""
+"""HF added tokens with `lstrip` / `rstrip` / `single_word` (reference: `tokenizers`), and parts
+ember does not know are refused, not approximated."""
 
 from __future__ import annotations
 
@@ -39,9 +39,25 @@ def test_lstrip_and_rstrip_tokens_absorb_whitespace_like_tokenizers(shared_dir, 
         assert ours.encode(text) == reference.encode(text).ids, text
 
 
-def test_single_word_added_tokens_are_refused(shared_dir, tmp_path):
-    path = with_added_tokens(shared_dir, tmp_path, {"<|im_end|>": {"single_word": True}})
-    with pytest.raises(ValueError, match="not supported"):
+def test_single_word_added_tokens_match_only_between_non_word_characters(shared_dir, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    path = with_added_tokens(
+        shared_dir, tmp_path, {"<|im_end|>": {"single_word": True, "rstrip": True}}
+    )
+    ours = load(path)
+    reference = tokenizers.Tokenizer.from_file(str(path))
+    samples = ["a<|im_end|>b", "a <|im_end|> b", "<|im_end|>x", "é<|im_end|>", "_<|im_end|>."]
+    specials = ("<|im_start|>", "<|im_end|>")
+    for text in samples + build_corpus(shared_dir, count=200, seed=71, specials=specials):
+        assert ours.encode(text) == reference.encode(text).ids, text
+
+
+def test_an_unknown_model_type_is_refused_with_its_name(shared_dir, tmp_path):
+    spec = json.loads((shared_dir / "tokenizers/smollm2/tokenizer.json").read_text("utf-8"))
+    spec["model"]["type"] = "WordLevelPlus"
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(ValueError, match="'WordLevelPlus' is not supported"):
         load(path)
 
 
