@@ -9,15 +9,14 @@ import pytest
 from ember.server.chat_template import ChatTemplate
 from ember.server.errors import ApiError
 from ember.server.protocol import ChatMessage
+from tests.shared_assets import shared_file
 
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
 @pytest.fixture(scope="module")
 def smollm2_template(shared_dir: Path) -> ChatTemplate:
-    path = shared_dir / "tokenizers" / "smollm2" / "chat_template.jinja"
-    if not path.is_file():
-        pytest.skip(f"{path} is missing")
+    path = shared_file(shared_dir, "tokenizers/smollm2/chat_template.jinja")
     return ChatTemplate(path.read_text(encoding="utf-8"))
 
 

@@ -12,6 +12,7 @@ import pytest
 from openai import OpenAI
 
 from tests.server.harness import SERVED_MODEL, ServeProcess
+from tests.shared_assets import shared_file
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -25,9 +26,7 @@ def client(smollm2_server: ServeProcess) -> OpenAI:
 @pytest.fixture(scope="module")
 def reference_tokenizer(shared_dir: Path):
     tokenizers = pytest.importorskip("tokenizers")
-    path = shared_dir / "tokenizers" / "smollm2" / "tokenizer.json"
-    if not path.is_file():
-        pytest.skip(f"{path} is missing")
+    path = shared_file(shared_dir, "tokenizers/smollm2/tokenizer.json")
     return tokenizers.Tokenizer.from_file(str(path))
 
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ember.tokenizers import ByteLevelBPETokenizer, load
 from ember.tokenizers.base import replace_lone_surrogates
+from tests.shared_assets import shared_file
 
 # Shared tokenizer files, one per loader and model kind.
 TOKENIZER_FILES = {
@@ -41,9 +42,7 @@ supplementary = st.lists(st.integers(0x10000, 0x10FFFF).map(chr), max_size=6).ma
 
 @pytest.fixture(scope="module", params=sorted(TOKENIZER_FILES))
 def tokenizer(request, shared_dir):
-    path = shared_dir / TOKENIZER_FILES[request.param]
-    if not path.exists():
-        pytest.skip(f"{path} is missing from the shared assets")
+    path = shared_file(shared_dir, TOKENIZER_FILES[request.param])
     return load(path)
 
 
