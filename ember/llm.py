@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rich.progress import Progress
 
@@ -76,6 +76,33 @@ class LLM:
             accumulators[request_id] = OutputAccumulator(request_id, request_params.n)
         self._run(accumulators, show_progress)
         return [accumulator.result() for accumulator in accumulators.values()]
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]] | Sequence[Sequence[Mapping[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        show_progress: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a batch of them, rendered with the model's chat template.
+
+        A conversation is a list of `{"role": ..., "content": ...}`; `chat_template` (template
+        text) overrides the model's own.
+        """
+        from ember.tokenizers.chat_template import load_chat_template
+
+        if self.tokenizer is None:
+            raise ValueError("this model carries no tokenizer; pass tokenizer=PATH to chat with it")
+        template = load_chat_template(self.tokenizer, chat_template)
+        if template is None:
+            raise ValueError("this model has no chat template; pass chat_template=TEXT or use generate()")
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        prompts = [
+            self.tokenizer.encode(template.render(conversation, add_generation_prompt), add_special_tokens=False)
+            for conversation in conversations
+        ]
+        return self.generate(prompts, sampling_params, show_progress)
 
     def _run(self, accumulators: dict[str, OutputAccumulator], show_progress: bool) -> None:
         remaining = set(accumulators)

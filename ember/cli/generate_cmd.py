@@ -56,15 +56,12 @@ def prompt_token_ids(engine: LLMEngine, prompt: str, chat: bool, system: str | N
     if tokenizer is None:
         raise ValueError("this model carries no tokenizer; pass --tokenizer PATH")
     if chat:
-        from ember.server.chat_template import load_chat_template
-        from ember.server.protocol import ChatMessage
+        from ember.tokenizers.chat_template import load_chat_template
 
         template = load_chat_template(tokenizer)
         if template is None:
             raise ValueError("this model has no chat template; drop --chat")
-        messages = ([ChatMessage(role="system", content=system)] if system else []) + [
-            ChatMessage(role="user", content=prompt)
-        ]
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return tokenizer.encode(template.render(messages, add_generation_prompt=True), add_special_tokens=False)
     if prompt == "":
         if tokenizer.bos_id is None:

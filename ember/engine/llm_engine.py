@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ember.engine.config import EngineConfig
+from ember.engine.limits import RequestLimits
 from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
 from ember.engine.runner import ModelRunner, StepResult, kv_cache_bytes_per_block, kv_cache_layout
@@ -81,14 +82,16 @@ class EngineStats:
 class LLMEngine:
     """Owns model, tokenizer, KV cache, scheduler and runner; `step()` advances every running request."""
 
-    def __init__(self, config: EngineConfig, show_progress: bool = False) -> None:
+    def __init__(self, config: EngineConfig, show_progress: bool = False, loaded: LoadedModel | None = None) -> None:
+        """`loaded` reuses weights already in memory (they hold no per-engine state); else `config.model` is loaded."""
         self.config = config
         torch.manual_seed(config.seed)
         model_path = resolve_model(config.model)
-        loaded = load_model(model_path, config.dtype, show_progress=show_progress)
+        loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress)
         self.model_config: ModelConfig = loaded.config
         self.model_name = config.served_model_name or _model_name(config.model, model_path)
-        self.tokenizer = _load_tokenizer(config, loaded)
+        self.tokenizer_source = _tokenizer_source(config, loaded)
+        self.tokenizer = load_tokenizer_from(self.tokenizer_source)
         self.max_model_len = min(config.max_model_len or loaded.config.max_position_embeddings, loaded.config.max_position_embeddings)
         self.block_size = config.cache.block_size
         self.kv_layout = kv_cache_layout(loaded.model)
@@ -97,6 +100,16 @@ class LLMEngine:
             num_blocks, self.block_size, config.cache.enable_prefix_caching, self.kv_layout.group_windows
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.limits = RequestLimits(
+            vocab_size=loaded.config.vocab_size,
+            max_model_len=self.max_model_len,
+            num_kv_blocks=num_blocks,
+            block_size=self.block_size,
+            group_windows=tuple(self.kv_layout.group_windows),
+            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+            max_num_seqs=config.scheduler.max_num_seqs,
+            enable_chunked_prefill=config.scheduler.enable_chunked_prefill,
+        )
         generator = torch.Generator().manual_seed(config.seed)
         self.eos_ids = self.tokenizer.eos_ids if self.tokenizer is not None else frozenset()
         self.speculator = self._make_speculator(num_blocks, show_progress)
@@ -285,6 +298,10 @@ class LLMEngine:
     def step_records(self) -> list[StepRecord]:
         return list(self._step_records)
 
+    def latest_step_record(self) -> StepRecord | None:
+        """The record of the most recent step that ran the model, if any."""
+        return self._step_records[-1] if self._step_records else None
+
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running=len(self.scheduler.running),
@@ -353,43 +370,21 @@ class LLMEngine:
         return max(1, min(wanted, DEFAULT_KV_CACHE_BYTES // per_block))
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError, saying what to change, if this request could never run here."""
-        num_prompt = len(prompt_token_ids)
-        if num_prompt == 0:
-            raise ValueError("the prompt is empty; give at least one token")
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
-        if num_prompt >= self.max_model_len:
-            raise ValueError(f"the prompt has {num_prompt} tokens; the context window is {self.max_model_len}, so at most {self.max_model_len - 1} fit")
-        max_tokens = params.max_tokens or (self.max_model_len - num_prompt)
-        if num_prompt + max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context window of "
-                f"{self.max_model_len}; lower max_tokens to at most {self.max_model_len - num_prompt}"
-            )
-        blocks_needed = self.kv.num_blocks_needed(num_prompt + max_tokens, self.config.scheduler.max_num_batched_tokens)
-        if blocks_needed > self.kv.pool.num_blocks:
-            raise ValueError(
-                f"this request needs {blocks_needed} KV blocks but the cache has {self.kv.pool.num_blocks}; "
-                "lower max_tokens or raise --kv-cache-memory / --num-kv-blocks"
-            )
-        scheduler = self.config.scheduler
-        if params.n > scheduler.max_num_seqs:
-            raise ValueError(f"n ({params.n}) exceeds max_num_seqs ({scheduler.max_num_seqs}); lower n or raise --max-num-seqs")
-        if not scheduler.enable_chunked_prefill and num_prompt + max_tokens > scheduler.max_num_batched_tokens:
-            raise ValueError(
-                f"with chunked prefill off, prompt + output ({num_prompt + max_tokens} tokens) must fit "
-                f"max_num_batched_tokens ({scheduler.max_num_batched_tokens}); raise it or enable chunked prefill"
-            )
+        """Raise RequestRejected (a ValueError saying what to change) if this request could never run here."""
+        self.limits.validate(prompt_token_ids, params)
 
 
 def _model_name(given: str, path: Path) -> str:
     return given if not Path(given).exists() else path.stem
 
 
-def _load_tokenizer(config: EngineConfig, loaded: LoadedModel) -> Tokenizer | None:
-    source = Path(config.tokenizer) if config.tokenizer else loaded.tokenizer_path
+def _tokenizer_source(config: EngineConfig, loaded: LoadedModel) -> Path | None:
+    """The file the tokenizer comes from: `--tokenizer`, else the model's own, else none."""
+    return Path(config.tokenizer) if config.tokenizer else loaded.tokenizer_path
+
+
+def load_tokenizer_from(source: Path | None) -> Tokenizer | None:
+    """The tokenizer stored at `source` (None when there is none)."""
     if source is None:
         return None
     from ember.tokenizers import load as load_tokenizer

@@ -69,6 +69,24 @@ class PrefixCacheStats:
     hits: int = 0
 
 
+def blocks_needed(
+    num_tokens: int, block_size: int, group_windows: Sequence[int | None], max_chunk_tokens: int | None = None
+) -> int:
+    """Most blocks one sequence of `num_tokens` holds at once over all layer groups.
+
+    A windowed group holds at most the blocks its window spans plus one step's chunk.
+    """
+    full = -(-num_tokens // block_size)
+    total = 0
+    for window in group_windows:
+        if window is None:
+            total += full
+        else:
+            span = window + (max_chunk_tokens or num_tokens)
+            total += min(full, -(-span // block_size) + 1)
+    return total
+
+
 class KVCacheManager:
     """Block tables per sequence (one per layer group) over one block pool.
 
@@ -112,15 +130,7 @@ class KVCacheManager:
 
     def num_blocks_needed(self, num_tokens: int, max_chunk_tokens: int | None = None) -> int:
         """Most blocks one sequence of `num_tokens` holds at once over all groups."""
-        full = -(-num_tokens // self.block_size)
-        total = 0
-        for window in self.group_windows:
-            if window is None:
-                total += full
-            else:
-                span = window + (max_chunk_tokens or num_tokens)
-                total += min(full, -(-span // self.block_size) + 1)
-        return total
+        return blocks_needed(num_tokens, self.block_size, self.group_windows, max_chunk_tokens)
 
     def find_cached_prefix(self, token_ids: Sequence[int], max_tokens: int, extra_keys: tuple = ()) -> CachedPrefix:
         """Longest run of full blocks of `token_ids[:max_tokens]` whose KV every layer group still has.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from http import HTTPStatus
 from importlib import metadata
 
 from fastapi import FastAPI, Request
@@ -79,6 +80,9 @@ def _add_openai_routes(app: FastAPI, context: ServingContext) -> None:
 def _add_service_routes(app: FastAPI, context: ServingContext) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
+        reason = context.engine.dead_reason
+        if reason is not None:
+            return JSONResponse({"status": "engine_dead", "reason": reason}, status_code=HTTPStatus.SERVICE_UNAVAILABLE)
         return JSONResponse({"status": "ok"})
 
     @app.get("/version")

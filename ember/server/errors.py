@@ -47,6 +47,20 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
+ENGINE_RETRY_AFTER_S = 10
+
+
+def engine_unavailable(reason: str) -> ApiError:
+    """The 503 every request gets once the engine has stopped (it died or is shutting down)."""
+    return ApiError(
+        f"The engine is not running ({reason}); retry later.",
+        status_code=HTTPStatus.SERVICE_UNAVAILABLE,
+        error_type="server_error",
+        code="engine_unavailable",
+        headers={"Retry-After": str(ENGINE_RETRY_AFTER_S)},
+    )
+
+
 def error_body(message: str, error_type: str, param: str | None, code: str | None) -> dict:
     """The OpenAI error JSON object."""
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

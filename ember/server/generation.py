@@ -10,11 +10,12 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from ember.engine.client import EngineDeadError
 from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_params import SamplingParams
 from ember.server.admission import AdmissionTicket
 from ember.server.context import ServingContext
-from ember.server.errors import ApiError
+from ember.server.errors import ApiError, engine_unavailable
 from ember.server.metrics import FinishedRequest
 from ember.server.requests import PreparedPrompt
 
@@ -101,6 +102,9 @@ async def tracked_generate(
                 ticket.mark_started()
             tracker.add(delta)
             yield delta
+    except EngineDeadError as error:
+        tracker.is_rejected = True
+        raise engine_unavailable(str(error)) from error
     except ValueError as error:
         # The engine's own admission check (e.g. the request cannot fit); the client's fault.
         tracker.is_rejected = True

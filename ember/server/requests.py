@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from ember.engine.sampling_params import SamplingParams
 from ember.server.chat_template import ChatTemplate
-from ember.server.errors import ApiError, from_validation_error
+from ember.server.errors import ApiError, engine_unavailable, from_validation_error
 from ember.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 M = TypeVar("M", bound=BaseModel)
@@ -230,10 +230,13 @@ def check_engine_accepts(engine, prompt: PreparedPrompt, params: SamplingParams,
 
     Checked before any response starts, so a streaming client gets a status code, not an event.
     """
+    if engine.dead_reason is not None:
+        raise engine_unavailable(engine.dead_reason)
     try:
         engine.validate_request(prompt.token_ids, params)
     except ValueError as error:
-        raise ApiError(f"The engine cannot run this request: {error}.", param=prompt_param, code="invalid_request") from error
+        param = getattr(error, "param", None) or prompt_param
+        raise ApiError(f"The engine cannot run this request: {error}.", param=param, code="invalid_request") from error
 
 
 def parse_request(model_class: type[M], body: bytes) -> M:

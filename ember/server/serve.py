@@ -56,12 +56,12 @@ def serve_app(engine, server_config: ServerConfig) -> None:
 
 
 def run_server(engine_config, server_config: ServerConfig | None = None) -> None:
-    """Load the model named by `engine_config` (with a progress bar), then serve it until stopped."""
-    from ember.engine.async_engine import AsyncEngine
+    """Start the engine process for `engine_config` (it loads with a progress bar), then serve until stopped."""
+    from ember.engine.process_client import EngineProcessClient
 
     server_config = server_config or ServerConfig()
     configure_logging()
-    engine = AsyncEngine(engine_config)
+    engine = EngineProcessClient(engine_config)
     try:
         logger.info(describe_capacity(engine))
         serve_app(engine, server_config)

@@ -1,4 +1,5 @@
-"""AsyncEngine: concurrent callers share steps; leaving a stream early aborts and frees its blocks."""
+"""Both EngineClients (AsyncEngine on a thread, EngineProcessClient in its own process):
+concurrent callers share steps; leaving a stream early aborts and frees its blocks."""
 
 from __future__ import annotations
 
@@ -7,23 +8,27 @@ import asyncio
 import pytest
 
 from ember.engine.async_engine import AsyncEngine
+from ember.engine.client import EngineClient
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.process_client import EngineProcessClient
 from ember.engine.sampling_params import SamplingParams
 
 
-@pytest.fixture
-def engine(stories_dir):
+@pytest.fixture(scope="module", params=["thread", "process"])
+def engine(request, stories_dir):
     config = EngineConfig(
         model=str(stories_dir / "stories260K.bin"),
         tokenizer=str(stories_dir / "tok512.bin"),
         cache=CacheConfig(block_size=4, num_kv_blocks=128),
     )
-    engine = AsyncEngine(config, show_progress=False)
+    kind = AsyncEngine if request.param == "thread" else EngineProcessClient
+    engine = kind(config, show_progress=False)
+    assert isinstance(engine, EngineClient)
     yield engine
     engine.shutdown()
 
 
-async def _collect(engine: AsyncEngine, request_id: str, prompt: list[int], params: SamplingParams) -> list[int]:
+async def _collect(engine: EngineClient, request_id: str, prompt: list[int], params: SamplingParams) -> list[int]:
     tokens: list[int] = []
     async for delta in engine.generate(request_id, prompt, params):
         tokens.extend(delta.outputs[0].token_ids if delta.outputs else [])

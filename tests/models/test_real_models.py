@@ -6,13 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from ember.engine.config import EngineConfig
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.eval.perplexity import perplexity
 from ember.llm import LLM
-from ember.server.chat_template import load_chat_template
-from ember.server.protocol import ChatMessage
 
 # Reference figures from ../shared/README.md (transformers 5.24; llama.cpp gives 40.77).
 SMOLLM2_TINYSHAKESPEARE_PPL = 40.8
@@ -20,20 +17,33 @@ PPL_RELATIVE_TOLERANCE = 0.01
 
 
 @pytest.fixture(scope="module")
-def smollm2_engine(smollm2_gguf: Path) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(smollm2_gguf)))
+def smollm2_llm(smollm2_gguf: Path) -> LLM:
+    return LLM(str(smollm2_gguf))
 
 
-def test_smollm2_answers_the_capital_of_france_with_paris(smollm2_engine):
-    tokenizer = smollm2_engine.tokenizer
-    template = load_chat_template(tokenizer)
-    prompt = template.render([ChatMessage(role="user", content="What is the capital of France?")])
-    smollm2_engine.add_request("paris", tokenizer.encode(prompt), SamplingParams(temperature=0, max_tokens=32))
-    text = ""
-    while smollm2_engine.has_unfinished_requests():
-        for output in smollm2_engine.step():
-            text += output.outputs[0].text
-    assert "Paris" in text
+@pytest.fixture(scope="module")
+def smollm2_engine(smollm2_llm: LLM) -> LLMEngine:
+    return smollm2_llm.engine
+
+
+def test_smollm2_chat_answers_the_capital_of_france_with_paris(smollm2_llm):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    outputs = smollm2_llm.chat(messages, SamplingParams(temperature=0, max_tokens=32))
+    assert "Paris" in outputs[0].outputs[0].text
+    batch = smollm2_llm.chat([messages, messages], SamplingParams(temperature=0, max_tokens=32))
+    assert [o.outputs[0].text for o in batch] == [outputs[0].outputs[0].text] * 2
+
+
+def test_chat_renders_with_a_template_given_in_place_of_the_models(stories_dir):
+    llm = LLM(str(stories_dir / "stories260K.bin"), tokenizer=str(stories_dir / "tok512.bin"))
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    chatted = llm.chat([{"role": "user", "content": "Once upon a time"}], SamplingParams(temperature=0, max_tokens=8), chat_template=template)
+    prompt = llm.tokenizer.encode("Once upon a time", add_special_tokens=False)
+    generated = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8))
+    assert chatted[0].prompt_token_ids == prompt
+    assert chatted[0].outputs[0].token_ids == generated[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="no chat template"):
+        llm.chat([{"role": "user", "content": "hi"}])
 
 
 def test_smollm2_perplexity_on_tinyshakespeare_matches_the_reference(smollm2_engine, shared_dir):

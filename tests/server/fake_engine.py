@@ -77,6 +77,8 @@ class FakeEngine:
         self.is_held = False
         # When set, every request is refused with this ValueError, as the engine's own check would.
         self.reject_reason: str | None = None
+        # When set, the engine reads as stopped (EngineClient.dead_reason).
+        self.dead_reason: str | None = None
 
     def hold(self) -> None:
         """Make requests wait before their first token until `release()`."""

@@ -98,6 +98,12 @@ class ServeProcess:
             self._log_file = None
 
     @property
+    def pid(self) -> int:
+        """The server's process id (its engine runs in a child process)."""
+        assert self._process is not None, "the server has not been started"
+        return self._process.pid
+
+    @property
     def returncode(self) -> int | None:
         """The exit status once the process ended."""
         return None if self._process is None else self._process.poll()
@@ -105,6 +111,30 @@ class ServeProcess:
     def log_text(self) -> str:
         """What the server printed so far."""
         return self._log_path.read_text(errors="replace")
+
+
+def child_pids(pid: int) -> list[int]:
+    """Process ids whose parent is `pid` (read from /proc)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(entry.name))
+    return children
+
+
+def is_running(pid: int) -> bool:
+    """Whether a process `pid` exists and is not a zombie."""
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def smollm2_server_process(gguf: Path, log_path: Path, *extra_args: str) -> ServeProcess:

@@ -1,0 +1,123 @@
+"""The engine process: an LLMEngine whose step loop runs on this process's main thread.
+
+Why a process: measured on CPU, the same step loop on a secondary thread decodes at about half
+the speed (the OpenMP runtime behind torch and ember's kernels), and an HTTP event loop sharing
+the GIL with the step loop adds latency under load. The process reads commands between steps
+and sends each step's deltas to its client (ember.engine.process_client) over one pipe.
+It exits when told to, or when its client goes away (the pipe closes): never an orphan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+from multiprocessing.connection import Connection
+
+from ember.engine.config import EngineConfig
+from ember.engine.llm_engine import LLMEngine
+from ember.engine.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineFailed,
+    EngineReady,
+    RequestFailed,
+    Shutdown,
+    StepOutputs,
+    ToEngine,
+)
+from ember.engine.outputs import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+def run_engine_process(config: EngineConfig, connection: Connection, show_progress: bool = True) -> None:
+    """Entry point of the engine process: load, announce, then step until shut down or orphaned."""
+    # Ctrl-C reaches the whole process group; the client, not the signal, ends this process.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        engine = LLMEngine(config, show_progress=show_progress)
+    except Exception as error:  # a bad model path or config: the client re-raises it
+        connection.send(EngineFailed(_picklable(error)))
+        connection.close()
+        return
+    connection.send(
+        EngineReady(engine.model_name, engine.max_model_len, engine.tokenizer_source, engine.limits, engine.stats())
+    )
+    try:
+        _EngineLoop(engine, connection).run()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        logger.info("the engine's client went away; the engine process exits")
+    finally:
+        connection.close()
+
+
+class _EngineLoop:
+    """Commands in between steps, deltas out after each step."""
+
+    def __init__(self, engine: LLMEngine, connection: Connection) -> None:
+        self.engine = engine
+        self.connection = connection
+        self.is_stopping = False
+
+    def run(self) -> None:
+        while not self.is_stopping:
+            # Idle: sleep in the kernel until a command comes; busy: only take what is there.
+            wait_s = 0.0 if self.engine.has_unfinished_requests() else None
+            while self.connection.poll(wait_s):
+                self._apply(self.connection.recv())
+                wait_s = 0.0
+            if self.is_stopping:
+                return
+            self._step()
+
+    def _apply(self, command: ToEngine) -> None:
+        if isinstance(command, Shutdown):
+            self.is_stopping = True
+        elif isinstance(command, AbortRequest):
+            self.engine.abort_request(command.request_id)
+        elif isinstance(command, AddRequest):
+            try:
+                self.engine.add_request(
+                    command.request_id, command.prompt_token_ids, command.params, command.prompt, command.priority
+                )
+            except ValueError as error:
+                self.connection.send(RequestFailed(command.request_id, _picklable(error)))
+
+    def _step(self) -> None:
+        steps_before = self.engine.stats().num_steps
+        try:
+            outputs = self.engine.step()
+        except Exception as error:  # a failed step fails its requests, never the process
+            logger.exception("engine step failed")
+            self._fail_all(error)
+            return
+        if not outputs and self.engine.stats().num_steps == steps_before:
+            return
+        stats = self.engine.stats()
+        record = self.engine.latest_step_record()
+        records = [record] if record is not None and stats.num_steps != steps_before else []
+        self.connection.send(StepOutputs([_without_prompt(o) for o in outputs], stats, records))
+
+    def _fail_all(self, error: Exception) -> None:
+        failure = RuntimeError(f"the engine failed while running this request: {error}")
+        for request_id in list(self.engine.requests):
+            self.engine.abort_request(request_id)
+            self.connection.send(RequestFailed(request_id, failure))
+        self.engine.step()  # drain the abort outputs so nothing lingers
+
+
+def _without_prompt(output: RequestOutput) -> RequestOutput:
+    """The delta as sent: the client already holds the prompt, so it does not travel every step."""
+    return dataclasses.replace(output, prompt_token_ids=[], prompt=None)
+
+
+def _picklable(error: BaseException) -> BaseException:
+    """`error` itself if it survives pickling, else a RuntimeError with its message."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error

@@ -1,0 +1,214 @@
+"""EngineProcessClient: an EngineClient whose engine runs in its own process (what `ember serve` uses).
+
+The client starts the engine process (spawned: a fresh interpreter, its own OpenMP runtime),
+waits until it has loaded, and loads the same tokenizer on this side, so prompts are tokenized
+and validated here while the engine only steps. Two daemon threads move messages: one sends
+commands (so the event loop never blocks on a full pipe), one receives step outputs and hands
+each delta to its request's asyncio queue. When the engine process dies, every open stream
+ends with EngineDeadError, new requests get it at once, and `dead_reason` says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import multiprocessing
+import queue
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+
+from ember.engine.client import EngineDeadError
+from ember.engine.config import EngineConfig
+from ember.engine.engine_process import run_engine_process
+from ember.engine.llm_engine import EngineStats, StepRecord, load_tokenizer_from
+from ember.engine.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineFailed,
+    EngineReady,
+    FromEngine,
+    RequestFailed,
+    Shutdown,
+    StepOutputs,
+    ToEngine,
+)
+from ember.engine.outputs import RequestOutput
+from ember.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+STEP_RECORDS_KEPT = 1024
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
+@dataclass
+class _Stream:
+    """One request's prompt (deltas arrive without it) and the queue its deltas go to."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    prompt_token_ids: list[int]
+    prompt: str | None
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class EngineProcessClient:
+    """Starts an engine process for `config` and streams requests through it."""
+
+    def __init__(self, config: EngineConfig, show_progress: bool = True, startup_timeout_s: float | None = None) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connection, child_end = context.Pipe(duplex=True)
+        self._process = context.Process(
+            target=run_engine_process, args=(config, child_end, show_progress), name="ember-engine", daemon=True
+        )
+        self._process.start()
+        child_end.close()  # only the child holds its end now, so its death reads as end-of-file here
+        ready = self._wait_until_ready(startup_timeout_s)
+        self.model_name = ready.model_name
+        self.max_model_len = ready.max_model_len
+        self.limits = ready.limits
+        self.tokenizer = load_tokenizer_from(ready.tokenizer_source)
+        self._stats = ready.stats
+        self._records: collections.deque[StepRecord] = collections.deque(maxlen=STEP_RECORDS_KEPT)
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._dead_reason: str | None = None
+        self._outbox: queue.SimpleQueue[ToEngine | None] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_loop, name="ember-engine-sender", daemon=True)
+        self._receiver = threading.Thread(target=self._receive_loop, name="ember-engine-receiver", daemon=True)
+        self._sender.start()
+        self._receiver.start()
+
+    # -- EngineClient -----------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id."""
+        return self._process.pid
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self._dead_reason
+
+    def validate_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        self.limits.validate(prompt_token_ids, params)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        self.validate_request(prompt_token_ids, params)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), list(prompt_token_ids), prompt)
+        with self._lock:
+            if self._dead_reason is not None:
+                raise EngineDeadError(self._dead_reason)
+            if request_id in self._streams:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            self._streams[request_id] = stream
+        self._outbox.put(AddRequest(request_id, stream.prompt_token_ids, params, prompt, priority))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._outbox.put(AbortRequest(request_id))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def step_records(self) -> list[StepRecord]:
+        return list(self._records)
+
+    def shutdown(self) -> None:
+        self._mark_dead("the engine was shut down")
+        if self._process.is_alive():
+            self._outbox.put(Shutdown())
+            self._process.join(SHUTDOWN_TIMEOUT_S)
+        if self._process.is_alive():
+            logger.warning("the engine process did not stop within %.0f s; killing it", SHUTDOWN_TIMEOUT_S)
+            self._process.kill()
+            self._process.join()
+        self._outbox.put(None)
+        self._receiver.join(SHUTDOWN_TIMEOUT_S)
+        self._connection.close()
+
+    # -- threads ----------------------------------------------------------------------------
+
+    def _wait_until_ready(self, timeout_s: float | None) -> EngineReady:
+        if not self._connection.poll(timeout_s):
+            self._process.kill()
+            raise TimeoutError(f"the engine process did not load within {timeout_s} s")
+        try:
+            message = self._connection.recv()
+        except EOFError:
+            self._process.join()
+            raise RuntimeError(f"the engine process died while loading (exit code {self._process.exitcode})") from None
+        if isinstance(message, EngineFailed):
+            self._process.join()
+            raise message.error
+        return message
+
+    def _send_loop(self) -> None:
+        while (command := self._outbox.get()) is not None:
+            try:
+                self._connection.send(command)
+            except (OSError, ValueError):  # the engine is gone; the receiver reports it
+                return
+
+    def _receive_loop(self) -> None:
+        while True:
+            try:
+                message: FromEngine = self._connection.recv()
+            except (EOFError, OSError):
+                break
+            self._dispatch(message)
+        self._process.join(5)
+        if self._dead_reason is None:
+            reason = f"the engine process exited unexpectedly (exit code {self._process.exitcode})"
+            logger.error("%s; every request fails with 503 until the server is restarted", reason)
+            self._mark_dead(reason)
+
+    def _dispatch(self, message: FromEngine) -> None:
+        if isinstance(message, StepOutputs):
+            self._stats = message.stats
+            self._records.extend(message.records)
+            for output in message.outputs:
+                self._deliver(output.request_id, output)
+        elif isinstance(message, RequestFailed):
+            self._deliver(message.request_id, message.error)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        with self._lock:
+            stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        if isinstance(item, RequestOutput):
+            item = replace(item, prompt_token_ids=stream.prompt_token_ids, prompt=stream.prompt)
+        stream.put(item)
+
+    def _mark_dead(self, reason: str) -> None:
+        with self._lock:
+            if self._dead_reason is not None:
+                return
+            self._dead_reason = reason
+            streams = list(self._streams.values())
+        for stream in streams:
+            stream.put(EngineDeadError(reason))

@@ -1,0 +1,82 @@
+"""EngineProcessClient: the engine in its own process fails loudly, never silently.
+
+A killed engine ends open streams and refuses new requests with EngineDeadError (the server
+turns it into 503s); a model that cannot load raises in the caller; requests are validated on
+the client's side with the engine's own limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from ember.engine.client import EngineDeadError
+from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.limits import RequestRejected
+from ember.engine.process_client import EngineProcessClient
+from ember.engine.sampling_params import SamplingParams
+
+
+def _config(stories_dir) -> EngineConfig:
+    return EngineConfig(
+        model=str(stories_dir / "stories260K.bin"),
+        tokenizer=str(stories_dir / "tok512.bin"),
+        cache=CacheConfig(block_size=4, num_kv_blocks=64),
+        max_model_len=256,
+    )
+
+
+def test_a_killed_engine_ends_open_streams_and_refuses_new_requests(stories_dir):
+    client = EngineProcessClient(_config(stories_dir), show_progress=False)
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    prompt = client.tokenizer.encode("Once upon a time", add_special_tokens=True)
+
+    async def stream_until_killed() -> tuple[int, BaseException | None]:
+        received = 0
+        try:
+            async for _ in client.generate("doomed", prompt, params):
+                received += 1
+                if received == 3:
+                    os.kill(client.pid, signal.SIGKILL)
+        except EngineDeadError as error:
+            return received, error
+        return received, None
+
+    started = time.monotonic()
+    received, error = asyncio.run(asyncio.wait_for(stream_until_killed(), timeout=30))
+    assert received >= 3 and isinstance(error, EngineDeadError)
+    assert time.monotonic() - started < 30
+    assert client.dead_reason is not None and "exit" in client.dead_reason
+
+    async def new_request() -> None:
+        async for _ in client.generate("late", prompt, params):
+            pass
+
+    with pytest.raises(EngineDeadError):
+        asyncio.run(new_request())
+    client.shutdown()
+
+
+def test_a_model_that_cannot_load_raises_in_the_caller(tmp_path):
+    with pytest.raises((FileNotFoundError, ValueError)) as caught:
+        EngineProcessClient(EngineConfig(model=str(tmp_path / "missing.gguf")), show_progress=False)
+    assert "missing.gguf" in str(caught.value)
+
+
+def test_requests_are_validated_on_the_client_side_with_the_engines_limits(stories_dir):
+    client = EngineProcessClient(_config(stories_dir), show_progress=False)
+    try:
+        with pytest.raises(RequestRejected) as too_long:
+            client.validate_request([1] * 300, SamplingParams(max_tokens=1))
+        assert too_long.value.param == "prompt"
+        with pytest.raises(RequestRejected) as too_many:
+            client.validate_request([1, 2], SamplingParams(max_tokens=255))
+        assert too_many.value.param == "max_tokens"
+        assert client.limits.vocab_size == 512 and client.max_model_len == 256
+    finally:
+        client.shutdown()
+    assert client.dead_reason == "the engine was shut down"
