@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain
 
 import regex
 
@@ -115,6 +116,7 @@ class PreTokenizer:
     _ascii_compiled: tuple[re.Pattern, ...] | None = field(init=False, repr=False, compare=False)
     _splitters: tuple[Splitter, ...] = field(init=False, repr=False, compare=False)
     _ascii_splitters: tuple[Splitter, ...] | None = field(init=False, repr=False, compare=False)
+    _is_local: tuple[bool, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.is_complete and len(self.stages) != 1:
@@ -124,6 +126,7 @@ class PreTokenizer:
         object.__setattr__(self, "_compiled", compiled)
         object.__setattr__(self, "_ascii_compiled", ascii_compiled)
         object.__setattr__(self, "_splitters", tuple(map(isolating_splitter, compiled)))
+        object.__setattr__(self, "_is_local", tuple(map(matches_locally, compiled)))
         object.__setattr__(
             self,
             "_ascii_splitters",
@@ -158,9 +161,14 @@ class PreTokenizer:
             compiled, splitters = self._ascii_compiled, self._ascii_splitters
         if self.is_complete:
             return compiled[0].findall(text)
-        pieces = splitters[0](text)
-        for splitter in splitters[1:]:
-            pieces = [sub for piece in pieces for sub in splitter(piece)]
+        # Each splitter may leave empty strings; map, chain and filter keep the loop in C.
+        pieces = list(filter(None, splitters[0](text)))
+        for pattern, splitter, is_local in zip(
+            compiled[1:], splitters[1:], self._is_local[1:], strict=True
+        ):
+            if is_local and pattern.search(text) is None:
+                continue  # no match in the whole text: none in any piece of it
+            pieces = list(filter(None, chain.from_iterable(map(splitter, pieces))))
         return pieces
 
 
@@ -240,16 +248,55 @@ def _rewrite_classes(pattern: str, classes: dict[str, str]) -> str | None:
 
 
 def isolating_splitter(pattern: regex.Pattern | re.Pattern) -> Splitter:
-    """A function text -> matches of `pattern` plus the gaps between them, in order.
+    """A function text -> matches of `pattern` plus the gaps between them, in order, with
+    empty strings among them (the caller drops those).
 
-    For a pattern without groups, `split` on the pattern wrapped in one group returns
-    gaps and matches alternately (empty strings where a match is empty or two touch), all
-    in C: the empty strings are dropped. Patterns with groups of their own use finditer."""
+    `split` on the pattern wrapped in one group returns gaps and matches alternately (empty
+    strings where a match is empty or two touch), all in C. The pattern's own groups are
+    made non-capturing first (they would add items); with backreferences, finditer is used."""
+    source = pattern.pattern
     if pattern.groups:
-        return partial(_split_isolated, pattern)
+        source = _non_capturing(source)
+        if source is None:
+            return partial(_split_isolated, pattern)
     compile_pattern = re.compile if isinstance(pattern, re.Pattern) else regex.compile
-    split = compile_pattern(f"({pattern.pattern})", pattern.flags).split
-    return lambda text: list(filter(None, split(text)))
+    return compile_pattern(f"({source})", pattern.flags).split
+
+
+CONTEXT_SYNTAX = regex.compile(r"\(\?<?[=!]|\\[bBAZzG]|(?<!\\)[$^]")
+
+
+def matches_locally(pattern: regex.Pattern) -> bool:
+    """Whether a match of `pattern` inside a piece of a text is a match in the text too:
+    true when it looks at no context (no lookaround, anchor or word boundary) and never
+    matches empty. Then a text with no match has no piece with one, and the stage is skipped."""
+    return CONTEXT_SYNTAX.search(pattern.pattern) is None and pattern.fullmatch("") is None
+
+
+def _non_capturing(source: str) -> str | None:
+    """`source` with every capturing group made non-capturing; None if it has
+    backreferences or named groups (which need their captures)."""
+    if regex.search(r"\\[1-9]|\(\?P?<[A-Za-z]|\(\?P=", source):
+        return None
+    out = []
+    position, in_class = 0, False
+    while position < len(source):
+        char = source[position]
+        if char == "\\":
+            out.append(source[position : position + 2])
+            position += 2
+            continue
+        if char == "[" and not in_class:
+            in_class = True
+        elif char == "]" and in_class:
+            in_class = False
+        elif char == "(" and not in_class and not source.startswith("(?", position):
+            out.append("(?:")
+            position += 1
+            continue
+        out.append(char)
+        position += 1
+    return "".join(out)
 
 
 def _split_isolated(pattern: regex.Pattern, text: str) -> list[str]:
