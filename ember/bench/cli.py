@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _common(everything, default_dtype="both")
     everything.add_argument("--report", type=Path, default=None, help="write the Markdown report here (BENCHMARKS.md)")
     everything.add_argument("--out-dir", type=Path, default=Path("benchmarks"), help="results/ and plots/ go under this folder")
-    everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,tokenizers")
+    everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,tokenizers,gateway")
     everything.add_argument("--chunk-tokens", type=int, default=256)
     everything.add_argument("--requests", default=None, metavar="NAME=N,...",
                             help="request counts per workload overriding --scale, e.g. mixed=24,serve=8 (mixed, shared-prefix, serve)")
@@ -138,13 +138,12 @@ def _run_workload(args: argparse.Namespace) -> int:
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
-    from ember.bench.gateway import dump, markdown, run_gateway_bench
+    from ember.bench.gateway import GatewayBenchSettings, dump, markdown, run_with_progress
 
-    for name in ("documents", "doc_chars", "questions", "concurrency", "max_tokens", "overhead_pairs"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    results = run_gateway_bench(args.model, args.documents, args.doc_chars, args.questions, args.concurrency, args.max_tokens,
-                                args.overhead_pairs, args.seed, args.plot)  # fmt: skip
+    settings = GatewayBenchSettings(model=args.model, documents=args.documents, doc_chars=args.doc_chars, questions=args.questions,
+                                    concurrency=args.concurrency, max_tokens=args.max_tokens, overhead_pairs=args.overhead_pairs,
+                                    seed=args.seed)  # fmt: skip
+    results = run_with_progress(settings, args.plot)
     print(markdown(results))
     print(f"reproduce: {_command_line()}")
     dump(results, args.json)

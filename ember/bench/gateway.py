@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -155,28 +156,42 @@ def measure_overhead(replica_url: str, gateway_url: str, pairs: int, progress) -
     return {"pairs": pairs, "direct": summary(direct), "gateway": summary(through), "added": summary(added)}
 
 
-def run_gateway_bench(model: str, documents: int, doc_chars: int, questions: int, concurrency: int, max_tokens: int,
-                      overhead_pairs: int, seed: int, plot: Path | None = None) -> dict:  # fmt: skip
-    """Both policies on fresh replicas, then the overhead; returns the results dictionary."""
-    from rich.progress import Progress
+@dataclasses.dataclass(frozen=True)
+class GatewayBenchSettings:
+    """The workload and measurement sizes of `ember bench gateway`."""
 
-    prompts = build_requests(documents, doc_chars, questions, seed)
-    results: dict = {"workload": {"documents": documents, "doc_chars": doc_chars, "questions": questions, "requests": len(prompts),
-                                  "concurrency": concurrency, "max_tokens": max_tokens, "seed": seed, "model": model}}  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="ember-bench-gateway-") as folder, Progress() as progress:
-        total = len(prompts) * len(POLICIES) + overhead_pairs + 2
-        task = progress.add_task("gateway bench", total=total)
-        advance = lambda: progress.advance(task)  # noqa: E731
+    model: str = "smollm2-135m-instruct"
+    documents: int = 8
+    doc_chars: int = 2400
+    questions: int = 4
+    concurrency: int = 4
+    max_tokens: int = 8
+    overhead_pairs: int = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, int) and field.name != "seed" and value < 1:
+                raise ValueError(f"--{field.name.replace('_', '-')} must be at least 1, got {value}")
+
+
+def run_gateway_bench(settings: GatewayBenchSettings, tick, advance=lambda: None, plot: Path | None = None) -> dict:
+    """Both policies on fresh replicas, then the overhead; returns the results dictionary.
+
+    `tick(description)` is called at each phase, `advance()` after each request or pair."""
+    prompts = build_requests(settings.documents, settings.doc_chars, settings.questions, settings.seed)
+    results: dict = {"workload": {**dataclasses.asdict(settings), "requests": len(prompts)}}
+    serve_args = ("--served-model-name", SERVED_NAME)
+    with tempfile.TemporaryDirectory(prefix="ember-bench-gateway-") as folder:
         for routing in POLICIES:
-            progress.update(task, description=f"{routing}: starting 2 replicas")
-            with ember_server(model, extra_args=("--served-model-name", SERVED_NAME)) as r0, ember_server(
-                model, extra_args=("--served-model-name", SERVED_NAME)
-            ) as r1, gateway_process([r0, r1], routing, Path(folder)) as gateway:
-                progress.update(task, description=f"{routing}: warming the replicas")
+            tick(f"gateway bench, {routing}: starting 2 replicas and a gateway")
+            with ember_server(settings.model, extra_args=serve_args) as r0, ember_server(settings.model, extra_args=serve_args) as r1, \
+                    gateway_process([r0, r1], routing, Path(folder)) as gateway:  # fmt: skip
                 warm([r0, r1])
-                progress.update(task, description=f"{routing}: {len(prompts)} requests")
+                tick(f"gateway bench, {routing}: {len(prompts)} requests")
                 hits_before, queries_before = prefix_counters([r0, r1])
-                ttfts = asyncio.run(stream_ttfts(gateway, prompts, concurrency, max_tokens, advance))
+                ttfts = asyncio.run(stream_ttfts(gateway, prompts, settings.concurrency, settings.max_tokens, advance))
                 hits_after, queries_after = prefix_counters([r0, r1])
                 results[routing] = {
                     "prefix_cache_hit_rate": (hits_after - hits_before) / max(1.0, queries_after - queries_before),
@@ -185,14 +200,26 @@ def run_gateway_bench(model: str, documents: int, doc_chars: int, questions: int
                     "p99_ttft_ms": percentile(ttfts, 99) * 1000,
                 }
                 if routing == POLICIES[-1]:
-                    progress.update(task, description="gateway overhead")
-                    results["overhead"] = measure_overhead(r0, gateway, overhead_pairs, advance)
+                    tick("gateway bench: overhead")
+                    results["overhead"] = measure_overhead(r0, gateway, settings.overhead_pairs, advance)
     rr, pa = results["round_robin"], results["prefix_aware"]
     results["ratios"] = {"hit_rate_prefix_over_rr": pa["prefix_cache_hit_rate"] / max(rr["prefix_cache_hit_rate"], 1e-9),
                          "mean_ttft_rr_over_prefix": rr["mean_ttft_ms"] / pa["mean_ttft_ms"]}  # fmt: skip
     if plot is not None:
         draw(results, plot)
     return results
+
+
+def run_with_progress(settings: GatewayBenchSettings, plot: Path | None = None) -> dict:
+    """`run_gateway_bench` under its own progress bar (the standalone command)."""
+    from rich.progress import Progress
+
+    total = settings.documents * settings.questions * len(POLICIES) + settings.overhead_pairs + 2
+    with Progress() as progress:
+        task = progress.add_task("gateway bench", total=total)
+        return run_gateway_bench(
+            settings, tick=lambda text: progress.update(task, description=text), advance=lambda: progress.advance(task), plot=plot
+        )
 
 
 def markdown(results: dict) -> str:

@@ -241,6 +241,7 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     _long_prefill(lines, results, plots, report_dir)
     _serve(lines, results, plots, report_dir)
     _tokenizers(lines, results)
+    _gateway(lines, results)
     _closing(lines, results)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -436,6 +437,14 @@ def _serve(lines: list[str], results: dict, plots: dict, report_dir: Path | None
     lines += _table(["", s["target"]], rows)
     _img(lines, plots, "serve", report_dir)
     lines.append("")
+
+
+def _gateway(lines: list[str], results: dict) -> None:
+    if not results.get("gateway"):
+        return
+    from ember.bench.gateway import markdown
+
+    lines += ["## Gateway routing (`ember bench gateway`)", "", markdown(results["gateway"]), ""]
 
 
 def _tokenizers(lines: list[str], results: dict) -> None:
