@@ -52,6 +52,8 @@ class OpenedStream:
     rest: AsyncIterator[dict]
     release: Callable[[UpstreamError | None], None]
 
+    is_closed: bool = False
+
     async def chunks(self) -> AsyncIterator[dict]:
         """Every chunk, first ones included; releases the backend when done, failed or closed."""
         error: UpstreamError | None = None
@@ -64,9 +66,16 @@ class OpenedStream:
             error = failure
             raise
         finally:
-            with contextlib.suppress(Exception):
-                await self.rest.aclose()
-            self.release(error)
+            await self.close(error)
+
+    async def close(self, error: UpstreamError | None = None) -> None:
+        """Close the upstream response and release the backend, once (also when never read)."""
+        if self.is_closed:
+            return
+        self.is_closed = True
+        with contextlib.suppress(Exception):
+            await self.rest.aclose()
+        self.release(error)
 
 
 class Dispatcher:

@@ -129,6 +129,7 @@ async def handle_generation(state: GatewayState, request: Request, endpoint: str
         cached = cached_response(state, call)
         if cached is not None:
             await settle(state, call, None, TokenUsage(), "cached", backend=None)
+            finish_span(call.span)
             return cached
         reservation = await reserve(state, call)
         if call.is_stream:
@@ -270,32 +271,65 @@ async def start_stream(state: GatewayState, call: Call, reservation: Reservation
         await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
         raise gateway_error_of(error) from None
     state.metrics.ttft.labels(call.model.name).observe(time.monotonic() - call.started_s)
-    return StreamingResponse(relay(state, call, reservation, opened), media_type="text/event-stream")
+    return RelayResponse(StreamRelay(state, call, reservation, opened))
 
 
-async def relay(state: GatewayState, call: Call, reservation: Reservation, opened: OpenedStream):
-    """Forward the backend's chunks; settle to what the client received, however it ends."""
-    meter = StreamMeter(call.prompt_bound)
-    status = "cancelled"
-    try:
-        async for chunk in opened.chunks():
-            visible = client_view(chunk, call.client_stream_options)
-            if visible is not None:
-                yield sse(visible)
-            meter.observe(chunk)
-        status = "ok"
-        yield "data: [DONE]\n\n"
-    except UpstreamError as error:
-        status = "failed"  # after the first token: never retried, the client gets an error event
-        yield sse(error_body(f"the backend failed mid-stream: {error}", "server_error", code="backend_failed"))
-        yield "data: [DONE]\n\n"
-    finally:
-        usage = meter.usage()
-        settling = settle(state, call, reservation, usage, status, backend=opened.attempt.backend.name, served_by=opened.attempt.model)
-        await asyncio.shield(state.detach(settling))
-        if status == "ok" and call.is_cacheable and meter.finished:
-            state.cache.store(call.cache_scope, call.prompt_text, assembled_response(call, meter, usage))
-        finish_span(call.span, None if status == "ok" else status)
+class StreamRelay:
+    """Forwards one opened stream to its client and settles it exactly once: when the stream
+    ends, fails, is cut by the client, or is never started because the client left first."""
+
+    def __init__(self, state: GatewayState, call: Call, reservation: Reservation, opened: OpenedStream) -> None:
+        self._state, self._call, self._reservation, self._opened = state, call, reservation, opened
+        self._meter = StreamMeter(call.prompt_bound)
+        self._status = "cancelled"
+        self._is_finished = False
+
+    async def events(self):
+        """The SSE events the client receives."""
+        try:
+            async for chunk in self._opened.chunks():
+                visible = client_view(chunk, self._call.client_stream_options)
+                if visible is not None:
+                    yield sse(visible)
+                self._meter.observe(chunk)  # after the yield: only what was handed to the client
+            self._status = "ok"
+            yield "data: [DONE]\n\n"
+        except UpstreamError as error:
+            self._status = "failed"  # after the first token: never retried, the client gets an error event
+            yield sse(error_body(f"the backend failed mid-stream: {error}", "server_error", code="backend_failed"))
+            yield "data: [DONE]\n\n"
+        finally:
+            await self.finish()
+
+    async def finish(self) -> None:
+        """Settle (once) in a detached task, so the request's cancellation cannot skip it."""
+        if self._is_finished:
+            return
+        self._is_finished = True
+        await asyncio.shield(self._state.detach(self._settle()))
+
+    async def _settle(self) -> None:
+        call, attempt = self._call, self._opened.attempt
+        await self._opened.close()
+        usage = self._meter.usage()
+        if self._status == "ok" and call.is_cacheable and self._meter.finished:
+            self._state.cache.store(call.cache_scope, call.prompt_text, assembled_response(call, self._meter, usage))
+        await settle(self._state, call, self._reservation, usage, self._status, backend=attempt.backend.name, served_by=attempt.model)
+        finish_span(call.span, None if self._status == "ok" else self._status)
+
+
+class RelayResponse(StreamingResponse):
+    """An SSE response that settles its relay even if the ASGI server never iterates it."""
+
+    def __init__(self, relay: StreamRelay) -> None:
+        super().__init__(relay.events(), media_type="text/event-stream")
+        self._relay = relay
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._relay.finish()
 
 
 def client_view(chunk: dict, options: dict) -> dict | None:
