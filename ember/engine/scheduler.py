@@ -210,6 +210,11 @@ class Scheduler:
 
     def _cached_prefix(self, seq: Sequence) -> CachedPrefix:
         # At least one token is always computed: its logits are what the step samples from.
+        # A request asking for prompt logprobs needs every prompt position's logits, which a
+        # cached prefix does not hold: it computes its whole prompt (its blocks still go into
+        # the cache for later requests), as vLLM does.
+        if seq.params.prompt_logprobs is not None:
+            return CachedPrefix(block_size=self.kv.block_size)
         return self.kv.find_cached_prefix(seq.token_ids, seq.compute_target - 1)
 
     @staticmethod

@@ -6,6 +6,9 @@ import pytest
 import torch
 import transformers
 
+from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.llm_engine import LLMEngine
+from ember.engine.sampling_params import SamplingParams
 from ember.layers.moe import GatedMLP, SparseMoE, group_by_expert, route_top_k
 from ember.models.config import MoEConfig
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
@@ -98,3 +101,26 @@ def test_an_expert_no_token_chose_is_skipped_and_the_rest_still_add_up():
     dispatch = group_by_expert(weights, experts, 4)
     assert dispatch.tokens_per_expert == [2, 3, 1, 0]
     torch.testing.assert_close(moe(x), _dense_reference(moe, x), rtol=0, atol=1e-6)
+
+
+def test_a_forward_of_many_tokens_calls_each_chosen_expert_once_whatever_the_token_count(model_folder):
+    """No per-token loop: one step of 60 prompt tokens runs each expert some token chose exactly
+    once (on all its tokens), and no other expert, in every MoE layer."""
+    engine = LLMEngine(EngineConfig(model=str(model_folder), cache=CacheConfig(block_size=4, num_kv_blocks=64)))
+    layers = [module for module in engine.runner.model.modules() if isinstance(module, SparseMoE)]
+    assert layers, "the model has no SparseMoE layer"
+    calls: list[list[list[int]]] = [[[] for _ in layer.experts] for layer in layers]  # [layer][expert] -> rows per call
+    routed: list[set[int]] = [set() for _ in layers]
+    for index, layer in enumerate(layers):
+        layer.gate.register_forward_hook(lambda _m, _i, logits, index=index: routed[index].update(route_top_k(logits, layers[index].config)[1].flatten().tolist()))
+        for number, expert in enumerate(layer.experts):
+            expert.register_forward_hook(lambda _m, inputs, _o, index=index, number=number: calls[index][number].append(inputs[0].shape[0]))
+    for i, prompt in enumerate(make_prompts(VOCAB, (20, 25, 15))):
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=1))
+    engine.step()
+    assert engine.stats().computed_tokens_total == 60
+    for index, layer in enumerate(layers):
+        called = {number for number, rows in enumerate(calls[index]) if rows}
+        assert all(len(rows) <= 1 for rows in calls[index]), f"layer {index}: an expert ran more than once"
+        assert called == routed[index], f"layer {index}: experts run {called}, experts chosen {routed[index]}"
+        assert sum(sum(rows) for rows in calls[index]) == 60 * layer.config.num_experts_per_token
