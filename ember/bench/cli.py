@@ -54,6 +54,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     gateway.add_argument("--plot", type=Path, default=None, help="write a PNG of hit rate and TTFT here")
     gateway.add_argument("--json", type=Path, default=None)
     gateway.set_defaults(func=_run_gateway)
+    spec = commands.add_parser("spec", help="speculative decoding: ember with vs without, batch 1 and batch sweep, same run")
+    _common(spec, peers=False)
+    spec.add_argument("--methods", default="ngram", help="comma-separated proposers to compare: ngram, draft")
+    spec.add_argument("--num-speculative-tokens", type=int, default=4)
+    spec.add_argument("--draft-model", default=None, help="draft model for the 'draft' proposer (default: the target itself)")
+    spec.add_argument("--draft-dtype", default=None, choices=("float32", "bfloat16"), help="draft dtype (default: bfloat16 for a self-draft)")
+    spec.add_argument("--num-prompts", type=int, default=3, help="prompts per batch-1 workload")
+    spec.add_argument("--output-len", type=int, default=128)
+    spec.add_argument("--batch-sizes", default="1,4,8,16", help="batch sweep on code-edit ('' to skip)")
+    spec.add_argument("--mixed-requests", type=int, default=16, help="requests of the mixed workload (0 to skip)")
+    spec.add_argument("--plot", type=Path, default=Path("benchmarks/plots/spec_acceptance.png"), help="acceptance histogram PNG")
+    spec.set_defaults(func=_run_spec)
     roofline = commands.add_parser("roofline", help="memory read bandwidth (C probe) and matmul throughput of this machine")
     roofline.add_argument("--model", default="smollm2-135m-instruct", help="model whose bytes/token sets the decode roofline")
     roofline.add_argument("--repeats", type=int, default=3)
@@ -147,6 +159,33 @@ def _run_gateway(args: argparse.Namespace) -> int:
     print(markdown(results))
     print(f"reproduce: {_command_line()}")
     dump(results, args.json)
+    return 0
+
+
+def _run_spec(args: argparse.Namespace) -> int:
+    from ember.bench.spec import SpecBenchOptions, bench_spec, format_spec_section
+
+    options = _options(args)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    unknown = [m for m in methods if m not in ("ngram", "draft")]
+    if unknown:
+        raise ValueError(f"--methods: unknown proposer(s) {', '.join(unknown)}; choose from ngram, draft")
+    draft_model = args.draft_model
+    draft_dtype = args.draft_dtype
+    if "draft" in methods and draft_model is None:
+        draft_model = args.model  # self-draft: the target at a cheaper precision
+        draft_dtype = draft_dtype or "bfloat16"
+    try:
+        batch_sizes = tuple(int(b) for b in args.batch_sizes.split(",") if b.strip())
+    except ValueError:
+        raise ValueError(f"--batch-sizes {args.batch_sizes!r} should read like 1,4,8,16") from None
+    spec = SpecBenchOptions(methods=methods, num_speculative_tokens=args.num_speculative_tokens, draft_model=draft_model,
+                            draft_dtype=draft_dtype, num_prompts=args.num_prompts, output_len=args.output_len,
+                            batch_sizes=batch_sizes, mixed_requests=args.mixed_requests, plot_path=args.plot)
+    section = bench_spec(options, spec)
+    print(format_spec_section(section))
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, section)
     return 0
 
 

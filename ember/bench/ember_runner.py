@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from ember.bench.results import RequestTiming, RunResult
 from ember.bench.workloads import BenchRequest, Workload
-from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,11 @@ class EmberSettings:
     max_num_seqs: int | None = None
     static_batch_size: int | None = None  # None: continuous batching
     kv_cache_memory_bytes: int | None = None
+    speculative_method: str | None = None  # None: no speculative decoding
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
+    draft_dtype: str | None = None
+    adaptive_speculation: bool = True
 
     def config(self, model: str, dtype: str) -> EngineConfig:
         """The engine's defaults, except the levers and limits this variant sets."""
@@ -43,6 +48,13 @@ class EmberSettings:
             dtype=dtype,
             cache=CacheConfig(enable_prefix_caching=self.enable_prefix_caching, kv_cache_memory_bytes=self.kv_cache_memory_bytes),
             scheduler=SchedulerConfig(**scheduler),
+            speculative=SpeculativeConfig(
+                method=self.speculative_method,
+                num_speculative_tokens=self.num_speculative_tokens,
+                draft_model=self.draft_model,
+                draft_dtype=self.draft_dtype,
+                adaptive=self.adaptive_speculation,
+            ),
         )
 
     def with_(self, **changes) -> EmberSettings:
@@ -108,6 +120,14 @@ def run_ember(model: str, dtype: str, workload: Workload, settings: EmberSetting
         "num_preemptions": stats.num_preemptions,
         "num_steps": stats.num_steps,
         "cached_prompt_tokens": sum(t.num_cached_tokens for t in timings.values()),
+        "spec_draft_tokens": stats.spec_draft_tokens_total,
+        "spec_accepted_tokens": stats.spec_accepted_tokens_total,
+        "spec_verifications": stats.spec_verifications_total,
+        "spec_acceptance_rate": stats.spec_acceptance_rate,
+        "spec_mean_accepted_length": stats.spec_mean_accepted_length,
+        "spec_draft_time_s": stats.spec_draft_time_s,
+        "spec_verify_time_s": stats.spec_verify_time_s,
+        "spec_accepted_histogram": list(stats.spec_accepted_histogram),
     }
     output_tokens = sum(t.output_tokens for t in timings.values())
     return RunResult(settings.label, workload.name, wall_s, output_tokens, list(timings.values()), extra)

@@ -57,7 +57,8 @@ class SpeculativeConfig:
 
     `method` None switches speculation off. "ngram" looks the last `ngram_max`..`ngram_min`
     tokens up earlier in the sequence (prompt lookup) and drafts what followed; "draft" runs
-    `draft_model` (same tokenizer as the target). `adaptive` lets each sequence's draft length
+    `draft_model` (same tokenizer as the target; `draft_dtype` may differ from the target's, e.g.
+    a bfloat16 copy of a float32 target as its own cheaper draft). `adaptive` lets each sequence's draft length
     follow its acceptance rate, down to 0 (with a probe now and then) when speculation does
     not pay.
     """
@@ -65,6 +66,7 @@ class SpeculativeConfig:
     method: str | None = None
     num_speculative_tokens: int = 4
     draft_model: str | None = None
+    draft_dtype: str | None = None  # None: the target's dtype
     ngram_max: int = 4
     ngram_min: int = 2
     adaptive: bool = True
@@ -84,6 +86,8 @@ class SpeculativeConfig:
             raise ValueError("speculative method 'draft' needs a draft model; pass draft_model=PATH (--draft-model)")
         if self.method != "draft" and self.draft_model:
             raise ValueError(f"a draft model is only used by speculative method 'draft', not {self.method!r}; drop draft_model")
+        if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
+            raise ValueError(f"draft dtype {self.draft_dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 16:
             raise ValueError("n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 16")
 
@@ -141,6 +145,7 @@ class EngineConfig:
                 method=args.speculative_method,
                 num_speculative_tokens=args.num_speculative_tokens,
                 draft_model=args.draft_model,
+                draft_dtype=args.draft_dtype,
                 adaptive=not args.no_adaptive_speculation,
             ),
         )
@@ -179,5 +184,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=defaults.speculative.num_speculative_tokens,
                         help="most tokens drafted per step and sequence")
     parser.add_argument("--draft-model", default=None, help="draft model (same tokenizer) for --speculative-method draft")
+    parser.add_argument("--draft-dtype", default=None, choices=DTYPES, help="dtype of the draft model (default: --dtype)")
     parser.add_argument("--no-adaptive-speculation", action="store_true",
                         help="always draft --num-speculative-tokens instead of following the acceptance rate")

@@ -346,7 +346,7 @@ class LLMEngine:
         from ember.engine.spec.draft_model import DraftModelProposer
 
         assert spec.draft_model is not None  # SpeculativeConfig checked it
-        draft = load_model(resolve_model(spec.draft_model), self.config.dtype, show_progress=show_progress)
+        draft = load_model(resolve_model(spec.draft_model), spec.draft_dtype or self.config.dtype, show_progress=show_progress)
         if draft.config.vocab_size != self.model_config.vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "

@@ -367,3 +367,33 @@ def test_forked_sequences_cache_their_own_diverging_blocks() -> None:
 
     assert [block.block_id for block in kv.find_cached_prefix(a_tokens, 8).blocks] == [0, 2]
     assert [block.block_id for block in kv.find_cached_prefix(b_tokens, 8).blocks] == [0, 1]
+
+
+# -- speculative slots -------------------------------------------------------------------------
+
+
+def test_drafted_slots_are_never_hashed_and_trim_gives_their_blocks_back() -> None:
+    kv = manager(num_blocks=8)
+    tokens = PROMPT_10 + [110]  # 11 tokens, 10 computed; the last one plus 6 drafted tokens are scored
+    admit(kv, "a", PROMPT_10)
+    kv.allocate_slots("a", tokens, 10, 1 + 6)
+
+    assert table_ids(kv, "a") == [0, 1, 2, 3, 4]  # slots for 17 tokens
+    assert len(kv.block_table("a").block_hashes) == 2  # block 2 holds drafted slots: not registered
+    kv.trim("a", 12)  # the last token and one drafted token were kept
+
+    assert table_ids(kv, "a") == [0, 1, 2]
+    assert free_ids(kv) == [5, 6, 7, 4, 3]  # given back last block first
+    assert len(kv.pool.cached) == 2
+
+
+def test_a_block_full_of_kept_tokens_is_registered_at_the_next_allocation() -> None:
+    kv = manager(num_blocks=8)
+    admit(kv, "a", PROMPT_10)
+    kv.allocate_slots("a", PROMPT_10 + [110], 10, 4)  # 3 drafted tokens after token 110
+    kv.trim("a", 13)
+    tokens = PROMPT_10 + [110, 111, 112, 113]  # two drafts kept, then token 113
+    kv.allocate_slots("a", tokens, 13, 1)
+
+    assert len(kv.block_table("a").block_hashes) == 3
+    assert kv.find_cached_prefix(tokens, len(tokens)).num_tokens == 12

@@ -23,6 +23,7 @@ from ember.engine.request import Sequence, SequenceStatus
 from ember.layers.rejection_sampler import DraftRow
 
 PROBE_INTERVAL = 16
+MIN_GAIN = 1.05  # expected speed-up below which a sequence does not draft
 DISCOUNT = 0.9  # weight of older verifications in a sequence's acceptance estimate
 DEFAULT_EXTRA_TOKEN_COST = 0.05  # relative cost of one more scored token until steps have been timed
 
@@ -196,5 +197,12 @@ def expected_tokens(acceptance_rate: float, num_drafts: int) -> float:
 
 
 def best_draft_length(acceptance_rate: float, extra_token_cost: float, k_max: int) -> int:
-    """The K in 0..k_max with the most expected tokens per unit of step time."""
-    return max(range(k_max + 1), key=lambda k: expected_tokens(acceptance_rate, k) / (1 + k * extra_token_cost))
+    """The K in 0..k_max with the most expected tokens per unit of step time; 0 unless it gains `MIN_GAIN`.
+
+    The margin covers what the estimates miss (their noise, the proposer's own bookkeeping).
+    """
+    def gain(k: int) -> float:
+        return expected_tokens(acceptance_rate, k) / (1 + k * extra_token_cost)
+
+    best = max(range(k_max + 1), key=gain)
+    return best if gain(best) >= MIN_GAIN else 0

@@ -1,0 +1,186 @@
+"""`ember bench spec`: ember with speculative decoding against ember without, in the same run.
+
+Three parts, each reported as same-run ratios (median of interleaved repeats):
+- batch 1, greedy, on input-grounded workloads (code editing, quoting summaries) and a free-text
+  control: output tok/s with each proposer over plain decoding, acceptance rate, mean accepted
+  length, draft and verify time, and the acceptance histogram (a PNG);
+- a batch sweep on the code-editing workload: where speculation stops paying as the batch grows;
+- the `mixed` workload (continuous batching, many sequences at once) with and without n-gram.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ember.bench.ember_runner import EmberSettings, run_ember
+from ember.bench.results import RunResult
+from ember.bench.spec_workloads import SPEC_WORKLOADS, build_spec_workload
+from ember.bench.stats import ratio, spread
+from ember.bench.suite import BenchOptions, _interleave, make_workload, model_path
+from ember.bench.workloads import Workload
+
+
+@dataclass(frozen=True)
+class SpecBenchOptions:
+    """What `ember bench spec` compares: proposers, draft length, batch sizes, sizes of the workloads."""
+
+    methods: tuple[str, ...] = ("ngram",)
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
+    draft_dtype: str | None = None
+    num_prompts: int = 3
+    output_len: int = 128
+    batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
+    mixed_requests: int = 16
+    plot_path: Path | None = None
+
+
+def _settings(method: str | None, spec: SpecBenchOptions, max_num_seqs: int | None) -> EmberSettings:
+    if method is None:
+        return EmberSettings(label="ember", max_num_seqs=max_num_seqs)
+    return EmberSettings(
+        label=f"ember + {method}",
+        max_num_seqs=max_num_seqs,
+        speculative_method=method,
+        num_speculative_tokens=spec.num_speculative_tokens,
+        draft_model=spec.draft_model if method == "draft" else None,
+        draft_dtype=spec.draft_dtype if method == "draft" else None,
+    )
+
+
+def _runners(options: BenchOptions, spec: SpecBenchOptions, workload: Workload, max_num_seqs: int | None,
+             methods: tuple[str, ...]) -> dict[str, Callable[[], RunResult]]:
+    dtype = options.dtypes[0]
+    runners: dict[str, Callable[[], RunResult]] = {
+        "plain": lambda: run_ember(options.model, dtype, workload, _settings(None, spec, max_num_seqs))
+    }
+    for method in methods:
+        runners[method] = lambda method=method: run_ember(options.model, dtype, workload, _settings(method, spec, max_num_seqs))
+    return runners
+
+
+def decode_tok_s(run: RunResult) -> float:
+    """Tokens after each request's first, over the time after its first (prefill left out)."""
+    tokens = sum(t.output_tokens - 1 for t in run.requests if t.first_token is not None and t.finished is not None)
+    seconds = sum(t.finished - t.first_token for t in run.requests if t.first_token is not None and t.finished is not None)
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def _entry(runs: dict[str, list[RunResult]]) -> dict:
+    """Per engine: tok/s and decode tok/s spreads, speculation counters of its median run; ratios to plain."""
+    entry: dict = {}
+    for name, rs in runs.items():
+        extra = rs[0].extra
+        entry[name] = {
+            "label": rs[0].engine,
+            "tok_s": spread([r.output_tok_s for r in rs]).to_dict(),
+            "decode_tok_s": spread([decode_tok_s(r) for r in rs]).to_dict(),
+            "acceptance_rate": spread([r.extra.get("spec_acceptance_rate", 0.0) for r in rs]).to_dict()["median"],
+            "mean_accepted_length": spread([r.extra.get("spec_mean_accepted_length", 0.0) for r in rs]).to_dict()["median"],
+            "draft_time_s": extra.get("spec_draft_time_s", 0.0),
+            "verify_time_s": extra.get("spec_verify_time_s", 0.0),
+            "accepted_histogram": [sum(col) for col in zip(*(r.extra.get("spec_accepted_histogram") or [0] for r in rs), strict=False)],
+            "num_steps": spread([r.extra.get("num_steps", 0) for r in rs]).to_dict()["median"],
+        }
+    plain = entry["plain"]
+    for name in runs:
+        if name != "plain":
+            entry[name]["ratio"] = ratio(entry[name]["tok_s"]["median"], plain["tok_s"]["median"])
+            entry[name]["decode_ratio"] = ratio(entry[name]["decode_tok_s"]["median"], plain["decode_tok_s"]["median"])
+    return entry
+
+
+def bench_spec(options: BenchOptions, spec: SpecBenchOptions) -> dict:
+    """Every part of the speculation benchmark; returns the section (and draws the histogram plot)."""
+    from ember.tokenizers import load
+
+    tokenizer = load(model_path(options.model))
+    section: dict = {"dtype": options.dtypes[0], "num_speculative_tokens": spec.num_speculative_tokens,
+                     "draft_model": spec.draft_model, "draft_dtype": spec.draft_dtype, "batch1": {}, "batch_sweep": {}}
+    for name in SPEC_WORKLOADS:
+        workload = build_spec_workload(name, tokenizer, options.seed, spec.num_prompts, spec.output_len)
+        runs = _interleave(options, f"spec batch1 {name}", _runners(options, spec, workload, 1, spec.methods))
+        section["batch1"][name] = dict(_entry(runs), prompt_len=workload.params["prompt_len"], output_len=spec.output_len)
+    sweep_size = max(spec.batch_sizes, default=0)
+    if sweep_size > 1:
+        grounded = build_spec_workload("code-edit", tokenizer, options.seed + 1, sweep_size, spec.output_len)
+        for batch in spec.batch_sizes:
+            subset = Workload(grounded.name, grounded.seed, grounded.requests[:batch], grounded.params, grounded.source)
+            runs = _interleave(options, f"spec sweep batch {batch}", _runners(options, spec, subset, batch, ("ngram",)))
+            section["batch_sweep"][str(batch)] = _entry(runs)
+        section["crossover_batch"] = _crossover(section["batch_sweep"])
+    if spec.mixed_requests:
+        mixed = make_workload(options, "mixed", num_requests=spec.mixed_requests)
+        runs = _interleave(options, "spec mixed", _runners(options, spec, mixed, None, ("ngram",)))
+        section["mixed"] = dict(_entry(runs), num_requests=spec.mixed_requests)
+    if spec.plot_path is not None:
+        section["plot"] = str(plot_acceptance(section, spec.plot_path))
+    return section
+
+
+def _crossover(sweep: dict) -> int | None:
+    """The smallest swept batch size at which n-gram speculation no longer pays (ratio < 1), if any."""
+    for batch, entry in sorted(sweep.items(), key=lambda item: int(item[0])):
+        if (entry["ngram"]["ratio"] or 0.0) < 1.0:
+            return int(batch)
+    return None
+
+
+def plot_acceptance(section: dict, path: Path) -> Path:
+    """Bar charts: how many drafts each verification kept, per workload and proposer (batch 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(section["batch1"])
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], workloads, strict=True):
+        entry = section["batch1"][name]
+        methods = [m for m in entry if isinstance(entry[m], dict) and "accepted_histogram" in entry[m] and m != "plain"]
+        width = 0.8 / max(1, len(methods))
+        for i, method in enumerate(methods):
+            counts = entry[method]["accepted_histogram"]
+            total = sum(counts) or 1
+            xs = [k + i * width for k in range(len(counts))]
+            label = f"{method}: accept {entry[method]['acceptance_rate']:.0%}, x{entry[method]['ratio'] or 0:.2f}"
+            ax.bar(xs, [c / total for c in counts], width=width, label=label)
+        ax.set_title(name)
+        ax.set_xlabel("drafted tokens kept per verification")
+        ax.set_ylabel("share of verifications")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"ember speculative decoding, batch 1, greedy (K={section['num_speculative_tokens']})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def format_spec_section(section: dict) -> str:
+    """Plain-text table of the section for the terminal."""
+    lines = [f"speculative decoding (dtype {section['dtype']}, K={section['num_speculative_tokens']})", "", "batch 1, greedy:"]
+    for name, entry in section["batch1"].items():
+        for method, data in entry.items():
+            if isinstance(data, dict) and "tok_s" in data and method != "plain":
+                lines.append(
+                    f"  {name:14s} {method:6s} x{data['ratio'] or 0:.2f} tok/s (decode x{data['decode_ratio'] or 0:.2f}), "
+                    f"accept {data['acceptance_rate']:.0%}, mean accepted length {data['mean_accepted_length']:.2f}, "
+                    f"draft {data['draft_time_s']:.2f}s, verify {data['verify_time_s']:.2f}s "
+                    f"[plain {entry['plain']['tok_s']['median']:.1f} tok/s]"
+                )
+    if section["batch_sweep"]:
+        lines.append("batch sweep (code-edit, n-gram over plain, tok/s):")
+        for batch, entry in section["batch_sweep"].items():
+            lines.append(f"  batch {batch:>3s}: x{entry['ngram']['ratio'] or 0:.2f}, accept {entry['ngram']['acceptance_rate']:.0%}")
+        crossover = section.get("crossover_batch")
+        lines.append(f"  crossover: {'none within the sweep' if crossover is None else f'batch {crossover}'}")
+    if "mixed" in section:
+        data = section["mixed"]["ngram"]
+        lines.append(f"mixed ({section['mixed']['num_requests']} requests): n-gram x{data['ratio'] or 0:.2f} tok/s, "
+                     f"accept {data['acceptance_rate']:.0%}")
+    if "plot" in section:
+        lines.append(f"acceptance histogram: {section['plot']}")
+    return "\n".join(lines)
