@@ -253,7 +253,105 @@ def run_tokenizer_bench(
                 if library != "tiktoken"
             }
         print(f"[bench tokenizers] {name}: {results}", file=sys.stderr)
+    report["pre_tokenizers"] = run_pre_tokenizer_bench(
+        shared_dir, documents, repeats=repeats, with_peer="tokenizers" in peers
+    )
     return report
+
+
+# One name per distinct rule set of llama.cpp's GGUF pre-tokenizers (gguf_pre_tokenizers.py).
+PRE_TOKENIZER_NAMES = (
+    "gpt-2", "default", "llama-bpe", "deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon",
+    "starcoder", "qwen2", "qwen35", "poro-chat", "viking", "tekken", "chameleon", "gpt-4o",
+    "superbpe", "bailingmoe", "seed-coder",
+)  # fmt: skip
+
+
+def run_pre_tokenizer_bench(
+    shared_dir: Path,
+    documents: Sequence[str],
+    repeats: int = 3,
+    text_bytes: int = 1_000_000,
+    with_peer: bool = True,
+) -> dict[str, Any]:
+    """Encode speed per GGUF pre-tokenizer on one vocabulary (GPT-2's merges), so only the
+    split rules differ: ember cold (fresh piece cache each pass) in MB/s, its ratio to
+    ember's own gpt-2 pre-tokenizer (issue 15 asks for <= 1.5x slower), and `tokenizers`
+    running the same Split stages, after a parity check on the first 200 documents."""
+    from ember.tokenizers import load
+    from ember.tokenizers.bpe import ByteLevelBPETokenizer
+    from ember.tokenizers.gguf_pre_tokenizers import gguf_pre_tokenizer
+
+    subset, size = [], 0
+    for document in documents:
+        if size >= text_bytes:
+            break
+        subset.append(document)
+        size += len(document.encode())
+    megabytes = size / 1e6
+    gpt2 = load(shared_dir / "tokenizers" / "gpt2")
+    rows: dict[str, dict[str, float]] = {}
+    for name in PRE_TOKENIZER_NAMES:
+        rules = gguf_pre_tokenizer(name)
+
+        def fresh(rules=rules) -> ByteLevelBPETokenizer:
+            return ByteLevelBPETokenizer(
+                merger=gpt2._merger,
+                pre_tokenizer=rules.build(),
+                token_bytes_by_id=gpt2._token_bytes,
+                special_tokens={},
+                ignore_merges=rules.ignore_merges,
+            )
+
+        seconds = [_time_pass(fresh().encode_ordinary, subset) for _ in range(repeats)]
+        row = _summary(seconds, megabytes)
+        if with_peer:
+            peer = _hf_with_stages(
+                shared_dir / "tokenizers" / "gpt2", rules.stages, rules.ignore_merges
+            )
+            ours = fresh()
+            row["parity_mismatches"] = sum(
+                peer.encode(d, add_special_tokens=False).ids != ours.encode_ordinary(d)
+                for d in subset[:200]
+            )
+            peer_seconds = [
+                _time_pass(lambda d, peer=peer: peer.encode(d, add_special_tokens=False), subset)
+                for _ in range(repeats)
+            ]
+            row["tokenizers_mb_per_s"] = _summary(peer_seconds, megabytes)["mb_per_s"]
+        rows[name] = row
+        print(f"[bench tokenizers] pre-tokenizer {name}: {row}", file=sys.stderr)
+    base = rows["gpt-2"]["mb_per_s"]
+    for row in rows.values():
+        row["slowdown_vs_gpt2"] = round(base / row["mb_per_s"], 3)
+    return {"megabytes": round(megabytes, 2), "vocabulary": "gpt2", "results": rows}
+
+
+def _hf_with_stages(gpt2_folder: Path, stages: Sequence[str], ignore_merges: bool) -> Any:
+    """`tokenizers` with GPT-2's vocabulary and the given Split stages."""
+    import json
+
+    import tokenizers
+
+    vocab = json.loads((gpt2_folder / "encoder.json").read_text(encoding="utf-8"))
+    lines = (gpt2_folder / "vocab.bpe").read_text(encoding="utf-8").split("\n")
+    merges = [line for line in lines if line and not line.startswith("#version")]
+    splits = [
+        {"type": "Split", "pattern": {"Regex": stage}, "behavior": "Isolated", "invert": False}
+        for stage in stages
+    ]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False}
+    spec = {
+        "version": "1.0",
+        "model": {"type": "BPE", "vocab": vocab, "merges": merges, "ignore_merges": ignore_merges},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [*splits, {**byte_level, "use_regex": False}],
+        },
+        "decoder": {**byte_level, "use_regex": False},
+        "added_tokens": [],
+    }
+    return tokenizers.Tokenizer.from_str(json.dumps(spec))
 
 
 def format_markdown(report: dict[str, Any]) -> str:
@@ -280,4 +378,20 @@ def format_markdown(report: dict[str, Any]) -> str:
             )
     lines.append("")
     lines.append(f"Parity on the first 500 documents (mismatching documents): {report['parity']}")
+    pre = report.get("pre_tokenizers")
+    if pre:
+        lines += [
+            "",
+            f"GGUF pre-tokenizers on one vocabulary ({pre['vocabulary']}), {pre['megabytes']} MB, "
+            "ember cold; slowdown = ember gpt-2 MB/s / this MB/s (issue 15: <= 1.5).",
+            "",
+            "| pre-tokenizer | ember MB/s | slowdown vs gpt-2 | tokenizers MB/s | parity mismatches |",
+            "|---|---|---|---|---|",
+        ]
+        for name, row in pre["results"].items():
+            peer = row.get("tokenizers_mb_per_s")
+            lines.append(
+                f"| {name} | {row['mb_per_s']:.2f} | {row['slowdown_vs_gpt2']:.2f}x | "
+                f"{'-' if peer is None else f'{peer:.2f}'} | {row.get('parity_mismatches', '-')} |"
+            )
     return "\n".join(lines) + "\n"

@@ -54,9 +54,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--text",
         action="append",
-        required=True,
+        default=[],
         metavar="LANGUAGE=FILE",
         help="a text file per language (repeat); 'english' is the baseline",
+    )
+    compare.add_argument(
+        "--firefox-l10n",
+        action="append",
+        default=[],
+        metavar="LANGUAGE=DEB",
+        help="a firefox-esr-l10n-* .deb per language (from `apt-get download`): their shared "
+        "messages are used as parallel text (repeat)",
     )
     compare.add_argument("--plot", type=Path, help="write a bar chart PNG here")
     compare.set_defaults(func=run_compare)
@@ -122,6 +130,23 @@ def run_compare(args: argparse.Namespace) -> int:
         if not path:
             raise ValueError(f"--text {spec!r}: write LANGUAGE=FILE, e.g. --text korean=ko.txt")
         texts[language] = Path(path).read_text(encoding="utf-8")
+    packs = {}
+    for spec in args.firefox_l10n:
+        language, _, path = spec.partition("=")
+        if not path:
+            raise ValueError(
+                f"--firefox-l10n {spec!r}: write LANGUAGE=DEB, e.g. "
+                "--firefox-l10n korean=firefox-esr-l10n-ko_140.0esr-1_all.deb"
+            )
+        packs[language] = path
+    if packs:
+        from ember.tokenizers.deb_text import parallel_texts
+
+        texts.update(parallel_texts(packs))
+    if not texts:
+        raise ValueError(
+            "give text to compare on: --text LANGUAGE=FILE or --firefox-l10n LANGUAGE=DEB"
+        )
     cells = measure_costs(tokenizers, texts)
     print(format_table(cells, baseline="english" if "english" in texts else None))
     if args.plot:
