@@ -9,7 +9,7 @@ it up with one short request of token ids that no workload contains.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -61,39 +61,23 @@ class EmberSettings:
         return replace(self, **changes)
 
 
-_LOADED: dict[tuple[str, str], object] = {}
+@functools.lru_cache(maxsize=4)
+def loaded_weights(model: str, dtype: str):
+    """The model's weights, loaded once per process and dtype: dequantizing a GGUF takes longer
+    than many a timed run, and the weights hold no per-engine state (KV caches live in the runner)."""
+    from ember.models.loader import load_model
+    from ember.models.registry import resolve_model
+
+    return load_model(resolve_model(model), dtype)
 
 
 def make_engine(model: str, dtype: str, settings: EmberSettings):
-    """A fresh engine (empty KV and prefix cache), warmed up; weights loaded once per process and dtype."""
-    from ember.engine import llm_engine
+    """A fresh engine (empty KV and prefix cache) over the process's shared weights, warmed up."""
+    from ember.engine.llm_engine import LLMEngine
 
-    with _reuse_loaded_weights(llm_engine):
-        engine = llm_engine.LLMEngine(settings.config(model, dtype))
+    engine = LLMEngine(settings.config(model, dtype), show_progress=False, loaded=loaded_weights(model, dtype))
     _warm_up(engine)
     return engine
-
-
-@contextlib.contextmanager
-def _reuse_loaded_weights(module):
-    """Dequantizing a GGUF takes longer than many a timed run; the model holds no per-engine state
-    (KV caches live in the runner), so every engine of this process shares one load per dtype."""
-    original = getattr(module, "load_model", None)
-    if original is None:  # the engine found its weights another way: just build it
-        yield
-        return
-
-    def cached(path, dtype="float32", show_progress=False):
-        key = (str(path), dtype)
-        if key not in _LOADED:
-            _LOADED[key] = original(path, dtype, show_progress=show_progress)
-        return _LOADED[key]
-
-    module.load_model = cached
-    try:
-        yield
-    finally:
-        module.load_model = original
 
 
 def _warm_up(engine) -> None:

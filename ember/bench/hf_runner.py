@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ember.bench.results import RequestTiming, RunResult
@@ -26,6 +27,39 @@ def hf_available() -> str | None:
     except ImportError:
         return "transformers is not installed (pip install transformers)"
     return None
+
+
+@dataclass
+class PaddedWork:
+    """Tokens a static, left-padded batch computes against those its requests asked for.
+
+    A batch's prompts are padded to its longest prompt, and every row generates the batch's
+    longest target: the extra rows and columns are computed (and cost time) but are nobody's output.
+    """
+
+    prompt_tokens: int = 0
+    prompt_tokens_incl_padding: int = 0
+    output_tokens: int = 0
+    generated_tokens_incl_padding: int = 0
+
+    def add_batch(self, prompt_lens: list[int], targets: list[int], output_width: int) -> None:
+        """One batch: its prompt lengths, output targets, and the width of what generate() returned."""
+        self.prompt_tokens += sum(prompt_lens)
+        self.prompt_tokens_incl_padding += max(prompt_lens) * len(prompt_lens)
+        self.output_tokens += sum(targets)
+        self.generated_tokens_incl_padding += (output_width - max(prompt_lens)) * len(prompt_lens)
+
+    def to_dict(self) -> dict:
+        def waste(useful: int, computed: int) -> float:
+            return 100.0 * (computed - useful) / computed if computed else 0.0
+
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens_incl_padding": self.prompt_tokens_incl_padding,
+            "generated_tokens_incl_padding": self.generated_tokens_incl_padding,
+            "output_padding_waste_pct": waste(self.output_tokens, self.generated_tokens_incl_padding),
+            "prompt_padding_waste_pct": waste(self.prompt_tokens, self.prompt_tokens_incl_padding),
+        }
 
 
 class HFRunner:
@@ -72,22 +106,35 @@ class HFRunner:
                 pad_token_id=self.pad_id,
             )
 
+    def settings(self, batch_size: int) -> dict:
+        """How this peer runs, for the report: attention kernel, KV cache, batching, threads."""
+        import torch
+
+        cache = getattr(self.model.generation_config, "cache_implementation", None)
+        return {
+            "attention_implementation": getattr(self.model.config, "_attn_implementation", None),
+            "kv_cache": cache or "dynamic (transformers' default DynamicCache)",
+            "batching": f"static batches of {batch_size}, prompts left-padded, outputs forced to the batch's longest target",
+            "torch_threads": torch.get_num_threads(),
+            "dtype": self.dtype,
+        }
+
     def run(self, workload: Workload, batch_size: int | None = None) -> RunResult:
         size = batch_size or self.batch_size
         timings = []
-        generated = 0
+        work = PaddedWork()
         started = time.monotonic()
         for start in range(0, len(workload.requests), size):
             batch = workload.requests[start : start + size]
             longest = max(r.max_tokens for r in batch)
             output = self._generate([r.prompt_token_ids for r in batch], longest)
             now = time.monotonic()
-            generated += (output.shape[1] - max(r.prompt_len for r in batch)) * len(batch)
+            work.add_batch([r.prompt_len for r in batch], [r.max_tokens for r in batch], output.shape[1])
             for r in batch:
                 timings.append(RequestTiming(r.request_id, r.role, r.prompt_len, r.max_tokens, started, finished=now))
         wall_s = time.monotonic() - started
         useful = sum(t.output_tokens for t in timings)
-        extra = {"dtype": self.dtype, "batch_size": size, "generated_tokens_incl_padding": generated}
+        extra = {"dtype": self.dtype, "batch_size": size, "settings": self.settings(size), **work.to_dict()}
         return RunResult("hf", workload.name, wall_s, useful, timings, extra)
 
     def run_batch1(self, workload: Workload) -> RunResult:
@@ -126,4 +173,5 @@ class HFRunner:
                               first_token=token_times[0], finished=token_times[-1], token_times=token_times)
             )
         wall_s = time.monotonic() - started
-        return RunResult("hf", workload.name, wall_s, sum(t.output_tokens for t in timings), timings, {"dtype": self.dtype, "batch_size": 1})
+        extra = {"dtype": self.dtype, "batch_size": 1, "settings": self.settings(1)}
+        return RunResult("hf", workload.name, wall_s, sum(t.output_tokens for t in timings), timings, extra)

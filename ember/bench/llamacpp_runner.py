@@ -52,6 +52,30 @@ class _Slot:
     index_in_batch: int | None = field(default=None)
 
 
+# Why weight repacking is off (see the module docstring): a measured crash, not a preference.
+NO_EXTRA_BUFTS_REASON = "weight repacking (use_extra_bufts) makes llama_decode crash on batches of more than one token on this CPU"
+
+
+def _context_settings(context_params, n_batch: int, slots: int) -> dict:
+    """What this peer runs with, read back from the context parameters it is given (for the report)."""
+    flash = getattr(context_params, "flash_attn_type", None)
+    if flash is not None:
+        flash_attention = {-1: "auto", 0: "off", 1: "on"}.get(int(flash), str(flash))
+    else:
+        flash_attention = "on" if getattr(context_params, "flash_attn", False) else "off"
+    return {
+        "threads": int(context_params.n_threads),
+        "threads_batch": int(context_params.n_threads_batch),
+        "flash_attention": flash_attention,
+        "use_extra_bufts": False,
+        "use_extra_bufts_why_off": NO_EXTRA_BUFTS_REASON,
+        "parallel_sequences": slots,
+        "n_batch": n_batch,
+        "kv_unified": bool(getattr(context_params, "kv_unified", False)),
+        "n_ctx": int(context_params.n_ctx),
+    }
+
+
 class LlamaCppRunner:
     """One llama.cpp model and context with `slots` parallel sequences."""
 
@@ -78,6 +102,7 @@ class LlamaCppRunner:
         context_params.kv_unified = True
         context_params.no_perf = True
         context_params.n_threads = context_params.n_threads_batch = threads or cpu_threads()
+        self.settings = _context_settings(context_params, n_batch, slots)
         self.ctx = lc.llama_init_from_model(self.model, context_params)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context")
@@ -132,7 +157,7 @@ class LlamaCppRunner:
                     del active[slot_id]
                     free.append(slot_id)
         wall_s = time.monotonic() - started
-        extra = {"dtype": self.dtype, "slots": self.slots, "n_batch": self.n_batch}
+        extra = {"dtype": self.dtype, "slots": self.slots, "n_batch": self.n_batch, "settings": self.settings}
         return RunResult("llama.cpp", workload.name, wall_s, sum(t.output_tokens for t in timings), timings, extra)
 
     def _fill_batch(self, active: dict[int, _Slot]) -> None:

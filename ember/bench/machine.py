@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -81,11 +82,19 @@ def llama_cpp_system_info() -> str | None:
 
 
 def git_commit(repo: Path | None = None) -> str:
-    """The checked-out commit (with '+dirty' when the tree has changes), or 'unknown'."""
+    """The checked-out commit, with '+dirty.<hash of the diff>' when tracked files differ from it
+    (so two runs of the same dirty tree say so, and a report names exactly what it measured),
+    or 'unknown' outside a git checkout."""
     cwd = repo or Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+        commit = _git(cwd, "rev-parse", "--short=12", "HEAD").strip()
+        diff = _git(cwd, "diff", "HEAD", "--binary")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return commit + ("+dirty" if dirty else "")
+    if not diff:
+        return commit
+    return f"{commit}+dirty.{hashlib.sha256(diff.encode()).hexdigest()[:12]}"
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout

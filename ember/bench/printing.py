@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 
-from ember.bench.report import LABELS, fmt, fmt_ratio, fmt_spread, goal_values
+from ember.bench.report import (
+    LABELS,
+    describe_decode_bytes,
+    fmt,
+    fmt_ratio,
+    fmt_spread,
+    goal_values,
+)
 
 
 def print_section(name: str, section: dict, skipped: dict[str, str]) -> None:
@@ -23,23 +30,44 @@ def print_section(name: str, section: dict, skipped: dict[str, str]) -> None:
         console.print(f"[yellow]skipped {peer}[/]: {why}")
 
 
-def _mixed(section: dict) -> Table:
+def _mixed(section: dict) -> Group:
     table = Table(title=f"mixed: {section['num_requests']} requests, {section['output_tokens']} output tokens")
-    for column in ("dtype", "engine", "output tok/s (median, min-max)", "ember / this"):
+    for column in ("dtype", "engine", "output tok/s (median, min-max)", "computed tok/s (incl. padding)", "padding waste", "engine steps", "ember / this"):
         table.add_column(column)
+    notes = []
     for dtype, entry in section["dtype"].items():
         ember = entry["ember"]["tok_s"]["median"]
         for engine in ("ember", "ember_static", "hf", "llamacpp"):
-            if engine in entry:
-                other = entry[engine]["tok_s"]["median"]
-                table.add_row(dtype, LABELS[engine], fmt_spread(entry[engine]["tok_s"]), fmt_ratio(ember / other if other else None))
-    return table
+            if engine not in entry:
+                continue
+            record = entry[engine]
+            other = record["tok_s"]["median"]
+            computed = fmt_spread(record["computed_tok_s"]) if "computed_tok_s" in record else "= output"
+            waste = (f"{record['output_padding_waste_pct']:.0f}% gen, {record['prompt_padding_waste_pct']:.0f}% prompt"
+                     if "output_padding_waste_pct" in record else "none")
+            steps = ",".join(str(n) for n in record.get("num_steps", [])) or "-"
+            label = LABELS[engine] + (f" of {section['static_batch_size']}" if engine == "ember_static" else "")
+            table.add_row(dtype, label, fmt_spread(record["tok_s"]), computed, waste, steps, fmt_ratio(ember / other if other else None))
+        if "static_dropped" in entry:
+            notes.append(f"[yellow]{dtype}: static-batches row dropped[/]: {entry['static_dropped']}")
+    return Group(table, *notes, *_settings_lines(section))
 
 
-def _batch1(section: dict) -> Table:
+def _settings_lines(section: dict) -> list[str]:
+    lines = []
+    for dtype, entry in section["dtype"].items():
+        for engine in ("hf", "llamacpp"):
+            settings = entry.get(engine, {}).get("settings")
+            if settings:
+                lines.append(f"{LABELS[engine]} ({dtype}): " + ", ".join(f"{key}={value}" for key, value in settings.items()))
+    return lines
+
+
+def _batch1(section: dict) -> Group:
     table = Table(title=f"batch1 (memory bandwidth {section['bandwidth_gb_s']:.2f} GB/s)")
     for column in ("dtype", "engine", "decode tok/s", "end-to-end tok/s", "% of roofline"):
         table.add_column(column)
+    notes = []
     for dtype, entry in section["dtype"].items():
         for engine in ("ember", "hf", "llamacpp"):
             if engine in entry:
@@ -47,7 +75,8 @@ def _batch1(section: dict) -> Table:
                 table.add_row(dtype, LABELS[engine], fmt_spread(decode), fmt_spread(entry[engine]["tok_s"]),
                               f"{100 * decode['median'] / entry['roofline_tok_s']:.0f}%")
         table.add_row(dtype, "memory roofline", fmt(entry["roofline_tok_s"]), "", "100%")
-    return table
+        notes.append(f"roofline {dtype}: {describe_decode_bytes(entry.get('decode_bytes'))}")
+    return Group(table, *notes, *_settings_lines(section))
 
 
 def _shared_prefix(section: dict) -> Table:
@@ -70,7 +99,7 @@ def _long_prefill(section: dict) -> Table:
     return table
 
 
-def _serve(section: dict) -> Table:
+def _serve(section: dict) -> Table | Group:
     table = Table(title=f"serve: {section['target']}, {section['num_requests']} requests, concurrency {section['concurrency']}")
     table.add_column("metric")
     table.add_column("median (min-max)")
@@ -78,7 +107,17 @@ def _serve(section: dict) -> Table:
                                ("mean TPOT ms", "mean_tpot_ms", 1), ("p99 ITL ms", "p99_itl_ms", 1), ("goodput req/s", "goodput_req_s", 2)):
         table.add_row(label, fmt_spread(section[key], digits))
     table.add_row("failed requests", str(section["errors"]))
-    return table
+    compared = section.get("vs_offline")
+    if not compared:
+        return table
+    versus = Table(title="served vs offline (same requests, same run)")
+    for column in ("", "served", "offline", "served / offline"):
+        versus.add_column(column)
+    versus.add_row("output tok/s (the load above)", fmt_spread(compared["tok_s"]["served"]), fmt_spread(compared["tok_s"]["offline"]),
+                   fmt_ratio(compared.get("tok_s_ratio")))
+    versus.add_row("TPOT ms (one batch1 request alone)", fmt_spread(compared["batch1_tpot_ms"]["served"]),
+                   fmt_spread(compared["batch1_tpot_ms"]["offline"]), fmt_ratio(compared.get("batch1_tpot_ratio")))
+    return Group(table, versus)
 
 
 def _roofline(section: dict) -> Table:
@@ -89,7 +128,8 @@ def _roofline(section: dict) -> Table:
     for dtype, gflops in section["matmul_gflops"].items():
         table.add_row(f"matmul {dtype}", f"{gflops:.1f} GFLOP/s")
     for dtype, tok_s in section["roofline_tok_s"].items():
-        table.add_row(f"decode roofline {dtype}", f"{tok_s:.1f} tok/s ({section['bytes_per_token'][dtype] / 1e6:.0f} MB/token)")
+        table.add_row(f"decode roofline {dtype}", f"{tok_s:.1f} tok/s ({section['bytes_per_token'][dtype] / 1e6:.0f} MB/token: "
+                      f"{describe_decode_bytes(section.get('decode_bytes', {}).get(dtype))})")
     return table
 
 

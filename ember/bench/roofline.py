@@ -3,8 +3,8 @@
 Bandwidth is measured by a small C program compiled at run time (gcc -O3 -march=native
 -fopenmp) that sums a 1 GiB array of doubles with all threads, best of several passes; torch's
 own reductions understate it on some CPUs. Without a compiler, numpy's sum is the fallback and
-the result says so. Decode of one token reads every weight once (plus the KV cache so far), so
-`bandwidth / bytes_per_token` bounds single-stream tokens/s.
+the result says so. Decode of one token reads every weight once (an untied embedding table
+only a row) plus the KV cache so far, so `bandwidth / bytes_per_token` bounds single-stream tokens/s.
 """
 
 from __future__ import annotations
@@ -122,25 +122,71 @@ def measure_roofline(dtypes: tuple[str, ...] = ("float32", "bfloat16"), array_by
     return Roofline(measure_bandwidth(array_bytes), {dtype: measure_matmul(dtype) for dtype in dtypes})
 
 
-# -- bytes read per decoded token --------------------------------------------------------------
+# -- bytes read per decode step ---------------------------------------------------------------
 
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The token-embedding table's name in each checkpoint format (GGUF, transformers' families).
+EMBEDDING_SUFFIXES = ("token_embd.weight", "embed_tokens.weight", "wte.weight", "word_embeddings.weight")
 
 
-def weight_elements(model_path: Path) -> int:
-    """Number of weight elements a decode step reads: every tensor once (a tied embedding once, as the LM head)."""
-    from gguf import GGUFReader
+@dataclass(frozen=True)
+class DecodeBytes:
+    """Bytes one decode step of one sequence reads: the weights, and its KV cache at `context_len`.
 
+    An untied embedding table is not counted: a step reads only its sequence's row (the LM head,
+    a separate tensor, is read whole). A tied table is read whole once, as the LM head.
+    """
+
+    weight_bytes: int
+    kv_bytes: int
+    context_len: int
+    kv_bytes_per_token: int
+    tied_embeddings: bool
+
+    @property
+    def total(self) -> int:
+        return self.weight_bytes + self.kv_bytes
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), total=self.total)
+
+
+def model_config(model_path: Path):
+    """The checkpoint's ModelConfig, read without loading its weights."""
+    from ember.models.gguf_loader import is_gguf_file, read_gguf_config
+    from ember.models.hf_loader import is_hf_folder, read_hf_config
+
+    if is_hf_folder(model_path):
+        return read_hf_config(model_path)
+    if is_gguf_file(model_path):
+        from gguf import GGUFReader
+
+        return read_gguf_config(GGUFReader(str(model_path)))
+    raise ValueError(f"{model_path}: the roofline reads GGUF files and HF safetensors folders")
+
+
+def tensor_elements(model_path: Path) -> dict[str, int]:
+    """Element count of every tensor of the checkpoint, by name."""
     if model_path.is_file():
-        reader = GGUFReader(str(model_path))
-        return sum(int(t.n_elements) for t in reader.tensors)
+        from gguf import GGUFReader
+
+        return {t.name: int(t.n_elements) for t in GGUFReader(str(model_path)).tensors}
     from safetensors import safe_open
 
-    total = 0
+    counts = {}
     for file in sorted(model_path.glob("*.safetensors")):
         with safe_open(str(file), framework="numpy") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                total += int(_prod(f.get_slice(name).get_shape()))
+                counts[name] = _prod(f.get_slice(name).get_shape())
+    return counts
+
+
+def weight_elements(model_path: Path, tied_embeddings: bool, hidden_size: int) -> int:
+    """Weight elements a decode step reads: every tensor once, an untied embedding table as one row."""
+    total = 0
+    for name, count in tensor_elements(model_path).items():
+        is_embedding = name.endswith(EMBEDDING_SUFFIXES)
+        total += hidden_size if is_embedding and not tied_embeddings else count
     return total
 
 
@@ -151,13 +197,27 @@ def _prod(shape) -> int:
     return out
 
 
-def bytes_per_token(model_path: Path, dtype: str, kv_bytes_per_token: int = 0, context_len: int = 0) -> int:
-    """Bytes one decode step of one sequence reads at `dtype`: weights, plus its KV cache at `context_len`."""
-    return weight_elements(model_path) * BYTES_PER_ELEMENT[dtype] + kv_bytes_per_token * context_len
+def kv_bytes_per_token(config, dtype: str) -> int:
+    """KV cache bytes per cached token over every layer, by ember's own per-layer specs."""
+    from ember.kv.specs import KVCacheLayout, kv_specs_for
+
+    return KVCacheLayout.from_specs(kv_specs_for(config)).bytes_per_token(BYTES_PER_ELEMENT[dtype])
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
-    return 2 * num_layers * num_kv_heads * head_dim * BYTES_PER_ELEMENT[dtype]
+def decode_bytes(model_path: Path, dtype: str, context_len: int = 0) -> DecodeBytes:
+    """What one decode step of one sequence at `context_len` cached tokens reads at `dtype`."""
+    from ember.kv.specs import KVCacheLayout, kv_specs_for
+
+    config = model_config(model_path)
+    element_size = BYTES_PER_ELEMENT[dtype]
+    weights = weight_elements(model_path, config.tie_word_embeddings, config.hidden_size) * element_size
+    kv = KVCacheLayout.from_specs(kv_specs_for(config)).bytes_per_sequence(context_len, element_size)
+    return DecodeBytes(weights, kv, context_len, kv_bytes_per_token(config, dtype), config.tie_word_embeddings)
+
+
+def bytes_per_token(model_path: Path, dtype: str, context_len: int = 0) -> int:
+    """Bytes one decode step of one sequence reads at `dtype`: weights plus its KV cache at `context_len`."""
+    return decode_bytes(model_path, dtype, context_len).total
 
 
 def cpu_threads() -> int:

@@ -17,6 +17,7 @@ from ember.bench.ember_runner import EmberSettings, run_ember
 from ember.bench.results import RunResult
 from ember.bench.stats import latency_summary, mean, ratio, spread
 from ember.bench.workloads import TokenSource, Workload
+from ember.engine.config import SchedulerConfig
 
 PEERS = ("hf", "llamacpp")
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -137,33 +138,71 @@ def _llamacpp_gguf(options: BenchOptions, dtype: str) -> Path:
 # -- mixed ---------------------------------------------------------------------------------------
 
 
+STATIC_BATCH_SIZE = 16
+
+
+def static_batch_size(num_requests: int) -> int | None:
+    """The static-batches lever's batch size: 16, or fewer so that at least two batches run.
+
+    With every request in one batch, static and continuous batching run the same schedule and
+    the row would measure nothing; a single request leaves no lever at all (None).
+    """
+    if num_requests < 2:
+        return None
+    return min(STATIC_BATCH_SIZE, -(-num_requests // 2))
+
+
 def bench_mixed(options: BenchOptions) -> dict:
     """Output tokens/s of ember (continuous and static batches), HF and llama.cpp, per dtype."""
     workload = make_workload(options, "mixed", num_requests=options.requests(64, "mixed"))
     peers = active_peers(options)
     path = model_path(options.model)
-    section = {"workload": workload.params, "num_requests": len(workload.requests),
+    static_size = static_batch_size(len(workload.requests))
+    section = {"workload": workload.params, "num_requests": len(workload.requests), "static_batch_size": static_size,
                "output_tokens": workload.total_output_tokens, "prompt_tokens": workload.total_prompt_tokens, "dtype": {}}
     for dtype in options.dtypes:
         runners: dict[str, Callable[[], RunResult]] = {
             "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings()),
         }
-        if options.static_dtypes is None or dtype in options.static_dtypes:
+        if static_size and (options.static_dtypes is None or dtype in options.static_dtypes):
             runners["ember_static"] = lambda dtype=dtype: run_ember(
-                options.model, dtype, workload, EmberSettings(label="ember (static batches of 16)", static_batch_size=16)
+                options.model, dtype, workload, EmberSettings(label=f"ember (static batches of {static_size})", static_batch_size=static_size)
             )
         if "hf" in peers:
             runners["hf"] = _lazy_hf(path, dtype, options.hf_batch_size, workload)
         if "llamacpp" in peers:
             runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, options.llamacpp_slots)
         runs = _interleave(options, f"mixed {dtype}", runners)
-        entry = {name: {"tok_s": _tok_s(rs), "runs": [_run_record(r) for r in rs]} for name, rs in runs.items()}
+        entry = {name: _mixed_record(rs) for name, rs in runs.items()}
+        _drop_static_if_same_schedule(entry)
         ember = entry["ember"]["tok_s"]["median"]
         entry["ratio_hf"] = ratio(ember, entry.get("hf", {}).get("tok_s", {}).get("median"))
         entry["ratio_llamacpp"] = ratio(ember, entry.get("llamacpp", {}).get("tok_s", {}).get("median"))
         entry["ratio_static"] = ratio(ember, _get_median(entry, "ember_static"))
         section["dtype"][dtype] = entry
     return section
+
+
+def _mixed_record(runs: list[RunResult]) -> dict:
+    """One engine's repeats: output tok/s, its settings, engine steps (ember), computed tokens and padding (HF)."""
+    record = {"tok_s": _tok_s(runs), "settings": runs[0].extra.get("settings"), "runs": [_run_record(r) for r in runs]}
+    if "num_steps" in runs[0].extra:
+        record["num_steps"] = [r.extra["num_steps"] for r in runs]
+    if "generated_tokens_incl_padding" in runs[0].extra:
+        record["computed_tok_s"] = spread([r.extra["generated_tokens_incl_padding"] / r.wall_s for r in runs]).to_dict()
+        record["output_padding_waste_pct"] = runs[0].extra["output_padding_waste_pct"]
+        record["prompt_padding_waste_pct"] = runs[0].extra["prompt_padding_waste_pct"]
+    return record
+
+
+def _drop_static_if_same_schedule(entry: dict) -> None:
+    """A static row whose engine ran exactly the continuous run's steps measured no lever: drop it, say why."""
+    static, continuous = entry.get("ember_static"), entry["ember"]
+    if static is None or static.get("num_steps") != continuous.get("num_steps"):
+        return
+    del entry["ember_static"]
+    entry["static_dropped"] = (f"static batches ran the same {continuous['num_steps'][0]} engine steps as continuous "
+                               "batching: the same schedule, so no lever to measure")
 
 
 _HF_MODELS: dict[tuple[str, str], object] = {}
@@ -219,7 +258,7 @@ def planned_runs(options: BenchOptions, workload: str) -> int:
         return ((1 + peers) * len(options.dtypes) + static) * options.repeats
     if workload == "batch1":
         return (1 + peers) * len(options.dtypes) * options.repeats
-    return {"shared-prefix": 2, "long-prefill": 2, "serve": 1, "roofline": 0}.get(workload, 0) * options.repeats
+    return {"shared-prefix": 2, "long-prefill": 2, "serve": 3, "roofline": 0}.get(workload, 0) * options.repeats
 
 
 # -- batch1 -------------------------------------------------------------------------------------
@@ -235,7 +274,7 @@ def decode_tok_s(run: RunResult) -> float:
 
 def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> dict:
     """One 128-token prompt, 128 tokens out: decode tok/s of each engine, and ember's against the roofline."""
-    from ember.bench.roofline import bytes_per_token, measure_bandwidth
+    from ember.bench.roofline import decode_bytes, measure_bandwidth
 
     workload = make_workload(options, "batch1")
     peers = active_peers(options)
@@ -253,15 +292,17 @@ def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> 
         if "llamacpp" in peers:
             runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, 1)
         runs = _interleave(options, f"batch1 {dtype}", runners)
-        per_token = bytes_per_token(path, dtype)
+        step_bytes = decode_bytes(path, dtype, batch1_mean_context(workload))
+        per_token = step_bytes.total
         roofline_tok_s = bandwidth_gb_s * 1e9 / per_token
         entry = {
             name: {"decode_tok_s": spread([decode_tok_s(r) for r in rs]).to_dict(), "tok_s": _tok_s(rs),
-                   "runs": [_run_record(r) for r in rs]}
+                   "settings": rs[0].extra.get("settings"), "runs": [_run_record(r) for r in rs]}
             for name, rs in runs.items()
         }
         ember = entry["ember"]["decode_tok_s"]["median"]
         entry["bytes_per_token"] = per_token
+        entry["decode_bytes"] = step_bytes.to_dict()
         entry["roofline_tok_s"] = roofline_tok_s
         entry["roofline_pct"] = 100.0 * ember / roofline_tok_s
         for peer in ("hf", "llamacpp"):
@@ -355,7 +396,13 @@ def bench_serve(
     dtype: str = "float32",
     served_model: str | None = None,
 ) -> dict:
-    """Load-test a running server at `url`, or start `ember serve` on a free port and test that."""
+    """Load-test a running server at `url`, or start `ember serve` on a free port and test that.
+
+    Against its own server (no `url`), each repeat also runs the same requests offline (`LLM`'s
+    engine in this process, at the same concurrency) and one `batch1` request served alone and
+    offline, so the report shows what the served path costs: served / offline output tok/s and
+    served / offline batch-1 TPOT, same requests, same run.
+    """
     import asyncio
     import contextlib
 
@@ -365,16 +412,25 @@ def bench_serve(
     num_requests = options.requests(64, "serve")
     server = contextlib.nullcontext(url) if url else ember_server(options.model, dtype)
     label = url or f"ember serve ({dtype})"
+    compares_offline = url is None
+    batch1 = make_workload(options, "batch1") if compares_offline else None
     options.tick(f"serve: starting {label}")
-    runs = []
+    runs, offline, served_batch1, offline_batch1 = [], [], [], []
     with server as base_url:
         for repeat in range(options.repeats):
             # A new seed per repeat, so a server's prefix cache cannot serve a repeat's prompts.
             workload = make_workload(options, "serve", seed_offset=repeat, num_requests=num_requests, request_rate=request_rate)
             options.tick(f"serve: {label} ({repeat + 1}/{options.repeats})")
             runs.append(asyncio.run(run_load(base_url, workload, served_model, concurrency, label=label)))
+            if not compares_offline:
+                continue
+            options.tick(f"serve: the same requests offline ({repeat + 1}/{options.repeats})")
+            offline.append(run_ember(options.model, dtype, workload, _offline_settings(concurrency, len(workload.requests))))
+            options.tick(f"serve: batch1 served and offline ({repeat + 1}/{options.repeats})")
+            served_batch1.append(asyncio.run(run_load(base_url, batch1, served_model, 1, label=label)))
+            offline_batch1.append(run_ember(options.model, dtype, batch1, EmberSettings(label="ember offline (batch 1)", max_num_seqs=1)))
     summaries = [serve_summary(r, slo) for r in runs]
-    return {
+    section = {
         "target": label,
         "num_requests": num_requests,
         "concurrency": concurrency,
@@ -389,13 +445,51 @@ def bench_serve(
         "errors": sum(s["errors"] for s in summaries),
         "runs": [dict(s, ttft_s=r.ttfts(), itl_s={"main": r.itls()}) for s, r in zip(summaries, runs, strict=True)],
     }
+    if compares_offline:
+        section["vs_offline"] = served_vs_offline(runs, offline, served_batch1, offline_batch1)
+    return section
+
+
+def _offline_settings(concurrency: int | None, num_requests: int) -> EmberSettings:
+    """The offline engine of the served comparison: as many sequences at once as the load keeps in flight."""
+    seats = min(concurrency or num_requests, SchedulerConfig().max_num_seqs)
+    return EmberSettings(label=f"ember offline ({seats} sequences at once)", max_num_seqs=seats)
+
+
+def served_vs_offline(served: list[RunResult], offline: list[RunResult], served_batch1: list[RunResult],
+                      offline_batch1: list[RunResult]) -> dict:
+    """Served against offline, same requests: output tok/s of the load and TPOT of one request alone."""
+    tok_s = {"served": _tok_s(served), "offline": _tok_s(offline)}
+    tpot_ms = {
+        "served": spread([1000 * mean_tpot_s(r) for r in served_batch1]).to_dict(),
+        "offline": spread([1000 * mean_tpot_s(r) for r in offline_batch1]).to_dict(),
+    }
+    return {
+        "offline_settings": offline[0].extra.get("settings"),
+        "tok_s": tok_s,
+        "tok_s_ratio": ratio(tok_s["served"]["median"], tok_s["offline"]["median"]),
+        "batch1_tpot_ms": tpot_ms,
+        "batch1_tpot_ratio": ratio(tpot_ms["served"]["median"], tpot_ms["offline"]["median"]),
+    }
+
+
+def mean_tpot_s(run: RunResult) -> float:
+    """Mean time per output token after the first, over the run's requests that made two or more."""
+    tpots = [t.tpot_s for t in run.requests if t.tpot_s is not None]
+    return mean(tpots) if tpots else 0.0
 
 
 # -- roofline ---------------------------------------------------------------------------------
 
 
+def batch1_mean_context(workload: Workload) -> int:
+    """Cached tokens of the batch1 request at the middle of its decode: its prompt and half its output."""
+    request = workload.requests[0]
+    return request.prompt_len + request.max_tokens // 2
+
+
 def bench_roofline(options: BenchOptions) -> dict:
-    from ember.bench.roofline import bytes_per_token, measure_bandwidth, measure_matmul
+    from ember.bench.roofline import decode_bytes, measure_bandwidth, measure_matmul
 
     bandwidths = []
     for repeat in range(options.repeats):
@@ -405,7 +499,9 @@ def bench_roofline(options: BenchOptions) -> dict:
     matmul = {dtype: measure_matmul(dtype) for dtype in ("float32", "bfloat16")}
     path = model_path(options.model)
     gb_s = spread([b.gb_per_s for b in bandwidths]).to_dict()
-    per_token = {dtype: bytes_per_token(path, dtype) for dtype in ("float32", "bfloat16")}
+    context = batch1_mean_context(make_workload(options, "batch1"))
+    step_bytes = {dtype: decode_bytes(path, dtype, context) for dtype in ("float32", "bfloat16")}
+    per_token = {dtype: b.total for dtype, b in step_bytes.items()}
     return {
         "bandwidth_gb_s": gb_s,
         "method": bandwidths[0].method,
@@ -413,6 +509,7 @@ def bench_roofline(options: BenchOptions) -> dict:
         "array_bytes": bandwidths[0].array_bytes,
         "matmul_gflops": matmul,
         "bytes_per_token": per_token,
+        "decode_bytes": {dtype: b.to_dict() for dtype, b in step_bytes.items()},
         "roofline_tok_s": {dtype: gb_s["median"] * 1e9 / b for dtype, b in per_token.items()},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

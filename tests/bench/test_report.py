@@ -17,9 +17,10 @@ def _run(ttft, itl):
 
 def fake_results() -> dict:
     mixed_entry = {
-        "ember": {"tok_s": _spread(300.0, 290.0, 310.0), "runs": []},
-        "ember_static": {"tok_s": _spread(150.0), "runs": []},
-        "hf": {"tok_s": _spread(50.0), "runs": []},
+        "ember": {"tok_s": _spread(300.0, 290.0, 310.0), "num_steps": [263], "runs": []},
+        "ember_static": {"tok_s": _spread(150.0), "num_steps": [400], "runs": []},
+        "hf": {"tok_s": _spread(50.0), "computed_tok_s": _spread(80.0), "output_padding_waste_pct": 37.5, "prompt_padding_waste_pct": 20.0,
+               "settings": {"attention_implementation": "sdpa", "kv_cache": "dynamic"}, "runs": []},
         "ratio_hf": 6.0,
         "ratio_llamacpp": None,
         "ratio_static": 2.0,
@@ -36,11 +37,13 @@ def fake_results() -> dict:
         "roofline": {"bandwidth_gb_s": _spread(20.0), "method": "C probe", "threads": 2, "array_bytes": 1 << 30,
                      "matmul_gflops": {"float32": 100.0, "bfloat16": 50.0}, "bytes_per_token": {"float32": 500e6},
                      "roofline_tok_s": {"float32": 40.0}},
-        "mixed": {"workload": {"distribution": "log-normal"}, "num_requests": 32, "output_tokens": 3000, "prompt_tokens": 5000,
+        "mixed": {"workload": {"distribution": "log-normal"}, "num_requests": 32, "static_batch_size": 16, "output_tokens": 3000, "prompt_tokens": 5000,
                   "dtype": {"float32": mixed_entry}},
         "batch1": {"workload": {"prompt_len": 128, "output_len": 128}, "bandwidth_gb_s": 20.0,
                    "dtype": {"float32": {"ember": {"decode_tok_s": _spread(30.0), "tok_s": _spread(28.0)},
-                                         "roofline_tok_s": 40.0, "roofline_pct": 75.0, "bytes_per_token": 500e6}}},
+                                         "roofline_tok_s": 40.0, "roofline_pct": 75.0, "bytes_per_token": 500e6,
+                                         "decode_bytes": {"weight_bytes": 499e6, "kv_bytes": 1e6, "context_len": 192,
+                                                          "kv_bytes_per_token": 5208, "tied_embeddings": True, "total": 500e6}}}},
         "shared_prefix": {"workload": {"prefix_len": 1024, "question_len": 32, "output_len": 16}, "num_requests": 32, "dtype": "float32",
                           "on": {"mean_ttft_s": _spread(1.0), "tok_s": _spread(10.0), "prefix_reuse_pct": _spread(95.0), "runs": [_run([1.0, 2.0], [])]},
                           "off": {"mean_ttft_s": _spread(8.0), "tok_s": _spread(2.0), "prefix_reuse_pct": _spread(0.0), "runs": [_run([8.0], [])]},
@@ -51,18 +54,25 @@ def fake_results() -> dict:
                          "off": {"label": "off", "p50_itl_ms": _spread(50.0), "p99_itl_ms": _spread(200.0), "max_itl_ms": _spread(900.0),
                                  "long_ttft_ms": _spread(800.0), "tok_s": _spread(100.0), "runs": [_run([], [0.05, 0.9])]},
                          "p99_itl_ratio": 2.0, "p50_itl_ratio": 1.0},
+        "serve": {"target": "ember serve (float32)", "num_requests": 16, "concurrency": 16, "request_rate": None,
+                  "slo": {"ttft_ms": 2000.0, "tpot_ms": 200.0}, "tok_s": _spread(40.0), "mean_ttft_ms": _spread(100.0),
+                  "p99_ttft_ms": _spread(200.0), "mean_tpot_ms": _spread(50.0), "p99_itl_ms": _spread(80.0),
+                  "goodput_req_s": _spread(1.0), "errors": 0, "runs": [],
+                  "vs_offline": {"tok_s": {"served": _spread(40.0), "offline": _spread(50.0)}, "tok_s_ratio": 0.8,
+                                 "batch1_tpot_ms": {"served": _spread(66.0), "offline": _spread(60.0)}, "batch1_tpot_ratio": 1.1}},
     }
 
 
 def test_summary_has_the_issue_shape_with_null_for_peers_not_run():
     s = report.summary(fake_results())
-    assert set(s) == {"mixed", "batch1", "shared_prefix", "long_prefill", "machine", "commit"}
+    assert set(s) == {"mixed", "batch1", "shared_prefix", "long_prefill", "serve", "machine", "commit"}
     f32 = s["mixed"]["dtype"]["float32"]
     assert f32 == {"ember_tok_s": 300.0, "hf_tok_s": 50.0, "llamacpp_tok_s": None, "ratio_hf": 6.0, "ratio_llamacpp": None}
     assert s["mixed"]["dtype"]["bfloat16"]["ember_tok_s"] is None
     assert s["batch1"] == {"ember_tok_s": 30.0, "roofline_tok_s": 40.0, "roofline_pct": 75.0, "hf_tok_s": None, "llamacpp_tok_s": None}
     assert s["shared_prefix"] == {"ttft_ratio": 8.0, "prefix_reuse_pct": 95.0}
     assert s["long_prefill"] == {"p99_itl_ratio": 2.0}
+    assert s["serve"] == {"batch1_tpot_ratio": 1.1, "tok_s_ratio": 0.8}
     json.dumps(s)  # machine-readable as is
 
 
@@ -76,6 +86,27 @@ def test_markdown_states_command_goals_peers_and_tables():
     assert "**llamacpp**: not installed" in text
     assert "300.0 (290.0–310.0)" in text
     assert "Missed:" in text
+    assert "commit `abc123` (clean tree)" in text
+
+
+def test_markdown_shows_hf_padding_peer_settings_static_steps_and_served_vs_offline():
+    text = report.render_markdown(fake_results())
+    assert "| float32 | HF transformers | 50.0 (50.0–50.0) | 80.0 (80.0–80.0) | 38% of generated, 20% of prompt | — | 6.00x |" in text
+    assert "| float32 | ember, static batches | 150.0 (150.0–150.0) | = output | none | 400 | 2.00x |" in text
+    assert "static batches of 16" in text
+    assert "| HF transformers, `mixed` float32 | attention_implementation: sdpa, kv_cache: dynamic |" in text
+    assert "weights 499 MB (tied embedding read whole, as the LM head) + KV cache 1.0 MB at 192 cached tokens" in text
+    assert "| TPOT (ms), one `batch1` request alone | 66.0 (66.0–66.0) | 60.0 (60.0–60.0) | 1.10x |" in text
+    assert "| `serve` 16 streams: output tok/s served / offline (same requests) | >= 0.85x | 0.80x | **missed** |" in text
+    assert "| `serve` batch 1: TPOT served / offline (same request) | <= 1.10x | 1.10x | met |" in text
+
+
+def test_a_dropped_static_row_is_explained():
+    results = fake_results()
+    entry = results["mixed"]["dtype"]["float32"]
+    del entry["ember_static"]
+    entry["static_dropped"] = "static batches ran the same 263 engine steps as continuous batching"
+    assert "float32: static-batches row dropped: static batches ran the same 263" in report.render_markdown(results)
 
 
 def test_plots_are_written_as_png(tmp_path):
@@ -84,3 +115,17 @@ def test_plots_are_written_as_png(tmp_path):
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in plots.values())
     text = report.render_markdown(fake_results(), plots, tmp_path)
     assert "![mixed](mixed_throughput.png)" in text
+
+
+def test_the_terminal_tables_show_the_same_figures(capsys, monkeypatch):
+    from ember.bench.printing import print_section
+
+    monkeypatch.setenv("COLUMNS", "220")  # a wide terminal: no cell wraps
+    results = fake_results()
+    for name, key in (("mixed", "mixed"), ("batch1", "batch1"), ("serve", "serve")):
+        print_section(name, results[key], {})
+    out = capsys.readouterr().out
+    assert "80.0 (80.0–80.0)" in out and "38% gen, 20% prompt" in out  # HF computed tok/s and padding
+    assert "HF transformers (float32): attention_implementation=sdpa" in out
+    assert "KV cache 1.0 MB at 192 cached tokens" in out
+    assert "served vs offline" in out and "1.10x" in out
