@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import zipfile
 
 import pytest
 
-from ember.cli.main import main as run
+from ember.tokenizers.cli import register
 from ember.tokenizers.deb_text import fluent_messages, parallel_texts
 
 FLUENT = {
@@ -60,7 +61,10 @@ def test_compare_reads_language_packs(shared_dir, tmp_path, capsys):
     cl100k = shared_dir / "tokenizers" / "tiktoken" / "cl100k_base.tiktoken"
     arguments = ["tokenizers", "compare", "--tokenizer", f"cl100k={cl100k}"]
     arguments += ["--firefox-l10n", f"english={english}", "--firefox-l10n", f"korean={korean}"]
-    assert run(arguments) == 0
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(arguments)
+    assert args.func(args) == 0
     assert "korean" in capsys.readouterr().out
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from tok_corpus import build_corpus
 
-from ember.tokenizers import load
 from ember.tokenizers.patterns import NAMED_PATTERNS
 from ember.tokenizers.tiktoken_files import KNOWN_ENCODINGS
 
@@ -55,33 +54,33 @@ def assert_parity(ours, reference_encode, corpus: list[str]) -> None:
 
 
 @pytest.mark.parametrize("case", sorted(TIKTOKEN_CASES))
-def test_matches_tiktoken_on_the_parity_corpus(shared_dir, case):
+def test_matches_tiktoken_on_the_parity_corpus(shared_dir, load_shared, case):
     _, encoding = TIKTOKEN_CASES[case]
     reference = tiktoken_reference(
         shared_dir, TIKTOKEN_CASES["r50k" if case == "gpt2-folder" else case][0], encoding
     )
-    ours = load(shared_dir / "tokenizers" / TIKTOKEN_CASES[case][0])
+    ours = load_shared("tokenizers/" + TIKTOKEN_CASES[case][0])
     specials = tuple(KNOWN_ENCODINGS[encoding].special_tokens)[:6]
     corpus = build_corpus(shared_dir, count=CORPUS_SIZE, seed=10, specials=specials)
     assert_parity(ours, lambda text: reference.encode(text, allowed_special="all"), corpus)
 
 
 @pytest.mark.parametrize("folder", ["smollm2", "qwen2.5"])
-def test_matches_hf_tokenizers_on_the_parity_corpus(shared_dir, folder):
+def test_matches_hf_tokenizers_on_the_parity_corpus(shared_dir, load_shared, folder):
     tokenizers = pytest.importorskip("tokenizers")
     path = shared_dir / "tokenizers" / folder / "tokenizer.json"
     reference = tokenizers.Tokenizer.from_file(str(path))
-    ours = load(path)
+    ours = load_shared(f"tokenizers/{folder}/tokenizer.json")
     specials = tuple(ours.special_tokens)[:8]
     corpus = build_corpus(shared_dir, count=CORPUS_SIZE, seed=11, specials=specials)
     assert_parity(ours, lambda text: reference.encode(text).ids, corpus)
 
 
-def test_llama2_model_matches_sentencepiece_on_the_parity_corpus(shared_dir):
+def test_llama2_model_matches_sentencepiece_on_the_parity_corpus(shared_dir, load_shared):
     spm = pytest.importorskip("sentencepiece")
     path = shared_dir / "tokenizers" / "llama2" / "tokenizer.model"
     reference = spm.SentencePieceProcessor(model_file=str(path))
-    ours = load(path)
+    ours = load_shared("tokenizers/llama2/tokenizer.model")
     corpus = build_corpus(shared_dir, count=CORPUS_SIZE, seed=12)
     mismatches = []
     for index, text in enumerate(corpus):

@@ -15,9 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember.tokenizers import ByteLevelBPETokenizer, load
+from ember.tokenizers import ByteLevelBPETokenizer
 from ember.tokenizers.base import replace_lone_surrogates
-from tests.shared_assets import shared_file
 
 # Shared tokenizer files, one per loader and model kind.
 TOKENIZER_FILES = {
@@ -31,7 +30,10 @@ TOKENIZER_FILES = {
     "smollm2-gguf": "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
     "llama2-model": "tokenizers/llama2/tokenizer.model",
     "llama2c-bin": "tokenizers/llama2/tokenizer.bin",
+    "minilm-wordpiece": "tokenizers/minilm/tokenizer.json",
 }
+# Lossy by design (lowercasing, accent stripping, whitespace dropped): only totality holds.
+LOSSY = {"minilm-wordpiece"}
 
 any_text = st.text(
     alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=()),
@@ -41,9 +43,9 @@ supplementary = st.lists(st.integers(0x10000, 0x10FFFF).map(chr), max_size=6).ma
 
 
 @pytest.fixture(scope="module", params=sorted(TOKENIZER_FILES))
-def tokenizer(request, shared_dir):
-    path = shared_file(shared_dir, TOKENIZER_FILES[request.param])
-    return load(path)
+def case(request, load_shared):
+    """(name, tokenizer) for each shared tokenizer file."""
+    return request.param, load_shared(TOKENIZER_FILES[request.param])
 
 
 def expected_round_trip(tokenizer, text: str) -> str:
@@ -56,40 +58,45 @@ def expected_round_trip(tokenizer, text: str) -> str:
     return kept.decode("utf-8", errors="replace")
 
 
-def check_total(tokenizer, text: str) -> None:
+def check_total(case, text: str) -> None:
+    name, tokenizer = case
     ids = tokenizer.encode(text, allowed_special=())
     assert all(isinstance(i, int) and 0 <= i < tokenizer.vocab_size for i in ids), ids
-    assert tokenizer.decode(ids) == expected_round_trip(tokenizer, text)
+    if name not in LOSSY:
+        assert tokenizer.decode(ids) == expected_round_trip(tokenizer, text)
 
 
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(text=st.one_of(any_text, supplementary))
-def test_encode_is_total_and_decode_inverts_it(tokenizer, text):
-    check_total(tokenizer, text)
+def test_encode_is_total_and_decode_inverts_it(case, text):
+    check_total(case, text)
 
 
-def test_every_plane_and_every_byte_encodes(tokenizer):
+def test_every_plane_and_every_byte_encodes(case):
     rng = random.Random(16)
     samples = [chr(rng.randint(plane << 16, (plane << 16) | 0xFFFF)) for plane in range(17)] * 4
     samples += ["\ud932\udeb3", "\ud800", "a\udfffb", chr(0x5CAB3), "".join(map(chr, range(32)))]
     for text in samples:
-        check_total(tokenizer, text)
+        check_total(case, text)
 
 
-def test_lone_surrogates_encode_as_the_replacement_character(tokenizer):
+def test_lone_surrogates_encode_as_the_replacement_character(case):
+    _, tokenizer = case
     assert tokenizer.encode("a\ud800b", allowed_special=()) == tokenizer.encode(
         "a\ufffdb", allowed_special=()
     )
 
 
 @pytest.mark.parametrize("folder", ["smollm2", "qwen2.5"])
-def test_supplementary_planes_and_controls_match_hf_tokenizers(shared_dir, smollm2_gguf, folder):
+def test_supplementary_planes_and_controls_match_hf_tokenizers(shared_dir, load_shared, folder):
     tokenizers = pytest.importorskip("tokenizers")
     path = shared_dir / "tokenizers" / folder / "tokenizer.json"
     reference = tokenizers.Tokenizer.from_file(str(path))
-    ours = [load(path)] + ([load(smollm2_gguf)] if folder == "smollm2" else [])
+    ours = [load_shared(f"tokenizers/{folder}/tokenizer.json")]
+    if folder == "smollm2":
+        ours.append(load_shared(TOKENIZER_FILES["smollm2-gguf"]))
     rng = random.Random(15)
     samples = [chr(rng.randint(0x10000, 0x10FFFF)) for _ in range(300)]
     samples += ["".join(chr(rng.randint(0, 0x10FFFF)) for _ in range(8)) for _ in range(200)]
@@ -100,5 +107,5 @@ def test_supplementary_planes_and_controls_match_hf_tokenizers(shared_dir, smoll
         assert mismatches == [], f"{len(mismatches)} differ, first: {mismatches[:3]!r}"
 
 
-def test_the_smollm2_gguf_encodes_u5cab3_as_hf_does(smollm2_gguf):
-    assert load(smollm2_gguf).encode(chr(0x5CAB3)) == [246, 120, 128]
+def test_the_smollm2_gguf_encodes_u5cab3_as_hf_does(load_shared):
+    assert load_shared(TOKENIZER_FILES["smollm2-gguf"]).encode(chr(0x5CAB3)) == [246, 120, 128]
