@@ -89,9 +89,13 @@ class BytePairMerger:
 
     def merge_ids(self, ids: list[int]) -> list[int]:
         """Merges a list of symbol ids (not bytes): for vocabularies whose symbols are
-        characters (HF BPE over Metaspace pieces)."""
+        characters (HF BPE over Metaspace pieces, SentencePiece BPE)."""
         if len(ids) < 2:
             return list(ids)
+        if self._native is not None and len(ids) > SCAN_LIMIT:
+            merged = self._native.merge_ids(ids)
+            if merged is not None:
+                return merged
         if len(ids) <= SCAN_LIMIT:
             return self._merge_by_scan(list(ids))
         return self._merge_by_heap(list(ids))

@@ -104,10 +104,12 @@ int64_t ember_merge(const void *pointer, const int64_t *byte_ids, const uint8_t 
    heap of (value, left position) candidates; a popped candidate is stale when its left
    symbol was merged away or its pair no longer has that value. Returns the count, or -1 when
    scratch memory cannot be allocated. */
-typedef struct { uint64_t value; int64_t at; } candidate_t;
+typedef struct { uint64_t priority; uint64_t value; int64_t at; } candidate_t;
 
+/* Lower priority first, then leftmost: two pairs with equal priority but different merged
+   tokens (SentencePiece pieces of equal score) go by position, as sentencepiece does. */
 static int before(candidate_t a, candidate_t b) {
-    return a.value < b.value || (a.value == b.value && a.at < b.at);
+    return a.priority < b.priority || (a.priority == b.priority && a.at < b.at);
 }
 
 static void heap_push(candidate_t *heap, int64_t *size, candidate_t item) {
@@ -134,12 +136,10 @@ static candidate_t heap_pop(candidate_t *heap, int64_t *size) {
     return top;
 }
 
-int64_t ember_merge_long(const void *pointer, const int64_t *byte_ids, const uint8_t *data,
-                         int64_t length, int64_t *out, int64_t id_bits) {
-    const table_t *table = (const table_t *)pointer;
+/* Merges the ids in out[0..count) in place with the heap; returns the new count or -1. */
+static int64_t merge_heap(const table_t *table, int64_t *out, int64_t count, int64_t id_bits) {
     const uint64_t missing = ~(uint64_t)0;
     const uint64_t id_mask = (((uint64_t)1) << id_bits) - 1;
-    int64_t count = byte_tokens(byte_ids, data, length, out);
     if (count < 2) return count;
     int64_t *next = (int64_t *)malloc(sizeof(int64_t) * count);
     int64_t *prev = (int64_t *)malloc(sizeof(int64_t) * count);
@@ -150,7 +150,7 @@ int64_t ember_merge_long(const void *pointer, const int64_t *byte_ids, const uin
     for (int64_t i = 0; i < count; i++) { next[i] = i + 1; prev[i] = i - 1; }
     for (int64_t i = 0; i + 1 < count; i++) {
         uint64_t value = lookup(table, ((uint64_t)out[i] << id_bits) | (uint64_t)out[i + 1], missing);
-        if (value != missing) { candidate_t c = {value, i}; heap_push(heap, &size, c); }
+        if (value != missing) { candidate_t c = {value >> id_bits, value, i}; heap_push(heap, &size, c); }
     }
     while (size > 0) {
         candidate_t top = heap_pop(heap, &size);
@@ -166,18 +166,29 @@ int64_t ember_merge_long(const void *pointer, const int64_t *byte_ids, const uin
         if (after < count) {
             prev[after] = at;
             uint64_t value = lookup(table, ((uint64_t)out[at] << id_bits) | (uint64_t)out[after], missing);
-            if (value != missing) { candidate_t c = {value, at}; heap_push(heap, &size, c); }
+            if (value != missing) { candidate_t c = {value >> id_bits, value, at}; heap_push(heap, &size, c); }
         }
         int64_t left = prev[at];
         if (left >= 0) {
             uint64_t value = lookup(table, ((uint64_t)out[left] << id_bits) | (uint64_t)out[at], missing);
-            if (value != missing) { candidate_t c = {value, left}; heap_push(heap, &size, c); }
+            if (value != missing) { candidate_t c = {value >> id_bits, value, left}; heap_push(heap, &size, c); }
         }
     }
     int64_t kept = 0;
     for (int64_t i = 0; i < count; i++) if (out[i] >= 0) out[kept++] = out[i];
     free(next); free(prev); free(heap);
     return kept;
+}
+
+int64_t ember_merge_long(const void *pointer, const int64_t *byte_ids, const uint8_t *data,
+                         int64_t length, int64_t *out, int64_t id_bits) {
+    int64_t count = byte_tokens(byte_ids, data, length, out);
+    return merge_heap((const table_t *)pointer, out, count, id_bits);
+}
+
+/* The heap merge over symbol ids given directly (ids >= 0); in place in ids. */
+int64_t ember_merge_ids(const void *pointer, int64_t *ids, int64_t count, int64_t id_bits) {
+    return merge_heap((const table_t *)pointer, ids, count, id_bits);
 }
 """
 
@@ -213,6 +224,7 @@ class NativeMerger:
         self._id_bits = id_bits
         self._merge = library.ember_merge
         self._merge_long = library.ember_merge_long
+        self._merge_ids = library.ember_merge_ids
 
     def merge(self, data: bytes) -> list[int] | None:
         """Ids of one piece (bytes without a token are skipped); None when scratch memory for
@@ -226,6 +238,12 @@ class NativeMerger:
         out = (ctypes.c_int64 * length)()
         count = self._merge_long(self._table, self._byte_ids, data, length, out, self._id_bits)
         return None if count < 0 else out[:count]
+
+    def merge_ids(self, ids: list[int]) -> list[int] | None:
+        """The heap merge over symbol ids (not bytes); None when memory runs out."""
+        buffer = (ctypes.c_int64 * len(ids))(*ids)
+        count = self._merge_ids(self._table, buffer, len(ids), self._id_bits)
+        return None if count < 0 else buffer[:count]
 
     def __del__(self) -> None:
         table = getattr(self, "_table", None)
@@ -265,6 +283,13 @@ def load_native(
             ctypes.c_char_p,
             ctypes.c_int64,
             ctypes.c_void_p,
+            ctypes.c_int64,
+        ]
+        library.ember_merge_ids.restype = ctypes.c_int64
+        library.ember_merge_ids.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
             ctypes.c_int64,
         ]
         return NativeMerger(library, table, byte_ids, id_bits)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import re
 
+from ember.tokenizers.merges import MAX_VOCAB, BytePairMerger, pair_key, pair_value
 from ember.tokenizers.piece_cache import PieceCache
 from ember.tokenizers.sentencepiece_vocab import (
     SPACE_MARKER,
@@ -20,6 +21,9 @@ from ember.tokenizers.sentencepiece_vocab import (
 )
 
 __all__ = ["SPACE_MARKER", "SentencePieceBPETokenizer", "SentencePieceOptions"]
+
+# Words longer than this (characters) take the compiled heap merge when it is available.
+LONG_WORD = 256
 
 
 class SentencePieceBPETokenizer(SentencePieceTokenizer):
@@ -37,6 +41,65 @@ class SentencePieceBPETokenizer(SentencePieceTokenizer):
                 self._mergeable[piece] = (-score, token_id)
         self._word_split = self._word_splitter()
         self._word_cache: PieceCache[list[int]] = PieceCache()
+        self._pair_merger: BytePairMerger | None = None  # built on the first long word
+        self._orphan_chars: frozenset[str] = frozenset()
+
+    def _long_word_merger(self) -> BytePairMerger | None:
+        """The merges as a pair table over piece ids for the compiled heap merge (O(n log n)
+        in C, for words of thousands of characters such as a 4 MB run of one letter): the
+        pair (a, b) merges into piece a+b, priority = rank of its score, equal scores sharing
+        a rank so that ties go to the leftmost pair as in sentencepiece. None without a
+        compiled core."""
+        if self._pair_merger is None:
+            ranks = {
+                score: rank
+                for rank, score in enumerate(sorted({s for s, _ in self._mergeable.values()}))
+            }
+            table: dict[int, int] = {}
+            for piece, (score, token_id) in self._mergeable.items():
+                for cut in range(1, len(piece)):
+                    left, right = self._mergeable.get(piece[:cut]), self._mergeable.get(piece[cut:])
+                    if left is not None and right is not None:
+                        table[pair_key(left[1], right[1])] = pair_value(ranks[score], token_id)
+            self._pair_merger = BytePairMerger([None] * 256, table)
+            # Characters inside pieces that are no piece themselves: a word holding one is
+            # merged by the string loop, where such a character can still join a piece.
+            chars = {char for piece in self._mergeable for char in piece}
+            self._orphan_chars = frozenset(char for char in chars if char not in self._mergeable)
+        return self._pair_merger if self._pair_merger.is_native else None
+
+    def _segment_long_word(self, word: str) -> list[int] | None:
+        merger = self._long_word_merger()
+        if merger is None or not self._orphan_chars.isdisjoint(word):
+            return None
+        mergeable = self._mergeable
+        unknown_base = max(self.vocab_size, len(self._pieces))
+        unknown: dict[str, int] = {}
+        symbols = []
+        for char in word:
+            entry = mergeable.get(char)
+            if entry is None:
+                entry = (0.0, unknown.setdefault(char, unknown_base + len(unknown)))
+            symbols.append(entry[1])
+        if unknown_base + len(unknown) >= MAX_VOCAB:
+            return None
+        merged = merger._native.merge_ids(symbols) if merger._native is not None else None
+        if merged is None:
+            return None
+        by_id = {token_id: char for char, token_id in unknown.items()}
+        ids: list[int] = []
+        unknown_run: list[str] = []
+        for token_id in merged:
+            if token_id >= unknown_base:
+                unknown_run.append(by_id[token_id])
+                continue
+            if unknown_run:
+                ids.extend(self._spell_unknown("".join(unknown_run)))
+                unknown_run = []
+            ids.append(token_id)
+        if unknown_run:
+            ids.extend(self._spell_unknown("".join(unknown_run)))
+        return ids
 
     def _word_splitter(self) -> re.Pattern | None:
         """A splitter of normalised text into words that merges never cross, or None.
@@ -69,7 +132,11 @@ class SentencePieceBPETokenizer(SentencePieceTokenizer):
         return ids
 
     def _segment_uncached(self, normalized: str) -> list[int]:
-        ids: list[int] = []
+        if len(normalized) > LONG_WORD:
+            ids = self._segment_long_word(normalized)
+            if ids is not None:
+                return ids
+        ids = []
         mergeable = self._mergeable
         unknown_run: list[str] = []  # consecutive unknown symbols become one unknown token
         for symbol in self._merge(list(normalized)):
