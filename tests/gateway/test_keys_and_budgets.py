@@ -68,6 +68,7 @@ def test_budget_admits_only_what_it_can_pay_for_and_the_ledger_matches_the_clien
     keys = [{"name": "a", "key_sha256": hash_key("sk-a"), "budget_usd": 0.0001}]  # 100000 nano-USD
     with FakeBackend("a") as backend, ThreadedApp(build_app(config_from_dict(keyed_config(backend, tmp_path, keys)))) as gateway:
         responses = [chat(gateway, "sk-a") for _ in range(8)]
+        metrics = httpx.get(gateway.base_url + "/metrics").text
     statuses = [response.status_code for response in responses]
     # 100000 - 61000 allows the first; after each settles at 13000 the bound fits again until
     # committed spend + 61000 > 100000: 13000 x 3 + 61000 = 100000 fits, 13000 x 4 + 61000 does not.
@@ -78,6 +79,9 @@ def test_budget_admits_only_what_it_can_pay_for_and_the_ledger_matches_the_clien
     client_usage = [(r.json()["usage"]["prompt_tokens"], r.json()["usage"]["completion_tokens"]) for r in responses[:4]]
     assert client_usage == [(3, 5)] * 4
     assert (totals.spent_nano_usd, totals.committed_nano_usd, totals.requests) == (52000, 52000, 4)
+    assert 'ember_gateway_spend_nano_usd_total{key="a",model="m"} 52000.0' in metrics
+    assert 'ember_gateway_tokens_total{key="a",kind="completion",model="m"} 20.0' in metrics
+    assert 'ember_gateway_rejections_total{code="budget_exceeded",key="a"} 4.0' in metrics
 
 
 def test_a_stream_cut_by_the_client_is_billed_for_what_it_received(tmp_path):
