@@ -19,7 +19,7 @@ from ember.tokenizers.bpe import ByteLevelBPETokenizer
 from ember.tokenizers.byte_level import ByteLevelCodec
 from ember.tokenizers.gguf_vocab import END_OF_TURN_TOKENS, merger_from_merge_list
 from ember.tokenizers.hf_pipeline import PipelineTokenizer
-from ember.tokenizers.patterns import GPT2_PATTERN, PreTokenizer
+from ember.tokenizers.patterns import GPT2_PATTERN, PreTokenizer, for_oniguruma
 
 SINGLE_DIGITS, DIGIT_RUNS = r"\p{N}", r"\p{N}+"
 
@@ -48,7 +48,7 @@ def pre_tokenizer_stages(spec: dict[str, Any] | None) -> list[str]:
         pattern = spec.get("pattern", {})
         if spec.get("behavior") != "Isolated" or spec.get("invert") or "Regex" not in pattern:
             raise _unsupported("pre_tokenizer", spec)
-        return [pattern["Regex"]]
+        return [for_oniguruma(pattern["Regex"])]
     raise _unsupported("pre_tokenizer", spec)
 
 

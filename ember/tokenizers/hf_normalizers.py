@@ -15,6 +15,7 @@ from typing import Any
 
 import regex
 
+from ember.tokenizers.patterns import for_oniguruma
 from ember.tokenizers.sp_normalizer import CharsMap
 
 Normalizer = Callable[[str], str]
@@ -90,9 +91,10 @@ def bert_normalizer(spec: dict[str, Any]) -> Normalizer:
 
 
 def _pattern(spec: dict[str, Any]) -> regex.Pattern:
-    """A Replace/Split pattern: {"String": literal} or {"Regex": expression}."""
+    """A Replace/Split pattern: {"String": literal} or {"Regex": expression, read as
+    Oniguruma does: `^`/`$` at line boundaries}."""
     if "Regex" in spec:
-        return regex.compile(spec["Regex"])
+        return regex.compile(for_oniguruma(spec["Regex"]))
     return regex.compile(regex.escape(spec["String"]))
 
 

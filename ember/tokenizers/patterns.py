@@ -180,6 +180,8 @@ def ascii_variants(stages: tuple[str, ...]) -> tuple[re.Pattern, ...] | None:
     classes = _ascii_classes()
     variants = []
     for stage in stages:
+        if "(?V1" in stage:
+            return None  # set operations: the standard `re` would misread them
         rewritten = _rewrite_classes(stage, classes)
         if rewritten is None:
             return None
@@ -260,10 +262,35 @@ def isolating_splitter(pattern: regex.Pattern | re.Pattern) -> Splitter:
         if source is None:
             return partial(_split_isolated, pattern)
     compile_pattern = re.compile if isinstance(pattern, re.Pattern) else regex.compile
-    return compile_pattern(f"({source})", pattern.flags).split
+    flags = GLOBAL_FLAGS.match(source)  # inline global flags must stay in front
+    head, body = (flags.group(), source[flags.end() :]) if flags else ("", source)
+    return compile_pattern(f"{head}({body})", pattern.flags).split
 
 
+GLOBAL_FLAGS = regex.compile(r"\(\?[A-Za-z0-9]+\)")
 CONTEXT_SYNTAX = regex.compile(r"\(\?<?[=!]|\\[bBAZzG]|(?<!\\)[$^]")
+
+
+def for_oniguruma(pattern: str) -> str:
+    """`pattern` as `tokenizers` (Oniguruma, Ruby syntax) reads it: there `^` and `$` match at
+    every line start and end, which Python's `regex` does under MULTILINE. Unchanged when
+    it has no such anchor outside a character class (so published patterns stay recognised)."""
+    in_class, position = False, 0
+    while position < len(pattern):
+        char = pattern[position]
+        if char == "\\":
+            position += 2
+            continue
+        if char == "[" and not in_class:
+            in_class = True
+            if pattern.startswith("[^", position):
+                position += 1  # a negation, not an anchor
+        elif char == "]" and in_class:
+            in_class = False
+        elif char in "^$" and not in_class:
+            return "(?m)" + pattern
+        position += 1
+    return pattern
 
 
 def matches_locally(pattern: regex.Pattern) -> bool:

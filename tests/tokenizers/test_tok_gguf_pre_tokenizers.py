@@ -20,6 +20,7 @@ from tok_gguf_writer import write_vocab_gguf
 
 from ember.tokenizers import load
 from ember.tokenizers.gguf_pre_tokenizers import GGUF_PRE_TOKENIZERS, gguf_pre_tokenizer
+from ember.tokenizers.patterns import PreTokenizer, for_oniguruma
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -211,3 +212,24 @@ def test_llama_cpp_vocab_files_match_llama_cpp(vocab):
     for text in texts + SCRIPTS:
         expected = reference.tokenize(text.encode(), add_bos=False, special=False)
         assert ours.encode(text, allowed_special=()) == expected, text
+
+
+@pytest.mark.parametrize(
+    "stages",
+    [
+        ("(?i)ab|x",),
+        ("(IMG)((A|B){1,2})Z", r"\p{N}"),
+        (r"\p{N}+", r"(?=(\d{3})+(?!\d))"),
+        (r"\s+$", r"[\p{P}\$]+"),
+    ],
+)
+def test_split_stages_with_flags_groups_lookarounds_and_anchors_cut_like_tokenizers(corpus, stages):
+    from tokenizers import Regex, pre_tokenizers
+
+    reference = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(stage), behavior="isolated") for stage in stages]
+    )
+    ours = PreTokenizer.from_stages([for_oniguruma(stage) for stage in stages])
+    samples = ["xxABab12Ab", "IMGABZ IMGAZ1234567", "a,$b.  ", *corpus[:150]]
+    for text in samples:
+        assert ours.split(text) == [piece for piece, _ in reference.pre_tokenize_str(text)], text
