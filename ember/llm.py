@@ -23,7 +23,7 @@ class LLM:
     speculation: `speculative_method="ngram"|"draft", num_speculative_tokens=K, draft_model=PATH`.
     """
 
-    def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "float32", seed: int = 0, max_model_len: int | None = None, **options) -> None:
+    def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None, **options) -> None:
         cache_fields = {k: options.pop(k) for k in list(options) if k in CacheConfig.__dataclass_fields__}
         scheduler_fields = {k: options.pop(k) for k in list(options) if k in SchedulerConfig.__dataclass_fields__}
         speculative_fields = {

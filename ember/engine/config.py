@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-DTYPES = ("float32", "bfloat16", "float16")
+# "auto": a quantized checkpoint stays quantized (float32 activations), a float one loads as float32.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -106,7 +107,7 @@ class EngineConfig:
 
     model: str
     tokenizer: str | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"
     max_model_len: int | None = None
     seed: int = 0
     served_model_name: str | None = None
@@ -169,7 +170,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = EngineConfig(model="")
     parser.add_argument("--model", required=True, help="registered name, GGUF file, HF folder or llama2.c .bin")
     parser.add_argument("--tokenizer", default=None, help="tokenizer file overriding the model's own")
-    parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPES)
+    parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPES,
+                        help="auto: keep a quantized checkpoint (GGUF Q4_0/Q4_1/Q8_0/k-quants) quantized; a float dtype forces a float copy")
     parser.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
     parser.add_argument("--block-size", type=int, default=defaults.cache.block_size)
     parser.add_argument("--num-kv-blocks", type=int, default=None)

@@ -23,7 +23,7 @@ from ember.kv.cache_manager import KVCacheManager
 from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import SampledToken, Sampler
 from ember.models.config import ModelConfig
-from ember.models.loader import DTYPES, LoadedModel, load_model
+from ember.models.loader import LoadedModel, compute_dtype, load_model
 from ember.models.registry import resolve_model
 from ember.tokenizers.base import Tokenizer
 
@@ -360,7 +360,7 @@ class LLMEngine:
         cache = self.config.cache
         if cache.num_kv_blocks is not None:
             return cache.num_kv_blocks
-        per_block = kv_cache_bytes_per_block(config, self.block_size, DTYPES[self.config.dtype], self.kv_layout)
+        per_block = kv_cache_bytes_per_block(config, self.block_size, compute_dtype(self.config.dtype), self.kv_layout)
         if cache.kv_cache_memory_bytes is not None:
             blocks = cache.kv_cache_memory_bytes // per_block
             if blocks < 1:

@@ -1,4 +1,8 @@
-"""GGUF model files: metadata -> ModelConfig, tensors dequantized and renamed to transformers' names."""
+"""GGUF model files: metadata -> ModelConfig, tensors renamed to transformers' names.
+
+Matrices in a block format ember executes (ember.quant.ggml_blocks.FORMATS) come out as
+`GGMLTensor`s, still in their blocks; every other tensor is dequantized to float32 here.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,11 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from ember.models.config import ModelConfig
+from ember.quant.ggml_blocks import FORMATS, GGMLTensor
 
 GGUF_MAGIC = b"GGUF"
 
-# Tensor types dequantized at load; running packed formats directly is ember.quant's job.
+# Tensor types ember reads: those in FORMATS run in their blocks, the others are dequantized at load.
 SUPPORTED_TYPES = {
     GGMLQuantizationType.F32,
     GGMLQuantizationType.F16,
@@ -94,8 +99,8 @@ def unpermute_rope(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return shaped.swapaxes(1, 2).reshape(weight.shape)
 
 
-def iter_gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(transformers name, float32 tensor) pairs, dequantized one at a time."""
+def iter_gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
+    """(transformers name, tensor) pairs, one at a time: `GGMLTensor` for executed block formats, float32 otherwise."""
     permute_rope = config.architecture == "llama"
     for tensor in reader.tensors:
         if tensor.tensor_type not in SUPPORTED_TYPES:
@@ -103,13 +108,19 @@ def iter_gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple
                 f"GGUF tensor {tensor.name} has type {tensor.tensor_type.name}, which ember cannot load yet; "
                 f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}"
             )
-        values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        values = values.reshape([int(d) for d in reversed(tensor.shape)])
+        is_blocks = tensor.tensor_type.name in FORMATS and len(tensor.shape) == 2
+        if is_blocks:  # rows of blocks: uint8 [rows, bytes per row]
+            values = np.asarray(tensor.data).reshape(int(tensor.shape[1]), -1)
+        else:
+            values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+            values = values.reshape([int(d) for d in reversed(tensor.shape)])
         if permute_rope and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
             values = unpermute_rope(values, config.num_heads)
         elif permute_rope and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
             values = unpermute_rope(values, config.num_kv_heads)
-        values = np.ascontiguousarray(values)
-        if not values.flags.writeable:  # F32 tensors are views of the read-only file map
-            values = values.copy()
-        yield hf_name(tensor.name), torch.from_numpy(values)
+        # A copy, never a view: the file map is read-only and is closed after loading.
+        values = torch.from_numpy(np.array(values, order="C", copy=True))
+        if is_blocks:
+            yield hf_name(tensor.name), GGMLTensor(values, FORMATS[tensor.tensor_type.name], int(tensor.shape[0]))
+        else:
+            yield hf_name(tensor.name), values

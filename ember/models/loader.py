@@ -23,8 +23,18 @@ from ember.models.llama2c_loader import (
     read_llama2c_header,
 )
 from ember.models.packing import PackingPlan
+from ember.quant.ggml_blocks import GGMLTensor
+from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# "auto": quantized matrices the checkpoint holds stay quantized (ember.quant's layers), the rest float32.
+AUTO_DTYPE = "auto"
+LOAD_DTYPES = (AUTO_DTYPE, *DTYPES)
+
+
+def compute_dtype(dtype: str) -> torch.dtype:
+    """The dtype activations and the KV cache use under load dtype `dtype` ("auto" computes in float32)."""
+    return DTYPES.get(dtype, torch.float32)
 
 
 @dataclass
@@ -37,8 +47,13 @@ class LoadedModel:
     format: str
 
 
-def load_model(path: Path, dtype: str = "float32", show_progress: bool = False) -> LoadedModel:
-    """Load a GGUF file, an HF safetensors folder or a llama2.c .bin into ember's model."""
+def load_model(path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False) -> LoadedModel:
+    """Load a GGUF file, an HF safetensors folder or a llama2.c .bin into ember's model.
+
+    `dtype` "auto" keeps quantized weights in their blocks; a float dtype forces a float copy of every weight.
+    """
+    if dtype not in LOAD_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(LOAD_DTYPES)}")
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist; give a file, a folder or a registered name")
     if is_hf_folder(path):
@@ -61,19 +76,20 @@ def load_model(path: Path, dtype: str = "float32", show_progress: bool = False) 
 
 def _build(
     config: ModelConfig,
-    tensors: Iterable[tuple[str, torch.Tensor]],
+    tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor]],
     dtype: str,
     tokenizer_path: Path | None,
     fmt: str,
     show_progress: bool,
     total: int | None = None,
 ) -> LoadedModel:
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = compute_dtype(dtype)
     with torch.device("meta"):
         model = model_class(config)(config)
     expected = dict(model.state_dict())
     is_derived = getattr(model, "is_derived_tensor", lambda name: name.endswith("rotary_emb.inv_freq"))
     state: dict[str, torch.Tensor] = {}
+    blocks: dict[str, GGMLTensor] = {}  # weights kept quantized, swapped into GGML layers below
     packing = PackingPlan.for_model(model, set(expected))
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task("loading weights", total=total)
@@ -92,16 +108,31 @@ def _build(
                 raise ValueError(f"checkpoint tensor {name!r} does not belong to a {config.architecture} model")
             if tuple(tensor.shape) != tuple(expected[name].shape):
                 raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
+            if isinstance(tensor, GGMLTensor):
+                if dtype == AUTO_DTYPE and _holds_blocks(model, name):
+                    blocks[name] = tensor
+                    continue
+                tensor = tensor.dequantize()
             state[name] = tensor.to(torch_dtype)
     if config.tie_word_embeddings:
         for tied, source in getattr(model, "tied_weights", {"lm_head.weight": "model.embed_tokens.weight"}).items():
-            state[tied] = state[source]
-    missing = sorted(set(expected) - set(state))
+            if source in blocks and _holds_blocks(model, tied):
+                blocks[tied] = blocks[source]  # one copy of the blocks, read by both layers
+            else:
+                state[tied] = blocks[source].dequantize() if source in blocks else state[source]
+    missing = sorted(set(expected) - set(state) - set(blocks))
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    install_ggml_layers(model, blocks)
     model.load_state_dict(state, assign=True)
     _freeze(model)
     return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt)
+
+
+def _holds_blocks(model: nn.Module, name: str) -> bool:
+    """Whether the parameter `name` is the weight of a layer that can run GGML blocks."""
+    module_path, _, leaf = name.rpartition(".")
+    return leaf == "weight" and can_hold_blocks(model.get_submodule(module_path))
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:

@@ -12,6 +12,8 @@ from gguf.quants import dequantize, quantize
 
 from ember.models.gguf_loader import unpermute_rope
 from ember.models.loader import load_model
+from ember.quant.ggml_blocks import FORMATS
+from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear
 from tests.model_factory import load_reference, save_tiny_model
 
 T = GGMLQuantizationType
@@ -108,9 +110,18 @@ def tiny_folder(tmp_path_factory) -> Path:
     return save_tiny_model("llama", tmp_path_factory.mktemp("gguf-src"), **SHAPE)
 
 
+def _weights(model) -> dict[str, torch.Tensor]:
+    """The model's state dict plus the dequantized weight of every layer that kept GGML blocks."""
+    state = dict(model.state_dict())
+    for name, module in model.named_modules():
+        if isinstance(module, (GGMLLinear, GGMLEmbedding)):
+            state[f"{name}.weight"] = module.weight_blocks.dequantize()
+    return state
+
+
 def _loaded_weight(model, hf_name: str) -> torch.Tensor:
     """A checkpoint tensor's value inside ember's model (fused projections sliced back apart)."""
-    state = model.state_dict()
+    state = _weights(model)
     if hf_name in state:
         return state[hf_name]
     prefix, part, kind = hf_name.rsplit(".", 2)
@@ -126,10 +137,13 @@ def _loaded_weight(model, hf_name: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
-def test_every_tensor_type_loads_to_what_the_gguf_package_dequantizes(tiny_folder, tmp_path, qtype):
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_every_tensor_type_loads_to_what_the_gguf_package_dequantizes(tiny_folder, tmp_path, qtype, dtype):
     expected = write_gguf(tiny_folder, tmp_path / "model.gguf", qtype, np.random.default_rng(0))
-    loaded = load_model(tmp_path / "model.gguf")
+    loaded = load_model(tmp_path / "model.gguf", dtype=dtype)
     assert loaded.format == "gguf"
+    kept_blocks = {type(m) for m in loaded.model.modules()} & {GGMLLinear, GGMLEmbedding}
+    assert bool(kept_blocks) == (dtype == "auto" and qtype.name in FORMATS)
     for hf_name, values in expected.items():
         assert torch.equal(_loaded_weight(loaded.model, hf_name), torch.from_numpy(values).float()), hf_name
 

@@ -1,0 +1,146 @@
+"""GGML block formats kept as they are in the file: a weight is rows of blocks, dequantized on use.
+
+ember executes Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K without a float copy of the model. A
+`GGMLTensor` holds the raw bytes of a 2-D weight as a uint8 tensor [rows, bytes_per_row]:
+each row is a run of whole blocks, so stacking parts of a fused projection (q, k, v) is a
+concatenation of rows, and llama.cpp's row permutation of q/k is a row reindexing.
+
+`dequantize_torch` is the plain-torch decoder (the fallback where no C compiler exists and the
+reference the compiled kernels are held to); it repeats the `gguf` package's arithmetic step by
+step, so its output is bit-exact with `gguf.quants.dequantize`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GGMLFormat:
+    """One block format: its GGML type id, values per block and bytes per block."""
+
+    name: str
+    type_id: int
+    block_values: int
+    block_bytes: int
+
+    @property
+    def bits_per_value(self) -> float:
+        return 8.0 * self.block_bytes / self.block_values
+
+
+FORMATS: dict[str, GGMLFormat] = {
+    f.name: f
+    for f in (
+        GGMLFormat("Q4_0", 2, 32, 18),
+        GGMLFormat("Q4_1", 3, 32, 20),
+        GGMLFormat("Q8_0", 8, 32, 34),
+        GGMLFormat("Q4_K", 12, 256, 144),
+        GGMLFormat("Q5_K", 13, 256, 176),
+        GGMLFormat("Q6_K", 14, 256, 210),
+    )
+}
+
+
+class GGMLTensor:
+    """A 2-D weight [rows, cols] stored as GGML blocks: `data` is uint8 [rows, cols // block_values * block_bytes]."""
+
+    def __init__(self, data: torch.Tensor, format: GGMLFormat, cols: int) -> None:
+        if cols % format.block_values:
+            raise ValueError(
+                f"a {format.name} weight needs rows of whole {format.block_values}-value blocks; got {cols} columns"
+            )
+        row_bytes = cols // format.block_values * format.block_bytes
+        if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] != row_bytes:
+            raise ValueError(f"{format.name} data for {cols} columns must be uint8 [rows, {row_bytes}], got {data.dtype} {tuple(data.shape)}")
+        self.data = data.contiguous()
+        self.format = format
+        self.cols = cols
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.data.shape[0], self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def rows(self, index: torch.Tensor) -> GGMLTensor:
+        """The rows at `index` (an embedding lookup, a row permutation), still in blocks."""
+        return GGMLTensor(self.data.index_select(0, index), self.format, self.cols)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [rows, cols], bit-exact with the `gguf` package."""
+        from ember.quant.ggml_kernels import load_kernels
+
+        kernels = load_kernels()
+        if kernels is None:
+            return dequantize_torch(self.data, self.format).reshape(self.shape)
+        return kernels.dequantize(self)
+
+    @staticmethod
+    def concat(parts: list[GGMLTensor]) -> GGMLTensor:
+        """Rows of `parts` stacked in order (a fused projection); every part must share format and width."""
+        first = parts[0]
+        if any(p.format != first.format or p.cols != first.cols for p in parts):
+            raise ValueError("fused GGML parts must share one format and width; " + ", ".join(f"{p.format.name}{list(p.shape)}" for p in parts))
+        return GGMLTensor(torch.cat([p.data for p in parts], dim=0), first.format, first.cols)
+
+
+def _half(blocks: torch.Tensor, offset: int) -> torch.Tensor:
+    """The fp16 field at byte `offset` of each block, as float32 [num_blocks, 1]."""
+    return blocks[:, offset : offset + 2].contiguous().view(torch.float16).float()
+
+
+def _nibbles(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return qs & 15, qs >> 4
+
+
+def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K: 12 packed bytes -> 8 six-bit scales and 8 six-bit mins per super-block."""
+    d, m, m_d = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
+    scale = torch.cat([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], dim=1)
+    minimum = torch.cat([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], dim=1)
+    return scale, minimum
+
+
+def _dequantize_32(blocks: torch.Tensor, name: str) -> torch.Tensor:
+    d = _half(blocks, 0)
+    if name == "Q8_0":
+        return blocks[:, 2:].contiguous().view(torch.int8).float() * d
+    if name == "Q4_0":
+        low, high = _nibbles(blocks[:, 2:])
+        return d * (torch.cat([low, high], dim=1).to(torch.int8) - 8).float()
+    low, high = _nibbles(blocks[:, 4:])  # Q4_1
+    return d * torch.cat([low, high], dim=1).float() + _half(blocks, 2)
+
+
+def _dequantize_k(blocks: torch.Tensor, name: str) -> torch.Tensor:
+    n = blocks.shape[0]
+    if name == "Q6_K":
+        low, high = _nibbles(blocks[:, :128].reshape(n, 2, 1, 64))
+        ql = torch.cat([low, high], dim=2).reshape(n, 8, 32)
+        qh = blocks[:, 128:192].reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+        q = ((ql | ((qh.reshape(n, 8, 32) & 3) << 4)).to(torch.int8) - 32).reshape(n, 16, 16).float()
+        scale = _half(blocks, 208) * blocks[:, 192:208].contiguous().view(torch.int8).float()
+        return (scale.reshape(n, 16, 1) * q).reshape(n, 256)
+    scale, minimum = _k_scales(blocks[:, 4:16])
+    d = (_half(blocks, 0) * scale.float()).reshape(n, 8, 1)
+    dm = (_half(blocks, 2) * minimum.float()).reshape(n, 8, 1)
+    qs = blocks[:, 16:144] if name == "Q4_K" else blocks[:, 48:176]
+    low, high = _nibbles(qs.reshape(n, 4, 1, 32))
+    q = torch.cat([low, high], dim=2).reshape(n, 8, 32)
+    if name == "Q5_K":
+        qh = blocks[:, 16:48].reshape(n, 1, 32) >> torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)
+        q = q | ((qh & 1) << 4)
+    return (d * q.float() - dm).reshape(n, 256)
+
+
+def dequantize_torch(data: torch.Tensor, format: GGMLFormat) -> torch.Tensor:
+    """Blocks -> float32 values, flat; the same operations in the same order as `gguf.quants`."""
+    blocks = data.reshape(-1, format.block_bytes)
+    if format.block_values == 32:
+        return _dequantize_32(blocks, format.name).reshape(-1)
+    return _dequantize_k(blocks, format.name).reshape(-1)
