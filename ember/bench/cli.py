@@ -97,7 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _common(parser: argparse.ArgumentParser, peers: bool = True, default_dtype: str = "float32") -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="registered name, GGUF file or HF folder")
-    parser.add_argument("--dtype", default=default_dtype, choices=("float32", "bfloat16", "both"))
+    parser.add_argument("--dtype", default=default_dtype,
+                        help="comma-separated: float32, bfloat16, both (= float32,bfloat16), auto (a quantized GGUF in its blocks)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median and min-max are reported)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts (1.0: issue 5's sizes)")
@@ -117,12 +118,24 @@ def _options(args: argparse.Namespace):
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)} or none")
-    dtypes = ("float32", "bfloat16") if args.dtype == "both" else (args.dtype,)
+    dtypes = _bench_dtypes(args.dtype)
     options = BenchOptions(model=args.model, dtypes=dtypes, repeats=args.repeats, seed=args.seed, scale=args.scale, peers=peers,
                            num_requests=getattr(args, "num_requests", None), workload_file=getattr(args, "workload", None),
                            save_workload=getattr(args, "save_workload", None), chunk_tokens=getattr(args, "chunk_tokens", 256))
     options.tick = lambda description: print(f"[bench] {description}", file=sys.stderr, flush=True)
     return options
+
+
+def _bench_dtypes(text: str) -> tuple[str, ...]:
+    """'auto,float32' -> ('auto', 'float32'); 'both' stands for float32,bfloat16."""
+    dtypes: list[str] = []
+    for token in text.split(","):
+        for dtype in ("float32", "bfloat16") if token == "both" else (token,):
+            if dtype not in ("auto", "float32", "bfloat16"):
+                raise ValueError(f"--dtype {token!r} is not a bench dtype; use float32, bfloat16, both or auto (comma-separated)")
+            if dtype not in dtypes:
+                dtypes.append(dtype)
+    return tuple(dtypes)
 
 
 def _run_workload(args: argparse.Namespace) -> int:

@@ -64,7 +64,10 @@ def _settings_lines(section: dict) -> list[str]:
 
 
 def _batch1(section: dict) -> Group:
-    table = Table(title=f"batch1 (memory bandwidth {section['bandwidth_gb_s']:.2f} GB/s)")
+    title = f"batch1 (memory bandwidth {section['bandwidth_gb_s']:.2f} GB/s)"
+    if "ember_auto_vs_float32" in section:
+        title += f"; ember auto (quantized) / float32 decode: {fmt_ratio(section['ember_auto_vs_float32'])}"
+    table = Table(title=title)
     for column in ("dtype", "engine", "decode tok/s", "end-to-end tok/s", "% of roofline"):
         table.add_column(column)
     notes = []

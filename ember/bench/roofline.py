@@ -124,7 +124,7 @@ def measure_roofline(dtypes: tuple[str, ...] = ("float32", "bfloat16"), array_by
 
 # -- bytes read per decode step ---------------------------------------------------------------
 
-BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
+BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}  # auto: float32 activations and KV cache
 # The token-embedding table's name in each checkpoint format (GGUF, transformers' families).
 EMBEDDING_SUFFIXES = ("token_embd.weight", "embed_tokens.weight", "wte.weight", "word_embeddings.weight")
 
@@ -204,13 +204,30 @@ def kv_bytes_per_token(config, dtype: str) -> int:
     return KVCacheLayout.from_specs(kv_specs_for(config)).bytes_per_token(BYTES_PER_ELEMENT[dtype])
 
 
+def stored_weight_bytes(model_path: Path, tied_embeddings: bool, hidden_size: int) -> int:
+    """Weight bytes a decode step reads as the checkpoint stores them (a quantized GGUF's blocks): dtype auto."""
+    if not model_path.is_file():
+        return weight_elements(model_path, tied_embeddings, hidden_size) * BYTES_PER_ELEMENT["float32"]
+    from gguf import GGUFReader
+
+    total = 0
+    for tensor in GGUFReader(str(model_path)).tensors:
+        is_embedding = tensor.name.endswith(EMBEDDING_SUFFIXES)
+        rows = int(tensor.n_elements) // hidden_size
+        total += int(tensor.n_bytes) // rows if is_embedding and not tied_embeddings else int(tensor.n_bytes)
+    return total
+
+
 def decode_bytes(model_path: Path, dtype: str, context_len: int = 0) -> DecodeBytes:
     """What one decode step of one sequence at `context_len` cached tokens reads at `dtype`."""
     from ember.kv.specs import KVCacheLayout, kv_specs_for
 
     config = model_config(model_path)
     element_size = BYTES_PER_ELEMENT[dtype]
-    weights = weight_elements(model_path, config.tie_word_embeddings, config.hidden_size) * element_size
+    if dtype == "auto":
+        weights = stored_weight_bytes(model_path, config.tie_word_embeddings, config.hidden_size)
+    else:
+        weights = weight_elements(model_path, config.tie_word_embeddings, config.hidden_size) * element_size
     kv = KVCacheLayout.from_specs(kv_specs_for(config)).bytes_per_sequence(context_len, element_size)
     return DecodeBytes(weights, kv, context_len, kv_bytes_per_token(config, dtype), config.tie_word_embeddings)
 

@@ -131,6 +131,8 @@ def _llamacpp_gguf(options: BenchOptions, dtype: str) -> Path:
     source = model_path(options.model)
     if not source.is_file():
         raise ValueError("the llama.cpp peer needs a GGUF model")
+    if dtype == "auto":
+        return source  # the checkpoint's own blocks, as ember runs them
     folder = options.cache_dir or ember_home() / "bench"
     return export_gguf(source, folder / f"{source.stem}.{ {'float32': 'F32', 'bfloat16': 'BF16'}[dtype] }.gguf", dtype)
 
@@ -168,7 +170,7 @@ def bench_mixed(options: BenchOptions) -> dict:
             runners["ember_static"] = lambda dtype=dtype: run_ember(
                 options.model, dtype, workload, EmberSettings(label=f"ember (static batches of {static_size})", static_batch_size=static_size)
             )
-        if "hf" in peers:
+        if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
             runners["hf"] = _lazy_hf(path, dtype, options.hf_batch_size, workload)
         if "llamacpp" in peers:
             runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, options.llamacpp_slots)
@@ -287,7 +289,7 @@ def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> 
         runners: dict[str, Callable[[], RunResult]] = {
             "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings(max_num_seqs=1)),
         }
-        if "hf" in peers:
+        if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
             runners["hf"] = _lazy_hf(path, dtype, 1, workload, batch1=True)
         if "llamacpp" in peers:
             runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, 1)
@@ -310,6 +312,9 @@ def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> 
                 entry[f"{peer}_roofline_pct"] = 100.0 * entry[peer]["decode_tok_s"]["median"] / roofline_tok_s
                 entry[f"ratio_{peer}"] = ratio(ember, entry[peer]["decode_tok_s"]["median"])
         section["dtype"][dtype] = entry
+    if "auto" in section["dtype"] and "float32" in section["dtype"]:
+        medians = {d: section["dtype"][d]["ember"]["decode_tok_s"]["median"] for d in ("auto", "float32")}
+        section["ember_auto_vs_float32"] = ratio(medians["auto"], medians["float32"])
     return section
 
 

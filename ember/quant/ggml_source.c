@@ -170,7 +170,7 @@ static inline __m256 dot32(const __m256 *w, const float *x) {
 }
 
 /* acc[i] += scale * (32 quants . x_i); offset[i] += min * sum(x_i over these 32 values). */
-static inline void accumulate32(const __m256 *w, float scale, float min, const float *x, const float *xsum,
+static inline __attribute__((always_inline)) void accumulate32(const __m256 *w, float scale, float min, const float *x, const float *xsum,
                                 int64_t m, int64_t cols, int64_t group, int64_t groups, int64_t at, __m256 *acc, float *offset) {
     __m256 vscale = _mm256_set1_ps(scale);
     for (int64_t i = 0; i < m; i++) {
@@ -179,7 +179,9 @@ static inline void accumulate32(const __m256 *w, float scale, float min, const f
     }
 }
 
-static void row_dot_avx2(int type, const uint8_t *row, const float *x, const float *xsum, int64_t m, int64_t cols, float *out) {
+/* Inlined into one copy per (type, m) below: with both constant, the accumulators live in registers. */
+static inline __attribute__((always_inline)) void row_dot_avx2(const int type, const uint8_t *row, const float *x, const float *xsum,
+                                                              const int64_t m, int64_t cols, float *out) {
     __m256 acc[MAX_M];
     float offset[MAX_M];
     __m256 w[4];
@@ -239,6 +241,34 @@ static void row_dot_avx2(int type, const uint8_t *row, const float *x, const flo
     }
     for (int64_t i = 0; i < m; i++) out[i] = hsum(acc[i]) + offset[i];
 }
+
+#define ROW_DOT_FOR_TYPE(TYPE) \
+    static void row_dot_##TYPE(const uint8_t *row, const float *x, const float *xsum, int64_t m, int64_t cols, float *out) { \
+        switch (m) { \
+        case 1: row_dot_avx2(TYPE, row, x, xsum, 1, cols, out); break; \
+        case 2: row_dot_avx2(TYPE, row, x, xsum, 2, cols, out); break; \
+        case 3: row_dot_avx2(TYPE, row, x, xsum, 3, cols, out); break; \
+        case 4: row_dot_avx2(TYPE, row, x, xsum, 4, cols, out); break; \
+        default: row_dot_avx2(TYPE, row, x, xsum, m, cols, out); break; \
+        } \
+    }
+ROW_DOT_FOR_TYPE(Q4_0)
+ROW_DOT_FOR_TYPE(Q4_1)
+ROW_DOT_FOR_TYPE(Q8_0)
+ROW_DOT_FOR_TYPE(Q4_K)
+ROW_DOT_FOR_TYPE(Q5_K)
+ROW_DOT_FOR_TYPE(Q6_K)
+
+static void row_dot_fast(int type, const uint8_t *row, const float *x, const float *xsum, int64_t m, int64_t cols, float *out) {
+    switch (type) {
+    case Q4_0: row_dot_Q4_0(row, x, xsum, m, cols, out); break;
+    case Q4_1: row_dot_Q4_1(row, x, xsum, m, cols, out); break;
+    case Q8_0: row_dot_Q8_0(row, x, xsum, m, cols, out); break;
+    case Q4_K: row_dot_Q4_K(row, x, xsum, m, cols, out); break;
+    case Q5_K: row_dot_Q5_K(row, x, xsum, m, cols, out); break;
+    default: row_dot_Q6_K(row, x, xsum, m, cols, out); break;
+    }
+}
 #endif
 
 /* Portable path: one block dequantized to the stack, then dotted with each row of x. */
@@ -276,7 +306,7 @@ int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bia
         float out[MAX_M];
         const uint8_t *row = w + (size_t)n * (size_t)row_bytes;
 #ifdef __AVX2__
-        if (!portable) row_dot_avx2(type, row, x, xsum, m, cols, out);
+        if (!portable) row_dot_fast(type, row, x, xsum, m, cols, out);
         else
 #endif
         row_dot_portable(type, row, x, m, cols, out);
