@@ -23,6 +23,7 @@ from ember.models.llama2c_loader import (
     read_llama2c_header,
 )
 from ember.models.packing import PackingPlan
+from ember.quant.checkpoint import read_block_tensors
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
 
@@ -58,7 +59,7 @@ def load_model(path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False)
         raise FileNotFoundError(f"model path {path} does not exist; give a file, a folder or a registered name")
     if is_hf_folder(path):
         config = read_hf_config(path)
-        tensors: Iterable[tuple[str, torch.Tensor]] = iter_hf_tensors(path)
+        tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor]] = read_block_tensors(path, iter_hf_tensors(path))
         return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress)
     if is_gguf_file(path):
         reader = GGUFReader(str(path))

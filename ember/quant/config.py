@@ -1,0 +1,53 @@
+"""`ember quantize` settings: one validated dataclass, every user error named with its fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ember.quant.grid import BlockGrid
+
+# Bits each method can produce; methods listed without bits are planned, not built.
+METHOD_BITS: dict[str, tuple[int, ...]] = {"rtn": (4, 8), "gptq": (4, 8), "awq": (4, 8)}
+PLANNED_METHODS = ("nf4", "fp8", "smoothquant")
+CALIBRATED_METHODS = ("gptq", "awq")
+MIN_CALIB_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """What to quantize, how, with which calibration text, and where to write it."""
+
+    model: str
+    method: str
+    out: Path
+    bits: int = 4
+    group_size: int = 128
+    calib: Path | None = None
+    tokenizer: str | None = None
+    symmetric: bool = False
+    act_order: bool = False
+    damp: float = 0.01
+    calib_tokens: int = 4096
+    seq_len: int = 512
+
+    def __post_init__(self) -> None:
+        if self.method in PLANNED_METHODS:
+            raise ValueError(f"--method {self.method} is not built yet; use one of {', '.join(METHOD_BITS)}")
+        if self.method not in METHOD_BITS:
+            raise ValueError(f"unknown --method {self.method!r}; choose one of {', '.join(METHOD_BITS)}")
+        if self.bits not in METHOD_BITS[self.method]:
+            raise ValueError(f"--method {self.method} cannot make {self.bits}-bit weights; use --bits {' or '.join(map(str, METHOD_BITS[self.method]))}")
+        self.grid  # noqa: B018 - validates bits and group size
+        if self.method in CALIBRATED_METHODS and self.calib is None:
+            raise ValueError(f"--method {self.method} needs --calib FILE: a plain-text file of at least {MIN_CALIB_TOKENS} tokens")
+        if self.calib is not None and not self.calib.is_file():
+            raise ValueError(f"--calib {self.calib} is not a file; give a plain-text calibration file")
+        if self.out.exists():
+            raise ValueError(f"--out {self.out} already exists; remove it or choose another folder (nothing is overwritten)")
+        if self.calib_tokens < MIN_CALIB_TOKENS or self.seq_len < 16:
+            raise ValueError(f"--calib-tokens must be at least {MIN_CALIB_TOKENS} and --seq-len at least 16")
+
+    @property
+    def grid(self) -> BlockGrid:
+        return BlockGrid(self.bits, self.group_size, self.symmetric)

@@ -1,0 +1,154 @@
+"""`ember quantize`: float checkpoint -> calibration -> method -> GGML blocks -> a checkpoint ember loads.
+
+Steps: load the model in float32 through ember's engine; for GPTQ/AWQ, run the calibration
+text through it and gather each linear's input statistics (ember.quant.calibration); AWQ
+rescales weights and folds the inverse scales into the ops that feed them; every linear of
+the decoder is then rounded by RTN or GPTQ onto a block grid (ember.quant.grid), and the
+embedding (with a tied LM head) is stored as Q8_0. The result is written by
+ember.quant.checkpoint into a temporary folder renamed to --out only when complete.
+
+Calibration uses the float model's activations for every layer at once (one pass over the
+text), not layer-by-layer activations of the partly quantized model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+from torch import nn
+
+from ember.quant.awq import awq_scales
+from ember.quant.calibration import Calibration, InputStats
+from ember.quant.config import CALIBRATED_METHODS, MIN_CALIB_TOKENS, QuantizeConfig
+from ember.quant.ggml_blocks import GGMLTensor
+from ember.quant.gptq import GPTQSettings, gptq_quantize
+from ember.quant.grid import BlockGrid
+
+LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+EMBEDDING_GRID = BlockGrid(bits=8, group_size=32)
+
+
+@dataclass
+class QuantizeResult:
+    """Where the checkpoint went and what it holds."""
+
+    out: Path
+    quantized_bytes: int
+    float_bytes: int
+    num_parameters: int
+    calib_tokens: int
+
+    @property
+    def bytes_per_parameter(self) -> float:
+        return (self.quantized_bytes + self.float_bytes) / self.num_parameters
+
+
+def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> QuantizeResult:
+    from ember.engine.config import CacheConfig, EngineConfig
+    from ember.engine.llm_engine import LLMEngine
+    from ember.models.registry import resolve_model
+    from ember.quant.checkpoint import write_quantized
+
+    engine = LLMEngine(EngineConfig(model=config.model, tokenizer=config.tokenizer, dtype="float32", max_model_len=config.seq_len,
+                                    cache=CacheConfig(kv_cache_memory_bytes=64 << 20)))
+    model = engine.runner.model
+    if engine.model_config.architecture not in LLAMA_FAMILY:
+        raise ValueError(f"ember quantize runs the Llama family ({', '.join(LLAMA_FAMILY)}); {config.model} is {engine.model_config.architecture}")
+    names = [f"model.layers.{i}.{linear}" for i in range(len(model.model.layers)) for linear in LINEARS]
+    with Progress(disable=not show_progress) as progress:
+        stats: dict[str, InputStats] = {}
+        calib_tokens = 0
+        if config.method in CALIBRATED_METHODS:
+            if engine.tokenizer is None:
+                raise ValueError(f"{config.model} has no tokenizer to read --calib with; give --tokenizer FILE")
+            chunks = calibration_chunks(engine.tokenizer, config)
+            calib_tokens = sum(map(len, chunks))
+            stats = calibrate(engine, model, names, chunks, progress)
+        if config.method == "awq":
+            apply_awq(model, stats, config.grid, progress)
+        blocks = quantize_linears(model, names, stats, config, progress)
+    blocks["model.embed_tokens.weight"] = _rtn(model.model.embed_tokens.weight, EMBEDDING_GRID)
+    if not engine.model_config.tie_word_embeddings:
+        blocks["lm_head.weight"] = _rtn(model.lm_head.weight, EMBEDDING_GRID)
+    written = write_quantized(resolve_model(config.model), model, engine.model_config, blocks, config, calib_tokens)
+    return QuantizeResult(config.out, *written, calib_tokens)
+
+
+def calibration_chunks(tokenizer, config: QuantizeConfig) -> list[list[int]]:
+    """The first `calib_tokens` tokens of the calibration file, in sequences of `seq_len - 1` tokens."""
+    text = config.calib.read_text(encoding="utf-8", errors="replace")
+    tokens = tokenizer.encode(text[: config.calib_tokens * 12])[: config.calib_tokens]
+    if len(tokens) < MIN_CALIB_TOKENS:
+        raise ValueError(f"calibration file {config.calib} holds {len(tokens)} tokens; {config.method} needs at least {MIN_CALIB_TOKENS}: give a longer text")
+    step = config.seq_len - 1  # one slot left for the token the engine samples
+    return [tokens[i : i + step] for i in range(0, len(tokens), step) if len(tokens[i : i + step]) >= 16]
+
+
+def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]], progress: Progress) -> dict[str, InputStats]:
+    """Prefill every chunk through the float model, hooks gathering each linear's input statistics."""
+    from ember.engine.sampling_params import SamplingParams
+
+    task = progress.add_task("calibrating", total=len(chunks))
+
+    def feed() -> None:
+        for index, chunk in enumerate(chunks):
+            engine.add_request(f"calibration-{index}", chunk, SamplingParams(max_tokens=1, temperature=0.0))
+            while engine.has_unfinished_requests():
+                engine.step()
+            progress.advance(task)
+
+    calibration = Calibration()
+    with torch.inference_mode():
+        calibration.run(model, names, feed)
+    return calibration.stats
+
+
+def apply_awq(model: nn.Module, stats: dict[str, InputStats], grid: BlockGrid, progress: Progress) -> None:
+    """Scale each layer's qkv, gate_up and down inputs by AWQ's search; the feeding op absorbs 1/s."""
+    layers = model.model.layers
+    task = progress.add_task("AWQ scale search", total=len(layers))
+    for index, layer in enumerate(layers):
+        prefix = f"model.layers.{index}"
+        attention, mlp = layer.self_attn, layer.mlp
+        _scale_inputs(attention.qkv_proj, stats[f"{prefix}.self_attn.qkv_proj"], grid, layer.input_layernorm.weight)
+        _scale_inputs(mlp.gate_up_proj, stats[f"{prefix}.mlp.gate_up_proj"], grid, layer.post_attention_layernorm.weight)
+        inner = mlp.down_proj.in_features
+        _scale_inputs(mlp.down_proj, stats[f"{prefix}.mlp.down_proj"], grid, mlp.gate_up_proj.weight[inner:])
+        progress.advance(task)
+
+
+def _scale_inputs(linear: nn.Linear, stats: InputStats, grid: BlockGrid, feeder: torch.Tensor) -> None:
+    """W <- W s (columns); `feeder`, whose dim 0 indexes the input channels (a norm weight, up_proj's rows), absorbs 1/s."""
+    with torch.no_grad():
+        scales = awq_scales([linear.weight], stats.mean_hessian, stats.mean_abs, grid)
+        linear.weight.mul_(scales)
+        feeder.div_(scales.reshape(-1, *[1] * (feeder.dim() - 1)))
+
+
+def quantize_linears(model: nn.Module, names: list[str], stats: dict[str, InputStats], config: QuantizeConfig, progress: Progress) -> dict[str, GGMLTensor]:
+    """Every named linear rounded onto the config's grid: GPTQ with its Hessian, else round-to-nearest."""
+    grid = config.grid
+    settings = GPTQSettings(damp=config.damp, act_order=config.act_order)
+    task = progress.add_task(f"quantizing ({config.method}, {config.bits}-bit, g{config.group_size})", total=len(names))
+    blocks = {}
+    for name in names:
+        weight = model.get_submodule(name).weight.detach()
+        grid.check_width(weight.shape[1], name)
+        if config.method == "gptq":
+            codes, d, m = gptq_quantize(weight, stats[name].mean_hessian, grid, settings)
+            blocks[f"{name}.weight"] = grid.to_blocks(codes, d, m)
+        else:
+            blocks[f"{name}.weight"] = _rtn(weight, grid)
+        progress.advance(task)
+    return blocks
+
+
+def _rtn(weight: torch.Tensor, grid: BlockGrid) -> GGMLTensor:
+    weight = weight.detach().float()
+    d, m = grid.fit(weight)
+    cols = weight.shape[1]
+    return grid.to_blocks(grid.quantize(weight, grid.per_column(d, cols), grid.per_column(m, cols)), d, m)

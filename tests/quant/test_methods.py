@@ -1,0 +1,68 @@
+"""RTN, GPTQ and AWQ on block grids: exact packing, GPTQ's error below RTN's, AWQ's folding exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.quant.awq import awq_scales
+from ember.quant.gptq import GPTQSettings, gptq_quantize
+from ember.quant.grid import BlockGrid
+
+
+def _layer(rows: int = 64, cols: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight and the Hessian of correlated inputs with a few loud channels (what real activations look like)."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(rows, cols, generator=generator) * 0.05
+    mixing = torch.randn(cols, cols, generator=generator) / cols**0.5 + torch.eye(cols)
+    x = torch.randn(4 * cols, cols, generator=generator) @ mixing
+    x[:, :4] *= 20.0
+    return weight, x.T @ x / x.shape[0]
+
+
+def _output_error(weight: torch.Tensor, approx: torch.Tensor, hessian: torch.Tensor) -> float:
+    error = approx - weight
+    return float(((error @ hessian) * error).sum())
+
+
+@pytest.mark.parametrize(("bits", "symmetric", "group_size"), [(4, False, 32), (4, False, 128), (4, True, 64), (8, False, 32)])
+def test_blocks_decode_to_exactly_the_grid_values(bits, symmetric, group_size):
+    grid = BlockGrid(bits, group_size, symmetric)
+    weight, _ = _layer(cols=160)  # the last group of 128 is partial
+    d, m = grid.fit(weight)
+    cols = weight.shape[1]
+    codes = grid.quantize(weight, grid.per_column(d, cols), grid.per_column(m, cols))
+    expected = grid.dequantize(codes, grid.per_column(d, cols), grid.per_column(m, cols))
+    assert torch.equal(grid.to_blocks(codes, d, m).dequantize(), expected)
+    # half a step, or a whole one at the clamped end of llama.cpp's symmetric range ([-8, 7] steps)
+    steps = 1.01 if symmetric else 0.51
+    assert ((expected - weight).abs() <= steps * grid.per_column(d, cols).abs() + 1e-6).all()
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_output_error_is_below_round_to_nearest(act_order):
+    weight, hessian = _layer()
+    grid = BlockGrid(4, 32)
+    codes, d, m = gptq_quantize(weight, hessian, grid, GPTQSettings(act_order=act_order))
+    cols = weight.shape[1]
+    gptq = grid.dequantize(codes, grid.per_column(d, cols), grid.per_column(m, cols))
+    rtn = grid.fake_quantize(weight)
+    assert _output_error(weight, gptq, hessian) < 0.8 * _output_error(weight, rtn, hessian)
+
+
+def test_awq_scales_lower_the_output_error_of_rounding():
+    weight, hessian = _layer(seed=1)
+    mean_abs = hessian.diagonal().sqrt()  # stands in for mean |x|: the loud channels stand out
+    grid = BlockGrid(4, 128)
+    scales = awq_scales([weight], hessian, mean_abs, grid)
+    awq = grid.fake_quantize(weight * scales) / scales
+    assert _output_error(weight, awq, hessian) < _output_error(weight, grid.fake_quantize(weight), hessian)
+
+
+def test_grid_refuses_what_the_kernels_cannot_take():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        BlockGrid(4, 48)
+    with pytest.raises(ValueError, match="4 or 8 bits"):
+        BlockGrid(3, 32)
+    with pytest.raises(ValueError, match="not a multiple of 32"):
+        BlockGrid(4, 32).check_width(72, "model.layers.0.mlp.down_proj")

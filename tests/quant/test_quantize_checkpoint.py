@@ -1,0 +1,138 @@
+"""`ember quantize` end to end on tiny random models: written atomically, loaded back in blocks, bad input named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+
+from ember.cli.main import main
+from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.llm_engine import LLMEngine
+from ember.engine.sampling_params import SamplingParams
+from ember.models.loader import load_model
+from ember.quant.checkpoint import QUANTIZATION_FILE
+from ember.quant.config import QuantizeConfig
+from ember.quant.ggml_layers import GGMLLinear
+from ember.quant.pipeline import quantize_checkpoint
+from tests.model_factory import save_tiny_model
+
+VOCAB = 512  # the stories260K tokenizer's size, so calibration text tokenizes inside the vocabulary
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    return save_tiny_model("llama", tmp_path_factory.mktemp("quant-src"), vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(stories_dir) -> str:
+    return str(stories_dir / "tok512.bin")
+
+
+@pytest.fixture(scope="module")
+def calib(shared_dir) -> Path:
+    return shared_dir / "corpus" / "tinyshakespeare.txt"
+
+
+def _greedy(model: str, dtype: str) -> list[int]:
+    engine = LLMEngine(EngineConfig(model=model, dtype=dtype, cache=CacheConfig(num_kv_blocks=16)))
+    engine.add_request("r", list(range(5, 40)), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            tokens = output.outputs[0].token_ids
+    return tokens
+
+
+def test_gptq_checkpoint_loads_in_blocks_and_runs_like_its_float_copy(tiny_folder, tokenizer, calib, tmp_path):
+    out = tmp_path / "gptq"
+    config = QuantizeConfig(model=str(tiny_folder), method="gptq", out=out, bits=4, group_size=64, calib=calib,
+                            tokenizer=tokenizer, calib_tokens=512, seq_len=128, act_order=True)
+    result = quantize_checkpoint(config, show_progress=False)
+    description = json.loads((out / QUANTIZATION_FILE).read_text())
+    assert description["method"] == "gptq" and description["calibration"]["tokens"] == result.calib_tokens >= 256
+    assert {t["format"] for t in description["tensors"].values()} == {"Q4_1", "Q8_0"}
+    assert 0.5 < result.bytes_per_parameter < 1.0
+    layers = [m for m in load_model(out).model.modules() if isinstance(m, GGMLLinear)]
+    assert len(layers) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the untied LM head
+    assert _greedy(str(out), "auto") == _greedy(str(out), "float32")
+
+
+def test_rtn_from_a_gguf_writes_a_gguf_the_gguf_package_reads(tiny_folder, tmp_path):
+    from tests.models.test_gguf_loader import write_gguf
+
+    source = tmp_path / "float.gguf"
+    write_gguf(tiny_folder, source, GGMLQuantizationType.F32, np.random.default_rng(0))
+    out = tmp_path / "rtn8"
+    assert main(["quantize", "--model", str(source), "--method", "rtn", "--bits", "8", "--group-size", "32", "--out", str(out)]) == 0
+    types = {t.name: t.tensor_type for t in GGUFReader(str(out / "model.gguf")).tensors}
+    assert types["blk.0.attn_q.weight"] == types["token_embd.weight"] == GGMLQuantizationType.Q8_0
+    assert types["blk.0.attn_norm.weight"] == GGMLQuantizationType.F32
+    float_weights = load_model(source, dtype="float32").model.state_dict()
+    ours = load_model(out / "model.gguf", dtype="float32").model.state_dict()
+    for name in ("model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+        step = float_weights[name].abs().amax() / 127  # q/k rows come back in place: errors stay under a step
+        assert (ours[name] - float_weights[name]).abs().max() <= step
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--method", "zip"], "unknown --method 'zip'"),
+        (["--method", "awq", "--bits", "3"], "cannot make 3-bit weights"),
+        (["--method", "rtn", "--group-size", "48"], "multiple of 32"),
+        (["--method", "gptq"], "needs --calib FILE"),
+        (["--method", "nf4"], "not built yet"),
+    ],
+)
+def test_bad_flags_are_named_and_nothing_is_written(tiny_folder, tmp_path, capsys, flags, message):
+    out = tmp_path / "out"
+    assert main(["quantize", "--model", str(tiny_folder), "--out", str(out), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_short_calibration_file_is_refused_and_leaves_no_folder(tiny_folder, tokenizer, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("To be, or not to be.")
+    config = QuantizeConfig(model=str(tiny_folder), method="awq", out=tmp_path / "out", calib=short, tokenizer=tokenizer, group_size=64)
+    with pytest.raises(ValueError, match="needs at least 256"):
+        quantize_checkpoint(config, show_progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["short.txt"]
+
+
+def test_an_existing_out_folder_is_never_overwritten(tiny_folder, tmp_path):
+    with pytest.raises(ValueError, match="already exists"):
+        QuantizeConfig(model=str(tiny_folder), method="rtn", out=tmp_path)
+
+
+def _prompt_logprobs(engine: LLMEngine, request_id: str, prompt: list[int]) -> torch.Tensor:
+    engine.add_request(request_id, prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs.extend(engine.step())
+    return torch.tensor([outputs[-1].prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
+
+
+def test_awq_scaling_folds_into_the_model_without_changing_its_float_outputs(tiny_folder, tokenizer, calib, tmp_path):
+    from rich.progress import Progress
+
+    from ember.quant.pipeline import LINEARS, apply_awq, calibrate, calibration_chunks
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_folder), tokenizer=tokenizer, dtype="float32",
+                                    cache=CacheConfig(num_kv_blocks=64, enable_prefix_caching=False)))
+    model = engine.runner.model
+    config = QuantizeConfig(model=str(tiny_folder), method="awq", out=tmp_path / "unused", calib=calib, group_size=64, calib_tokens=256, seq_len=128)
+    prompt = list(range(3, 60))
+    before = _prompt_logprobs(engine, "before", prompt)
+    with Progress(disable=True) as progress:
+        names = [f"model.layers.{i}.{linear}" for i in range(2) for linear in LINEARS]
+        stats = calibrate(engine, model, names, calibration_chunks(engine.tokenizer, config), progress)
+        apply_awq(model, stats, config.grid, progress)
+    assert not torch.equal(model.model.layers[0].input_layernorm.weight, torch.ones(64))
+    torch.testing.assert_close(_prompt_logprobs(engine, "after", prompt), before, rtol=1e-4, atol=1e-4)
