@@ -86,6 +86,17 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     everything.add_argument("--from-results", type=Path, default=None, metavar="RESULTS_JSON",
                             help="measure nothing: redraw the plots, summary.json and --report from a saved results file")
     everything.set_defaults(func=_run_all)
+    quant = commands.add_parser("quant", help="quantization methods: perplexity, bytes/parameter, batch-1 decode tok/s, PNG")
+    quant.add_argument("--model", default="smollm2-135m-instruct", help="float checkpoint, or a GGUF read as float")
+    quant.add_argument("--calib", type=Path, required=True, help="calibration corpus (plain text)")
+    quant.add_argument("--eval", type=Path, required=True, help="evaluation corpus (plain text, another one)")
+    quant.add_argument("--methods", default="rtn4,gptq4,awq4,rtn8,gptq8", help="comma-separated: rtn4,gptq4,awq4,rtn8,gptq8,awq8")
+    quant.add_argument("--group-size", type=int, default=128)
+    quant.add_argument("--eval-tokens", type=int, default=1024)
+    quant.add_argument("--calib-tokens", type=int, default=2048)
+    quant.add_argument("--plot", type=Path, default=Path("benchmarks/plots/quant.png"))
+    quant.add_argument("--json", type=Path, default=None)
+    quant.set_defaults(func=_run_quant)
     tokenizers = commands.add_parser("tokenizers", help="tokenizer encode throughput: ember vs tiktoken vs HF tokenizers")
     tokenizers.add_argument("--text-mb", type=float, default=10.0)
     tokenizers.add_argument("--repeats", type=int, default=3)
@@ -264,6 +275,20 @@ def _run_tokenizers(args: argparse.Namespace) -> int:
         return 2
     print(outcome.get("markdown") or json.dumps(outcome, indent=2, default=str))
     _dump(args.json, outcome)
+    return 0
+
+
+def _run_quant(args: argparse.Namespace) -> int:
+    from ember.bench import printing
+    from ember.bench.quant import QuantBenchOptions, bench_quant, plot_quant
+
+    options = QuantBenchOptions(model=args.model, calib=args.calib, eval_file=args.eval, methods=tuple(args.methods.split(",")),
+                                group_size=args.group_size, eval_tokens=args.eval_tokens, calib_tokens=args.calib_tokens)
+    section = bench_quant(options, tick=lambda description: print(f"[bench] {description}", file=sys.stderr, flush=True))
+    printing.print_section("quant", section, {})
+    print(f"plot: {plot_quant(section, args.plot)}")
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, section)
     return 0
 
 

@@ -24,6 +24,7 @@ def print_section(name: str, section: dict, skipped: dict[str, str]) -> None:
         "long-prefill": _long_prefill,
         "serve": _serve,
         "roofline": _roofline,
+        "quant": _quant,
     }[name]
     console.print(printer(section))
     for peer, why in skipped.items():
@@ -51,6 +52,17 @@ def _mixed(section: dict) -> Group:
         if "static_dropped" in entry:
             notes.append(f"[yellow]{dtype}: static-batches row dropped[/]: {entry['static_dropped']}")
     return Group(table, *notes, *_settings_lines(section))
+
+
+def _quant(section: dict) -> Table:
+    title = f"quant: perplexity on {section['eval']} ({section['eval_tokens']} tokens), calibrated on {section['calib']}"
+    table = Table(title=title)
+    for column in ("weights", "perplexity", "vs float", "bytes/param", "decode tok/s", "quantize s"):
+        table.add_column(column)
+    for row in section["rows"]:
+        table.add_row(row["name"], f"{row['perplexity']:.2f}", f"{row['ppl_vs_float_pct']:+.1f}%", f"{row['bytes_per_parameter']:.3f}",
+                      f"{row['decode_tok_s']:.1f}", f"{row['quantize_s']:.0f}" if row["quantize_s"] else "")
+    return table
 
 
 def _settings_lines(section: dict) -> list[str]:

@@ -1,0 +1,158 @@
+"""`ember bench quant`: perplexity, bytes per parameter and batch-1 decode speed per quantization method.
+
+The float model is the checkpoint loaded as float32 (for the shared SmolLM2: its Q4_1 GGUF
+dequantized). Each method quantizes that float model with `ember quantize`, calibrated on one
+corpus, and is evaluated on another, in one window of `eval_tokens` tokens. The source
+checkpoint as it is (dtype auto) is a row of its own. Results go to JSON and a
+perplexity-vs-bytes PNG.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+METHOD_SPECS = {"rtn4": ("rtn", 4), "gptq4": ("gptq", 4), "awq4": ("awq", 4), "rtn8": ("rtn", 8), "gptq8": ("gptq", 8), "awq8": ("awq", 8)}
+
+
+@dataclass(frozen=True)
+class QuantBenchOptions:
+    model: str
+    calib: Path
+    eval_file: Path
+    methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "rtn8", "gptq8")
+    group_size: int = 128
+    eval_tokens: int = 1024
+    calib_tokens: int = 2048
+    decode_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHOD_SPECS]
+        if unknown:
+            raise ValueError(f"unknown --methods {', '.join(unknown)}; choose from {', '.join(METHOD_SPECS)}")
+        for path in (self.calib, self.eval_file):
+            if not path.is_file():
+                raise ValueError(f"{path} is not a file; give plain-text corpora for --calib and --eval")
+
+
+@dataclass
+class QuantRow:
+    """One line of the quality table."""
+
+    name: str
+    perplexity: float
+    bytes_per_parameter: float
+    decode_tok_s: float
+    quantize_s: float = 0.0
+
+
+def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda _: None) -> dict:
+    """Rows for the float model, the checkpoint as stored, and each method; ratios to the float model."""
+    from ember.models.registry import resolve_model
+
+    source = str(resolve_model(options.model))
+    rows = [_evaluate("float32", source, "float32", options, tick), _evaluate("checkpoint as stored", source, "auto", options, tick)]
+    with tempfile.TemporaryDirectory(prefix="ember-bench-quant-") as scratch:
+        for name in options.methods:
+            path, seconds = _quantize(source, name, Path(scratch) / name, options, tick)
+            row = _evaluate(f"{name} g{options.group_size}", path, "auto", options, tick)
+            row.quantize_s = seconds
+            rows.append(row)
+    float_ppl = rows[0].perplexity
+    return {
+        "model": options.model,
+        "calib": str(options.calib),
+        "eval": str(options.eval_file),
+        "eval_tokens": options.eval_tokens,
+        "calib_tokens": options.calib_tokens,
+        "rows": [{**asdict(r), "ppl_vs_float_pct": 100.0 * (r.perplexity / float_ppl - 1.0)} for r in rows],
+    }
+
+
+def _quantize(source: str, name: str, out: Path, options: QuantBenchOptions, tick: Callable[[str], None]) -> tuple[str, float]:
+    from ember.quant.config import QuantizeConfig
+    from ember.quant.pipeline import quantize_checkpoint
+
+    method, bits = METHOD_SPECS[name]
+    tick(f"quant: quantizing {name}")
+    start = time.perf_counter()
+    config = QuantizeConfig(model=source, method=method, out=out, bits=bits, group_size=options.group_size,
+                            calib=options.calib, calib_tokens=options.calib_tokens)
+    quantize_checkpoint(config, show_progress=False)
+    checkpoint = out / "model.gguf" if (out / "model.gguf").is_file() else out
+    return str(checkpoint), time.perf_counter() - start
+
+
+def _evaluate(name: str, model: str, dtype: str, options: QuantBenchOptions, tick: Callable[[str], None]) -> QuantRow:
+    from ember.engine.config import CacheConfig, EngineConfig
+    from ember.engine.llm_engine import LLMEngine
+    from ember.eval.perplexity import perplexity
+
+    tick(f"quant: evaluating {name}")
+    engine = LLMEngine(EngineConfig(model=model, dtype=dtype, cache=CacheConfig(kv_cache_memory_bytes=256 << 20)))
+    text = options.eval_file.read_text(encoding="utf-8", errors="replace")
+    ppl = perplexity(engine, text, options.eval_tokens).perplexity
+    bytes_per_parameter = weight_bytes_per_parameter(engine.runner.model)
+    return QuantRow(name, ppl, bytes_per_parameter, _decode_tok_s(engine, options.decode_tokens))
+
+
+def weight_bytes_per_parameter(model: torch.nn.Module) -> float:
+    """Bytes the matrices and vectors take in memory over the parameters they stand for (shared storage once)."""
+    from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear
+
+    seen: set[int] = set()
+    total_bytes = parameters = 0
+    for module in model.modules():
+        if isinstance(module, (GGMLLinear, GGMLEmbedding)):
+            blocks = module.weight_blocks
+            if blocks.data.data_ptr() not in seen:
+                seen.add(blocks.data.data_ptr())
+                total_bytes += blocks.nbytes
+                parameters += blocks.shape[0] * blocks.shape[1]
+        for tensor in module.parameters(recurse=False):
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                total_bytes += tensor.numel() * tensor.element_size()
+                parameters += tensor.numel()
+    return total_bytes / parameters
+
+
+def _decode_tok_s(engine, decode_tokens: int) -> float:
+    """Median single-stream decode steps per second after a 64-token prompt."""
+    from ember.engine.sampling_params import SamplingParams
+
+    engine.add_request("decode", list(range(10, 74)), SamplingParams(max_tokens=decode_tokens, temperature=0.0, ignore_eos=True))
+    step_s = []
+    while engine.has_unfinished_requests():
+        start = time.perf_counter()
+        engine.step()
+        step_s.append(time.perf_counter() - start)
+    return 1.0 / statistics.median(step_s[1:])  # the first step is the prompt
+
+
+def plot_quant(section: dict, path: Path) -> Path:
+    """Perplexity against bytes per parameter, one labelled point per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for row in section["rows"]:
+        axes.scatter(row["bytes_per_parameter"], row["perplexity"])
+        axes.annotate(row["name"], (row["bytes_per_parameter"], row["perplexity"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("bytes per parameter (in memory)")
+    axes.set_ylabel(f"perplexity ({Path(section['eval']).name}, {section['eval_tokens']} tokens)")
+    axes.set_title(f"{section['model']}: quantization methods, calibrated on {Path(section['calib']).name}")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
