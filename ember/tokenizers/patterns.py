@@ -9,10 +9,11 @@ merges stay inside a piece, and the piece is the unit of the encoder's cache.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import chain
+from itertools import accumulate, chain, islice
 
 import regex
 
@@ -166,10 +167,43 @@ class PreTokenizer:
         for pattern, splitter, is_local in zip(
             compiled[1:], splitters[1:], self._is_local[1:], strict=True
         ):
-            if is_local and pattern.search(text) is None:
-                continue  # no match in the whole text: none in any piece of it
-            pieces = list(filter(None, chain.from_iterable(map(splitter, pieces))))
+            if is_local:
+                pieces = _split_where_matched(pattern, splitter, text, pieces)
+            else:
+                pieces = list(filter(None, chain.from_iterable(map(splitter, pieces))))
         return pieces
+
+
+def _split_where_matched(
+    pattern: regex.Pattern | re.Pattern, splitter: Splitter, text: str, pieces: list[str]
+) -> list[str]:
+    """A context-free stage applied only to the pieces it can cut.
+
+    For a pattern that looks at no context (see `matches_locally`), a match inside a piece is
+    a match in the text there, so a piece that no match of the whole text overlaps has none of
+    its own: only the pieces overlapping the text's matches are split (found by bisecting
+    piece end offsets); when matches are dense, every piece is split as usual."""
+    spans = [match.span() for match in islice(pattern.finditer(text), len(pieces) // 4 + 1)]
+    if not spans:
+        return pieces
+    if len(spans) > len(pieces) // 4:
+        return list(filter(None, chain.from_iterable(map(splitter, pieces))))
+    ends = list(accumulate(map(len, pieces)))
+    touched = sorted(
+        {
+            index
+            for start, end in spans
+            for index in range(bisect_right(ends, start), bisect_right(ends, end - 1) + 1)
+        }
+    )
+    out: list[str] = []
+    previous = 0
+    for index in touched:
+        out += pieces[previous:index]
+        out += filter(None, splitter(pieces[index]))
+        previous = index + 1
+    out += pieces[previous:]
+    return out
 
 
 def ascii_variants(stages: tuple[str, ...]) -> tuple[re.Pattern, ...] | None:

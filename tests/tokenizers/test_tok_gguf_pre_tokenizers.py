@@ -15,6 +15,9 @@ import os
 from pathlib import Path
 
 import pytest
+import regex
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tok_corpus import SCRIPTS, build_corpus
 from tok_gguf_writer import write_vocab_gguf
 
@@ -233,3 +236,22 @@ def test_split_stages_with_flags_groups_lookarounds_and_anchors_cut_like_tokeniz
     samples = ["xxABab12Ab", "IMGABZ IMGAZ1234567", "a,$b.  ", *corpus[:150]]
     for text in samples:
         assert ours.split(text) == [piece for piece, _ in reference.pre_tokenize_str(text)], text
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab 1234\n日本,.$'é\u0301<>:sentinel0IMGZ"), max_size=60))
+def test_every_rule_set_cuts_random_text_like_its_stages_one_by_one(text):
+    # The stage loop skips pieces no match can cut; this checks it against the plain loop.
+    for rules in set(GGUF_PRE_TOKENIZERS.values()):
+        pieces = [text] if text else []
+        for stage in rules.stages:
+            pieces = [sub for piece in pieces for sub in _isolated(stage, piece)]
+        assert rules.build().split(text) == pieces, rules.stages
+
+
+def _isolated(stage: str, text: str) -> list[str]:
+    out, position = [], 0
+    for match in regex.finditer(stage, text):
+        out += [text[position : match.start()], match.group()]
+        position = match.end()
+    return [piece for piece in [*out, text[position:]] if piece]
