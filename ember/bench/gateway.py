@@ -199,6 +199,7 @@ def run_gateway_bench(settings: GatewayBenchSettings, tick, advance=lambda: None
                     "p50_ttft_ms": percentile(ttfts, 50) * 1000,
                     "p99_ttft_ms": percentile(ttfts, 99) * 1000,
                 }
+                print(f"[bench gateway] {routing}: {json.dumps(results[routing])}", file=sys.stderr, flush=True)
                 if routing == POLICIES[-1]:
                     tick("gateway bench: overhead")
                     results["overhead"] = measure_overhead(r0, gateway, settings.overhead_pairs, advance)

@@ -79,18 +79,26 @@ class StreamMeter:
     """Watches the chunks a client actually received: usage, token chunks, and choice 0's text.
 
     When the backend reports usage on every chunk (ember's `continuous_usage_stats`) the meter
-    knows the exact count at any cut; otherwise it counts one token per content chunk and takes
-    the prompt bound for the prompt.
+    knows the exact count at any cut; otherwise it counts one token per content chunk received
+    and takes the prompt size from any usage the backend sent, else the prompt bound.
     """
 
     def __init__(self, prompt_bound: int) -> None:
         self._prompt_bound = prompt_bound
+        self._upstream_prompt_tokens: int | None = None
         self._reported: TokenUsage | None = None
         self._token_chunks = 0
         self._text_parts: list[str] = []
         self.finished = False
 
+    def note_upstream(self, chunk: dict) -> None:
+        """A chunk the backend sent, delivered or not: it may tell the real prompt size."""
+        reported = TokenUsage.from_openai(chunk.get("usage"))
+        if reported is not None:
+            self._upstream_prompt_tokens = reported.prompt_tokens
+
     def observe(self, chunk: dict) -> None:
+        """A chunk the client received."""
         reported = TokenUsage.from_openai(chunk.get("usage"))
         if reported is not None:
             self._reported = reported
@@ -108,7 +116,8 @@ class StreamMeter:
         """The tokens received so far."""
         if self._reported is not None:
             return self._reported
-        return TokenUsage(self._prompt_bound, self._token_chunks)
+        prompt_tokens = self._prompt_bound if self._upstream_prompt_tokens is None else self._upstream_prompt_tokens
+        return TokenUsage(prompt_tokens, self._token_chunks)
 
     def text(self) -> str:
         return "".join(self._text_parts)

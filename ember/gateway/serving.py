@@ -288,6 +288,7 @@ class StreamRelay:
         """The SSE events the client receives."""
         try:
             async for chunk in self._opened.chunks():
+                self._meter.note_upstream(chunk)
                 visible = client_view(chunk, self._call.client_stream_options)
                 if visible is not None:
                     yield sse(visible)
@@ -310,6 +311,8 @@ class StreamRelay:
 
     async def _settle(self) -> None:
         call, attempt = self._call, self._opened.attempt
+        for chunk in self._opened.first_chunks:  # a stream never started still says its prompt size
+            self._meter.note_upstream(chunk)
         await self._opened.close()
         usage = self._meter.usage()
         if self._status == "ok" and call.is_cacheable and self._meter.finished:
