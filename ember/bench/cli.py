@@ -64,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     spec.add_argument("--output-len", type=int, default=128)
     spec.add_argument("--batch-sizes", default="1,4,8,16", help="batch sweep on code-edit ('' to skip)")
     spec.add_argument("--mixed-requests", type=int, default=16, help="requests of the mixed workload (0 to skip)")
+    spec.add_argument("--mixed-max-output", type=int, default=128, help="longest output of the mixed workload")
     spec.add_argument("--plot", type=Path, default=Path("benchmarks/plots/spec_acceptance.png"), help="acceptance histogram PNG")
     spec.set_defaults(func=_run_spec)
     roofline = commands.add_parser("roofline", help="memory read bandwidth (C probe) and matmul throughput of this machine")
@@ -205,7 +206,8 @@ def _run_spec(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-sizes {args.batch_sizes!r} should read like 1,4,8,16") from None
     spec = SpecBenchOptions(methods=methods, num_speculative_tokens=args.num_speculative_tokens, draft_model=draft_model,
                             draft_dtype=draft_dtype, num_prompts=args.num_prompts, output_len=args.output_len,
-                            batch_sizes=batch_sizes, mixed_requests=args.mixed_requests, plot_path=args.plot)
+                            batch_sizes=batch_sizes, mixed_requests=args.mixed_requests,
+                            mixed_max_output=args.mixed_max_output, plot_path=args.plot)
     section = bench_spec(options, spec)
     print(format_spec_section(section))
     print(f"reproduce: {_command_line()}")

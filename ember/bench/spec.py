@@ -34,6 +34,7 @@ class SpecBenchOptions:
     output_len: int = 128
     batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
     mixed_requests: int = 16
+    mixed_max_output: int = 128  # the mixed workload's output lengths are clipped here
     plot_path: Path | None = None
 
 
@@ -112,7 +113,7 @@ def bench_spec(options: BenchOptions, spec: SpecBenchOptions) -> dict:
             section["batch_sweep"][str(batch)] = _entry(runs)
         section["crossover_batch"] = _crossover(section["batch_sweep"])
     if spec.mixed_requests:
-        mixed = make_workload(options, "mixed", num_requests=spec.mixed_requests)
+        mixed = make_workload(options, "mixed", num_requests=spec.mixed_requests, max_output=spec.mixed_max_output)
         runs = _interleave(options, "spec mixed", _runners(options, spec, mixed, None, ("ngram",)))
         section["mixed"] = dict(_entry(runs), num_requests=spec.mixed_requests)
     if spec.plot_path is not None:

@@ -22,6 +22,16 @@ def test_generate_from_bos_with_an_overriding_tokenizer_prints_the_reference_sto
     assert result.stdout == expected
 
 
+def test_generate_with_ngram_speculation_prints_the_same_reference_story(stories_dir):
+    result = _ember(
+        "generate", "--model", str(stories_dir / "stories260K.bin"), "--tokenizer", str(stories_dir / "tok512.bin"),
+        "--prompt", "", "--max-tokens", "200", "--temperature", "0", "--speculative-method", "ngram",
+        "--num-speculative-tokens", "5",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (stories_dir / "greedy_200steps_from_BOS.expected.txt").read_text(encoding="utf-8")
+
+
 def test_eval_perplexity_prints_the_figure_and_token_count(stories_dir, tmp_path):
     text = tmp_path / "story.txt"
     text.write_text("Once upon a time, there was a little girl named Lily. She loved to play outside.", encoding="utf-8")
