@@ -75,7 +75,10 @@ def make_engine(model: str, dtype: str, settings: EmberSettings):
     """A fresh engine (empty KV and prefix cache) over the process's shared weights, warmed up."""
     from ember.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine(settings.config(model, dtype), show_progress=False, loaded=loaded_weights(model, dtype))
+    draft = None
+    if settings.speculative_method == "draft" and settings.draft_model is not None:
+        draft = loaded_weights(settings.draft_model, settings.draft_dtype or dtype)
+    engine = LLMEngine(settings.config(model, dtype), show_progress=False, loaded=loaded_weights(model, dtype), draft_loaded=draft)
     _warm_up(engine)
     return engine
 

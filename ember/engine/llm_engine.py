@@ -82,8 +82,15 @@ class EngineStats:
 class LLMEngine:
     """Owns model, tokenizer, KV cache, scheduler and runner; `step()` advances every running request."""
 
-    def __init__(self, config: EngineConfig, show_progress: bool = False, loaded: LoadedModel | None = None) -> None:
-        """`loaded` reuses weights already in memory (they hold no per-engine state); else `config.model` is loaded."""
+    def __init__(
+        self,
+        config: EngineConfig,
+        show_progress: bool = False,
+        loaded: LoadedModel | None = None,
+        draft_loaded: LoadedModel | None = None,
+    ) -> None:
+        """`loaded` (`draft_loaded`) reuses weights already in memory (they hold no per-engine state);
+        else `config.model` (the speculative draft model) is loaded."""
         self.config = config
         torch.manual_seed(config.seed)
         model_path = resolve_model(config.model)
@@ -112,7 +119,7 @@ class LLMEngine:
         )
         generator = torch.Generator().manual_seed(config.seed)
         self.eos_ids = self.tokenizer.eos_ids if self.tokenizer is not None else frozenset()
-        self.speculator = self._make_speculator(num_blocks, show_progress)
+        self.speculator = self._make_speculator(num_blocks, show_progress, draft_loaded)
         rejection = RejectionSampler(generator) if self.speculator is not None else None
         self.runner = ModelRunner(loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids, rejection)
         self.stop_checker = StopChecker(self.eos_ids, self.max_model_len)
@@ -334,7 +341,7 @@ class LLMEngine:
             spec_accepted_histogram=tuple(spec.accepted_histogram),
         )
 
-    def _make_speculator(self, num_blocks: int, show_progress: bool) -> Speculator | None:
+    def _make_speculator(self, num_blocks: int, show_progress: bool, draft: LoadedModel | None) -> Speculator | None:
         """The configured proposer behind a speculator, or None when speculation is off."""
         spec = self.config.speculative
         if not spec.enabled:
@@ -346,7 +353,7 @@ class LLMEngine:
         from ember.engine.spec.draft_model import DraftModelProposer
 
         assert spec.draft_model is not None  # SpeculativeConfig checked it
-        draft = load_model(resolve_model(spec.draft_model), spec.draft_dtype or self.config.dtype, show_progress=show_progress)
+        draft = draft or load_model(resolve_model(spec.draft_model), spec.draft_dtype or self.config.dtype, show_progress=show_progress)
         if draft.config.vocab_size != self.model_config.vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "

@@ -10,6 +10,8 @@ sequence (discounted counts of kept vs tried drafts) and c from the steps it has
 fit of step time against scheduled tokens, plus measured draft time), then picks the K that
 gives most tokens per unit time. When no K > 0 pays, the sequence stops drafting, and probes
 with one draft token every `PROBE_INTERVAL` steps so a change in the text can bring it back.
+Seeded sampled requests always draft the full K: their output then depends only on their own
+tokens and seed (as long as the pool has room for the drafts), not on timings or neighbours.
 """
 
 from __future__ import annotations
@@ -156,7 +158,9 @@ class Speculator:
         k_max = min(self.config.num_speculative_tokens, room)
         if k_max <= 0:
             return 0
-        if not self.config.adaptive:
+        if not self.config.adaptive or (params.seed is not None and not params.is_greedy):
+            # A seeded sample depends on its drafts; a draft length that followed measured step
+            # times would make it depend on what shares the batch.
             return k_max
         acceptance = self._acceptance.setdefault(seq.seq_id, Acceptance())
         k = best_draft_length(acceptance.rate, self._extra_token_cost(batch_size), k_max)
