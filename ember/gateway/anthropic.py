@@ -114,9 +114,6 @@ class AnthropicUpstream:
             raise self._error(response.status_code, response.text)
         return to_chat_completion(response.json())
 
-    async def get(self, endpoint: str) -> dict:
-        raise UpstreamError("anthropic backends list no models through the gateway", is_retryable=False, status_code=404)
-
     async def stream(self, endpoint: str, body: dict) -> AsyncIterator[dict]:
         _check_endpoint(endpoint)
         request = self._client.build_request(

@@ -39,9 +39,6 @@ class Upstream(Protocol):
     def stream(self, endpoint: str, body: dict) -> AsyncIterator[dict]:
         """The OpenAI-format chunks of a streamed request."""
 
-    async def get(self, endpoint: str) -> dict:
-        """A GET endpoint's JSON (used for /models)."""
-
 
 def backend_timeout(config: BackendConfig) -> httpx.Timeout:
     """Connect fast, then allow `timeout_s` between bytes."""
@@ -91,15 +88,6 @@ class OpenAIUpstream:
             response = await self._client.post(
                 self._base + endpoint, json=body, headers=self._headers, timeout=backend_timeout(self.config)
             )
-        except httpx.HTTPError as error:
-            raise transport_error(self.config.name, error) from error
-        if response.status_code != 200:
-            raise error_from_response(self.config.name, response.status_code, response.text)
-        return response.json()
-
-    async def get(self, endpoint: str) -> dict:
-        try:
-            response = await self._client.get(self._base + endpoint, headers=self._headers, timeout=backend_timeout(self.config))
         except httpx.HTTPError as error:
             raise transport_error(self.config.name, error) from error
         if response.status_code != 200:
