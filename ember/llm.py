@@ -10,6 +10,7 @@ from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, Spec
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_params import SamplingParams
+from ember.parallel.config import ParallelConfig
 
 PromptInput = str | Sequence[int]
 
@@ -20,7 +21,8 @@ class LLM:
     `model` is a registered name, a GGUF file, an HF safetensors folder or a llama2.c .bin.
     Extra keyword arguments set `CacheConfig` / `SchedulerConfig` / `SpeculativeConfig` fields by
     name (e.g. `block_size=16, max_num_batched_tokens=512, enable_prefix_caching=False`);
-    speculation: `speculative_method="ngram"|"draft", num_speculative_tokens=K, draft_model=PATH`.
+    speculation: `speculative_method="ngram"|"draft", num_speculative_tokens=K, draft_model=PATH`;
+    tensor parallelism: `tensor_parallel_size=T` (T - 1 worker processes; `shutdown()` stops them).
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None, **options) -> None:
@@ -29,6 +31,7 @@ class LLM:
         speculative_fields = {
             k: options.pop(k) for k in list(options) if k in SpeculativeConfig.__dataclass_fields__ and k != "method"
         }
+        parallel_fields = {k: options.pop(k) for k in list(options) if k in ParallelConfig.__dataclass_fields__}
         if "speculative_method" in options:
             speculative_fields["method"] = options.pop("speculative_method")
         if options:
@@ -42,10 +45,15 @@ class LLM:
             cache=CacheConfig(**cache_fields),
             scheduler=SchedulerConfig(**scheduler_fields),
             speculative=SpeculativeConfig(**speculative_fields),
+            parallel=ParallelConfig(**parallel_fields),
         )
         self.engine = LLMEngine(config)
         self.tokenizer = self.engine.tokenizer
         self._next_id = 0
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (tensor parallel); a no-op for a single-process engine."""
+        self.engine.shutdown()
 
     def encode(self, prompt: PromptInput) -> list[int]:
         """Token ids of a prompt: text goes through the model's tokenizer (BOS added if it wants one)."""

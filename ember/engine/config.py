@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from ember.parallel.config import ParallelConfig, add_parallel_arguments
+
 # "auto": a quantized checkpoint stays quantized (float32 activations), a float one loads as float32.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -114,8 +116,11 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.parallel, ParallelConfig):
+            raise TypeError("EngineConfig.parallel must be a ParallelConfig")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -149,6 +154,7 @@ class EngineConfig:
                 draft_dtype=args.draft_dtype,
                 adaptive=not args.no_adaptive_speculation,
             ),
+            parallel=ParallelConfig.from_args(args),
         )
 
 
@@ -189,3 +195,4 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-dtype", default=None, choices=DTYPES, help="dtype of the draft model (default: --dtype)")
     parser.add_argument("--no-adaptive-speculation", action="store_true",
                         help="always draft --num-speculative-tokens instead of following the acceptance rate")
+    add_parallel_arguments(parser)

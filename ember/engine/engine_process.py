@@ -14,6 +14,7 @@ import logging
 import signal
 from multiprocessing.connection import Connection
 
+from ember.engine.client import EngineDeadError
 from ember.engine.config import EngineConfig
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.messages import (
@@ -27,8 +28,11 @@ from ember.engine.messages import (
     ToEngine,
 )
 from ember.engine.outputs import RequestOutput
+from ember.parallel.driver import WorkerFailedError
 
 logger = logging.getLogger(__name__)
+
+WORKER_CHECK_INTERVAL_S = 1.0
 
 
 def run_engine_process(config: EngineConfig, connection: Connection, show_progress: bool = True) -> None:
@@ -48,7 +52,11 @@ def run_engine_process(config: EngineConfig, connection: Connection, show_progre
         _EngineLoop(engine, connection).run()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         logger.info("the engine's client went away; the engine process exits")
+    except WorkerFailedError as error:
+        logger.error("%s; the engine process exits (its client answers 503)", error)
+        raise SystemExit(1) from error
     finally:
+        engine.shutdown()
         connection.close()
 
 
@@ -59,16 +67,19 @@ class _EngineLoop:
         self.engine = engine
         self.connection = connection
         self.is_stopping = False
+        # Idle, a tensor-parallel engine still wakes to check its workers (a death shows in /health).
+        self.idle_wait_s = WORKER_CHECK_INTERVAL_S if engine.workers is not None else None
 
     def run(self) -> None:
         while not self.is_stopping:
             # Idle: sleep in the kernel until a command comes; busy: only take what is there.
-            wait_s = 0.0 if self.engine.has_unfinished_requests() else None
+            wait_s = 0.0 if self.engine.has_unfinished_requests() else self.idle_wait_s
             while self.connection.poll(wait_s):
                 self._apply(self.connection.recv())
                 wait_s = 0.0
             if self.is_stopping:
                 return
+            self.engine.check_health()
             self._step()
 
     def _apply(self, command: ToEngine) -> None:
@@ -88,9 +99,12 @@ class _EngineLoop:
         steps_before = self.engine.stats().num_steps
         try:
             outputs = self.engine.step()
+        except WorkerFailedError as error:  # the ranks cannot step again: fail the requests as 503s, then exit
+            self._fail_all(EngineDeadError(str(error)))
+            raise
         except Exception as error:  # a failed step fails its requests, never the process
             logger.exception("engine step failed")
-            self._fail_all(error)
+            self._fail_all(RuntimeError(f"the engine failed while running this request: {error}"))
             return
         if not outputs and self.engine.stats().num_steps == steps_before:
             return
@@ -99,8 +113,7 @@ class _EngineLoop:
         records = [record] if record is not None and stats.num_steps != steps_before else []
         self.connection.send(StepOutputs([_without_prompt(o) for o in outputs], stats, records))
 
-    def _fail_all(self, error: Exception) -> None:
-        failure = RuntimeError(f"the engine failed while running this request: {error}")
+    def _fail_all(self, failure: Exception) -> None:
         for request_id in list(self.engine.requests):
             self.engine.abort_request(request_id)
             self.connection.send(RequestFailed(request_id, failure))

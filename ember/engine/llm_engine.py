@@ -7,6 +7,7 @@ import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,9 @@ from ember.models.config import ModelConfig
 from ember.models.loader import LoadedModel, compute_dtype, load_model
 from ember.models.registry import resolve_model
 from ember.tokenizers.base import Tokenizer
+
+if TYPE_CHECKING:
+    from ember.parallel.driver import WorkerGroup
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 
@@ -94,6 +98,11 @@ class LLMEngine:
         self.config = config
         torch.manual_seed(config.seed)
         model_path = resolve_model(config.model)
+        self.workers: WorkerGroup | None = None
+        if loaded is None and config.parallel.is_parallel:
+            from ember.parallel.driver import WorkerGroup
+
+            self.workers, loaded = WorkerGroup.start(model_path, config.dtype, config.parallel, show_progress)
         loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress)
         self.model_config: ModelConfig = loaded.config
         self.model_name = config.served_model_name or _model_name(config.model, model_path)
@@ -121,7 +130,9 @@ class LLMEngine:
         self.eos_ids = self.tokenizer.eos_ids if self.tokenizer is not None else frozenset()
         self.speculator = self._make_speculator(num_blocks, show_progress, draft_loaded)
         rejection = RejectionSampler(generator) if self.speculator is not None else None
-        self.runner = ModelRunner(loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids, rejection)
+        self.runner = ModelRunner(
+            loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids, rejection, self.workers
+        )
         self.stop_checker = StopChecker(self.eos_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
@@ -304,6 +315,16 @@ class LLMEngine:
 
     def step_records(self) -> list[StepRecord]:
         return list(self._step_records)
+
+    def check_health(self) -> None:
+        """Raise WorkerFailedError when a tensor-parallel worker has died (nothing to check otherwise)."""
+        if self.workers is not None:
+            self.workers.check_alive()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (a single-process engine holds nothing to stop)."""
+        if self.workers is not None:
+            self.workers.shutdown()
 
     def latest_step_record(self) -> StepRecord | None:
         """The record of the most recent step that ran the model, if any."""

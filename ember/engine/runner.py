@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,6 +17,9 @@ from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import SampledToken, Sampler, SamplingRow
 from ember.models.config import ModelConfig
 from ember.models.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from ember.parallel.driver import WorkerGroup
 
 
 @dataclass
@@ -48,8 +53,42 @@ def kv_cache_layout(model: torch.nn.Module) -> KVCacheLayout:
     return KVCacheLayout.from_specs([FullAttentionSpec(config.num_kv_heads, config.head_dim)] * config.num_layers)
 
 
+class KVCacheTensors:
+    """Every layer's KV cache for a model's layout: the tensors, each layer's view, block copies."""
+
+    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int) -> None:
+        dtype = next(model.parameters()).dtype
+        self.layout = kv_cache_layout(model)
+        self.tensors = [
+            torch.zeros(self.layout.tensor_spec(t).cache_shape(num_blocks, block_size), dtype=dtype)
+            for t in range(self.layout.num_tensors)
+        ]
+        # Layer i's cache; layers of different groups may share a tensor (see KVCacheLayout).
+        self.layer_caches = [self.tensors[t] for t in self.layout.layer_tensors]
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes allocated for KV, every cache tensor counted once."""
+        return sum(cache.numel() * cache.element_size() for cache in self.tensors)
+
+    def copy_blocks(self, copies: list[BlockCopy]) -> None:
+        if not copies:
+            return
+        sources = torch.tensor([c.source for c in copies])
+        destinations = torch.tensor([c.destination for c in copies])
+        for t, cache in enumerate(self.tensors):
+            if isinstance(self.layout.tensor_spec(t), LatentAttentionSpec):
+                cache[destinations] = cache[sources]
+            else:
+                cache[:, destinations] = cache[:, sources]
+
+
 class ModelRunner:
-    """Owns the model and its per-layer KV caches; executes steps."""
+    """Owns the model and its per-layer KV caches; executes steps.
+
+    With `workers` (tensor parallel), the model is rank 0's shard: each step's inputs are
+    broadcast to the worker ranks before rank 0 runs its own part, and so is every logits call.
+    """
 
     def __init__(
         self,
@@ -60,6 +99,7 @@ class ModelRunner:
         sampler: Sampler,
         eos_ids: frozenset[int],
         rejection_sampler: RejectionSampler | None = None,
+        workers: WorkerGroup | None = None,
     ) -> None:
         self.model = model
         self.block_size = block_size
@@ -67,46 +107,51 @@ class ModelRunner:
         self.sampler = sampler
         self.rejection_sampler = rejection_sampler
         self.eos_ids = eos_ids
-        dtype = next(model.parameters()).dtype
-        self.layout = kv_cache_layout(model)
-        self.cache_tensors = [
-            torch.zeros(self.layout.tensor_spec(t).cache_shape(num_blocks, block_size), dtype=dtype)
-            for t in range(self.layout.num_tensors)
-        ]
-        # Layer i's cache; layers of different groups may share a tensor (see KVCacheLayout).
-        self.kv_caches = [self.cache_tensors[t] for t in self.layout.layer_tensors]
+        self.workers = workers
+        self.caches = KVCacheTensors(model, num_blocks, block_size)
+        if workers is not None:
+            workers.allocate_kv_cache(num_blocks, block_size, self.caches.num_bytes)
+        self.layout = self.caches.layout
+        self.kv_caches = self.caches.layer_caches
 
     @property
     def kv_cache_bytes(self) -> int:
-        """Bytes the engine allocated for KV, every cache tensor counted once."""
-        return sum(cache.numel() * cache.element_size() for cache in self.cache_tensors)
+        """Bytes the engine allocated for KV (this rank's shard when tensor parallel)."""
+        return self.caches.num_bytes
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> StepResult:
-        return self._sample(plan.scheduled, self._forward(plan))
+        with self._collectives():
+            return self._sample(plan.scheduled, self._forward(plan))
 
     @torch.inference_mode()
     def last_position_logits(self, plan: SchedulerOutput) -> torch.Tensor:
         """Logits [len(plan.scheduled), vocab] at each scheduled sequence's last new token (a draft model's step)."""
         hidden = self._forward(plan)
         ends = torch.tensor([item.num_new_tokens for item in plan.scheduled]).cumsum(0)
-        return self.model.compute_logits(hidden[ends - 1])
+        return self._logits(hidden[ends - 1])
+
+    @torch.inference_mode()
+    def all_logits(self, plan: SchedulerOutput) -> torch.Tensor:
+        """Logits [plan.num_batched_tokens, vocab] of every scheduled token, samples none (parity checks)."""
+        with self._collectives():
+            return self._logits(self._forward(plan))
+
+    def _collectives(self) -> contextlib.AbstractContextManager:
+        """Where the ranks talk: a broken group surfaces as WorkerFailedError naming the rank."""
+        return self.workers.failures() if self.workers is not None else contextlib.nullcontext()
 
     def _forward(self, plan: SchedulerOutput) -> torch.Tensor:
-        self._copy_blocks(plan.block_copies)
         input_ids, positions, metadata = self._prepare(plan.scheduled)
+        if self.workers is not None:
+            self.workers.forward(plan.block_copies, input_ids, positions, metadata)
+        self.caches.copy_blocks(plan.block_copies)
         return self.model(input_ids, positions, self.kv_caches, metadata)
 
-    def _copy_blocks(self, copies: list[BlockCopy]) -> None:
-        if not copies:
-            return
-        sources = torch.tensor([c.source for c in copies])
-        destinations = torch.tensor([c.destination for c in copies])
-        for t, cache in enumerate(self.cache_tensors):
-            if isinstance(self.layout.tensor_spec(t), LatentAttentionSpec):
-                cache[destinations] = cache[sources]
-            else:
-                cache[:, destinations] = cache[:, sources]
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.workers is not None:
+            self.workers.compute_logits(hidden)
+        return self.model.compute_logits(hidden)
 
     def _prepare(self, scheduled: list[ScheduledSequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         token_chunks, position_chunks = [], []
@@ -187,7 +232,7 @@ class ModelRunner:
         result = StepResult(sampled={}, prompt_logprobs={})
         if sampling:
             rows = torch.tensor([int(ends[i]) - 1 for i, _ in sampling])
-            logits = self.model.compute_logits(hidden[rows])
+            logits = self._logits(hidden[rows])
             tokens = self.sampler(logits, [self._sampling_row(seq) for _, seq in sampling])
             result.sampled = {seq.seq_id: [token] for (_, seq), token in zip(sampling, tokens, strict=True)}
         result.sampled.update(self._verify(scheduled, hidden, ends))
@@ -204,7 +249,7 @@ class ModelRunner:
             return {}
         assert self.rejection_sampler is not None, "drafted tokens scheduled on a runner without a rejection sampler"
         rows = torch.cat([torch.arange(end - item.num_draft_tokens - 1, end) for end, item in verifying])
-        logits = self.model.compute_logits(hidden[rows]).split([item.num_draft_tokens + 1 for _, item in verifying])
+        logits = self._logits(hidden[rows]).split([item.num_draft_tokens + 1 for _, item in verifying])
         tokens = self.rejection_sampler(
             list(logits), [self._sampling_row(item.seq) for _, item in verifying], [item.draft for _, item in verifying]
         )
@@ -225,7 +270,7 @@ class ModelRunner:
         last = min(first + item.num_new_tokens, seq.num_prompt_tokens - 1)
         if last <= first:
             return []
-        logprobs = torch.log_softmax(self.model.compute_logits(hidden[: last - first]).float(), dim=-1)
+        logprobs = torch.log_softmax(self._logits(hidden[: last - first]).float(), dim=-1)
         targets = torch.tensor(seq.token_ids[first + 1 : last + 1])
         chosen = logprobs.gather(1, targets.unsqueeze(1))
         ranks = (logprobs > chosen).sum(dim=1) + 1

@@ -7,13 +7,13 @@ Matrices in a block format ember executes (ember.quant.ggml_blocks.FORMATS) come
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from ember.models.config import ModelConfig
@@ -99,8 +99,19 @@ def unpermute_rope(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return shaped.swapaxes(1, 2).reshape(weight.shape)
 
 
-def iter_gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
-    """(transformers name, tensor) pairs, one at a time: `GGMLTensor` for executed block formats, float32 otherwise."""
+# (transformers name) -> (dim, start, stop) of the part to load, or None for the whole tensor.
+SliceSelector = Callable[[str], tuple[int, int, int] | None]
+
+
+def iter_gguf_tensors(
+    reader: GGUFReader, config: ModelConfig, select: SliceSelector | None = None
+) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
+    """(transformers name, tensor) pairs, one at a time: `GGMLTensor` for executed block formats, float32 otherwise.
+
+    With `select` (a tensor-parallel rank), only the selected rows or columns are read and
+    dequantized to float32 (rows always; columns on block boundaries): a rank's shard runs in
+    float32, quantized tensor-parallel layers are not there yet.
+    """
     permute_rope = config.architecture == "llama"
     for tensor in reader.tensors:
         if tensor.tensor_type not in SUPPORTED_TYPES:
@@ -108,7 +119,15 @@ def iter_gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple
                 f"GGUF tensor {tensor.name} has type {tensor.tensor_type.name}, which ember cannot load yet; "
                 f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}"
             )
-        is_blocks = tensor.tensor_type.name in FORMATS and len(tensor.shape) == 2
+        name = hf_name(tensor.name)
+        part = select(name) if select is not None else None
+        if part is not None:
+            values = _dequantized_part(tensor, *part)
+            if permute_rope and tensor.name.endswith(("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias")):
+                values = unpermute_rope(values, values.shape[0] // config.head_dim)  # whole heads, sliced or not
+            yield name, torch.from_numpy(np.array(values, dtype=np.float32, order="C", copy=True))
+            continue
+        is_blocks = tensor.tensor_type.name in FORMATS and len(tensor.shape) == 2 and select is None
         if is_blocks:  # rows of blocks: uint8 [rows, bytes per row]
             values = np.asarray(tensor.data).reshape(int(tensor.shape[1]), -1)
         else:
@@ -121,6 +140,27 @@ def iter_gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple
         # A copy, never a view: the file map is read-only and is closed after loading.
         values = torch.from_numpy(np.array(values, order="C", copy=True))
         if is_blocks:
-            yield hf_name(tensor.name), GGMLTensor(values, FORMATS[tensor.tensor_type.name], int(tensor.shape[0]))
+            yield name, GGMLTensor(values, FORMATS[tensor.tensor_type.name], int(tensor.shape[0]))
         else:
-            yield hf_name(tensor.name), values
+            yield name, values
+
+
+def _dequantized(tensor: ReaderTensor, rows: slice = slice(None)) -> np.ndarray:
+    """Float32 values of `tensor` (rows `rows` of it), in torch's [out, in] order."""
+    shape = [int(d) for d in reversed(tensor.shape)]
+    data = tensor.data[rows] if len(shape) > 1 else tensor.data
+    values = dequantize(data, tensor.tensor_type).astype(np.float32, copy=False)
+    return values.reshape([-1, *shape[1:]]) if len(shape) > 1 else values.reshape(shape)
+
+
+def _dequantized_part(tensor: ReaderTensor, dim: int, start: int, stop: int) -> np.ndarray:
+    """Rows or columns [start, stop) of `tensor`, reading only their bytes when the blocks allow."""
+    if dim == 0:
+        return _dequantized(tensor, slice(start, stop)) if len(tensor.shape) > 1 else _dequantized(tensor)[start:stop]
+    if tensor.data.dtype != np.uint8:  # F32 / F16 data are typed arrays: columns are elements
+        return tensor.data[:, start:stop].astype(np.float32)
+    block_size, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
+    if start % block_size or stop % block_size:
+        return _dequantized(tensor)[:, start:stop]
+    data = tensor.data[:, start // block_size * block_bytes : stop // block_size * block_bytes]
+    return dequantize(np.ascontiguousarray(data), tensor.tensor_type).astype(np.float32, copy=False).reshape(data.shape[0], -1)

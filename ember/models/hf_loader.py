@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -34,12 +34,24 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def iter_hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs, memory-mapped: nothing is read until a tensor is used."""
+def iter_hf_tensors(
+    folder: Path, select: Callable[[str], tuple[int, int, int] | None] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs, memory-mapped: nothing is read until a tensor is used.
+
+    `select(name)` -> (dim, start, stop) reads only those rows (dim 0) or columns (dim 1) of
+    the tensor (a tensor-parallel rank's slice); None reads it whole.
+    """
     for file in safetensors_files(folder):
         with safe_open(str(file), framework="pt") as shard:
             for name in shard.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, shard.get_tensor(name)
+                part = select(name) if select is not None else None
+                if part is None:
+                    yield name, shard.get_tensor(name)
+                    continue
+                dim, start, stop = part
+                view = shard.get_slice(name)
+                yield name, view[start:stop] if dim == 0 else view[:, start:stop]
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.bpe", "tokenizer.bin")

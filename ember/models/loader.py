@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from gguf import GGUFReader
@@ -26,6 +27,10 @@ from ember.models.packing import PackingPlan
 from ember.quant.checkpoint import read_block_tensors
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
+
+if TYPE_CHECKING:
+    from ember.parallel.communicator import Communicator
+    from ember.parallel.sharding import TensorParallelShard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # "auto": quantized matrices the checkpoint holds stay quantized (ember.quant's layers), the rest float32.
@@ -48,10 +53,14 @@ class LoadedModel:
     format: str
 
 
-def load_model(path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False) -> LoadedModel:
+def load_model(
+    path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False, communicator: Communicator | None = None
+) -> LoadedModel:
     """Load a GGUF file, an HF safetensors folder or a llama2.c .bin into ember's model.
 
     `dtype` "auto" keeps quantized weights in their blocks; a float dtype forces a float copy of every weight.
+    With a `communicator` of several ranks, this rank loads only its tensor-parallel shard
+    (ember.parallel.sharding): its slices are all that is read from the file.
     """
     if dtype not in LOAD_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(LOAD_DTYPES)}")
@@ -59,16 +68,25 @@ def load_model(path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False)
         raise FileNotFoundError(f"model path {path} does not exist; give a file, a folder or a registered name")
     if is_hf_folder(path):
         config = read_hf_config(path)
-        tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor]] = read_block_tensors(path, iter_hf_tensors(path))
-        return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress)
+        shard = _shard(config, communicator)
+        if shard is None:
+            tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor]] = read_block_tensors(path, iter_hf_tensors(path))
+        else:  # a rank reads float slices (quantized tensor-parallel layers are not there yet)
+            tensors = iter_hf_tensors(path, _selector(shard))
+        return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress, shard=shard)
     if is_gguf_file(path):
         reader = GGUFReader(str(path))
         config = read_gguf_config(reader)
+        shard = _shard(config, communicator)
         tokenizer_path = path if "tokenizer.ggml.model" in reader.fields else None
-        return _build(config, iter_gguf_tensors(reader, config), dtype, tokenizer_path, "gguf", show_progress, len(reader.tensors))
+        tensors = iter_gguf_tensors(reader, config, _selector(shard))
+        return _build(config, tensors, dtype, tokenizer_path, "gguf", show_progress, len(reader.tensors), shard)
     if is_llama2c_file(path):
         header = read_llama2c_header(path)
-        return _build(llama2c_config(header), iter_llama2c_tensors(path, header), dtype, None, "llama2c", show_progress)
+        config = llama2c_config(header)
+        shard = _shard(config, communicator)
+        tensors = _sliced(iter_llama2c_tensors(path, header), _selector(shard))
+        return _build(config, tensors, dtype, None, "llama2c", show_progress, shard=shard)
     raise ValueError(
         f"{path} is not a model ember can read: expected a GGUF file, a folder with config.json and "
         "*.safetensors, or a llama2.c .bin checkpoint"
@@ -83,10 +101,14 @@ def _build(
     fmt: str,
     show_progress: bool,
     total: int | None = None,
+    shard: TensorParallelShard | None = None,
 ) -> LoadedModel:
+    """`config` is the whole model's; a tensor-parallel rank builds its model from its shard's local config."""
     torch_dtype = compute_dtype(dtype)
     with torch.device("meta"):
-        model = model_class(config)(config)
+        model = model_class(config)(config if shard is None else shard.local_config())
+        if shard is not None:
+            shard.shard_modules(model)
     expected = dict(model.state_dict())
     is_derived = getattr(model, "is_derived_tensor", lambda name: name.endswith("rotary_emb.inv_freq"))
     state: dict[str, torch.Tensor] = {}
@@ -134,6 +156,37 @@ def _holds_blocks(model: nn.Module, name: str) -> bool:
     """Whether the parameter `name` is the weight of a layer that can run GGML blocks."""
     module_path, _, leaf = name.rpartition(".")
     return leaf == "weight" and can_hold_blocks(model.get_submodule(module_path))
+
+
+def _shard(config: ModelConfig, communicator: Communicator | None) -> TensorParallelShard | None:
+    """This rank's shard of `config`, or None when the model runs whole in one process."""
+    if communicator is None or communicator.world_size == 1:
+        return None
+    from ember.parallel.sharding import TensorParallelShard
+
+    return TensorParallelShard(config, communicator.rank, communicator.world_size, communicator)
+
+
+SliceSelector = Callable[[str], tuple[int, int, int] | None]
+
+
+def _selector(shard: TensorParallelShard | None) -> SliceSelector | None:
+    """Checkpoint name -> (dim, start, stop) of this rank's part, for the format readers."""
+    if shard is None:
+        return None
+
+    def select(name: str) -> tuple[int, int, int] | None:
+        part = shard.slice_for(name)
+        return None if part is None else (part.dim, part.start, part.stop)
+
+    return select
+
+
+def _sliced(tensors: Iterable[tuple[str, torch.Tensor]], select: SliceSelector | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Slice whole tensors after reading (formats that cannot read a part, e.g. llama2.c)."""
+    for name, tensor in tensors:
+        part = select(name) if select is not None else None
+        yield name, tensor if part is None else tensor.narrow(part[0], part[1], part[2] - part[1]).contiguous()
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:

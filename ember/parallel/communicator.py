@@ -1,0 +1,123 @@
+"""Communicator: one rank's gloo process group, with every collective counted.
+
+A thin wrapper over `torch.distributed.ProcessGroupGloo` (built without the global default
+group, so two engines in one process never collide). Each call records the bytes this rank
+sends under the textbook algorithm of that collective, and the time it spent waiting in it:
+
+- all-reduce (ring): 2 (W - 1) / W * N bytes of an N-byte tensor
+- gather to rank 0: N bytes from every other rank, none from rank 0
+- broadcast from rank 0: (W - 1) * N bytes from rank 0, none from the others
+
+gloo's own wire bytes are not observable from Python; these counts are what the formulas of
+ember.parallel.volume predict, and the test holds one to the other.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed: a peer died, hung past the timeout, or the group was torn down."""
+
+
+@dataclass
+class CollectiveStats:
+    """Bytes sent, calls and seconds spent per collective kind (e.g. "all_reduce", "gather")."""
+
+    bytes_sent: Counter = field(default_factory=Counter)
+    calls: Counter = field(default_factory=Counter)
+    seconds: Counter = field(default_factory=Counter)
+
+    def record(self, kind: str, num_bytes: float, seconds: float) -> None:
+        self.bytes_sent[kind] += num_bytes
+        self.calls[kind] += 1
+        self.seconds[kind] += seconds
+
+    def reset(self) -> None:
+        self.bytes_sent.clear()
+        self.calls.clear()
+        self.seconds.clear()
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+
+class Communicator:
+    """The collectives one rank runs with its peers; rank 0 is the driver (the engine process)."""
+
+    def __init__(
+        self, group: dist.ProcessGroupGloo, rank: int, world_size: int, timeout_s: float, store: dist.Store | None = None
+    ) -> None:
+        self.group = group
+        self.store = store  # the group reads from its store: it lives as long as the group
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.stats = CollectiveStats()
+
+    @property
+    def is_driver(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum `tensor` over the ranks, in place; returns it."""
+        options = dist.AllreduceOptions()
+        options.timeout = self.timeout
+        ring_bytes = 2 * (self.world_size - 1) / self.world_size * _nbytes(tensor)
+        self._run("all_reduce", ring_bytes, lambda: self.group.allreduce([tensor], options))
+        return tensor
+
+    def gather_to_driver(self, tensor: torch.Tensor, timeout_s: float | None = None) -> list[torch.Tensor] | None:
+        """Every rank's `tensor` (same shape on all ranks) on rank 0, in rank order; None elsewhere.
+
+        `timeout_s` overrides the collective timeout (the ranks load at their own pace).
+        """
+        options = dist.GatherOptions()
+        options.rootRank = 0
+        options.timeout = self.timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        tensor = tensor.contiguous()
+        if self.is_driver:
+            outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]
+            self._run("gather", 0, lambda: self.group.gather([outputs], [tensor], options))
+            return outputs
+        self._run("gather", _nbytes(tensor), lambda: self.group.gather([], [tensor], options))
+        return None
+
+    def broadcast_object(self, obj: object = None, timeout_s: float | None = None) -> object:
+        """Rank 0's `obj` on every rank (pickled; tensors inside travel too). Others pass None.
+
+        `timeout_s` overrides the collective timeout: workers idle between steps wait here.
+        """
+        timeout = self.timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        if self.is_driver:
+            payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+            size = torch.tensor([payload.numel()], dtype=torch.long)
+        else:
+            size = torch.zeros(1, dtype=torch.long)
+        fanout = self.world_size - 1 if self.is_driver else 0
+        self._run("broadcast", fanout * _nbytes(size), lambda: self.group.broadcast(size, 0, timeout))
+        if not self.is_driver:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self._run("broadcast", fanout * _nbytes(payload), lambda: self.group.broadcast(payload, 0, timeout))
+        return obj if self.is_driver else pickle.loads(payload.numpy().tobytes())
+
+    def _run(self, kind: str, num_bytes: float, start) -> None:
+        began = time.perf_counter()
+        try:
+            start().wait()
+        except RuntimeError as error:
+            raise CollectiveError(f"{kind} on rank {self.rank} of {self.world_size} failed: {error}") from error
+        self.stats.record(kind, num_bytes, time.perf_counter() - began)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

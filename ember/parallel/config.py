@@ -1,0 +1,58 @@
+"""ParallelConfig: how many ranks, where they meet, and how long a rank may keep the others waiting."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass
+class ParallelConfig:
+    """Tensor parallelism over `tensor_parallel_size` ranks (1: one process, no torch.distributed).
+
+    The ranks meet at `master_addr:master_port` (a free port is picked when None). A collective
+    that waits longer than `collective_timeout_s` for a peer (a dead or hung worker) fails the
+    step with an error naming the rank, instead of hanging; `startup_timeout_s` bounds loading.
+    """
+
+    tensor_parallel_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    collective_timeout_s: float = 20.0
+    startup_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.tensor_parallel_size <= 64:
+            raise ValueError("tensor_parallel_size must be from 1 to 64 (--tensor-parallel-size)")
+        if self.master_port is not None and not 1 <= self.master_port <= 65535:
+            raise ValueError("master_port must be from 1 to 65535 (--master-port)")
+        if self.collective_timeout_s <= 0 or self.startup_timeout_s <= 0:
+            raise ValueError("collective_timeout_s and startup_timeout_s must be positive")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
+
+    @property
+    def is_parallel(self) -> bool:
+        return self.world_size > 1
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ParallelConfig:
+        return cls(
+            tensor_parallel_size=args.tensor_parallel_size,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            collective_timeout_s=args.collective_timeout,
+        )
+
+
+def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    """The parallelism flags of every command that builds an engine."""
+    defaults = ParallelConfig()
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=defaults.tensor_parallel_size,
+                        help="ranks the weights and KV cache are split over (worker processes on torch.distributed)")
+    parser.add_argument("--master-addr", default=defaults.master_addr, help="address where the ranks meet")
+    parser.add_argument("--master-port", type=int, default=None, help="port where the ranks meet (default: a free one)")
+    parser.add_argument("--collective-timeout", type=float, default=defaults.collective_timeout_s,
+                        help="seconds a rank waits for its peers before the step fails (a dead or hung worker)")

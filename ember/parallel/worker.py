@@ -1,0 +1,99 @@
+"""A worker rank: joins the group, loads its shard, then follows rank 0's commands until told to stop.
+
+Started by rank 0 (ember.parallel.driver) as `python -m ember.parallel.worker ...`, or by hand
+on another machine with the same flags (multi-node). The worker reads its standard input as a
+lifeline: when rank 0 goes away (exit, crash, kill), the pipe closes and the worker exits at
+once, so no worker outlives its engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from ember.engine.runner import KVCacheTensors
+from ember.models.loader import load_model
+from ember.parallel.communicator import Communicator
+from ember.parallel.group import connect
+from ember.parallel.messages import AllocateKVCache, ComputeLogits, RunForward, StopWorker
+
+logger = logging.getLogger(__name__)
+
+# A worker waits this long for rank 0's next command: idle servers send none for hours.
+IDLE_WAIT_S = 7 * 24 * 3600.0
+EXIT_ORPHANED = 3
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the parameters this rank holds."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+class WorkerLoop:
+    """Rank r's model shard and KV cache shard, driven by the commands rank 0 broadcasts."""
+
+    def __init__(self, model: torch.nn.Module, communicator: Communicator) -> None:
+        self.model = model
+        self.communicator = communicator
+        self.caches: KVCacheTensors | None = None
+
+    @torch.inference_mode()
+    def run(self) -> None:
+        while True:
+            command = self.communicator.broadcast_object(timeout_s=IDLE_WAIT_S)
+            if isinstance(command, StopWorker):
+                return
+            if isinstance(command, AllocateKVCache):
+                self.caches = KVCacheTensors(self.model, command.num_blocks, command.block_size)
+                self.communicator.gather_to_driver(torch.tensor([self.caches.num_bytes]))
+            elif isinstance(command, RunForward):
+                assert self.caches is not None, "rank 0 runs a step before allocating the KV cache"
+                self.caches.copy_blocks(command.block_copies)
+                self.model(command.input_ids, command.positions, self.caches.layer_caches, command.metadata)
+            elif isinstance(command, ComputeLogits):
+                self.model.compute_logits(command.hidden)
+
+
+def _exit_when_orphaned() -> None:
+    """Block on stdin (rank 0 holds its other end); end of file means rank 0 is gone."""
+    while sys.stdin.buffer.read(1):
+        pass
+    os._exit(EXIT_ORPHANED)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ember.parallel.worker", description=__doc__)
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--master-addr", required=True)
+    parser.add_argument("--master-port", type=int, required=True)
+    parser.add_argument("--collective-timeout", type=float, required=True)
+    parser.add_argument("--startup-timeout", type=float, required=True)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of this rank")
+    parser.add_argument("--no-lifeline", action="store_true", help="do not exit when stdin closes (a rank started by hand)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"[rank {args.rank}] %(levelname)s %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; rank 0 stops us
+    if not args.no_lifeline:
+        threading.Thread(target=_exit_when_orphaned, name="ember-lifeline", daemon=True).start()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    communicator = connect(
+        args.rank, args.world_size, args.master_addr, args.master_port, args.collective_timeout, args.startup_timeout
+    )
+    loaded = load_model(args.model, args.dtype, communicator=communicator)
+    communicator.gather_to_driver(torch.tensor([parameter_bytes(loaded.model)]), args.startup_timeout)
+    WorkerLoop(loaded.model, communicator).run()
+
+
+if __name__ == "__main__":
+    main()

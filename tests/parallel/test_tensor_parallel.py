@@ -1,0 +1,78 @@
+"""TP=2 against the single-process engine on random checkpoints whose heads, inner size and
+vocabulary do not divide by 2 (the SmolLM2 case: 3 KV heads), and the bytes each rank sends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ember.llm import LLM
+from ember.parallel.volume import tensor_parallel_volume
+from tests.model_factory import save_tiny_model
+from tests.parallel.tp_parity import assert_parallel_matches, prompt_logits
+
+BLOCK_SIZE = 4
+PROMPTS = [[5, 9, 14, 200, 3, 77], list(range(30, 53)), [1], [300, 2, 8, 8, 8, 40, 41, 42, 43]]
+# 6 query heads over 3 KV heads, odd inner size and vocabulary: every split is uneven at TP=2.
+UNEVEN_SHAPE = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, intermediate_size=129, vocab_size=321)
+
+
+def engines(folder: Path, budget: int = 64) -> tuple[LLM, LLM]:
+    options = dict(block_size=BLOCK_SIZE, num_kv_blocks=200, max_num_batched_tokens=budget, enable_prefix_caching=False)
+    return LLM(str(folder), **options), LLM(str(folder), tensor_parallel_size=2, **options)
+
+
+def test_tp2_qwen2_hybrid_windows_uneven_heads_match_single_process(tmp_path, single_thread_torch):
+    """Qwen2 with q/k/v biases, windowed and full layers (hybrid), and uneven splits everywhere."""
+    folder = save_tiny_model(
+        "qwen2", tmp_path / "qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1, **UNEVEN_SHAPE
+    )
+    single, parallel = engines(folder)
+    try:
+        assert_parallel_matches(single, parallel, PROMPTS)
+        memory = parallel.engine.workers.memory
+        whole = sum(p.numel() * p.element_size() for p in single.engine.runner.model.parameters())
+        # Rank 0 holds 2 of 3 KV groups: 2/3 of attention; the rest splits evenly (norms are whole on both).
+        assert max(memory.parameter_bytes) < 0.62 * whole
+        assert sum(memory.parameter_bytes) < 1.02 * whole
+        _assert_volume_matches_formula(parallel)
+    finally:
+        parallel.shutdown()
+
+
+def _assert_volume_matches_formula(parallel: LLM) -> None:
+    """Counted all-reduce bytes of one forward pass equal (2 L + 1) H e 2(W-1)/W per token."""
+    communicator = parallel.engine.workers.communicator
+    communicator.stats.reset()
+    prompt_logits(parallel, PROMPTS)
+    num_tokens = sum(len(p) for p in PROMPTS)
+    volume = tensor_parallel_volume(parallel.engine.model_config, world_size=2, element_bytes=4)
+    assert communicator.stats.bytes_sent["all_reduce"] == num_tokens * volume.all_reduce_bytes_per_token
+    assert communicator.stats.calls["all_reduce"] == volume.all_reduces_per_forward
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_tp2_llama_and_mistral_windows_match_single_process(tmp_path, single_thread_torch, family):
+    overrides = dict(sliding_window=6) if family == "mistral" else {}
+    folder = save_tiny_model(family, tmp_path / family, **overrides)
+    single, parallel = engines(folder)
+    try:
+        assert_parallel_matches(single, parallel, PROMPTS)
+    finally:
+        parallel.shutdown()
+
+
+@pytest.mark.slow
+def test_tp2_smollm2_gguf_matches_single_process(smollm2_gguf, single_thread_torch):
+    """SmolLM2-135M: 9 query heads over 3 KV heads split 6+3 / 2+1 at TP=2; Q4_1 rows read per rank."""
+    prompts = [[1, 504, 3458, 314, 260, 1345, 28], [4093, 12, 2078, 30, 5, 77, 890, 16, 9, 10, 11]]
+    single = LLM(str(smollm2_gguf), block_size=16, num_kv_blocks=64)
+    parallel = LLM(str(smollm2_gguf), block_size=16, num_kv_blocks=64, tensor_parallel_size=2)
+    try:
+        assert_parallel_matches(single, parallel, prompts)
+        whole = sum(p.numel() * p.element_size() for p in single.engine.runner.model.parameters())
+        assert max(parallel.engine.workers.memory.parameter_bytes) < 0.6 * whole
+    finally:
+        parallel.shutdown()
