@@ -12,6 +12,10 @@ from ember.parallel.volume import tensor_parallel_volume
 from tests.model_factory import save_tiny_model
 from tests.parallel.tp_parity import assert_parallel_matches, prompt_logits
 
+# SmolLM2's logits reach |30| after 30 layers; split row-parallel sums reorder float32 additions
+# (measured: 4.6e-5 max abs difference, ~1.5e-6 relative), so its bound is 1e-4, not 1e-5.
+SMOLLM2_LOGIT_TOLERANCE = 1e-4
+
 BLOCK_SIZE = 4
 PROMPTS = [[5, 9, 14, 200, 3, 77], list(range(30, 53)), [1], [300, 2, 8, 8, 8, 40, 41, 42, 43]]
 # 6 query heads over 3 KV heads, odd inner size and vocabulary: every split is uneven at TP=2.
@@ -71,7 +75,7 @@ def test_tp2_smollm2_gguf_matches_single_process(smollm2_gguf, single_thread_tor
     single = LLM(str(smollm2_gguf), block_size=16, num_kv_blocks=64)
     parallel = LLM(str(smollm2_gguf), block_size=16, num_kv_blocks=64, tensor_parallel_size=2)
     try:
-        assert_parallel_matches(single, parallel, prompts)
+        assert_parallel_matches(single, parallel, prompts, SMOLLM2_LOGIT_TOLERANCE)
         whole = sum(p.numel() * p.element_size() for p in single.engine.runner.model.parameters())
         assert max(parallel.engine.workers.memory.parameter_bytes) < 0.6 * whole
     finally:
