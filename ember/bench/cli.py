@@ -37,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve.add_argument("--num-requests", type=int, default=None, help="requests per run (default 64 x --scale)")
     serve.add_argument("--concurrency", type=int, default=16, help="most requests in flight (0: no cap)")
     serve.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
+    serve.add_argument("--max-prompt-tokens", type=int, default=512, help="longest prompt of the mixed-like requests (and of the batch-1 request, up to 128)")
+    serve.add_argument("--max-output-tokens", type=int, default=256, help="longest output of the requests (and of the batch-1 request, up to 128)")
     serve.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     serve.add_argument("--slo-tpot-ms", type=float, default=200.0)
     serve.add_argument("--workload", type=Path, default=None, help="replay this JSONL serve workload")
@@ -167,7 +169,8 @@ def _run_workload(args: argparse.Namespace) -> int:
         from ember.bench.serve import SLO
 
         section = suite.bench_serve(options, url=args.url, concurrency=args.concurrency or None, request_rate=args.request_rate,
-                                    slo=SLO(args.slo_ttft_ms, args.slo_tpot_ms), dtype=options.dtypes[0], served_model=args.served_model)
+                                    slo=SLO(args.slo_ttft_ms, args.slo_tpot_ms), dtype=options.dtypes[0], served_model=args.served_model,
+                                    max_prompt=args.max_prompt_tokens, max_output=args.max_output_tokens)
     printing.print_section(name, section, options.skipped)
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)

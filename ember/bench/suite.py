@@ -400,6 +400,8 @@ def bench_serve(
     slo=None,
     dtype: str = "float32",
     served_model: str | None = None,
+    max_prompt: int = 512,
+    max_output: int = 256,
 ) -> dict:
     """Load-test a running server at `url`, or start `ember serve` on a free port and test that.
 
@@ -413,18 +415,22 @@ def bench_serve(
 
     from ember.bench.serve import SLO, ember_server, run_load, serve_summary
 
+    if max_prompt < 1 or max_output < 2:
+        raise ValueError("--max-prompt-tokens must be at least 1 and --max-output-tokens at least 2 (a TPOT needs two tokens)")
     slo = slo or SLO()
     num_requests = options.requests(64, "serve")
     server = contextlib.nullcontext(url) if url else ember_server(options.model, dtype)
     label = url or f"ember serve ({dtype})"
     compares_offline = url is None
-    batch1 = make_workload(options, "batch1") if compares_offline else None
+    lengths = {"max_prompt": max_prompt, "max_output": max_output}
+    batch1_lengths = {"prompt_len": min(128, max_prompt), "output_len": min(128, max_output)}
+    batch1 = make_workload(options, "batch1", **batch1_lengths) if compares_offline else None
     options.tick(f"serve: starting {label}")
     runs, offline, served_batch1, offline_batch1 = [], [], [], []
     with server as base_url:
         for repeat in range(options.repeats):
             # A new seed per repeat, so a server's prefix cache cannot serve a repeat's prompts.
-            workload = make_workload(options, "serve", seed_offset=repeat, num_requests=num_requests, request_rate=request_rate)
+            workload = make_workload(options, "serve", seed_offset=repeat, num_requests=num_requests, request_rate=request_rate, **lengths)
             options.tick(f"serve: {label} ({repeat + 1}/{options.repeats})")
             runs.append(asyncio.run(run_load(base_url, workload, served_model, concurrency, label=label)))
             if not compares_offline:
@@ -438,6 +444,8 @@ def bench_serve(
     section = {
         "target": label,
         "num_requests": num_requests,
+        "max_prompt_tokens": max_prompt,
+        "max_output_tokens": max_output,
         "concurrency": concurrency,
         "request_rate": None if request_rate == float("inf") else request_rate,
         "slo": summaries[0]["slo"],

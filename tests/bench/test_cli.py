@@ -50,3 +50,12 @@ def test_the_static_lever_at_one_dtype_plans_fewer_runs():
     one = BenchOptions(dtypes=("float32", "bfloat16"), repeats=3, peers=("hf",), static_dtypes=("float32",))
     assert planned_runs(both, "mixed") == (2 * 2 + 2) * 3
     assert planned_runs(one, "mixed") == (2 * 2 + 1) * 3
+
+
+def test_serve_takes_length_caps_and_refuses_a_single_output_token():
+    from ember.bench.suite import BenchOptions, bench_serve
+
+    args = build_parser().parse_args(["bench", "serve", "--max-prompt-tokens", "64", "--max-output-tokens", "32"])
+    assert (args.max_prompt_tokens, args.max_output_tokens) == (64, 32)
+    with pytest.raises(ValueError, match="--max-output-tokens at least 2"):
+        bench_serve(BenchOptions(), max_output=1)
