@@ -69,6 +69,17 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     spec.add_argument("--mixed-max-output", type=int, default=128, help="longest output of the mixed workload")
     spec.add_argument("--plot", type=Path, default=Path("benchmarks/plots/spec_acceptance.png"), help="acceptance histogram PNG")
     spec.set_defaults(func=_run_spec)
+    soak = commands.add_parser("soak", help="many mixed requests against a real server: nothing lost, no 5xx, bounded memory")
+    _common(soak, peers=False)
+    soak.add_argument("--url", default=None, help="base URL of a running server (default: start `ember serve` with a small KV pool)")
+    soak.add_argument("--served-model", default=None, help="the 'model' field to send (default: none)")
+    soak.add_argument("--num-requests", type=int, default=None, help="requests in the soak (default 10,000 x --scale)")
+    soak.add_argument("--concurrency", type=int, default=32, help="most requests in flight")
+    soak.add_argument("--cancel-fraction", type=float, default=0.1, help="share of requests whose client hangs up mid-answer")
+    soak.add_argument("--max-tokens", type=int, default=16, help="largest max_tokens of a request")
+    soak.add_argument("--server-args", default=None,
+                      help="flags for the started `ember serve` (default: a 48-block KV pool, 512-token context), e.g. '--tokenizer DIR'")
+    soak.set_defaults(func=_run_soak)
     roofline = commands.add_parser("roofline", help="memory read bandwidth (C probe) and matmul throughput of this machine")
     roofline.add_argument("--model", default="smollm2-135m-instruct", help="model whose bytes/token sets the decode roofline")
     roofline.add_argument("--repeats", type=int, default=3)
@@ -78,10 +89,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _common(everything, default_dtype="both")
     everything.add_argument("--report", type=Path, default=None, help="write the Markdown report here (BENCHMARKS.md)")
     everything.add_argument("--out-dir", type=Path, default=Path("benchmarks"), help="results/ and plots/ go under this folder")
-    everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,tokenizers,gateway")
+    everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,soak,tokenizers,gateway")
     everything.add_argument("--chunk-tokens", type=int, default=256)
     everything.add_argument("--requests", default=None, metavar="NAME=N,...",
-                            help="request counts per workload overriding --scale, e.g. mixed=24,serve=8 (mixed, shared-prefix, serve)")
+                            help="request counts per workload overriding --scale, e.g. mixed=24,serve=8,soak=2000 (mixed, shared-prefix, serve, soak)")
     everything.add_argument("--static-dtype", default=None, choices=("float32", "bfloat16"),
                             help="run the static-batches lever of `mixed` at this dtype only (default: every dtype)")
     everything.add_argument("--tokenizer-text-mb", type=float, default=2.0, help="text size of the tokenizer benchmark in `all`")
@@ -216,6 +227,17 @@ def _run_spec(args: argparse.Namespace) -> int:
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)
     return 0
+def _run_soak(args: argparse.Namespace) -> int:
+    from ember.bench import printing, suite
+
+    options = _options(args)
+    server_args = suite.SOAK_SERVER_ARGS if args.server_args is None else tuple(shlex.split(args.server_args))
+    section = suite.bench_soak(options, url=args.url, concurrency=args.concurrency, cancel_fraction=args.cancel_fraction,
+                               max_tokens=args.max_tokens, server_args=server_args, served_model=args.served_model)
+    printing.print_section("soak", section, options.skipped)
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, section)
+    return 0 if section["lost"] == 0 and section["server_errors"] == 0 else 1
 
 
 def _run_roofline(args: argparse.Namespace) -> int:
@@ -261,8 +283,8 @@ def _parse_requests(text: str | None) -> dict[str, int]:
             continue
         name, _, value = part.partition("=")
         name = name.strip()
-        if name not in ("mixed", "shared-prefix", "serve") or not value.strip().isdigit() or int(value) < 1:
-            raise ValueError(f"--requests: {part!r} should read NAME=N with NAME one of mixed, shared-prefix, serve and N >= 1")
+        if name not in ("mixed", "shared-prefix", "serve", "soak") or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"--requests: {part!r} should read NAME=N with NAME one of mixed, shared-prefix, serve, soak and N >= 1")
         counts[name] = int(value)
     return counts
 

@@ -25,6 +25,7 @@ def print_section(name: str, section: dict, skipped: dict[str, str]) -> None:
         "serve": _serve,
         "roofline": _roofline,
         "quant": _quant,
+        "soak": _soak,
     }[name]
     console.print(printer(section))
     for peer, why in skipped.items():
@@ -133,6 +134,17 @@ def _serve(section: dict) -> Table | Group:
     versus.add_row("TPOT ms (one batch1 request alone)", fmt_spread(compared["batch1_tpot_ms"]["served"]),
                    fmt_spread(compared["batch1_tpot_ms"]["offline"]), fmt_ratio(compared.get("batch1_tpot_ratio")))
     return Group(table, versus)
+
+
+def _soak(section: dict) -> Table:
+    from ember.bench.soak import summary_rows
+
+    table = Table(title=f"soak: {section['target']}")
+    table.add_column("measure")
+    table.add_column("value")
+    for measure, value in summary_rows(section):
+        table.add_row(measure, value)
+    return table
 
 
 def _roofline(section: dict) -> Table:

@@ -150,6 +150,12 @@ def make_plots(results: dict, folder: Path) -> dict[str, Path]:
     if serve and serve.get("runs"):
         plots["serve"] = _cdf(plt, folder / "serve_latency_cdf.png", f"serve: {serve['target']}",
                               {"TTFT": _pool(serve["runs"], "ttft_s"), "ITL": _pool(serve["runs"], "itl_s", "main")}, "seconds", log=True)
+    soak = results.get("soak")
+    if soak and soak.get("samples"):
+        from ember.bench.soak import plot_soak
+
+        plots["soak"] = folder / "soak_memory.png"
+        plot_soak(soak, plots["soak"])
     return plots
 
 
@@ -249,6 +255,7 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     _long_prefill(lines, results, plots, report_dir)
     _serve(lines, results, plots, report_dir)
     _peer_settings(lines, results)
+    _soak(lines, results, plots, report_dir)
     _tokenizers(lines, results)
     _gateway(lines, results)
     _closing(lines, results)
@@ -519,6 +526,21 @@ def _gateway(lines: list[str], results: dict) -> None:
     from ember.bench.gateway import markdown
 
     lines += ["## Gateway routing (`ember bench gateway`)", "", markdown(results["gateway"]), ""]
+def _soak(lines: list[str], results: dict, plots: dict, report_dir: Path | None) -> None:
+    from ember.bench.soak import summary_rows
+
+    s = results.get("soak")
+    if not s:
+        return
+    settings = s["settings"]
+    lines += ["## `soak`: nothing lost under load", "",
+              f"{s['num_requests']} mixed requests ({settings['concurrency']} in flight, {settings['cancel_fraction']:.0%} abandoned "
+              f"mid-answer by their client, max_tokens up to {settings['max_tokens']}) against {s['target']}: chat and text, streamed "
+              "or whole, n up to 3, stop strings, seeds, logprobs, batched and token-id prompts. Lost = neither complete nor "
+              "cancelled by its client.", ""]
+    lines += _table(["", "measured"], [[measure, value] for measure, value in summary_rows(s)])
+    _img(lines, plots, "soak", report_dir)
+    lines.append("")
 
 
 def _tokenizers(lines: list[str], results: dict) -> None:

@@ -14,7 +14,7 @@ from ember.bench import report, suite
 from ember.bench.machine import git_commit, load_average, machine_info
 from ember.bench.suite import BenchOptions
 
-SECTIONS = ("roofline", "mixed", "batch1", "shared-prefix", "long-prefill", "serve", "tokenizers", "gateway")
+SECTIONS = ("roofline", "mixed", "batch1", "shared-prefix", "long-prefill", "serve", "soak", "tokenizers", "gateway")
 
 
 def run_all(options: BenchOptions, command: str, report_path: Path | None, out_dir: Path, only: tuple[str, ...] = SECTIONS,
@@ -75,6 +75,8 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
                     settings = GatewayBenchSettings(model=options.model, seed=options.seed,
                                                     overhead_pairs=max(20, round(200 * options.scale)))  # fmt: skip
                     results[key] = run_gateway_bench(settings, tick=tick)
+                elif name == "soak":
+                    results[key] = suite.bench_soak(options)
                 elif name == "tokenizers":
                     tick("tokenizers")
                     outcome = run_tokenizer_bench_if_present(options, tokenizer_text_mb)

@@ -260,6 +260,8 @@ def planned_runs(options: BenchOptions, workload: str) -> int:
         return ((1 + peers) * len(options.dtypes) + static) * options.repeats
     if workload == "batch1":
         return (1 + peers) * len(options.dtypes) * options.repeats
+    if workload == "soak":
+        return 1
     return {"shared-prefix": 2, "long-prefill": 2, "serve": 3, "roofline": 0}.get(workload, 0) * options.repeats
 
 
@@ -526,3 +528,40 @@ def bench_roofline(options: BenchOptions) -> dict:
         "roofline_tok_s": {dtype: gb_s["median"] * 1e9 / b for dtype, b in per_token.items()},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+# -- soak -------------------------------------------------------------------------------------
+
+SOAK_REQUESTS = 10_000
+SOAK_SERVER_ARGS = ("--num-kv-blocks", "48", "--block-size", "16", "--max-model-len", "512")
+
+
+def bench_soak(
+    options: BenchOptions,
+    url: str | None = None,
+    concurrency: int = 32,
+    cancel_fraction: float = 0.1,
+    max_tokens: int = 16,
+    server_args: tuple[str, ...] = SOAK_SERVER_ARGS,
+    served_model: str | None = None,
+) -> dict:
+    """Many mixed requests against `url`, or against `ember serve` started with a KV pool small
+    enough to force preemption: lost requests, 5xx, free blocks and server memory (ember.bench.soak)."""
+    import asyncio
+    import contextlib
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ember.bench.serve import ember_server
+    from ember.bench.soak import SoakSettings, run_soak
+
+    settings = SoakSettings(num_requests=options.requests(SOAK_REQUESTS, "soak"), concurrency=concurrency,
+                            cancel_fraction=cancel_fraction, max_tokens=max_tokens, seed=options.seed, served_model=served_model)
+    label = url or f"ember serve {' '.join(server_args)}"
+    options.tick(f"soak: {settings.num_requests} requests against {label}")
+    server = contextlib.nullcontext(url) if url else ember_server(options.model, options.dtypes[0], server_args)
+    with server as base_url, Progress(TextColumn("[bold]soak"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                      TimeElapsedColumn()) as progress:
+        task = progress.add_task("soak", total=settings.num_requests)
+        result = asyncio.run(run_soak(base_url, settings, on_done=lambda: progress.advance(task)))
+    return {"target": label, "model": options.model, **result.as_dict()}

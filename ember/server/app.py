@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import AsyncIterator
 from http import HTTPStatus
 from importlib import metadata
 
@@ -11,17 +13,31 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ember.server.admission import AdmissionGate
-from ember.server.body_limit import BodySizeLimit
+from ember.server.body_limit import BodyLimits
 from ember.server.chat_template import load_chat_template
 from ember.server.config import ServerConfig
 from ember.server.context import ServingContext
+from ember.server.drain import Drain
 from ember.server.errors import ApiError, install_error_handlers
 from ember.server.metrics import CONTENT_TYPE, ServerMetrics
-from ember.server.protocol import DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
+from ember.server.openapi import answers, body_of, install_openapi
+from ember.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from ember.server.request_log import RequestLogger
 from ember.server.requests import parse_request, resolve_model
 from ember.server.serving_chat import create_chat_completion
 from ember.server.serving_completions import create_completion
+from ember.server.tokenization import PromptEncoder
 
 DEBUG_STEP_RECORDS = 1024
 
@@ -34,27 +50,37 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig()
     model_names = config.served_model_names or [engine.model_name]
     metrics = ServerMetrics(engine, model_names[0])
+    admission = AdmissionGate(engine, config.max_waiting, config.retry_after_s, metrics.observe_rejected)
     context = ServingContext(
         engine=engine,
         config=config,
         model_names=model_names,
         chat_template=load_chat_template(engine.tokenizer, config.chat_template),
-        admission=AdmissionGate(config.max_waiting, config.retry_after_s, metrics.observe_rejected),
+        encoder=PromptEncoder(engine.tokenizer, engine.max_model_len),
+        admission=admission,
+        drain=Drain(admission, config.drain_timeout_s, config.retry_after_s),
         metrics=metrics,
         request_logger=RequestLogger(config.log_prompts),
         created_time=int(time.time()),
     )
-    app = FastAPI(title="ember", version=_version(), docs_url=None, redoc_url=None, openapi_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        context.encoder.close()
+
+    app = FastAPI(title="ember", version=_version(), lifespan=lifespan)
     app.state.context = context
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
+    install_openapi(app)
+    app.add_middleware(BodyLimits, max_body_bytes=config.max_body_bytes, body_timeout_s=config.body_timeout_s)
     _add_openai_routes(app, context)
     _add_service_routes(app, context)
     return app
 
 
 def _add_openai_routes(app: FastAPI, context: ServingContext) -> None:
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=answers(ModelList))
     async def list_models() -> JSONResponse:
         cards = [
             ModelCard(id=name, created=context.created_time, max_model_len=context.max_model_len)
@@ -62,27 +88,43 @@ def _add_openai_routes(app: FastAPI, context: ServingContext) -> None:
         ]
         return JSONResponse(ModelList(data=cards).model_dump())
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", responses=answers(ModelCard))
     async def get_model(model_id: str) -> JSONResponse:
         name = resolve_model(model_id, context.model_names)
         card = ModelCard(id=name, created=context.created_time, max_model_len=context.max_model_len)
         return JSONResponse(card.model_dump())
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        openapi_extra=body_of(ChatCompletionRequest),
+        responses=answers(ChatCompletionResponse, streams=True),
+    )
     async def chat_completions(request: Request) -> Response:
         return await create_chat_completion(context, request)
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        openapi_extra=body_of(CompletionRequest),
+        responses=answers(CompletionResponse, streams=True),
+    )
     async def completions(request: Request) -> Response:
         return await create_completion(context, request)
 
 
 def _add_service_routes(app: FastAPI, context: ServingContext) -> None:
-    @app.get("/health")
+    @app.get("/health", responses=answers(None))
     async def health() -> JSONResponse:
         reason = context.engine.dead_reason
         if reason is not None:
             return JSONResponse({"status": "engine_dead", "reason": reason}, status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+        if context.drain.is_draining:
+            raise ApiError(
+                "The server is shutting down.",
+                status_code=HTTPStatus.SERVICE_UNAVAILABLE,
+                error_type="server_error",
+                code="server_shutting_down",
+                headers={"Retry-After": str(context.config.retry_after_s)},
+            )
         return JSONResponse({"status": "ok"})
 
     @app.get("/version")
@@ -93,21 +135,23 @@ def _add_service_routes(app: FastAPI, context: ServingContext) -> None:
     async def metrics() -> Response:
         return Response(context.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=body_of(TokenizeRequest), responses=answers(TokenizeResponse))
     async def tokenize(request: Request) -> JSONResponse:
         body = parse_request(TokenizeRequest, await request.body())
         resolve_model(body.model, context.model_names)
-        token_ids = _tokenize(context, body)
+        token_ids = await _tokenize(context, body)
         return JSONResponse({"tokens": token_ids, "count": len(token_ids), "max_model_len": context.max_model_len})
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=body_of(DetokenizeRequest), responses=answers(DetokenizeResponse))
     async def detokenize(request: Request) -> JSONResponse:
         body = parse_request(DetokenizeRequest, await request.body())
         resolve_model(body.model, context.model_names)
         vocab_size = context.tokenizer.vocab_size
         bad = [token for token in body.tokens if token >= vocab_size]
         if bad:
-            raise ApiError(f"Token ids must be below {vocab_size}; got {bad[:5]}.", param="tokens")
+            raise ApiError(
+                f"Token ids must be below {vocab_size}; got {bad[:5]}.", param="tokens", code="invalid_value"
+            )
         return JSONResponse({"prompt": context.tokenizer.decode(body.tokens)})
 
     if context.config.enable_debug_endpoints:
@@ -117,15 +161,17 @@ def _add_service_routes(app: FastAPI, context: ServingContext) -> None:
             return JSONResponse(_engine_snapshot(context))
 
 
-def _tokenize(context: ServingContext, body: TokenizeRequest) -> list[int]:
+async def _tokenize(context: ServingContext, body: TokenizeRequest) -> list[int]:
     if (body.prompt is None) == (body.messages is None):
-        raise ApiError("Send exactly one of 'prompt' and 'messages'.", param="prompt")
+        raise ApiError("Send exactly one of 'prompt' and 'messages'.", param="prompt", code="invalid_value")
     if body.prompt is not None:
-        return context.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return await context.encoder.encode(body.prompt, add_special_tokens=body.add_special_tokens, param="prompt")
     if context.chat_template is None:
-        raise ApiError("This model has no chat template to render 'messages' with.", param="messages")
-    text = context.chat_template.render(body.messages, add_generation_prompt=body.add_generation_prompt)
-    return context.tokenizer.encode(text, add_special_tokens=False)
+        raise ApiError(
+            "This model has no chat template to render 'messages' with.", param="messages", code="no_chat_template"
+        )
+    text = await context.encoder.render(context.chat_template, body.messages, body.add_generation_prompt)
+    return await context.encoder.encode(text, add_special_tokens=False, param="messages")
 
 
 def _engine_snapshot(context: ServingContext) -> dict:
@@ -135,6 +181,8 @@ def _engine_snapshot(context: ServingContext) -> dict:
     return {
         "stats": dataclasses.asdict(stats),
         "server_num_waiting": context.admission.num_waiting,
+        "server_num_held": context.admission.num_held,
+        "server_num_in_flight": context.admission.num_in_flight,
         "step_records": [dataclasses.asdict(record) for record in records],
     }
 

@@ -24,7 +24,7 @@ class ChatTemplate:
             return self._template.render([_as_template_message(m) for m in messages], add_generation_prompt)
         except templates.ChatTemplateError as error:
             text = str(error)
-            raise ApiError(text[:1].upper() + text[1:], param="messages") from error
+            raise ApiError(text[:1].upper() + text[1:], param="messages", code="chat_template_error") from error
 
 
 def _as_template_message(message: ChatMessage) -> dict[str, str]:

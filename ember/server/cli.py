@@ -18,7 +18,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-waiting",
         type=int,
         default=defaults.max_waiting,
-        help="requests allowed to wait for their first token; beyond it: 503 + Retry-After (default %(default)s)",
+        help="requests allowed to wait to be scheduled (the engine's queue plus requests being tokenized); "
+        "beyond it: 503 + Retry-After (default %(default)s)",
     )
     group.add_argument(
         "--max-body-bytes",
@@ -37,6 +38,25 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--chat-template", type=Path, default=None, help="Jinja file overriding the model's chat template")
     group.add_argument("--log-prompts", action="store_true", help="include prompt text in the per-request log lines")
     group.add_argument("--no-debug-endpoints", action="store_true", help="do not expose GET /debug/engine")
+    group.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=defaults.header_timeout_s,
+        help="seconds a connection has to send a request's headers; then it is closed (default %(default)s)",
+    )
+    group.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=defaults.body_timeout_s,
+        help="seconds a request has to send its whole body after its headers; then 408 (default %(default)s)",
+    )
+    group.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=defaults.drain_timeout_s,
+        help="on SIGTERM, seconds running requests get to finish while new ones get 503; then open streams "
+        "end with an error event and [DONE] (default %(default)s)",
+    )
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -56,6 +76,9 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
             log_prompts=args.log_prompts,
             chat_template=chat_template,
             enable_debug_endpoints=not args.no_debug_endpoints,
+            header_timeout_s=args.header_timeout_s,
+            body_timeout_s=args.body_timeout_s,
+            drain_timeout_s=args.drain_timeout_s,
         )
     except ValueError as error:
         raise SystemExit(f"ember serve: {error}") from None

@@ -15,6 +15,11 @@ class ServerConfig:
     one more is answered 503 with `Retry-After: retry_after_s`. `served_model_names`
     are the ids clients may send as `model` (empty: the engine's own model name).
     `log_prompts` adds prompt text to the per-request log line (off: ids and counts only).
+
+    Slow clients: a connection has `header_timeout_s` to send a request's headers (from when it
+    opens, or from the end of its previous response) and `body_timeout_s` from then to send the
+    whole body (408 beyond). Shutdown: on SIGTERM running requests get `drain_timeout_s` to
+    finish while new ones are refused (503 + Retry-After); see `ember.server.drain`.
     """
 
     host: str = "127.0.0.1"
@@ -26,6 +31,9 @@ class ServerConfig:
     log_prompts: bool = False
     chat_template: str | None = None
     enable_debug_endpoints: bool = True
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         self.served_model_names = list(self.served_model_names)
@@ -37,5 +45,12 @@ class ServerConfig:
             raise ValueError(f"--max-body-bytes must be at least 1024, got {self.max_body_bytes}")
         if self.retry_after_s < 1:
             raise ValueError(f"retry_after_s must be at least 1, got {self.retry_after_s}")
+        for flag, value in (
+            ("--header-timeout-s", self.header_timeout_s),
+            ("--body-timeout-s", self.body_timeout_s),
+            ("--drain-timeout-s", self.drain_timeout_s),
+        ):
+            if not value > 0:
+                raise ValueError(f"{flag} must be a positive number of seconds, got {value}")
         if any(not name for name in self.served_model_names):
             raise ValueError("--served-model-name values must be non-empty")

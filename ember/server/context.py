@@ -7,19 +7,24 @@ from dataclasses import dataclass
 from ember.server.admission import AdmissionGate
 from ember.server.chat_template import ChatTemplate
 from ember.server.config import ServerConfig
+from ember.server.drain import Drain
 from ember.server.metrics import ServerMetrics
 from ember.server.request_log import RequestLogger
+from ember.server.tokenization import PromptEncoder
 
 
 @dataclass
 class ServingContext:
-    """One server's engine, settings, model ids, chat template, admission gate, metrics and log."""
+    """One server's engine, settings, model ids, chat template, prompt encoder, admission gate,
+    shutdown drain, metrics and log."""
 
     engine: object
     config: ServerConfig
     model_names: list[str]
     chat_template: ChatTemplate | None
+    encoder: PromptEncoder
     admission: AdmissionGate
+    drain: Drain
     metrics: ServerMetrics
     request_logger: RequestLogger
     created_time: int

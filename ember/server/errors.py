@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 logger = logging.getLogger("ember.server")
 
@@ -17,7 +18,8 @@ logger = logging.getLogger("ember.server")
 class ApiError(Exception):
     """A request the server will not serve, with the OpenAI error fields to tell the client why.
 
-    `param` names the offending request field (dotted path) when there is one.
+    `param` names the offending request field (dotted path) when there is one; `code` is a
+    machine-readable reason, never null, so clients can branch on it.
     """
 
     def __init__(
@@ -26,8 +28,8 @@ class ApiError(Exception):
         *,
         status_code: int = HTTPStatus.BAD_REQUEST,
         error_type: str = "invalid_request_error",
+        code: str,
         param: str | None = None,
-        code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -61,7 +63,7 @@ def engine_unavailable(reason: str) -> ApiError:
     )
 
 
-def error_body(message: str, error_type: str, param: str | None, code: str | None) -> dict:
+def error_body(message: str, error_type: str, param: str | None, code: str) -> dict:
     """The OpenAI error JSON object."""
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
@@ -112,6 +114,14 @@ def _is_type_tag(part: object) -> bool:
     return isinstance(part, str) and (part in {"str", "int", "float", "bool"} or "[" in part or part[:1].isupper())
 
 
+_HTTP_ERROR_CODES = {
+    HTTPStatus.NOT_FOUND: "not_found",
+    HTTPStatus.METHOD_NOT_ALLOWED: "method_not_allowed",
+    HTTPStatus.REQUEST_TIMEOUT: "request_timeout",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "request_too_large",
+}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every failure to an OpenAI error body; unexpected ones become a bare 500."""
 
@@ -130,7 +140,18 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message = f"{exc.detail}: {request.method} {request.url.path}"
-        return ApiError(message, status_code=exc.status_code, error_type=error_type, headers=exc.headers).response()
+        code = _HTTP_ERROR_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        return ApiError(
+            message, status_code=exc.status_code, error_type=error_type, code=code, headers=exc.headers
+        ).response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_disconnect(request: Request, _: ClientDisconnect) -> JSONResponse:
+        # Nobody is left to read the answer; this is the client's choice, not a server fault.
+        logger.info("client disconnected while sending %s %s", request.method, request.url.path)
+        return ApiError(
+            "The client disconnected before sending the whole request.", status_code=499, code="client_disconnected"
+        ).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -139,4 +160,5 @@ def install_error_handlers(app: FastAPI) -> None:
             "The server hit an internal error; it has been logged.",
             status_code=HTTPStatus.INTERNAL_SERVER_ERROR,
             error_type="server_error",
+            code="internal_error",
         ).response()

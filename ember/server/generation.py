@@ -79,27 +79,31 @@ class _RequestTracker:
         )
 
 
-async def tracked_generate(
+def tracked_generate(
     context: ServingContext,
     request_id: str,
     prompt: PreparedPrompt,
     params: SamplingParams,
     ticket: AdmissionTicket,
 ) -> AsyncIterator[RequestOutput]:
-    """The engine's deltas for one prompt.
+    """The engine's deltas for one prompt, which is handed over to the engine now.
 
-    However the caller stops (finished, closed early, cancelled by a disconnect), the engine
-    request is aborted unless it finished, its waiting slot is returned, and one metrics
-    observation and one log line are written.
+    From here on the engine's queue counts the request as waiting, not the server (the engine
+    takes it at the first step of the stream). However the caller stops (finished, closed
+    early, cancelled by a disconnect), the engine request is aborted unless it finished, and
+    one metrics observation and one log line are written.
     """
+    ticket.hand_over()
+    return _tracked_stream(context, request_id, prompt, params)
+
+
+async def _tracked_stream(
+    context: ServingContext, request_id: str, prompt: PreparedPrompt, params: SamplingParams
+) -> AsyncIterator[RequestOutput]:
     tracker = _RequestTracker(request_id, len(prompt.token_ids))
     stream = context.engine.generate(request_id, prompt.token_ids, params, prompt=prompt.text)
-    has_started = False
     try:
         async for delta in stream:
-            if not has_started:
-                has_started = True
-                ticket.mark_started()
             tracker.add(delta)
             yield delta
     except EngineDeadError as error:
@@ -110,8 +114,6 @@ async def tracked_generate(
         tracker.is_rejected = True
         raise ApiError(f"The engine cannot run this request: {error}.", code="invalid_request") from error
     finally:
-        if not has_started:
-            ticket.mark_started()
         with contextlib.suppress(Exception):
             await stream.aclose()
         if not tracker.is_finished:
@@ -177,21 +179,12 @@ async def collect(streams: list[AsyncIterator[RequestOutput]], n: int) -> list[R
     return [accumulator.result() for accumulator in accumulators]
 
 
-async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Run `work`, cancelling it if the HTTP client goes away first (non-streaming requests)."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                raise ApiError("The client disconnected.", status_code=499, code="client_disconnected")
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+async def cancel_on_disconnect(context: ServingContext, request: Request, work: Awaitable[T]) -> T:
+    """Run `work` (a whole-answer request), cancelling it if the HTTP client goes away first or
+    the shutdown grace period ends."""
+
+    async def check_client() -> None:
+        if await request.is_disconnected():
+            raise ApiError("The client disconnected.", status_code=499, code="client_disconnected")
+
+    return await context.drain.run_until_expired(work, check_client, DISCONNECT_POLL_S)

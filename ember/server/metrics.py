@@ -2,7 +2,8 @@
 
 Engine-wide numbers (running/waiting requests, KV-cache use, token and prefix-cache counters)
 are read from `engine.stats()` at scrape time; per-request latencies are observed as requests
-finish. Everything lives in a per-app CollectorRegistry, so two servers in one process stay apart.
+finish; the standard `process_*` metrics (resident memory, CPU, open files) describe the API process.
+Everything lives in a per-app CollectorRegistry, so two servers in one process stay apart.
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -83,6 +90,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._model_name = model_name
         self.registry.register(_EngineCollector(engine, model_name))
+        # process_resident_memory_bytes and friends of this (the API) process, e.g. for soak tests.
+        ProcessCollector(registry=self.registry)
         labels = ["model_name"]
         self._time_to_first_token = Histogram(
             "ember:time_to_first_token_seconds",

@@ -281,3 +281,32 @@ class ModelList(BaseModel):
 
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    """Body of `POST /tokenize`."""
+
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(BaseModel):
+    """Body of `POST /detokenize`."""
+
+    prompt: str
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong: a message saying what to change, a type, the field (if any) and a code."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorResponse(BaseModel):
+    """Body of every 4xx and 5xx answer, as OpenAI's API writes it."""
+
+    error: ErrorDetail

@@ -6,6 +6,7 @@ only ever sees requests it can serve.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -17,8 +18,11 @@ from ember.engine.sampling_params import SamplingParams
 from ember.server.chat_template import ChatTemplate
 from ember.server.errors import ApiError, engine_unavailable, from_validation_error
 from ember.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from ember.server.tokenization import PromptEncoder
 
 M = TypeVar("M", bound=BaseModel)
+
+logger = logging.getLogger("ember.server")
 
 
 @dataclass
@@ -159,8 +163,8 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     return sampling_params(request, request.max_tokens, request.logprobs)
 
 
-def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate | None, tokenizer) -> PreparedPrompt:
-    """The chat messages rendered by the model's template and tokenized."""
+async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate | None, encoder: PromptEncoder) -> PreparedPrompt:
+    """The chat messages rendered by the model's template and tokenized (in the encoder's worker)."""
     if template is None:
         raise ApiError(
             "This model has no chat template; use /v1/completions or start the server with a chat template.",
@@ -168,29 +172,41 @@ def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate | None, t
             code="no_chat_template",
         )
     add_generation_prompt = request.add_generation_prompt is not False
-    text = template.render(request.messages, add_generation_prompt=add_generation_prompt)
+    text = await encoder.render(template, request.messages, add_generation_prompt)
     # The template already writes any BOS it wants; adding special tokens again would double it.
-    return PreparedPrompt(tokenizer.encode(text, add_special_tokens=False), text)
+    return PreparedPrompt(await encoder.encode(text, add_special_tokens=False, param="messages"), text)
 
 
-def completion_prompts(request: CompletionRequest, tokenizer) -> list[PreparedPrompt]:
-    """Each prompt of a completion request (text, texts, ids, or lists of ids), tokenized."""
+def count_prompts(request: CompletionRequest) -> int:
+    """How many prompts (engine requests per completion) a completion request carries."""
+    prompt = request.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return 1
+    return len(prompt)
+
+
+async def completion_prompts(request: CompletionRequest, encoder: PromptEncoder, tokenizer) -> list[PreparedPrompt]:
+    """Each prompt of a completion request (text, texts, ids, or lists of ids), tokenized.
+
+    Every text is checked against the context window before any is tokenized, so one huge
+    prompt in a batch is refused without tokenizing the others.
+    """
     prompt = request.prompt
     if isinstance(prompt, str):
-        return [_text_prompt(prompt, tokenizer)]
+        prompt = [prompt]
     if not prompt:
         raise ApiError("'prompt' must not be an empty list.", param="prompt", code="invalid_value")
-    if isinstance(prompt[0], str):
-        return [_text_prompt(text, tokenizer) for text in prompt]
     if isinstance(prompt[0], int):
         return [_id_prompt(prompt, tokenizer, "prompt")]
-    return [_id_prompt(ids, tokenizer, f"prompt.{index}") for index, ids in enumerate(prompt)]
-
-
-def _text_prompt(text: str, tokenizer) -> PreparedPrompt:
-    if not text:
-        raise ApiError("'prompt' must not be an empty string.", param="prompt", code="invalid_value")
-    return PreparedPrompt(tokenizer.encode(text, add_special_tokens=True), text)
+    if isinstance(prompt[0], list):
+        return [_id_prompt(ids, tokenizer, f"prompt.{index}") for index, ids in enumerate(prompt)]
+    for text in prompt:
+        if not text:
+            raise ApiError("'prompt' must not be an empty string.", param="prompt", code="invalid_value")
+        encoder.refuse_if_too_long(text, "prompt")
+    return [
+        PreparedPrompt(await encoder.encode(text, add_special_tokens=True, param="prompt"), text) for text in prompt
+    ]
 
 
 def _id_prompt(ids: list[int], tokenizer, param: str) -> PreparedPrompt:
@@ -237,6 +253,13 @@ def check_engine_accepts(engine, prompt: PreparedPrompt, params: SamplingParams,
     except ValueError as error:
         param = getattr(error, "param", None) or prompt_param
         raise ApiError(f"The engine cannot run this request: {error}.", param=param, code="invalid_request") from error
+    except Exception as error:  # an engine bug on this input must not become a 500
+        logger.exception("the engine's request validation failed")
+        raise ApiError(
+            f"The engine cannot check this request ({type(error).__name__}: {error}).",
+            param=prompt_param,
+            code="unprocessable_prompt",
+        ) from error
 
 
 def parse_request(model_class: type[M], body: bytes) -> M:

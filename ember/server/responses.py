@@ -10,6 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
+from ember.server.drain import Drain
 from ember.server.errors import ApiError, error_body
 
 logger = logging.getLogger("ember.server")
@@ -23,17 +24,21 @@ def event(payload: BaseModel | dict) -> str:
     return f"data: {data}\n\n"
 
 
-async def guarded_events(events: AsyncIterator[str], on_close: Callable[[], None]) -> AsyncIterator[str]:
-    """`events` then `[DONE]`; a failure after headers went out becomes an error event, never a traceback."""
+async def guarded_events(events: AsyncIterator[str], on_close: Callable[[], None], drain: Drain) -> AsyncIterator[str]:
+    """`events` then `[DONE]`; a failure after headers went out, or the end of the shutdown grace
+    period, becomes an error event, never a traceback or a cut stream."""
+    bounded = drain.until_expired(events)
     try:
-        async for item in events:
+        async for item in bounded:
             yield item
     except ApiError as error:
         yield event(error.body())
     except Exception:
         logger.exception("internal error while streaming a response")
-        yield event(error_body("The server hit an internal error; it has been logged.", "server_error", None, None))
+        message = "The server hit an internal error; it has been logged."
+        yield event(error_body(message, "server_error", None, "internal_error"))
     finally:
+        await bounded.aclose()
         await events.aclose()
         on_close()
     yield DONE_EVENT
@@ -44,7 +49,7 @@ def model_response(payload: BaseModel) -> Response:
     return Response(payload.model_dump_json(), media_type="application/json")
 
 
-def sse_response(events: AsyncIterator[str], on_close: Callable[[], None]) -> StreamingResponse:
+def sse_response(events: AsyncIterator[str], on_close: Callable[[], None], drain: Drain) -> StreamingResponse:
     """A streaming response of `events`; `on_close` runs exactly when the stream ends, however it ends."""
     closed = False
 
@@ -55,7 +60,7 @@ def sse_response(events: AsyncIterator[str], on_close: Callable[[], None]) -> St
             on_close()
 
     return StreamingResponse(
-        guarded_events(events, close_once),
+        guarded_events(events, close_once, drain),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         background=BackgroundTask(close_once),

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+import socket
+from types import FrameType
 
 import uvicorn
 
 from ember.server.app import build_app
 from ember.server.config import ServerConfig
+from ember.server.drain import Drain
+from ember.server.http_protocol import HeaderDeadlineProtocol
 
 logger = logging.getLogger("ember.server")
 
@@ -35,24 +41,62 @@ def describe_capacity(engine) -> str:
     )
 
 
-def serve_app(engine, server_config: ServerConfig) -> None:
-    """Serve an already-built engine until interrupted (the caller shuts the engine down)."""
-    app = build_app(engine, server_config)
-    uvicorn_config = uvicorn.Config(
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server whose first SIGTERM or Ctrl+C drains the app (see `ember.server.drain`)
+    before it stops; a second one stops it at once."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is None or self._drain.is_draining or self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        # Runs in the signal handler: start the drain on the loop, which ends by asking uvicorn to stop.
+        self._drain.start()
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self._drain.run()
+        finally:
+            self.should_exit = True
+
+
+def uvicorn_config(app, server_config: ServerConfig, log_level: str = "info") -> uvicorn.Config:
+    """How uvicorn serves `app`: address, the header deadline, no access log."""
+    return uvicorn.Config(
         app,
         host=server_config.host,
         port=server_config.port,
-        log_level="info",
+        http=functools.partial(HeaderDeadlineProtocol, header_timeout_s=server_config.header_timeout_s),
+        log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_TIMEOUT_S,
     )
+
+
+def serve_app(engine, server_config: ServerConfig) -> None:
+    """Serve an already-built engine until interrupted (the caller shuts the engine down)."""
+    app = build_app(engine, server_config)
+    server = DrainingServer(uvicorn_config(app, server_config), app.state.context.drain)
     logger.info(
         "serving %s on http://%s:%d/v1",
         ", ".join(app.state.context.model_names),
         server_config.host,
         server_config.port,
     )
-    uvicorn.Server(uvicorn_config).run()
+    server.run()
 
 
 def run_server(engine_config, server_config: ServerConfig | None = None) -> None:

@@ -10,6 +10,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ember.engine.outputs import RequestOutput
+from ember.engine.sampling_params import SamplingParams
+from ember.server.admission import AdmissionTicket
 from ember.server.context import ServingContext
 from ember.server.formatting import LogprobFormatter, openai_finish_reason, usage_of
 from ember.server.generation import cancel_on_disconnect, collect, merge_streams, tracked_generate
@@ -40,21 +42,37 @@ async def create_chat_completion(context: ServingContext, raw_request: Request) 
     model = resolve_model(request.model, context.model_names)
     check_chat_request(request)
     params = chat_sampling_params(request)
-    prompt = chat_prompt(request, context.chat_template, context.tokenizer)
+    # Admitted before rendering and tokenizing: a prompt being tokenized waits too.
+    ticket = context.admission.admit(1)
+    try:
+        return await _run_chat(context, raw_request, request, model, params, ticket)
+    except BaseException:
+        ticket.release()
+        raise
+
+
+async def _run_chat(
+    context: ServingContext,
+    raw_request: Request,
+    request: ChatCompletionRequest,
+    model: str,
+    params: SamplingParams,
+    ticket: AdmissionTicket,
+) -> Response:
+    prompt = await chat_prompt(request, context.chat_template, context.encoder)
     check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
     check_engine_accepts(context.engine, prompt, params, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     num_top = request.top_logprobs or 0
-    ticket = context.admission.admit(1)
     stream = tracked_generate(context, request_id, prompt, params, ticket)
     if request.stream:
         options = request.stream_options
         include_usage = bool(options and options.include_usage)
         continuous_usage = bool(include_usage and options.continuous_usage_stats)
         chunks = _chunks(context, request_id, model, stream, params.n, num_top, include_usage, continuous_usage)
-        return sse_response(chunks, ticket.release)
+        return sse_response(chunks, ticket.release, context.drain)
     try:
-        (output,) = await cancel_on_disconnect(raw_request, collect([stream], params.n))
+        (output,) = await cancel_on_disconnect(context, raw_request, collect([stream], params.n))
     finally:
         ticket.release()
     return model_response(_response(context, request_id, model, output, num_top))

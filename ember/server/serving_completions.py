@@ -10,6 +10,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ember.engine.outputs import RequestOutput
+from ember.engine.sampling_params import SamplingParams
+from ember.server.admission import AdmissionTicket
 from ember.server.context import ServingContext
 from ember.server.errors import ApiError
 from ember.server.formatting import LogprobFormatter, openai_finish_reason, usage_of
@@ -21,6 +23,7 @@ from ember.server.requests import (
     check_fits,
     completion_prompts,
     completion_sampling_params,
+    count_prompts,
     parse_request,
     resolve_model,
 )
@@ -33,20 +36,37 @@ async def create_completion(context: ServingContext, raw_request: Request) -> Re
     model = resolve_model(request.model, context.model_names)
     check_completion_request(request)
     params = completion_sampling_params(request)
-    prompts = completion_prompts(request, context.tokenizer)
-    if len(prompts) > context.config.max_waiting:
+    num_prompts = count_prompts(request)
+    if num_prompts > context.config.max_waiting:
         raise ApiError(
-            f"Too many prompts in one request ({len(prompts)}); this server takes at most "
+            f"Too many prompts in one request ({num_prompts}); this server takes at most "
             f"{context.config.max_waiting}. Split the batch.",
             param="prompt",
             code="invalid_value",
         )
+    # Admitted before tokenizing: prompts being tokenized wait too, and count against the limit.
+    ticket = context.admission.admit(max(num_prompts, 1))
+    try:
+        return await _run_completion(context, raw_request, request, model, params, ticket)
+    except BaseException:
+        ticket.release()
+        raise
+
+
+async def _run_completion(
+    context: ServingContext,
+    raw_request: Request,
+    request: CompletionRequest,
+    model: str,
+    params: SamplingParams,
+    ticket: AdmissionTicket,
+) -> Response:
+    prompts = await completion_prompts(request, context.encoder, context.tokenizer)
     for prompt in prompts:
         check_fits(prompt, params.max_tokens, context.max_model_len, "prompt")
         check_engine_accepts(context.engine, prompt, params, "prompt")
     request_id = f"cmpl-{uuid.uuid4().hex}"
     num_top = request.logprobs or 0
-    ticket = context.admission.admit(len(prompts))
     streams = [
         tracked_generate(context, f"{request_id}-{index}", prompt, params, ticket)
         for index, prompt in enumerate(prompts)
@@ -54,9 +74,9 @@ async def create_completion(context: ServingContext, raw_request: Request) -> Re
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         chunks = _chunks(context, request_id, model, streams, params.n, num_top, include_usage)
-        return sse_response(chunks, ticket.release)
+        return sse_response(chunks, ticket.release, context.drain)
     try:
-        outputs = await cancel_on_disconnect(raw_request, collect(streams, params.n))
+        outputs = await cancel_on_disconnect(context, raw_request, collect(streams, params.n))
     finally:
         ticket.release()
     return model_response(_response(context, request_id, model, outputs, params.n, num_top))

@@ -76,6 +76,14 @@ class Tokenizer(ABC):
         decoder = IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
         return decoder.push_many(ids) + decoder.flush()
 
+    def min_token_count(self, text: str) -> int:
+        """A lower bound on `len(encode(text))` found without tokenizing (0 when none is known).
+
+        Lets a server refuse a prompt that cannot fit a context window before paying for its
+        tokenization. It must never overestimate: a prompt that would fit must not be refused.
+        """
+        return 0
+
     def keeps_text_start(self, token_id: int) -> bool:
         """Whether decoding this (non-special) token leaves the start-of-text state alone, so
         the next piece still loses its leading space (sentencepiece's unknown piece does)."""

@@ -67,6 +67,9 @@ class ByteLevelBPETokenizer(Tokenizer):
         self._add_bos = add_bos
         self._chat_template = chat_template
         self._normalize = normalize
+        self._max_bytes_per_token = _max_bytes_per_token(
+            self._token_bytes, self._special_bytes.values(), normalize, strip_left, strip_right
+        )
         # Per-piece caches: pieces that are one token map to its id (the common case, kept
         # apart so that a run of them is answered by one C-level map), the rest to id lists.
         # HF's `ignore_merges` (Llama 3) and tiktoken take a piece that is itself a token
@@ -194,6 +197,17 @@ class ByteLevelBPETokenizer(Tokenizer):
             self._multi_cache.remember(piece, ids)
         return ids
 
+    def min_token_count(self, text: str) -> int:
+        """The text's UTF-8 length over the longest token's (0 when text may be folded away).
+
+        Encoding is lossless here (the tokens' bytes add up to the text's, unencodable
+        characters counted as one byte at most), so no fewer tokens can spell it.
+        """
+        if self._max_bytes_per_token is None:
+            return 0
+        num_bytes = len(text) if text.isascii() else len(text.encode("utf-8", errors="replace"))
+        return -(-num_bytes // self._max_bytes_per_token)
+
     def token_bytes(self, token_id: int) -> bytes:
         special = self._special_bytes.get(token_id)
         if special is not None:
@@ -218,3 +232,19 @@ class ByteLevelBPETokenizer(Tokenizer):
 
     def __repr__(self) -> str:
         return f"ByteLevelBPETokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+def _max_bytes_per_token(
+    token_bytes_by_id: list[bytes | None],
+    special_bytes: Iterable[bytes],
+    normalize: Callable[[str], str] | None,
+    strip_left: Iterable[str],
+    strip_right: Iterable[str],
+) -> int | None:
+    """The most text bytes one token can stand for, or None when that does not bound the count:
+    a normalizer may shrink text (NFC, NFKC) and stripping special tokens swallow whitespace."""
+    if normalize is not None or any(strip_left) or any(strip_right):
+        return None
+    lengths = [len(data) for data in token_bytes_by_id if data is not None]
+    lengths.extend(len(data) for data in special_bytes)
+    return max(lengths, default=1) or 1

@@ -92,6 +92,7 @@ def bad_requests(model: str, max_model_len: int) -> list[BadRequest]:
         BadRequest("completion logprobs absurd", "POST", completions, completion_with(logprobs=50), param="logprobs"),
         BadRequest("completion unknown model", "POST", completions, completion_with(model="nope"), status_code=404, param="model"),
         BadRequest("tokenize without input", "POST", "/tokenize", {}),
+        BadRequest("tokenize prompt and messages", "POST", "/tokenize", {"prompt": "a", "messages": hello}, param="prompt"),
         BadRequest("detokenize negative id", "POST", "/detokenize", {"tokens": [-4]}),
         BadRequest("detokenize id out of vocabulary", "POST", "/detokenize", {"tokens": [10**9]}, param="tokens"),
         BadRequest("unknown route", "POST", "/v1/engines/davinci/completions", {}, status_code=404),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.harness import ServeProcess, smollm2_server_process
+from tests.server.harness import ServeProcess, smollm2_server_process, tiny_server_process
 
 
 @pytest.fixture(scope="module")
@@ -18,3 +18,42 @@ def smollm2_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory)
     with server:
         yield server
     assert server.returncode is not None, "the server did not stop when terminated"
+
+
+TINY_CONTEXT = 2048
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(shared_dir: Path) -> Path:
+    """The SmolLM2 tokenizer folder (tokenizer.json with its chat template) from the shared assets."""
+    path = shared_dir / "tokenizers" / "smollm2"
+    if not (path / "tokenizer.json").is_file():
+        pytest.skip(f"{path}/tokenizer.json is missing from the shared assets")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama whose vocabulary fits the SmolLM2 tokenizer (fast to serve, real tokenizer)."""
+    from tests.model_factory import save_tiny_model
+
+    return save_tiny_model(
+        "llama", tmp_path_factory.mktemp("tiny-llama-smollm2"), vocab_size=49152, max_position_embeddings=TINY_CONTEXT
+    )
+
+
+TINY_KV_BLOCKS = 40  # x 16 tokens: a few concurrent requests fill it, so load forces preemption
+TINY_SERVED_CONTEXT = 256  # bounds how long any one request can generate
+
+
+@pytest.fixture(scope="session")
+def tiny_server(
+    tiny_model_dir: Path, smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    """One real `ember serve` of the tiny model for the session, with a KV pool small enough to preempt."""
+    log_path = tmp_path_factory.mktemp("tiny-serve") / "serve.log"
+    settings = ("--num-kv-blocks", str(TINY_KV_BLOCKS), "--block-size", "16", "--max-model-len", str(TINY_SERVED_CONTEXT))
+    process = tiny_server_process(tiny_model_dir, smollm2_tokenizer_dir, log_path, *settings)
+    with process:
+        yield process
+    assert process.returncode is not None, "the server did not stop when terminated"

@@ -2,7 +2,8 @@
 
 Its tokenizer maps each UTF-8 byte to one token id (256 = BOS, 257 = EOS). Every completion
 generates the text `FAKE_REPLY` over and over, one token per step; `hold()` makes new requests
-wait before their first token, so tests can fill the waiting room.
+wait (counted as waiting in `stats()`, as the engine's queue is) before their first token, so
+tests can fill the waiting room.
 """
 
 from __future__ import annotations
@@ -63,22 +64,23 @@ class ByteTokenizer(Tokenizer):
 class FakeEngine:
     """Generates FAKE_REPLY deterministically, one token every `step_s` seconds."""
 
-    def __init__(self, step_s: float = 0.01, max_model_len: int = 128) -> None:
+    def __init__(self, step_s: float = 0.01, max_model_len: int = 128, tokenizer: Tokenizer | None = None) -> None:
         self.model_name = "fake-model"
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer = tokenizer or ByteTokenizer()
         self.max_model_len = max_model_len
         self.step_s = step_s
         self.running: set[str] = set()
+        self.waiting: set[str] = set()  # held before their first step, as in the engine's queue
         self.aborted: list[str] = []
         self.finished: list[str] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         # A plain flag polled by the generator, so a test thread may flip it safely.
         self.is_held = False
-        # When set, every request is refused with this ValueError, as the engine's own check would.
-        self.reject_reason: str | None = None
         # When set, the engine reads as stopped (EngineClient.dead_reason).
         self.dead_reason: str | None = None
+        # When set, every request's validation raises it (a ValueError: the engine's own refusal).
+        self.rejection: Exception | None = None
 
     def hold(self) -> None:
         """Make requests wait before their first token until `release()`."""
@@ -90,8 +92,8 @@ class FakeEngine:
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """The real engine's up-front refusal: a set reason, an empty prompt, or no room to generate."""
-        if self.reject_reason is not None:
-            raise ValueError(self.reject_reason)
+        if self.rejection is not None:
+            raise self.rejection
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         budget = self.max_model_len - len(prompt_token_ids)
@@ -104,11 +106,13 @@ class FakeEngine:
         budget = self.max_model_len - len(prompt_token_ids)
         max_tokens = budget if params.max_tokens is None else params.max_tokens
         metrics = RequestMetrics(arrival_time=time.monotonic())
-        self.running.add(request_id)
+        self.waiting.add(request_id)
         is_finished = False
         try:
             while self.is_held:
                 await asyncio.sleep(0.005)
+            self.waiting.discard(request_id)
+            self.running.add(request_id)
             self.prompt_tokens_total += len(prompt_token_ids)
             texts = [""] * params.n
             for step in range(max_tokens):
@@ -149,6 +153,7 @@ class FakeEngine:
                     self.finished.append(request_id)
                     return
         finally:
+            self.waiting.discard(request_id)
             self.running.discard(request_id)
             if not is_finished:
                 self.aborted.append(request_id)
@@ -161,7 +166,7 @@ class FakeEngine:
         """The engine's own stats type, with the fake's counters."""
         return EngineStats(
             num_running=len(self.running),
-            num_waiting=0,
+            num_waiting=len(self.waiting),
             kv_cache_usage=0.0,
             num_free_blocks=100,
             num_total_blocks=100,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+
+from ember.server.serve import uvicorn_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVED_MODEL = "smollm2-135m-instruct"
@@ -25,13 +28,14 @@ def free_port() -> int:
 
 
 class ThreadedServer:
-    """Runs an ASGI app under uvicorn on a free loopback port, in a daemon thread."""
+    """Runs an app of `build_app` on a free loopback port, in a daemon thread, with the uvicorn
+    settings `ember serve` uses (header deadline included)."""
 
     def __init__(self, app) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
-        self._server = uvicorn.Server(config)
+        server_config = dataclasses.replace(app.state.context.config, host="127.0.0.1", port=self.port)
+        self._server = uvicorn.Server(uvicorn_config(app, server_config, log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     def __enter__(self) -> ThreadedServer:
@@ -84,6 +88,16 @@ class ServeProcess:
             time.sleep(0.5)
         self.__exit__()
         raise RuntimeError(f"ember serve was not healthy within {self._startup_timeout_s} s:\n{self.log_text()}")
+
+    def send_signal(self, signum: int) -> None:
+        """Send `signum` to the server process."""
+        assert self._process is not None, "the server is not started"
+        self._process.send_signal(signum)
+
+    def wait(self, timeout_s: float) -> int:
+        """Wait for the process to end; its exit status."""
+        assert self._process is not None, "the server is not started"
+        return self._process.wait(timeout=timeout_s)
 
     def __exit__(self, *_: object) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -142,6 +156,19 @@ def smollm2_server_process(gguf: Path, log_path: Path, *extra_args: str) -> Serv
     return ServeProcess(["--model", str(gguf), "--served-model-name", SERVED_MODEL, *extra_args], log_path)
 
 
+def tiny_server_process(model_dir: Path, tokenizer_dir: Path, log_path: Path, *extra_args: str) -> ServeProcess:
+    """A `serve` process (not yet started) for a tiny random model with the SmolLM2 tokenizer."""
+    return ServeProcess(["--model", str(model_dir), "--tokenizer", str(tokenizer_dir), *extra_args], log_path)
+
+
+def process_rss_bytes(pid: int) -> int:
+    """Resident memory of a process, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
 def assert_openai_error(response: httpx.Response, status_code: int) -> dict:
     """Assert `response` is `status_code` with an OpenAI error body and no traceback; return the error."""
     assert response.status_code == status_code, (response.status_code, response.text)
@@ -150,6 +177,7 @@ def assert_openai_error(response: httpx.Response, status_code: int) -> dict:
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}, error
     assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["code"], str) and error["code"], error
     assert "Traceback" not in response.text
     return error
 

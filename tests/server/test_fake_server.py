@@ -200,7 +200,7 @@ def test_server_is_healthy_after_bad_inputs(http: httpx.Client, engine: FakeEngi
 
 
 def test_engine_refusal_is_a_400_streaming_or_not(http: httpx.Client, engine: FakeEngine) -> None:
-    engine.reject_reason = "this request needs 99 KV blocks but the cache has 8"
+    engine.rejection = ValueError("this request needs 99 KV blocks but the cache has 8")
     try:
         body = {"model": MODEL, "prompt": "x", "max_tokens": 3}
         error = assert_openai_error(http.post("/v1/completions", json=body), 400)
@@ -208,7 +208,7 @@ def test_engine_refusal_is_a_400_streaming_or_not(http: httpx.Client, engine: Fa
         streamed = assert_openai_error(http.post("/v1/completions", json={**body, "stream": True}), 400)
         assert "99 KV blocks" in streamed["message"]
     finally:
-        engine.reject_reason = None
+        engine.rejection = None
     assert http.get("/debug/engine").json()["server_num_waiting"] == 0
 
 

@@ -1,0 +1,129 @@
+"""Graceful shutdown: stop admitting, let running requests finish within a grace period, end the rest cleanly.
+
+On the first SIGTERM (or Ctrl+C) the server keeps listening but answers every new request,
+`/health` included, 503 + Retry-After, so a load balancer moves traffic elsewhere. Requests
+already running go on. When none is left, or the grace period ends, the streams still open get
+one error event (`code: server_shutting_down`) and `data: [DONE]`, whole-answer requests get a
+503, and only then does the HTTP server close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from http import HTTPStatus
+from typing import TypeVar
+
+from ember.server.admission import AdmissionGate
+from ember.server.errors import ApiError
+
+logger = logging.getLogger("ember.server")
+
+T = TypeVar("T")
+
+# After the grace period, how long the ended streams get to send their last events.
+FLUSH_S = 5.0
+POLL_S = 0.05
+
+
+class Drain:
+    """The shutdown state of one app: the requests in flight and when their grace period ends."""
+
+    def __init__(self, gate: AdmissionGate, grace_s: float, retry_after_s: int) -> None:
+        self._gate = gate
+        self._grace_s = grace_s
+        self._retry_after_s = retry_after_s
+        self._expired: asyncio.Event | None = None
+
+    @property
+    def is_draining(self) -> bool:
+        return self._gate.is_draining
+
+    def shutdown_error(self) -> ApiError:
+        """What a request still running when the grace period ends is told."""
+        return ApiError(
+            "The server is shutting down and ended this request before it finished. Retry it "
+            f"after {self._retry_after_s} s (on another replica if there is one).",
+            status_code=HTTPStatus.SERVICE_UNAVAILABLE,
+            error_type="server_error",
+            code="server_shutting_down",
+            headers={"Retry-After": str(self._retry_after_s)},
+        )
+
+    def start(self) -> None:
+        """Refuse new requests from now on (safe to call from a signal handler)."""
+        self._gate.start_draining()
+
+    async def run(self) -> None:
+        """Drain: stop admitting, wait for running requests up to the grace period, then end the rest."""
+        self.start()
+        logger.info(
+            "draining: %d requests in flight, grace period %.1f s; new requests get 503",
+            self._gate.num_in_flight,
+            self._grace_s,
+        )
+        await self._wait_idle(self._grace_s)
+        if self._gate.num_in_flight:
+            logger.warning("grace period over: ending %d requests still running", self._gate.num_in_flight)
+        self._expired_event().set()
+        await self._wait_idle(FLUSH_S)
+
+    async def _wait_idle(self, timeout_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._gate.num_in_flight and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(POLL_S)
+
+    def _expired_event(self) -> asyncio.Event:
+        if self._expired is None:
+            self._expired = asyncio.Event()
+        return self._expired
+
+    async def until_expired(self, events: AsyncIterator[T]) -> AsyncIterator[T]:
+        """The items of `events`, until the grace period ends (then the shutdown ApiError is raised).
+
+        However this ends, `events` is not left running in a helper task, so it can be closed.
+        """
+        expired = asyncio.ensure_future(self._expired_event().wait())
+        following: asyncio.Future | None = None
+        try:
+            while True:
+                following = asyncio.ensure_future(_next(events))
+                await asyncio.wait({following, expired}, return_when=asyncio.FIRST_COMPLETED)
+                if not following.done():
+                    raise self.shutdown_error()
+                try:
+                    item = following.result()
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            expired.cancel()
+            if following is not None and not following.done():
+                following.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                    await following
+
+    async def run_until_expired(self, work: Awaitable[T], on_tick: Callable[[], Awaitable[None]], tick_s: float) -> T:
+        """Await `work`, calling `on_tick` every `tick_s`; cancel it if the grace period ends first."""
+        task = asyncio.ensure_future(work)
+        expired = asyncio.ensure_future(self._expired_event().wait())
+        try:
+            while True:
+                await asyncio.wait({task, expired}, timeout=tick_s, return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    return task.result()
+                if expired.done():
+                    raise self.shutdown_error()
+                await on_tick()
+        finally:
+            expired.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+
+async def _next(events: AsyncIterator[T]) -> T:
+    return await anext(events)

@@ -1,0 +1,107 @@
+"""Prompt text -> token ids off the event loop, refusing prompts that cannot fit before paying for them.
+
+Tokenizing a multi-megabyte prompt takes seconds; on the event loop it would stall every other
+request, `/health` included. So chat templates are rendered and text is encoded in one worker
+thread owned by the app (one, so a flood of huge prompts queues instead of multiplying memory),
+and a prompt whose length alone proves it cannot fit the context window
+(`Tokenizer.min_token_count`) is refused before any tokenizing.
+
+Text of at most `INLINE_MAX_CHARS` characters is encoded on the loop itself: that takes well
+under a millisecond, less than the hop to a thread, and a request that never yields between its
+admission and its hand-over to the engine never shows up as held by the server (so a burst of
+short requests is not refused as a queue it never formed).
+
+Whatever the tokenizer or template raises for a prompt, the client gets a 4xx naming the prompt
+and the failure is logged: a tokenizer bug must not turn a valid request into a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from ember.server.chat_template import ChatTemplate
+from ember.server.errors import ApiError
+from ember.server.protocol import ChatMessage
+
+logger = logging.getLogger("ember.server")
+
+T = TypeVar("T")
+
+INLINE_MAX_CHARS = 4096
+
+
+class PromptEncoder:
+    """Encodes prompts for one app's engine in a worker thread; `close()` stops the thread."""
+
+    def __init__(self, tokenizer, max_model_len: int) -> None:
+        self._tokenizer = tokenizer
+        self._max_model_len = max_model_len
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-tokenize")
+
+    async def encode(self, text: str, *, add_special_tokens: bool, param: str) -> list[int]:
+        """Token ids of `text`, or a 400 if it cannot fit or the tokenizer fails on it."""
+        self.refuse_if_too_long(text, param)
+        is_short = len(text) <= INLINE_MAX_CHARS
+        ids = await self._run(self._tokenizer.encode, text, add_special_tokens, param=param, inline=is_short)
+        return self._checked(ids, param)
+
+    async def render(self, template: ChatTemplate, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
+        """The chat template rendered for `messages` (template errors are 400s)."""
+        is_short = sum(len(message.text()) for message in messages) <= INLINE_MAX_CHARS
+        return await self._run(template.render, messages, add_generation_prompt, param="messages", inline=is_short)
+
+    def refuse_if_too_long(self, text: str, param: str) -> None:
+        """A 400 when `text` alone provably takes the whole context window (no tokenizing needed),
+        or when there is no tokenizer to encode it with."""
+        if self._tokenizer is None:
+            raise ApiError(
+                "This model has no tokenizer, so text cannot be encoded; send token ids as 'prompt'.",
+                param=param,
+                code="no_tokenizer",
+            )
+        at_least = self._tokenizer.min_token_count(text)
+        if at_least >= self._max_model_len:
+            raise ApiError(
+                f"The prompt is at least {at_least} tokens ({len(text)} characters), but this model's "
+                f"context window is {self._max_model_len} tokens. Shorten the prompt.",
+                param=param,
+                code="context_length_exceeded",
+            )
+
+    def close(self) -> None:
+        """Stop the worker thread once queued work is done."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, function: Callable[..., T], *args: object, param: str, inline: bool) -> T:
+        """`function(*args)` on the loop when `inline`, else in the worker; its failures are 400s."""
+        try:
+            if inline:
+                return function(*args)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+        except ApiError:
+            raise
+        except Exception as error:
+            logger.exception("the tokenizer failed on a prompt (%s)", param)
+            raise ApiError(
+                f"This model's tokenizer could not process the prompt ({type(error).__name__}: {error}).",
+                param=param,
+                code="unprocessable_prompt",
+            ) from error
+
+    def _checked(self, ids: list[int], param: str) -> list[int]:
+        """`ids` if every one is an int in the vocabulary; else the tokenizer misbehaved on this input."""
+        vocab_size = self._tokenizer.vocab_size
+        if all(type(token) is int for token in ids) and (not ids or (min(ids) >= 0 and max(ids) < vocab_size)):
+            return ids
+        bad = [token for token in ids if type(token) is not int or not 0 <= token < vocab_size]
+        logger.error("the tokenizer gave ids outside its vocabulary for a prompt (%s): %s", param, bad[:5])
+        raise ApiError(
+            f"This model's tokenizer cannot encode part of the prompt (it gave {bad[:5]}). "
+            "Remove or replace the unusual characters.",
+            param=param,
+            code="unprocessable_prompt",
+        )
