@@ -4,6 +4,8 @@ Used for optional compiled fast paths (the tokenizer merge loop, the CPU GEMV). 
 keeps a pure-Python/torch path as reference and fallback: no compiler, a failed build, or the
 caller's opt-out environment variable all mean "not available" (None), never an error.
 The cache folder is $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember, else ~/.cache/ember.
+A library built with -march=native is cached per CPU as well (model name and feature flags in
+its digest): a cache folder shared between machines never hands one CPU another's instructions.
 """
 
 from __future__ import annotations
@@ -24,9 +26,22 @@ def cache_dir() -> Path:
     return Path(base) / "ember"
 
 
+def cpu_fingerprint() -> str:
+    """The CPU's model name and feature flags (Linux /proc/cpuinfo); empty where unreadable."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    wanted = ("model name", "flags", "Features", "CPU part")  # x86 and ARM spellings
+    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
+
+
 def build_shared_library(name: str, source: str, flags: tuple[str, ...] = ("-O2",)) -> Path | None:
     """Path of `source` compiled with `flags` into a shared library; None when it cannot be built."""
-    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:16]
+    key = source + " ".join(flags)
+    if any(flag.startswith(("-march=native", "-mcpu=native")) for flag in flags):
+        key += cpu_fingerprint()
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     try:
         target = cache_dir() / f"{name}_{digest}.so"
     except RuntimeError:  # no home folder to cache in

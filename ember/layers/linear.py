@@ -1,19 +1,52 @@
-"""Dense linear layers; the CPU decode fast path is chosen here, so model files never branch on it."""
+"""Dense linear layers; the CPU fast path is chosen here, so model files never branch on it."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ember.layers import cpu_gemv
+from ember.layers import cpu_gemm
 
 
 class Linear(nn.Linear):
-    """`nn.Linear` whose few-row float32 CPU products go through ember's compiled GEMV when available."""
+    """`nn.Linear` whose CPU products go through ember's compiled GEMM once `pack_weights()` ran.
+
+    Packing (done by the loader after the weights are in place) replaces the dense weight by
+    panels (`cpu_gemm.PackedWeight`): one copy in memory. Without the kernel (no compiler,
+    EMBER_PURE_TORCH=1), other dtypes or devices, the layer stays a plain `nn.Linear`.
+    """
+
+    packed: cpu_gemm.PackedWeight | None = None
+
+    def pack_weights(self) -> bool:
+        """Pack the weight for the compiled kernel; False (nothing changed) where it cannot run."""
+        weight = self.weight
+        if weight.device.type != "cpu" or weight.dtype not in cpu_gemm.PACKABLE_DTYPES or cpu_gemm.load_gemm() is None:
+            return False
+        self.packed = cpu_gemm.PackedWeight.from_dense(weight.detach(), None if self.bias is None else self.bias.detach())
+        del self.weight, self.bias
+        self.register_parameter("weight", None)
+        self.register_parameter("bias", None)
+        return True
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """A packed layer still reports nn.Linear's dense weight and bias (rebuilt from the panels)."""
+        if self.packed is None:
+            super()._save_to_state_dict(destination, prefix, keep_vars)
+            return
+        destination[prefix + "weight"] = self.packed.dense()
+        if self.packed.bias is not None:
+            destination[prefix + "bias"] = self.packed.bias[: self.packed.out_features].to(self.packed.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_gemv.can_use(x, self.weight):
-            kernel = cpu_gemv.load_gemv()
-            if kernel is not None:
-                return kernel(x, self.weight, self.bias)
-        return super().forward(x)
+        if self.packed is None:
+            return super().forward(x)
+        kernel = cpu_gemm.load_gemm()
+        assert kernel is not None  # packing happened only where the kernel loaded
+        out = kernel(x.reshape(-1, x.shape[-1]), self.packed)
+        return out.view(*x.shape[:-1], self.packed.out_features).to(x.dtype)
+
+
+def pack_linear_weights(model: nn.Module) -> int:
+    """Pack every ember `Linear` of `model` for the compiled CPU kernel; how many were packed."""
+    return sum(module.pack_weights() for module in model.modules() if isinstance(module, Linear))

@@ -13,6 +13,7 @@ from gguf import GGUFReader
 from rich.progress import Progress
 from torch import nn
 
+from ember.layers.linear import pack_linear_weights
 from ember.models.config import ModelConfig
 from ember.models.gguf_loader import is_gguf_file, iter_gguf_tensors, read_gguf_config
 from ember.models.hf_loader import find_hf_tokenizer, is_hf_folder, iter_hf_tensors, read_hf_config
@@ -149,6 +150,7 @@ def _build(
     install_ggml_layers(model, blocks)
     model.load_state_dict(state, assign=True)
     _freeze(model)
+    pack_linear_weights(model)  # after the tie: a tied head packs the shared tensor
     return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt)
 
 

@@ -1,0 +1,116 @@
+"""A compiled GEMM for the CPU over weights packed at load (float32 or bfloat16): decode at memory speed.
+
+A decode step multiplies a few rows (1..64 sequences) by every weight matrix: torch's products
+reach a fraction of this machine's memory bandwidth there, and its bfloat16 products have no
+native math on CPUs without AVX512-BF16. `ember/layers/csrc/gemm.c` reads each weight once per
+block of rows from panels of 16 output channels (packed once at load, replacing the dense copy),
+widens bfloat16 to float32 in registers and accumulates in float32, on the OpenMP runtime torch
+uses. It is built on first use with -march=native (ember.native_build); where no compiler
+exists, or with EMBER_PURE_TORCH=1, `load_gemm()` returns None and torch does the work.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+PURE_TORCH_ENV = "EMBER_PURE_TORCH"
+PANEL_WIDTH = 16  # output channels per panel (NR in gemm.c)
+SOURCE_PATH = Path(__file__).parent / "csrc" / "gemm.c"
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+# bfloat16 panels pair column j with column j + 8 in one 32-bit lane: position of each column.
+_BF16_POSITIONS = torch.tensor([2 * (j % 8) + j // 8 for j in range(PANEL_WIDTH)])
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A [out_features, in_features] weight as k-major panels of 16 output channels (plus its bias).
+
+    `panels[t, p, j]` is weight[16 t + j, p] for float32; bfloat16 panels store their columns in
+    the order `_BF16_POSITIONS` gives, so the kernel widens a lane pair with a shift and a mask.
+    Rows past `out_features` are zero; the bias (float32) is zero-padded the same way.
+    """
+
+    panels: torch.Tensor  # [num_panels, in_features, 16]
+    out_features: int
+    bias: torch.Tensor | None  # [num_panels * 16] float32
+
+    @classmethod
+    def from_dense(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
+        out_features, in_features = weight.shape
+        num_panels = -(-out_features // PANEL_WIDTH)
+        padded = weight.new_zeros(num_panels * PANEL_WIDTH, in_features)
+        padded[:out_features] = weight
+        panels = padded.view(num_panels, PANEL_WIDTH, in_features).transpose(1, 2)
+        if weight.dtype == torch.bfloat16:
+            panels = panels[:, :, torch.argsort(_BF16_POSITIONS)]
+        packed_bias = None
+        if bias is not None:
+            packed_bias = torch.zeros(num_panels * PANEL_WIDTH, dtype=torch.float32)
+            packed_bias[:out_features] = bias.float()
+        return cls(panels.contiguous(), out_features, packed_bias)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.panels.dtype
+
+    @property
+    def in_features(self) -> int:
+        return self.panels.shape[1]
+
+    def rows(self, indices: torch.Tensor) -> torch.Tensor:
+        """weight[indices] ([*indices.shape, in_features]), read from the panels (a tied embedding's lookup)."""
+        columns = indices % PANEL_WIDTH
+        if self.dtype == torch.bfloat16:
+            columns = _BF16_POSITIONS[columns]
+        return self.panels[indices // PANEL_WIDTH, :, columns]
+
+    def dense(self) -> torch.Tensor:
+        """The [out_features, in_features] weight again (for tests and the torch reference)."""
+        return self.rows(torch.arange(self.out_features))
+
+
+class Gemm:
+    """The compiled kernels, callable on CPU tensors against a `PackedWeight`."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._functions = {torch.float32: library.ember_gemm_f32, torch.bfloat16: library.ember_gemm_bf16}
+        for function in self._functions.values():
+            function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+            function.restype = None
+
+    def __call__(self, x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+        """x [m, in_features] @ weight.T + bias, accumulated in float32, returned in float32."""
+        x32 = x.float().contiguous()
+        out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+        self._functions[weight.dtype](
+            x32.data_ptr(),
+            weight.panels.data_ptr(),
+            None if weight.bias is None else weight.bias.data_ptr(),
+            out.data_ptr(),
+            x.shape[0],
+            weight.out_features,
+            weight.in_features,
+        )
+        return out
+
+
+@functools.cache
+def load_gemm() -> Gemm | None:
+    """The kernel, built and loaded once per process; None when unavailable."""
+    if os.environ.get(PURE_TORCH_ENV):
+        return None
+    from ember.native_build import build_shared_library
+
+    path = build_shared_library("ember_gemm", SOURCE_PATH.read_text(), ("-O3", "-march=native", "-fopenmp"))
+    if path is None:
+        return None
+    try:
+        return Gemm(ctypes.CDLL(str(path)))
+    except OSError:
+        return None

@@ -1,0 +1,131 @@
+/* y[m, n] = x[m, k] . w[n, k]^T (+ bias[n]): float32 activations, float32 or bfloat16 weights.
+
+   The weights are packed once at load into panels of NR = 16 output channels, k-major:
+   panel[p][j] = w[16 * panel + j][p] (rows past n are zero). The micro-kernel keeps an MR x 16
+   block of y in 12 AVX registers, and for each p loads one panel row (16 weights) and
+   broadcasts MR inputs: every weight is read from memory once per block of inputs, whatever m
+   is, so a decode step (m = 1..64) streams the weights once at memory speed, and a prefill
+   chunk is compute bound. k is cut in KC-long slices so a panel slice stays in L1 while the
+   micro-kernel walks the block's rows; the rows of x in a block stay in L2.
+   bfloat16 panels hold column j in the low and column j + 8 in the high half of 32-bit lane j,
+   so widening to float32 is one shift and one mask, in registers; sums are float32.
+   OpenMP (torch's runtime) splits the panels between threads.
+   Built with -march=native: AVX2+FMA where the CPU has them, plain C otherwise. */
+#include <stdint.h>
+#include <stddef.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define EMBER_AVX2 1
+#endif
+
+#define NR 16                   /* output channels per panel */
+#define MR 6                    /* input rows per micro-kernel call */
+#define PANEL_SLICE_BYTES 16384 /* one panel slice, kept in L1 */
+#define X_BLOCK_BYTES 262144    /* rows of x kept in L2 while the panels pass over them */
+
+static inline float bf16_to_f32(uint16_t value) {
+    union { uint32_t bits; float number; } converted;
+    converted.bits = (uint32_t)value << 16;
+    return converted.number;
+}
+
+/* Column j of a packed panel row, as float32. */
+static inline float panel_f32(const float *row, int j) { return row[j]; }
+static inline float panel_bf16(const uint16_t *row, int j) { return bf16_to_f32(row[2 * (j % 8) + j / 8]); }
+
+#ifdef EMBER_AVX2
+typedef struct { __m256 lo, hi; } row16;
+
+static inline __attribute__((always_inline)) row16 load_panel_f32(const float *p) {
+    row16 r = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+    return r;
+}
+static inline __attribute__((always_inline)) row16 load_panel_bf16(const uint16_t *p) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    row16 r = {_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
+               _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)))};
+    return r;
+}
+/* 16 outputs of one row of y: from bias (or zero) on the first slice, else what is there. */
+static inline __attribute__((always_inline)) row16 start_row(const float *y, int nr, const float *bias, int first) {
+    float tmp[NR] = {0};
+    const float *from = first ? bias : y;
+    if (from == NULL) { row16 zero = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return zero; }
+    if (nr < NR) { for (int j = 0; j < nr; j++) tmp[j] = from[j]; from = tmp; }
+    return load_panel_f32(from);
+}
+static inline __attribute__((always_inline)) void store_row(float *y, row16 c, int nr) {
+    if (nr == NR) { _mm256_storeu_ps(y, c.lo); _mm256_storeu_ps(y + 8, c.hi); return; }
+    float tmp[NR];
+    _mm256_storeu_ps(tmp, c.lo); _mm256_storeu_ps(tmp + 8, c.hi);
+    for (int j = 0; j < nr; j++) y[j] = tmp[j];
+}
+#define START(i) row16 c##i = {_mm256_setzero_ps(), _mm256_setzero_ps()}; \
+    if (mr > i) c##i = start_row(y + i * ldy, nr, bias, first);
+#define FMA_ROW(i) if (mr > i) { __m256 a = _mm256_broadcast_ss(x + i * ldx + p);            \
+    c##i.lo = _mm256_fmadd_ps(a, b.lo, c##i.lo); c##i.hi = _mm256_fmadd_ps(a, b.hi, c##i.hi); }
+#define STORE(i) if (mr > i) store_row(y + i * ldy, c##i, nr);
+/* y[0..mr, 0..nr] (+)= x[0..mr, 0..kc] . panel[0..kc]; mr is a constant after inlining. */
+#define DEFINE_KERNEL(NAME, WTYPE, LOAD, SCALAR)                                               \
+static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx,            \
+        const WTYPE *panel, int64_t kc, const int mr, float *y, int64_t ldy, int nr,           \
+        const float *bias, int first) {                                                       \
+    START(0) START(1) START(2) START(3) START(4) START(5)                                      \
+    for (int64_t p = 0; p < kc; p++) {                                                        \
+        row16 b = LOAD(panel + p * NR);                                                       \
+        FMA_ROW(0) FMA_ROW(1) FMA_ROW(2) FMA_ROW(3) FMA_ROW(4) FMA_ROW(5)                     \
+    }                                                                                         \
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)                                     \
+}
+#else
+#define DEFINE_KERNEL(NAME, WTYPE, LOAD, SCALAR)                                               \
+static inline void NAME(const float *x, int64_t ldx, const WTYPE *panel, int64_t kc,           \
+        const int mr, float *y, int64_t ldy, int nr, const float *bias, int first) {           \
+    for (int i = 0; i < mr; i++)                                                              \
+        for (int j = 0; j < nr; j++) {                                                        \
+            float sum = first ? (bias ? bias[j] : 0.0f) : y[i * ldy + j];                     \
+            for (int64_t p = 0; p < kc; p++) sum += x[i * ldx + p] * SCALAR(panel + p * NR, j); \
+            y[i * ldy + j] = sum;                                                             \
+        }                                                                                     \
+}
+#endif
+
+DEFINE_KERNEL(kernel_f32, float, load_panel_f32, panel_f32)
+DEFINE_KERNEL(kernel_bf16, uint16_t, load_panel_bf16, panel_bf16)
+
+#define DEFINE_GEMM(NAME, WTYPE, KERNEL)                                                        \
+void NAME(const float *x, const WTYPE *packed, const float *bias, float *y,                   \
+          int64_t m, int64_t n, int64_t k) {                                                  \
+    int64_t num_panels = (n + NR - 1) / NR;                                                   \
+    int64_t slice = PANEL_SLICE_BYTES / (NR * (int64_t)sizeof(WTYPE));                        \
+    int64_t block_rows = X_BLOCK_BYTES / (k * (int64_t)sizeof(float));                         \
+    block_rows = block_rows < MR ? MR : block_rows - block_rows % MR;                         \
+    _Pragma("omp parallel")                                                                   \
+    for (int64_t m0 = 0; m0 < m; m0 += block_rows) {                                          \
+        int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;                               \
+        _Pragma("omp for schedule(static) nowait")                                            \
+        for (int64_t t = 0; t < num_panels; t++) {                                            \
+            int nr = n - t * NR < NR ? (int)(n - t * NR) : NR;                                \
+            const float *b = bias ? bias + t * NR : NULL;                                     \
+            for (int64_t p0 = 0; p0 < k; p0 += slice) {                                       \
+                int64_t kc = k - p0 < slice ? k - p0 : slice;                                 \
+                const WTYPE *panel = packed + (t * k + p0) * NR;                              \
+                for (int64_t i0 = m0; i0 < m1; i0 += MR) {                                    \
+                    const float *xi = x + i0 * k + p0;                                        \
+                    float *yi = y + i0 * n + t * NR;                                          \
+                    switch (m1 - i0 < MR ? (int)(m1 - i0) : MR) {                             \
+                    case 6: KERNEL(xi, k, panel, kc, 6, yi, n, nr, b, p0 == 0); break;        \
+                    case 5: KERNEL(xi, k, panel, kc, 5, yi, n, nr, b, p0 == 0); break;        \
+                    case 4: KERNEL(xi, k, panel, kc, 4, yi, n, nr, b, p0 == 0); break;        \
+                    case 3: KERNEL(xi, k, panel, kc, 3, yi, n, nr, b, p0 == 0); break;        \
+                    case 2: KERNEL(xi, k, panel, kc, 2, yi, n, nr, b, p0 == 0); break;        \
+                    default: KERNEL(xi, k, panel, kc, 1, yi, n, nr, b, p0 == 0); break;       \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+}
+
+DEFINE_GEMM(ember_gemm_f32, float, kernel_f32)
+DEFINE_GEMM(ember_gemm_bf16, uint16_t, kernel_bf16)

@@ -1,0 +1,80 @@
+"""The compiled CPU GEMM over packed weights against torch's product (the reference), and Linear's use of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ember.layers import cpu_gemm
+from ember.layers.linear import Linear, pack_linear_weights
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    kernel = cpu_gemm.load_gemm()
+    if kernel is None:
+        pytest.skip("no C compiler here (or EMBER_PURE_TORCH is set): the kernel is unavailable")
+    return kernel
+
+
+# Shapes cover partial panels (n % 16), k tails past the L1 slice, and every row count mod 6.
+@pytest.mark.parametrize(("rows", "cols"), [(960, 576), (37, 63), (5, 4500), (16, 1)])
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 64, 70])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float32_gemm_matches_torch_linear(gemm, rows, cols, m, with_bias):
+    generator = torch.Generator().manual_seed(rows + cols + m)
+    weight = torch.randn(rows, cols, generator=generator)
+    bias = torch.randn(rows, generator=generator) if with_bias else None
+    x = torch.randn(m, cols, generator=generator)
+    ours = gemm(x, cpu_gemm.PackedWeight.from_dense(weight, bias))
+    assert torch.allclose(ours, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4 * cols**0.5)
+
+
+@pytest.mark.parametrize("m", [1, 4, 17])
+def test_bfloat16_weights_are_widened_exactly_and_summed_in_float32(gemm, m):
+    generator = torch.Generator().manual_seed(m)
+    weight = torch.randn(300, 576, generator=generator).bfloat16()
+    x = torch.randn(m, 576, generator=generator)
+    ours = gemm(x, cpu_gemm.PackedWeight.from_dense(weight))
+    assert ours.dtype == torch.float32
+    assert torch.allclose(ours, F.linear(x, weight.float()), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_rows_give_back_the_dense_weight(dtype):
+    weight = torch.randn(45, 7).to(dtype)
+    packed = cpu_gemm.PackedWeight.from_dense(weight)
+    assert torch.equal(packed.dense(), weight)
+    ids = torch.tensor([[44, 0], [17, 8]])
+    assert torch.equal(packed.rows(ids), weight[ids])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_gives_the_torch_result_and_keeps_one_copy(gemm, dtype):
+    torch.manual_seed(0)
+    layer = Linear(64, 96, bias=True).to(dtype)
+    dense_weight, dense_bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    x = torch.randn(3, 5, 64).to(dtype)
+    with torch.inference_mode():
+        expected = F.linear(x.float(), dense_weight.float(), dense_bias.float())
+        assert pack_linear_weights(layer) == 1
+        ours = layer(x)
+    assert layer.weight is None and list(layer.parameters()) == []  # the panels replaced the dense copy
+    assert ours.shape == (3, 5, 96) and ours.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(ours.float(), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_layers_stay_plain_torch_where_the_kernel_cannot_run(gemm):
+    half = Linear(8, 8).half()
+    assert not half.pack_weights() and half.packed is None and half.weight is not None
+
+
+def test_a_packed_layer_still_reports_its_dense_weights_in_the_state_dict(gemm):
+    layer = Linear(20, 33, bias=True)
+    before = {name: tensor.clone() for name, tensor in layer.state_dict().items()}
+    assert layer.pack_weights()
+    after = layer.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[name], before[name]) for name in before)
