@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import BlockCopy, KVCacheManager
 from ember.kv.specs import FullAttentionSpec, KVCacheLayout, LatentAttentionSpec
 from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
+from ember.layers.cpu_attention import PagedBatch
 from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import SampledToken, Sampler, SamplingRow
 from ember.models.config import ModelConfig
@@ -178,11 +180,13 @@ class ModelRunner:
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         decode_first_blocks: list[int] = []
+        tables: list[list[int]] = []
         start = 0
         for item, positions in zip(scheduled, position_chunks, strict=True):
             seq, count = item.seq, item.num_new_tokens
             first = seq.num_computed_tokens
             block_ids = self.kv.group_tables[group][seq.seq_id].block_ids
+            tables.append(block_ids)
             table = torch.tensor(block_ids, dtype=torch.long)
             slot_chunks.append(table[positions // self.block_size] * self.block_size + positions % self.block_size)
             if count == 1:
@@ -200,6 +204,7 @@ class ModelRunner:
             prefills=prefills,
             decode=self._decode_batch(decode_rows, decode_tables, decode_lens, window, decode_first_blocks),
             sliding_window=window,
+            paged=_paged_batch(scheduled, tables),
         )
 
     def _decode_batch(
@@ -286,3 +291,16 @@ class ModelRunner:
             )
             for j in range(last - first)
         ]
+
+
+def _paged_batch(scheduled: list[ScheduledSequence], tables: list[list[int]]) -> PagedBatch:
+    """The step's sequences as the fused attention op reads them (tables padded with -1)."""
+    counts = [item.num_new_tokens for item in scheduled]
+    starts = [0, *itertools.accumulate(counts)][:-1]
+    width = max(len(table) for table in tables)
+    return PagedBatch(
+        block_tables=torch.tensor([[*table, *[-1] * (width - len(table))] for table in tables], dtype=torch.int32),
+        query_starts=torch.tensor(starts, dtype=torch.int32),
+        query_counts=torch.tensor(counts, dtype=torch.int32),
+        context_lens=torch.tensor([item.seq.num_computed_tokens + item.num_new_tokens for item in scheduled], dtype=torch.int32),
+    )

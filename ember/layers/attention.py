@@ -8,6 +8,10 @@ only, causally: no attention crosses requests.
 A layer group with a sliding window of W tokens (its metadata's `sliding_window`) lets the
 query at position p see keys p - W + 1 .. p only; its block tables may start with blocks the
 KV manager gave back (id -1), which lie wholly before every window of the step and are skipped.
+
+On the CPU the fused op of ember.layers.cpu_attention does all of it in one call, reading K/V
+through the block tables; the torch code below is its reference and the fallback
+(EMBER_PURE_TORCH=1, no compiler, other devices).
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from ember.layers import cpu_attention
+from ember.layers.cpu_attention import PagedBatch
 
 
 @dataclass
@@ -49,6 +56,7 @@ class AttentionMetadata:
     prefills: list[PrefillSegment]
     decode: DecodeBatch | None
     sliding_window: int | None = None  # of this layer group; decode's key_mask already applies it
+    paged: PagedBatch | None = None  # every sequence, for the fused CPU op
     other_groups: tuple[AttentionMetadata, ...] = ()  # layer groups 1.. of a model whose layers differ
 
     def for_group(self, group: int) -> AttentionMetadata:
@@ -77,6 +85,10 @@ def paged_attention(
     `logit_softcap` (Gemma 2) squashes scores to `cap * tanh(score / cap)` before the softmax.
     """
     write_kv(kv_cache, key, value, metadata.slot_mapping)
+    op = cpu_attention.load_attention() if metadata.paged is not None and kv_cache.device.type == "cpu" else None
+    if op is not None:
+        out = op(query, kv_cache, metadata.paged, scale, metadata.sliding_window, logit_softcap)
+        return out.to(query.dtype)
     output = torch.empty_like(query)
     for segment in metadata.prefills:
         output[segment.start : segment.end] = _prefill_attention(

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember.layers import cpu_attention
 from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import rope_inverse_frequencies
@@ -127,7 +128,7 @@ class LatentAttention(nn.Module):
         if metadata.decode is not None:
             batch = metadata.decode
             rows = batch.token_indices
-            out[rows] = self._decode_absorbed(q_nope[rows], q_rope[rows], kv_cache, batch)
+            out[rows] = self._decode_absorbed(q_nope[rows], q_rope[rows], kv_cache, batch, metadata.paged)
         return self.o_proj(out.flatten(1))
 
     def _query(self, x: torch.Tensor) -> torch.Tensor:
@@ -162,14 +163,27 @@ class LatentAttention(nn.Module):
         return out.transpose(0, 1)
 
     def _decode_absorbed(
-        self, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, batch: DecodeBatch
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        kv_cache: torch.Tensor,
+        batch: DecodeBatch,
+        paged: cpu_attention.PagedBatch | None = None,
     ) -> torch.Tensor:
-        """One token per request; W_UK folded into the query, W_UV applied after the softmax."""
+        """One token per request; W_UK folded into the query, W_UV applied after the softmax.
+
+        On the CPU the fused op reads the latent rows through the block tables (one kv head whose
+        values are the first r entries of each row); the torch code below is its reference.
+        """
         mla = self.mla
         w_kv = self.kv_b_proj.weight.view(self.num_heads, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
         w_uk, w_uv = w_kv.split([mla.qk_nope_head_dim, mla.v_head_dim], dim=1)
         q_latent = torch.einsum("bhn,hnr->bhr", q_nope, w_uk)  # [B, H, r]
         query = torch.cat((q_latent, q_rope), dim=-1)  # [B, H, r + d_rope]
+        op = cpu_attention.load_attention() if paged is not None and kv_cache.device.type == "cpu" else None
+        if op is not None:
+            latent_out = op.latent(query, kv_cache, mla.kv_lora_rank, paged.decode_only(), self.scale).to(query.dtype)
+            return torch.einsum("bhr,hvr->bhv", latent_out, w_uv)
         entries = kv_cache[batch.block_tables].flatten(1, 2).to(query.dtype)  # [B, L, r + d_rope]
         scores = torch.matmul(query, entries.transpose(1, 2)).float() * self.scale  # [B, H, L]
         scores.masked_fill_(~batch.key_mask[:, None, :], float("-inf"))

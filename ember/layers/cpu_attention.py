@@ -1,0 +1,145 @@
+"""The fused paged-attention CPU op (ember/layers/csrc/paged_attention.c) and its Python face.
+
+It reads K/V through the block tables (no padded copy), shares each K/V row between the query
+heads of a group, and runs an online softmax; decode, prefill over a cached prefix, sliding
+windows (given-back blocks, id -1, are skipped), soft-capping and MLA's absorbed decode are one
+loop. Built on first use like the GEMM; None from `load_attention()` (no compiler, or
+EMBER_PURE_TORCH=1) means the torch path in ember.layers.attention runs instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ember.layers.cpu_gemm import PURE_TORCH_ENV
+
+SOURCE_PATH = Path(__file__).parent / "csrc" / "paged_attention.c"
+CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class _Args(ctypes.Structure):
+    _fields_ = [
+        ("query", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("keys", ctypes.c_void_p),
+        ("values", ctypes.c_void_p),
+        ("token_stride", ctypes.c_int64),
+        ("head_stride", ctypes.c_int64),
+        ("num_heads", ctypes.c_int64),
+        ("num_kv_heads", ctypes.c_int64),
+        ("dim_k", ctypes.c_int64),
+        ("dim_v", ctypes.c_int64),
+        ("block_size", ctypes.c_int64),
+        ("cache_is_bf16", ctypes.c_int),
+        ("block_tables", ctypes.c_void_p),
+        ("query_starts", ctypes.c_void_p),
+        ("query_counts", ctypes.c_void_p),
+        ("context_lens", ctypes.c_void_p),
+        ("num_seqs", ctypes.c_int64),
+        ("max_blocks", ctypes.c_int64),
+        ("scale", ctypes.c_float),
+        ("softcap", ctypes.c_float),
+        ("window", ctypes.c_int64),
+    ]
+
+
+@dataclass
+class PagedBatch:
+    """Every sequence of a step as the fused op reads it (int32, built once per step and layer group).
+
+    Sequence s has query rows `[query_starts[s], query_starts[s] + query_counts[s])` of the flat
+    batch, `context_lens[s]` tokens in the cache once this step's are written, and its block
+    table in row s of `block_tables` (padded with -1; -1 also marks blocks given back behind a window).
+    """
+
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    query_starts: torch.Tensor  # [num_seqs] int32
+    query_counts: torch.Tensor  # [num_seqs] int32
+    context_lens: torch.Tensor  # [num_seqs] int32
+
+    def decode_only(self) -> PagedBatch:
+        """The sequences with one query each, their queries renumbered 0..B-1 in batch order."""
+        is_decode = self.query_counts == 1
+        num_decode = int(is_decode.sum())
+        return PagedBatch(
+            block_tables=self.block_tables[is_decode],
+            query_starts=torch.arange(num_decode, dtype=torch.int32),
+            query_counts=self.query_counts[is_decode],
+            context_lens=self.context_lens[is_decode],
+        )
+
+
+class PagedAttention:
+    """The compiled op; `__call__` for a standard cache, `latent` for MLA's absorbed decode."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._function = library.ember_paged_attention
+        self._function.argtypes = [ctypes.POINTER(_Args)]
+        self._function.restype = ctypes.c_int
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        batch: PagedBatch,
+        scale: float,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
+    ) -> torch.Tensor:
+        """query [T, H, D] over kv_cache [2, blocks, block_size, H_kv, D] -> [T, H, D] in float32."""
+        _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+        keys, values = kv_cache[0], kv_cache[1]
+        return self._run(query, keys, values, head_dim, batch, scale, sliding_window, logit_softcap,
+                         block_size=block_size, num_kv_heads=num_kv_heads, token_stride=num_kv_heads * head_dim,
+                         head_stride=head_dim)
+
+    def latent(self, query: torch.Tensor, cache: torch.Tensor, value_dim: int, batch: PagedBatch, scale: float) -> torch.Tensor:
+        """MLA: query [T, H, r + d_rope] over latent cache [blocks, block_size, r + d_rope] -> [T, H, r]."""
+        _, block_size, width = cache.shape
+        return self._run(query, cache, cache, value_dim, batch, scale, None, None,
+                         block_size=block_size, num_kv_heads=1, token_stride=width, head_stride=0)
+
+    def _run(self, query, keys, values, value_dim, batch, scale, window, softcap, **layout) -> torch.Tensor:
+        if not (keys.is_contiguous() and values.is_contiguous()) or keys.dtype not in CACHE_DTYPES:
+            raise ValueError("the fused attention op needs a contiguous float32 or bfloat16 cache")
+        query32 = query.float().contiguous()
+        num_tokens, num_heads, key_dim = query32.shape
+        out = torch.empty(num_tokens, num_heads, value_dim, dtype=torch.float32)
+        args = _Args(
+            query=query32.data_ptr(), out=out.data_ptr(), keys=keys.data_ptr(), values=values.data_ptr(),
+            num_heads=num_heads, dim_k=key_dim, dim_v=value_dim, cache_is_bf16=int(keys.dtype == torch.bfloat16),
+            block_tables=batch.block_tables.data_ptr(), query_starts=batch.query_starts.data_ptr(),
+            query_counts=batch.query_counts.data_ptr(), context_lens=batch.context_lens.data_ptr(),
+            num_seqs=batch.block_tables.shape[0], max_blocks=batch.block_tables.shape[1], scale=scale,
+            softcap=logit_softcap_or_zero(softcap), window=window or 0, **layout,
+        )
+        status = self._function(ctypes.byref(args))
+        if status != 0:
+            raise RuntimeError(f"fused paged attention failed (status {status}): over 512 query rows in a work item, or no memory")
+        return out
+
+
+def logit_softcap_or_zero(softcap: float | None) -> float:
+    return 0.0 if softcap is None else float(softcap)
+
+
+@functools.cache
+def load_attention() -> PagedAttention | None:
+    """The op, built and loaded once per process; None when unavailable."""
+    if os.environ.get(PURE_TORCH_ENV):
+        return None
+    from ember.native_build import build_shared_library
+
+    path = build_shared_library("ember_paged_attention", SOURCE_PATH.read_text(), ("-O3", "-march=native", "-fopenmp"))
+    if path is None:
+        return None
+    try:
+        return PagedAttention(ctypes.CDLL(str(path)))
+    except OSError:
+        return None

@@ -1,0 +1,149 @@
+/* Attention of a flat batch of queries over a paged KV cache, read through the block tables.
+
+   Sequence s owns query rows [query_starts[s], query_starts[s] + query_counts[s]) at positions
+   context_lens[s] - query_counts[s] + i; query i sees keys up to its own position (and, with a
+   window W > 0, only the last W of them). Key and value rows of token t live in block
+   block_tables[s][t / block_size] (ids < 0: blocks given back, behind every window), offset
+   t % block_size. A work item is (sequence, kv head, chunk of QUERY_CHUNK queries): its grouped
+   query heads share each K/V row read, and an online softmax (running max, sum, weighted values)
+   walks the keys block by block, so nothing is gathered or padded. OpenMP splits the items.
+   The same code serves MLA's absorbed decode: one kv head whose key rows are the cached latent
+   and rope key (dim_k wide) and whose values are the first dim_v entries of those rows.
+   float32 or bfloat16 cache (widened per block), float32 queries, outputs and sums. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <math.h>
+
+#define QUERY_CHUNK 8
+#define MAX_ROWS 512  /* query rows (queries x grouped heads) of one work item */
+
+typedef struct {
+    const float *query;          /* [T, num_heads, dim_k] */
+    float *out;                  /* [T, num_heads, dim_v] */
+    const void *keys, *values;   /* element (block, offset, kv head, d) at
+                                    (block * block_size + offset) * token_stride + kv_head * head_stride + d */
+    int64_t token_stride, head_stride;
+    int64_t num_heads, num_kv_heads, dim_k, dim_v, block_size;
+    int cache_is_bf16;
+    const int32_t *block_tables; /* [num_seqs, max_blocks] */
+    const int32_t *query_starts, *query_counts, *context_lens;
+    int64_t num_seqs, max_blocks;
+    float scale, softcap;        /* softcap 0: none */
+    int64_t window;              /* 0: none */
+} attention_args;
+
+static inline float bf16_to_f32(uint16_t value) {
+    union { uint32_t bits; float number; } converted;
+    converted.bits = (uint32_t)value << 16;
+    return converted.number;
+}
+
+/* Rows [first, first + count) of one block for one kv head, as float32 pointers (widened into buf). */
+static const float *block_rows(const attention_args *a, const void *base, int64_t block, int64_t first,
+                               int64_t count, int64_t kv_head, int64_t dim, float *buf) {
+    int64_t start = (block * a->block_size + first) * a->token_stride + kv_head * a->head_stride;
+    if (!a->cache_is_bf16) return (const float *)base + start;  /* rows token_stride apart */
+    const uint16_t *src = (const uint16_t *)base + start;
+    for (int64_t t = 0; t < count; t++)
+        for (int64_t d = 0; d < dim; d++) buf[t * a->token_stride + d] = bf16_to_f32(src[t * a->token_stride + d]);
+    return buf;
+}
+
+static void attend(const attention_args *a, int64_t seq, int64_t q0, int64_t kv_head, float *work) {
+    const int64_t group = a->num_heads / a->num_kv_heads, dk = a->dim_k, dv = a->dim_v, bs = a->block_size;
+    const int64_t count = a->query_counts[seq], nq = count - q0 < QUERY_CHUNK ? count - q0 : QUERY_CHUNK;
+    const int64_t rows = nq * group, first_pos = a->context_lens[seq] - count + q0, last_pos = first_pos + nq - 1;
+    float *acc = work, *row_max = acc + rows * dv, *row_sum = row_max + rows, *scores = row_sum + rows;
+    float *kbuf = scores + rows * bs, *vbuf = kbuf + bs * a->token_stride;
+    const float *q[MAX_ROWS];
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t token = a->query_starts[seq] + q0 + r / group, head = kv_head * group + r % group;
+        q[r] = a->query + (token * a->num_heads + head) * dk;
+        row_max[r] = -INFINITY; row_sum[r] = 0.0f;
+        for (int64_t d = 0; d < dv; d++) acc[r * dv + d] = 0.0f;
+    }
+    int64_t lo = a->window > 0 ? first_pos - a->window + 1 : 0;
+    if (lo < 0) lo = 0;
+    const int32_t *table = a->block_tables + seq * a->max_blocks;
+    for (int64_t b = lo / bs; b <= last_pos / bs; b++) {
+        int32_t block = table[b];
+        if (block < 0) continue;
+        int64_t k_lo = b * bs > lo ? b * bs : lo, k_hi = b * bs + bs - 1 < last_pos ? b * bs + bs - 1 : last_pos;
+        int64_t n = k_hi - k_lo + 1;
+        const float *keys = block_rows(a, a->keys, block, k_lo - b * bs, n, kv_head, dk, kbuf);
+        const float *values = a->values == a->keys && a->cache_is_bf16
+            ? keys : block_rows(a, a->values, block, k_lo - b * bs, n, kv_head, dv, vbuf);
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t pos = first_pos + r / group;
+            float best = -INFINITY, *s = scores + r * bs;
+            for (int64_t t = 0; t < n; t++) {
+                int64_t key = k_lo + t;
+                if (key > pos || (a->window > 0 && key <= pos - a->window)) { s[t] = -INFINITY; continue; }
+                const float *k = keys + t * a->token_stride, *qr = q[r];
+                float dot = 0.0f;
+                #pragma omp simd reduction(+:dot)
+                for (int64_t d = 0; d < dk; d++) dot += qr[d] * k[d];
+                dot *= a->scale;
+                if (a->softcap > 0.0f) dot = a->softcap * tanhf(dot / a->softcap);
+                s[t] = dot;
+                if (dot > best) best = dot;
+            }
+            if (best == -INFINITY) continue;
+            float new_max = best > row_max[r] ? best : row_max[r];
+            float correction = expf(row_max[r] - new_max);  /* 0 on the first visible key */
+            float *o = acc + r * dv;
+            row_sum[r] *= correction;
+            #pragma omp simd
+            for (int64_t d = 0; d < dv; d++) o[d] *= correction;
+            for (int64_t t = 0; t < n; t++) {
+                if (s[t] == -INFINITY) continue;
+                float p = expf(s[t] - new_max);
+                const float *v = values + t * a->token_stride;
+                row_sum[r] += p;
+                #pragma omp simd
+                for (int64_t d = 0; d < dv; d++) o[d] += p * v[d];
+            }
+            row_max[r] = new_max;
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t token = a->query_starts[seq] + q0 + r / group, head = kv_head * group + r % group;
+        float *o = a->out + (token * a->num_heads + head) * dv;
+        float inverse = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+        for (int64_t d = 0; d < dv; d++) o[d] = acc[r * dv + d] * inverse;
+    }
+}
+
+/* Returns 0; -1 when one work item would hold more than MAX_ROWS query rows; -2 out of memory. */
+int ember_paged_attention(const attention_args *a) {
+    const int64_t group = a->num_heads / a->num_kv_heads;
+    int64_t num_chunks = 0, rows = 0;
+    for (int64_t s = 0; s < a->num_seqs; s++) {
+        int64_t count = a->query_counts[s];
+        num_chunks += (count + QUERY_CHUNK - 1) / QUERY_CHUNK;
+        if ((count < QUERY_CHUNK ? count : QUERY_CHUNK) * group > rows) rows = (count < QUERY_CHUNK ? count : QUERY_CHUNK) * group;
+    }
+    if (rows > MAX_ROWS) return -1;
+    int64_t *chunk_seq = malloc(sizeof(int64_t) * 2 * (num_chunks + 1)), *chunk_q0 = chunk_seq + num_chunks + 1;
+    if (!chunk_seq) return -2;
+    int64_t c = 0;
+    for (int64_t s = 0; s < a->num_seqs; s++)
+        for (int64_t q0 = 0; q0 < a->query_counts[s]; q0 += QUERY_CHUNK) { chunk_seq[c] = s; chunk_q0[c] = q0; c++; }
+    const int64_t dmax = a->dim_k > a->dim_v ? a->dim_k : a->dim_v;
+    const int64_t work_floats = rows * (a->dim_v + 2 + a->block_size) + 2 * a->block_size * (a->token_stride + dmax);
+    int failed = 0;
+    #pragma omp parallel
+    {
+        float *work = malloc(sizeof(float) * work_floats);
+        if (!work) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(dynamic)
+        for (int64_t item = 0; item < num_chunks * a->num_kv_heads; item++)
+            if (work) attend(a, chunk_seq[item / a->num_kv_heads], chunk_q0[item / a->num_kv_heads], item % a->num_kv_heads, work);
+        free(work);
+    }
+    free(chunk_seq);
+    return failed ? -2 : 0;
+}

@@ -1,0 +1,104 @@
+"""The fused paged-attention op against plain attention over each sequence's gathered keys (the reference).
+
+Random block tables (blocks scattered over the pool, tables padded with -1, windowed tables
+starting with given-back -1 blocks), decode and prefill-over-prefix mixed in one batch, GQA,
+sliding windows, soft-capping, float32 and bfloat16 caches, and MLA's latent form.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ember.layers import cpu_attention
+from ember.layers.cpu_attention import PagedBatch
+
+BLOCK_SIZE = 4
+
+
+@pytest.fixture(scope="module")
+def op():
+    attention = cpu_attention.load_attention()
+    if attention is None:
+        pytest.skip("no C compiler here (or EMBER_PURE_TORCH is set): the op is unavailable")
+    return attention
+
+
+def random_batch(generator, context_lens, query_counts, num_blocks, window):
+    """Block tables over a shuffled pool; blocks wholly behind every query's window given back (-1)."""
+    pool = torch.randperm(num_blocks, generator=generator).tolist()
+    tables = []
+    for context, count in zip(context_lens, query_counts, strict=True):
+        needed = -(-context // BLOCK_SIZE)
+        table = [pool.pop() for _ in range(needed)]
+        if window is not None:
+            first_visible = max(0, context - count - window + 1)
+            table = [-1 if (b + 1) * BLOCK_SIZE <= first_visible else block for b, block in enumerate(table)]
+        tables.append(table)
+    width = max(len(t) for t in tables) + 1  # one spare column: padding is read as -1 and skipped
+    starts = [0]
+    for count in query_counts[:-1]:
+        starts.append(starts[-1] + count)
+    return PagedBatch(
+        block_tables=torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32),
+        query_starts=torch.tensor(starts, dtype=torch.int32),
+        query_counts=torch.tensor(query_counts, dtype=torch.int32),
+        context_lens=torch.tensor(context_lens, dtype=torch.int32),
+    )
+
+
+def reference(query, keys, values, batch, scale, window, softcap, num_kv_heads):
+    """Per sequence: gather its keys/values token by token, mask causally (and by window), softmax."""
+    out = torch.zeros(query.shape[0], query.shape[1], values.shape[-1])
+    group = query.shape[1] // num_kv_heads
+    for s in range(batch.block_tables.shape[0]):
+        context, count, start = (int(batch.context_lens[s]), int(batch.query_counts[s]), int(batch.query_starts[s]))
+        key_positions = torch.arange(context)
+        blocks = batch.block_tables[s][key_positions // BLOCK_SIZE].long()
+        query_positions = torch.arange(context - count, context).unsqueeze(1)
+        visible = key_positions <= query_positions
+        if window is not None:
+            visible &= key_positions > query_positions - window
+        assert (blocks >= 0)[visible.any(0)].all()  # given-back blocks are never visible
+        blocks = blocks.clamp(min=0)
+        k = keys[blocks, key_positions % BLOCK_SIZE].float()  # [L, H_kv, Dk]
+        v = values[blocks, key_positions % BLOCK_SIZE].float()
+        q = query[start : start + count].float()  # [n, H, Dk]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        scores = torch.einsum("nhd,lhd->hnl", q, k) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        scores = scores.masked_fill(~visible, -math.inf)
+        out[start : start + count] = torch.einsum("hnl,lhd->nhd", torch.softmax(scores, -1), v)
+    return out
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (7, None), (None, 30.0), (5, 20.0)])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (6, 2)])
+def test_fused_op_matches_plain_attention(op, cache_dtype, window, softcap, num_heads, num_kv_heads):
+    generator = torch.Generator().manual_seed(num_heads + (window or 0))
+    head_dim, num_blocks = 16, 64
+    # decode (1 query), prefill over a cached prefix (9 of 30), a fresh prompt (13 of 13), decode at a block edge
+    context_lens, query_counts = [21, 30, 13, 8], [1, 9, 13, 1]
+    batch = random_batch(generator, context_lens, query_counts, num_blocks, window)
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator).to(cache_dtype)
+    query = torch.randn(sum(query_counts), num_heads, head_dim, generator=generator)
+    ours = op(query, cache, batch, 0.25, window, softcap)
+    expected = reference(query, cache[0], cache[1], batch, 0.25, window, softcap, num_kv_heads)
+    assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_latent_form_reads_values_from_the_latent_rows(op, cache_dtype):
+    generator = torch.Generator().manual_seed(5)
+    rank, rope_dim, num_heads, num_blocks = 32, 8, 5, 40
+    batch = random_batch(generator, [17, 3, 26], [1, 1, 1], num_blocks, None)
+    cache = torch.randn(num_blocks, BLOCK_SIZE, rank + rope_dim, generator=generator).to(cache_dtype)
+    query = torch.randn(3, num_heads, rank + rope_dim, generator=generator)
+    ours = op.latent(query, cache, rank, batch, 0.1)
+    rows = cache.unsqueeze(2)  # one kv head
+    expected = reference(query, rows, rows[..., :rank], batch, 0.1, None, None, 1)
+    assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
