@@ -63,6 +63,10 @@ class PackedWeight:
     def in_features(self) -> int:
         return self.panels.shape[1]
 
+    @property
+    def dense_shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
+
     def rows(self, indices: torch.Tensor) -> torch.Tensor:
         """weight[indices] ([*indices.shape, in_features]), read from the panels (a tied embedding's lookup)."""
         columns = indices % PANEL_WIDTH

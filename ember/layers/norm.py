@@ -17,7 +17,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused kernel
+            # one fused kernel (float32 activations over bfloat16 weights: the weight cast, 1 row)
+            return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)

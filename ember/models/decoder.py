@@ -17,6 +17,7 @@ from torch import nn
 
 from ember.kv.specs import KVCacheLayout, KVCacheSpec, kv_specs_for
 from ember.layers.attention import AttentionMetadata
+from ember.layers.embedding import VocabEmbedding
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
@@ -30,7 +31,7 @@ class DecoderModel(nn.Module):
 
     def __init__(self, config: ModelConfig, make_layer: LayerFactory, specs: list[KVCacheSpec], rotary: Any) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(make_layer(i, rotary) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.layer_groups = KVCacheLayout.from_specs(specs).layer_groups

@@ -13,7 +13,7 @@ from gguf import GGUFReader
 from rich.progress import Progress
 from torch import nn
 
-from ember.layers.linear import pack_linear_weights
+from ember.layers.cpu_prepare import prepare_for_cpu_kernels
 from ember.models.config import ModelConfig
 from ember.models.gguf_loader import is_gguf_file, iter_gguf_tensors, read_gguf_config
 from ember.models.hf_loader import find_hf_tokenizer, is_hf_folder, iter_hf_tensors, read_hf_config
@@ -138,19 +138,19 @@ def _build(
                     continue
                 tensor = tensor.dequantize()
             state[name] = tensor.to(torch_dtype)
-    if config.tie_word_embeddings:
-        for tied, source in getattr(model, "tied_weights", {"lm_head.weight": "model.embed_tokens.weight"}).items():
-            if source in blocks and _holds_blocks(model, tied):
-                blocks[tied] = blocks[source]  # one copy of the blocks, read by both layers
-            else:
-                state[tied] = blocks[source].dequantize() if source in blocks else state[source]
+    tied_weights = getattr(model, "tied_weights", {"lm_head.weight": "model.embed_tokens.weight"}) if config.tie_word_embeddings else {}
+    for tied, source in tied_weights.items():
+        if source in blocks and _holds_blocks(model, tied):
+            blocks[tied] = blocks[source]  # one copy of the blocks, read by both layers
+        else:
+            state[tied] = blocks[source].dequantize() if source in blocks else state[source]
     missing = sorted(set(expected) - set(state) - set(blocks))
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
     install_ggml_layers(model, blocks)
     model.load_state_dict(state, assign=True)
     _freeze(model)
-    pack_linear_weights(model)  # after the tie: a tied head packs the shared tensor
+    prepare_for_cpu_kernels(model, tied_weights)
     return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt)
 
 
