@@ -46,3 +46,18 @@ def _every_product_packed_in(model: nn.Module, dtype: torch.dtype) -> bool:
         if not is_safe:
             return False
     return True
+
+
+def restore_dense_weights(model: nn.Module) -> None:
+    """Undo the packing: dense nn.Linear / nn.Embedding weights again (for code that edits weights in place)."""
+    for module in model.modules():
+        if isinstance(module, Linear) and module.packed is not None:
+            packed, module.packed = module.packed, None
+            module.weight = nn.Parameter(packed.dense().clone(), requires_grad=False)
+            if packed.bias is not None:
+                module.bias = nn.Parameter(packed.bias[: packed.out_features].to(packed.dtype), requires_grad=False)
+        elif isinstance(module, VocabEmbedding):
+            if module.packed_table is not None:
+                table, module.packed_table = module.packed_table, None
+                module.weight = nn.Parameter(table.dense().clone(), requires_grad=False)
+            module.output_dtype = None

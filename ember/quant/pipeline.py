@@ -50,12 +50,14 @@ class QuantizeResult:
 def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> QuantizeResult:
     from ember.engine.config import CacheConfig, EngineConfig
     from ember.engine.llm_engine import LLMEngine
+    from ember.layers.cpu_prepare import restore_dense_weights
     from ember.models.registry import resolve_model
     from ember.quant.checkpoint import write_quantized
 
     engine = LLMEngine(EngineConfig(model=config.model, tokenizer=config.tokenizer, dtype="float32", max_model_len=config.seq_len,
                                     cache=CacheConfig(kv_cache_memory_bytes=64 << 20)))
     model = engine.runner.model
+    restore_dense_weights(model)  # AWQ scales the weights in place and quantization reads them dense
     if engine.model_config.architecture not in LLAMA_FAMILY:
         raise ValueError(f"ember quantize runs the Llama family ({', '.join(LLAMA_FAMILY)}); {config.model} is {engine.model_config.architecture}")
     names = [f"model.layers.{i}.{linear}" for i in range(len(model.model.layers)) for linear in LINEARS]

@@ -78,3 +78,13 @@ def test_a_packed_layer_still_reports_its_dense_weights_in_the_state_dict(gemm):
     after = layer.state_dict()
     assert after.keys() == before.keys()
     assert all(torch.equal(after[name], before[name]) for name in before)
+
+
+def test_restoring_dense_weights_gives_back_the_plain_layer(gemm):
+    from ember.layers.cpu_prepare import restore_dense_weights
+
+    layer = Linear(20, 33, bias=True)
+    before = {name: tensor.clone() for name, tensor in layer.state_dict().items()}
+    assert layer.pack_weights()
+    restore_dense_weights(layer)
+    assert layer.packed is None and torch.equal(layer.weight, before["weight"]) and torch.equal(layer.bias, before["bias"])
