@@ -111,6 +111,9 @@ def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]
 
 def apply_awq(model: nn.Module, stats: dict[str, InputStats], grid: BlockGrid, progress: Progress) -> None:
     """Scale each layer's qkv, gate_up and down inputs by AWQ's search; the feeding op absorbs 1/s."""
+    from ember.layers.cpu_prepare import restore_dense_weights
+
+    restore_dense_weights(model)  # the CPU kernels' panels cannot be scaled in place
     layers = model.model.layers
     task = progress.add_task("AWQ scale search", total=len(layers))
     for index, layer in enumerate(layers):
