@@ -1,6 +1,6 @@
 """Builds small C sources into shared libraries on first use, cached by source digest.
 
-Used for optional compiled fast paths (the tokenizer merge loop, the CPU GEMV). Each caller
+Used for optional compiled fast paths (the tokenizer merge loop, the CPU GEMM and attention). Each caller
 keeps a pure-Python/torch path as reference and fallback: no compiler, a failed build, or the
 caller's opt-out environment variable all mean "not available" (None), never an error.
 The cache folder is $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember, else ~/.cache/ember.

@@ -15,15 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ember.layers import cpu_gemv
 from ember.parallel.communicator import Communicator
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if cpu_gemv.can_use(x, weight):
-        kernel = cpu_gemv.load_gemv()
-        if kernel is not None:
-            return kernel(x, weight, bias)
+    # TODO(kernels): pack these shards for ember.layers.cpu_gemm as Linear does (the few-row GEMV is gone)
     return F.linear(x, weight, bias)
 
 
