@@ -111,6 +111,16 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     quant.add_argument("--plot", type=Path, default=Path("benchmarks/plots/quant.png"))
     quant.add_argument("--json", type=Path, default=None)
     quant.set_defaults(func=_run_quant)
+    parallel = commands.add_parser("parallel", help="tensor parallel vs one process: scaling, bytes per token per rank, comm share")
+    parallel.add_argument("--model", default="smollm2-135m-instruct")
+    parallel.add_argument("--tensor-parallel-size", type=int, default=2)
+    parallel.add_argument("--num-prompts", type=int, default=4)
+    parallel.add_argument("--prompt-len", type=int, default=64)
+    parallel.add_argument("--max-tokens", type=int, default=32)
+    parallel.add_argument("--repeats", type=int, default=3)
+    parallel.add_argument("--seed", type=int, default=0)
+    parallel.add_argument("--json", type=Path, default=None)
+    parallel.set_defaults(func=_run_parallel)
     tokenizers = commands.add_parser("tokenizers", help="tokenizer encode throughput: ember vs tiktoken vs HF tokenizers")
     tokenizers.add_argument("--text-mb", type=float, default=10.0)
     tokenizers.add_argument("--repeats", type=int, default=3)
@@ -238,6 +248,27 @@ def _run_soak(args: argparse.Namespace) -> int:
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)
     return 0 if section["lost"] == 0 and section["server_errors"] == 0 else 1
+
+
+def _run_parallel(args: argparse.Namespace) -> int:
+    from ember.bench.parallel import markdown, run_parallel_bench
+
+    for name in ("tensor_parallel_size", "num_prompts", "prompt_len", "max_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    result = run_parallel_bench(args.model, args.tensor_parallel_size, args.num_prompts, args.prompt_len,
+                                args.max_tokens, args.repeats, args.seed)  # fmt: skip
+    print(markdown(result))
+    print(f"machine: {torch_threads()} torch threads per rank, a shared CPU box: TP on one socket adds work, it cannot speed up")
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, result)
+    return 0
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _run_roofline(args: argparse.Namespace) -> int:

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 class ParallelConfig:
     """Tensor parallelism over `tensor_parallel_size` ranks (1: one process, no torch.distributed).
 
-    The ranks meet at `master_addr:master_port` (a free port is picked when None). A collective
+    The ranks meet at `master_addr:master_port` (a free port is picked when None). Across
+    machines (torchrun-style), `nnodes` nodes run `tensor_parallel_size / nnodes` ranks each;
+    node 0 holds rank 0 (the engine and server), the others only workers, and every node is
+    given the same master address and a fixed port. A collective
     that waits longer than `collective_timeout_s` for a peer (a dead or hung worker) fails the
     step with an error naming the rank, instead of hanging; `startup_timeout_s` bounds loading.
     """
@@ -20,8 +23,16 @@ class ParallelConfig:
     master_port: int | None = None
     collective_timeout_s: float = 20.0
     startup_timeout_s: float = 600.0
+    nnodes: int = 1
+    node_rank: int = 0
 
     def __post_init__(self) -> None:
+        if self.nnodes < 1 or self.tensor_parallel_size % self.nnodes:
+            raise ValueError("--nnodes must divide --tensor-parallel-size (each node runs the same number of ranks)")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be from 0 to {self.nnodes - 1}")
+        if self.nnodes > 1 and self.master_port is None:
+            raise ValueError("several nodes need a fixed --master-port (and the same --master-addr) on every node")
         if not 1 <= self.tensor_parallel_size <= 64:
             raise ValueError("tensor_parallel_size must be from 1 to 64 (--tensor-parallel-size)")
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
@@ -37,6 +48,12 @@ class ParallelConfig:
     def is_parallel(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def node_ranks(self) -> range:
+        """The ranks this node runs (node 0's first one is rank 0, the engine itself)."""
+        per_node = self.world_size // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ParallelConfig:
         return cls(
@@ -44,6 +61,8 @@ class ParallelConfig:
             master_addr=args.master_addr,
             master_port=args.master_port,
             collective_timeout_s=args.collective_timeout,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
         )
 
 
@@ -54,5 +73,8 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranks the weights and KV cache are split over (worker processes on torch.distributed)")
     parser.add_argument("--master-addr", default=defaults.master_addr, help="address where the ranks meet")
     parser.add_argument("--master-port", type=int, default=None, help="port where the ranks meet (default: a free one)")
+    parser.add_argument("--nnodes", type=int, default=1, help="machines the ranks span (torchrun-style)")
+    parser.add_argument("--node-rank", type=int, default=0,
+                        help="this machine's index; nodes other than 0 run workers only (no server)")
     parser.add_argument("--collective-timeout", type=float, default=defaults.collective_timeout_s,
                         help="seconds a rank waits for its peers before the step fails (a dead or hung worker)")

@@ -73,9 +73,7 @@ class WorkerGroup:
     ) -> tuple[WorkerGroup, LoadedModel]:
         """Start the workers, join the group as rank 0 and load rank 0's shard."""
         port = parallel.master_port or free_port(parallel.master_addr)
-        processes = [
-            _spawn_worker(rank, model_path, dtype, parallel, port) for rank in range(1, parallel.world_size)
-        ]
+        processes = [_spawn_worker(rank, model_path, dtype, parallel, port) for rank in parallel.node_ranks if rank != 0]
         try:
             communicator = connect(
                 0, parallel.world_size, parallel.master_addr, port, parallel.collective_timeout_s, parallel.startup_timeout_s
@@ -147,6 +145,18 @@ class WorkerGroup:
         sizes = self.communicator.gather_to_driver(torch.tensor([driver_value]), timeout_s)
         assert sizes is not None
         return [int(size.item()) for size in sizes]
+
+
+def run_worker_node(model_path: Path, dtype: str, parallel: ParallelConfig) -> int:
+    """A node other than 0: start this node's ranks and wait for them; returns the first non-zero exit status."""
+    if parallel.node_rank == 0 or parallel.master_port is None:
+        raise ValueError("run_worker_node runs nodes 1.. of a multi-node group, with a fixed --master-port")
+    processes = [_spawn_worker(rank, model_path, dtype, parallel, parallel.master_port) for rank in parallel.node_ranks]
+    try:
+        statuses = [process.wait() for process in processes]
+    finally:
+        _stop_processes(processes)
+    return next((status for status in statuses if status), 0)
 
 
 def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelConfig, port: int) -> subprocess.Popen:

@@ -62,8 +62,12 @@ class WorkerLoop:
 
 
 def _exit_when_orphaned() -> None:
-    """Block on stdin (rank 0 holds its other end); end of file means rank 0 is gone."""
-    while sys.stdin.buffer.read(1):
+    """Block on stdin (rank 0 holds its other end); end of file means rank 0 is gone.
+
+    A raw read, not sys.stdin: a daemon thread holding the buffered reader's lock would abort
+    the interpreter's shutdown after a clean stop.
+    """
+    while os.read(sys.stdin.fileno(), 1):
         pass
     os._exit(EXIT_ORPHANED)
 

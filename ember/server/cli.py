@@ -94,6 +94,11 @@ def serve_command(args: argparse.Namespace) -> int:
         engine_config = EngineConfig.from_args(args)
     except ValueError as error:
         raise SystemExit(f"ember serve: {error}") from None
+    if engine_config.parallel.node_rank > 0:  # a worker node of a multi-node group: no engine, no server
+        from ember.models.registry import resolve_model
+        from ember.parallel.driver import run_worker_node
+
+        return run_worker_node(resolve_model(engine_config.model), engine_config.dtype, engine_config.parallel)
     if server_config.served_model_names:
         engine_config.served_model_name = server_config.served_model_names[0]
     run_server(engine_config, server_config)

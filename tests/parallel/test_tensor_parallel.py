@@ -72,8 +72,10 @@ def test_tp2_llama_and_mistral_windows_match_single_process(tmp_path, single_thr
 def test_tp2_smollm2_gguf_matches_single_process(smollm2_gguf, single_thread_torch):
     """SmolLM2-135M: 9 query heads over 3 KV heads split 6+3 / 2+1 at TP=2; Q4_1 rows read per rank."""
     prompts = [[1, 504, 3458, 314, 260, 1345, 28], [4093, 12, 2078, 30, 5, 77, 890, 16, 9, 10, 11]]
-    single = LLM(str(smollm2_gguf), block_size=16, num_kv_blocks=64)
-    parallel = LLM(str(smollm2_gguf), block_size=16, num_kv_blocks=64, tensor_parallel_size=2)
+    # float32 on both sides: a rank dequantizes its slice of the Q4_1 weights.
+    options = dict(dtype="float32", block_size=16, num_kv_blocks=64)
+    single = LLM(str(smollm2_gguf), **options)
+    parallel = LLM(str(smollm2_gguf), tensor_parallel_size=2, **options)
     try:
         assert_parallel_matches(single, parallel, prompts, SMOLLM2_LOGIT_TOLERANCE)
         whole = sum(p.numel() * p.element_size() for p in single.engine.runner.model.parameters())

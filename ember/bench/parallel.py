@@ -1,0 +1,137 @@
+"""`ember bench parallel`: tensor parallel vs one process on the same workload, with the traffic counted.
+
+Both engines run the same prompts (greedy, fixed lengths) in one process run; the result is
+the TP / single throughput ratio (median of repeats), the bytes each rank sent per token as
+counted by the communicator next to the formula of ember.parallel.volume, the share of rank
+0's step time spent inside collectives (waiting for the slower rank included), the weight
+bytes each rank holds, and a model of the scaling on hardware where compute and links are
+fast (the measured scaling on a small shared CPU box says little about that).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ember.engine.sampling_params import SamplingParams
+from ember.llm import LLM
+from ember.models.loader import compute_dtype
+from ember.parallel.volume import tensor_parallel_volume
+
+
+@dataclass(frozen=True)
+class HardwareModel:
+    """Where the modelled scaling is computed: decode reads every weight once per step (memory bound)."""
+
+    name: str = "8x H100 SXM (NVLink)"
+    memory_bandwidth_gbs: float = 3350.0
+    link_bandwidth_gbs: float = 450.0  # per direction, per GPU
+    collective_latency_us: float = 8.0  # one all-reduce's fixed cost
+
+
+def modelled_speedup(
+    weight_bytes: int, all_reduce_bytes_per_token: float, all_reduces: int, batch_tokens: int, world_size: int, hardware: HardwareModel
+) -> float:
+    """Decode-step speedup of TP=world_size over one device: weight reads shrink 1/T, all-reduces are added."""
+    one = weight_bytes / (hardware.memory_bandwidth_gbs * 1e9)
+    compute = one / world_size
+    communicate = all_reduces * hardware.collective_latency_us * 1e-6 + (
+        all_reduce_bytes_per_token * batch_tokens / (hardware.link_bandwidth_gbs * 1e9)
+    )
+    return one / (compute + communicate)
+
+
+def _prompts(vocab_size: int, count: int, length: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size, (length,), generator=generator).tolist() for _ in range(count)]
+
+
+def _timed_runs(llm: LLM, prompts: list[list[int]], params: SamplingParams, repeats: int) -> tuple[list[float], int]:
+    """Seconds of each repeat and the tokens one repeat computes."""
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm up
+    seconds = []
+    for _ in range(repeats):
+        before = llm.engine.stats().computed_tokens_total
+        if llm.engine.workers is not None:
+            llm.engine.workers.communicator.stats.reset()
+        started = time.perf_counter()
+        llm.generate(prompts, params)
+        seconds.append(time.perf_counter() - started)
+        tokens = llm.engine.stats().computed_tokens_total - before
+    return seconds, tokens
+
+
+def run_parallel_bench(
+    model: str, world_size: int, num_prompts: int, prompt_len: int, max_tokens: int, repeats: int, seed: int
+) -> dict:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    # float32 on both sides: a rank dequantizes its slice, so the single process must run float weights too.
+    options = dict(dtype="float32", enable_prefix_caching=False, max_num_seqs=num_prompts)
+    single = LLM(model, **options)
+    prompts = _prompts(single.engine.model_config.vocab_size, num_prompts, prompt_len, seed)
+    single_s, tokens = _timed_runs(single, prompts, params, repeats)
+    whole_bytes = sum(p.numel() * p.element_size() for p in single.engine.runner.model.parameters())
+    del single
+    parallel = LLM(model, tensor_parallel_size=world_size, **options)
+    try:
+        parallel_s, parallel_tokens = _timed_runs(parallel, prompts, params, repeats)
+        workers = parallel.engine.workers
+        stats = workers.communicator.stats  # of the last repeat
+        config = parallel.engine.model_config
+        element_bytes = torch.empty((), dtype=compute_dtype(parallel.engine.config.dtype)).element_size()
+        volume = tensor_parallel_volume(config, world_size, element_bytes)
+        hardware = HardwareModel()
+        return {
+            "model": model,
+            "world_size": world_size,
+            "workload": {"prompts": num_prompts, "prompt_len": prompt_len, "max_tokens": max_tokens, "repeats": repeats},
+            "single_s": single_s,
+            "parallel_s": parallel_s,
+            "tokens_per_run": tokens,
+            "speedup": statistics.median(single_s) / statistics.median(parallel_s),
+            "all_reduce_bytes_per_token_counted": stats.bytes_sent["all_reduce"] / parallel_tokens,
+            "all_reduce_bytes_per_token_formula": volume.all_reduce_bytes_per_token,
+            "all_reduces_per_forward": volume.all_reduces_per_forward,
+            "gather_bytes_counted": stats.bytes_sent["gather"],
+            "broadcast_bytes_counted": stats.bytes_sent["broadcast"],
+            "collective_seconds": dict(stats.seconds),
+            "communication_share": stats.total_seconds / parallel_s[-1],
+            "whole_weight_bytes": whole_bytes,
+            "rank_weight_bytes": workers.memory.parameter_bytes,
+            "rank_kv_cache_bytes": workers.memory.kv_cache_bytes,
+            "hardware_model": asdict(hardware),
+            "modelled_speedup_batch1": modelled_speedup(
+                whole_bytes // 2, volume.all_reduce_bytes_per_token / element_bytes * 2, volume.all_reduces_per_forward,
+                1, world_size, hardware,
+            ),
+        }
+    finally:
+        parallel.shutdown()
+
+
+def markdown(result: dict) -> str:
+    """The result as a short Markdown report."""
+    mib = 2**20
+    ranks = ", ".join(f"{b / mib:.1f}" for b in result["rank_weight_bytes"])
+    counted, formula = result["all_reduce_bytes_per_token_counted"], result["all_reduce_bytes_per_token_formula"]
+    return "\n".join([
+        f"## Tensor parallel TP={result['world_size']} vs one process ({result['model']})",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| run time, 1 process (median s) | {statistics.median(result['single_s']):.2f} |",
+        f"| run time, TP={result['world_size']} (median s) | {statistics.median(result['parallel_s']):.2f} |",
+        f"| measured speedup (1 process / TP) | {result['speedup']:.2f}x |",
+        f"| all-reduce bytes per token per rank, counted | {counted:.0f} |",
+        f"| same, formula (2L+1) H e 2(W-1)/W | {formula:.0f} |",
+        f"| all-reduces per forward pass | {result['all_reduces_per_forward']} |",
+        f"| logits gather bytes (last run, from workers) | {result['gather_bytes_counted']:.0f} |",
+        f"| plan broadcast bytes (last run, control) | {result['broadcast_bytes_counted']:.0f} |",
+        f"| time in collectives, share of rank 0's run | {result['communication_share']:.0%} |",
+        f"| weights, whole model (MiB) | {result['whole_weight_bytes'] / mib:.1f} |",
+        f"| weights per rank (MiB) | {ranks} |",
+        f"| modelled batch-1 decode speedup on {result['hardware_model']['name']} (bf16) | {result['modelled_speedup_batch1']:.2f}x |",
+    ])
