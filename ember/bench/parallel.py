@@ -20,6 +20,7 @@ from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
 from ember.models.loader import compute_dtype
 from ember.parallel.volume import tensor_parallel_volume
+from ember.parallel.worker import parameter_bytes
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def run_parallel_bench(
     single = LLM(model, **options)
     prompts = _prompts(single.engine.model_config.vocab_size, num_prompts, prompt_len, seed)
     single_s, tokens = _timed_runs(single, prompts, params, repeats)
-    whole_bytes = sum(p.numel() * p.element_size() for p in single.engine.runner.model.parameters())
+    whole_bytes = parameter_bytes(single.engine.runner.model)
     del single
     parallel = LLM(model, tensor_parallel_size=world_size, **options)
     try:

@@ -32,8 +32,9 @@ EXIT_ORPHANED = 3
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the parameters this rank holds."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of the weights this rank holds (packed layers count their dense size; tied weights once)."""
+    tensors = {t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}
+    return sum(tensors.values())
 
 
 class WorkerLoop:

@@ -9,6 +9,7 @@ import pytest
 
 from ember.llm import LLM
 from ember.parallel.volume import tensor_parallel_volume
+from ember.parallel.worker import parameter_bytes
 from tests.model_factory import save_tiny_model
 from tests.parallel.tp_parity import assert_parallel_matches, prompt_logits
 
@@ -36,7 +37,7 @@ def test_tp2_qwen2_hybrid_windows_uneven_heads_match_single_process(tmp_path, si
     try:
         assert_parallel_matches(single, parallel, PROMPTS)
         memory = parallel.engine.workers.memory
-        whole = sum(p.numel() * p.element_size() for p in single.engine.runner.model.parameters())
+        whole = parameter_bytes(single.engine.runner.model)
         # Rank 0 holds 2 of 3 KV groups: 2/3 of attention; the rest splits evenly (norms are whole on both).
         assert max(memory.parameter_bytes) < 0.62 * whole
         assert sum(memory.parameter_bytes) < 1.02 * whole
@@ -78,7 +79,7 @@ def test_tp2_smollm2_gguf_matches_single_process(smollm2_gguf, single_thread_tor
     parallel = LLM(str(smollm2_gguf), tensor_parallel_size=2, **options)
     try:
         assert_parallel_matches(single, parallel, prompts, SMOLLM2_LOGIT_TOLERANCE)
-        whole = sum(p.numel() * p.element_size() for p in single.engine.runner.model.parameters())
+        whole = parameter_bytes(single.engine.runner.model)
         assert max(parallel.engine.workers.memory.parameter_bytes) < 0.6 * whole
     finally:
         parallel.shutdown()
