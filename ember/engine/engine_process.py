@@ -37,8 +37,10 @@ WORKER_CHECK_INTERVAL_S = 1.0
 
 def run_engine_process(config: EngineConfig, connection: Connection, show_progress: bool = True) -> None:
     """Entry point of the engine process: load, announce, then step until shut down or orphaned."""
-    # Ctrl-C reaches the whole process group; the client, not the signal, ends this process.
+    # Ctrl-C or a SIGTERM to the whole process group would kill the engine in the middle of the
+    # server's drain: the client ends this process (Shutdown, or its pipe closing), not a signal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         engine = LLMEngine(config, show_progress=show_progress)
     except Exception as error:  # a bad model path or config: the client re-raises it

@@ -55,7 +55,11 @@ def test_a_killed_engine_ends_streams_with_an_error_and_answers_503(stories_dir:
             lines = []
             for line in response.iter_lines():
                 lines.append(line)
+                if len(lines) == 2:
+                    # A group-wide SIGTERM must not kill the engine under the server's drain.
+                    os.kill(engine_pid, signal.SIGTERM)
                 if len(lines) == 4:
+                    assert is_running(engine_pid)
                     os.kill(engine_pid, signal.SIGKILL)
         events = parse_sse("\n".join(lines))
         assert time.monotonic() - started < 30
