@@ -242,8 +242,12 @@ def _max_bytes_per_token(
     strip_right: Iterable[str],
 ) -> int | None:
     """The most text bytes one token can stand for, or None when that does not bound the count:
-    a normalizer may shrink text (NFC, NFKC) and stripping special tokens swallow whitespace."""
+    a normalizer may shrink text (NFC, NFKC), stripping special tokens swallow whitespace, and a
+    vocabulary without a token for some byte drops that byte (SmolLM2 has none for 0x16)."""
     if normalize is not None or any(strip_left) or any(strip_right):
+        return None
+    single_bytes = {data for data in token_bytes_by_id if data is not None and len(data) == 1}
+    if len(single_bytes) < 256:
         return None
     lengths = [len(data) for data in token_bytes_by_id if data is not None]
     lengths.extend(len(data) for data in special_bytes)
