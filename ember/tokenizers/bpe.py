@@ -67,6 +67,8 @@ class ByteLevelBPETokenizer(Tokenizer):
         self._add_bos = add_bos
         self._chat_template = chat_template
         self._normalize = normalize
+        single_bytes = {data for data in self._token_bytes if data is not None and len(data) == 1}
+        self._bytes_without_token = tuple(bytes([b]) for b in range(256) if bytes([b]) not in single_bytes)
         self._max_bytes_per_token = _max_bytes_per_token(
             self._token_bytes, self._special_bytes.values(), normalize, strip_left, strip_right
         )
@@ -205,7 +207,9 @@ class ByteLevelBPETokenizer(Tokenizer):
         """
         if self._max_bytes_per_token is None:
             return 0
-        num_bytes = len(text) if text.isascii() else len(text.encode("utf-8", errors="replace"))
+        data = text.encode("utf-8", errors="replace")
+        # A byte with no token of its own may be dropped (SmolLM2 has none for 0x16): not counted.
+        num_bytes = len(data) - sum(data.count(byte) for byte in self._bytes_without_token)
         return -(-num_bytes // self._max_bytes_per_token)
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -242,12 +246,8 @@ def _max_bytes_per_token(
     strip_right: Iterable[str],
 ) -> int | None:
     """The most text bytes one token can stand for, or None when that does not bound the count:
-    a normalizer may shrink text (NFC, NFKC), stripping special tokens swallow whitespace, and a
-    vocabulary without a token for some byte drops that byte (SmolLM2 has none for 0x16)."""
+    a normalizer may shrink text (NFC, NFKC) and stripping special tokens swallow whitespace."""
     if normalize is not None or any(strip_left) or any(strip_right):
-        return None
-    single_bytes = {data for data in token_bytes_by_id if data is not None and len(data) == 1}
-    if len(single_bytes) < 256:
         return None
     lengths = [len(data) for data in token_bytes_by_id if data is not None]
     lengths.extend(len(data) for data in special_bytes)

@@ -57,12 +57,9 @@ def adversarial_texts(tokenizer) -> list[str]:
 
 
 def test_the_bound_holds_on_adversarial_text_and_is_positive(byte_level) -> None:
-    # A vocabulary missing a single-byte token drops that byte (SmolLM2: 0x16), so no bound holds.
-    covers_every_byte = all(byte_level.encode(chr(b)) for b in range(1, 128))
     for text in adversarial_texts(byte_level):
         bound = byte_level.min_token_count(text)
-        assert bound <= len(byte_level.encode(text)), (text[:40], bound)
-        assert (bound > 0) == covers_every_byte, (text[:40], bound)
+        assert 0 < bound <= len(byte_level.encode(text)), (text[:40], bound)
 
 
 @given(text=st.text(alphabet=st.characters(max_codepoint=0xFFFF), max_size=400))
