@@ -7,58 +7,68 @@ The layers here are the ones that talk to the other ranks:
 - `RowParallelLinear` (attention output, MLP down): a partial product per rank, one all-reduce.
 - `VocabParallelEmbedding`: each rank looks up the ids in its vocabulary slice, one all-reduce.
 - `ParallelLMHead`: each rank scores its vocabulary slice; the slices are gathered on rank 0.
+
+All products run on the packed CPU GEMM of the single-process `Linear` (ember.layers.cpu_gemm),
+which sums each output over k in order, bias first. So a column slice, a vocabulary slice or a
+head computes exactly the numbers the whole layer computes. Only the row-parallel all-reduce
+differs: rank 0 sums bias + k in [0, K0) and rank 1 sums k in [K0, K) from zero, then the two
+partial sums are added, where one process would have kept adding the second half onto the
+first: one float32 rounding per output element per row-parallel layer.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from ember.layers.embedding import VocabEmbedding
+from ember.layers.linear import Linear
 from ember.parallel.communicator import Communicator
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    # TODO(kernels): pack these shards for ember.layers.cpu_gemm as Linear does (the few-row GEMV is gone)
-    return F.linear(x, weight, bias)
-
-
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(Linear):
     """y = sum over ranks of x_r @ W_r^T, + bias: each rank holds the input columns of its slice.
 
-    The bias (whole on every rank) is added by rank 0 only, before the all-reduce, so it
-    counts once.
+    The bias (loaded whole on every rank) is added by rank 0 only, before the all-reduce, so it
+    counts once; the other ranks drop theirs when packing.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, communicator: Communicator) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        super().__init__(in_features, out_features, bias=bias)
         self.communicator = communicator
 
+    def pack_weights(self) -> bool:
+        if self.bias is not None and not self.communicator.is_driver:
+            self.bias = None  # rank 0 adds it; the kernel then starts every sum from zero
+        return super().pack_weights()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self.communicator.all_reduce(super().forward(x))
         bias = self.bias if self.communicator.is_driver else None
-        return self.communicator.all_reduce(_linear(x, self.weight, bias))
+        return self.communicator.all_reduce(F.linear(x, self.weight, bias))
 
 
-class VocabParallelEmbedding(nn.Module):
-    """Rows [vocab_start, vocab_start + rows) of the embedding; ids outside the slice look up zeros."""
+class VocabParallelEmbedding(VocabEmbedding):
+    """Rows [vocab_start, vocab_start + rows) of the embedding; ids outside the slice look up zeros.
+
+    A tied head's panels serve the lookups, as for the whole table (one copy per rank).
+    """
 
     def __init__(self, vocab_start: int, num_rows: int, hidden_size: int, communicator: Communicator) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_rows, hidden_size))
+        super().__init__(num_rows, hidden_size)
         self.vocab_start = vocab_start
         self.communicator = communicator
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         local_ids = input_ids - self.vocab_start
-        is_here = (local_ids >= 0) & (local_ids < self.weight.shape[0])
-        rows = F.embedding(local_ids.clamp(0, self.weight.shape[0] - 1), self.weight)
+        is_here = (local_ids >= 0) & (local_ids < self.num_embeddings)
+        rows = super().forward(local_ids.clamp(0, self.num_embeddings - 1))
         rows = rows * is_here.unsqueeze(-1).to(rows.dtype)  # exact zeros: the sum adds nothing else
         return self.communicator.all_reduce(rows)
 
 
-class ParallelLMHead(nn.Module):
+class ParallelLMHead(Linear):
     """Scores of this rank's vocabulary slice; rank 0 gets the full [tokens, vocab] logits, others None.
 
     Slices may differ by one row (a vocabulary that does not divide); each rank pads its scores
@@ -66,17 +76,16 @@ class ParallelLMHead(nn.Module):
     """
 
     def __init__(self, vocab_sizes: list[int], hidden_size: int, communicator: Communicator) -> None:
-        super().__init__()
+        super().__init__(hidden_size, vocab_sizes[communicator.rank], bias=False)
         self.vocab_sizes = vocab_sizes
-        self.weight = nn.Parameter(torch.empty(vocab_sizes[communicator.rank], hidden_size))
         self.communicator = communicator
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        scores = _linear(hidden, self.weight, None)
+        scores = super().forward(hidden)
         widest = max(self.vocab_sizes)
         if scores.shape[1] < widest:
             scores = F.pad(scores, (0, widest - scores.shape[1]))
-        slices = self.communicator.gather_to_driver(scores)
+        slices = self.communicator.gather_to_driver(scores.contiguous())
         if slices is None:
             return None
         return torch.cat([part[:, :size] for part, size in zip(slices, self.vocab_sizes, strict=True)], dim=1)
