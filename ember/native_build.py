@@ -3,6 +3,8 @@
 Used for optional compiled fast paths (the tokenizer merge loop, the CPU GEMM and attention). Each caller
 keeps a pure-Python/torch path as reference and fallback: no compiler, a failed build, or the
 caller's opt-out environment variable all mean "not available" (None), never an error.
+`load_cpu_kernels` is the one entry for the CPU kernels (GEMM, attention, elementwise ops): built
+with -march=native and OpenMP, and refused as a whole by EMBER_PURE_TORCH=1.
 The cache folder is $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember, else ~/.cache/ember.
 A library built with -march=native is cached per CPU as well (model name and feature flags in
 its digest): a cache folder shared between machines never hands one CPU another's instructions.
@@ -10,6 +12,7 @@ its digest): a cache folder shared between machines never hands one CPU another'
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -67,3 +70,20 @@ def build_shared_library(name: str, source: str, flags: tuple[str, ...] = ("-O2"
     except (OSError, subprocess.SubprocessError):
         return None
     return target
+
+
+PURE_TORCH_ENV = "EMBER_PURE_TORCH"  # set: every compiled CPU kernel is off, torch runs the model
+CPU_KERNEL_FLAGS = ("-O3", "-march=native", "-fopenmp")
+
+
+def load_cpu_kernels(name: str, source_path: Path) -> ctypes.CDLL | None:
+    """The CPU kernel library built from `source_path`, loaded; None when off or unavailable."""
+    if os.environ.get(PURE_TORCH_ENV):
+        return None
+    path = build_shared_library(name, source_path.read_text(), CPU_KERNEL_FLAGS)
+    if path is None:
+        return None
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError:
+        return None

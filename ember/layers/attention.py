@@ -84,9 +84,10 @@ def paged_attention(
 
     `logit_softcap` (Gemma 2) squashes scores to `cap * tanh(score / cap)` before the softmax.
     """
-    write_kv(kv_cache, key, value, metadata.slot_mapping)
-    op = cpu_attention.load_attention() if metadata.paged is not None and kv_cache.device.type == "cpu" else None
-    if op is not None:
+    op = cpu_attention.load_attention() if kv_cache.device.type == "cpu" else None
+    if op is None or not op.write_kv(kv_cache, key, value, metadata.slot_mapping):
+        write_kv(kv_cache, key, value, metadata.slot_mapping)
+    if op is not None and metadata.paged is not None:
         out = op(query, kv_cache, metadata.paged, scale, metadata.sliding_window, logit_softcap)
         return out.to(query.dtype)
     output = torch.empty_like(query)

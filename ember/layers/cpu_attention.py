@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ember.layers.cpu_gemm import PURE_TORCH_ENV
+from ember.native_build import load_cpu_kernels
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "paged_attention.c"
 CACHE_DTYPES = (torch.float32, torch.bfloat16)
@@ -46,6 +45,7 @@ class _Args(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("softcap", ctypes.c_float),
         ("window", ctypes.c_int64),
+        ("query_stride", ctypes.c_int64),
     ]
 
 
@@ -82,6 +82,24 @@ class PagedAttention:
         self._function = library.ember_paged_attention
         self._function.argtypes = [ctypes.POINTER(_Args)]
         self._function.restype = ctypes.c_int
+        self._write_kv = library.ember_write_kv
+        self._write_kv.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 2 + [
+            ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        self._write_kv.restype = None
+
+    def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+        """Store float32 key/value rows [T, H_kv, D] in their slots; False (nothing written) for layouts it cannot take.
+
+        The rows may be strided views of a fused projection's output (heads contiguous, both with
+        the same token stride), as Llama's q/k/v are.
+        """
+        if not _writable_rows(key, value, kv_cache, slot_mapping):
+            return False
+        self._write_kv(
+            key.data_ptr(), value.data_ptr(), key.stride(0), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+            int(kv_cache.dtype == torch.bfloat16), slot_mapping.data_ptr(), key.shape[0], key.shape[1] * key.shape[2],
+        )
+        return True
 
     def __call__(
         self,
@@ -108,7 +126,7 @@ class PagedAttention:
     def _run(self, query, keys, values, value_dim, batch, scale, window, softcap, **layout) -> torch.Tensor:
         if not (keys.is_contiguous() and values.is_contiguous()) or keys.dtype not in CACHE_DTYPES:
             raise ValueError("the fused attention op needs a contiguous float32 or bfloat16 cache")
-        query32 = query.float().contiguous()
+        query32 = query if _rows_of_contiguous_heads(query) else query.float().contiguous()
         num_tokens, num_heads, key_dim = query32.shape
         out = torch.empty(num_tokens, num_heads, value_dim, dtype=torch.float32)
         args = _Args(
@@ -117,12 +135,29 @@ class PagedAttention:
             block_tables=batch.block_tables.data_ptr(), query_starts=batch.query_starts.data_ptr(),
             query_counts=batch.query_counts.data_ptr(), context_lens=batch.context_lens.data_ptr(),
             num_seqs=batch.block_tables.shape[0], max_blocks=batch.block_tables.shape[1], scale=scale,
-            softcap=logit_softcap_or_zero(softcap), window=window or 0, **layout,
+            softcap=logit_softcap_or_zero(softcap), window=window or 0, query_stride=query32.stride(0), **layout,
         )
         status = self._function(ctypes.byref(args))
         if status != 0:
             raise RuntimeError(f"fused paged attention failed (status {status}): over 512 query rows in a work item, or no memory")
         return out
+
+
+def _rows_of_contiguous_heads(x: torch.Tensor) -> bool:
+    """x [T, H, D] float32 on the CPU, each token's heads one contiguous run (tokens may be strided)."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+def _writable_rows(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+    return (
+        _rows_of_contiguous_heads(key)
+        and _rows_of_contiguous_heads(value)
+        and key.stride(0) == value.stride(0)
+        and kv_cache.is_contiguous()
+        and kv_cache.dtype in CACHE_DTYPES
+        and slot_mapping.dtype == torch.int64
+        and slot_mapping.is_contiguous()
+    )
 
 
 def logit_softcap_or_zero(softcap: float | None) -> float:
@@ -132,14 +167,5 @@ def logit_softcap_or_zero(softcap: float | None) -> float:
 @functools.cache
 def load_attention() -> PagedAttention | None:
     """The op, built and loaded once per process; None when unavailable."""
-    if os.environ.get(PURE_TORCH_ENV):
-        return None
-    from ember.native_build import build_shared_library
-
-    path = build_shared_library("ember_paged_attention", SOURCE_PATH.read_text(), ("-O3", "-march=native", "-fopenmp"))
-    if path is None:
-        return None
-    try:
-        return PagedAttention(ctypes.CDLL(str(path)))
-    except OSError:
-        return None
+    library = load_cpu_kernels("ember_paged_attention", SOURCE_PATH)
+    return None if library is None else PagedAttention(library)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-PURE_TORCH_ENV = "EMBER_PURE_TORCH"
+from ember.native_build import load_cpu_kernels
+
 PANEL_WIDTH = 16  # output channels per panel (NR in gemm.c)
 SOURCE_PATH = Path(__file__).parent / "csrc" / "gemm.c"
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
@@ -107,14 +107,5 @@ class Gemm:
 @functools.cache
 def load_gemm() -> Gemm | None:
     """The kernel, built and loaded once per process; None when unavailable."""
-    if os.environ.get(PURE_TORCH_ENV):
-        return None
-    from ember.native_build import build_shared_library
-
-    path = build_shared_library("ember_gemm", SOURCE_PATH.read_text(), ("-O3", "-march=native", "-fopenmp"))
-    if path is None:
-        return None
-    try:
-        return Gemm(ctypes.CDLL(str(path)))
-    except OSError:
-        return None
+    library = load_cpu_kernels("ember_gemm", SOURCE_PATH)
+    return None if library is None else Gemm(library)

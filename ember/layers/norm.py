@@ -6,9 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember.layers.cpu_elementwise import load_elementwise
+
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, as in Llama."""
+    """x / rms(x) * weight, as in Llama; one compiled call on float32 CPU activations."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -16,6 +18,21 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops = load_elementwise()
+        fused = ops.rms_norm(x, self.weight, self.eps) if ops is not None else None
+        return fused[0] if fused is not None else self.reference(x)
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + delta), x + delta): a pre-norm block's residual add and the next norm in one pass."""
+        ops = load_elementwise()
+        fused = ops.rms_norm(x, self.weight, self.eps, delta) if ops is not None else None
+        if fused is not None:
+            return fused
+        total = x + delta
+        return self.reference(total), total
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The torch computation (the fallback, and what the compiled op is tested against)."""
         if x.dtype == torch.float32:
             # one fused kernel (float32 activations over bfloat16 weights: the weight cast, 1 row)
             return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ember.layers.cpu_elementwise import load_elementwise
 from ember.models.config import RopeScaling
 
 
@@ -57,3 +58,10 @@ class RotaryEmbedding:
         half = x.shape[-1] // 2
         rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated_half * sin
+
+    def rotate_(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`rotate` in place (x may be a view into a fused projection's output); returns x."""
+        ops = load_elementwise()
+        if ops is None or not ops.rotary_(x, positions, self.cos, self.sin):
+            x.copy_(self.rotate(positions, x))
+        return x

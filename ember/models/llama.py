@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ember.layers.activation import silu_and_mul
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
@@ -41,10 +41,9 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         heads = self.qkv_proj(x).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        # Queries and keys are adjacent heads of the fused output: one rotation covers both.
-        qk = self.rotary.rotate(positions, heads[:, : self.num_heads + self.num_kv_heads])
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = heads[:, self.num_heads + self.num_kv_heads :]
+        # Queries and keys are adjacent heads of the fused output: one rotation, in place, covers both.
+        self.rotary.rotate_(positions, heads[:, : self.num_heads + self.num_kv_heads])
+        q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         out = paged_attention(q, k, v, kv_cache, metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -61,8 +60,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(inner, hidden, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -78,8 +76,9 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, metadata)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attended = self.self_attn(self.input_layernorm(x), positions, kv_cache, metadata)
+        normed, h = self.post_attention_layernorm.add_and_norm(x, attended)
+        return h + self.mlp(normed)
 
 
 class LlamaForCausalLM(DecoderForCausalLM):

@@ -29,8 +29,9 @@ class MixtralDecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, metadata)
-        return h + self.block_sparse_moe(self.post_attention_layernorm(h))
+        attended = self.self_attn(self.input_layernorm(x), positions, kv_cache, metadata)
+        normed, h = self.post_attention_layernorm.add_and_norm(x, attended)
+        return h + self.block_sparse_moe(normed)
 
 
 class MixtralForCausalLM(DecoderForCausalLM):

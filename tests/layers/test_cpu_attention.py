@@ -102,3 +102,39 @@ def test_latent_form_reads_values_from_the_latent_rows(op, cache_dtype):
     rows = cache.unsqueeze(2)  # one kv head
     expected = reference(query, rows, rows[..., :rank], batch, 0.1, None, None, 1)
     assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_strided_queries_read_in_place_give_the_same_output(op):
+    """Queries as a view into a fused q|k|v projection (tokens strided) match their contiguous copy."""
+    generator = torch.Generator().manual_seed(11)
+    num_heads, num_kv_heads, head_dim, num_blocks = 6, 2, 16, 32
+    batch = random_batch(generator, [9, 14], [1, 5], num_blocks, None)
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)
+    fused = torch.randn(6, num_heads + 2 * num_kv_heads, head_dim, generator=generator)
+    strided = fused[:, :num_heads]
+    assert not strided.is_contiguous()
+    assert torch.equal(op(strided, cache, batch, 0.25), op(strided.contiguous(), cache, batch, 0.25))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_stores_rows_in_their_slots_as_torch_does(op, cache_dtype):
+    """Strided key/value views go to their slots, rounded to the cache dtype exactly as `.to()` rounds."""
+    generator = torch.Generator().manual_seed(3)
+    num_kv_heads, head_dim, num_blocks = 2, 8, 6
+    fused = torch.randn(5, 2 + 2 * num_kv_heads, head_dim, generator=generator) * 100
+    key, value = fused[:, 2 : 2 + num_kv_heads], fused[:, 2 + num_kv_heads :]
+    slots = torch.tensor([3, 17, 0, 22, 9])
+    ours = torch.zeros(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, dtype=cache_dtype)
+    assert op.write_kv(ours, key, value, slots)
+    expected = torch.zeros_like(ours)
+    expected[0].view(-1, num_kv_heads, head_dim)[slots] = key.to(cache_dtype)
+    expected[1].view(-1, num_kv_heads, head_dim)[slots] = value.to(cache_dtype)
+    assert torch.equal(ours, expected)
+
+
+def test_write_kv_declines_layouts_it_cannot_take(op):
+    cache = torch.zeros(2, 4, BLOCK_SIZE, 2, 8)
+    key = torch.randn(3, 2, 8)
+    assert not op.write_kv(cache, key.double(), key.double(), torch.tensor([0, 1, 2]))
+    assert not op.write_kv(cache, key, key, torch.tensor([0, 1, 2], dtype=torch.int32))
+    assert not cache.any()

@@ -9,7 +9,9 @@
    walks the keys block by block, so nothing is gathered or padded. OpenMP splits the items.
    The same code serves MLA's absorbed decode: one kv head whose key rows are the cached latent
    and rope key (dim_k wide) and whose values are the first dim_v entries of those rows.
-   float32 or bfloat16 cache (widened per block), float32 queries, outputs and sums. */
+   float32 or bfloat16 cache (widened per block), float32 queries, outputs and sums.
+   ember_write_kv stores a step's new keys and values in their slots first (float32 in, the
+   cache's dtype out, bfloat16 rounded to nearest even as torch rounds). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
@@ -18,7 +20,7 @@
 #define MAX_ROWS 512  /* query rows (queries x grouped heads) of one work item */
 
 typedef struct {
-    const float *query;          /* [T, num_heads, dim_k] */
+    const float *query;          /* [T, num_heads, dim_k], tokens query_stride floats apart */
     float *out;                  /* [T, num_heads, dim_v] */
     const void *keys, *values;   /* element (block, offset, kv head, d) at
                                     (block * block_size + offset) * token_stride + kv_head * head_stride + d */
@@ -30,6 +32,7 @@ typedef struct {
     int64_t num_seqs, max_blocks;
     float scale, softcap;        /* softcap 0: none */
     int64_t window;              /* 0: none */
+    int64_t query_stride;
 } attention_args;
 
 static inline float bf16_to_f32(uint16_t value) {
@@ -58,7 +61,7 @@ static void attend(const attention_args *a, int64_t seq, int64_t q0, int64_t kv_
     const float *q[MAX_ROWS];
     for (int64_t r = 0; r < rows; r++) {
         int64_t token = a->query_starts[seq] + q0 + r / group, head = kv_head * group + r % group;
-        q[r] = a->query + (token * a->num_heads + head) * dk;
+        q[r] = a->query + token * a->query_stride + head * dk;
         row_max[r] = -INFINITY; row_sum[r] = 0.0f;
         for (int64_t d = 0; d < dv; d++) acc[r * dv + d] = 0.0f;
     }
@@ -111,6 +114,28 @@ static void attend(const attention_args *a, int64_t seq, int64_t q0, int64_t kv_
         float *o = a->out + (token * a->num_heads + head) * dv;
         float inverse = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
         for (int64_t d = 0; d < dv; d++) o[d] = acc[r * dv + d] * inverse;
+    }
+}
+
+static inline uint16_t f32_to_bf16(float number) {
+    union { float number; uint32_t bits; } converted = {number};
+    if ((converted.bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  /* NaN stays a (quiet) NaN */
+    return (uint16_t)((converted.bits + 0x7FFFu + ((converted.bits >> 16) & 1u)) >> 16);
+}
+
+/* Token t's key and value rows (width floats, at key / value + t * source_stride) go to cache
+   rows slots[t] of keys / values (rows width elements apart). */
+void ember_write_kv(const float *key, const float *value, int64_t source_stride, void *keys, void *values,
+                    int cache_is_bf16, const int64_t *slots, int64_t tokens, int64_t width) {
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *k = key + t * source_stride, *v = value + t * source_stride;
+        if (cache_is_bf16) {
+            uint16_t *kd = (uint16_t *)keys + slots[t] * width, *vd = (uint16_t *)values + slots[t] * width;
+            for (int64_t d = 0; d < width; d++) { kd[d] = f32_to_bf16(k[d]); vd[d] = f32_to_bf16(v[d]); }
+        } else {
+            float *kd = (float *)keys + slots[t] * width, *vd = (float *)values + slots[t] * width;
+            for (int64_t d = 0; d < width; d++) { kd[d] = k[d]; vd[d] = v[d]; }
+        }
     }
 }
 
