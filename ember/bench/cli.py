@@ -111,9 +111,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     quant.add_argument("--plot", type=Path, default=Path("benchmarks/plots/quant.png"))
     quant.add_argument("--json", type=Path, default=None)
     quant.set_defaults(func=_run_quant)
-    parallel = commands.add_parser("parallel", help="tensor parallel vs one process: scaling, bytes per token per rank, comm share")
+    parallel = commands.add_parser("parallel", help="TP / PP / EP vs one process: scaling, bytes per token per rank, comm share")
     parallel.add_argument("--model", default="smollm2-135m-instruct")
-    parallel.add_argument("--tensor-parallel-size", type=int, default=2)
+    parallel.add_argument("--tensor-parallel-size", type=int, default=1)
+    parallel.add_argument("--pipeline-parallel-size", type=int, default=1)
+    parallel.add_argument("--enable-expert-parallel", action="store_true", help="MoE models: experts split over the TP ranks")
     parallel.add_argument("--num-prompts", type=int, default=4)
     parallel.add_argument("--prompt-len", type=int, default=64)
     parallel.add_argument("--max-tokens", type=int, default=32)
@@ -252,14 +254,21 @@ def _run_soak(args: argparse.Namespace) -> int:
 
 def _run_parallel(args: argparse.Namespace) -> int:
     from ember.bench.parallel import markdown, run_parallel_bench
+    from ember.parallel.config import ParallelConfig
 
-    for name in ("tensor_parallel_size", "num_prompts", "prompt_len", "max_tokens", "repeats"):
+    for name in ("num_prompts", "prompt_len", "max_tokens", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    result = run_parallel_bench(args.model, args.tensor_parallel_size, args.num_prompts, args.prompt_len,
-                                args.max_tokens, args.repeats, args.seed)  # fmt: skip
+    parallel = ParallelConfig(
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
+    )
+    if not parallel.is_parallel:
+        raise ValueError("give --tensor-parallel-size or --pipeline-parallel-size of 2 or more")
+    result = run_parallel_bench(args.model, parallel, args.num_prompts, args.prompt_len, args.max_tokens, args.repeats, args.seed)
     print(markdown(result))
-    print(f"machine: {torch_threads()} torch threads per rank, a shared CPU box: TP on one socket adds work, it cannot speed up")
+    print(f"machine: {torch_threads()} torch threads per rank, a shared CPU box: ranks on one socket add work, they cannot speed up")
     print(f"reproduce: {_command_line()}")
     _dump(args.json, result)
     return 0

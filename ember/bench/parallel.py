@@ -1,11 +1,12 @@
-"""`ember bench parallel`: tensor parallel vs one process on the same workload, with the traffic counted.
+"""`ember bench parallel`: tensor, pipeline or expert parallel vs one process on the same workload, traffic counted.
 
 Both engines run the same prompts (greedy, fixed lengths) in one process run; the result is
-the TP / single throughput ratio (median of repeats), the bytes each rank sent per token as
-counted by the communicator next to the formula of ember.parallel.volume, the share of rank
-0's step time spent inside collectives (waiting for the slower rank included), the weight
-bytes each rank holds, and a model of the scaling on hardware where compute and links are
-fast (the measured scaling on a small shared CPU box says little about that).
+the parallel / single throughput ratio (median of repeats), the bytes each rank sent per token
+as counted by the communicator next to the mode's formula (ember.parallel.volume), the share
+of rank 0's step time spent inside collectives (waiting for the slower rank included), for
+pipelines the share rank 0 sits idle waiting for the later stages, the weight and KV bytes each
+rank holds, and for TP a model of the scaling on hardware where compute and links are fast
+(the measured scaling on a small shared CPU box says little about that).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
 from ember.models.loader import compute_dtype
-from ember.parallel.volume import tensor_parallel_volume
+from ember.parallel.config import ParallelConfig
+from ember.parallel.volume import parallel_volume
 from ember.parallel.worker import parameter_bytes
 
 
@@ -66,7 +68,7 @@ def _timed_runs(llm: LLM, prompts: list[list[int]], params: SamplingParams, repe
 
 
 def run_parallel_bench(
-    model: str, world_size: int, num_prompts: int, prompt_len: int, max_tokens: int, repeats: int, seed: int
+    model: str, parallel: ParallelConfig, num_prompts: int, prompt_len: int, max_tokens: int, repeats: int, seed: int
 ) -> dict:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     # float32 on both sides: a rank dequantizes its slice, so the single process must run float weights too.
@@ -76,63 +78,86 @@ def run_parallel_bench(
     single_s, tokens = _timed_runs(single, prompts, params, repeats)
     whole_bytes = parameter_bytes(single.engine.runner.model)
     del single
-    parallel = LLM(model, tensor_parallel_size=world_size, **options)
+    parallel_llm = LLM(model, **options, **_parallel_options(parallel))
     try:
-        parallel_s, parallel_tokens = _timed_runs(parallel, prompts, params, repeats)
-        workers = parallel.engine.workers
+        parallel_s, parallel_tokens = _timed_runs(parallel_llm, prompts, params, repeats)
+        workers = parallel_llm.engine.workers
         stats = workers.communicator.stats  # of the last repeat
-        config = parallel.engine.model_config
-        element_bytes = torch.empty((), dtype=compute_dtype(parallel.engine.config.dtype)).element_size()
-        volume = tensor_parallel_volume(config, world_size, element_bytes)
+        config = parallel_llm.engine.model_config
+        element_bytes = torch.empty((), dtype=compute_dtype(parallel_llm.engine.config.dtype)).element_size()
+        volume = parallel_volume(config, parallel, element_bytes)
         hardware = HardwareModel()
+        modelled = None
+        if parallel.mode == "tensor":
+            modelled = modelled_speedup(
+                whole_bytes // 2, volume.bytes_per_token / element_bytes * 2, volume.calls_per_forward, 1, parallel.world_size, hardware
+            )
         return {
             "model": model,
-            "world_size": world_size,
+            "mode": parallel.mode,
+            "world_size": parallel.world_size,
             "workload": {"prompts": num_prompts, "prompt_len": prompt_len, "max_tokens": max_tokens, "repeats": repeats},
             "single_s": single_s,
             "parallel_s": parallel_s,
             "tokens_per_run": tokens,
             "speedup": statistics.median(single_s) / statistics.median(parallel_s),
-            "all_reduce_bytes_per_token_counted": stats.bytes_sent["all_reduce"] / parallel_tokens,
-            "all_reduce_bytes_per_token_formula": volume.all_reduce_bytes_per_token,
-            "all_reduces_per_forward": volume.all_reduces_per_forward,
+            "collective": volume.kind,
+            "bytes_per_token_counted": stats.bytes_sent[volume.kind] / parallel_tokens,
+            "bytes_per_token_formula": volume.bytes_per_token,
+            "formula": volume.formula,
+            "calls_per_forward": volume.calls_per_forward,
             "gather_bytes_counted": stats.bytes_sent["gather"],
             "broadcast_bytes_counted": stats.bytes_sent["broadcast"],
             "collective_seconds": dict(stats.seconds),
             "communication_share": stats.total_seconds / parallel_s[-1],
+            # Rank 0 waiting for the later stages' results: the pipeline bubble as rank 0 sees it (no micro-batches).
+            "rank0_idle_share": stats.seconds["receive"] / parallel_s[-1],
             "whole_weight_bytes": whole_bytes,
             "rank_weight_bytes": workers.memory.parameter_bytes,
             "rank_kv_cache_bytes": workers.memory.kv_cache_bytes,
             "hardware_model": asdict(hardware),
-            "modelled_speedup_batch1": modelled_speedup(
-                whole_bytes // 2, volume.all_reduce_bytes_per_token / element_bytes * 2, volume.all_reduces_per_forward,
-                1, world_size, hardware,
-            ),
+            "modelled_speedup_batch1": modelled,
         }
     finally:
-        parallel.shutdown()
+        parallel_llm.shutdown()
+
+
+def _parallel_options(parallel: ParallelConfig) -> dict:
+    return {
+        "tensor_parallel_size": parallel.tensor_parallel_size,
+        "pipeline_parallel_size": parallel.pipeline_parallel_size,
+        "enable_expert_parallel": parallel.enable_expert_parallel,
+    }
 
 
 def markdown(result: dict) -> str:
     """The result as a short Markdown report."""
     mib = 2**20
-    ranks = ", ".join(f"{b / mib:.1f}" for b in result["rank_weight_bytes"])
-    counted, formula = result["all_reduce_bytes_per_token_counted"], result["all_reduce_bytes_per_token_formula"]
-    return "\n".join([
-        f"## Tensor parallel TP={result['world_size']} vs one process ({result['model']})",
+    ranks = ", ".join(f"{b / mib:.2f}" for b in result["rank_weight_bytes"])
+    kv = ", ".join(f"{b / mib:.2f}" for b in result["rank_kv_cache_bytes"])
+    mode, size = result["mode"], result["world_size"]
+    lines = [
+        f"## {mode} parallel, {size} ranks, vs one process ({result['model']})",
         "",
         "| measure | value |",
         "|---|---|",
         f"| run time, 1 process (median s) | {statistics.median(result['single_s']):.2f} |",
-        f"| run time, TP={result['world_size']} (median s) | {statistics.median(result['parallel_s']):.2f} |",
-        f"| measured speedup (1 process / TP) | {result['speedup']:.2f}x |",
-        f"| all-reduce bytes per token per rank, counted | {counted:.0f} |",
-        f"| same, formula (2L+1) H e 2(W-1)/W | {formula:.0f} |",
-        f"| all-reduces per forward pass | {result['all_reduces_per_forward']} |",
+        f"| run time, {mode} x{size} (median s) | {statistics.median(result['parallel_s']):.2f} |",
+        f"| measured speedup (1 process / parallel) | {result['speedup']:.2f}x |",
+        f"| {result['collective']} bytes per token per rank, counted | {result['bytes_per_token_counted']:.1f} |",
+        f"| same, formula {result['formula']} | {result['bytes_per_token_formula']:.1f} |",
+        f"| {result['collective']} calls per forward pass | {result['calls_per_forward']} |",
         f"| logits gather bytes (last run, from workers) | {result['gather_bytes_counted']:.0f} |",
         f"| plan broadcast bytes (last run, control) | {result['broadcast_bytes_counted']:.0f} |",
         f"| time in collectives, share of rank 0's run | {result['communication_share']:.0%} |",
-        f"| weights, whole model (MiB) | {result['whole_weight_bytes'] / mib:.1f} |",
+        f"| weights, whole model (MiB) | {result['whole_weight_bytes'] / mib:.2f} |",
         f"| weights per rank (MiB) | {ranks} |",
-        f"| modelled batch-1 decode speedup on {result['hardware_model']['name']} (bf16) | {result['modelled_speedup_batch1']:.2f}x |",
-    ])
+        f"| KV cache per rank (MiB) | {kv} |",
+    ]
+    if mode == "pipeline":
+        lines.append(f"| rank 0 idle waiting for later stages (bubble, no micro-batches) | {result['rank0_idle_share']:.0%} |")
+    if result["modelled_speedup_batch1"] is not None:
+        lines.append(
+            f"| modelled batch-1 decode speedup on {result['hardware_model']['name']} (bf16) | {result['modelled_speedup_batch1']:.2f}x |"
+        )
+    return "\n".join(lines)

@@ -58,11 +58,13 @@ def kv_cache_layout(model: torch.nn.Module) -> KVCacheLayout:
 class KVCacheTensors:
     """Every layer's KV cache for a model's layout: the tensors, each layer's view, block copies."""
 
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, held_layers: range | None = None) -> None:
+        """`held_layers` (a pipeline stage's): only their cache tensors get blocks; the others stay empty."""
         dtype = next(model.parameters()).dtype
         self.layout = kv_cache_layout(model)
+        used = {self.layout.layer_tensors[i] for i in (held_layers if held_layers is not None else range(len(self.layout.specs)))}
         self.tensors = [
-            torch.zeros(self.layout.tensor_spec(t).cache_shape(num_blocks, block_size), dtype=dtype)
+            torch.zeros(self.layout.tensor_spec(t).cache_shape(num_blocks if t in used else 0, block_size), dtype=dtype)
             for t in range(self.layout.num_tensors)
         ]
         # Layer i's cache; layers of different groups may share a tensor (see KVCacheLayout).
@@ -79,6 +81,8 @@ class KVCacheTensors:
         sources = torch.tensor([c.source for c in copies])
         destinations = torch.tensor([c.destination for c in copies])
         for t, cache in enumerate(self.tensors):
+            if cache.numel() == 0:
+                continue  # another pipeline stage's layers
             if isinstance(self.layout.tensor_spec(t), LatentAttentionSpec):
                 cache[destinations] = cache[sources]
             else:
@@ -110,7 +114,7 @@ class ModelRunner:
         self.rejection_sampler = rejection_sampler
         self.eos_ids = eos_ids
         self.workers = workers
-        self.caches = KVCacheTensors(model, num_blocks, block_size)
+        self.caches = KVCacheTensors(model, num_blocks, block_size, workers.held_layers if workers is not None else None)
         if workers is not None:
             workers.allocate_kv_cache(num_blocks, block_size, self.caches.num_bytes)
         self.layout = self.caches.layout

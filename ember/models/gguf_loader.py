@@ -104,13 +104,13 @@ SliceSelector = Callable[[str], tuple[int, int, int] | None]
 
 
 def iter_gguf_tensors(
-    reader: GGUFReader, config: ModelConfig, select: SliceSelector | None = None
+    reader: GGUFReader, config: ModelConfig, select: SliceSelector | None = None, keep: Callable[[str], bool] | None = None
 ) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
     """(transformers name, tensor) pairs, one at a time: `GGMLTensor` for executed block formats, float32 otherwise.
 
     With `select` (a tensor-parallel rank), only the selected rows or columns are read and
     dequantized to float32 (rows always; columns on block boundaries): a rank's shard runs in
-    float32, quantized tensor-parallel layers are not there yet.
+    float32, quantized tensor-parallel layers are not there yet. Tensors `keep` says no to are skipped unread.
     """
     permute_rope = config.architecture == "llama"
     for tensor in reader.tensors:
@@ -120,6 +120,8 @@ def iter_gguf_tensors(
                 f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}"
             )
         name = hf_name(tensor.name)
+        if keep is not None and not keep(name):
+            continue  # another rank's layer or expert
         part = select(name) if select is not None else None
         if part is not None:
             values = _dequantized_part(tensor, *part)

@@ -35,16 +35,21 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def iter_hf_tensors(
-    folder: Path, select: Callable[[str], tuple[int, int, int] | None] | None = None
+    folder: Path,
+    select: Callable[[str], tuple[int, int, int] | None] | None = None,
+    keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs, memory-mapped: nothing is read until a tensor is used.
 
     `select(name)` -> (dim, start, stop) reads only those rows (dim 0) or columns (dim 1) of
-    the tensor (a tensor-parallel rank's slice); None reads it whole.
+    the tensor (a tensor-parallel rank's slice); None reads it whole. Tensors `keep` says no to
+    (another rank's layers or experts) are skipped unread.
     """
     for file in safetensors_files(folder):
         with safe_open(str(file), framework="pt") as shard:
             for name in shard.keys():  # noqa: SIM118 (safe_open is not a dict)
+                if keep is not None and not keep(name):
+                    continue
                 part = select(name) if select is not None else None
                 if part is None:
                     yield name, shard.get_tensor(name)

@@ -30,8 +30,10 @@ from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
 
 if TYPE_CHECKING:
-    from ember.parallel.communicator import Communicator
-    from ember.parallel.sharding import TensorParallelShard
+    from ember.parallel.sharding import ModelShard
+
+# A split model's rank: the whole model's config -> what this rank holds (ember.parallel.modes.shard_factory).
+ShardFactory = Callable[[ModelConfig], "ModelShard"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # "auto": quantized matrices the checkpoint holds stay quantized (ember.quant's layers), the rest float32.
@@ -52,16 +54,17 @@ class LoadedModel:
     config: ModelConfig
     tokenizer_path: Path | None
     format: str
+    shard: ModelShard | None = None  # what this rank holds of a split model (None: the whole model)
 
 
 def load_model(
-    path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False, communicator: Communicator | None = None
+    path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False, shard_for: ShardFactory | None = None
 ) -> LoadedModel:
     """Load a GGUF file, an HF safetensors folder or a llama2.c .bin into ember's model.
 
     `dtype` "auto" keeps quantized weights in their blocks; a float dtype forces a float copy of every weight.
-    With a `communicator` of several ranks, this rank loads only its tensor-parallel shard
-    (ember.parallel.sharding): its slices are all that is read from the file.
+    With `shard_for` (a rank of a split model), this rank loads only what its shard holds
+    (ember.parallel): its tensors, or slices of them, are all that is read from the file.
     """
     if dtype not in LOAD_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(LOAD_DTYPES)}")
@@ -69,24 +72,24 @@ def load_model(
         raise FileNotFoundError(f"model path {path} does not exist; give a file, a folder or a registered name")
     if is_hf_folder(path):
         config = read_hf_config(path)
-        shard = _shard(config, communicator)
+        shard = shard_for(config) if shard_for is not None else None
         if shard is None:
             tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor]] = read_block_tensors(path, iter_hf_tensors(path))
-        else:  # a rank reads float slices (quantized tensor-parallel layers are not there yet)
-            tensors = iter_hf_tensors(path, _selector(shard))
+        else:  # a rank reads float slices (quantized parallel layers are not there yet)
+            tensors = iter_hf_tensors(path, _selector(shard), shard.holds)
         return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress, shard=shard)
     if is_gguf_file(path):
         reader = GGUFReader(str(path))
         config = read_gguf_config(reader)
-        shard = _shard(config, communicator)
+        shard = shard_for(config) if shard_for is not None else None
         tokenizer_path = path if "tokenizer.ggml.model" in reader.fields else None
-        tensors = iter_gguf_tensors(reader, config, _selector(shard))
+        tensors = iter_gguf_tensors(reader, config, _selector(shard), None if shard is None else shard.holds)
         return _build(config, tensors, dtype, tokenizer_path, "gguf", show_progress, len(reader.tensors), shard)
     if is_llama2c_file(path):
         header = read_llama2c_header(path)
         config = llama2c_config(header)
-        shard = _shard(config, communicator)
-        tensors = _sliced(iter_llama2c_tensors(path, header), _selector(shard))
+        shard = shard_for(config) if shard_for is not None else None
+        tensors = _sliced(iter_llama2c_tensors(path, header), shard)
         return _build(config, tensors, dtype, None, "llama2c", show_progress, shard=shard)
     raise ValueError(
         f"{path} is not a model ember can read: expected a GGUF file, a folder with config.json and "
@@ -102,9 +105,9 @@ def _build(
     fmt: str,
     show_progress: bool,
     total: int | None = None,
-    shard: TensorParallelShard | None = None,
+    shard: ModelShard | None = None,
 ) -> LoadedModel:
-    """`config` is the whole model's; a tensor-parallel rank builds its model from its shard's local config."""
+    """`config` is the whole model's; a rank of a split model builds its model from its shard's local config."""
     torch_dtype = compute_dtype(dtype)
     with torch.device("meta"):
         model = model_class(config)(config if shard is None else shard.local_config())
@@ -140,6 +143,8 @@ def _build(
             state[name] = tensor.to(torch_dtype)
     tied_weights = getattr(model, "tied_weights", {"lm_head.weight": "model.embed_tokens.weight"}) if config.tie_word_embeddings else {}
     for tied, source in tied_weights.items():
+        if tied not in expected:
+            continue  # a pipeline stage without the head
         if source in blocks and _holds_blocks(model, tied):
             blocks[tied] = blocks[source]  # one copy of the blocks, read by both layers
         else:
@@ -151,7 +156,7 @@ def _build(
     model.load_state_dict(state, assign=True)
     _freeze(model)
     prepare_for_cpu_kernels(model, tied_weights)
-    return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt)
+    return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt, shard=shard)
 
 
 def _holds_blocks(model: nn.Module, name: str) -> bool:
@@ -160,19 +165,10 @@ def _holds_blocks(model: nn.Module, name: str) -> bool:
     return leaf == "weight" and can_hold_blocks(model.get_submodule(module_path))
 
 
-def _shard(config: ModelConfig, communicator: Communicator | None) -> TensorParallelShard | None:
-    """This rank's shard of `config`, or None when the model runs whole in one process."""
-    if communicator is None or communicator.world_size == 1:
-        return None
-    from ember.parallel.sharding import TensorParallelShard
-
-    return TensorParallelShard(config, communicator.rank, communicator.world_size, communicator)
-
-
 SliceSelector = Callable[[str], tuple[int, int, int] | None]
 
 
-def _selector(shard: TensorParallelShard | None) -> SliceSelector | None:
+def _selector(shard: ModelShard | None) -> SliceSelector | None:
     """Checkpoint name -> (dim, start, stop) of this rank's part, for the format readers."""
     if shard is None:
         return None
@@ -184,11 +180,14 @@ def _selector(shard: TensorParallelShard | None) -> SliceSelector | None:
     return select
 
 
-def _sliced(tensors: Iterable[tuple[str, torch.Tensor]], select: SliceSelector | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Slice whole tensors after reading (formats that cannot read a part, e.g. llama2.c)."""
+def _sliced(tensors: Iterable[tuple[str, torch.Tensor]], shard: ModelShard | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Drop and slice whole tensors after reading (formats that cannot read a part, e.g. llama2.c)."""
     for name, tensor in tensors:
-        part = select(name) if select is not None else None
-        yield name, tensor if part is None else tensor.narrow(part[0], part[1], part[2] - part[1]).contiguous()
+        if shard is None:
+            yield name, tensor
+        elif shard.holds(name):
+            part = shard.slice_for(name)
+            yield name, tensor if part is None else part.of(tensor).contiguous()
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:

@@ -7,6 +7,7 @@ sends under the textbook algorithm of that collective, and the time it spent wai
 - all-reduce (ring): 2 (W - 1) / W * N bytes of an N-byte tensor
 - gather to rank 0: N bytes from every other rank, none from rank 0
 - broadcast from rank 0: (W - 1) * N bytes from rank 0, none from the others
+- send to one peer (pipeline stages): N bytes; a receive sends nothing (its wait is counted)
 
 gloo's own wire bytes are not observable from Python; these counts are what the formulas of
 ember.parallel.volume predict, and the test holds one to the other.
@@ -92,6 +93,17 @@ class Communicator:
         self._run("gather", _nbytes(tensor), lambda: self.group.gather([], [tensor], options))
         return None
 
+    def send(self, tensor: torch.Tensor, peer: int) -> None:
+        """Send `tensor` to rank `peer` (which receives it with `receive` into a tensor of the same shape and dtype)."""
+        tensor = tensor.contiguous()
+        self._run("send", _nbytes(tensor), lambda: self.group.send([tensor], peer, 0), self.timeout)
+
+    def receive(self, shape: tuple[int, ...], dtype: torch.dtype, peer: int) -> torch.Tensor:
+        """The tensor rank `peer` sends next (of this shape and dtype)."""
+        tensor = torch.empty(shape, dtype=dtype)
+        self._run("receive", 0, lambda: self.group.recv([tensor], peer, 0), self.timeout)
+        return tensor
+
     def broadcast_object(self, obj: object = None, timeout_s: float | None = None) -> object:
         """Rank 0's `obj` on every rank (pickled; tensors inside travel too). Others pass None.
 
@@ -110,10 +122,15 @@ class Communicator:
         self._run("broadcast", fanout * _nbytes(payload), lambda: self.group.broadcast(payload, 0, timeout))
         return obj if self.is_driver else pickle.loads(payload.numpy().tobytes())
 
-    def _run(self, kind: str, num_bytes: float, start) -> None:
+    def _run(self, kind: str, num_bytes: float, start, wait_timeout: datetime.timedelta | None = None) -> None:
+        """Start a collective and wait for it; point-to-point calls take no options, so they bound the wait."""
         began = time.perf_counter()
         try:
-            start().wait()
+            work = start()
+            if wait_timeout is None:
+                work.wait()
+            else:
+                work.wait(wait_timeout)
         except RuntimeError as error:
             raise CollectiveError(f"{kind} on rank {self.rank} of {self.world_size} failed: {error}") from error
         self.stats.record(kind, num_bytes, time.perf_counter() - began)

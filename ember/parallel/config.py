@@ -8,10 +8,16 @@ from dataclasses import dataclass
 
 @dataclass
 class ParallelConfig:
-    """Tensor parallelism over `tensor_parallel_size` ranks (1: one process, no torch.distributed).
+    """How the model is split over ranks (all 1 / False: one process, no torch.distributed).
+
+    One mode at a time:
+    - tensor parallel (`tensor_parallel_size` T > 1): heads, inner size and vocabulary split;
+    - pipeline parallel (`pipeline_parallel_size` P > 1): contiguous layer ranges per stage;
+    - expert parallel (`enable_expert_parallel` with T > 1, MoE families): the routed experts
+      split over the T ranks, everything else replicated (vLLM's flag: EP size = TP size).
 
     The ranks meet at `master_addr:master_port` (a free port is picked when None). Across
-    machines (torchrun-style), `nnodes` nodes run `tensor_parallel_size / nnodes` ranks each;
+    machines (torchrun-style), `nnodes` nodes run `world_size / nnodes` ranks each;
     node 0 holds rank 0 (the engine and server), the others only workers, and every node is
     given the same master address and a fixed port. A collective
     that waits longer than `collective_timeout_s` for a peer (a dead or hung worker) fails the
@@ -19,6 +25,8 @@ class ParallelConfig:
     """
 
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     collective_timeout_s: float = 20.0
@@ -27,8 +35,17 @@ class ParallelConfig:
     node_rank: int = 0
 
     def __post_init__(self) -> None:
-        if self.nnodes < 1 or self.tensor_parallel_size % self.nnodes:
-            raise ValueError("--nnodes must divide --tensor-parallel-size (each node runs the same number of ranks)")
+        if not 1 <= self.pipeline_parallel_size <= 64:
+            raise ValueError("pipeline_parallel_size must be from 1 to 64 (--pipeline-parallel-size)")
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            raise ValueError(
+                "tensor and pipeline parallelism together are not built yet: set one of "
+                "--tensor-parallel-size / --pipeline-parallel-size to 1"
+            )
+        if self.enable_expert_parallel and self.tensor_parallel_size < 2:
+            raise ValueError("--enable-expert-parallel splits the experts over --tensor-parallel-size ranks: set it to 2 or more")
+        if self.nnodes < 1 or self.world_size % self.nnodes:
+            raise ValueError("--nnodes must divide the number of ranks (each node runs the same number of ranks)")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank must be from 0 to {self.nnodes - 1}")
         if self.nnodes > 1 and self.master_port is None:
@@ -42,7 +59,21 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.tensor_parallel_size
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def mode(self) -> str:
+        """"tensor", "pipeline" or "expert" ("single" for one process)."""
+        if self.pipeline_parallel_size > 1:
+            return "pipeline"
+        if self.tensor_parallel_size > 1:
+            return "expert" if self.enable_expert_parallel else "tensor"
+        return "single"
+
+    @property
+    def workers_score_logits(self) -> bool:
+        """Whether every rank takes part in scoring (a vocabulary-parallel head); else rank 0 alone holds the head."""
+        return self.mode == "tensor"
 
     @property
     def is_parallel(self) -> bool:
@@ -58,6 +89,8 @@ class ParallelConfig:
     def from_args(cls, args: argparse.Namespace) -> ParallelConfig:
         return cls(
             tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            enable_expert_parallel=args.enable_expert_parallel,
             master_addr=args.master_addr,
             master_port=args.master_port,
             collective_timeout_s=args.collective_timeout,
@@ -71,6 +104,10 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ParallelConfig()
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=defaults.tensor_parallel_size,
                         help="ranks the weights and KV cache are split over (worker processes on torch.distributed)")
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=defaults.pipeline_parallel_size,
+                        help="pipeline stages the layers are split over (worker processes, activations sent between stages)")
+    parser.add_argument("--enable-expert-parallel", action="store_true",
+                        help="MoE models: split the routed experts over the --tensor-parallel-size ranks (the rest replicated)")
     parser.add_argument("--master-addr", default=defaults.master_addr, help="address where the ranks meet")
     parser.add_argument("--master-port", type=int, default=None, help="port where the ranks meet (default: a free one)")
     parser.add_argument("--nnodes", type=int, default=1, help="machines the ranks span (torchrun-style)")

@@ -37,6 +37,7 @@ from ember.parallel.messages import (
     StopWorker,
     WorkerCommand,
 )
+from ember.parallel.modes import shard_factory
 from ember.parallel.worker import parameter_bytes
 
 logger = logging.getLogger(__name__)
@@ -60,9 +61,11 @@ class RankMemory:
 class WorkerGroup:
     """The worker processes of ranks 1..W-1 and rank 0's communicator with them."""
 
-    def __init__(self, communicator: Communicator, processes: list[subprocess.Popen]) -> None:
+    def __init__(self, communicator: Communicator, processes: list[subprocess.Popen], parallel: ParallelConfig) -> None:
         self.communicator = communicator
         self.processes = processes
+        self.parallel = parallel
+        self.held_layers: range | None = None  # rank 0's layers when they are a pipeline stage's
         self.memory = RankMemory([], [])
         self.failure: str | None = None
         self._finalizer = weakref.finalize(self, _stop_processes, processes)
@@ -78,8 +81,10 @@ class WorkerGroup:
             communicator = connect(
                 0, parallel.world_size, parallel.master_addr, port, parallel.collective_timeout_s, parallel.startup_timeout_s
             )
-            group = cls(communicator, processes)
-            loaded = load_model(model_path, dtype, show_progress, communicator)
+            group = cls(communicator, processes, parallel)
+            loaded = load_model(model_path, dtype, show_progress, shard_factory(communicator, parallel))
+            assert loaded.shard is not None
+            group.held_layers = loaded.shard.held_layers
             sizes = group._gather_sizes(parameter_bytes(loaded.model), parallel.startup_timeout_s)
             group.memory = RankMemory(sizes, [])
         except BaseException:
@@ -100,7 +105,9 @@ class WorkerGroup:
         self._broadcast(RunForward(block_copies, input_ids, positions, metadata))
 
     def compute_logits(self, hidden: torch.Tensor) -> None:
-        self._broadcast(ComputeLogits(hidden))
+        """Workers score their vocabulary slices (tensor parallel); otherwise rank 0 holds the whole head: nothing to send."""
+        if self.parallel.workers_score_logits:
+            self._broadcast(ComputeLogits(hidden))
 
     def shutdown(self) -> None:
         """Tell the workers to stop and wait for them (killing any that do not stop in time)."""
@@ -123,7 +130,7 @@ class WorkerGroup:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(max(0.0, deadline - time.monotonic()))
             if process.poll() is not None and self.failure is None:
-                self.failure = f"tensor-parallel worker rank {rank} (pid {process.pid}) exited with status {process.returncode}"
+                self.failure = f"worker rank {rank} (pid {process.pid}) exited with status {process.returncode}"
 
     @contextlib.contextmanager
     def failures(self) -> Iterator[None]:
@@ -134,7 +141,7 @@ class WorkerGroup:
         except CollectiveError as error:
             self._note_exits(wait_s=EXIT_WAIT_S)  # a killed worker breaks the group a moment before it is reaped
             if self.failure is None:
-                self.failure = f"a tensor-parallel worker stopped answering: {error}"
+                self.failure = f"a worker stopped answering: {error}"
             raise WorkerFailedError(self.failure) from error
 
     def _broadcast(self, command: WorkerCommand) -> None:
@@ -163,7 +170,9 @@ def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelCon
     command = [
         sys.executable, "-m", "ember.parallel.worker",
         "--model", str(model_path), "--dtype", dtype,
-        "--rank", str(rank), "--world-size", str(parallel.world_size),
+        "--rank", str(rank), "--tensor-parallel-size", str(parallel.tensor_parallel_size),
+        "--pipeline-parallel-size", str(parallel.pipeline_parallel_size),
+        *(["--enable-expert-parallel"] if parallel.enable_expert_parallel else []),
         "--master-addr", parallel.master_addr, "--master-port", str(port),
         "--collective-timeout", str(parallel.collective_timeout_s),
         "--startup-timeout", str(parallel.startup_timeout_s),

@@ -93,8 +93,39 @@ def head_spans(num_heads: int, num_kv_heads: int, world_size: int) -> list[tuple
     return [(Span(r * per_rank, (r + 1) * per_rank), Span(r * per_rank // group, r * per_rank // group + 1)) for r in range(world_size)]
 
 
+class ModelShard:
+    """What one rank of a split model holds; the loader asks it, tensor by tensor (see ember.models.loader).
+
+    The defaults are the whole model: every tensor held, whole, every layer's KV cache. A mode
+    overrides what it splits: tensor parallel slices tensors, pipeline and expert parallel drop
+    whole tensors (other stages' layers, other ranks' experts).
+    """
+
+    config: ModelConfig
+
+    def local_config(self) -> ModelConfig:
+        """The config this rank's model is built from."""
+        return self.config
+
+    def holds(self, name: str) -> bool:
+        """Whether this rank loads checkpoint tensor `name` at all (never read otherwise)."""
+        return True
+
+    def slice_for(self, name: str) -> TensorSlice | None:
+        """The part of checkpoint tensor `name` this rank loads (None: the whole tensor)."""
+        return None
+
+    @property
+    def held_layers(self) -> range | None:
+        """The layers whose KV cache this rank allocates (None: every layer)."""
+        return None
+
+    def shard_modules(self, model: nn.Module) -> None:
+        """Swap in the layers that talk to the other ranks (the model is on the meta device)."""
+
+
 @dataclass(frozen=True)
-class TensorParallelShard:
+class TensorParallelShard(ModelShard):
     """Rank `rank` of `world_size`: its heads, inner slice and vocabulary slice of `config`.
 
     `communicator` (the rank's group) is what the swapped-in layers talk through.

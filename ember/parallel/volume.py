@@ -1,39 +1,55 @@
-"""How many bytes a tensor-parallel rank sends per token: the formulas the counted collectives must equal.
+"""How many bytes a rank sends per token under each parallel mode: the formulas the counted collectives must equal.
 
-Per forward pass, tensor parallelism all-reduces a [tokens, hidden] activation twice per layer
-(after the attention output projection and after the MLP down projection) and once after the
-vocabulary-parallel embedding. Under a ring all-reduce each rank sends 2 (W - 1) / W of the
-tensor, so per token and rank:
+W ranks, L layers, hidden size H, activation element size e (bytes), per token and rank:
 
-    all_reduce_bytes_per_token = (2 L + 1) * H * e * 2 (W - 1) / W
+- tensor parallel: a [tokens, H] all-reduce after each attention output and MLP down projection,
+  and one after the vocabulary-parallel embedding. A ring all-reduce sends 2 (W - 1) / W of the
+  tensor:  (2 L + 1) * H * e * 2 (W - 1) / W. Scoring a sampled row also gathers each worker's
+  vocabulary slice on rank 0: ceil(V / W) * e bytes per sampled token from every worker.
+- pipeline parallel: each stage sends its [tokens, H] output once to the next stage (the last
+  one back to rank 0, which holds the head), as float32:  H * 4.
+- expert parallel: one [tokens, H] all-reduce of the experts' partial outputs per MoE layer
+  (L_moe = L minus the dense layers):  L_moe * H * e * 2 (W - 1) / W.
 
-Scoring a sampled row gathers each worker's vocabulary slice on rank 0: ceil(V / W) * e bytes
-per sampled token from every worker. The step's plan (token ids, positions, slot mapping,
-block tables) is broadcast once per step: control traffic, counted apart.
+The step's plan (token ids, positions, slot mapping, block tables) is broadcast once per step:
+control traffic, counted apart.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ember.layers.pipeline import WIRE_DTYPE
 from ember.models.config import ModelConfig
+from ember.parallel.config import ParallelConfig
 
 
 @dataclass(frozen=True)
-class TensorParallelVolume:
-    """Predicted traffic of one rank for one model and world size."""
+class ParallelVolume:
+    """Predicted traffic of one rank: `kind` is the communicator counter the formula predicts."""
 
-    all_reduces_per_forward: int
-    all_reduce_bytes_per_token: float
-    logits_gather_bytes_per_sampled_token: int  # sent by each worker rank, received by rank 0
+    kind: str  # "all_reduce" or "send"
+    calls_per_forward: int
+    bytes_per_token: float
+    formula: str
+    logits_gather_bytes_per_sampled_token: int = 0  # tensor parallel: sent by each worker rank to rank 0
 
 
-def tensor_parallel_volume(config: ModelConfig, world_size: int, element_bytes: int) -> TensorParallelVolume:
-    num_all_reduces = 2 * config.num_layers + 1
+def parallel_volume(config: ModelConfig, parallel: ParallelConfig, element_bytes: int) -> ParallelVolume:
+    """The formula of `parallel.mode` (see the module docstring) for `config`."""
+    world_size, hidden = parallel.world_size, config.hidden_size
     ring_share = 2 * (world_size - 1) / world_size
-    widest_vocab_slice = -(-config.vocab_size // world_size)
-    return TensorParallelVolume(
-        all_reduces_per_forward=num_all_reduces,
-        all_reduce_bytes_per_token=num_all_reduces * config.hidden_size * element_bytes * ring_share,
-        logits_gather_bytes_per_sampled_token=widest_vocab_slice * element_bytes,
-    )
+    if parallel.mode == "tensor":
+        calls = 2 * config.num_layers + 1
+        return ParallelVolume(
+            "all_reduce", calls, calls * hidden * element_bytes * ring_share, "(2L+1) H e 2(W-1)/W",
+            logits_gather_bytes_per_sampled_token=-(-config.vocab_size // world_size) * element_bytes,
+        )  # fmt: skip
+    if parallel.mode == "pipeline":
+        wire_bytes = WIRE_DTYPE.itemsize
+        return ParallelVolume("send", 1, hidden * wire_bytes, f"H {wire_bytes} (one float32 activation row per stage)")
+    if parallel.mode == "expert":
+        assert config.moe is not None, "expert parallelism runs MoE models only"
+        calls = config.num_layers - len(config.moe.dense_layers)
+        return ParallelVolume("all_reduce", calls, calls * hidden * element_bytes * ring_share, "L_moe H e 2(W-1)/W")
+    raise ValueError("a single process sends nothing: no volume to predict")

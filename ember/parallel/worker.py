@@ -21,8 +21,10 @@ import torch
 from ember.engine.runner import KVCacheTensors
 from ember.models.loader import load_model
 from ember.parallel.communicator import Communicator
+from ember.parallel.config import ParallelConfig
 from ember.parallel.group import connect
 from ember.parallel.messages import AllocateKVCache, ComputeLogits, RunForward, StopWorker
+from ember.parallel.modes import shard_factory
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +42,10 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 class WorkerLoop:
     """Rank r's model shard and KV cache shard, driven by the commands rank 0 broadcasts."""
 
-    def __init__(self, model: torch.nn.Module, communicator: Communicator) -> None:
+    def __init__(self, model: torch.nn.Module, communicator: Communicator, held_layers: range | None = None) -> None:
         self.model = model
         self.communicator = communicator
+        self.held_layers = held_layers
         self.caches: KVCacheTensors | None = None
 
     @torch.inference_mode()
@@ -52,7 +55,7 @@ class WorkerLoop:
             if isinstance(command, StopWorker):
                 return
             if isinstance(command, AllocateKVCache):
-                self.caches = KVCacheTensors(self.model, command.num_blocks, command.block_size)
+                self.caches = KVCacheTensors(self.model, command.num_blocks, command.block_size, self.held_layers)
                 self.communicator.gather_to_driver(torch.tensor([self.caches.num_bytes]))
             elif isinstance(command, RunForward):
                 assert self.caches is not None, "rank 0 runs a step before allocating the KV cache"
@@ -78,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--pipeline-parallel-size", type=int, default=1)
+    parser.add_argument("--enable-expert-parallel", action="store_true")
     parser.add_argument("--master-addr", required=True)
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--collective-timeout", type=float, required=True)
@@ -92,12 +97,18 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=_exit_when_orphaned, name="ember-lifeline", daemon=True).start()
     if args.threads:
         torch.set_num_threads(args.threads)
-    communicator = connect(
-        args.rank, args.world_size, args.master_addr, args.master_port, args.collective_timeout, args.startup_timeout
+    parallel = ParallelConfig(
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
     )
-    loaded = load_model(args.model, args.dtype, communicator=communicator)
+    communicator = connect(
+        args.rank, parallel.world_size, args.master_addr, args.master_port, args.collective_timeout, args.startup_timeout
+    )
+    loaded = load_model(args.model, args.dtype, shard_for=shard_factory(communicator, parallel))
     communicator.gather_to_driver(torch.tensor([parameter_bytes(loaded.model)]), args.startup_timeout)
-    WorkerLoop(loaded.model, communicator).run()
+    assert loaded.shard is not None
+    WorkerLoop(loaded.model, communicator, loaded.shard.held_layers).run()
 
 
 if __name__ == "__main__":

@@ -8,11 +8,14 @@ from pathlib import Path
 import pytest
 
 from ember.llm import LLM
-from ember.parallel.volume import tensor_parallel_volume
 from ember.parallel.worker import parameter_bytes
 from tests.model_factory import save_tiny_model
 from tests.parallel.split_sum_reference import split_row_parallel_sums
-from tests.parallel.tp_parity import assert_parallel_matches, prompt_logits
+from tests.parallel.tp_parity import (
+    assert_parallel_matches,
+    assert_volume_matches_formula,
+    prompt_logits,
+)
 
 # SmolLM2's logits reach |33| after 30 layers. Each row-parallel all-reduce adds two partial sums
 # where one process keeps adding onto the first: one float32 rounding per element, 60 times per
@@ -44,7 +47,7 @@ def test_tp2_qwen2_hybrid_windows_uneven_heads_match_single_process(tmp_path, si
         # Rank 0 holds 2 of 3 KV groups: 2/3 of attention; the rest splits evenly (norms are whole on both).
         assert max(memory.parameter_bytes) < 0.62 * whole
         assert sum(memory.parameter_bytes) < 1.02 * whole
-        _assert_volume_matches_formula(parallel)
+        assert_volume_matches_formula(parallel, PROMPTS)
         # Inner slices of 65 and 64 (not a multiple of the SIMD width): torch's vectorized SiLU and
         # its scalar tail round a few elements differently than at 129; measured 3e-7, so not bit-exact here.
         _assert_only_the_all_reduce_reorders(single, parallel, PROMPTS, tolerance=1e-6)
@@ -57,17 +60,6 @@ def _assert_only_the_all_reduce_reorders(single: LLM, parallel: LLM, prompts: li
     split_row_parallel_sums(single.engine.runner.model, world_size=2)
     for ours, reference in zip(prompt_logits(parallel, prompts), prompt_logits(single, prompts), strict=True):
         assert (ours - reference).abs().max().item() <= tolerance
-
-
-def _assert_volume_matches_formula(parallel: LLM) -> None:
-    """Counted all-reduce bytes of one forward pass equal (2 L + 1) H e 2(W-1)/W per token."""
-    communicator = parallel.engine.workers.communicator
-    communicator.stats.reset()
-    prompt_logits(parallel, PROMPTS)
-    num_tokens = sum(len(p) for p in PROMPTS)
-    volume = tensor_parallel_volume(parallel.engine.model_config, world_size=2, element_bytes=4)
-    assert communicator.stats.bytes_sent["all_reduce"] == num_tokens * volume.all_reduce_bytes_per_token
-    assert communicator.stats.calls["all_reduce"] == volume.all_reduces_per_forward
 
 
 @pytest.mark.slow

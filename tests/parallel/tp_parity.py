@@ -1,4 +1,4 @@
-"""Tensor-parallel vs single-process parity: the reference is ember's own single-process engine.
+"""Parallel vs single-process parity: the reference is ember's own single-process engine.
 
 Logits of every prompt position (all prompts in one mixed flat batch) within LOGIT_TOLERANCE,
 greedy tokens identical, for the same checkpoint run whole in one process and split over ranks.
@@ -10,6 +10,7 @@ import torch
 
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
+from ember.parallel.volume import parallel_volume
 
 LOGIT_TOLERANCE = 1e-5
 NUM_GENERATED = 24
@@ -44,3 +45,14 @@ def assert_parallel_matches(
     assert worst <= tolerance, f"max abs logit difference {worst}"
     assert greedy_tokens(parallel, prompts) == greedy_tokens(single, prompts)
     return worst
+
+
+def assert_volume_matches_formula(parallel: LLM, prompts: list[list[int]]) -> None:
+    """Bytes rank 0 sent in one forward pass over `prompts`, as counted, equal the mode's formula per token."""
+    communicator = parallel.engine.workers.communicator
+    communicator.stats.reset()
+    prompt_logits(parallel, prompts)
+    num_tokens = sum(len(p) for p in prompts)
+    volume = parallel_volume(parallel.engine.model_config, parallel.engine.config.parallel, element_bytes=4)
+    assert communicator.stats.bytes_sent[volume.kind] == num_tokens * volume.bytes_per_token
+    assert communicator.stats.calls[volume.kind] == volume.calls_per_forward

@@ -1,0 +1,26 @@
+"""From a parallel config and a rank's communicator to what that rank holds of a model (its `ModelShard`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ember.models.config import ModelConfig
+from ember.parallel.communicator import Communicator
+from ember.parallel.config import ParallelConfig
+from ember.parallel.expert import ExpertParallelShard
+from ember.parallel.pipeline import PipelineShard
+from ember.parallel.sharding import ModelShard, TensorParallelShard
+
+_SHARDS = {"tensor": TensorParallelShard, "pipeline": PipelineShard, "expert": ExpertParallelShard}
+
+
+def shard_factory(communicator: Communicator, parallel: ParallelConfig) -> Callable[[ModelConfig], ModelShard]:
+    """The loader's hook: the whole model's config -> this rank's shard under `parallel`'s mode."""
+    if parallel.mode not in _SHARDS:
+        raise ValueError("a single-process engine has no shards: load the model without shard_for")
+    shard_class = _SHARDS[parallel.mode]
+
+    def shard_for(config: ModelConfig) -> ModelShard:
+        return shard_class(config, communicator.rank, communicator.world_size, communicator)
+
+    return shard_for

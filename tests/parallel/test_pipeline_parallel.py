@@ -1,0 +1,56 @@
+"""PP=2 against the single-process engine: each stage runs whole layers, so the logits are the same
+float32 numbers (tolerance 0); activations go stage to stage by point-to-point sends."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember.llm import LLM
+from ember.parallel.config import ParallelConfig
+from ember.parallel.worker import parameter_bytes
+from tests.model_factory import save_tiny_model
+from tests.parallel.moe_models import save_deepseek_v2, save_mixtral
+from tests.parallel.tp_parity import assert_parallel_matches, assert_volume_matches_formula
+
+PROMPTS = [[5, 9, 14, 200, 3, 77], list(range(30, 53)), [1], [100, 2, 8, 8, 8, 40, 41, 42, 43]]
+OPTIONS = dict(block_size=4, num_kv_blocks=200, max_num_batched_tokens=64, enable_prefix_caching=False)
+
+
+def test_pp2_qwen2_hybrid_windows_three_layers_match_single_process_exactly(tmp_path, single_thread_torch):
+    """Layers 0-1 on rank 0 (with the embedding and head), layer 2 and the norm on rank 1; full and windowed groups."""
+    folder = save_tiny_model(
+        "qwen2", tmp_path / "qwen2", num_hidden_layers=3, use_sliding_window=True, sliding_window=8, max_window_layers=1
+    )
+    single = LLM(str(folder), **OPTIONS)
+    parallel = LLM(str(folder), pipeline_parallel_size=2, **OPTIONS)
+    try:
+        assert_parallel_matches(single, parallel, PROMPTS, tolerance=0.0)
+        assert_volume_matches_formula(parallel, PROMPTS)
+        memory = parallel.engine.workers.memory
+        assert sum(memory.parameter_bytes) == parameter_bytes(single.engine.runner.model)
+        # Layer 0 (full) and 1 (windowed) share cache tensor 0, layer 2 has tensor 1: one tensor per stage.
+        assert memory.kv_cache_bytes == [single.engine.runner.kv_cache_bytes // 2] * 2
+    finally:
+        parallel.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "mistral", "mixtral", "deepseek_v2"])
+def test_pp2_families_match_single_process_exactly(tmp_path, single_thread_torch, family):
+    if family == "mixtral":
+        folder = save_mixtral(tmp_path / family)
+    elif family == "deepseek_v2":
+        folder = save_deepseek_v2(tmp_path / family)
+    else:
+        folder = save_tiny_model(family, tmp_path / family, **(dict(sliding_window=6) if family == "mistral" else {}))
+    single = LLM(str(folder), **OPTIONS)
+    parallel = LLM(str(folder), pipeline_parallel_size=2, **OPTIONS)
+    try:
+        assert_parallel_matches(single, parallel, PROMPTS, tolerance=0.0)
+    finally:
+        parallel.shutdown()
+
+
+def test_tensor_and_pipeline_together_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="set one of"):
+        ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2)
