@@ -116,6 +116,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parallel.add_argument("--tensor-parallel-size", type=int, default=1)
     parallel.add_argument("--pipeline-parallel-size", type=int, default=1)
     parallel.add_argument("--enable-expert-parallel", action="store_true", help="MoE models: experts split over the TP ranks")
+    parallel.add_argument("--enable-sequence-parallel", action="store_true", help="TP with reduce-scatter + all-gather")
+    parallel.add_argument("--exact-row-parallel", action="store_true", help="TP row layers by all-gathers (bit-exact)")
     parallel.add_argument("--num-prompts", type=int, default=4)
     parallel.add_argument("--prompt-len", type=int, default=64)
     parallel.add_argument("--max-tokens", type=int, default=32)
@@ -263,6 +265,8 @@ def _run_parallel(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
         enable_expert_parallel=args.enable_expert_parallel,
+        enable_sequence_parallel=args.enable_sequence_parallel,
+        exact_row_parallel=args.exact_row_parallel,
     )
     if not parallel.is_parallel:
         raise ValueError("give --tensor-parallel-size or --pipeline-parallel-size of 2 or more")

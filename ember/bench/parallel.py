@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ember.engine.sampling_params import SamplingParams
+from ember.layers.expert_parallel import ExpertParallelMoE
 from ember.llm import LLM
 from ember.models.loader import compute_dtype
 from ember.parallel.config import ParallelConfig
@@ -101,8 +102,8 @@ def run_parallel_bench(
             "parallel_s": parallel_s,
             "tokens_per_run": tokens,
             "speedup": statistics.median(single_s) / statistics.median(parallel_s),
-            "collective": volume.kind,
-            "bytes_per_token_counted": stats.bytes_sent[volume.kind] / parallel_tokens,
+            "collective": " + ".join(volume.kinds),
+            "bytes_per_token_counted": sum(stats.bytes_sent[kind] for kind in volume.kinds) / parallel_tokens,
             "bytes_per_token_formula": volume.bytes_per_token,
             "formula": volume.formula,
             "calls_per_forward": volume.calls_per_forward,
@@ -117,9 +118,18 @@ def run_parallel_bench(
             "rank_kv_cache_bytes": workers.memory.kv_cache_bytes,
             "hardware_model": asdict(hardware),
             "modelled_speedup_batch1": modelled,
+            "expert_pairs_per_rank": _expert_load(parallel_llm.engine.runner.model),
         }
     finally:
         parallel_llm.shutdown()
+
+
+def _expert_load(model: torch.nn.Module) -> list[int] | None:
+    """Routed (token, expert) pairs each rank ran since load, over every MoE block (None: not expert parallel)."""
+    blocks = [module for module in model.modules() if isinstance(module, ExpertParallelMoE)]
+    if not blocks:
+        return None
+    return [sum(loads) for loads in zip(*(block.pairs_per_rank for block in blocks), strict=True)]
 
 
 def _parallel_options(parallel: ParallelConfig) -> dict:
@@ -127,6 +137,8 @@ def _parallel_options(parallel: ParallelConfig) -> dict:
         "tensor_parallel_size": parallel.tensor_parallel_size,
         "pipeline_parallel_size": parallel.pipeline_parallel_size,
         "enable_expert_parallel": parallel.enable_expert_parallel,
+        "enable_sequence_parallel": parallel.enable_sequence_parallel,
+        "exact_row_parallel": parallel.exact_row_parallel,
     }
 
 
@@ -156,6 +168,10 @@ def markdown(result: dict) -> str:
     ]
     if mode == "pipeline":
         lines.append(f"| rank 0 idle waiting for later stages (bubble, no micro-batches) | {result['rank0_idle_share']:.0%} |")
+    if result["expert_pairs_per_rank"] is not None:
+        pairs = result["expert_pairs_per_rank"]
+        shares = ", ".join(f"{p / sum(pairs):.0%}" for p in pairs)
+        lines.append(f"| routed (token, expert) pairs per rank since load | {', '.join(map(str, pairs))} ({shares}) |")
     if result["modelled_speedup_batch1"] is not None:
         lines.append(
             f"| modelled batch-1 decode speedup on {result['hardware_model']['name']} (bf16) | {result['modelled_speedup_batch1']:.2f}x |"

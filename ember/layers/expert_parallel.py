@@ -28,19 +28,26 @@ class ExpertParallelMoE(SparseMoE):
         config: MoEConfig,
         expert_factory: type[nn.Module],
         shared_name: str,
-        held_experts: range,
+        rank_experts: list[range],
         communicator: Communicator,
     ) -> None:
+        """`rank_experts[r]`: the experts rank r holds (contiguous, in rank order); this rank's are kept."""
         super().__init__(hidden_size, config, expert_factory, shared_name)
+        held_experts = rank_experts[communicator.rank]
         for index in range(config.num_experts):
             if index not in held_experts:
                 self.experts[index] = nn.Module()  # held by another rank: no weights here
         self.held_experts = held_experts
         self.communicator = communicator
+        self.rank_experts = rank_experts
+        # Routed (token, expert) pairs each rank has run since load (routing is replicated: every rank knows all).
+        self.pairs_per_rank = [0] * len(rank_experts)
 
     def run_experts(self, x: torch.Tensor, dispatch: ExpertDispatch) -> torch.Tensor:
         """This rank's experts over their slice of the sorted pairs, summed over the ranks."""
         counts = dispatch.tokens_per_expert
+        for rank, experts in enumerate(self.rank_experts):
+            self.pairs_per_rank[rank] += sum(counts[experts.start : experts.stop])
         first = sum(counts[: self.held_experts.start])
         stop = first + sum(counts[self.held_experts.start : self.held_experts.stop])
         local_tokens = dispatch.token_indices[first:stop]

@@ -7,6 +7,8 @@ sends under the textbook algorithm of that collective, and the time it spent wai
 - all-reduce (ring): 2 (W - 1) / W * N bytes of an N-byte tensor
 - gather to rank 0: N bytes from every other rank, none from rank 0
 - broadcast from rank 0: (W - 1) * N bytes from rank 0, none from the others
+- reduce-scatter (ring) of an N-byte tensor into W row blocks: (W - 1) / W * N bytes
+- all-gather (ring) of N / W-byte row blocks into an N-byte tensor: (W - 1) / W * N bytes
 - send to one peer (pipeline stages): N bytes; a receive sends nothing (its wait is counted)
 
 gloo's own wire bytes are not observable from Python; these counts are what the formulas of
@@ -76,6 +78,24 @@ class Communicator:
         ring_bytes = 2 * (self.world_size - 1) / self.world_size * _nbytes(tensor)
         self._run("all_reduce", ring_bytes, lambda: self.group.allreduce([tensor], options))
         return tensor
+
+    def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum `tensor` over the ranks and keep row block `rank` of W equal blocks (rows must divide by W)."""
+        options = dist.ReduceScatterOptions()
+        options.timeout = self.timeout
+        blocks = list(tensor.contiguous().chunk(self.world_size))
+        out = torch.empty_like(blocks[0])
+        ring_bytes = (self.world_size - 1) / self.world_size * _nbytes(tensor)
+        self._run("reduce_scatter", ring_bytes, lambda: self.group.reduce_scatter([out], [blocks], options))
+        return out
+
+    def all_gather(self, block: torch.Tensor) -> torch.Tensor:
+        """Every rank's `block` (same shape on all ranks) stacked along rows, in rank order."""
+        block = block.contiguous()
+        blocks = [torch.empty_like(block) for _ in range(self.world_size)]
+        ring_bytes = (self.world_size - 1) * _nbytes(block)
+        self._run("all_gather", ring_bytes, lambda: self.group.allgather(blocks, block, self.timeout))
+        return torch.cat(blocks)
 
     def gather_to_driver(self, tensor: torch.Tensor, timeout_s: float | None = None) -> list[torch.Tensor] | None:
         """Every rank's `tensor` (same shape on all ranks) on rank 0, in rank order; None elsewhere.

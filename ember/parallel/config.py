@@ -15,6 +15,11 @@ class ParallelConfig:
     - pipeline parallel (`pipeline_parallel_size` P > 1): contiguous layer ranges per stage;
     - expert parallel (`enable_expert_parallel` with T > 1, MoE families): the routed experts
       split over the T ranks, everything else replicated (vLLM's flag: EP size = TP size).
+    `enable_sequence_parallel` (with tensor parallel) reduce-scatters / all-gathers around the
+    norms and residuals instead of all-reducing (ember.layers.sequence_parallel).
+    `exact_row_parallel` (with tensor parallel) all-gathers the row layers' inputs and outputs
+    instead of all-reducing partial sums: one process's float32 numbers, at more bytes
+    (ember.layers.parallel.GatheredRowLinear).
 
     The ranks meet at `master_addr:master_port` (a free port is picked when None). Across
     machines (torchrun-style), `nnodes` nodes run `world_size / nnodes` ranks each;
@@ -27,6 +32,8 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    enable_sequence_parallel: bool = False
+    exact_row_parallel: bool = False
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     collective_timeout_s: float = 20.0
@@ -44,6 +51,10 @@ class ParallelConfig:
             )
         if self.enable_expert_parallel and self.tensor_parallel_size < 2:
             raise ValueError("--enable-expert-parallel splits the experts over --tensor-parallel-size ranks: set it to 2 or more")
+        if self.enable_sequence_parallel and (self.tensor_parallel_size < 2 or self.enable_expert_parallel):
+            raise ValueError("--enable-sequence-parallel splits tensor parallelism's norms: use it with --tensor-parallel-size 2 or more, without expert parallel")
+        if self.exact_row_parallel and (self.mode != "tensor" or self.enable_sequence_parallel):
+            raise ValueError("--exact-row-parallel changes tensor parallelism's row layers: use it with --tensor-parallel-size 2 or more, alone")
         if self.nnodes < 1 or self.world_size % self.nnodes:
             raise ValueError("--nnodes must divide the number of ranks (each node runs the same number of ranks)")
         if not 0 <= self.node_rank < self.nnodes:
@@ -91,6 +102,8 @@ class ParallelConfig:
             tensor_parallel_size=args.tensor_parallel_size,
             pipeline_parallel_size=args.pipeline_parallel_size,
             enable_expert_parallel=args.enable_expert_parallel,
+            enable_sequence_parallel=args.enable_sequence_parallel,
+            exact_row_parallel=args.exact_row_parallel,
             master_addr=args.master_addr,
             master_port=args.master_port,
             collective_timeout_s=args.collective_timeout,
@@ -108,6 +121,10 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pipeline stages the layers are split over (worker processes, activations sent between stages)")
     parser.add_argument("--enable-expert-parallel", action="store_true",
                         help="MoE models: split the routed experts over the --tensor-parallel-size ranks (the rest replicated)")
+    parser.add_argument("--enable-sequence-parallel", action="store_true",
+                        help="with tensor parallel: norms and residuals on 1/T of the tokens (reduce-scatter + all-gather)")
+    parser.add_argument("--exact-row-parallel", action="store_true",
+                        help="with tensor parallel: all-gather instead of all-reduce in the row layers; logits bit-identical to one process")
     parser.add_argument("--master-addr", default=defaults.master_addr, help="address where the ranks meet")
     parser.add_argument("--master-port", type=int, default=None, help="port where the ranks meet (default: a free one)")
     parser.add_argument("--nnodes", type=int, default=1, help="machines the ranks span (torchrun-style)")

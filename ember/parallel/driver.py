@@ -173,6 +173,8 @@ def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelCon
         "--rank", str(rank), "--tensor-parallel-size", str(parallel.tensor_parallel_size),
         "--pipeline-parallel-size", str(parallel.pipeline_parallel_size),
         *(["--enable-expert-parallel"] if parallel.enable_expert_parallel else []),
+        *(["--enable-sequence-parallel"] if parallel.enable_sequence_parallel else []),
+        *(["--exact-row-parallel"] if parallel.exact_row_parallel else []),
         "--master-addr", parallel.master_addr, "--master-port", str(port),
         "--collective-timeout", str(parallel.collective_timeout_s),
         "--startup-timeout", str(parallel.startup_timeout_s),

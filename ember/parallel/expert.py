@@ -40,10 +40,14 @@ class ExpertParallelShard(ModelShard):
             raise ValueError(f"{self.config.moe.num_experts} experts cannot be split over {self.world_size} ranks; use fewer")
 
     @property
-    def held_experts(self) -> range:
+    def rank_experts(self) -> list[range]:
+        """The experts each rank holds, in rank order."""
         assert self.config.moe is not None
-        span = balanced_spans(self.config.moe.num_experts, self.world_size)[self.rank]
-        return range(span.start, span.stop)
+        return [range(span.start, span.stop) for span in balanced_spans(self.config.moe.num_experts, self.world_size)]
+
+    @property
+    def held_experts(self) -> range:
+        return self.rank_experts[self.rank]
 
     def holds(self, name: str) -> bool:
         expert = _EXPERT_NAME.search(name)
@@ -58,7 +62,7 @@ class ExpertParallelShard(ModelShard):
         for name, moe in blocks:
             parallel = ExpertParallelMoE(
                 moe.gate.in_features, moe.config, type(moe.experts[0]), moe.shared_name or "shared_expert",
-                self.held_experts, self.communicator,
+                self.rank_experts, self.communicator,
             )  # fmt: skip
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, parallel)

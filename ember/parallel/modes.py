@@ -21,6 +21,11 @@ def shard_factory(communicator: Communicator, parallel: ParallelConfig) -> Calla
     shard_class = _SHARDS[parallel.mode]
 
     def shard_for(config: ModelConfig) -> ModelShard:
+        if parallel.mode == "tensor":
+            return TensorParallelShard(
+                config, communicator.rank, communicator.world_size, communicator,
+                is_sequence_parallel=parallel.enable_sequence_parallel, is_exact_row_parallel=parallel.exact_row_parallel,
+            )  # fmt: skip
         return shard_class(config, communicator.rank, communicator.world_size, communicator)
 
     return shard_for

@@ -22,7 +22,19 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ember.layers.parallel import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+from ember.layers.norm import RMSNorm
+from ember.layers.parallel import (
+    GatheredRowLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+from ember.layers.sequence_parallel import (
+    SequenceParallelEmbedding,
+    SequenceParallelRMSNorm,
+    SequenceParallelRowLinear,
+    SequenceSplit,
+)
 from ember.models.config import ModelConfig
 from ember.parallel.communicator import Communicator
 
@@ -135,6 +147,8 @@ class TensorParallelShard(ModelShard):
     rank: int
     world_size: int
     communicator: Communicator | None = field(default=None, compare=False)
+    is_sequence_parallel: bool = False  # reduce-scatter / all-gather around the norms (ember.layers.sequence_parallel)
+    is_exact_row_parallel: bool = False  # row layers as GatheredRowLinear: one process's sums, more bytes
 
     def __post_init__(self) -> None:
         if self.config.architecture not in TENSOR_PARALLEL_ARCHITECTURES:
@@ -182,10 +196,22 @@ class TensorParallelShard(ModelShard):
                 span = self._span(split)
                 return TensorSlice(0, span.start, span.stop)
         for suffix, split in _ROW_PARALLEL.items():
+            if module.endswith(suffix) and self.is_exact_row_parallel:
+                span = self.hidden_spans[self.rank]  # whole rows of this rank's outputs, and their bias
+                return TensorSlice(0, span.start, span.stop)
             if module.endswith(suffix) and kind == "weight":
                 span = self._span(split)
                 return TensorSlice(1, span.start, span.stop)
         return None
+
+    @property
+    def hidden_spans(self) -> list[Span]:
+        return balanced_spans(self.config.hidden_size, self.world_size)
+
+    def row_input_sizes(self, split: str) -> list[int]:
+        """Every rank's input columns of a row layer fed by `split` ("query" or "inner")."""
+        shards = [replace(self, rank=rank, communicator=None) for rank in range(self.world_size)]
+        return [shard._span(split).size for shard in shards]
 
     def _span(self, split: str) -> Span:
         head_dim = self.config.head_dim
@@ -196,17 +222,40 @@ class TensorParallelShard(ModelShard):
         communicator = self.communicator
         if communicator is None:
             raise ValueError("shard_modules needs the rank's communicator; build the shard with one")
+        if self.is_sequence_parallel:
+            self._shard_sequence_parallel(model, communicator)
+            return
         hidden = self.config.hidden_size
-        vocab_sizes = [span.size for span in self.vocab_spans]
         vocab = self.vocab_spans[self.rank]
         for name, module in list(model.named_modules()):
-            if any(name.endswith(suffix) for suffix in _ROW_PARALLEL):
+            split = next((split for suffix, split in _ROW_PARALLEL.items() if name.endswith(suffix)), None)
+            if split is not None and self.is_exact_row_parallel:
+                input_sizes, output_sizes = self.row_input_sizes(split), [span.size for span in self.hidden_spans]
+                _replace(model, name, GatheredRowLinear(input_sizes, output_sizes, module.bias is not None, communicator))
+            elif split is not None:
                 row = RowParallelLinear(module.in_features, module.out_features, module.bias is not None, communicator)
                 _replace(model, name, row)
             elif name == "model.embed_tokens":
                 _replace(model, name, VocabParallelEmbedding(vocab.start, vocab.size, hidden, communicator))
             elif name == "lm_head":
-                _replace(model, name, ParallelLMHead(vocab_sizes, hidden, communicator))
+                _replace(model, name, ParallelLMHead([span.size for span in self.vocab_spans], hidden, communicator))
+
+    def _shard_sequence_parallel(self, model: nn.Module, communicator: Communicator) -> None:
+        """As `shard_modules`, with the collectives around the norms split by tokens (one `SequenceSplit` shared)."""
+        config, split = self.config, SequenceSplit(self.world_size)
+        vocab = self.vocab_spans[self.rank]
+        for name, module in list(model.named_modules()):
+            if any(name.endswith(suffix) for suffix in _ROW_PARALLEL):
+                new: nn.Module = SequenceParallelRowLinear(module.in_features, module.out_features, module.bias is not None, communicator, split)
+            elif isinstance(module, RMSNorm):
+                new = SequenceParallelRMSNorm(config.hidden_size, config.rms_norm_eps, communicator, split)
+            elif name == "model.embed_tokens":
+                new = SequenceParallelEmbedding(vocab.start, vocab.size, config.hidden_size, communicator, split)
+            elif name == "lm_head":
+                new = ParallelLMHead([span.size for span in self.vocab_spans], config.hidden_size, communicator)
+            else:
+                continue
+            _replace(model, name, new)
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--enable-expert-parallel", action="store_true")
+    parser.add_argument("--enable-sequence-parallel", action="store_true")
+    parser.add_argument("--exact-row-parallel", action="store_true")
     parser.add_argument("--master-addr", required=True)
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--collective-timeout", type=float, required=True)
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
         enable_expert_parallel=args.enable_expert_parallel,
+        enable_sequence_parallel=args.enable_sequence_parallel,
+        exact_row_parallel=args.exact_row_parallel,
     )
     communicator = connect(
         args.rank, parallel.world_size, args.master_addr, args.master_port, args.collective_timeout, args.startup_timeout

@@ -12,10 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from ember.layers.expert_parallel import ExpertParallelMoE
 from ember.llm import LLM
 from ember.parallel.worker import parameter_bytes
 from tests.parallel.moe_models import save_deepseek_v2, save_mixtral, save_qwen2_moe
-from tests.parallel.tp_parity import assert_parallel_matches, assert_volume_matches_formula
+from tests.parallel.tp_parity import (
+    assert_parallel_matches,
+    assert_volume_matches_formula,
+    prompt_logits,
+)
 
 PROMPTS = [[5, 9, 14, 200, 3, 77], list(range(30, 53)), [1], [100, 2, 8, 8, 8, 40, 41, 42, 43]]
 OPTIONS = dict(block_size=4, num_kv_blocks=200, max_num_batched_tokens=64, enable_prefix_caching=False)
@@ -33,8 +38,19 @@ def test_ep2_mixtral_matches_single_process_exactly_with_half_the_experts_per_ra
         whole = parameter_bytes(single.engine.runner.model)
         experts = sum(p.numel() * 4 for n, p in single.engine.runner.model.named_parameters() if ".experts." in n)
         assert parallel.engine.workers.memory.parameter_bytes == [whole - experts // 2] * 2
+        _assert_every_routed_pair_counted_once(parallel)
     finally:
         parallel.shutdown()
+
+
+def _assert_every_routed_pair_counted_once(parallel: LLM) -> None:
+    """The load per rank (pairs run by each rank's experts) adds up to top-2 x tokens x MoE blocks."""
+    blocks = [m for m in parallel.engine.runner.model.modules() if isinstance(m, ExpertParallelMoE)]
+    for block in blocks:
+        block.pairs_per_rank = [0, 0]
+    prompt_logits(parallel, PROMPTS)
+    loads = [sum(rank) for rank in zip(*(block.pairs_per_rank for block in blocks), strict=True)]
+    assert sum(loads) == 2 * sum(len(p) for p in PROMPTS) * len(blocks) and min(loads) > 0
 
 
 @pytest.mark.slow

@@ -89,3 +89,52 @@ def test_tp2_smollm2_gguf_matches_single_process(smollm2_gguf, single_thread_tor
         _assert_only_the_all_reduce_reorders(single, parallel, prompts)
     finally:
         parallel.shutdown()
+
+
+def test_tp2_sequence_parallel_adds_the_same_partial_sums_and_sends_the_same_bytes(tmp_path, single_thread_torch):
+    """Reduce-scatter + all-gather around the norms: the numbers of TP's all-reduce, bit for bit.
+
+    The inner size divides into slices of 64, so nothing but the row-parallel sums differs from
+    one process (no SIMD tail, see above); an odd flat batch (39 tokens) exercises the padding.
+    """
+    folder = save_tiny_model("qwen2", tmp_path / "qwen2", **{**UNEVEN_SHAPE, "intermediate_size": 128})
+    options = dict(block_size=BLOCK_SIZE, num_kv_blocks=200, max_num_batched_tokens=64, enable_prefix_caching=False)
+    single = LLM(str(folder), **options)
+    parallel = LLM(str(folder), tensor_parallel_size=2, enable_sequence_parallel=True, **options)
+    try:
+        assert_parallel_matches(single, parallel, PROMPTS)
+        assert_volume_matches_formula(parallel, [*PROMPTS, [7]])  # 40 tokens: no padding
+        _assert_only_the_all_reduce_reorders(single, parallel, PROMPTS, tolerance=0.0)
+    finally:
+        parallel.shutdown()
+
+
+def test_tp2_exact_row_parallel_is_bit_identical_to_one_process(tmp_path, single_thread_torch):
+    """All-gathers instead of the all-reduce: every output summed whole, in one process's order.
+
+    Uneven heads (2 + 1 KV groups), hidden 96 and vocabulary 321; the inner size divides into
+    slices of 64 (an uneven inner slice rounds a few SiLU elements differently, see above).
+    """
+    folder = save_tiny_model("qwen2", tmp_path / "qwen2", **{**UNEVEN_SHAPE, "intermediate_size": 128})
+    options = dict(block_size=BLOCK_SIZE, num_kv_blocks=200, max_num_batched_tokens=64, enable_prefix_caching=False)
+    single = LLM(str(folder), **options)
+    parallel = LLM(str(folder), tensor_parallel_size=2, exact_row_parallel=True, **options)
+    try:
+        assert_parallel_matches(single, parallel, PROMPTS, tolerance=0.0)
+        assert_volume_matches_formula(parallel, PROMPTS)
+    finally:
+        parallel.shutdown()
+
+
+@pytest.mark.slow
+def test_tp2_smollm2_exact_row_parallel_is_bit_identical_to_one_process(smollm2_gguf, single_thread_torch):
+    """The 1.33e-4 of the all-reduce gone: SmolLM2's logits are one process's, bit for bit."""
+    prompts = [[1, 504, 3458, 314, 260, 1345, 28], [4093, 12, 2078, 30, 5, 77, 890, 16, 9, 10, 11]]
+    options = dict(dtype="float32", block_size=16, num_kv_blocks=64)
+    single = LLM(str(smollm2_gguf), **options)
+    parallel = LLM(str(smollm2_gguf), tensor_parallel_size=2, exact_row_parallel=True, **options)
+    try:
+        assert_parallel_matches(single, parallel, prompts, tolerance=0.0)
+        assert max(parallel.engine.workers.memory.parameter_bytes) < 0.6 * parameter_bytes(single.engine.runner.model)
+    finally:
+        parallel.shutdown()

@@ -23,12 +23,12 @@ STREAM_BODY = {"model": "stories", "prompt": "Once upon a time", "max_tokens": 4
 ERROR_DEADLINE_S = 30
 
 
-def _tp_stories_server(stories_dir: Path, log_path: Path, *extra: str) -> ServeProcess:
+def _tp_stories_server(stories_dir: Path, log_path: Path, *extra: str, split: str = "--tensor-parallel-size") -> ServeProcess:
     return ServeProcess(
         [
             "--model", str(stories_dir / "stories260K.bin"), "--tokenizer", str(stories_dir / "tok512.bin"),
             "--served-model-name", "stories", "--num-kv-blocks", "64", "--block-size", "16",
-            "--tensor-parallel-size", "2", *extra,
+            split, "2", *extra,
         ],
         log_path,
         startup_timeout_s=300,  # two interpreters import torch and load on a shared 2-core box
@@ -79,6 +79,16 @@ def test_a_killed_worker_ends_the_stream_with_503_error_and_leaves_no_orphan(sto
         refused = httpx.post(f"{server.base_url}/v1/completions", json={**STREAM_BODY, "stream": False}, timeout=10)
         assert assert_openai_error(refused, 503)["code"] == "engine_unavailable"
     assert _wait_until(lambda: not any(is_running(pid) for pid in engine), 30), "the engine outlived its server"
+
+
+@pytest.mark.slow
+def test_a_killed_pipeline_stage_ends_the_stream_with_an_error(stories_dir: Path, tmp_path: Path):
+    """Rank 1 holds the later layers: rank 0 waits on its activations, and the send/receive fails instead."""
+    with _tp_stories_server(stories_dir, tmp_path / "serve.log", split="--pipeline-parallel-size") as server:
+        events, seconds = _stream_and_signal(server, _worker_pid(server), signal.SIGKILL)
+        assert seconds < ERROR_DEADLINE_S
+        assert events[-2]["error"]["code"] == "engine_unavailable"
+        assert "worker rank 1" in events[-2]["error"]["message"]
 
 
 @pytest.mark.slow
