@@ -42,6 +42,23 @@ def test_bfloat16_weights_are_widened_exactly_and_summed_in_float32(gemm, m):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "cols"), [(960, 576), (64 * 7 + 16, 300), (50, 2000)])
+def test_a_rows_result_does_not_depend_on_the_batch_it_is_in(gemm, dtype, rows, cols):
+    """One or two rows walk panels in groups, more rows one panel at a time: the same bits either way.
+
+    Batch invariance is what keeps greedy decoding identical whether a sequence runs alone or
+    with others (and with or without speculative verification).
+    """
+    generator = torch.Generator().manual_seed(rows)
+    packed = cpu_gemm.PackedWeight.from_dense(torch.randn(rows, cols, generator=generator).to(dtype),
+                                              torch.randn(rows, generator=generator))
+    x = torch.randn(9, cols, generator=generator)
+    batched = gemm(x, packed)
+    assert torch.equal(gemm(x[:1], packed), batched[:1])
+    assert torch.equal(gemm(x[3:5], packed), batched[3:5])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_rows_give_back_the_dense_weight(dtype):
     weight = torch.randn(45, 7).to(dtype)
     packed = cpu_gemm.PackedWeight.from_dense(weight)

@@ -5,7 +5,10 @@
    block of y in 12 AVX registers, and for each p loads one panel row (16 weights) and
    broadcasts MR inputs: every weight is read from memory once per block of inputs, whatever m
    is, so a decode step (m = 1..64) streams the weights once at memory speed, and a prefill
-   chunk is compute bound. k is cut in KC-long slices so a panel slice stays in L1 while the
+   chunk is compute bound. With one or two rows a panel gives only 2 or 4 independent sums, too
+   few to hide the FMA latency, so a work item then takes a group of 2-4 adjacent panels and
+   walks them together (up to 12 sums in flight); each output still adds its k terms in the
+   same order, so results are the same bits whatever the group. k is cut in KC-long slices so a panel slice stays in L1 while the
    micro-kernel walks the block's rows; the rows of x in a block stay in L2.
    bfloat16 panels hold column j in the low and column j + 8 in the high half of 32-bit lane j,
    so widening to float32 is one shift and one mask, in registers; sums are float32.
@@ -13,6 +16,7 @@
    Built with -march=native: AVX2+FMA where the CPU has them, plain C otherwise. */
 #include <stdint.h>
 #include <stddef.h>
+#include <omp.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define EMBER_AVX2 1
@@ -93,39 +97,120 @@ static inline void NAME(const float *x, int64_t ldx, const WTYPE *panel, int64_t
 DEFINE_KERNEL(kernel_f32, float, load_panel_f32, panel_f32)
 DEFINE_KERNEL(kernel_bf16, uint16_t, load_panel_bf16, panel_bf16)
 
-#define DEFINE_GEMM(NAME, WTYPE, KERNEL)                                                        \
+#ifdef EMBER_AVX2
+/* y[0..rows, 0..16 g] (+)= x[0..rows, 0..kc] . panels g = 0..groups (full panels, panel_stride
+   elements apart); rows and groups are constants after inlining, the sums live in registers. */
+#define DEFINE_WIDE_KERNEL(NAME, WTYPE, LOAD)                                                  \
+static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx,            \
+        const WTYPE *panel, int64_t panel_stride, int64_t kc, const int rows, const int groups, \
+        float *y, int64_t ldy, const float *bias, int first) {                                \
+    row16 c[2][4];                                                                            \
+    for (int i = 0; i < rows; i++)                                                            \
+        for (int g = 0; g < groups; g++)                                                      \
+            c[i][g] = start_row(y + i * ldy + g * NR, NR, bias ? bias + g * NR : NULL, first); \
+    for (int64_t p = 0; p < kc; p++)                                                          \
+        for (int g = 0; g < groups; g++) {                                                    \
+            row16 b = LOAD(panel + g * panel_stride + p * NR);                                \
+            for (int i = 0; i < rows; i++) {                                                  \
+                __m256 a = _mm256_broadcast_ss(x + i * ldx + p);                              \
+                c[i][g].lo = _mm256_fmadd_ps(a, b.lo, c[i][g].lo);                            \
+                c[i][g].hi = _mm256_fmadd_ps(a, b.hi, c[i][g].hi);                            \
+            }                                                                                 \
+        }                                                                                     \
+    for (int i = 0; i < rows; i++)                                                            \
+        for (int g = 0; g < groups; g++) store_row(y + i * ldy + g * NR, c[i][g], NR);         \
+}
+DEFINE_WIDE_KERNEL(wide_f32, float, load_panel_f32)
+DEFINE_WIDE_KERNEL(wide_bf16, uint16_t, load_panel_bf16)
+#define MAX_GROUP(rows) ((rows) == 1 ? 4 : (rows) == 2 ? 3 : 1)
+#else
+#define MAX_GROUP(rows) 1
+#endif
+
+/* Panels per work item for an m-row product over num_panels panels and `threads` threads: the
+   largest group (up to MAX_GROUP) whose busiest thread walks no more panels than with any other. */
+static int64_t panel_group(int64_t m, int64_t num_panels, int64_t threads) {
+    int64_t best = 1, best_load = num_panels;
+    for (int64_t g = 1; g <= MAX_GROUP(m); g++) {
+        int64_t items = (num_panels + g - 1) / g, load = (items + threads - 1) / threads * g;
+        if (load <= best_load) { best = g; best_load = load; }
+    }
+    return best;
+}
+
+/* Panel t, k slice [p0, p0 + kc), rows [m0, m1) of y: the MR-row micro-kernel over the rows. */
+#define DEFINE_PANEL_SLICE(NAME, WTYPE, KERNEL)                                                 \
+static inline void NAME(const float *x, const WTYPE *packed, const float *bias, float *y,      \
+        int64_t n, int64_t k, int64_t t, int64_t p0, int64_t kc, int64_t m0, int64_t m1) {      \
+    int nr = n - t * NR < NR ? (int)(n - t * NR) : NR;                                        \
+    const float *b = bias ? bias + t * NR : NULL;                                             \
+    const WTYPE *panel = packed + (t * k + p0) * NR;                                          \
+    for (int64_t i0 = m0; i0 < m1; i0 += MR) {                                                \
+        const float *xi = x + i0 * k + p0;                                                    \
+        float *yi = y + i0 * n + t * NR;                                                      \
+        switch (m1 - i0 < MR ? (int)(m1 - i0) : MR) {                                         \
+        case 6: KERNEL(xi, k, panel, kc, 6, yi, n, nr, b, p0 == 0); break;                    \
+        case 5: KERNEL(xi, k, panel, kc, 5, yi, n, nr, b, p0 == 0); break;                    \
+        case 4: KERNEL(xi, k, panel, kc, 4, yi, n, nr, b, p0 == 0); break;                    \
+        case 3: KERNEL(xi, k, panel, kc, 3, yi, n, nr, b, p0 == 0); break;                    \
+        case 2: KERNEL(xi, k, panel, kc, 2, yi, n, nr, b, p0 == 0); break;                    \
+        default: KERNEL(xi, k, panel, kc, 1, yi, n, nr, b, p0 == 0); break;                   \
+        }                                                                                     \
+    }                                                                                         \
+}
+
+#ifdef EMBER_AVX2
+/* Panels [t, t + group) (all full) over k slice [p0, p0 + kc) for the m <= 2 rows of y. */
+#define DEFINE_GROUP_SLICE(NAME, WTYPE, WIDE)                                                   \
+static inline int NAME(const float *x, const WTYPE *packed, const float *bias, float *y,       \
+        int64_t m, int64_t n, int64_t k, int64_t t, int64_t group, int64_t p0, int64_t kc) {   \
+    const WTYPE *panel = packed + (t * k + p0) * NR;                                          \
+    const float *b = bias ? bias + t * NR : NULL;                                             \
+    float *yt = y + t * NR;                                                                   \
+    int first = p0 == 0;                                                                      \
+    switch (m * 8 + group) {                                                                  \
+    case 8 + 4: WIDE(x + p0, k, panel, k * NR, kc, 1, 4, yt, n, b, first); return 1;          \
+    case 8 + 3: WIDE(x + p0, k, panel, k * NR, kc, 1, 3, yt, n, b, first); return 1;          \
+    case 8 + 2: WIDE(x + p0, k, panel, k * NR, kc, 1, 2, yt, n, b, first); return 1;          \
+    case 16 + 3: WIDE(x + p0, k, panel, k * NR, kc, 2, 3, yt, n, b, first); return 1;         \
+    case 16 + 2: WIDE(x + p0, k, panel, k * NR, kc, 2, 2, yt, n, b, first); return 1;         \
+    default: return 0;                                                                        \
+    }                                                                                         \
+}
+DEFINE_GROUP_SLICE(group_slice_f32, float, wide_f32)
+DEFINE_GROUP_SLICE(group_slice_bf16, uint16_t, wide_bf16)
+#define GROUP_SLICE(SUFFIX, ...) group_slice_##SUFFIX(__VA_ARGS__)
+#else
+#define GROUP_SLICE(SUFFIX, ...) 0
+#endif
+
+#define DEFINE_GEMM(NAME, WTYPE, SUFFIX)                                                        \
+DEFINE_PANEL_SLICE(panel_slice_##SUFFIX, WTYPE, kernel_##SUFFIX)                               \
 void NAME(const float *x, const WTYPE *packed, const float *bias, float *y,                   \
           int64_t m, int64_t n, int64_t k) {                                                  \
     int64_t num_panels = (n + NR - 1) / NR;                                                   \
     int64_t slice = PANEL_SLICE_BYTES / (NR * (int64_t)sizeof(WTYPE));                        \
     int64_t block_rows = X_BLOCK_BYTES / (k * (int64_t)sizeof(float));                         \
     block_rows = block_rows < MR ? MR : block_rows - block_rows % MR;                         \
+    int64_t group = panel_group(m, num_panels, omp_get_max_threads());                       \
+    int64_t num_items = (num_panels + group - 1) / group;                                     \
     _Pragma("omp parallel")                                                                   \
     for (int64_t m0 = 0; m0 < m; m0 += block_rows) {                                          \
         int64_t m1 = m0 + block_rows < m ? m0 + block_rows : m;                               \
         _Pragma("omp for schedule(static) nowait")                                            \
-        for (int64_t t = 0; t < num_panels; t++) {                                            \
-            int nr = n - t * NR < NR ? (int)(n - t * NR) : NR;                                \
-            const float *b = bias ? bias + t * NR : NULL;                                     \
+        for (int64_t item = 0; item < num_items; item++) {                                    \
+            int64_t t0 = item * group, t1 = t0 + group < num_panels ? t0 + group : num_panels; \
+            int whole = t1 - t0 == group && t1 * NR <= n;  /* a group of full panels */        \
             for (int64_t p0 = 0; p0 < k; p0 += slice) {                                       \
                 int64_t kc = k - p0 < slice ? k - p0 : slice;                                 \
-                const WTYPE *panel = packed + (t * k + p0) * NR;                              \
-                for (int64_t i0 = m0; i0 < m1; i0 += MR) {                                    \
-                    const float *xi = x + i0 * k + p0;                                        \
-                    float *yi = y + i0 * n + t * NR;                                          \
-                    switch (m1 - i0 < MR ? (int)(m1 - i0) : MR) {                             \
-                    case 6: KERNEL(xi, k, panel, kc, 6, yi, n, nr, b, p0 == 0); break;        \
-                    case 5: KERNEL(xi, k, panel, kc, 5, yi, n, nr, b, p0 == 0); break;        \
-                    case 4: KERNEL(xi, k, panel, kc, 4, yi, n, nr, b, p0 == 0); break;        \
-                    case 3: KERNEL(xi, k, panel, kc, 3, yi, n, nr, b, p0 == 0); break;        \
-                    case 2: KERNEL(xi, k, panel, kc, 2, yi, n, nr, b, p0 == 0); break;        \
-                    default: KERNEL(xi, k, panel, kc, 1, yi, n, nr, b, p0 == 0); break;       \
-                    }                                                                         \
-                }                                                                             \
+                if (group > 1 && whole && GROUP_SLICE(SUFFIX, x, packed, bias, y, m, n, k, t0, group, p0, kc)) \
+                    continue;                                                                 \
+                for (int64_t t = t0; t < t1; t++)                                             \
+                    panel_slice_##SUFFIX(x, packed, bias, y, n, k, t, p0, kc, m0, m1);        \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
 }
 
-DEFINE_GEMM(ember_gemm_f32, float, kernel_f32)
-DEFINE_GEMM(ember_gemm_bf16, uint16_t, kernel_bf16)
+DEFINE_GEMM(ember_gemm_f32, float, f32)
+DEFINE_GEMM(ember_gemm_bf16, uint16_t, bf16)
