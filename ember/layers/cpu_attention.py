@@ -22,7 +22,9 @@ SOURCE_PATH = Path(__file__).parent / "csrc" / "paged_attention.c"
 CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-class _Args(ctypes.Structure):
+class AttentionArgs(ctypes.Structure):
+    """The kernel's argument block (`attention_args` in paged_attention.c; the same layout)."""
+
     _fields_ = [
         ("query", ctypes.c_void_p),
         ("out", ctypes.c_void_p),
@@ -79,8 +81,9 @@ class PagedAttention:
     """The compiled op; `__call__` for a standard cache, `latent` for MLA's absorbed decode."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        self.library = library  # the compiled decoder layer calls its functions too
         self._function = library.ember_paged_attention
-        self._function.argtypes = [ctypes.POINTER(_Args)]
+        self._function.argtypes = [ctypes.POINTER(AttentionArgs)]
         self._function.restype = ctypes.c_int
         self._write_kv = library.ember_write_kv
         self._write_kv.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 2 + [
@@ -129,7 +132,7 @@ class PagedAttention:
         query32 = query if _rows_of_contiguous_heads(query) else query.float().contiguous()
         num_tokens, num_heads, key_dim = query32.shape
         out = torch.empty(num_tokens, num_heads, value_dim, dtype=torch.float32)
-        args = _Args(
+        args = AttentionArgs(
             query=query32.data_ptr(), out=out.data_ptr(), keys=keys.data_ptr(), values=values.data_ptr(),
             num_heads=num_heads, dim_k=key_dim, dim_v=value_dim, cache_is_bf16=int(keys.dtype == torch.bfloat16),
             block_tables=batch.block_tables.data_ptr(), query_starts=batch.query_starts.data_ptr(),

@@ -30,6 +30,7 @@ class ElementwiseOps:
     """The compiled ops; every method leaves its inputs alone unless its name ends in `_`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        self.library = library  # the compiled decoder layer calls its functions too
         self._rms_norm = library.ember_rms_norm
         self._rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 2 + [
             ctypes.c_float]

@@ -83,6 +83,7 @@ class Gemm:
     """The compiled kernels, callable on CPU tensors against a `PackedWeight`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        self.library = library  # the compiled decoder layer calls its functions too
         self._functions = {torch.float32: library.ember_gemm_f32, torch.bfloat16: library.ember_gemm_bf16}
         for function in self._functions.values():
             function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3

@@ -5,6 +5,7 @@
 3. bfloat16 weights with every product packed: the decoder computes in float32 (the embedding
    hands out float32 rows), so no elementwise op runs in bfloat16 and no product converts its
    input; the weights and the KV cache stay bfloat16, read at half the bytes.
+4. Decoder layers that can (`CompilableLayer`) run as one compiled call each.
 Where the kernels are unavailable nothing changes and torch runs the model as loaded.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember.layers.cpu_decoder_layer import CompilableLayer
 from ember.layers.embedding import VocabEmbedding
 from ember.layers.linear import Linear, pack_linear_weights
 from ember.layers.norm import RMSNorm
@@ -32,6 +34,9 @@ def prepare_for_cpu_kernels(model: nn.Module, tied_weights: dict[str, str]) -> N
         for module in model.modules():
             if isinstance(module, VocabEmbedding):
                 module.output_dtype = torch.float32
+    for module in model.modules():
+        if isinstance(module, CompilableLayer):
+            module.compile_for_cpu()
 
 
 def _every_product_packed_in(model: nn.Module, dtype: torch.dtype) -> bool:
@@ -51,6 +56,8 @@ def _every_product_packed_in(model: nn.Module, dtype: torch.dtype) -> bool:
 def restore_dense_weights(model: nn.Module) -> None:
     """Undo the packing: dense nn.Linear / nn.Embedding weights again (for code that edits weights in place)."""
     for module in model.modules():
+        if isinstance(module, CompilableLayer):
+            module.drop_compiled()
         if isinstance(module, Linear) and module.packed is not None:
             packed, module.packed = module.packed, None
             module.weight = nn.Parameter(packed.dense().clone(), requires_grad=False)

@@ -7,6 +7,7 @@ from torch import nn
 
 from ember.layers.activation import silu_and_mul
 from ember.layers.attention import AttentionMetadata, paged_attention
+from ember.layers.cpu_decoder_layer import CompiledDecoderLayer, LayerShape, LayerWeights
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
@@ -64,7 +65,13 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block: h = x + attn(norm(x)); out = h + mlp(norm(h))."""
+    """Pre-norm block: h = x + attn(norm(x)); out = h + mlp(norm(h)).
+
+    On the CPU, once its products are packed, the block runs as one compiled call
+    (`compile_for_cpu`); the Python code below stays the reference and the fallback.
+    """
+
+    compiled: CompiledDecoderLayer | None = None
 
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
         super().__init__()
@@ -73,9 +80,35 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
+    def compile_for_cpu(self) -> bool:
+        """Hand the forward to one compiled call where every product is a plain packed `Linear`."""
+        attention, mlp = self.self_attn, self.mlp
+        products = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        # exact type: a subclass (a tensor-parallel shard) adds communication the kernel would skip
+        if any(type(product) is not Linear or product.packed is None for product in products):
+            return False
+        if self.input_layernorm.eps != self.post_attention_layernorm.eps:
+            return False
+        weights = LayerWeights(
+            self.input_layernorm.weight.detach(), self.post_attention_layernorm.weight.detach(),
+            *(product.packed for product in products), attention.rotary.cos, attention.rotary.sin,
+        )
+        shape = LayerShape(
+            attention.num_heads, attention.num_kv_heads, attention.head_dim, attention.scale, self.input_layernorm.eps
+        )
+        self.compiled = CompiledDecoderLayer.build(weights, shape)
+        return self.compiled is not None
+
+    def drop_compiled(self) -> None:
+        self.compiled = None
+
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
+        if self.compiled is not None:
+            out = self.compiled(x, positions, kv_cache, metadata)
+            if out is not None:
+                return out
         attended = self.self_attn(self.input_layernorm(x), positions, kv_cache, metadata)
         normed, h = self.post_attention_layernorm.add_and_norm(x, attended)
         return h + self.mlp(normed)

@@ -1,0 +1,215 @@
+"""A Llama-family decoder layer as one compiled call (ember/layers/csrc/decoder_layer.c).
+
+The layer's Python code calls a dozen compiled kernels per token batch; on a small model the
+interpreter's share of each call (module dispatch, checks, argument marshalling) is a third of a
+decode step. `CompiledDecoderLayer` holds the layer's weight pointers once (packed panels, norm
+weights, rotary tables) and per call fills only the step's pointers, then runs the same kernels
+in the same order in C: the same bits as the Python path, which stays the reference and the
+fallback (`__call__` returns None for anything it does not take).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from ember.layers.attention import AttentionMetadata
+from ember.layers.cpu_attention import CACHE_DTYPES, AttentionArgs, load_attention
+from ember.layers.cpu_elementwise import NORM_WEIGHT_DTYPES, load_elementwise
+from ember.layers.cpu_gemm import PackedWeight, load_gemm
+from ember.native_build import load_cpu_kernels
+
+SOURCE_PATH = Path(__file__).parent / "csrc" / "decoder_layer.c"
+
+
+@runtime_checkable
+class CompilableLayer(Protocol):
+    """A decoder layer that can hand its forward to `CompiledDecoderLayer` (cpu_prepare calls these)."""
+
+    def compile_for_cpu(self) -> bool:
+        """Run as one compiled call from now on where the weights fit; whether it will."""
+
+    def drop_compiled(self) -> None:
+        """Back to the Python path (before weights change)."""
+
+
+class _Kernels(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in ("gemm", "rms_norm", "rotary", "silu_mul", "write_kv", "attention")]
+
+
+class _Weights(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("norms_bf16", ctypes.c_int),
+        ("eps", ctypes.c_float),
+        ("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p),
+        ("qkv_bias", ctypes.c_void_p), ("o_bias", ctypes.c_void_p), ("gate_up_bias", ctypes.c_void_p),
+        ("down_bias", ctypes.c_void_p),
+        ("hidden", ctypes.c_int64), ("num_heads", ctypes.c_int64), ("num_kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64), ("inner", ctypes.c_int64),
+        ("cos_table", ctypes.c_void_p), ("sin_table", ctypes.c_void_p), ("num_positions", ctypes.c_int64),
+    ]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [
+        ("m", ctypes.c_int64), ("x", ctypes.c_void_p), ("out", ctypes.c_void_p), ("scratch", ctypes.c_void_p),
+        ("positions", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("attention", AttentionArgs),
+    ]
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What the compiled layer needs to know of the attention block besides its weights."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    eps: float
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """A pre-norm SwiGLU block's tensors: norms (dense), four packed products, rotary tables."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: PackedWeight
+    o: PackedWeight
+    gate_up: PackedWeight
+    down: PackedWeight
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def compilable(self) -> bool:
+        """One weight dtype for the products, norms of a dtype the kernel reads, float32 tables."""
+        products = (self.qkv, self.o, self.gate_up, self.down)
+        norms = (self.input_norm, self.post_norm)
+        return (
+            len({p.dtype for p in products}) == 1
+            and len({n.dtype for n in norms}) == 1
+            and all(n.dtype in NORM_WEIGHT_DTYPES and n.is_contiguous() for n in norms)
+            and all(t.dtype == torch.float32 and t.is_contiguous() for t in (self.cos, self.sin))
+        )
+
+
+class DecoderLayerKernel:
+    """The compiled layer function and the kernel table it calls through."""
+
+    def __init__(self, library: ctypes.CDLL, kernel_addresses: dict[torch.dtype, _Kernels]) -> None:
+        self._function = library.ember_decoder_layer
+        self._function.argtypes = [ctypes.POINTER(_Weights), ctypes.POINTER(_Step), ctypes.POINTER(_Kernels)]
+        self._function.restype = ctypes.c_int
+        self.kernels = kernel_addresses
+
+    def run(self, weights: _Weights, step: _Step, dtype: torch.dtype) -> int:
+        return self._function(ctypes.byref(weights), ctypes.byref(step), ctypes.byref(self.kernels[dtype]))
+
+
+def _address(library: ctypes.CDLL, name: str) -> int:
+    return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+
+
+@functools.cache
+def load_decoder_layer_kernel() -> DecoderLayerKernel | None:
+    """The layer function with the other kernels' addresses; None when any of them is unavailable."""
+    gemm, ops, attention = load_gemm(), load_elementwise(), load_attention()
+    library = load_cpu_kernels("ember_decoder_layer", SOURCE_PATH)
+    if library is None or gemm is None or ops is None or attention is None:
+        return None
+    shared = {name: _address(ops.library, f"ember_{name}") for name in ("rms_norm", "rotary", "silu_mul")}
+    shared["write_kv"] = _address(attention.library, "ember_write_kv")
+    shared["attention"] = _address(attention.library, "ember_paged_attention")
+    tables = {
+        dtype: _Kernels(gemm=_address(gemm.library, symbol), **shared)
+        for dtype, symbol in ((torch.float32, "ember_gemm_f32"), (torch.bfloat16, "ember_gemm_bf16"))
+    }
+    return DecoderLayerKernel(library, tables)
+
+
+class CompiledDecoderLayer:
+    """One Llama-family layer's forward as one compiled call; holds its weights alive."""
+
+    def __init__(self, kernel: DecoderLayerKernel, weights: LayerWeights, shape: LayerShape) -> None:
+        self._kernel = kernel
+        self._tensors = weights  # the pointers below stay valid while this object lives
+        self._dtype = weights.qkv.dtype
+        self._inner = weights.down.in_features
+        self._hidden = weights.qkv.in_features
+        self._scale = shape.scale
+        self._scratch_per_token = (
+            2 * self._hidden + (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+            + shape.num_heads * shape.head_dim + 3 * self._inner
+        )
+        self._weights = _Weights(
+            input_norm=weights.input_norm.data_ptr(), post_norm=weights.post_norm.data_ptr(),
+            norms_bf16=int(weights.input_norm.dtype == torch.bfloat16), eps=shape.eps,
+            qkv=weights.qkv.panels.data_ptr(), o=weights.o.panels.data_ptr(),
+            gate_up=weights.gate_up.panels.data_ptr(), down=weights.down.panels.data_ptr(),
+            qkv_bias=_bias_pointer(weights.qkv), o_bias=_bias_pointer(weights.o),
+            gate_up_bias=_bias_pointer(weights.gate_up), down_bias=_bias_pointer(weights.down),
+            hidden=self._hidden, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim, inner=self._inner,
+            cos_table=weights.cos.data_ptr(), sin_table=weights.sin.data_ptr(), num_positions=weights.cos.shape[0],
+        )
+        self._step = _Step()
+
+    @classmethod
+    def build(cls, weights: LayerWeights, shape: LayerShape) -> CompiledDecoderLayer | None:
+        """The compiled layer, or None where the kernels are unavailable or the weights do not fit them."""
+        kernel = load_decoder_layer_kernel()
+        if kernel is None or not weights.compilable():
+            return None
+        return cls(kernel, weights, shape)
+
+    def __call__(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor | None:
+        """The layer's output for x [m, hidden]; None (nothing done) for inputs the kernels do not take."""
+        paged = metadata.paged
+        if paged is None or not _takes(x, self._hidden, positions, kv_cache, metadata.slot_mapping):
+            return None
+        m = x.shape[0]
+        out = torch.empty_like(x)
+        scratch = torch.empty(m * self._scratch_per_token)
+        step = self._step
+        step.m, step.x, step.out, step.scratch = m, x.data_ptr(), out.data_ptr(), scratch.data_ptr()
+        step.positions, step.slots = positions.data_ptr(), metadata.slot_mapping.data_ptr()
+        _fill_attention(step.attention, kv_cache, metadata, self._scale)
+        status = self._kernel.run(self._weights, step, self._dtype)
+        if status == -1:
+            raise ValueError("a position is outside the rotary tables: raise max_position_embeddings")
+        if status != 0:
+            raise RuntimeError(f"fused paged attention failed (status {status})")
+        return out
+
+
+def _bias_pointer(weight: PackedWeight) -> int | None:
+    return None if weight.bias is None else weight.bias.data_ptr()
+
+
+def _takes(x: torch.Tensor, hidden: int, positions: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> bool:
+    return (
+        x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous() and x.dim() == 2 and x.shape[1] == hidden
+        and kv_cache.dtype in CACHE_DTYPES and kv_cache.device.type == "cpu" and kv_cache.is_contiguous()
+        and positions.dtype == torch.int64 and positions.is_contiguous() and positions.shape == (x.shape[0],)
+        and slots.dtype == torch.int64 and slots.is_contiguous() and slots.shape == (x.shape[0],)
+    )  # fmt: skip
+
+
+def _fill_attention(args: AttentionArgs, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> None:
+    """The step's part of the attention arguments (the layer fills the shapes and buffers)."""
+    paged = metadata.paged
+    keys = kv_cache.data_ptr()
+    args.keys, args.values = keys, keys + kv_cache.stride(0) * kv_cache.element_size()
+    args.block_size = kv_cache.shape[2]
+    args.cache_is_bf16 = int(kv_cache.dtype == torch.bfloat16)
+    args.block_tables, args.query_starts = paged.block_tables.data_ptr(), paged.query_starts.data_ptr()
+    args.query_counts, args.context_lens = paged.query_counts.data_ptr(), paged.context_lens.data_ptr()
+    args.num_seqs, args.max_blocks = paged.block_tables.shape[0], paged.block_tables.shape[1]
+    args.scale, args.softcap, args.window = scale, 0.0, metadata.sliding_window or 0

@@ -1,0 +1,73 @@
+"""The compiled decoder layer against the layer's Python path (the reference): the same bits.
+
+One flat batch mixes a fresh prompt, a prompt over a cached prefix and decodes, over a shuffled
+block pool; Llama, Qwen2 (biases on q/k/v) and Mistral (a sliding window), float32 and
+bfloat16 weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from ember.engine.llm_engine import LLMEngine
+from ember.engine.sampling_params import SamplingParams
+from ember.layers.cpu_decoder_layer import load_decoder_layer_kernel
+from ember.layers.cpu_prepare import restore_dense_weights
+from ember.models.llama import LlamaDecoderLayer
+from tests.model_factory import save_tiny_model
+
+FAMILIES = {"llama": {}, "qwen2": {}, "mistral": {"sliding_window": 6}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    if load_decoder_layer_kernel() is None:
+        pytest.skip("no C compiler here (or EMBER_PURE_TORCH is set): the kernels are unavailable")
+
+
+def compiled_layers(engine: LLMEngine) -> list[LlamaDecoderLayer]:
+    return [m for m in engine.runner.model.modules() if isinstance(m, LlamaDecoderLayer)]
+
+
+def run_steps(engine: LLMEngine, steps: int) -> list[torch.Tensor]:
+    """Hidden states of `steps` engine steps (prefill chunks, then decodes), stepping the engine on."""
+    hidden_states = []
+    for _ in range(steps):
+        plan = engine.scheduler.schedule()
+        input_ids, positions, metadata = engine.runner._prepare(plan.scheduled)
+        with torch.inference_mode():
+            hidden_states.append(engine.runner.model(input_ids, positions, engine.runner.kv_caches, metadata))
+        engine.step()  # the same step again, for real: its K/V replaces what the probe wrote
+    return hidden_states
+
+
+def make_engine(folder, dtype: str) -> LLMEngine:
+    config = EngineConfig(model=str(folder), dtype=dtype, cache=CacheConfig(block_size=4, num_kv_blocks=64),
+                          scheduler=SchedulerConfig(max_num_batched_tokens=16))  # fmt: skip
+    engine = LLMEngine(config)
+    prompts = [[5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 11], [4, 4, 1], [7, 3, 9, 12, 2, 5, 5, 1, 9, 3, 3, 8, 2, 7, 1, 6, 4]]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    return engine
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_layer_gives_the_python_paths_bits(tmp_path, family, dtype):
+    folder = save_tiny_model(family, tmp_path / family, **FAMILIES[family])
+    compiled, python = make_engine(folder, dtype), make_engine(folder, dtype)
+    assert all(layer.compiled is not None for layer in compiled_layers(compiled))
+    for layer in compiled_layers(python):
+        layer.drop_compiled()
+    for ours, reference in zip(run_steps(compiled, 6), run_steps(python, 6), strict=True):
+        assert torch.equal(ours, reference)
+
+
+def test_a_layer_with_dense_products_stays_on_the_python_path(tmp_path):
+    engine = make_engine(save_tiny_model("llama", tmp_path / "llama"), "float32")
+    restore_dense_weights(engine.runner.model)
+    layers = compiled_layers(engine)
+    assert all(layer.compiled is None for layer in layers)
+    assert not any(layer.compile_for_cpu() for layer in layers)
