@@ -1,8 +1,11 @@
 """The compiled GGML kernels (ggml_source.c): dequantize rows of blocks, and few-row products.
 
 Built on first use through ember.native_build with -march=native, so the instruction set is the
-one of the CPU found at run time (AVX2 + FMA intrinsics where the compiler defines __AVX2__, a
-portable C loop elsewhere). -ffp-contract=off keeps the dequantization bit-exact with the
+one of the CPU found at run time (AVX2 + FMA intrinsics where the compiler defines __AVX2__, with
+AVX-VNNI / AVX512-VNNI integer dot products where defined; a portable C loop elsewhere).
+The few-row product has three paths (see ggml_source.c): "int8" quantizes the activations to
+int8 per 32 values and runs integer dot products (the fast one, and the default where built),
+"float32" keeps float32 activations (exact up to summation order), "portable" is plain C. -ffp-contract=off keeps the dequantization bit-exact with the
 `gguf` package; the products use explicit FMA intrinsics, which the flag does not touch.
 Where no compiler exists, or with EMBER_PURE_TORCH=1, `load_kernels()` returns None and the
 layers fall back to `dequantize_torch` + torch's matmul.
@@ -22,6 +25,8 @@ from ember.quant.ggml_blocks import GGMLTensor
 SOURCE_PATH = Path(__file__).with_name("ggml_source.c")
 PURE_TORCH_ENV = "EMBER_PURE_TORCH"
 MAX_GEMV_ROWS = 8  # the C kernel's MAX_M; more rows go through dequantized tiles and torch.mm
+GEMV_PATHS = ("int8", "float32", "portable")  # the C enum's order
+INT8_DOT_KINDS = ("avx2", "avx512vnni", "avxvnni")  # ember_ggml_int8_dot_kind()'s values
 
 
 class GGMLKernels:
@@ -34,7 +39,10 @@ class GGMLKernels:
         self._dequantize = library.ember_ggml_dequantize
         self._dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
         self._dequantize.restype = None
-        self.has_avx2 = bool(library.ember_ggml_has_avx2())
+        mask = library.ember_ggml_paths()
+        self.paths = tuple(path for bit, path in enumerate(GEMV_PATHS) if mask >> bit & 1)
+        self.int8_dot_kind = INT8_DOT_KINDS[library.ember_ggml_int8_dot_kind()] if "int8" in self.paths else None
+        self._path_index = {activations: GEMV_PATHS.index(self._best_path(activations)) for activations in ("int8", "float32")}
 
     def dequantize(self, weight: GGMLTensor) -> torch.Tensor:
         """float32 [rows, cols], bit-exact with the `gguf` package."""
@@ -43,25 +51,40 @@ class GGMLKernels:
         self._dequantize(weight.format.type_id, weight.data.data_ptr(), out.data_ptr(), rows, cols)
         return out
 
-    def gemv(self, x: torch.Tensor, weight: GGMLTensor, bias: torch.Tensor | None, portable: bool = False) -> torch.Tensor:
-        """x [m, cols] float32 @ weight.T (+ bias) for 1 <= m <= MAX_GEMV_ROWS, accumulated in float32."""
+    @property
+    def default_path(self) -> str:
+        """The fastest path this build has."""
+        return self.paths[0]
+
+    def _best_path(self, activations: str) -> str:
+        wanted = ("int8", "float32", "portable") if activations == "int8" else ("float32", "portable")
+        return next(p for p in wanted if p in self.paths)
+
+    def path_for(self, activations: str) -> int:
+        """The C path index for activations "int8" (falls back to float32) or "float32" (falls back to portable)."""
+        return self._path_index[activations]
+
+    def gemv(self, x: torch.Tensor, weight: GGMLTensor, bias: torch.Tensor | None, path: str | None = None) -> torch.Tensor:
+        """x [m, cols] @ weight.T (+ bias) for 1 <= m <= MAX_GEMV_ROWS on `path` (default: the fastest), float32 out."""
+        path = self.default_path if path is None else path
+        if path not in self.paths:
+            raise ValueError(f"the GGML kernels were built without the {path!r} path; this CPU has {', '.join(self.paths)}")
         rows, cols = weight.shape
-        x32 = x.float().contiguous()
-        bias32 = None if bias is None else bias.float().contiguous()
-        out = torch.empty(x.shape[0], rows, dtype=torch.float32)
-        status = self._gemv(
-            weight.format.type_id,
-            x32.data_ptr(),
-            weight.data.data_ptr(),
-            None if bias32 is None else bias32.data_ptr(),
-            out.data_ptr(),
-            x.shape[0],
-            rows,
-            cols,
-            int(portable),
-        )
+        return self.gemv_blocks(x, weight.data, weight.format.type_id, bias, rows, cols, GEMV_PATHS.index(path))
+
+    def gemv_blocks(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, bias: torch.Tensor | None, rows: int, cols: int,
+                    path_index: int) -> torch.Tensor:
+        """`gemv` on raw block bytes (contiguous uint8 [rows, row_bytes]): the per-token hot call, kept lean."""
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        if bias is not None and bias.dtype != torch.float32:
+            bias = bias.float()
+        m = x.shape[0]
+        out = torch.empty(m, rows, dtype=torch.float32)
+        status = self._gemv(type_id, x.data_ptr(), blocks.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+                            m, rows, cols, path_index)
         if status != 0:
-            raise ValueError(f"the GGML GEMV takes 1 to {MAX_GEMV_ROWS} rows, got {x.shape[0]} (status {status})")
+            raise ValueError(f"the GGML GEMV takes 1 to {MAX_GEMV_ROWS} rows, got {m} (status {status})")
         return out
 
 

@@ -1,7 +1,10 @@
 """Linear and embedding layers over GGML blocks: the weight stays quantized in memory.
 
-Products with a few rows (decode) go through the compiled GEMV, which dequantizes in registers;
-more rows (prefill) dequantize the weight a tile of rows at a time to float32 and use torch's
+Products with a few rows (decode) go through the compiled GEMV, which dequantizes in registers.
+Its activations are int8 by default (quantized per 32 values, integer dot products: the fast
+path; the result is the product with x rounded to int8, within max|x_block| / 254 per value) or
+float32 when a layer is set to `activations="float32"` (exact up to float32 summation order,
+e.g. to hold the quantized model to its dequantized float copy token for token). More rows (prefill) dequantize the weight a tile of rows at a time to float32 and use torch's
 GEMM, where the product is compute-bound and the dequantization cost is shared by every row.
 Without the compiled kernels both fall back to the plain-torch decoder and `F.linear`.
 """
@@ -16,17 +19,27 @@ from ember.quant.ggml_blocks import GGMLTensor, dequantize_torch
 from ember.quant.ggml_kernels import MAX_GEMV_ROWS, load_kernels
 
 TILE_VALUES = 1 << 22  # dequantize at most 4M values (16 MB of float32) at a time in the many-row path
+ACTIVATIONS = ("int8", "float32")
+# The output projection (named so by every ember family, as in transformers) keeps float32 activations:
+# int8 rounding of its input moves logits by ~0.1 nat, enough to flip the near-ties a small model's
+# greedy choice often rests on (measured on SmolLM2: "What is the capital of France?" answered
+# "L'Étoile..." instead of "The capital of France is Paris."), while it is 1 of ~120 products a step.
+LOGITS_MODULE = "lm_head"
 
 
-def ggml_linear(x: torch.Tensor, weight: GGMLTensor, bias: torch.Tensor | None, tile_values: int = TILE_VALUES) -> torch.Tensor:
-    """x [m, cols] @ weight.T + bias in float32, the weight dequantized on the fly (`tile_values` at a time for many rows)."""
+def ggml_linear(
+    x: torch.Tensor, weight: GGMLTensor, bias: torch.Tensor | None, tile_values: int = TILE_VALUES, activations: str = "int8"
+) -> torch.Tensor:
+    """x [m, cols] @ weight.T + bias in float32, the weight dequantized on the fly (`tile_values` at a time for many rows).
+
+    `activations` picks the few-row kernel: "int8" (where built, else float32) or "float32"."""
     kernels = load_kernels()
     x = x.float()
     if kernels is None:
         return F.linear(x, dequantize_torch(weight.data, weight.format).reshape(weight.shape), bias)
-    if x.shape[0] <= MAX_GEMV_ROWS:
-        return kernels.gemv(x, weight, bias)
     rows, cols = weight.shape
+    if x.shape[0] <= MAX_GEMV_ROWS:
+        return kernels.gemv_blocks(x, weight.data, weight.format.type_id, bias, rows, cols, kernels.path_for(activations))
     tile_rows = max(1, tile_values // cols)
     if rows <= tile_rows:
         return F.linear(x, kernels.dequantize(weight), bias)
@@ -38,12 +51,15 @@ def ggml_linear(x: torch.Tensor, weight: GGMLTensor, bias: torch.Tensor | None, 
 
 
 class GGMLLinear(nn.Module):
-    """`y = x W^T + b` with W in GGML blocks (a non-persistent buffer: state dicts never carry it)."""
+    """`y = x W^T + b` with W in GGML blocks (a non-persistent buffer: state dicts never carry it).
 
-    def __init__(self, weight: GGMLTensor, bias: nn.Parameter | None = None) -> None:
+    `activations` ("int8" or "float32") is the precision the few-row kernel rounds x to."""
+
+    def __init__(self, weight: GGMLTensor, bias: nn.Parameter | None = None, activations: str = "int8") -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.format = weight.format
+        self.activations = _checked_activations(activations)
         self.register_buffer("qweight", weight.data, persistent=False)
         self.bias = bias
 
@@ -53,11 +69,18 @@ class GGMLLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        out = ggml_linear(flat, self.weight_blocks, self.bias)
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        kernels = load_kernels()
+        if kernels is not None and flat.shape[0] <= MAX_GEMV_ROWS:  # decode: straight to the kernel (per-call cost matters)
+            out = kernels.gemv_blocks(flat, self.qweight, self.format.type_id, self.bias, self.out_features, self.in_features,
+                                      kernels.path_for(self.activations))
+        else:
+            out = ggml_linear(flat, self.weight_blocks, self.bias, activations=self.activations)
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format.name}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format.name}, "
+                f"activations={self.activations}, bias={self.bias is not None}")
 
 
 class GGMLEmbedding(nn.Module):
@@ -81,6 +104,20 @@ class GGMLEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, format={self.format.name}"
 
 
+def _checked_activations(activations: str) -> str:
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"GGML layer activations {activations!r} are not available; choose one of {', '.join(ACTIVATIONS)}")
+    return activations
+
+
+def set_activations(model: nn.Module, activations: str) -> int:
+    """Set every GGML linear layer of `model` to round its activations to `activations`; returns how many."""
+    layers = [m for m in model.modules() if isinstance(m, GGMLLinear)]
+    for layer in layers:
+        layer.activations = _checked_activations(activations)
+    return len(layers)
+
+
 def can_hold_blocks(module: nn.Module) -> bool:
     """Whether `module` has a GGML counterpart (a linear or embedding layer)."""
     return isinstance(module, (nn.Linear, nn.Embedding))
@@ -93,7 +130,7 @@ def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor]) -> Non
         parent_path, _, child = module_path.rpartition(".")
         old = model.get_submodule(module_path)
         if isinstance(old, nn.Linear):
-            new: nn.Module = GGMLLinear(weight, old.bias)
+            new: nn.Module = GGMLLinear(weight, old.bias, activations="float32" if module_path == LOGITS_MODULE else "int8")
         elif isinstance(old, nn.Embedding):
             new = GGMLEmbedding(weight)
         else:

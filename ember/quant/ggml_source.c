@@ -4,21 +4,35 @@
  *   ember_ggml_dequantize: rows of blocks -> float32, bit-exact with the `gguf` package (the
  *     file is built with -ffp-contract=off so `d * q - m` is never fused into one rounding);
  *   ember_ggml_gemv: y[i, n] = sum_j x[i, j] * w[n, j] for a few float32 rows x, the weights
- *     dequantized in registers. Per block (or 32-value sub-block) the kernel sums q * x in
- *     float32 and scales once: sum((d*q + m) * x) = d * sum(q * x) + m * sum(x), with the
- *     sums of x per 32 values computed once per call. Activations stay float32.
- * With AVX2 + FMA the inner loops are intrinsics; elsewhere a portable loop dequantizes one
- * block at a time. */
+ *     decoded in registers, on one of three paths:
+ *     PATH_INT8 (the default where AVX2 exists): x is first quantized to int8 per 32 values
+ *       (d = max|x| / 127, q = round-half-even(x / d), as llama.cpp's Q8 activation blocks), then
+ *       each 32-value block is one integer dot product (maddubs + madd on AVX2, dpbusd where the
+ *       compiler targets AVX-VNNI or AVX512-VNNI) scaled once in float32:
+ *       sum((dw*q + m) * dx*qx) = dw*dx * sum(q*qx) + m * dx*sum(qx). The result is the float
+ *       product of the weights with the int8-rounded x (error per block <= sum|w| * dx / 2).
+ *     PATH_FLOAT: the weights are widened to float32 and dotted with x in FMA: exact up to
+ *       float32 summation order, and compute-bound (the reason PATH_INT8 exists).
+ *     PATH_PORTABLE: plain C, one block dequantized at a time; the fallback without AVX2.
+ * -march=native picks the instruction set at build time (#ifdef __AVX2__ / VNNI below). */
 #include <stdint.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 #define MAX_M 8
+enum { PATH_INT8 = 0, PATH_FLOAT = 1, PATH_PORTABLE = 2 };
+
+/* 32 activations as int8: x ~= d * q; qsum = d * sum(q), the block's sum as the kernel sees it. */
+typedef struct {
+    float d, qsum;
+    int8_t q[32];
+} act_block;
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
@@ -269,6 +283,124 @@ static void row_dot_fast(int type, const uint8_t *row, const float *x, const flo
     default: row_dot_Q6_K(row, x, xsum, m, cols, out); break;
     }
 }
+
+/* 32 unsigned bytes u . 32 signed bytes s -> 8 int32 partial sums (lane j: bytes 4j..4j+3) as float.
+ * Callers keep u <= 128 and |s| <= 127, so maddubs's int16 pairs never saturate. */
+static inline __m256 dot_u8_s8(__m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s));
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s));
+#else
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* Signed bytes w . signed bytes s: |w| . (s with w's sign), the unsigned x signed product above. */
+static inline __m256 dot_s8_s8(__m256i w, __m256i s) { return dot_u8_s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w)); }
+
+static inline __m256i load_act(const act_block *a) { return _mm256_loadu_si256((const __m256i *)a->q); }
+
+/* 16 bytes of nibbles -> 32 values 0..15: low nibbles first, then high (GGML's order within a block). */
+static inline __m256i nibbles32(const uint8_t *qs) {
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+}
+
+/* Inlined per (type, m) like row_dot_avx2; xq holds m rows of cols/32 activation blocks. */
+static inline __attribute__((always_inline)) void row_dot_int8_body(const int type, const uint8_t *row, const act_block *xq,
+                                                                   const int64_t m, int64_t cols, float *out) {
+    __m256 acc[MAX_M];
+    float offset[MAX_M];
+    const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
+    int64_t groups = cols / 32, blocks = cols / block_values(type), size = block_bytes(type);
+    for (int64_t i = 0; i < m; i++) { acc[i] = _mm256_setzero_ps(); offset[i] = 0.0f; }
+    for (int64_t k = 0; k < blocks; k++) {
+        const uint8_t *b = row + (size_t)(k * size);
+        if (type == Q4_0 || type == Q4_1) {
+            __m256i q = nibbles32(b + (type == Q4_0 ? 2 : 4));
+            float d = half_to_float(b), min = type == Q4_1 ? half_to_float(b + 2) : -8.0f * d; /* Q4_0: d*(q-8) */
+            for (int64_t i = 0; i < m; i++) {
+                const act_block *a = xq + i * groups + k;
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), dot_u8_s8(q, load_act(a)), acc[i]);
+                offset[i] += min * a->qsum;
+            }
+        } else if (type == Q8_0) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
+            float d = half_to_float(b);
+            for (int64_t i = 0; i < m; i++) {
+                const act_block *a = xq + i * groups + k;
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), dot_s8_s8(q, load_act(a)), acc[i]);
+            }
+        } else if (type == Q4_K || type == Q5_K) {
+            float d = half_to_float(b), dmin = half_to_float(b + 2);
+            const uint8_t *qs = type == Q4_K ? b + 16 : b + 48;
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+            for (int s = 0; s < 8; s++) {
+                int scale, min;
+                scale_min_k4(s, b + 4, &scale, &min);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 2)));
+                __m256i q = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(v, 4) : v, low4);
+                if (type == Q5_K) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), one), 4));
+                float ds = d * (float)scale, dm = dmin * (float)min;
+                for (int64_t i = 0; i < m; i++) {
+                    const act_block *a = xq + i * groups + 8 * k + s;
+                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(ds * a->d), dot_u8_s8(q, load_act(a)), acc[i]);
+                    offset[i] -= dm * a->qsum;
+                }
+            }
+        } else { /* Q6_K: 16-value groups, so lanes 0-3 (values 0-15) and 4-7 (16-31) get their own scale */
+            const int8_t *scales = (const int8_t *)(b + 192);
+            float d = half_to_float(b + 208);
+            for (int h = 0; h < 2; h++) {
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+                for (int part = 0; part < 4; part++) {
+                    __m256i low = (part & 1) ? ql1 : ql0;
+                    low = _mm256_and_si256(part < 2 ? low : _mm256_srli_epi16(low, 4), low4);
+                    __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), three), 4);
+                    __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+                    int index = 8 * h + 2 * part;
+                    __m256 scale = _mm256_set_m128(_mm_set1_ps(d * (float)scales[index + 1]), _mm_set1_ps(d * (float)scales[index]));
+                    for (int64_t i = 0; i < m; i++) {
+                        const act_block *a = xq + i * groups + 8 * k + 4 * h + part;
+                        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(a->d)), dot_s8_s8(q, load_act(a)), acc[i]);
+                    }
+                }
+            }
+        }
+    }
+    for (int64_t i = 0; i < m; i++) out[i] = hsum(acc[i]) + offset[i];
+}
+
+#define ROW_DOT_INT8_FOR_TYPE(TYPE) \
+    static void row_dot_int8_##TYPE(const uint8_t *row, const act_block *xq, int64_t m, int64_t cols, float *out) { \
+        switch (m) { \
+        case 1: row_dot_int8_body(TYPE, row, xq, 1, cols, out); break; \
+        case 2: row_dot_int8_body(TYPE, row, xq, 2, cols, out); break; \
+        case 3: row_dot_int8_body(TYPE, row, xq, 3, cols, out); break; \
+        case 4: row_dot_int8_body(TYPE, row, xq, 4, cols, out); break; \
+        default: row_dot_int8_body(TYPE, row, xq, m, cols, out); break; \
+        } \
+    }
+ROW_DOT_INT8_FOR_TYPE(Q4_0)
+ROW_DOT_INT8_FOR_TYPE(Q4_1)
+ROW_DOT_INT8_FOR_TYPE(Q8_0)
+ROW_DOT_INT8_FOR_TYPE(Q4_K)
+ROW_DOT_INT8_FOR_TYPE(Q5_K)
+ROW_DOT_INT8_FOR_TYPE(Q6_K)
+
+static void row_dot_int8(int type, const uint8_t *row, const act_block *xq, int64_t m, int64_t cols, float *out) {
+    switch (type) {
+    case Q4_0: row_dot_int8_Q4_0(row, xq, m, cols, out); break;
+    case Q4_1: row_dot_int8_Q4_1(row, xq, m, cols, out); break;
+    case Q8_0: row_dot_int8_Q8_0(row, xq, m, cols, out); break;
+    case Q4_K: row_dot_int8_Q4_K(row, xq, m, cols, out); break;
+    case Q5_K: row_dot_int8_Q5_K(row, xq, m, cols, out); break;
+    default: row_dot_int8_Q6_K(row, xq, m, cols, out); break;
+    }
+}
 #endif
 
 /* Portable path: one block dequantized to the stack, then dotted with each row of x. */
@@ -287,38 +419,88 @@ static void row_dot_portable(int type, const uint8_t *row, const float *x, int64
     }
 }
 
-/* y[m, rows] = x[m, cols] . w[rows, cols]^T (+ bias); m <= MAX_M; returns 0, or -1 if m is out of range.
- * `portable` forces the portable loop (tests hold both paths to the same reference). */
-int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bias, float *y, int64_t m, int64_t rows,
-                    int64_t cols, int portable) {
-    if (m > MAX_M || m < 1) return -1;
-    int64_t groups = cols / 32, row_bytes = cols / block_values(type) * block_bytes(type);
-    float *xsum = (float *)malloc(sizeof(float) * (size_t)(m * groups));
-    if (xsum == NULL) return -2;
+/* m rows of x [m, cols] -> m * cols/32 int8 blocks; round half to even, like torch.round. */
+static void quantize_activations(const float *x, int64_t m, int64_t cols, act_block *out) {
+    int64_t groups = cols / 32;
     for (int64_t i = 0; i < m; i++)
         for (int64_t g = 0; g < groups; g++) {
-            float sum = 0.0f;
-            for (int l = 0; l < 32; l++) sum += x[i * cols + 32 * g + l];
-            xsum[i * groups + g] = sum;
+            const float *v = x + i * cols + 32 * g;
+            act_block *a = out + i * groups + g;
+            float amax = 0.0f;
+            for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(v[l]));
+            float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int l = 0; l < 32; l++) {
+                int q = (int)nearbyintf(v[l] * inverse);
+                a->q[l] = (int8_t)q;
+                sum += q;
+            }
+            a->d = d;
+            a->qsum = d * (float)sum;
         }
-    #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < rows; n++) {
-        float out[MAX_M];
-        const uint8_t *row = w + (size_t)n * (size_t)row_bytes;
+}
+
+static int row_dot_rows(int type, int path, const uint8_t *row, const float *x, const float *xsum, const act_block *xq,
+                        int64_t m, int64_t cols, float *out) {
 #ifdef __AVX2__
-        if (!portable) row_dot_fast(type, row, x, xsum, m, cols, out);
-        else
+    if (path == PATH_INT8) { row_dot_int8(type, row, xq, m, cols, out); return 0; }
+    if (path == PATH_FLOAT) { row_dot_fast(type, row, x, xsum, m, cols, out); return 0; }
 #endif
-        row_dot_portable(type, row, x, m, cols, out);
-        for (int64_t i = 0; i < m; i++) y[i * rows + n] = out[i] + (bias ? bias[n] : 0.0f);
-    }
-    free(xsum);
+    (void)xsum; (void)xq;
+    row_dot_portable(type, row, x, m, cols, out);
     return 0;
 }
 
-/* Which path ember_ggml_gemv takes on this build: 1 for AVX2 intrinsics, 0 for portable C. */
-int ember_ggml_has_avx2(void) {
+/* y[m, rows] = x[m, cols] . w[rows, cols]^T (+ bias) on `path`; m <= MAX_M.
+ * Returns 0; -1 if m is out of range, -2 if memory ran out, -3 if this build lacks the path. */
+int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bias, float *y, int64_t m, int64_t rows,
+                    int64_t cols, int path) {
+    if (m > MAX_M || m < 1) return -1;
+#ifndef __AVX2__
+    if (path != PATH_PORTABLE) return -3;
+#endif
+    int64_t groups = cols / 32, row_bytes = cols / block_values(type) * block_bytes(type);
+    float *xsum = NULL;
+    act_block *xq = NULL;
+    if (path == PATH_INT8) {
+        xq = (act_block *)malloc(sizeof(act_block) * (size_t)(m * groups));
+        if (xq == NULL) return -2;
+        quantize_activations(x, m, cols, xq);
+    } else if (path == PATH_FLOAT) {
+        xsum = (float *)malloc(sizeof(float) * (size_t)(m * groups));
+        if (xsum == NULL) return -2;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t g = 0; g < groups; g++) {
+                float sum = 0.0f;
+                for (int l = 0; l < 32; l++) sum += x[i * cols + 32 * g + l];
+                xsum[i * groups + g] = sum;
+            }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < rows; n++) {
+        float out[MAX_M];
+        row_dot_rows(type, path, w + (size_t)n * (size_t)row_bytes, x, xsum, xq, m, cols, out);
+        for (int64_t i = 0; i < m; i++) y[i * rows + n] = out[i] + (bias ? bias[n] : 0.0f);
+    }
+    free(xsum);
+    free(xq);
+    return 0;
+}
+
+/* Bit mask of the paths this build has: 1 << PATH_INT8 | 1 << PATH_FLOAT | 1 << PATH_PORTABLE. */
+int ember_ggml_paths(void) {
 #ifdef __AVX2__
+    return (1 << PATH_INT8) | (1 << PATH_FLOAT) | (1 << PATH_PORTABLE);
+#else
+    return 1 << PATH_PORTABLE;
+#endif
+}
+
+/* The integer dot-product instructions PATH_INT8 was built with: 2 AVX-VNNI, 1 AVX512-VNNI, 0 AVX2 maddubs. */
+int ember_ggml_int8_dot_kind(void) {
+#if defined(__AVXVNNI__)
+    return 2;
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return 1;
 #else
     return 0;

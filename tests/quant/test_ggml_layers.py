@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ember.quant.ggml_blocks import FORMATS
 from ember.quant.ggml_kernels import MAX_GEMV_ROWS, load_kernels
-from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear, ggml_linear
+from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear, ggml_linear, set_activations
 from tests.quant.ggml_factory import random_blocks
 
 # float32 sums of 512-768 products in another order: relative error well under 1e-5 of the row norm.
@@ -23,17 +23,48 @@ def kernels():
     return loaded
 
 
+def int8_rounded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference of the kernel's activation rounding: per 32 values d = max|x| / 127,
+    q = round-half-even(x / d); returns (d * q, d) with d repeated over each block's values."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    inverse = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    return (torch.round(blocks * inverse) * d).reshape(x.shape), d.expand_as(blocks).reshape(x.shape)
+
+
+def _case(name: str, m: int, rows: int = 67, cols: int = 768):
+    weight = random_blocks(name, rows=rows, cols=cols, seed=m)
+    generator = torch.Generator().manual_seed(m)
+    return weight, torch.randn(m, cols, generator=generator) * 3, torch.randn(rows, generator=generator)
+
+
 @pytest.mark.parametrize("name", sorted(FORMATS))
 @pytest.mark.parametrize("m", [1, 3, MAX_GEMV_ROWS])
-@pytest.mark.parametrize("portable", [False, True])
-def test_gemv_matches_the_dequantized_product(kernels, name, m, portable):
-    weight = random_blocks(name, rows=67, cols=768, seed=m)
-    generator = torch.Generator().manual_seed(m)
-    x = torch.randn(m, 768, generator=generator)
-    bias = torch.randn(67, generator=generator)
+@pytest.mark.parametrize("path", ["float32", "portable"])
+def test_float_gemv_matches_the_dequantized_product(kernels, name, m, path):
+    weight, x, bias = _case(name, m)
     expected = F.linear(x, weight.dequantize(), bias)
-    ours = kernels.gemv(x, weight, bias, portable=portable)
+    ours = kernels.gemv(x, weight, bias, path)
     torch.testing.assert_close(ours, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("m", [1, 2, 3, 5, MAX_GEMV_ROWS])
+def test_int8_gemv_is_the_product_with_int8_rounded_activations(kernels, name, m):
+    if "int8" not in kernels.paths:
+        pytest.skip("this build has no int8 path (no AVX2)")
+    weight, x, bias = _case(name, m)
+    dense = weight.dequantize()
+    rounded, d = int8_rounded(x)
+    ours = kernels.gemv(x, weight, bias, "int8")
+    # The kernel's exact arithmetic is the float product with the rounded activations...
+    expected = F.linear(rounded, dense, bias)
+    torch.testing.assert_close(ours, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
+    # ...so against float x it errs by at most sum_j |w_j| * d_j / 2 (each x_j moved by <= d_j / 2).
+    exact = F.linear(x, dense, bias)
+    bound = dense.abs() @ (d / 2).t() + RTOL * exact.abs().max().item()
+    assert ((ours - exact).abs() <= bound.t()).all()
+    assert (ours - exact).abs().max() > 0  # the activations really were rounded
 
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
@@ -47,13 +78,22 @@ def test_many_rows_use_dequantized_tiles(kernels, name):
 
 def test_linear_layer_keeps_the_blocks_and_maps_leading_dimensions():
     weight = random_blocks("Q8_0", rows=40, cols=64, seed=6)
-    layer = GGMLLinear(weight)
+    layer = GGMLLinear(weight, activations="float32")
     assert layer.qweight.dtype == torch.uint8 and dict(layer.state_dict()) == {}
     x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(6))
     with torch.inference_mode():
         out = layer(x)
     assert out.shape == (2, 3, 40)
     torch.testing.assert_close(out, F.linear(x, weight.dequantize()), rtol=RTOL, atol=ATOL)
+
+
+def test_layer_activations_are_a_checked_setting():
+    weight = random_blocks("Q4_1", rows=8, cols=64, seed=8)
+    model = torch.nn.Sequential(GGMLLinear(weight), GGMLLinear(weight))
+    assert [layer.activations for layer in model] == ["int8", "int8"]
+    assert set_activations(model, "float32") == 2 and [layer.activations for layer in model] == ["float32", "float32"]
+    with pytest.raises(ValueError, match="choose one of int8, float32"):
+        GGMLLinear(weight, activations="int4")
 
 
 def test_embedding_dequantizes_only_the_looked_up_rows():
