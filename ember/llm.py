@@ -34,12 +34,14 @@ class LLM:
         parallel_fields = {k: options.pop(k) for k in list(options) if k in ParallelConfig.__dataclass_fields__}
         if "speculative_method" in options:
             speculative_fields["method"] = options.pop("speculative_method")
+        quant_activations = options.pop("quant_activations", "int8")
         if options:
             raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
         config = EngineConfig(
             model=model,
             tokenizer=tokenizer,
             dtype=dtype,
+            quant_activations=quant_activations,
             seed=seed,
             max_model_len=max_model_len,
             cache=CacheConfig(**cache_fields),

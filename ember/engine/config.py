@@ -9,6 +9,7 @@ from ember.parallel.config import ParallelConfig, add_parallel_arguments
 
 # "auto": a quantized checkpoint stays quantized (float32 activations), a float one loads as float32.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANT_ACTIVATIONS = ("int8", "float32")  # what ember.quant.ggml_layers' GGML linear layers round activations to
 
 
 @dataclass
@@ -110,6 +111,7 @@ class EngineConfig:
     model: str
     tokenizer: str | None = None
     dtype: str = "auto"
+    quant_activations: str = "int8"  # GGML layers: "int8" (fast, rounded per 32 values) or "float32" (exact)
     max_model_len: int | None = None
     seed: int = 0
     served_model_name: str | None = None
@@ -125,6 +127,8 @@ class EngineConfig:
             raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
+        if self.quant_activations not in QUANT_ACTIVATIONS:
+            raise ValueError(f"quant_activations {self.quant_activations!r} is not supported; choose one of {', '.join(QUANT_ACTIVATIONS)}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -133,6 +137,7 @@ class EngineConfig:
             model=args.model,
             tokenizer=args.tokenizer,
             dtype=args.dtype,
+            quant_activations=args.quant_activations,
             max_model_len=args.max_model_len,
             seed=args.seed,
             served_model_name=getattr(args, "served_model_name", None),
@@ -178,6 +183,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None, help="tokenizer file overriding the model's own")
     parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPES,
                         help="auto: keep a quantized checkpoint (GGUF Q4_0/Q4_1/Q8_0/k-quants) quantized; a float dtype forces a float copy")
+    parser.add_argument("--quant-activations", default=defaults.quant_activations, choices=QUANT_ACTIVATIONS,
+                        help="quantized (GGML) layers: int8 rounds activations per 32 values for integer dot products (fast); "
+                             "float32 keeps them (exact: the dequantized float model's results)")
     parser.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
     parser.add_argument("--block-size", type=int, default=defaults.cache.block_size)
     parser.add_argument("--num-kv-blocks", type=int, default=None)

@@ -26,6 +26,7 @@ from ember.layers.sampler import SampledToken, Sampler
 from ember.models.config import ModelConfig
 from ember.models.loader import LoadedModel, compute_dtype, load_model
 from ember.models.registry import resolve_model
+from ember.quant.ggml_layers import set_activations
 from ember.tokenizers.base import Tokenizer
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ class LLMEngine:
 
             self.workers, loaded = WorkerGroup.start(model_path, config.dtype, config.parallel, show_progress)
         loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress)
+        set_activations(loaded.model, config.quant_activations)  # a no-op without GGML layers
         self.model_config: ModelConfig = loaded.config
         self.model_name = config.served_model_name or _model_name(config.model, model_path)
         self.tokenizer_source = _tokenizer_source(config, loaded)

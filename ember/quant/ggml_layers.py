@@ -1,12 +1,15 @@
 """Linear and embedding layers over GGML blocks: the weight stays quantized in memory.
 
-Products with a few rows (decode) go through the compiled GEMV, which dequantizes in registers.
-Its activations are int8 by default (quantized per 32 values, integer dot products: the fast
-path; the result is the product with x rounded to int8, within max|x_block| / 254 per value) or
-float32 when a layer is set to `activations="float32"` (exact up to float32 summation order,
-e.g. to hold the quantized model to its dequantized float copy token for token). More rows (prefill) dequantize the weight a tile of rows at a time to float32 and use torch's
-GEMM, where the product is compute-bound and the dequantization cost is shared by every row.
-Without the compiled kernels both fall back to the plain-torch decoder and `F.linear`.
+A layer computes W . r(x), where r rounds x to int8 per 32 values (`activations="int8"`, the
+default where the kernels have the int8 path; each value moves by at most max|x_block| / 254) or
+leaves it (`"float32"`: exact up to float32 summation order, e.g. to hold the quantized model to
+its dequantized float copy token for token). Products with a few rows (decode) go through the
+compiled GEMV, which dequantizes in registers and, for int8, runs integer dot products. More rows
+(prefill) round x the same way, then dequantize the weight a tile of rows at a time to float32
+and use torch's GEMM, where the product is compute-bound and the dequantization cost is shared by
+every row. So a token's result does not depend on how many rows share its step (a prefix-cache hit
+changes how many prompt rows a step computes). Without the compiled kernels everything falls back
+to the plain-torch decoder, float32 activations and `F.linear`.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember.engine.config import QUANT_ACTIVATIONS
 from ember.quant.ggml_blocks import GGMLTensor, dequantize_torch
-from ember.quant.ggml_kernels import MAX_GEMV_ROWS, load_kernels
+from ember.quant.ggml_kernels import GEMV_PATHS, MAX_GEMV_ROWS, load_kernels
 
 TILE_VALUES = 1 << 22  # dequantize at most 4M values (16 MB of float32) at a time in the many-row path
-ACTIVATIONS = ("int8", "float32")
+ACTIVATIONS = QUANT_ACTIVATIONS  # "int8", "float32": EngineConfig.quant_activations picks one per engine
 # The output projection (named so by every ember family, as in transformers) keeps float32 activations:
 # int8 rounding of its input moves logits by ~0.1 nat, enough to flip the near-ties a small model's
 # greedy choice often rests on (measured on SmolLM2: "What is the capital of France?" answered
@@ -30,9 +34,9 @@ LOGITS_MODULE = "lm_head"
 def ggml_linear(
     x: torch.Tensor, weight: GGMLTensor, bias: torch.Tensor | None, tile_values: int = TILE_VALUES, activations: str = "int8"
 ) -> torch.Tensor:
-    """x [m, cols] @ weight.T + bias in float32, the weight dequantized on the fly (`tile_values` at a time for many rows).
+    """r(x) [m, cols] @ weight.T + bias in float32, the weight dequantized on the fly (`tile_values` at a time for many rows).
 
-    `activations` picks the few-row kernel: "int8" (where built, else float32) or "float32"."""
+    `activations`: "int8" (r rounds per 32 values where the kernels have that path) or "float32" (r is the identity)."""
     kernels = load_kernels()
     x = x.float()
     if kernels is None:
@@ -40,6 +44,8 @@ def ggml_linear(
     rows, cols = weight.shape
     if x.shape[0] <= MAX_GEMV_ROWS:
         return kernels.gemv_blocks(x, weight.data, weight.format.type_id, bias, rows, cols, kernels.path_for(activations))
+    if kernels.path_for(activations) == GEMV_PATHS.index("int8"):
+        x = round_to_int8_blocks(x)
     tile_rows = max(1, tile_values // cols)
     if rows <= tile_rows:
         return F.linear(x, kernels.dequantize(weight), bias)
@@ -48,6 +54,14 @@ def ggml_linear(
         tile = GGMLTensor(weight.data[start : start + tile_rows], weight.format, cols)
         out[:, start : start + tile_rows] = x @ kernels.dequantize(tile).t()
     return out if bias is None else out + bias
+
+
+def round_to_int8_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x [m, cols] rounded as the int8 kernel rounds it: per 32 values d = max|x| / 127, d * round-half-even(x / d)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    inverse = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    return (torch.round(blocks * inverse) * d).reshape(x.shape)
 
 
 class GGMLLinear(nn.Module):
@@ -110,11 +124,16 @@ def _checked_activations(activations: str) -> str:
     return activations
 
 
+def activations_for(module_path: str, activations: str) -> str:
+    """The precision the layer at `module_path` uses under the model-wide `activations`: the LM head stays float32."""
+    return "float32" if module_path == LOGITS_MODULE else _checked_activations(activations)
+
+
 def set_activations(model: nn.Module, activations: str) -> int:
-    """Set every GGML linear layer of `model` to round its activations to `activations`; returns how many."""
-    layers = [m for m in model.modules() if isinstance(m, GGMLLinear)]
-    for layer in layers:
-        layer.activations = _checked_activations(activations)
+    """Set the GGML linear layers of `model` to `activations` (the LM head stays float32); returns how many layers."""
+    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, GGMLLinear)]
+    for name, layer in layers:
+        layer.activations = activations_for(name, activations)
     return len(layers)
 
 
@@ -130,7 +149,7 @@ def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor]) -> Non
         parent_path, _, child = module_path.rpartition(".")
         old = model.get_submodule(module_path)
         if isinstance(old, nn.Linear):
-            new: nn.Module = GGMLLinear(weight, old.bias, activations="float32" if module_path == LOGITS_MODULE else "int8")
+            new: nn.Module = GGMLLinear(weight, old.bias, activations=activations_for(module_path, "int8"))
         elif isinstance(old, nn.Embedding):
             new = GGMLEmbedding(weight)
         else:

@@ -18,7 +18,9 @@ PPL_RELATIVE_TOLERANCE = 0.01
 
 @pytest.fixture(scope="module")
 def smollm2_llm(smollm2_gguf: Path) -> LLM:
-    return LLM(str(smollm2_gguf))
+    # Exact activations: the greedy "Paris" answer sits on a 0.08-nat near-tie between first tokens that
+    # int8 activation rounding flips; the int8 path is held to its tolerance in tests/quant.
+    return LLM(str(smollm2_gguf), quant_activations="float32")
 
 
 @pytest.fixture(scope="module")

@@ -68,12 +68,18 @@ def test_int8_gemv_is_the_product_with_int8_rounded_activations(kernels, name, m
 
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
-def test_many_rows_use_dequantized_tiles(kernels, name):
+@pytest.mark.parametrize("activations", ["int8", "float32"])
+def test_many_rows_use_dequantized_tiles_and_agree_with_the_few_row_kernel(kernels, name, activations):
     weight = random_blocks(name, rows=300, cols=512, seed=5)
     x = torch.randn(MAX_GEMV_ROWS + 5, 512, generator=torch.Generator().manual_seed(5))
-    expected = F.linear(x, weight.dequantize())
-    ours = ggml_linear(x, weight, None, tile_values=512 * 64)  # 5 tiles of 64 rows, the last partial
-    torch.testing.assert_close(ours, expected, rtol=RTOL, atol=ATOL)
+    rounded = int8_rounded(x)[0] if activations == "int8" and "int8" in kernels.paths else x
+    expected = F.linear(rounded, weight.dequantize())
+    ours = ggml_linear(x, weight, None, tile_values=512 * 64, activations=activations)  # 5 tiles of 64 rows, the last partial
+    atol = RTOL * expected.abs().max().item()
+    torch.testing.assert_close(ours, expected, rtol=RTOL, atol=atol)
+    # A row's result does not depend on how many rows share the call (the kernel's path or the tiles').
+    one_by_one = torch.cat([ggml_linear(row[None], weight, None, activations=activations) for row in x])
+    torch.testing.assert_close(ours, one_by_one, rtol=RTOL, atol=atol)
 
 
 def test_linear_layer_keeps_the_blocks_and_maps_leading_dimensions():
