@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-METHOD_SPECS = {"rtn4": ("rtn", 4), "gptq4": ("gptq", 4), "awq4": ("awq", 4), "rtn8": ("rtn", 8), "gptq8": ("gptq", 8), "awq8": ("awq", 8)}
+METHOD_SPECS = {"rtn4": ("rtn", 4), "gptq4": ("gptq", 4), "awq4": ("awq", 4), "nf4": ("nf4", 4),
+                "rtn8": ("rtn", 8), "gptq8": ("gptq", 8), "awq8": ("awq", 8), "fp8": ("fp8", 8)}
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class QuantBenchOptions:
     model: str
     calib: Path
     eval_file: Path
-    methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "rtn8", "gptq8")
+    methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8")
     group_size: int = 128
     eval_tokens: int = 1024
     calib_tokens: int = 2048
@@ -48,6 +49,7 @@ class QuantRow:
     name: str
     perplexity: float
     bytes_per_parameter: float
+    nominal_bytes_per_parameter: float
     decode_tok_s: float
     quantize_s: float = 0.0
 
@@ -60,8 +62,8 @@ def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda
     rows = [_evaluate("float32", source, "float32", options, tick), _evaluate("checkpoint as stored", source, "auto", options, tick)]
     with tempfile.TemporaryDirectory(prefix="ember-bench-quant-") as scratch:
         for name in options.methods:
-            path, seconds = _quantize(source, name, Path(scratch) / name, options, tick)
-            row = _evaluate(f"{name} g{options.group_size}", path, "auto", options, tick)
+            path, seconds, group_size = _quantize(source, name, Path(scratch) / name, options, tick)
+            row = _evaluate(f"{name} g{group_size}", path, "auto", options, tick)
             row.quantize_s = seconds
             rows.append(row)
     float_ppl = rows[0].perplexity
@@ -75,18 +77,20 @@ def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda
     }
 
 
-def _quantize(source: str, name: str, out: Path, options: QuantBenchOptions, tick: Callable[[str], None]) -> tuple[str, float]:
-    from ember.quant.config import QuantizeConfig
+def _quantize(source: str, name: str, out: Path, options: QuantBenchOptions, tick: Callable[[str], None]) -> tuple[str, float, int]:
+    """(checkpoint path, seconds, group size) of `name` applied to `source`."""
+    from ember.quant.config import FIXED_GROUP_SIZE, QuantizeConfig
     from ember.quant.pipeline import quantize_checkpoint
 
     method, bits = METHOD_SPECS[name]
     tick(f"quant: quantizing {name}")
     start = time.perf_counter()
-    config = QuantizeConfig(model=source, method=method, out=out, bits=bits, group_size=options.group_size,
+    group_size = FIXED_GROUP_SIZE.get(method, options.group_size)
+    config = QuantizeConfig(model=source, method=method, out=out, bits=bits, group_size=group_size,
                             calib=options.calib, calib_tokens=options.calib_tokens)
     quantize_checkpoint(config, show_progress=False)
     checkpoint = out / "model.gguf" if (out / "model.gguf").is_file() else out
-    return str(checkpoint), time.perf_counter() - start
+    return str(checkpoint), time.perf_counter() - start, group_size
 
 
 def _evaluate(name: str, model: str, dtype: str, options: QuantBenchOptions, tick: Callable[[str], None]) -> QuantRow:
@@ -98,29 +102,55 @@ def _evaluate(name: str, model: str, dtype: str, options: QuantBenchOptions, tic
     engine = LLMEngine(EngineConfig(model=model, dtype=dtype, cache=CacheConfig(kv_cache_memory_bytes=256 << 20)))
     text = options.eval_file.read_text(encoding="utf-8", errors="replace")
     ppl = perplexity(engine, text, options.eval_tokens).perplexity
-    bytes_per_parameter = weight_bytes_per_parameter(engine.runner.model)
-    return QuantRow(name, ppl, bytes_per_parameter, _decode_tok_s(engine, options.decode_tokens))
+    weights = weight_bytes(engine.runner.model)
+    return QuantRow(name, ppl, weights.bytes_per_parameter, weights.nominal_bytes_per_parameter, _decode_tok_s(engine, options.decode_tokens))
 
 
-def weight_bytes_per_parameter(model: torch.nn.Module) -> float:
-    """Bytes the matrices and vectors take in memory over the parameters they stand for (shared storage once)."""
+@dataclass(frozen=True)
+class WeightBytes:
+    """Bytes of a model's weights in memory, and nominally (each group's scales once), over its parameters."""
+
+    memory_bytes: int
+    nominal_bytes: float
+    parameters: int
+
+    @property
+    def bytes_per_parameter(self) -> float:
+        return self.memory_bytes / self.parameters
+
+    @property
+    def nominal_bytes_per_parameter(self) -> float:
+        return self.nominal_bytes / self.parameters
+
+
+def weight_bytes(model: torch.nn.Module) -> WeightBytes:
+    """GGML blocks (non-persistent buffers, shared blocks once) plus every state-dict tensor.
+
+    The state dict is the weights' dense view (packed float panels are unpacked there); a tied
+    table appears under two names with equal values and is counted once.
+    """
     from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear
 
-    seen: set[int] = set()
-    total_bytes = parameters = 0
+    memory = parameters = 0
+    nominal = 0.0
+    seen_blocks: set[int] = set()
     for module in model.modules():
-        if isinstance(module, (GGMLLinear, GGMLEmbedding)):
+        if isinstance(module, (GGMLLinear, GGMLEmbedding)) and module.qweight.data_ptr() not in seen_blocks:
+            seen_blocks.add(module.qweight.data_ptr())
             blocks = module.weight_blocks
-            if blocks.data.data_ptr() not in seen:
-                seen.add(blocks.data.data_ptr())
-                total_bytes += blocks.nbytes
-                parameters += blocks.shape[0] * blocks.shape[1]
-        for tensor in module.parameters(recurse=False):
-            if tensor.data_ptr() not in seen:
-                seen.add(tensor.data_ptr())
-                total_bytes += tensor.numel() * tensor.element_size()
-                parameters += tensor.numel()
-    return total_bytes / parameters
+            memory += blocks.nbytes
+            nominal += blocks.nominal_bytes()
+            parameters += blocks.shape[0] * blocks.shape[1]
+    kept: dict[tuple, list[torch.Tensor]] = {}
+    for tensor in model.state_dict().values():
+        same_kind = kept.setdefault((tuple(tensor.shape), tensor.dtype, tuple(tensor.flatten()[:8].tolist())), [])
+        if any(torch.equal(t, tensor) for t in same_kind):
+            continue  # a tied weight under its second name
+        same_kind.append(tensor)
+        memory += tensor.numel() * tensor.element_size()
+        nominal += tensor.numel() * tensor.element_size()
+        parameters += tensor.numel()
+    return WeightBytes(memory, nominal, parameters)
 
 
 def _decode_tok_s(engine, decode_tokens: int) -> float:

@@ -7,11 +7,12 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("quantize", help="quantize a float checkpoint (RTN, GPTQ, AWQ) into 4- or 8-bit blocks")
+    parser = subparsers.add_parser("quantize", help="quantize a float checkpoint (RTN, GPTQ, AWQ, NF4, FP8) into 4- or 8-bit blocks")
     parser.add_argument("--model", required=True, help="registered name, HF folder or GGUF file (read as float)")
-    parser.add_argument("--method", required=True, help="rtn, gptq or awq")
-    parser.add_argument("--bits", type=int, default=4, help="4 (Q4_1, or Q4_0 with --symmetric) or 8 (Q8_0)")
-    parser.add_argument("--group-size", type=int, default=128, help="columns sharing one scale: a multiple of 32")
+    parser.add_argument("--method", required=True, help="rtn, gptq, awq (integer grids), nf4 (NormalFloat-4) or fp8 (e4m3)")
+    parser.add_argument("--bits", type=int, default=None, help="4 (Q4_1, or Q4_0 with --symmetric) or 8 (Q8_0); nf4: 4, fp8: 8 (the default)")
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="columns sharing one scale: a multiple of 32 (default 128); nf4 fixes 64, fp8 32")
     parser.add_argument("--calib", type=Path, default=None, help="plain-text calibration file (gptq, awq)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer file for --calib when the model has none")
     parser.add_argument("--calib-tokens", type=int, default=4096, help="calibration tokens to use")
@@ -27,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from ember.quant.config import QuantizeConfig
     from ember.quant.pipeline import quantize_checkpoint
 
-    config = QuantizeConfig(model=args.model, method=args.method, out=args.out, bits=args.bits, group_size=args.group_size,
+    bits = args.bits if args.bits is not None else {"fp8": 8}.get(args.method, 4)
+    config = QuantizeConfig(model=args.model, method=args.method, out=args.out, bits=bits, group_size=args.group_size,
                             calib=args.calib, tokenizer=args.tokenizer, symmetric=args.symmetric, act_order=args.act_order, damp=args.damp,
                             calib_tokens=args.calib_tokens, seq_len=args.seq_len)
     result = quantize_checkpoint(config)

@@ -6,6 +6,7 @@ Matrices in a block format ember executes (ember.quant.ggml_blocks.FORMATS) come
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTenso
 from gguf.quants import dequantize
 
 from ember.models.config import ModelConfig
+from ember.quant.checkpoint import EMBER_BLOCK_FORMATS_KEY
 from ember.quant.ggml_blocks import FORMATS, GGMLTensor
 
 GGUF_MAGIC = b"GGUF"
@@ -113,8 +115,9 @@ def iter_gguf_tensors(
     float32, quantized tensor-parallel layers are not there yet. Tensors `keep` says no to are skipped unread.
     """
     permute_rope = config.architecture == "llama"
+    ember_formats = ember_block_formats(reader)
     for tensor in reader.tensors:
-        if tensor.tensor_type not in SUPPORTED_TYPES:
+        if tensor.tensor_type not in SUPPORTED_TYPES and tensor.name not in ember_formats:
             raise ValueError(
                 f"GGUF tensor {tensor.name} has type {tensor.tensor_type.name}, which ember cannot load yet; "
                 f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}"
@@ -124,14 +127,15 @@ def iter_gguf_tensors(
             continue  # another rank's layer or expert
         part = select(name) if select is not None else None
         if part is not None:
-            values = _dequantized_part(tensor, *part)
+            values = _ember_blocks_part(tensor, ember_formats[tensor.name], *part) if tensor.name in ember_formats else _dequantized_part(tensor, *part)
             if permute_rope and tensor.name.endswith(("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias")):
                 values = unpermute_rope(values, values.shape[0] // config.head_dim)  # whole heads, sliced or not
             yield name, torch.from_numpy(np.array(values, dtype=np.float32, order="C", copy=True))
             continue
-        is_blocks = tensor.tensor_type.name in FORMATS and len(tensor.shape) == 2 and select is None
-        if is_blocks:  # rows of blocks: uint8 [rows, bytes per row]
-            values = np.asarray(tensor.data).reshape(int(tensor.shape[1]), -1)
+        block_format = FORMATS.get(ember_formats.get(tensor.name, tensor.tensor_type.name)) if len(tensor.shape) == 2 else None
+        if block_format is not None:  # rows of blocks: uint8 [rows, bytes per row]
+            values = np.asarray(tensor.data).view(np.uint8).reshape(int(tensor.shape[1]), -1)
+            cols = values.shape[1] // block_format.block_bytes * block_format.block_values
         else:
             values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
             values = values.reshape([int(d) for d in reversed(tensor.shape)])
@@ -141,10 +145,30 @@ def iter_gguf_tensors(
             values = unpermute_rope(values, config.num_kv_heads)
         # A copy, never a view: the file map is read-only and is closed after loading.
         values = torch.from_numpy(np.array(values, order="C", copy=True))
-        if is_blocks:
-            yield name, GGMLTensor(values, FORMATS[tensor.tensor_type.name], int(tensor.shape[0]))
+        if block_format is not None:
+            yield name, GGMLTensor(values, block_format, cols)
         else:
             yield name, values
+
+
+def ember_block_formats(reader: GGUFReader) -> dict[str, str]:
+    """{tensor name: format} of the tensors stored in ember's own block formats (written by `ember quantize`)."""
+    field = reader.fields.get(EMBER_BLOCK_FORMATS_KEY)
+    if field is None:
+        return {}
+    formats = json.loads(field.contents())
+    unknown = sorted(set(formats.values()) - set(FORMATS))
+    if unknown:
+        raise ValueError(f"this GGUF holds tensors in block formats {', '.join(unknown)}, which this ember cannot run; upgrade ember")
+    return formats
+
+
+def _ember_blocks_part(tensor: ReaderTensor, format_name: str, dim: int, start: int, stop: int) -> np.ndarray:
+    """Rows or columns [start, stop) of a tensor in ember's own blocks, dequantized to float32."""
+    raw = torch.from_numpy(np.asarray(tensor.data).view(np.uint8).reshape(int(tensor.shape[1]), -1).copy())
+    block_format = FORMATS[format_name]
+    values = GGMLTensor(raw, block_format, raw.shape[1] // block_format.block_bytes * block_format.block_values).dequantize().numpy()
+    return values[start:stop] if dim == 0 else values[:, start:stop]
 
 
 def _dequantized(tensor: ReaderTensor, rows: slice = slice(None)) -> np.ndarray:

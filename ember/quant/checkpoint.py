@@ -2,7 +2,8 @@
 
 A GGUF source gives a GGUF file (`model.gguf`: the source's metadata and tokenizer, the
 quantized matrices as Q4_0/Q4_1/Q8_0 tensors in llama.cpp's row order), which ember and
-llama.cpp both read. An HF folder gives `model.safetensors` (block tensors as uint8, the rest
+llama.cpp both read; NF4/FP8 matrices go in as raw I8 rows of blocks named under
+EMBER_BLOCK_FORMATS_KEY (ember reads those, llama.cpp does not). An HF folder gives `model.safetensors` (block tensors as uint8, the rest
 float32) beside the source's config and tokenizer files. Both get `ember_quantization.json`
 (method, grid, calibration, which tensors are blocks). The folder is written under a temporary
 name and renamed to --out only when complete, so a failure leaves nothing behind.
@@ -22,11 +23,14 @@ from torch import nn
 
 from ember.models.config import ModelConfig
 from ember.quant.config import QuantizeConfig
-from ember.quant.ggml_blocks import FORMATS, GGMLTensor
+from ember.quant.ggml_blocks import FORMATS, GGUF_FORMATS, GGMLTensor
 
 QUANTIZATION_FILE = "ember_quantization.json"
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # gguf.LlamaFileType
+# GGUF key listing tensors in ember's own block formats (NF4, FP8), stored as raw I8 rows of blocks:
+# a JSON object {gguf tensor name: format name}. llama.cpp cannot run such a file; ember's loader can.
+EMBER_BLOCK_FORMATS_KEY = "ember.block_formats"
 
 
 def write_quantized(
@@ -38,7 +42,7 @@ def write_quantized(
     partial.mkdir(parents=True)
     try:
         if source.is_file():
-            written = _write_gguf(source, partial / "model.gguf", tensors, model_config, config.grid.format.name)
+            written = _write_gguf(source, partial / "model.gguf", tensors, model_config, config.format_name)
         else:
             written = _write_safetensors(source, partial, tensors)
         _write_description(partial / QUANTIZATION_FILE, config, calib_tokens, written)
@@ -94,17 +98,24 @@ def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, 
             continue
         sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
-    writer.add_file_type(FILE_TYPES[format_name])
+    if format_name in FILE_TYPES:
+        writer.add_file_type(FILE_TYPES[format_name])
+    ember_formats = {}
     written = {}
     for source_tensor in reader.tensors:
         name = hf_name(source_tensor.name)
         value = _llama_cpp_rows(source_tensor.name, tensors[name], config)
         written[name] = tensors[name]
-        if isinstance(value, GGMLTensor):
+        if isinstance(value, GGMLTensor) and value.format.name in GGUF_FORMATS:
             raw = value.data.numpy()
             writer.add_tensor(source_tensor.name, raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType[value.format.name])
+        elif isinstance(value, GGMLTensor):
+            ember_formats[source_tensor.name] = value.format.name
+            writer.add_tensor(source_tensor.name, value.data.numpy().view(np.int8), raw_dtype=GGMLQuantizationType.I8)
         else:
             writer.add_tensor(source_tensor.name, np.ascontiguousarray(value.float().numpy()))
+    if ember_formats:
+        writer.add_string(EMBER_BLOCK_FORMATS_KEY, json.dumps(ember_formats))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

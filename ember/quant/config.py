@@ -8,8 +8,11 @@ from pathlib import Path
 from ember.quant.grid import BlockGrid
 
 # Bits each method can produce; methods listed without bits are planned, not built.
-METHOD_BITS: dict[str, tuple[int, ...]] = {"rtn": (4, 8), "gptq": (4, 8), "awq": (4, 8)}
-PLANNED_METHODS = ("nf4", "fp8", "smoothquant")
+METHOD_BITS: dict[str, tuple[int, ...]] = {"rtn": (4, 8), "gptq": (4, 8), "awq": (4, 8), "nf4": (4,), "fp8": (8,)}
+# Methods whose block format fixes the group: NF4 scales 64 values, FP8 32 (ember.quant.float_codes).
+FIXED_GROUP_SIZE = {"nf4": 64, "fp8": 32}
+DEFAULT_GROUP_SIZE = 128
+PLANNED_METHODS = ("smoothquant",)
 CALIBRATED_METHODS = ("gptq", "awq")
 MIN_CALIB_TOKENS = 256
 
@@ -22,7 +25,7 @@ class QuantizeConfig:
     method: str
     out: Path
     bits: int = 4
-    group_size: int = 128
+    group_size: int | None = None  # None: the method's (FIXED_GROUP_SIZE, else DEFAULT_GROUP_SIZE)
     calib: Path | None = None
     tokenizer: str | None = None
     symmetric: bool = False
@@ -38,7 +41,13 @@ class QuantizeConfig:
             raise ValueError(f"unknown --method {self.method!r}; choose one of {', '.join(METHOD_BITS)}")
         if self.bits not in METHOD_BITS[self.method]:
             raise ValueError(f"--method {self.method} cannot make {self.bits}-bit weights; use --bits {' or '.join(map(str, METHOD_BITS[self.method]))}")
-        self.grid  # noqa: B018 - validates bits and group size
+        fixed = FIXED_GROUP_SIZE.get(self.method)
+        if self.group_size is None:
+            object.__setattr__(self, "group_size", fixed or DEFAULT_GROUP_SIZE)
+        elif fixed is not None and self.group_size != fixed:
+            raise ValueError(f"--method {self.method} scales blocks of {fixed} values; drop --group-size or give {fixed}")
+        if fixed is None:
+            self.grid  # noqa: B018 - validates bits and group size
         if self.method in CALIBRATED_METHODS and self.calib is None:
             raise ValueError(f"--method {self.method} needs --calib FILE: a plain-text file of at least {MIN_CALIB_TOKENS} tokens")
         if self.calib is not None and not self.calib.is_file():
@@ -50,4 +59,10 @@ class QuantizeConfig:
 
     @property
     def grid(self) -> BlockGrid:
+        """The integer grid of rtn, gptq and awq (nf4 and fp8 have float codes of their own)."""
         return BlockGrid(self.bits, self.group_size, self.symmetric)
+
+    @property
+    def format_name(self) -> str:
+        """The block format the quantized linears get."""
+        return {"nf4": "NF4", "fp8": "FP8"}.get(self.method) or self.grid.format.name

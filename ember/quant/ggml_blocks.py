@@ -25,6 +25,7 @@ class GGMLFormat:
     type_id: int
     block_values: int
     block_bytes: int
+    has_int8_kernel: bool = True  # integer codes: the decode product can run on int8 activations
 
     @property
     def bits_per_value(self) -> float:
@@ -40,8 +41,20 @@ FORMATS: dict[str, GGMLFormat] = {
         GGMLFormat("Q4_K", 12, 256, 144),
         GGMLFormat("Q5_K", 13, 256, 176),
         GGMLFormat("Q6_K", 14, 256, 210),
+        # ember's own (type ids outside GGML's): float codes, so products keep float32 activations.
+        GGMLFormat("NF4", 200, 64, 34, has_int8_kernel=False),  # fp16 absmax scale + 64 NormalFloat-4 codes
+        GGMLFormat("FP8", 201, 32, 33, has_int8_kernel=False),  # E8M0 scale + 32 e4m3 codes (OCP MXFP8's block)
     )
 }
+GGUF_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the formats GGML itself defines
+# QLoRA's NormalFloat-4 levels (the bitsandbytes constants), code 0..15.
+NF4_LEVELS = (
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635, -0.18477343022823334,
+    -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+)
+
+SCALE_FIELD_BYTES = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2}  # the fp16 scale (and min) that lead each 32-value block
 
 
 class GGMLTensor:
@@ -79,6 +92,32 @@ class GGMLTensor:
         if kernels is None:
             return dequantize_torch(self.data, self.format).reshape(self.shape)
         return kernels.dequantize(self)
+
+    def scale_group_size(self) -> int:
+        """Columns that share one set of scale fields: for Q4_0/Q4_1/Q8_0 the longest run of 32-value blocks
+        (dividing the row) whose fields are equal in every run (a g128 grid repeats them 4 times); else a block."""
+        fields = SCALE_FIELD_BYTES.get(self.format.name)
+        if fields is None:
+            return self.format.block_values
+        per_row = self.cols // self.format.block_values
+        scales = self.data.reshape(self.data.shape[0], per_row, self.format.block_bytes)[:, :, :fields]
+        best = 1
+        for run in range(2, per_row + 1):
+            if per_row % run == 0:
+                grouped = scales.reshape(scales.shape[0], per_row // run, run, fields)
+                if bool((grouped == grouped[:, :, :1]).all()):
+                    best = run
+        return best * self.format.block_values
+
+    def nominal_bytes(self) -> float:
+        """Bytes of the codes plus one set of scale fields per `scale_group_size()` columns: what a layout
+        storing each group's scales once would take (the blocks in memory repeat them every 32 values)."""
+        fields = SCALE_FIELD_BYTES.get(self.format.name)
+        if fields is None:
+            return float(self.nbytes)
+        code_bytes = (self.format.block_bytes - fields) / self.format.block_values
+        values = self.shape[0] * self.shape[1]
+        return values * code_bytes + values / self.scale_group_size() * fields
 
     @staticmethod
     def concat(parts: list[GGMLTensor]) -> GGMLTensor:
@@ -138,9 +177,22 @@ def _dequantize_k(blocks: torch.Tensor, name: str) -> torch.Tensor:
     return (d * q.float() - dm).reshape(n, 256)
 
 
+def _dequantize_float_codes(blocks: torch.Tensor, name: str) -> torch.Tensor:
+    """NF4: d * level[code] (low nibbles are values 0-31, high 32-63); FP8: e4m3 value * 2^(e - 127)."""
+    if name == "NF4":
+        low, high = _nibbles(blocks[:, 2:])
+        levels = torch.tensor(NF4_LEVELS, dtype=torch.float32)
+        return _half(blocks, 0) * levels[torch.cat([low, high], dim=1).long()]
+    scale = (blocks[:, :1].to(torch.int32) << 23).view(torch.float32)
+    return blocks[:, 1:].contiguous().view(torch.float8_e4m3fn).float() * scale
+
+
 def dequantize_torch(data: torch.Tensor, format: GGMLFormat) -> torch.Tensor:
-    """Blocks -> float32 values, flat; the same operations in the same order as `gguf.quants`."""
+    """Blocks -> float32 values, flat; the same operations in the same order as `gguf.quants` (or, for
+    NF4/FP8, the C decoder's, with torch's float8_e4m3fn conversion as the e4m3 reference)."""
     blocks = data.reshape(-1, format.block_bytes)
+    if not format.has_int8_kernel:
+        return _dequantize_float_codes(blocks, format.name).reshape(-1)
     if format.block_values == 32:
         return _dequantize_32(blocks, format.name).reshape(-1)
     return _dequantize_k(blocks, format.name).reshape(-1)

@@ -42,9 +42,10 @@ def ggml_linear(
     if kernels is None:
         return F.linear(x, dequantize_torch(weight.data, weight.format).reshape(weight.shape), bias)
     rows, cols = weight.shape
+    path = kernels.path_for(activations if weight.format.has_int8_kernel else "float32")
     if x.shape[0] <= MAX_GEMV_ROWS:
-        return kernels.gemv_blocks(x, weight.data, weight.format.type_id, bias, rows, cols, kernels.path_for(activations))
-    if kernels.path_for(activations) == GEMV_PATHS.index("int8"):
+        return kernels.gemv_blocks(x, weight.data, weight.format.type_id, bias, rows, cols, path)
+    if path == GEMV_PATHS.index("int8"):
         x = round_to_int8_blocks(x)
     tile_rows = max(1, tile_values // cols)
     if rows <= tile_rows:
@@ -85,8 +86,9 @@ class GGMLLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         kernels = load_kernels()
         if kernels is not None and flat.shape[0] <= MAX_GEMV_ROWS:  # decode: straight to the kernel (per-call cost matters)
+            activations = self.activations if self.format.has_int8_kernel else "float32"
             out = kernels.gemv_blocks(flat, self.qweight, self.format.type_id, self.bias, self.out_features, self.in_features,
-                                      kernels.path_for(self.activations))
+                                      kernels.path_for(activations))
         else:
             out = ggml_linear(flat, self.weight_blocks, self.bias, activations=self.activations)
         out = out.view(*x.shape[:-1], self.out_features)

@@ -1,4 +1,6 @@
-/* ember's kernels for GGML block formats: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K.
+/* ember's kernels for GGML block formats: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, and ember's own
+ * NF4 (64 values: fp16 absmax scale, 4-bit codes into the NormalFloat table) and FP8 (32 values:
+ * an E8M0 power-of-two scale, e4m3 codes: OCP MXFP8's block). The last two have no int8 path.
  *
  * Two entry points, both parallel over weight rows on the OpenMP runtime:
  *   ember_ggml_dequantize: rows of blocks -> float32, bit-exact with the `gguf` package (the
@@ -24,7 +26,13 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, NF4 = 200, FP8 = 201 };
+
+/* QLoRA's NormalFloat-4 levels (the bitsandbytes constants). */
+static const float NF4_LEVELS[16] = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f, -0.28444138169288635f, -0.18477343022823334f,
+    -0.09105003625154495f, 0.0f, 0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
 #define MAX_M 8
 enum { PATH_INT8 = 0, PATH_FLOAT = 1, PATH_PORTABLE = 2 };
 
@@ -60,7 +68,27 @@ static inline float half_to_float(const uint8_t *p) {
 #endif
 }
 
-static int64_t block_values(int type) { return (type == Q4_K || type == Q5_K || type == Q6_K) ? 256 : 32; }
+static int64_t block_values(int type) {
+    if (type == Q4_K || type == Q5_K || type == Q6_K) return 256;
+    return type == NF4 ? 64 : 32;
+}
+
+/* 2^(e - 127) for an E8M0 scale byte; the quantizer writes e in 1..254, where this is a normal float. */
+static inline float e8m0_to_float(uint8_t e) {
+    uint32_t bits = (uint32_t)e << 23;
+    float value;
+    memcpy(&value, &bits, 4);
+    return value;
+}
+
+/* An e4m3 byte (sign, 4 exponent bits biased by 7, 3 mantissa bits) as float: its bits placed in a
+ * half (bias 15) and scaled by 2^8, exact for normals and subnormals (0x7F, e4m3's NaN, is never written). */
+static inline float e4m3_to_float(uint8_t b) {
+    uint16_t h = (uint16_t)(((b & 0x80u) << 8) | ((b & 0x7Fu) << 7));
+    uint8_t bytes[2];
+    memcpy(bytes, &h, 2);
+    return half_to_float(bytes) * 256.0f;
+}
 
 static int64_t block_bytes(int type) {
     switch (type) {
@@ -70,6 +98,8 @@ static int64_t block_bytes(int type) {
     case Q4_K: return 144;
     case Q5_K: return 176;
     case Q6_K: return 210;
+    case NF4: return 34;
+    case FP8: return 33;
     default: return 0;
     }
 }
@@ -125,6 +155,19 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
         }
         break;
     }
+    case NF4: {
+        float d = half_to_float(b);
+        for (int l = 0; l < 32; l++) {
+            out[l] = d * NF4_LEVELS[b[2 + l] & 15];
+            out[l + 32] = d * NF4_LEVELS[b[2 + l] >> 4];
+        }
+        break;
+    }
+    case FP8: {
+        float scale = e8m0_to_float(b[0]);
+        for (int l = 0; l < 32; l++) out[l] = e4m3_to_float(b[1 + l]) * scale;
+        break;
+    }
     case Q6_K: {
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *scales = (const int8_t *)(b + 192);
@@ -172,6 +215,37 @@ static inline void widen32(__m256i v, __m256 *w) {
     widen16(_mm256_extracti128_si256(v, 1), w + 2);
 }
 
+/* 8 codes 0..15 (low bytes of `codes`) -> their NF4 levels: two 8-entry permutes, bit 3 picks which. */
+static inline __m256 nf4_levels8(__m128i codes) {
+    __m256i index = _mm256_cvtepu8_epi32(codes);
+    __m256 low = _mm256_permutevar8x32_ps(_mm256_loadu_ps(NF4_LEVELS), index);
+    __m256 high = _mm256_permutevar8x32_ps(_mm256_loadu_ps(NF4_LEVELS + 8), index);
+    return _mm256_blendv_ps(low, high, _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+}
+
+/* 32 codes 0..15 -> four vectors of 8 NF4 levels. */
+static inline void nf4_levels32(__m256i codes, __m256 *w) {
+    __m128i low = _mm256_castsi256_si128(codes), high = _mm256_extracti128_si256(codes, 1);
+    w[0] = nf4_levels8(low);
+    w[1] = nf4_levels8(_mm_srli_si128(low, 8));
+    w[2] = nf4_levels8(high);
+    w[3] = nf4_levels8(_mm_srli_si128(high, 8));
+}
+
+/* 16 e4m3 bytes -> two vectors of 8 floats / 256 (the 2^8 is folded into the block scale). */
+static inline void e4m3_widen16(__m128i v, __m256 *w) {
+    __m256i wide = _mm256_cvtepu8_epi16(v);
+    __m256i bits = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(wide, _mm256_set1_epi16(0x80)), 8),
+                                   _mm256_slli_epi16(_mm256_and_si256(wide, _mm256_set1_epi16(0x7F)), 7));
+    w[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(bits));
+    w[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(bits, 1));
+}
+
+static inline void e4m3_widen32(__m256i v, __m256 *w) {
+    e4m3_widen16(_mm256_castsi256_si128(v), w);
+    e4m3_widen16(_mm256_extracti128_si256(v, 1), w + 2);
+}
+
 static inline __m256 dot16(const __m256 *w, const float *x) {
     return _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), _mm256_mul_ps(w[0], _mm256_loadu_ps(x)));
 }
@@ -216,6 +290,16 @@ static inline __attribute__((always_inline)) void row_dot_avx2(const int type, c
         } else if (type == Q8_0) {
             widen32(_mm256_loadu_si256((const __m256i *)(b + 2)), w);
             accumulate32(w, half_to_float(b), 0.0f, x, xsum, m, cols, k, groups, 32 * k, acc, offset);
+        } else if (type == NF4) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));
+            float d = half_to_float(b);
+            nf4_levels32(_mm256_and_si256(v, low4x2), w);
+            accumulate32(w, d, 0.0f, x, xsum, m, cols, 2 * k, groups, 64 * k, acc, offset);
+            nf4_levels32(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4x2), w);
+            accumulate32(w, d, 0.0f, x, xsum, m, cols, 2 * k + 1, groups, 64 * k + 32, acc, offset);
+        } else if (type == FP8) {
+            e4m3_widen32(_mm256_loadu_si256((const __m256i *)(b + 1)), w);
+            accumulate32(w, e8m0_to_float(b[0]) * 256.0f, 0.0f, x, xsum, m, cols, k, groups, 32 * k, acc, offset);
         } else if (type == Q4_K || type == Q5_K) {
             float d = half_to_float(b), dmin = half_to_float(b + 2);
             const uint8_t *qs = type == Q4_K ? b + 16 : b + 48;
@@ -272,6 +356,8 @@ ROW_DOT_FOR_TYPE(Q8_0)
 ROW_DOT_FOR_TYPE(Q4_K)
 ROW_DOT_FOR_TYPE(Q5_K)
 ROW_DOT_FOR_TYPE(Q6_K)
+ROW_DOT_FOR_TYPE(NF4)
+ROW_DOT_FOR_TYPE(FP8)
 
 static void row_dot_fast(int type, const uint8_t *row, const float *x, const float *xsum, int64_t m, int64_t cols, float *out) {
     switch (type) {
@@ -280,6 +366,8 @@ static void row_dot_fast(int type, const uint8_t *row, const float *x, const flo
     case Q8_0: row_dot_Q8_0(row, x, xsum, m, cols, out); break;
     case Q4_K: row_dot_Q4_K(row, x, xsum, m, cols, out); break;
     case Q5_K: row_dot_Q5_K(row, x, xsum, m, cols, out); break;
+    case NF4: row_dot_NF4(row, x, xsum, m, cols, out); break;
+    case FP8: row_dot_FP8(row, x, xsum, m, cols, out); break;
     default: row_dot_Q6_K(row, x, xsum, m, cols, out); break;
     }
 }
@@ -405,7 +493,7 @@ static void row_dot_int8(int type, const uint8_t *row, const act_block *xq, int6
 
 /* Portable path: one block dequantized to the stack, then dotted with each row of x. */
 static void row_dot_portable(int type, const uint8_t *row, const float *x, int64_t m, int64_t cols, float *out) {
-    float values[256];
+    float values[256]; /* the largest block */
     int64_t per_block = block_values(type), size = block_bytes(type), blocks = cols / per_block;
     for (int64_t i = 0; i < m; i++) out[i] = 0.0f;
     for (int64_t k = 0; k < blocks; k++) {
@@ -452,10 +540,11 @@ static int row_dot_rows(int type, int path, const uint8_t *row, const float *x, 
 }
 
 /* y[m, rows] = x[m, cols] . w[rows, cols]^T (+ bias) on `path`; m <= MAX_M.
- * Returns 0; -1 if m is out of range, -2 if memory ran out, -3 if this build lacks the path. */
+ * Returns 0; -1 if m is out of range, -2 if memory ran out, -3 if this build lacks the path, -4 if the type lacks it. */
 int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bias, float *y, int64_t m, int64_t rows,
                     int64_t cols, int path) {
     if (m > MAX_M || m < 1) return -1;
+    if (path == PATH_INT8 && (type == NF4 || type == FP8)) return -4; /* no integer path for float codes */
 #ifndef __AVX2__
     if (path != PATH_PORTABLE) return -3;
 #endif

@@ -23,6 +23,7 @@ from torch import nn
 from ember.quant.awq import awq_scales
 from ember.quant.calibration import Calibration, InputStats
 from ember.quant.config import CALIBRATED_METHODS, MIN_CALIB_TOKENS, QuantizeConfig
+from ember.quant.float_codes import quantize_fp8, quantize_nf4
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.gptq import GPTQSettings, gptq_quantize
 from ember.quant.grid import BlockGrid
@@ -30,6 +31,7 @@ from ember.quant.grid import BlockGrid
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 EMBEDDING_GRID = BlockGrid(bits=8, group_size=32)
+FLOAT_CODE_QUANTIZERS = {"nf4": quantize_nf4, "fp8": quantize_fp8}
 
 
 @dataclass
@@ -135,7 +137,9 @@ def _scale_inputs(linear: nn.Linear, stats: InputStats, grid: BlockGrid, feeder:
 
 
 def quantize_linears(model: nn.Module, names: list[str], stats: dict[str, InputStats], config: QuantizeConfig, progress: Progress) -> dict[str, GGMLTensor]:
-    """Every named linear rounded onto the config's grid: GPTQ with its Hessian, else round-to-nearest."""
+    """Every named linear quantized: NF4/FP8 codes, GPTQ with its Hessian, else round-to-nearest on the grid."""
+    if config.method in FLOAT_CODE_QUANTIZERS:
+        return _quantize_float_codes(model, names, config, progress)
     grid = config.grid
     settings = GPTQSettings(damp=config.damp, act_order=config.act_order)
     task = progress.add_task(f"quantizing ({config.method}, {config.bits}-bit, g{config.group_size})", total=len(names))
@@ -148,6 +152,16 @@ def quantize_linears(model: nn.Module, names: list[str], stats: dict[str, InputS
             blocks[f"{name}.weight"] = grid.to_blocks(codes, d, m)
         else:
             blocks[f"{name}.weight"] = _rtn(weight, grid)
+        progress.advance(task)
+    return blocks
+
+
+def _quantize_float_codes(model: nn.Module, names: list[str], config: QuantizeConfig, progress: Progress) -> dict[str, GGMLTensor]:
+    quantize = FLOAT_CODE_QUANTIZERS[config.method]
+    task = progress.add_task(f"quantizing ({config.method})", total=len(names))
+    blocks = {}
+    for name in names:
+        blocks[f"{name}.weight"] = quantize(model.get_submodule(name).weight.detach())
         progress.advance(task)
     return blocks
 

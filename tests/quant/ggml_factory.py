@@ -8,7 +8,7 @@ import torch
 from ember.quant.ggml_blocks import FORMATS, GGMLTensor
 
 # Byte offsets of each format's fp16 fields (scale d, and min / dmin where the format has one).
-HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "NF4": (0,), "FP8": ()}
 
 
 def random_blocks(name: str, rows: int, cols: int, seed: int = 0) -> GGMLTensor:
@@ -19,4 +19,7 @@ def random_blocks(name: str, rows: int, cols: int, seed: int = 0) -> GGMLTensor:
     for offset in HALF_FIELDS[name]:
         halves = rng.uniform(-0.05, 0.05, size=raw.shape[:2]).astype(np.float16)
         raw[..., offset : offset + 2] = halves.view(np.uint8).reshape(*raw.shape[:2], 2)
+    if name == "FP8":  # E8M0 scales near 2^-8 and e4m3 codes other than NaN (0x7F, 0xFF)
+        raw[..., 0] = rng.integers(115, 125, size=raw.shape[:2])
+        raw[..., 1:] = np.where((raw[..., 1:] & 0x7F) == 0x7F, raw[..., 1:] ^ 1, raw[..., 1:])
     return GGMLTensor(torch.from_numpy(raw.reshape(rows, -1).copy()), fmt, cols)

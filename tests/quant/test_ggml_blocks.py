@@ -8,7 +8,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from ember.quant.ggml_blocks import FORMATS, GGMLTensor, dequantize_torch
+from ember.quant.ggml_blocks import FORMATS, GGUF_FORMATS, GGMLTensor, dequantize_torch
 from ember.quant.ggml_kernels import load_kernels
 from tests.quant.ggml_factory import random_blocks
 
@@ -17,14 +17,14 @@ def _reference(weight: GGMLTensor) -> np.ndarray:
     return dequantize(weight.data.numpy(), GGMLQuantizationType[weight.format.name]).reshape(weight.shape)
 
 
-@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("name", GGUF_FORMATS)
 def test_torch_decoder_is_bit_exact_with_gguf(name):
     weight = random_blocks(name, rows=24, cols=512, seed=1)
     ours = dequantize_torch(weight.data, weight.format).reshape(weight.shape).numpy()
     assert np.array_equal(ours.view(np.uint32), _reference(weight).astype(np.float32).view(np.uint32))
 
 
-@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("name", GGUF_FORMATS)
 def test_compiled_decoder_is_bit_exact_with_gguf(name):
     kernels = load_kernels()
     if kernels is None:
@@ -46,3 +46,13 @@ def test_concat_stacks_rows_and_refuses_mixed_formats():
 def test_a_width_that_is_not_whole_blocks_is_refused_with_the_block_size():
     with pytest.raises(ValueError, match="whole 256-value blocks"):
         GGMLTensor(torch.zeros(2, 144, dtype=torch.uint8), FORMATS["Q4_K"], 300)
+
+
+@pytest.mark.parametrize("name", ["NF4", "FP8"])
+def test_compiled_decoder_of_ember_formats_is_bit_exact_with_the_torch_decoder(name):
+    kernels = load_kernels()
+    if kernels is None:
+        pytest.skip("no C compiler here (or EMBER_PURE_TORCH is set)")
+    weight = random_blocks(name, rows=21, cols=576, seed=3)
+    ours = kernels.dequantize(weight).numpy()
+    assert np.array_equal(ours.view(np.uint32), dequantize_torch(weight.data, weight.format).reshape(weight.shape).numpy().view(np.uint32))

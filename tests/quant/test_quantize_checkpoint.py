@@ -80,6 +80,29 @@ def test_rtn_from_a_gguf_writes_a_gguf_the_gguf_package_reads(tiny_folder, tmp_p
         assert (ours[name] - float_weights[name]).abs().max() <= step
 
 
+@pytest.mark.parametrize(("method", "source_kind"), [("nf4", "gguf"), ("fp8", "folder")])
+def test_float_code_checkpoints_load_in_their_blocks_and_run_like_their_float_copy(tiny_folder, tmp_path, method, source_kind):
+    from tests.models.test_gguf_loader import write_gguf
+
+    source = tiny_folder
+    if source_kind == "gguf":
+        source = tmp_path / "float.gguf"
+        write_gguf(tiny_folder, source, GGMLQuantizationType.F32, np.random.default_rng(0))
+    out = tmp_path / method
+    assert main(["quantize", "--model", str(source), "--method", method, "--out", str(out)]) == 0
+    checkpoint = out / "model.gguf" if source_kind == "gguf" else out
+    if source_kind == "gguf":  # ember's formats travel as raw I8 rows of blocks, listed under ember.block_formats
+        reader = GGUFReader(str(checkpoint))
+        assert json.loads(reader.fields["ember.block_formats"].contents())["blk.0.attn_q.weight"] == "NF4"
+    layers = [m for m in load_model(checkpoint).model.modules() if isinstance(m, GGMLLinear)]
+    assert {m.format.name for m in layers} == {method.upper(), "Q8_0"}  # the LM head is Q8_0 like the table
+    float_weights = load_model(source, dtype="float32").model.state_dict()
+    ours = load_model(checkpoint, dtype="float32").model.state_dict()
+    name = "model.layers.0.self_attn.qkv_proj.weight"  # q/k rows come back in place: the error stays small
+    assert (ours[name] - float_weights[name]).abs().max() <= 0.2 * float_weights[name].abs().max()
+    assert _greedy(str(checkpoint), "auto") == _greedy(str(checkpoint), "float32")
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -87,7 +110,9 @@ def test_rtn_from_a_gguf_writes_a_gguf_the_gguf_package_reads(tiny_folder, tmp_p
         (["--method", "awq", "--bits", "3"], "cannot make 3-bit weights"),
         (["--method", "rtn", "--group-size", "48"], "multiple of 32"),
         (["--method", "gptq"], "needs --calib FILE"),
-        (["--method", "nf4"], "not built yet"),
+        (["--method", "smoothquant"], "not built yet"),
+        (["--method", "nf4", "--group-size", "128"], "scales blocks of 64 values"),
+        (["--method", "fp8", "--bits", "4"], "cannot make 4-bit weights"),
     ],
 )
 def test_bad_flags_are_named_and_nothing_is_written(tiny_folder, tmp_path, capsys, flags, message):
