@@ -111,7 +111,6 @@ class EngineConfig:
     model: str
     tokenizer: str | None = None
     dtype: str = "auto"
-    quant_activations: str = "int8"  # GGML layers: "int8" (fast, rounded per 32 values) or "float32" (exact)
     max_model_len: int | None = None
     seed: int = 0
     served_model_name: str | None = None
@@ -119,6 +118,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    quant_activations: str = "int8"  # GGML layers: "int8" (fast, rounded per 32 values) or "float32" (exact)
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):
