@@ -89,7 +89,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _common(everything, default_dtype="both")
     everything.add_argument("--report", type=Path, default=None, help="write the Markdown report here (BENCHMARKS.md)")
     everything.add_argument("--out-dir", type=Path, default=Path("benchmarks"), help="results/ and plots/ go under this folder")
-    everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,soak,tokenizers,gateway")
+    everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,soak,tokenizers,gateway,"
+                            "spec,quant,parallel (spec, quant and parallel are sized by --scale; see the report)")
     everything.add_argument("--chunk-tokens", type=int, default=256)
     everything.add_argument("--requests", default=None, metavar="NAME=N,...",
                             help="request counts per workload overriding --scale, e.g. mixed=24,serve=8,soak=2000 (mixed, shared-prefix, serve, soak)")

@@ -11,7 +11,6 @@ from ember.bench.report import (
     fmt,
     fmt_ratio,
     fmt_spread,
-    goal_values,
 )
 
 
@@ -161,18 +160,15 @@ def _roofline(section: dict) -> Table:
 
 
 def print_summary(results: dict) -> None:
-    from ember.bench.report import GOALS
+    from ember.bench.report import all_goals
 
     console = Console()
     table = Table(title="ember bench all: goals")
-    for column in ("goal", "target", "measured"):
+    for column in ("issue", "goal", "target", "measured"):
         table.add_column(column)
-    values = goal_values(results)
-    for key, what, target, test in GOALS:
-        value = values.get(key)
-        shown = "n/a" if value is None else (f"{value:.1f}%" if target.endswith("%") else f"{value:.2f}x")
-        style = "" if value is None else ("green" if test(value) else "red")
-        table.add_row(what, target, f"[{style}]{shown}[/]" if style else shown)
+    for goal in all_goals(results):
+        style = {"met": "green", "**missed**": "red"}.get(goal.verdict, "")
+        table.add_row(str(goal.issue), goal.what, goal.target, f"[{style}]{goal.measured}[/]" if style else goal.measured)
     console.print(table)
     for name, why in results.get("errors", {}).items():
         console.print(f"[red]{name} failed[/]: {why}")

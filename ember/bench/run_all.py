@@ -8,21 +8,28 @@ import inspect
 import json
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 from ember.bench import report, suite
+from ember.bench.feature_benches import FEATURE_SECTIONS, FeatureSizes, run_feature_section
+from ember.bench.feature_benches import planned_runs as feature_planned_runs
 from ember.bench.machine import git_commit, load_average, machine_info
 from ember.bench.suite import BenchOptions
 
-SECTIONS = ("roofline", "mixed", "batch1", "shared-prefix", "long-prefill", "serve", "soak", "tokenizers", "gateway")
+SECTIONS = ("roofline", "mixed", "batch1", "shared-prefix", "long-prefill", "serve", "soak", "tokenizers", "gateway", *FEATURE_SECTIONS)
 
 
 def run_all(options: BenchOptions, command: str, report_path: Path | None, out_dir: Path, only: tuple[str, ...] = SECTIONS,
-            profile: bool = True, tokenizer_text_mb: float = 2.0) -> dict:
-    """Run the benchmarks in `only`; write out_dir/results/<stamp>.json, summary.json, plots and the report."""
+            profile: bool = True, tokenizer_text_mb: float = 2.0, feature_sizes: FeatureSizes | None = None) -> dict:
+    """Run the benchmarks in `only`; write out_dir/results/<stamp>.json, summary.json, plots and the report.
+
+    `feature_sizes` sizes spec, quant and parallel (default: FeatureSizes.for_scale(options.scale)).
+    """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     started = time.gmtime()
+    feature_sizes = feature_sizes or FeatureSizes.for_scale(options.scale)
     options.workload_dir = out_dir / "workloads"
     results: dict = {
         "command": command,
@@ -31,13 +38,14 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
         "machine": machine_info(),
         "options": {"model": options.model, "dtypes": list(options.dtypes), "repeats": options.repeats, "seed": options.seed,
                     "scale": options.scale, "requests": options.requests_by_workload, "peers": list(options.peers),
-                    "chunk_tokens": options.chunk_tokens, "static_dtypes": list(options.static_dtypes or options.dtypes)},
+                    "chunk_tokens": options.chunk_tokens, "static_dtypes": list(options.static_dtypes or options.dtypes),
+                    "feature_sizes": asdict(feature_sizes)},
         "skipped": options.skipped,
         "errors": {},
         "notes": [],
         "closing_notes": [],
     }
-    total = sum(suite.planned_runs(options, name) for name in only) + 4
+    total = sum(_planned_runs(options, feature_sizes, name) for name in only) + 4
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()) as progress:
         task = progress.add_task("ember bench all", total=total)
 
@@ -84,6 +92,8 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
                         options.skipped["tokenizers"] = "ember/bench/tokenizers.py (run_tokenizer_bench) is not present"
                     else:
                         results[key] = outcome
+                elif name in FEATURE_SECTIONS:
+                    results[key] = run_feature_section(name, options, feature_sizes)
             except Exception as error:  # noqa: BLE001 - one broken benchmark must not lose the others' results
                 results["errors"][name] = f"{type(error).__name__}: {error}"[:500]
                 traceback.print_exc()
@@ -99,6 +109,12 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
     results["finished_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     _write(results, options, report_path, out_dir, started)
     return results
+
+
+def _planned_runs(options: BenchOptions, feature_sizes: FeatureSizes, name: str) -> int:
+    if name in FEATURE_SECTIONS:
+        return feature_planned_runs(options, feature_sizes, name)
+    return suite.planned_runs(options, name)
 
 
 def run_tokenizer_bench_if_present(options: BenchOptions, text_mb: float = 2.0):
@@ -126,8 +142,7 @@ def run_tokenizer_bench_if_present(options: BenchOptions, text_mb: float = 2.0):
 
 
 def _any_goal_missed(results: dict) -> bool:
-    values = report.goal_values(results)
-    return any(values.get(key) is not None and not test(values[key]) for key, _, _, test in report.GOALS)
+    return any(goal.is_missed for goal in report.all_goals(results))
 
 
 def _profile(options: BenchOptions) -> dict:

@@ -17,6 +17,7 @@ import random
 from ember.bench.workloads import BenchRequest, Workload, corpus_text
 
 SPEC_WORKLOADS = ("code-edit", "quote-summary", "free-story")
+CONTROL_WORKLOADS = ("free-story",)  # nothing to copy from the input: the others are input-grounded
 
 _NOUNS = ("price", "score", "weight", "order", "record", "sample", "reading", "invoice", "ticket", "packet", "token", "entry")
 _VERBS = ("scale", "filter", "count", "normalise", "merge", "clip", "round", "shift", "tally", "group")

@@ -1,0 +1,215 @@
+"""The "done when" numbers of issues 10 (quantization), 11 (speculative decoding) and 12 (parallelism)
+that `ember bench all` measures, as rows of the report's Goals table.
+
+Every verdict is computed from the results dict; a row whose numbers were not measured says so.
+Rows whose issue sets no target (scaling on a 2-core box, acceptance rates) are reported as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ember.bench.spec_workloads import CONTROL_WORKLOADS
+
+# The bounds ember states for "every method within a stated bound of the float model" (issue 10):
+# perplexity over the float32 model's, in percent, on the report's evaluation corpus.
+PPL_BOUND_PCT = {4: 10.0, 8: 1.0}
+SEED_MEMORY_RATIO = 3.5  # the seed's "~3.5x less memory" for 4-bit weights
+RANK_SHARE_SLACK = 1.15  # "memory per rank ~1/T": replicated norms and KV heads may add up to 15%
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One row of the Goals table: what is measured, the target, the value and how it is judged."""
+
+    issue: int
+    what: str
+    target: str
+    value: float | None
+    test: Callable[[float], bool] | None = None  # None: the issue asks for the number, not a threshold
+    unit: str = "x"  # "x" (ratio), "%", "+%" (a signed change) or "" (a plain number)
+    detail: str = ""  # where the number came from, or what goes with it
+
+    @property
+    def measured(self) -> str:
+        if self.value is None:
+            return "not measured"
+        text = {"x": f"{self.value:.2f}x", "%": f"{self.value:.1f}%", "+%": f"{self.value:+.1f}%"}.get(self.unit, f"{self.value:g}")
+        return f"{text} ({self.detail})" if self.detail else text
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return "—"
+        if self.test is None:
+            return "reported"
+        return "met" if self.test(self.value) else "**missed**"
+
+    @property
+    def is_missed(self) -> bool:
+        return self.value is not None and self.test is not None and not self.test(self.value)
+
+
+def _get(data, *keys):
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def feature_goals(results: dict) -> list[Goal]:
+    return quant_goals(results) + spec_goals(results) + parallel_goals(results)
+
+
+# -- issue 11: speculative decoding -----------------------------------------------------------------
+
+
+def spec_goals(results: dict) -> list[Goal]:
+    section = results.get("spec")
+    batch1 = _get(section, "batch1") or {}
+    goals = []
+    for workload, entry in batch1.items():
+        if workload in CONTROL_WORKLOADS:
+            continue
+        goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}: n-gram output tok/s over plain", ">= 2x",
+                          _get(entry, "ngram", "ratio"), lambda v: v >= 2.0, detail=_acceptance(entry, "ngram")))
+    for workload, entry in batch1.items():
+        if "draft" in entry:
+            goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}: draft-model output tok/s over plain", "reported",
+                              _get(entry, "draft", "ratio"), detail=_acceptance(entry, "draft")))
+    slowest = _slowest(batch1)
+    goals.append(Goal(11, "`spec` batch 1: slowest workload and proposer over plain (adaptive K)", ">= 0.9x",
+                      slowest[0], lambda v: v >= 0.9, detail=slowest[1]))
+    mixed = _get(section, "mixed")
+    requests = f" ({mixed['num_requests']} requests)" if mixed else ""
+    goals.append(Goal(11, f"`spec` inside `mixed`{requests}: n-gram output tok/s over plain", "reported",
+                      _get(mixed, "ngram", "ratio"), detail=_acceptance(mixed, "ngram")))
+    if section is not None and section.get("batch_sweep"):
+        goals.append(_crossover(section))
+    return goals
+
+
+def _crossover(section: dict) -> Goal:
+    """The first swept batch at which n-gram no longer pays; the largest batch swept when it always paid."""
+    swept = sorted(map(int, section["batch_sweep"]))
+    crossover = section.get("crossover_batch")
+    what = f"`spec` batch sweep ({', '.join(map(str, swept))}) on code-edit: first batch where n-gram stops paying"
+    if crossover is None:
+        return Goal(11, what, "reported", float(swept[-1]), unit="", detail="none: n-gram still pays at the largest batch swept")
+    return Goal(11, what, "reported", float(crossover), unit="")
+
+
+def _acceptance(entry: dict | None, method: str) -> str:
+    rate = _get(entry, method, "acceptance_rate")
+    return "" if rate is None else f"acceptance {rate:.0%}"
+
+
+def _slowest(batch1: dict) -> tuple[float | None, str]:
+    """The lowest proposer / plain ratio over every batch-1 workload, and which it was."""
+    found = [(entry[m]["ratio"], f"{workload}, {m}") for workload, entry in batch1.items()
+             for m in entry if isinstance(entry[m], dict) and entry[m].get("ratio") is not None]  # fmt: skip
+    return min(found) if found else (None, "")
+
+
+# -- issue 10: quantization -------------------------------------------------------------------------
+
+
+def quant_row(section: dict | None, name: str) -> dict | None:
+    """The quant table's row of a method ('rtn4', named 'rtn4 g128' there), 'float32' or 'checkpoint as stored'."""
+    for row in _get(section, "rows") or []:
+        if row["name"] == name or row["name"].split()[0] == name:
+            return row
+    return None
+
+
+def method_rows(section: dict | None, bits: int) -> list[dict]:
+    """The rows of the quantization methods at `bits` (not the float model, not the checkpoint as stored)."""
+    from ember.bench.quant import METHOD_SPECS
+
+    return [r for r in _get(section, "rows") or [] if METHOD_SPECS.get(r["name"].split()[0], (None, None))[1] == bits]
+
+
+def quant_goals(results: dict) -> list[Goal]:
+    section = results.get("quant")
+    goals = [_ranking(section, "gptq4"), _ranking(section, "awq4")]
+    for bits, bound in PPL_BOUND_PCT.items():
+        worst = _worst_over_float(section, bits)
+        goals.append(Goal(10, f"`quant` every {bits}-bit method: perplexity over float32 (worst)", f"<= +{bound:g}% (stated bound)",
+                          worst[0], lambda v, bound=bound: v <= bound, unit="+%", detail=worst[1]))
+    goals.append(_memory(section))
+    goals.append(_batch1_vs_float(results))
+    goals.append(Goal(10, "`batch1` 4-bit GGUF in its blocks (`--dtype auto`): ember / llama.cpp decode tok/s, same run", ">= 1x",
+                      _get(results, "batch1", "dtype", "auto", "ratio_llamacpp"), lambda v: v >= 1.0))
+    goals.append(Goal(10, "`mixed` 4-bit GGUF in its blocks (`--dtype auto`): ember / llama.cpp output tok/s, same run", ">= 1.5x",
+                      _get(results, "mixed", "dtype", "auto", "ratio_llamacpp"), lambda v: v >= 1.5))
+    return goals
+
+
+def _ranking(section: dict | None, method: str) -> Goal:
+    row, rtn = quant_row(section, method), quant_row(section, "rtn4")
+    value = row["perplexity"] / rtn["perplexity"] if row and rtn else None
+    return Goal(10, f"`quant` 4-bit g{_get(section, 'group_size') or 128} perplexity: {method[:-1].upper()} / RTN", "<= 1.00x",
+                value, lambda v: v <= 1.0)
+
+
+def _worst_over_float(section: dict | None, bits: int) -> tuple[float | None, str]:
+    rows = method_rows(section, bits)
+    if not rows:
+        return None, ""
+    worst = max(rows, key=lambda r: r["ppl_vs_float_pct"])
+    return worst["ppl_vs_float_pct"], worst["name"]
+
+
+def _memory(section: dict | None) -> Goal:
+    """float32 bytes per parameter over the most compact 4-bit row's (the seed's memory claim)."""
+    float_row = quant_row(section, "float32")
+    four_bit = method_rows(section, 4)
+    stored = quant_row(section, "checkpoint as stored")
+    if stored and stored["bytes_per_parameter"] < 1.0:  # a 4-bit GGUF as shipped counts as 4-bit weights
+        four_bit.append(stored)
+    value, detail = None, ""
+    if float_row and four_bit:
+        compact = min(four_bit, key=lambda r: r["bytes_per_parameter"])
+        value = float_row["bytes_per_parameter"] / compact["bytes_per_parameter"]
+        detail = f"{compact['name']}: {compact['bytes_per_parameter']:.3f} bytes/param"
+    return Goal(10, "`quant` memory: float32 bytes per parameter over 4-bit's", f">= {SEED_MEMORY_RATIO:g}x (the seed's claim)",
+                value, lambda v: v >= SEED_MEMORY_RATIO, detail=detail)
+
+
+def _batch1_vs_float(results: dict) -> Goal:
+    """4-bit decode over ember's own float32: same-run `batch1` when it ran `--dtype auto`, else the quant table."""
+    what = "batch-1 decode with 4-bit weights over ember's own float32"
+    same_run = _get(results, "batch1", "ember_auto_vs_float32")
+    if same_run is not None:
+        return Goal(10, what, ">= 2.5x", same_run, lambda v: v >= 2.5, detail="`batch1`, dtype auto vs float32")
+    stored, float_row = quant_row(results.get("quant"), "checkpoint as stored"), quant_row(results.get("quant"), "float32")
+    four_bit = stored if stored and stored["bytes_per_parameter"] < 1.0 else quant_row(results.get("quant"), "rtn4")
+    value = four_bit["decode_tok_s"] / float_row["decode_tok_s"] if four_bit and float_row and float_row["decode_tok_s"] else None
+    detail = f"`quant` table, {four_bit['name']} vs float32" if value is not None else ""
+    return Goal(10, what, ">= 2.5x", value, lambda v: v >= 2.5, detail=detail)
+
+
+# -- issue 12: parallelism --------------------------------------------------------------------------
+
+
+def parallel_goals(results: dict) -> list[Goal]:
+    p = results.get("parallel")
+    world = _get(p, "world_size") or 2
+    counted, formula = _get(p, "all_reduce_bytes_per_token_counted"), _get(p, "all_reduce_bytes_per_token_formula")
+    traffic = counted / formula if counted is not None and formula else None
+    ranks, whole = _get(p, "rank_weight_bytes"), _get(p, "whole_weight_bytes")
+    share = max(ranks) * world / whole if ranks and whole else None
+    return [
+        Goal(12, f"`parallel` TP={world}: all-reduce bytes per token per rank, counted / formula", "1.00x (within 1%)",
+             traffic, lambda v: abs(v - 1.0) <= 0.01, detail=f"{counted:,.0f} / {formula:,.0f} bytes" if traffic else ""),
+        Goal(12, f"`parallel` TP={world}: largest rank's weight bytes over whole model / {world}", f"<= {RANK_SHARE_SLACK:.2f}x (~1/T each)",
+             share, lambda v: v <= RANK_SHARE_SLACK),
+        Goal(12, f"`parallel` TP={world} over one process, measured here", "reported", _get(p, "speedup"),
+             detail=f"{_get(p, 'torch_threads') or '?'} torch threads, one CPU box" if p else ""),
+        Goal(12, f"`parallel` share of rank 0's run time inside collectives (TP={world})", "reported",
+             None if p is None else 100.0 * p["communication_share"], unit="%"),
+        Goal(12, f"`parallel` TP={world} modelled batch-1 decode speedup", "reported", _get(p, "modelled_speedup_batch1"),
+             detail=_get(p, "hardware_model", "name") or ""),
+    ]

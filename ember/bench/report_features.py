@@ -1,0 +1,184 @@
+"""The `spec`, `quant` and `parallel` sections of BENCHMARKS.md and their plots, from the results dict only.
+
+The PNGs are the ones the benches draw themselves (acceptance histogram, perplexity against
+bytes), redrawn here from the saved section so that `--from-results` can re-render them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from ember.bench.goals import quant_row
+
+Table = Callable[[list[str], list[list[str]]], list[str]]
+Image = Callable[[list[str], str], None]
+
+
+def make_feature_plots(results: dict, folder: Path) -> dict[str, Path]:
+    """{name: PNG} for the feature sections present in `results`."""
+    plots: dict[str, Path] = {}
+    if results.get("spec", {}).get("batch1"):
+        from ember.bench.spec import plot_acceptance
+
+        plots["spec"] = plot_acceptance(results["spec"], folder / "spec_acceptance.png")
+    if results.get("quant", {}).get("rows"):
+        from ember.bench.quant import plot_quant
+
+        plots["quant"] = plot_quant(results["quant"], folder / "quant.png")
+    if results.get("parallel"):
+        plots["parallel"] = plot_parallel(results["parallel"], folder / "parallel.png")
+    return plots
+
+
+def plot_parallel(result: dict, path: Path) -> Path:
+    """Weights per rank against whole / T, and run time of one process against TP (median, min-max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mib = 2**20
+    world = result["world_size"]
+    fig, (memory, timing) = plt.subplots(1, 2, figsize=(9, 3.6))
+    ranks = [b / mib for b in result["rank_weight_bytes"]]
+    memory.bar([f"rank {i}" for i in range(len(ranks))], ranks, color="tab:blue")
+    memory.axhline(result["whole_weight_bytes"] / mib / world, color="gray", linestyle="--", label=f"whole model / {world}")
+    memory.set_ylabel("weights (MiB)")
+    memory.set_title("weights held per rank")
+    memory.legend(fontsize=8)
+    runs = {"1 process": result["single_s"], f"TP={world}": result["parallel_s"]}
+    medians = [statistics.median(v) for v in runs.values()]
+    errors = [[m - min(v) for m, v in zip(medians, runs.values(), strict=True)],
+              [max(v) - m for m, v in zip(medians, runs.values(), strict=True)]]  # fmt: skip
+    timing.bar(list(runs), medians, yerr=errors, capsize=3, color=["tab:gray", "tab:orange"])
+    timing.set_ylabel("seconds per run")
+    timing.set_title(f"same prompts, {result['communication_share']:.0%} of TP time in collectives")
+    fig.suptitle(f"tensor parallel on {result['model'].split('/')[-1]}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def sizes_note(sizes: dict | None) -> str:
+    """'Sized for this run: prompts 1 (full size 3), ...' from a section's {'used', 'full'} sizes."""
+    if not sizes:
+        return ""
+    changed = [f"{name.replace('_', ' ')} {_text(value)} (full size {_text(sizes['full'].get(name))})"
+               for name, value in sizes["used"].items() if value != sizes["full"].get(name)]  # fmt: skip
+    if not changed:
+        return "Run at full size."
+    return "Scaled down for this run: " + "; ".join(changed) + "."
+
+
+def _text(value) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+
+# -- spec ------------------------------------------------------------------------------------------
+
+
+def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]:
+    if not section:
+        return []
+    draft = (f"; draft: `{Path(section['draft_model']).name}` at dtype {section['draft_dtype']}"
+             f"{' (its own 4-bit blocks: a self-draft)' if section['draft_dtype'] == 'auto' else ''}"
+             if section.get("draft_model") else "")  # fmt: skip
+    lines = ["## `spec`: speculative decoding (`ember bench spec`)", "",
+             f"ember with each proposer against ember without, same run, interleaved repeats ({section.get('repeats', '?')}), "
+             f"greedy, target dtype {section['dtype']}, K={section['num_speculative_tokens']} with adaptive K{draft}. "
+             "Output tok/s counts prefill; decode tok/s the tokens after the first over the time after the first. "
+             f"{sizes_note(section.get('sizes'))}", ""]
+    rows = []
+    for workload, entry in section["batch1"].items():
+        for method, data in entry.items():
+            if method == "plain" or not isinstance(data, dict) or "tok_s" not in data:
+                continue
+            rows.append([workload, _lengths(entry.get("prompt_len")), method, _spread(entry["plain"]["tok_s"]), _spread(data["tok_s"]),
+                         _ratio(data.get("ratio")), _ratio(data.get("decode_ratio")), f"{data['acceptance_rate']:.0%}",
+                         f"{data['mean_accepted_length']:.2f}", f"{data['draft_time_s']:.2f}", f"{data['verify_time_s']:.2f}"])
+    lines += ["Batch 1:", ""]
+    lines += table(["workload", "prompt tokens", "proposer", "plain tok/s", "with proposer tok/s", "over plain", "decode over plain",
+                    "acceptance", "mean accepted length", "draft s", "verify s"], rows)
+    lines += _sweep(section, table)
+    mixed = section.get("mixed")
+    if mixed:
+        lines += ["", f"Inside `mixed` ({mixed['num_requests']} requests, continuous batching): plain {_spread(mixed['plain']['tok_s'])} "
+                  f"tok/s, n-gram {_spread(mixed['ngram']['tok_s'])} tok/s, **{_ratio(mixed['ngram'].get('ratio'))}** "
+                  f"(acceptance {mixed['ngram']['acceptance_rate']:.0%})."]
+    image(lines, "spec")
+    lines.append("")
+    return lines
+
+
+def _sweep(section: dict, table: Table) -> list[str]:
+    sweep = section.get("batch_sweep") or {}
+    if not sweep:
+        return []
+    rows = [[batch, _spread(entry["plain"]["tok_s"]), _spread(entry["ngram"]["tok_s"]), _ratio(entry["ngram"].get("ratio")),
+             f"{entry['ngram']['acceptance_rate']:.0%}"] for batch, entry in sorted(sweep.items(), key=lambda item: int(item[0]))]
+    crossover = section.get("crossover_batch")
+    where = "n-gram still pays at every batch swept" if crossover is None else f"n-gram stops paying at batch {crossover}"
+    return ["", "Batch sweep on code-edit (n-gram):", "",
+            *table(["batch", "plain tok/s", "n-gram tok/s", "over plain", "acceptance"], rows), "", f"Crossover: {where}."]
+
+
+# -- quant -----------------------------------------------------------------------------------------
+
+
+def quant_markdown(section: dict | None, table: Table, image: Image) -> list[str]:
+    if not section:
+        return []
+    float_row = quant_row(section, "float32")
+    lines = ["## `quant`: quantization methods (`ember bench quant`)", "",
+             f"`{Path(section['model']).name}`: each method quantizes the float32 model (group size {section.get('group_size', '?')}), "
+             f"calibrated on `{Path(section['calib']).name}` ({section['calib_tokens']} tokens); perplexity on "
+             f"`{Path(section['eval']).name}` ({section['eval_tokens']} tokens, one window). Bytes per parameter: the weights as "
+             "held in memory. Decode tok/s: median single-stream step rate after a 64-token prompt (one run per row). "
+             f"{sizes_note(section.get('sizes'))}", ""]
+    rows = []
+    for row in section["rows"]:
+        speed = row["decode_tok_s"] / float_row["decode_tok_s"] if float_row and float_row["decode_tok_s"] else None
+        rows.append([row["name"], f"{row['perplexity']:.3f}", f"{row['ppl_vs_float_pct']:+.1f}%", f"{row['bytes_per_parameter']:.3f}",
+                     f"{row['decode_tok_s']:.1f}", _ratio(speed), f"{row['quantize_s']:.0f}" if row.get("quantize_s") else ""])
+    lines += table(["weights", "perplexity", "vs float32", "bytes/param", "decode tok/s", "decode over float32", "quantize s"], rows)
+    image(lines, "quant")
+    lines.append("")
+    return lines
+
+
+# -- parallel --------------------------------------------------------------------------------------
+
+
+def parallel_markdown(result: dict | None, image: Image) -> list[str]:
+    if not result:
+        return []
+    from ember.bench.parallel import markdown
+
+    w = result["workload"]
+    lines = [markdown(result).replace("## Tensor parallel", "## `parallel`: tensor parallel", 1), "",
+             f"{w['prompts']} prompts of {w['prompt_len']} random tokens, {w['max_tokens']} out (greedy), {w['repeats']} repeats of each "
+             f"engine, float32 on both sides; {result.get('torch_threads', '?')} torch threads per process on a shared CPU box, where "
+             "TP adds work and cannot speed up: the modelled row is what the same traffic would cost on fast links. "
+             f"{sizes_note(result.get('sizes'))}"]  # fmt: skip
+    image(lines, "parallel")
+    lines.append("")
+    return lines
+
+
+def _lengths(value) -> str:
+    """A workload's prompt length(s): '376', or '350–402' over several prompts."""
+    if isinstance(value, list) and value:
+        return str(value[0]) if min(value) == max(value) else f"{min(value)}–{max(value)}"
+    return "?" if value is None or value == [] else str(value)
+
+
+def _spread(data: dict | None) -> str:
+    return "n/a" if not data else f"{data['median']:,.1f} ({data['min']:,.1f}–{data['max']:,.1f})"
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"

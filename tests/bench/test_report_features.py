@@ -1,0 +1,141 @@
+"""The spec, quant and parallel sections of `ember bench all`: sizes from --scale, tables, goal verdicts, re-rendering."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ember.bench import report
+from ember.bench.feature_benches import FeatureSizes, planned_runs
+from ember.bench.run_all import SECTIONS, rerender
+from ember.bench.suite import BenchOptions
+from tests.bench.test_report import fake_results
+
+
+def _spread(median):
+    return {"median": median, "min": median * 0.9, "max": median * 1.1, "values": [median]}
+
+
+def _engine(tok_s, ratio=None, acceptance=0.0, histogram=(0, 0, 0, 0, 0)):
+    entry = {"label": "ember", "tok_s": _spread(tok_s), "decode_tok_s": _spread(tok_s * 1.2), "acceptance_rate": acceptance,
+             "mean_accepted_length": 1.0 + 3 * acceptance, "draft_time_s": 0.1, "verify_time_s": 0.5,
+             "accepted_histogram": list(histogram), "num_steps": 100}
+    if ratio is not None:
+        entry.update(ratio=ratio, decode_ratio=ratio * 1.1)
+    return entry
+
+
+def spec_section() -> dict:
+    def workload(ngram_ratio, draft_ratio, prompt_len):
+        return {"plain": _engine(10.0), "ngram": _engine(10.0 * ngram_ratio, ngram_ratio, 0.7, (1, 1, 2, 3, 9)),
+                "draft": _engine(10.0 * draft_ratio, draft_ratio, 0.95, (0, 0, 0, 1, 20)), "prompt_len": prompt_len, "output_len": 128}
+
+    return {
+        "dtype": "float32", "num_speculative_tokens": 4, "draft_model": "/m/SmolLM2.gguf", "draft_dtype": "auto", "repeats": 3,
+        "batch1": {"code-edit": workload(2.5, 1.3, [380, 402]), "quote-summary": workload(1.5, 1.1, [384]),
+                   "free-story": workload(0.85, 0.95, [41])},
+        "batch_sweep": {"1": {"plain": _engine(10.0), "ngram": _engine(25.0, 2.5, 0.7)},
+                        "8": {"plain": _engine(60.0), "ngram": _engine(48.0, 0.8, 0.7)}},
+        "crossover_batch": 8,
+        "mixed": {"plain": _engine(60.0), "ngram": _engine(54.0, 0.9, 0.4), "num_requests": 8},
+        "sizes": FeatureSizes.for_scale(0.25).record("spec_"),
+    }
+
+
+def quant_section() -> dict:
+    def row(name, ppl, bytes_per_parameter, tok_s, quantize_s=0.0):
+        return {"name": name, "perplexity": ppl, "bytes_per_parameter": bytes_per_parameter, "decode_tok_s": tok_s,
+                "quantize_s": quantize_s, "ppl_vs_float_pct": 100.0 * (ppl / 20.0 - 1.0)}
+
+    return {"model": "/m/SmolLM2.gguf", "calib": "/c/tinyshakespeare.txt", "eval": "/c/botchan.txt", "eval_tokens": 256,
+            "calib_tokens": 512, "group_size": 128, "sizes": FeatureSizes.for_scale(0.25).record("quant_"),
+            "rows": [row("float32", 20.0, 4.0, 20.0), row("checkpoint as stored", 20.0, 0.7, 45.0), row("rtn4 g128", 22.0, 0.7, 46.0, 30),
+                     row("gptq4 g128", 21.5, 0.7, 46.0, 110), row("awq4 g128", 22.4, 0.7, 46.0, 90), row("rtn8 g128", 20.1, 1.1, 35.0, 30)]}
+
+
+def parallel_section() -> dict:
+    return {"model": "/m/SmolLM2.gguf", "world_size": 2, "workload": {"prompts": 1, "prompt_len": 64, "max_tokens": 32, "repeats": 3},
+            "single_s": [0.5, 0.55, 0.6], "parallel_s": [0.8, 0.85, 0.9], "tokens_per_run": 96, "speedup": 0.65,
+            "all_reduce_bytes_per_token_counted": 140544.0, "all_reduce_bytes_per_token_formula": 140544.0,
+            "all_reduces_per_forward": 61, "gather_bytes_counted": 0, "broadcast_bytes_counted": 24731, "collective_seconds": {},
+            "communication_share": 0.66, "whole_weight_bytes": 600 * 2**20, "rank_weight_bytes": [330 * 2**20, 290 * 2**20],
+            "rank_kv_cache_bytes": [1, 1], "hardware_model": {"name": "8x H100 SXM (NVLink)"}, "modelled_speedup_batch1": 0.2,
+            "torch_threads": 2, "sizes": FeatureSizes.for_scale(0.25).record("parallel_")}
+
+
+def feature_results() -> dict:
+    return dict(fake_results(), spec=spec_section(), quant=quant_section(), parallel=parallel_section())
+
+
+def test_the_goals_table_judges_each_feature_number_from_the_results():
+    text = report.render_markdown(feature_results())
+    assert "| 11 | `spec` batch 1 greedy, code-edit: n-gram output tok/s over plain | >= 2x | 2.50x (acceptance 70%) | met |" in text
+    assert "| 11 | `spec` batch 1 greedy, quote-summary: n-gram output tok/s over plain | >= 2x | 1.50x (acceptance 70%) | **missed** |" in text
+    assert "free-story: n-gram" not in text  # the control workload has no 2x goal
+    assert "| 11 | `spec` batch 1: slowest workload and proposer over plain (adaptive K) | >= 0.9x | 0.85x (free-story, ngram) | **missed** |" in text
+    assert "| 11 | `spec` batch 1 greedy, code-edit: draft-model output tok/s over plain | reported | 1.30x (acceptance 95%) | reported |" in text
+    assert "first batch where n-gram stops paying | reported | 8 | reported |" in text
+    assert "| 10 | `quant` 4-bit g128 perplexity: GPTQ / RTN | <= 1.00x | 0.98x | met |" in text
+    assert "| 10 | `quant` 4-bit g128 perplexity: AWQ / RTN | <= 1.00x | 1.02x | **missed** |" in text
+    assert "| 10 | `quant` every 4-bit method: perplexity over float32 (worst) | <= +10% (stated bound) | +12.0% (awq4 g128) | **missed** |" in text
+    assert "| 10 | `quant` every 8-bit method: perplexity over float32 (worst) | <= +1% (stated bound) | +0.5% (rtn8 g128) | met |" in text
+    assert "| >= 2.5x | 2.25x (`quant` table, checkpoint as stored vs float32) | **missed** |" in text
+    assert "`batch1` 4-bit GGUF in its blocks (`--dtype auto`): ember / llama.cpp decode tok/s, same run | >= 1x | not measured | — |" in text
+    assert "| 12 | `parallel` TP=2: all-reduce bytes per token per rank, counted / formula | 1.00x (within 1%) | 1.00x (140,544 / 140,544 bytes) | met |" in text
+    assert "| 12 | `parallel` TP=2: largest rank's weight bytes over whole model / 2 | <= 1.15x (~1/T each) | 1.10x | met |" in text
+    assert "| 12 | `parallel` TP=2 over one process, measured here | reported | 0.65x (2 torch threads, one CPU box) | reported |" in text
+    closing = text[text.index("## Closing note"):]
+    assert "`quant` 4-bit g128 perplexity: AWQ / RTN" in closing and "GPTQ / RTN" not in closing
+
+
+def test_a_same_run_batch1_at_dtype_auto_is_preferred_for_the_4bit_speedup():
+    results = feature_results()
+    results["batch1"]["ember_auto_vs_float32"] = 2.7
+    text = report.render_markdown(results)
+    assert "| batch-1 decode with 4-bit weights over ember's own float32 | >= 2.5x | 2.70x (`batch1`, dtype auto vs float32) | met |" in text
+
+
+def test_feature_sections_show_their_tables_and_what_was_scaled():
+    text = report.render_markdown(feature_results())
+    assert "| code-edit | 380–402 | ngram | 10.0 (9.0–11.0) | 25.0 (22.5–27.5) | 2.50x | 2.75x | 70% | 3.10 | 0.10 | 0.50 |" in text
+    assert "| 8 | 60.0 (54.0–66.0) | 48.0 (43.2–52.8) | 0.80x | 70% |" in text
+    assert "Crossover: n-gram stops paying at batch 8." in text
+    assert "(its own 4-bit blocks: a self-draft)" in text
+    assert "Scaled down for this run: prompts 1 (full size 3); batch sizes 1, 8 (full size 1, 4, 8, 16); mixed requests 8 (full size 16)." in text
+    assert "| gptq4 g128 | 21.500 | +7.5% | 0.700 | 46.0 | 2.30x | 110 |" in text
+    assert "methods rtn4, gptq4, awq4, rtn8 (full size rtn4, gptq4, awq4, rtn8, gptq8)" in text
+    assert "## `parallel`: tensor parallel TP=2 vs one process" in text
+    assert "| all-reduce bytes per token per rank, counted | 140544 |" in text
+
+
+def test_from_results_redraws_the_feature_plots_next_to_their_tables(tmp_path):
+    results_file = tmp_path / "results.json"
+    results_file.write_text(json.dumps(feature_results()))
+    report_path = tmp_path / "BENCHMARKS.md"
+    rerender(results_file, report_path, tmp_path / "benchmarks")
+    text = report_path.read_text()
+    for key, png in (("spec", "spec_acceptance.png"), ("quant", "quant.png"), ("parallel", "parallel.png")):
+        assert (tmp_path / "benchmarks" / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+        assert f"![{key}](benchmarks/plots/{png})" in text
+    assert text.index("![spec]") < text.index("## `quant`") < text.index("![quant]") < text.index("## `parallel`")
+
+
+def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
+    assert {"spec", "quant", "parallel"} <= set(SECTIONS)
+    assert FeatureSizes.for_scale(1.0) == FeatureSizes()
+    small = FeatureSizes.for_scale(0.25)
+    assert (small.spec_prompts, small.spec_batch_sizes, small.spec_mixed_requests) == (1, (1, 8), 8)
+    assert (small.quant_eval_tokens, small.quant_calib_tokens, small.parallel_prompts) == (256, 512, 1)
+    assert small.spec_output_len == FeatureSizes().spec_output_len  # lengths never scale
+    options = BenchOptions(repeats=2)
+    assert planned_runs(options, small, "spec") == (3 * 3 + 2 * 2 + 2) * 2
+    assert planned_runs(options, small, "quant") == 2 + 2 * 4
+    assert planned_runs(options, small, "parallel") == 1
+
+
+def test_bad_feature_sizes_and_unknown_sections_say_what_to_do():
+    with pytest.raises(ValueError, match="at least 1: spec_prompts"):
+        FeatureSizes(spec_prompts=0)
+    with pytest.raises(ValueError, match="choose from spec, quant, parallel"):
+        planned_runs(BenchOptions(), FeatureSizes(), "medusa")
