@@ -27,6 +27,7 @@ class FeatureSizes:
     spec_methods: tuple[str, ...] = ("ngram", "draft")  # draft: the target's own 4-bit GGUF blocks (dtype auto)
     spec_batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
     spec_mixed_requests: int = 16
+    spec_mixed_max_output: int = 128  # the mixed workload's outputs are clipped here
     quant_methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "rtn8", "gptq8")
     quant_eval_tokens: int = 1024
     quant_calib_tokens: int = 2048
@@ -98,7 +99,7 @@ def run_spec_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
     spec = SpecBenchOptions(methods=sizes.spec_methods, draft_model=options.model if has_draft else None,
                             draft_dtype="auto" if has_draft else None, num_prompts=sizes.spec_prompts,
                             output_len=sizes.spec_output_len, batch_sizes=sizes.spec_batch_sizes,
-                            mixed_requests=sizes.spec_mixed_requests)  # fmt: skip
+                            mixed_requests=sizes.spec_mixed_requests, mixed_max_output=sizes.spec_mixed_max_output)  # fmt: skip
     section = bench_spec(options, spec)
     return dict(section, repeats=options.repeats, sizes=sizes.record("spec_"))
 
