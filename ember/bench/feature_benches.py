@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from ember.bench.suite import BenchOptions
 
 FEATURE_SECTIONS = ("spec", "quant", "parallel")
+PARALLEL_MODES = ("tensor", "pipeline", "expert")
 
 QUANT_CALIB_FILE = "tinyshakespeare.txt"  # calibrate on one corpus ...
 QUANT_EVAL_FILE = "botchan.txt"  # ... evaluate on another (issue 10)
@@ -31,6 +32,7 @@ class FeatureSizes:
     quant_methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "rtn8", "gptq8")
     quant_eval_tokens: int = 1024
     quant_calib_tokens: int = 2048
+    parallel_modes: tuple[str, ...] = ("tensor", "pipeline")  # expert parallel needs an MoE model, SmolLM2 is dense
     parallel_world_size: int = 2
     parallel_prompts: int = 4
     parallel_prompt_len: int = 64
@@ -42,7 +44,10 @@ class FeatureSizes:
         if too_small:
             raise ValueError(f"feature bench sizes must be at least 1: {', '.join(too_small)}")
         if self.parallel_world_size < 2:
-            raise ValueError("parallel_world_size must be at least 2 (tensor parallel against one process)")
+            raise ValueError("parallel_world_size must be at least 2 (parallel against one process)")
+        unknown = [mode for mode in self.parallel_modes if mode not in PARALLEL_MODES]
+        if unknown:
+            raise ValueError(f"parallel_modes: unknown {', '.join(unknown)}; choose from {', '.join(PARALLEL_MODES)}")
 
     @classmethod
     def for_scale(cls, scale: float) -> FeatureSizes:
@@ -69,7 +74,7 @@ class FeatureSizes:
 
 def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
     """Progress-bar steps of one feature section: one per timed run (spec), per model quantized
-    or evaluated (quant), one for the whole of `parallel`."""
+    or evaluated (quant), per parallel mode (parallel)."""
     from ember.bench.spec_workloads import SPEC_WORKLOADS
 
     if name == "spec":
@@ -79,7 +84,7 @@ def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
     if name == "quant":
         return 2 + 2 * len(sizes.quant_methods)
     if name == "parallel":
-        return 1
+        return len(sizes.parallel_modes)
     raise ValueError(f"{name!r} is not a feature section; choose from {', '.join(FEATURE_SECTIONS)}")
 
 
@@ -120,12 +125,32 @@ def run_quant_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
 
 
 def run_parallel_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
-    """`ember bench parallel`: tensor parallel against one process, traffic counted, memory per rank."""
+    """`ember bench parallel` once per mode: against one process, traffic counted, memory per rank.
+
+    A mode that fails is recorded under 'errors' and the next one still runs.
+    """
     import torch
 
     from ember.bench.parallel import run_parallel_bench
 
-    options.tick(f"parallel: TP={sizes.parallel_world_size} vs one process ({options.repeats} repeats each)")
-    result = run_parallel_bench(options.model, sizes.parallel_world_size, sizes.parallel_prompts, sizes.parallel_prompt_len,
-                                sizes.parallel_max_tokens, options.repeats, options.seed)  # fmt: skip
-    return dict(result, torch_threads=torch.get_num_threads(), sizes=sizes.record("parallel_"))
+    section: dict = {"modes": {}, "errors": {}, "torch_threads": torch.get_num_threads(), "sizes": sizes.record("parallel_")}
+    for mode in sizes.parallel_modes:
+        options.tick(f"parallel: {mode} x{sizes.parallel_world_size} vs one process ({options.repeats} repeats each)")
+        try:
+            section["modes"][mode] = run_parallel_bench(options.model, parallel_config(mode, sizes.parallel_world_size),
+                                                        sizes.parallel_prompts, sizes.parallel_prompt_len, sizes.parallel_max_tokens,
+                                                        options.repeats, options.seed)  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - one mode failing must not lose the others
+            section["errors"][mode] = f"{type(error).__name__}: {error}"[:500]
+    if not section["modes"]:
+        raise RuntimeError("every parallel mode failed: " + "; ".join(f"{m}: {e}" for m, e in section["errors"].items()))
+    return section
+
+
+def parallel_config(mode: str, world_size: int):
+    """The ParallelConfig of one mode at `world_size` ranks."""
+    from ember.parallel.config import ParallelConfig
+
+    if mode == "pipeline":
+        return ParallelConfig(pipeline_parallel_size=world_size)
+    return ParallelConfig(tensor_parallel_size=world_size, enable_expert_parallel=mode == "expert")

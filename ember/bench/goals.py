@@ -195,21 +195,35 @@ def _batch1_vs_float(results: dict) -> Goal:
 
 
 def parallel_goals(results: dict) -> list[Goal]:
-    p = results.get("parallel")
-    world = _get(p, "world_size") or 2
-    counted, formula = _get(p, "all_reduce_bytes_per_token_counted"), _get(p, "all_reduce_bytes_per_token_formula")
-    traffic = counted / formula if counted is not None and formula else None
-    ranks, whole = _get(p, "rank_weight_bytes"), _get(p, "whole_weight_bytes")
-    share = max(ranks) * world / whole if ranks and whole else None
-    return [
-        Goal(12, f"`parallel` TP={world}: all-reduce bytes per token per rank, counted / formula", "1.00x (within 1%)",
-             traffic, lambda v: abs(v - 1.0) <= 0.01, detail=f"{counted:,.0f} / {formula:,.0f} bytes" if traffic else ""),
-        Goal(12, f"`parallel` TP={world}: largest rank's weight bytes over whole model / {world}", f"<= {RANK_SHARE_SLACK:.2f}x (~1/T each)",
+    modes = _get(results, "parallel", "modes") or {}
+    if not modes:
+        return [Goal(12, f"`parallel` {mode} x2: bytes per token per rank, counted / formula", "1.00x (within 1%)", None)
+                for mode in ("tensor", "pipeline")]  # fmt: skip
+    goals = []
+    for mode, run in modes.items():
+        goals += _parallel_mode_goals(mode, run, _get(results, "parallel", "torch_threads"))
+    return goals
+
+
+def _parallel_mode_goals(mode: str, run: dict, threads: int | None) -> list[Goal]:
+    world = run["world_size"]
+    counted, formula = run["bytes_per_token_counted"], run["bytes_per_token_formula"]
+    traffic = counted / formula if formula else None
+    share = max(run["rank_weight_bytes"]) * world / run["whole_weight_bytes"] if run["whole_weight_bytes"] else None
+    name = f"`parallel` {mode} x{world}"
+    goals = [
+        Goal(12, f"{name}: {run['collective']} bytes per token per rank, counted / formula", "1.00x (within 1%)",
+             traffic, lambda v: abs(v - 1.0) <= 0.01, detail=f"{counted:,.0f} / {formula:,.0f} bytes"),
+        Goal(12, f"{name}: largest rank's weight bytes over whole model / {world}", f"<= {RANK_SHARE_SLACK:.2f}x (~1/T each)",
              share, lambda v: v <= RANK_SHARE_SLACK),
-        Goal(12, f"`parallel` TP={world} over one process, measured here", "reported", _get(p, "speedup"),
-             detail=f"{_get(p, 'torch_threads') or '?'} torch threads, one CPU box" if p else ""),
-        Goal(12, f"`parallel` share of rank 0's run time inside collectives (TP={world})", "reported",
-             None if p is None else 100.0 * p["communication_share"], unit="%"),
-        Goal(12, f"`parallel` TP={world} modelled batch-1 decode speedup", "reported", _get(p, "modelled_speedup_batch1"),
-             detail=_get(p, "hardware_model", "name") or ""),
+        Goal(12, f"{name} over one process, measured here", "reported", run["speedup"],
+             detail=f"{threads or '?'} torch threads per process, one shared CPU box"),
+        Goal(12, f"{name}: share of rank 0's run time inside collectives", "reported", 100.0 * run["communication_share"], unit="%"),
     ]
+    if mode == "pipeline":
+        goals.append(Goal(12, f"{name}: rank 0 idle waiting for later stages (bubble, no micro-batches)", "reported",
+                          100.0 * run["rank0_idle_share"], unit="%"))
+    if run.get("modelled_speedup_batch1") is not None:
+        goals.append(Goal(12, f"{name}: modelled batch-1 decode speedup", "reported", run["modelled_speedup_batch1"],
+                          detail=run["hardware_model"]["name"]))
+    return goals

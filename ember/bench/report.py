@@ -95,8 +95,11 @@ def all_goals(results: dict) -> list[Goal]:
 
 
 def write_summary(results: dict, path: Path) -> None:
+    """summary.json: the headline figures, and every goal row with its computed verdict."""
+    goals = [{"issue": g.issue, "goal": g.what, "target": g.target, "value": g.value, "verdict": g.verdict.strip("*")}
+             for g in all_goals(results)]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary(results), indent=2) + "\n")
+    path.write_text(json.dumps(dict(summary(results), goals=goals), indent=2) + "\n")
 
 
 # -- formatting -----------------------------------------------------------------------------------

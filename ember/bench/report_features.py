@@ -27,35 +27,41 @@ def make_feature_plots(results: dict, folder: Path) -> dict[str, Path]:
         from ember.bench.quant import plot_quant
 
         plots["quant"] = plot_quant(results["quant"], folder / "quant.png")
-    if results.get("parallel"):
+    if results.get("parallel", {}).get("modes"):
         plots["parallel"] = plot_parallel(results["parallel"], folder / "parallel.png")
     return plots
 
 
-def plot_parallel(result: dict, path: Path) -> Path:
-    """Weights per rank against whole / T, and run time of one process against TP (median, min-max)."""
+def plot_parallel(section: dict, path: Path) -> Path:
+    """Weights per rank of each mode against whole / ranks, and run time of one process against each mode."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     mib = 2**20
-    world = result["world_size"]
+    modes = section["modes"]
+    first = next(iter(modes.values()))
     fig, (memory, timing) = plt.subplots(1, 2, figsize=(9, 3.6))
-    ranks = [b / mib for b in result["rank_weight_bytes"]]
-    memory.bar([f"rank {i}" for i in range(len(ranks))], ranks, color="tab:blue")
-    memory.axhline(result["whole_weight_bytes"] / mib / world, color="gray", linestyle="--", label=f"whole model / {world}")
+    width = 0.8 / max(1, len(modes))
+    for i, (mode, run) in enumerate(modes.items()):
+        ranks = [b / mib for b in run["rank_weight_bytes"]]
+        memory.bar([r + i * width for r in range(len(ranks))], ranks, width, label=f"{mode} x{run['world_size']}")
+    memory.axhline(first["whole_weight_bytes"] / mib / first["world_size"], color="gray", linestyle="--",
+                   label=f"whole model / {first['world_size']}")  # fmt: skip
+    memory.set_xticks([r + width * (len(modes) - 1) / 2 for r in range(first["world_size"])],
+                      [f"rank {r}" for r in range(first["world_size"])])  # fmt: skip
     memory.set_ylabel("weights (MiB)")
     memory.set_title("weights held per rank")
     memory.legend(fontsize=8)
-    runs = {"1 process": result["single_s"], f"TP={world}": result["parallel_s"]}
+    runs = {"1 process": first["single_s"], **{f"{mode} x{run['world_size']}": run["parallel_s"] for mode, run in modes.items()}}
     medians = [statistics.median(v) for v in runs.values()]
     errors = [[m - min(v) for m, v in zip(medians, runs.values(), strict=True)],
               [max(v) - m for m, v in zip(medians, runs.values(), strict=True)]]  # fmt: skip
-    timing.bar(list(runs), medians, yerr=errors, capsize=3, color=["tab:gray", "tab:orange"])
-    timing.set_ylabel("seconds per run")
-    timing.set_title(f"same prompts, {result['communication_share']:.0%} of TP time in collectives")
-    fig.suptitle(f"tensor parallel on {result['model'].split('/')[-1]}", fontsize=10)
+    timing.bar(list(runs), medians, yerr=errors, capsize=3, color=["tab:gray", "tab:orange", "tab:green", "tab:red"][: len(runs)])
+    timing.set_ylabel("seconds per run (median, min–max)")
+    timing.set_title("same prompts, same run")
+    fig.suptitle(f"parallel modes on {first['model'].split('/')[-1]}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -153,17 +159,24 @@ def quant_markdown(section: dict | None, table: Table, image: Image) -> list[str
 # -- parallel --------------------------------------------------------------------------------------
 
 
-def parallel_markdown(result: dict | None, image: Image) -> list[str]:
-    if not result:
+def parallel_markdown(section: dict | None, image: Image) -> list[str]:
+    if not section:
         return []
     from ember.bench.parallel import markdown
 
-    w = result["workload"]
-    lines = [markdown(result).replace("## Tensor parallel", "## `parallel`: tensor parallel", 1), "",
-             f"{w['prompts']} prompts of {w['prompt_len']} random tokens, {w['max_tokens']} out (greedy), {w['repeats']} repeats of each "
-             f"engine, float32 on both sides; {result.get('torch_threads', '?')} torch threads per process on a shared CPU box, where "
-             "TP adds work and cannot speed up: the modelled row is what the same traffic would cost on fast links. "
-             f"{sizes_note(result.get('sizes'))}"]  # fmt: skip
+    lines = ["## `parallel`: tensor and pipeline parallel against one process (`ember bench parallel`)", ""]
+    for run in section["modes"].values():
+        w = run["workload"]
+        lines += [markdown(run).replace("## ", "### ", 1), "",
+                  f"{w['prompts']} prompt(s) of {w['prompt_len']} random tokens, {w['max_tokens']} out (greedy), {w['repeats']} repeats "
+                  "of each engine, float32 on both sides.", ""]  # fmt: skip
+    for mode, error in section.get("errors", {}).items():
+        lines += [f"- **{mode}** failed: `{error}`", ""]
+    lines.append(f"{section.get('torch_threads', '?')} torch threads per process on one shared CPU box: the ranks compete for the "
+                 "same cores, so parallel runs add work and cannot speed up here; the modelled row says what tensor parallel's "
+                 "traffic would cost on fast links. "
+                 f"{'' if 'expert' in section['modes'] else 'Expert parallel needs an MoE model: not run here. '}"
+                 f"{sizes_note(section.get('sizes'))}")
     image(lines, "parallel")
     lines.append("")
     return lines

@@ -14,7 +14,7 @@ from ember.bench.feature_benches import FEATURE_SECTIONS, FeatureSizes
 from ember.bench.run_all import run_all
 from ember.bench.suite import BenchOptions
 
-TINY = FeatureSizes(spec_prompts=1, spec_output_len=8, spec_methods=("ngram",), spec_batch_sizes=(1, 2), spec_mixed_requests=2,
+TINY = FeatureSizes(spec_prompts=1, spec_output_len=8, spec_methods=("ngram", "draft"), spec_batch_sizes=(1, 2), spec_mixed_requests=2,
                     spec_mixed_max_output=8, quant_methods=("rtn4",), quant_eval_tokens=64, quant_calib_tokens=256,
                     parallel_prompts=1, parallel_prompt_len=8, parallel_max_tokens=2)  # fmt: skip
 
@@ -27,9 +27,10 @@ def test_the_feature_sections_run_through_bench_all_and_reach_the_report(smollm2
                       profile=False, feature_sizes=TINY)  # fmt: skip
     assert results["errors"] == {}
     assert set(results["spec"]["batch1"]) == {"code-edit", "quote-summary", "free-story"}
+    assert {"plain", "ngram", "draft"} <= set(results["spec"]["batch1"]["code-edit"])  # the 4-bit self-draft ran
     assert set(results["spec"]["batch_sweep"]) == {"1", "2"} and results["spec"]["mixed"]["num_requests"] == 2
     assert [row["name"] for row in results["quant"]["rows"]] == ["float32", "checkpoint as stored", "rtn4 g128"]
-    assert results["parallel"]["all_reduce_bytes_per_token_counted"] > 0
+    assert set(results["parallel"]["modes"]) == {"tensor", "pipeline"} and results["parallel"]["errors"] == {}
     saved = json.loads(next((tmp_path / "out" / "results").glob("2*.json")).read_text())
     assert saved["options"]["feature_sizes"]["quant_methods"] == ["rtn4"]
     text = report_path.read_text()
@@ -38,6 +39,8 @@ def test_the_feature_sections_run_through_bench_all_and_reach_the_report(smollm2
     goals = text[text.index("## Goals"):text.index("## Not run") if "## Not run" in text else None]
     assert "| 11 | `spec` batch 1 greedy, code-edit: n-gram output tok/s over plain | >= 2x |" in goals
     assert "| 10 | `quant` every 4-bit method: perplexity over float32 (worst) |" in goals
-    assert "counted / formula | 1.00x (within 1%) | 1.00x" in goals  # the counter agrees with the formula
+    for mode in ("tensor", "pipeline"):  # the counter agrees with the formula
+        assert f"`parallel` {mode} x2:" in goals
+    assert "counted / formula | 1.00x (within 1%) | 1.00x" in goals
     for png in ("spec_acceptance.png", "quant.png", "parallel.png"):
         assert (tmp_path / "out" / "plots" / png).read_bytes()[:4] == b"\x89PNG"
