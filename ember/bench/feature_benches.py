@@ -9,11 +9,15 @@ the report can say what was scaled. The measurements themselves are the benches'
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
-from ember.bench.suite import BenchOptions
+if TYPE_CHECKING:  # the report imports this module's names; keep it free of the engine
+    from ember.bench.suite import BenchOptions
 
 FEATURE_SECTIONS = ("spec", "quant", "parallel")
-PARALLEL_MODES = ("tensor", "pipeline", "expert")
+# What each parallel mode is called in the report; "sequence" is tensor parallel with sequence parallelism switched on.
+PARALLEL_MODES = {"tensor": "tensor parallel", "sequence": "tensor + sequence parallel", "pipeline": "pipeline parallel",
+                  "expert": "expert parallel"}
 
 QUANT_CALIB_FILE = "tinyshakespeare.txt"  # calibrate on one corpus ...
 QUANT_EVAL_FILE = "botchan.txt"  # ... evaluate on another (issue 10)
@@ -32,7 +36,7 @@ class FeatureSizes:
     quant_methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "rtn8", "gptq8")
     quant_eval_tokens: int = 1024
     quant_calib_tokens: int = 2048
-    parallel_modes: tuple[str, ...] = ("tensor", "pipeline")  # expert parallel needs an MoE model, SmolLM2 is dense
+    parallel_modes: tuple[str, ...] = ("tensor", "sequence", "pipeline")  # expert parallel needs an MoE model, SmolLM2 is dense
     parallel_world_size: int = 2
     parallel_prompts: int = 4
     parallel_prompt_len: int = 64
@@ -153,4 +157,5 @@ def parallel_config(mode: str, world_size: int):
 
     if mode == "pipeline":
         return ParallelConfig(pipeline_parallel_size=world_size)
-    return ParallelConfig(tensor_parallel_size=world_size, enable_expert_parallel=mode == "expert")
+    return ParallelConfig(tensor_parallel_size=world_size, enable_expert_parallel=mode == "expert",
+                          enable_sequence_parallel=mode == "sequence")  # fmt: skip

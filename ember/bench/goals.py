@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ember.bench.feature_benches import PARALLEL_MODES
 from ember.bench.spec_workloads import CONTROL_WORKLOADS
 
 # The bounds ember states for "every method within a stated bound of the float model" (issue 10):
@@ -197,8 +198,7 @@ def _batch1_vs_float(results: dict) -> Goal:
 def parallel_goals(results: dict) -> list[Goal]:
     modes = _get(results, "parallel", "modes") or {}
     if not modes:
-        return [Goal(12, f"`parallel` {mode} x2: bytes per token per rank, counted / formula", "1.00x (within 1%)", None)
-                for mode in ("tensor", "pipeline")]  # fmt: skip
+        return [Goal(12, "`parallel`: bytes per token per rank, counted / formula", "1.00x (within 1%)", None)]
     goals = []
     for mode, run in modes.items():
         goals += _parallel_mode_goals(mode, run, _get(results, "parallel", "torch_threads"))
@@ -210,7 +210,7 @@ def _parallel_mode_goals(mode: str, run: dict, threads: int | None) -> list[Goal
     counted, formula = run["bytes_per_token_counted"], run["bytes_per_token_formula"]
     traffic = counted / formula if formula else None
     share = max(run["rank_weight_bytes"]) * world / run["whole_weight_bytes"] if run["whole_weight_bytes"] else None
-    name = f"`parallel` {mode} x{world}"
+    name = f"`parallel` {PARALLEL_MODES.get(mode, mode)} x{world}"
     goals = [
         Goal(12, f"{name}: {run['collective']} bytes per token per rank, counted / formula", "1.00x (within 1%)",
              traffic, lambda v: abs(v - 1.0) <= 0.01, detail=f"{counted:,.0f} / {formula:,.0f} bytes"),

@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from ember.bench.feature_benches import PARALLEL_MODES
 from ember.bench.goals import quant_row
 
 Table = Callable[[list[str], list[list[str]]], list[str]]
@@ -46,7 +47,7 @@ def plot_parallel(section: dict, path: Path) -> Path:
     width = 0.8 / max(1, len(modes))
     for i, (mode, run) in enumerate(modes.items()):
         ranks = [b / mib for b in run["rank_weight_bytes"]]
-        memory.bar([r + i * width for r in range(len(ranks))], ranks, width, label=f"{mode} x{run['world_size']}")
+        memory.bar([r + i * width for r in range(len(ranks))], ranks, width, label=PARALLEL_MODES.get(mode, mode))
     memory.axhline(first["whole_weight_bytes"] / mib / first["world_size"], color="gray", linestyle="--",
                    label=f"whole model / {first['world_size']}")  # fmt: skip
     memory.set_xticks([r + width * (len(modes) - 1) / 2 for r in range(first["world_size"])],
@@ -54,11 +55,12 @@ def plot_parallel(section: dict, path: Path) -> Path:
     memory.set_ylabel("weights (MiB)")
     memory.set_title("weights held per rank")
     memory.legend(fontsize=8)
-    runs = {"1 process": first["single_s"], **{f"{mode} x{run['world_size']}": run["parallel_s"] for mode, run in modes.items()}}
+    runs = {"1 process": first["single_s"], **{PARALLEL_MODES.get(mode, mode): run["parallel_s"] for mode, run in modes.items()}}
     medians = [statistics.median(v) for v in runs.values()]
     errors = [[m - min(v) for m, v in zip(medians, runs.values(), strict=True)],
               [max(v) - m for m, v in zip(medians, runs.values(), strict=True)]]  # fmt: skip
-    timing.bar(list(runs), medians, yerr=errors, capsize=3, color=["tab:gray", "tab:orange", "tab:green", "tab:red"][: len(runs)])
+    timing.bar(list(runs), medians, yerr=errors, capsize=3, color=["tab:gray", "tab:orange", "tab:green", "tab:red", "tab:purple"][: len(runs)])
+    timing.tick_params(axis="x", labelsize=7)
     timing.set_ylabel("seconds per run (median, min–max)")
     timing.set_title("same prompts, same run")
     fig.suptitle(f"parallel modes on {first['model'].split('/')[-1]}", fontsize=10)
@@ -164,10 +166,11 @@ def parallel_markdown(section: dict | None, image: Image) -> list[str]:
         return []
     from ember.bench.parallel import markdown
 
-    lines = ["## `parallel`: tensor and pipeline parallel against one process (`ember bench parallel`)", ""]
-    for run in section["modes"].values():
+    lines = ["## `parallel`: parallel modes against one process (`ember bench parallel`)", ""]
+    for mode, run in section["modes"].items():
         w = run["workload"]
-        lines += [markdown(run).replace("## ", "### ", 1), "",
+        table = markdown(run).split("\n", 1)[1]  # its own heading names the engine's mode, which says nothing of SP
+        lines += [f"### {PARALLEL_MODES.get(mode, mode)}, {run['world_size']} ranks, vs one process", table, "",
                   f"{w['prompts']} prompt(s) of {w['prompt_len']} random tokens, {w['max_tokens']} out (greedy), {w['repeats']} repeats "
                   "of each engine, float32 on both sides.", ""]  # fmt: skip
     for mode, error in section.get("errors", {}).items():

@@ -62,11 +62,13 @@ def parallel_run(mode: str, collective: str, counted: float, formula: float, ran
             "calls_per_forward": 61, "gather_bytes_counted": 0, "broadcast_bytes_counted": 24731, "collective_seconds": {},
             "communication_share": 0.66, "rank0_idle_share": 0.4, "whole_weight_bytes": 600 * 2**20,
             "rank_weight_bytes": [r * 2**20 for r in ranks], "rank_kv_cache_bytes": [2**20, 2**20],
-            "hardware_model": {"name": "8x H100 SXM (NVLink)"}, "modelled_speedup_batch1": 0.2 if mode == "tensor" else None}
+            "hardware_model": {"name": "8x H100 SXM (NVLink)"}, "modelled_speedup_batch1": 0.2 if mode == "tensor" else None,
+            "expert_pairs_per_rank": None}
 
 
 def parallel_section() -> dict:
     return {"modes": {"tensor": parallel_run("tensor", "all_reduce", 140544.0, 140544.0, [330, 290]),
+                      "sequence": parallel_run("tensor", "reduce_scatter + all_gather", 140544.0, 140544.0, [330, 290]),
                       "pipeline": parallel_run("pipeline", "send", 2400.0, 2304.0, [400, 200])},
             "errors": {}, "torch_threads": 2, "sizes": FeatureSizes.for_scale(0.25).record("parallel_")}
 
@@ -89,14 +91,15 @@ def test_the_goals_table_judges_each_feature_number_from_the_results():
     assert "| 10 | `quant` every 8-bit method: perplexity over float32 (worst) | <= +1% (stated bound) | +0.5% (rtn8 g128) | met |" in text
     assert "| >= 2.5x | 2.25x (`quant` table, checkpoint as stored vs float32) | **missed** |" in text
     assert "`batch1` 4-bit GGUF in its blocks (`--dtype auto`): ember / llama.cpp decode tok/s, same run | >= 1x | not measured | — |" in text
-    assert "| 12 | `parallel` tensor x2: all_reduce bytes per token per rank, counted / formula | 1.00x (within 1%) | 1.00x (140,544 / 140,544 bytes) | met |" in text
-    assert "| 12 | `parallel` pipeline x2: send bytes per token per rank, counted / formula | 1.00x (within 1%) | 1.04x (2,400 / 2,304 bytes) | **missed** |" in text
-    assert "| 12 | `parallel` tensor x2: largest rank's weight bytes over whole model / 2 | <= 1.15x (~1/T each) | 1.10x | met |" in text
-    assert "| 12 | `parallel` pipeline x2: largest rank's weight bytes over whole model / 2 | <= 1.15x (~1/T each) | 1.33x | **missed** |" in text
-    assert "| 12 | `parallel` tensor x2 over one process, measured here | reported | 0.65x (2 torch threads per process, one shared CPU box) | reported |" in text
-    assert "| 12 | `parallel` pipeline x2: rank 0 idle waiting for later stages (bubble, no micro-batches) | reported | 40.0% | reported |" in text
-    assert "| 12 | `parallel` tensor x2: modelled batch-1 decode speedup | reported | 0.20x (8x H100 SXM (NVLink)) | reported |" in text
-    assert "pipeline x2: modelled" not in text
+    assert "| 12 | `parallel` tensor parallel x2: all_reduce bytes per token per rank, counted / formula | 1.00x (within 1%) | 1.00x (140,544 / 140,544 bytes) | met |" in text
+    assert "| 12 | `parallel` tensor + sequence parallel x2: reduce_scatter + all_gather bytes per token per rank, counted / formula |" in text
+    assert "| 12 | `parallel` pipeline parallel x2: send bytes per token per rank, counted / formula | 1.00x (within 1%) | 1.04x (2,400 / 2,304 bytes) | **missed** |" in text
+    assert "| 12 | `parallel` tensor parallel x2: largest rank's weight bytes over whole model / 2 | <= 1.15x (~1/T each) | 1.10x | met |" in text
+    assert "| 12 | `parallel` pipeline parallel x2: largest rank's weight bytes over whole model / 2 | <= 1.15x (~1/T each) | 1.33x | **missed** |" in text
+    assert "| 12 | `parallel` tensor parallel x2 over one process, measured here | reported | 0.65x (2 torch threads per process, one shared CPU box) | reported |" in text
+    assert "| 12 | `parallel` pipeline parallel x2: rank 0 idle waiting for later stages (bubble, no micro-batches) | reported | 40.0% | reported |" in text
+    assert "| 12 | `parallel` tensor parallel x2: modelled batch-1 decode speedup | reported | 0.20x (8x H100 SXM (NVLink)) | reported |" in text
+    assert "pipeline parallel x2: modelled" not in text
     closing = text[text.index("## Closing note"):]
     assert "`quant` 4-bit g128 perplexity: AWQ / RTN" in closing and "GPTQ / RTN" not in closing
 
@@ -117,8 +120,8 @@ def test_feature_sections_show_their_tables_and_what_was_scaled():
     assert "Scaled down for this run: prompts 1 (full size 3); batch sizes 1, 8 (full size 1, 4, 8, 16); mixed requests 8 (full size 16)." in text
     assert "| gptq4 g128 | 21.500 | +7.5% | 0.700 | 46.0 | 2.30x | 110 |" in text
     assert "methods rtn4, gptq4, awq4, rtn8 (full size rtn4, gptq4, awq4, rtn8, gptq8)" in text
-    assert "## `parallel`: tensor and pipeline parallel against one process" in text
-    assert "### tensor parallel, 2 ranks, vs one process (/m/SmolLM2.gguf)" in text
+    assert "## `parallel`: parallel modes against one process" in text
+    assert "### tensor + sequence parallel, 2 ranks, vs one process\n\n| measure | value |" in text
     assert "| all_reduce bytes per token per rank, counted | 140544.0 |" in text
     assert "Expert parallel needs an MoE model: not run here." in text
 
@@ -129,7 +132,7 @@ def test_a_failed_parallel_mode_is_shown_and_the_other_kept():
     results["parallel"]["errors"]["pipeline"] = "RuntimeError: stage 1 died"
     text = report.render_markdown(results)
     assert "- **pipeline** failed: `RuntimeError: stage 1 died`" in text
-    assert "`parallel` tensor x2: all_reduce bytes per token" in text and "`parallel` pipeline x2" not in text
+    assert "`parallel` tensor parallel x2: all_reduce bytes per token" in text and "`parallel` pipeline parallel x2" not in text
 
 
 def test_from_results_redraws_the_feature_plots_next_to_their_tables(tmp_path):
@@ -157,7 +160,7 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     options = BenchOptions(repeats=2)
     assert planned_runs(options, small, "spec") == (3 * 3 + 2 * 2 + 2) * 2
     assert planned_runs(options, small, "quant") == 2 + 2 * 4
-    assert planned_runs(options, small, "parallel") == 2  # tensor and pipeline
+    assert planned_runs(options, small, "parallel") == 3  # tensor, tensor + sequence, pipeline
 
 
 def test_bad_feature_sizes_and_unknown_sections_say_what_to_do():
