@@ -33,7 +33,7 @@ class FeatureSizes:
     spec_batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
     spec_mixed_requests: int = 16
     spec_mixed_max_output: int = 128  # the mixed workload's outputs are clipped here
-    quant_methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "rtn8", "gptq8")
+    quant_methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8")
     quant_eval_tokens: int = 1024
     quant_calib_tokens: int = 2048
     parallel_modes: tuple[str, ...] = ("tensor", "sequence", "pipeline")  # expert parallel needs an MoE model, SmolLM2 is dense
@@ -62,7 +62,7 @@ class FeatureSizes:
             spec_prompts=max(1, round(full.spec_prompts * scale)),
             spec_batch_sizes=full.spec_batch_sizes if scale >= 1 else (1, 8),
             spec_mixed_requests=max(8, round(full.spec_mixed_requests * scale)),
-            quant_methods=full.quant_methods if scale >= 0.5 else ("rtn4", "gptq4", "awq4", "rtn8"),
+            quant_methods=full.quant_methods if scale >= 0.5 else tuple(m for m in full.quant_methods if m != "gptq8"),
             quant_eval_tokens=max(256, round(full.quant_eval_tokens * scale)),
             quant_calib_tokens=max(512, round(full.quant_calib_tokens * scale)),
             parallel_prompts=max(1, round(full.parallel_prompts * scale)),

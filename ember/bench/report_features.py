@@ -145,14 +145,17 @@ def quant_markdown(section: dict | None, table: Table, image: Image) -> list[str
              f"`{Path(section['model']).name}`: each method quantizes the float32 model (group size {section.get('group_size', '?')}), "
              f"calibrated on `{Path(section['calib']).name}` ({section['calib_tokens']} tokens); perplexity on "
              f"`{Path(section['eval']).name}` ({section['eval_tokens']} tokens, one window). Bytes per parameter: the weights as "
-             "held in memory. Decode tok/s: median single-stream step rate after a 64-token prompt (one run per row). "
+             "held in memory (nominal: each group's scales counted once, as the format defines them). Decode tok/s: median single-stream step rate after a 64-token prompt (one run per row). "
              f"{sizes_note(section.get('sizes'))}", ""]
     rows = []
     for row in section["rows"]:
         speed = row["decode_tok_s"] / float_row["decode_tok_s"] if float_row and float_row["decode_tok_s"] else None
+        nominal = row.get("nominal_bytes_per_parameter")
         rows.append([row["name"], f"{row['perplexity']:.3f}", f"{row['ppl_vs_float_pct']:+.1f}%", f"{row['bytes_per_parameter']:.3f}",
-                     f"{row['decode_tok_s']:.1f}", _ratio(speed), f"{row['quantize_s']:.0f}" if row.get("quantize_s") else ""])
-    lines += table(["weights", "perplexity", "vs float32", "bytes/param", "decode tok/s", "decode over float32", "quantize s"], rows)
+                     "n/a" if nominal is None else f"{nominal:.3f}", f"{row['decode_tok_s']:.1f}", _ratio(speed),
+                     f"{row['quantize_s']:.0f}" if row.get("quantize_s") else ""])  # fmt: skip
+    lines += table(["weights", "perplexity", "vs float32", "bytes/param in memory", "nominal bytes/param", "decode tok/s",
+                    "decode over float32", "quantize s"], rows)  # fmt: skip
     image(lines, "quant")
     lines.append("")
     return lines

@@ -45,7 +45,8 @@ def spec_section() -> dict:
 
 def quant_section() -> dict:
     def row(name, ppl, bytes_per_parameter, tok_s, quantize_s=0.0):
-        return {"name": name, "perplexity": ppl, "bytes_per_parameter": bytes_per_parameter, "decode_tok_s": tok_s,
+        return {"name": name, "perplexity": ppl, "bytes_per_parameter": bytes_per_parameter,
+                "nominal_bytes_per_parameter": bytes_per_parameter * 0.9, "decode_tok_s": tok_s,
                 "quantize_s": quantize_s, "ppl_vs_float_pct": 100.0 * (ppl / 20.0 - 1.0)}
 
     return {"model": "/m/SmolLM2.gguf", "calib": "/c/tinyshakespeare.txt", "eval": "/c/botchan.txt", "eval_tokens": 256,
@@ -118,8 +119,8 @@ def test_feature_sections_show_their_tables_and_what_was_scaled():
     assert "Crossover: n-gram stops paying at batch 8." in text
     assert "(its own 4-bit blocks: a self-draft)" in text
     assert "Scaled down for this run: prompts 1 (full size 3); batch sizes 1, 8 (full size 1, 4, 8, 16); mixed requests 8 (full size 16)." in text
-    assert "| gptq4 g128 | 21.500 | +7.5% | 0.700 | 46.0 | 2.30x | 110 |" in text
-    assert "methods rtn4, gptq4, awq4, rtn8 (full size rtn4, gptq4, awq4, rtn8, gptq8)" in text
+    assert "| gptq4 g128 | 21.500 | +7.5% | 0.700 | 0.630 | 46.0 | 2.30x | 110 |" in text
+    assert "methods rtn4, gptq4, awq4, nf4, rtn8, fp8 (full size rtn4, gptq4, awq4, nf4, rtn8, gptq8, fp8)" in text
     assert "## `parallel`: parallel modes against one process" in text
     assert "### tensor + sequence parallel, 2 ranks, vs one process\n\n| measure | value |" in text
     assert "| all_reduce bytes per token per rank, counted | 140544.0 |" in text
@@ -159,7 +160,7 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     assert small.spec_output_len == FeatureSizes().spec_output_len  # lengths never scale
     options = BenchOptions(repeats=2)
     assert planned_runs(options, small, "spec") == (3 * 3 + 2 * 2 + 2) * 2
-    assert planned_runs(options, small, "quant") == 2 + 2 * 4
+    assert planned_runs(options, small, "quant") == 2 + 2 * 6
     assert planned_runs(options, small, "parallel") == 3  # tensor, tensor + sequence, pipeline
 
 
