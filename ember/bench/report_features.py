@@ -142,7 +142,8 @@ def quant_markdown(section: dict | None, table: Table, image: Image) -> list[str
         return []
     float_row = quant_row(section, "float32")
     lines = ["## `quant`: quantization methods (`ember bench quant`)", "",
-             f"`{Path(section['model']).name}`: each method quantizes the float32 model (group size {section.get('group_size', '?')}), "
+             f"`{Path(section['model']).name}`: each method quantizes the float32 model (group size {section.get('group_size', '?')} "
+             "where the method takes one; each row names its own), "
              f"calibrated on `{Path(section['calib']).name}` ({section['calib_tokens']} tokens); perplexity on "
              f"`{Path(section['eval']).name}` ({section['eval_tokens']} tokens, one window). Bytes per parameter: the weights as "
              "held in memory (nominal: each group's scales counted once, as the format defines them). Decode tok/s: median single-stream step rate after a 64-token prompt (one run per row). "
