@@ -107,7 +107,8 @@ def run_parallel_bench(
             "bytes_per_token_formula": volume.bytes_per_token,
             "formula": volume.formula,
             "calls_per_forward": volume.calls_per_forward,
-            "gather_bytes_counted": stats.bytes_sent["gather"],
+            # Rank 0 receives the gather (sends nothing); each worker's share is the formula's.
+            "logits_gather_bytes_per_sampled_token": volume.logits_gather_bytes_per_sampled_token,
             "broadcast_bytes_counted": stats.bytes_sent["broadcast"],
             "collective_seconds": dict(stats.seconds),
             "communication_share": stats.total_seconds / parallel_s[-1],
@@ -159,7 +160,7 @@ def markdown(result: dict) -> str:
         f"| {result['collective']} bytes per token per rank, counted | {result['bytes_per_token_counted']:.1f} |",
         f"| same, formula {result['formula']} | {result['bytes_per_token_formula']:.1f} |",
         f"| {result['collective']} calls per forward pass | {result['calls_per_forward']} |",
-        f"| logits gather bytes (last run, from workers) | {result['gather_bytes_counted']:.0f} |",
+        f"| logits gather bytes per sampled token, per worker (ceil(V/W) e) | {result['logits_gather_bytes_per_sampled_token']} |",
         f"| plan broadcast bytes (last run, control) | {result['broadcast_bytes_counted']:.0f} |",
         f"| time in collectives, share of rank 0's run | {result['communication_share']:.0%} |",
         f"| weights, whole model (MiB) | {result['whole_weight_bytes'] / mib:.2f} |",

@@ -2,8 +2,9 @@
 
 Rank 0 (the engine process, or the caller's process for the offline `LLM`) starts one
 `python -m ember.parallel.worker` per other rank, joins the gloo group with them, and loads
-its own shard. Every later command goes out as one broadcast; the tensor-parallel layers then
-run their all-reduces and the logits gather inside each rank's forward pass.
+its own shard. Every later command goes out as one broadcast; the parallel layers then run
+their collectives (all-reduces, reduce-scatters, all-gathers, stage-to-stage sends, the logits
+gather) inside each rank's forward pass.
 
 A worker that dies breaks the next collective at once (gloo sees the closed connection); one
 that hangs breaks it after the collective timeout. Either way the step raises WorkerFailedError

@@ -19,6 +19,9 @@ from pathlib import Path
 import torch
 
 from ember.engine.runner import KVCacheTensors
+from ember.layers.cpu_gemm import PackedWeight
+from ember.layers.embedding import VocabEmbedding
+from ember.layers.linear import Linear
 from ember.models.loader import load_model
 from ember.parallel.communicator import Communicator
 from ember.parallel.config import ParallelConfig
@@ -34,8 +37,26 @@ EXIT_ORPHANED = 3
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the weights this rank holds (packed layers count their dense size; tied weights once)."""
-    tensors = {t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}
+    """Bytes of the weights this rank holds, each tensor once.
+
+    Packed layers count their panels (a packed layer's state dict rebuilds a fresh dense copy,
+    which would count a tied table twice: once for the head, once for the embedding reading its
+    panels); everything else counts what its state dict holds.
+    """
+    panels: dict[str, PackedWeight] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and module.packed is not None:
+            panels[name] = module.packed
+        elif isinstance(module, VocabEmbedding) and module.packed_table is not None:
+            panels[name] = module.packed_table
+    tensors: dict[int, int] = {}
+    for key, tensor in model.state_dict().items():
+        owner = panels.get(key.rpartition(".")[0])
+        if owner is None:
+            tensors[tensor.data_ptr()] = tensor.numel() * tensor.element_size()
+        else:
+            bias_bytes = 0 if owner.bias is None else owner.bias.numel() * owner.bias.element_size()
+            tensors[owner.panels.data_ptr()] = owner.panels.numel() * owner.panels.element_size() + bias_bytes
     return sum(tensors.values())
 
 
