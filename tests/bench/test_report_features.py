@@ -60,7 +60,7 @@ def parallel_run(mode: str, collective: str, counted: float, formula: float, ran
             "workload": {"prompts": 1, "prompt_len": 64, "max_tokens": 32, "repeats": 3},
             "single_s": [0.5, 0.55, 0.6], "parallel_s": [0.8, 0.85, 0.9], "tokens_per_run": 96, "speedup": 0.65,
             "collective": collective, "bytes_per_token_counted": counted, "bytes_per_token_formula": formula, "formula": "(2L+1) H e",
-            "calls_per_forward": 61, "gather_bytes_counted": 0, "broadcast_bytes_counted": 24731, "collective_seconds": {},
+            "calls_per_forward": 61, "logits_gather_bytes_per_sampled_token": 98304, "broadcast_bytes_counted": 24731, "collective_seconds": {},
             "communication_share": 0.66, "rank0_idle_share": 0.4, "whole_weight_bytes": 600 * 2**20,
             "rank_weight_bytes": [r * 2**20 for r in ranks], "rank_kv_cache_bytes": [2**20, 2**20],
             "hardware_model": {"name": "8x H100 SXM (NVLink)"}, "modelled_speedup_batch1": 0.2 if mode == "tensor" else None,
