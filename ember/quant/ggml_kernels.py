@@ -29,10 +29,18 @@ GEMV_PATHS = ("int8", "float32", "portable")  # the C enum's order
 INT8_DOT_KINDS = ("avx2", "avx512vnni", "avxvnni")  # ember_ggml_int8_dot_kind()'s values
 
 
+class GGMLWeightPointer(ctypes.Structure):
+    """ggml_source.c's `ggml_weight`: what `ember_ggml_linear` (a gemm_fn) takes as its weight pointer."""
+
+    _fields_ = [("type", ctypes.c_int), ("path", ctypes.c_int), ("blocks", ctypes.c_void_p)]
+
+
 class GGMLKernels:
     """ctypes bindings of the compiled library."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        self.library = library
+        self.linear_address = ctypes.cast(library.ember_ggml_linear, ctypes.c_void_p).value
         self._gemv = library.ember_ggml_gemv
         self._gemv.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 3, ctypes.c_int]
         self._gemv.restype = ctypes.c_int

@@ -20,7 +20,7 @@ from torch import nn
 
 from ember.engine.config import QUANT_ACTIVATIONS
 from ember.quant.ggml_blocks import GGMLTensor, dequantize_torch
-from ember.quant.ggml_kernels import GEMV_PATHS, MAX_GEMV_ROWS, load_kernels
+from ember.quant.ggml_kernels import GEMV_PATHS, MAX_GEMV_ROWS, GGMLWeightPointer, load_kernels
 
 TILE_VALUES = 1 << 22  # dequantize at most 4M values (16 MB of float32) at a time in the many-row path
 ACTIVATIONS = QUANT_ACTIVATIONS  # "int8", "float32": EngineConfig.quant_activations picks one per engine
@@ -93,6 +93,18 @@ class GGMLLinear(nn.Module):
             out = ggml_linear(flat, self.weight_blocks, self.bias, activations=self.activations)
         out = out.view(*x.shape[:-1], self.out_features)
         return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def compiled_product(self) -> tuple[int, GGMLWeightPointer] | None:
+        """(address of a C function with the CPU GEMM's signature, its weight argument) for callers that run
+        products from C, such as a compiled decoder layer: `fn(x, ctypes.byref(weight), bias, y, m, n, k)`
+        computes this layer's forward for any m, row by row as decode does. The weight argument points into
+        `qweight` and reads `activations` as they are now: keep this layer alive and unchanged while using it.
+        None without the compiled kernels."""
+        kernels = load_kernels()
+        if kernels is None:
+            return None
+        path = kernels.path_for(self.activations if self.format.has_int8_kernel else "float32")
+        return kernels.linear_address, GGMLWeightPointer(self.format.type_id, path, self.qweight.data_ptr())
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format.name}, "

@@ -576,6 +576,23 @@ int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bia
     return 0;
 }
 
+/* A GGML weight as the compiled decoder layer's product pointer sees it (ember/layers/csrc/decoder_layer.c
+ * calls products as gemm_fn(x, weight, bias, y, m, n, k)). */
+typedef struct {
+    int type, path;
+    const uint8_t *blocks;
+} ggml_weight;
+
+/* y[m, n] = x[m, k] . W^T (+ bias) with gemm_fn's signature, any m: MAX_M rows at a time, so every row gets
+ * the arithmetic of a decode step whatever the batch (the int8 path rounds each row on its own). */
+void ember_ggml_linear(const float *x, const void *weight, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+    const ggml_weight *w = (const ggml_weight *)weight;
+    for (int64_t start = 0; start < m; start += MAX_M) {
+        int64_t rows = m - start < MAX_M ? m - start : MAX_M;
+        ember_ggml_gemv(w->type, x + start * k, w->blocks, bias, y + start * n, rows, n, k, w->path);
+    }
+}
+
 /* Bit mask of the paths this build has: 1 << PATH_INT8 | 1 << PATH_FLOAT | 1 << PATH_PORTABLE. */
 int ember_ggml_paths(void) {
 #ifdef __AVX2__

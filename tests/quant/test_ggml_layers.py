@@ -104,6 +104,24 @@ def test_float_code_formats_run_float32_activations_on_every_row_count(kernels, 
         kernels.gemv(x[:1], weight, None, "int8")
 
 
+@pytest.mark.parametrize(("name", "activations"), [("Q4_1", "int8"), ("Q6_K", "float32"), ("NF4", "int8")])
+def test_the_compiled_product_pointer_computes_the_layer_row_by_row(kernels, name, activations):
+    import ctypes
+
+    weight = random_blocks(name, rows=40, cols=256, seed=10)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(10))
+    layer = GGMLLinear(weight, torch.nn.Parameter(bias, requires_grad=False), activations=activations)
+    x = torch.randn(MAX_GEMV_ROWS * 2 + 3, 256, generator=torch.Generator().manual_seed(11))
+    address, pointer = layer.compiled_product()
+    product = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 3)(address)
+    y = torch.empty(x.shape[0], 40)
+    product(x.data_ptr(), ctypes.addressof(pointer), bias.data_ptr(), y.data_ptr(), x.shape[0], 40, 256)
+    # 19 rows in chunks of 8: each row bit for bit what a one-row decode step gives it.
+    with torch.inference_mode():
+        one_by_one = torch.cat([layer(row[None]) for row in x])
+    assert torch.equal(y, one_by_one)
+
+
 def test_layer_activations_are_a_checked_setting():
     weight = random_blocks("Q4_1", rows=8, cols=64, seed=8)
     model = torch.nn.Sequential(GGMLLinear(weight), GGMLLinear(weight))
