@@ -104,7 +104,7 @@ DEFINE_KERNEL(kernel_bf16, uint16_t, load_panel_bf16, panel_bf16)
 static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx,            \
         const WTYPE *panel, int64_t panel_stride, int64_t kc, const int rows, const int groups, \
         float *y, int64_t ldy, const float *bias, int first) {                                \
-    row16 c[2][4];                                                                            \
+    row16 c[2][6];                                                                            \
     for (int i = 0; i < rows; i++)                                                            \
         for (int g = 0; g < groups; g++)                                                      \
             c[i][g] = start_row(y + i * ldy + g * NR, NR, bias ? bias + g * NR : NULL, first); \
@@ -122,7 +122,7 @@ static inline __attribute__((always_inline)) void NAME(const float *x, int64_t l
 }
 DEFINE_WIDE_KERNEL(wide_f32, float, load_panel_f32)
 DEFINE_WIDE_KERNEL(wide_bf16, uint16_t, load_panel_bf16)
-#define MAX_GROUP(rows) ((rows) == 1 ? 4 : (rows) == 2 ? 3 : 1)
+#define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) == 2 ? 3 : 1)
 #else
 #define MAX_GROUP(rows) 1
 #endif
@@ -169,6 +169,8 @@ static inline int NAME(const float *x, const WTYPE *packed, const float *bias, f
     float *yt = y + t * NR;                                                                   \
     int first = p0 == 0;                                                                      \
     switch (m * 8 + group) {                                                                  \
+    case 8 + 6: WIDE(x + p0, k, panel, k * NR, kc, 1, 6, yt, n, b, first); return 1;          \
+    case 8 + 5: WIDE(x + p0, k, panel, k * NR, kc, 1, 5, yt, n, b, first); return 1;          \
     case 8 + 4: WIDE(x + p0, k, panel, k * NR, kc, 1, 4, yt, n, b, first); return 1;          \
     case 8 + 3: WIDE(x + p0, k, panel, k * NR, kc, 1, 3, yt, n, b, first); return 1;          \
     case 8 + 2: WIDE(x + p0, k, panel, k * NR, kc, 1, 2, yt, n, b, first); return 1;          \
