@@ -112,7 +112,7 @@ def test_any_valid_unicode_prompt_gets_no_5xx(server: ServeProcess, path: str, b
 def test_sigterm_drains_then_ends_the_streams_left_with_an_error_event(
     tiny_model_dir: Path, smollm2_tokenizer_dir: Path, tmp_path: Path
 ) -> None:
-    process = tiny_server_process(tiny_model_dir, smollm2_tokenizer_dir, tmp_path / "serve.log", "--drain-timeout-s", "8")
+    process = tiny_server_process(tiny_model_dir, smollm2_tokenizer_dir, tmp_path / "serve.log", "--drain-timeout-s", "2")
     with process:
         long_stream = _StreamReader(process.base_url, max_tokens=1500)  # far longer than the grace period
         short_stream = _StreamReader(process.base_url, max_tokens=4)  # finishes within it, even on a busy machine
