@@ -262,13 +262,7 @@ def _run_parallel(args: argparse.Namespace) -> int:
     for name in ("num_prompts", "prompt_len", "max_tokens", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    parallel = ParallelConfig(
-        tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size,
-        enable_expert_parallel=args.enable_expert_parallel,
-        enable_sequence_parallel=args.enable_sequence_parallel,
-        exact_row_parallel=args.exact_row_parallel,
-    )
+    parallel = ParallelConfig.split_from_args(args)
     if not parallel.is_parallel:
         raise ValueError("give --tensor-parallel-size or --pipeline-parallel-size of 2 or more")
     result = run_parallel_bench(args.model, parallel, args.num_prompts, args.prompt_len, args.max_tokens, args.repeats, args.seed)

@@ -97,19 +97,30 @@ class ParallelConfig:
         return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
 
     @classmethod
+    def split_from_args(cls, args: argparse.Namespace) -> ParallelConfig:
+        """How the model is split (the mode flags only), for commands without the rendezvous flags."""
+        return cls(**_split_fields(args))
+
+    @classmethod
     def from_args(cls, args: argparse.Namespace) -> ParallelConfig:
         return cls(
-            tensor_parallel_size=args.tensor_parallel_size,
-            pipeline_parallel_size=args.pipeline_parallel_size,
-            enable_expert_parallel=args.enable_expert_parallel,
-            enable_sequence_parallel=args.enable_sequence_parallel,
-            exact_row_parallel=args.exact_row_parallel,
+            **_split_fields(args),
             master_addr=args.master_addr,
             master_port=args.master_port,
             collective_timeout_s=args.collective_timeout,
             nnodes=args.nnodes,
             node_rank=args.node_rank,
         )
+
+
+def _split_fields(args: argparse.Namespace) -> dict:
+    return {
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "pipeline_parallel_size": args.pipeline_parallel_size,
+        "enable_expert_parallel": args.enable_expert_parallel,
+        "enable_sequence_parallel": args.enable_sequence_parallel,
+        "exact_row_parallel": args.exact_row_parallel,
+    }
 
 
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:

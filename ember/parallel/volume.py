@@ -64,7 +64,8 @@ def parallel_volume(config: ModelConfig, parallel: ParallelConfig, element_bytes
         wire_bytes = WIRE_DTYPE.itemsize
         return ParallelVolume(("send",), 1, hidden * wire_bytes, f"H {wire_bytes} (one float32 activation row per stage)")
     if parallel.mode == "expert":
-        assert config.moe is not None, "expert parallelism runs MoE models only"
+        if config.moe is None:
+            raise ValueError("expert parallelism needs an MoE model: drop --enable-expert-parallel for this one")
         calls = config.num_layers - len(config.moe.dense_layers)
         return ParallelVolume(("all_reduce",), calls, calls * hidden * element_bytes * ring_share, "L_moe H e 2(W-1)/W")
     raise ValueError("a single process sends nothing: no volume to predict")

@@ -120,13 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=_exit_when_orphaned, name="ember-lifeline", daemon=True).start()
     if args.threads:
         torch.set_num_threads(args.threads)
-    parallel = ParallelConfig(
-        tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size,
-        enable_expert_parallel=args.enable_expert_parallel,
-        enable_sequence_parallel=args.enable_sequence_parallel,
-        exact_row_parallel=args.exact_row_parallel,
-    )
+    parallel = ParallelConfig.split_from_args(args)
     communicator = connect(
         args.rank, parallel.world_size, args.master_addr, args.master_port, args.collective_timeout, args.startup_timeout
     )
