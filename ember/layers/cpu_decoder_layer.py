@@ -2,10 +2,11 @@
 
 The layer's Python code calls a dozen compiled kernels per token batch; on a small model the
 interpreter's share of each call (module dispatch, checks, argument marshalling) is a third of a
-decode step. `CompiledDecoderLayer` holds the layer's weight pointers once (packed panels, norm
-weights, rotary tables) and per call fills only the step's pointers, then runs the same kernels
-in the same order in C: the same bits as the Python path, which stays the reference and the
-fallback (`__call__` returns None for anything it does not take).
+decode step. `CompiledDecoderLayer` holds the layer's weight pointers once (its four products as
+`CompiledProduct`s, dense packed panels or GGML blocks alike; norm weights, rotary tables) and per
+call fills only the step's pointers, then runs the same kernels in the same order in C: the same
+bits as the Python path, which stays the reference and the fallback (`__call__` returns None for
+anything it does not take, e.g. more rows than a GGML product takes from C: prefill).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from ember.layers.attention import AttentionMetadata
 from ember.layers.cpu_attention import CACHE_DTYPES, AttentionArgs, load_attention
 from ember.layers.cpu_elementwise import NORM_WEIGHT_DTYPES, load_elementwise
-from ember.layers.cpu_gemm import PackedWeight, load_gemm
+from ember.layers.cpu_gemm import CompiledProduct
 from ember.native_build import load_cpu_kernels
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "decoder_layer.c"
@@ -34,8 +35,8 @@ class CompilableLayer(Protocol):
     def compile_for_cpu(self) -> bool:
         """Run as one compiled call from now on where the weights fit; whether it will."""
 
-    def drop_compiled(self) -> None:
-        """Back to the Python path (before weights change)."""
+    def drop_compiled(self) -> bool:
+        """Back to the Python path (before weights change); whether it was compiled."""
 
 
 class _Kernels(ctypes.Structure):
@@ -75,40 +76,52 @@ class LayerShape:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """A pre-norm SwiGLU block's tensors: norms (dense), four packed products, rotary tables."""
+    """A pre-norm SwiGLU block's tensors: norms (dense), four products as C calls them, rotary tables."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: PackedWeight
-    o: PackedWeight
-    gate_up: PackedWeight
-    down: PackedWeight
+    qkv: CompiledProduct
+    o: CompiledProduct
+    gate_up: CompiledProduct
+    down: CompiledProduct
     cos: torch.Tensor
     sin: torch.Tensor
 
+    @property
+    def products(self) -> tuple[CompiledProduct, ...]:
+        return (self.qkv, self.o, self.gate_up, self.down)
+
     def compilable(self) -> bool:
-        """One weight dtype for the products, norms of a dtype the kernel reads, float32 tables."""
-        products = (self.qkv, self.o, self.gate_up, self.down)
+        """One product function for the four, norms of a dtype the kernel reads, float32 tables."""
         norms = (self.input_norm, self.post_norm)
         return (
-            len({p.dtype for p in products}) == 1
+            len({p.gemm for p in self.products}) == 1
             and len({n.dtype for n in norms}) == 1
             and all(n.dtype in NORM_WEIGHT_DTYPES and n.is_contiguous() for n in norms)
             and all(t.dtype == torch.float32 and t.is_contiguous() for t in (self.cos, self.sin))
         )
 
+    def max_rows(self) -> int | None:
+        """The most rows every product takes from C (None: any)."""
+        limits = [p.max_rows for p in self.products if p.max_rows is not None]
+        return min(limits, default=None)
+
 
 class DecoderLayerKernel:
-    """The compiled layer function and the kernel table it calls through."""
+    """The compiled layer function and the addresses of the kernels it calls besides the products."""
 
-    def __init__(self, library: ctypes.CDLL, kernel_addresses: dict[torch.dtype, _Kernels]) -> None:
+    def __init__(self, library: ctypes.CDLL, shared_kernels: dict[str, int]) -> None:
         self._function = library.ember_decoder_layer
         self._function.argtypes = [ctypes.POINTER(_Weights), ctypes.POINTER(_Step), ctypes.POINTER(_Kernels)]
         self._function.restype = ctypes.c_int
-        self.kernels = kernel_addresses
+        self._shared_kernels = shared_kernels
 
-    def run(self, weights: _Weights, step: _Step, dtype: torch.dtype) -> int:
-        return self._function(ctypes.byref(weights), ctypes.byref(step), ctypes.byref(self.kernels[dtype]))
+    def table_for(self, gemm: int) -> _Kernels:
+        """The kernel table of a layer whose products run through `gemm`."""
+        return _Kernels(gemm=gemm, **self._shared_kernels)
+
+    def run(self, weights: _Weights, step: _Step, kernels: _Kernels) -> int:
+        return self._function(ctypes.byref(weights), ctypes.byref(step), ctypes.byref(kernels))
 
 
 def _address(library: ctypes.CDLL, name: str) -> int:
@@ -118,18 +131,14 @@ def _address(library: ctypes.CDLL, name: str) -> int:
 @functools.cache
 def load_decoder_layer_kernel() -> DecoderLayerKernel | None:
     """The layer function with the other kernels' addresses; None when any of them is unavailable."""
-    gemm, ops, attention = load_gemm(), load_elementwise(), load_attention()
+    ops, attention = load_elementwise(), load_attention()
     library = load_cpu_kernels("ember_decoder_layer", SOURCE_PATH)
-    if library is None or gemm is None or ops is None or attention is None:
+    if library is None or ops is None or attention is None:
         return None
     shared = {name: _address(ops.library, f"ember_{name}") for name in ("rms_norm", "rotary", "silu_mul")}
     shared["write_kv"] = _address(attention.library, "ember_write_kv")
     shared["attention"] = _address(attention.library, "ember_paged_attention")
-    tables = {
-        dtype: _Kernels(gemm=_address(gemm.library, symbol), **shared)
-        for dtype, symbol in ((torch.float32, "ember_gemm_f32"), (torch.bfloat16, "ember_gemm_bf16"))
-    }
-    return DecoderLayerKernel(library, tables)
+    return DecoderLayerKernel(library, shared)
 
 
 class CompiledDecoderLayer:
@@ -138,7 +147,8 @@ class CompiledDecoderLayer:
     def __init__(self, kernel: DecoderLayerKernel, weights: LayerWeights, shape: LayerShape) -> None:
         self._kernel = kernel
         self._tensors = weights  # the pointers below stay valid while this object lives
-        self._dtype = weights.qkv.dtype
+        self._kernels = kernel.table_for(weights.qkv.gemm)
+        self._max_rows = weights.max_rows()
         self._inner = weights.down.in_features
         self._hidden = weights.qkv.in_features
         self._scale = shape.scale
@@ -149,10 +159,9 @@ class CompiledDecoderLayer:
         self._weights = _Weights(
             input_norm=weights.input_norm.data_ptr(), post_norm=weights.post_norm.data_ptr(),
             norms_bf16=int(weights.input_norm.dtype == torch.bfloat16), eps=shape.eps,
-            qkv=weights.qkv.panels.data_ptr(), o=weights.o.panels.data_ptr(),
-            gate_up=weights.gate_up.panels.data_ptr(), down=weights.down.panels.data_ptr(),
-            qkv_bias=_bias_pointer(weights.qkv), o_bias=_bias_pointer(weights.o),
-            gate_up_bias=_bias_pointer(weights.gate_up), down_bias=_bias_pointer(weights.down),
+            qkv=weights.qkv.weight, o=weights.o.weight, gate_up=weights.gate_up.weight, down=weights.down.weight,
+            qkv_bias=weights.qkv.bias, o_bias=weights.o.bias, gate_up_bias=weights.gate_up.bias,
+            down_bias=weights.down.bias,
             hidden=self._hidden, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim, inner=self._inner,
             cos_table=weights.cos.data_ptr(), sin_table=weights.sin.data_ptr(), num_positions=weights.cos.shape[0],
@@ -175,22 +184,20 @@ class CompiledDecoderLayer:
         if paged is None or not _takes(x, self._hidden, positions, kv_cache, metadata.slot_mapping):
             return None
         m = x.shape[0]
+        if self._max_rows is not None and m > self._max_rows:
+            return None
         out = torch.empty_like(x)
         scratch = torch.empty(m * self._scratch_per_token)
         step = self._step
         step.m, step.x, step.out, step.scratch = m, x.data_ptr(), out.data_ptr(), scratch.data_ptr()
         step.positions, step.slots = positions.data_ptr(), metadata.slot_mapping.data_ptr()
         _fill_attention(step.attention, kv_cache, metadata, self._scale)
-        status = self._kernel.run(self._weights, step, self._dtype)
+        status = self._kernel.run(self._weights, step, self._kernels)
         if status == -1:
             raise ValueError("a position is outside the rotary tables: raise max_position_embeddings")
         if status != 0:
             raise RuntimeError(f"fused paged attention failed (status {status})")
         return out
-
-
-def _bias_pointer(weight: PackedWeight) -> int | None:
-    return None if weight.bias is None else weight.bias.data_ptr()
 
 
 def _takes(x: torch.Tensor, hidden: int, positions: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> bool:

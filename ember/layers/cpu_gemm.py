@@ -28,6 +28,24 @@ _BF16_POSITIONS = torch.tensor([2 * (j % 8) + j // 8 for j in range(PANEL_WIDTH)
 
 
 @dataclass(frozen=True)
+class CompiledProduct:
+    """A product as C code calls it: `gemm(x, weight, bias, y, m, n, k)` gives y = x W^T + b for m rows.
+
+    The compiled decoder layer runs its four products through these, whatever holds the weight
+    (packed panels, GGML blocks). `max_rows` is the most rows the product should take from C (None:
+    any): beyond it the caller takes the Python path, which may pick another method (GGML prefill
+    dequantizes tiles for torch's GEMM). `owner` keeps what `weight` and `bias` point into alive.
+    """
+
+    gemm: int
+    weight: int
+    bias: int | None
+    in_features: int
+    max_rows: int | None
+    owner: object
+
+
+@dataclass(frozen=True)
 class PackedWeight:
     """A [out_features, in_features] weight as k-major panels of 16 output channels (plus its bias).
 
@@ -78,16 +96,30 @@ class PackedWeight:
         """The [out_features, in_features] weight again (for tests and the torch reference)."""
         return self.rows(torch.arange(self.out_features))
 
+    def compiled_product(self) -> CompiledProduct | None:
+        """This weight's product for C callers (any row count); None without the compiled kernel."""
+        gemm = load_gemm()
+        if gemm is None:
+            return None
+        return CompiledProduct(
+            gemm.address_for(self.dtype), self.panels.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
+            self.in_features, None, self,
+        )
+
 
 class Gemm:
     """The compiled kernels, callable on CPU tensors against a `PackedWeight`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self.library = library  # the compiled decoder layer calls its functions too
+        self.library = library
         self._functions = {torch.float32: library.ember_gemm_f32, torch.bfloat16: library.ember_gemm_bf16}
         for function in self._functions.values():
             function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
             function.restype = None
+
+    def address_for(self, dtype: torch.dtype) -> int:
+        """The C function for panels of `dtype` (a `gemm_fn`: x, panels, bias, y, m, n, k)."""
+        return ctypes.cast(self._functions[dtype], ctypes.c_void_p).value
 
     def __call__(self, x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
         """x [m, in_features] @ weight.T + bias, accumulated in float32, returned in float32."""

@@ -5,7 +5,8 @@
 3. bfloat16 weights with every product packed: the decoder computes in float32 (the embedding
    hands out float32 rows), so no elementwise op runs in bfloat16 and no product converts its
    input; the weights and the KV cache stay bfloat16, read at half the bytes.
-4. Decoder layers that can (`CompilableLayer`) run as one compiled call each.
+4. Decoder layers that can (`CompilableLayer`) run as one compiled call each (quantized GGML
+   products too: they need no packing).
 Where the kernels are unavailable nothing changes and torch runs the model as loaded.
 """
 
@@ -22,14 +23,8 @@ from ember.layers.norm import RMSNorm
 
 def prepare_for_cpu_kernels(model: nn.Module, tied_weights: dict[str, str]) -> None:
     """Pack, share the tied table, pick the compute dtype (see the module docstring)."""
-    if pack_linear_weights(model) == 0:
-        return
-    modules = dict(model.named_modules())
-    for head_name, table_name in tied_weights.items():
-        head = modules.get(head_name.removesuffix(".weight"))
-        table = modules.get(table_name.removesuffix(".weight"))
-        if isinstance(head, Linear) and head.packed is not None and isinstance(table, VocabEmbedding):
-            table.read_from_packed_head(head)
+    if pack_linear_weights(model) > 0:
+        _share_tied_tables(model, tied_weights)
     if _every_product_packed_in(model, torch.bfloat16):
         for module in model.modules():
             if isinstance(module, VocabEmbedding):
@@ -37,6 +32,15 @@ def prepare_for_cpu_kernels(model: nn.Module, tied_weights: dict[str, str]) -> N
     for module in model.modules():
         if isinstance(module, CompilableLayer):
             module.compile_for_cpu()
+
+
+def _share_tied_tables(model: nn.Module, tied_weights: dict[str, str]) -> None:
+    modules = dict(model.named_modules())
+    for head_name, table_name in tied_weights.items():
+        head = modules.get(head_name.removesuffix(".weight"))
+        table = modules.get(table_name.removesuffix(".weight"))
+        if isinstance(head, Linear) and head.packed is not None and isinstance(table, VocabEmbedding):
+            table.read_from_packed_head(head)
 
 
 def _every_product_packed_in(model: nn.Module, dtype: torch.dtype) -> bool:

@@ -29,6 +29,13 @@ class Linear(nn.Linear):
         self.register_parameter("bias", None)
         return True
 
+    def compiled_product(self) -> cpu_gemm.CompiledProduct | None:
+        """This layer's product for a compiled caller; None unpacked, or where a subclass's forward adds
+        work (a tensor-parallel shard's communication) that a C caller of the bare product would skip."""
+        if self.packed is None or type(self).forward is not Linear.forward:
+            return None
+        return self.packed.compiled_product()
+
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         """A packed layer still reports nn.Linear's dense weight and bias (rebuilt from the panels)."""
         if self.packed is None:

@@ -67,7 +67,7 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: h = x + attn(norm(x)); out = h + mlp(norm(h)).
 
-    On the CPU, once its products are packed, the block runs as one compiled call
+    On the CPU, once its products have compiled forms, the block runs as one compiled call
     (`compile_for_cpu`); the Python code below stays the reference and the fallback.
     """
 
@@ -81,17 +81,15 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def compile_for_cpu(self) -> bool:
-        """Hand the forward to one compiled call where every product is a plain packed `Linear`."""
+        """Hand the forward to one compiled call where every product has a compiled form (see `CompiledProduct`)."""
         attention, mlp = self.self_attn, self.mlp
-        products = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        # exact type: a subclass (a tensor-parallel shard) adds communication the kernel would skip
-        if any(type(product) is not Linear or product.packed is None for product in products):
-            return False
-        if self.input_layernorm.eps != self.post_attention_layernorm.eps:
+        modules = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        products = [getattr(module, "compiled_product", lambda: None)() for module in modules]
+        if None in products or self.input_layernorm.eps != self.post_attention_layernorm.eps:
             return False
         weights = LayerWeights(
             self.input_layernorm.weight.detach(), self.post_attention_layernorm.weight.detach(),
-            *(product.packed for product in products), attention.rotary.cos, attention.rotary.sin,
+            *products, attention.rotary.cos, attention.rotary.sin,
         )
         shape = LayerShape(
             attention.num_heads, attention.num_kv_heads, attention.head_dim, attention.scale, self.input_layernorm.eps
@@ -99,8 +97,9 @@ class LlamaDecoderLayer(nn.Module):
         self.compiled = CompiledDecoderLayer.build(weights, shape)
         return self.compiled is not None
 
-    def drop_compiled(self) -> None:
-        self.compiled = None
+    def drop_compiled(self) -> bool:
+        was_compiled, self.compiled = self.compiled is not None, None
+        return was_compiled
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata

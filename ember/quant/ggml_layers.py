@@ -14,11 +14,15 @@ to the plain-torch decoder, float32 activations and `F.linear`.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ember.engine.config import QUANT_ACTIVATIONS
+from ember.layers.cpu_decoder_layer import CompilableLayer
+from ember.layers.cpu_gemm import CompiledProduct
 from ember.quant.ggml_blocks import GGMLTensor, dequantize_torch
 from ember.quant.ggml_kernels import GEMV_PATHS, MAX_GEMV_ROWS, GGMLWeightPointer, load_kernels
 
@@ -94,17 +98,21 @@ class GGMLLinear(nn.Module):
         out = out.view(*x.shape[:-1], self.out_features)
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
-    def compiled_product(self) -> tuple[int, GGMLWeightPointer] | None:
-        """(address of a C function with the CPU GEMM's signature, its weight argument) for callers that run
-        products from C, such as a compiled decoder layer: `fn(x, ctypes.byref(weight), bias, y, m, n, k)`
-        computes this layer's forward for any m, row by row as decode does. The weight argument points into
-        `qweight` and reads `activations` as they are now: keep this layer alive and unchanged while using it.
+    def compiled_product(self) -> CompiledProduct | None:
+        """This layer's product for C callers such as the compiled decoder layer: up to MAX_GEMV_ROWS rows,
+        row by row as decode computes them (same bits); more rows go through `forward`'s tiles. The
+        product reads `qweight` and `activations` as they are now: drop it before changing either.
         None without the compiled kernels."""
         kernels = load_kernels()
         if kernels is None:
             return None
         path = kernels.path_for(self.activations if self.format.has_int8_kernel else "float32")
-        return kernels.linear_address, GGMLWeightPointer(self.format.type_id, path, self.qweight.data_ptr())
+        weight = GGMLWeightPointer(self.format.type_id, path, self.qweight.data_ptr())
+        bias = None if self.bias is None else self.bias.detach().float().contiguous()
+        return CompiledProduct(
+            kernels.linear_address, ctypes.addressof(weight), None if bias is None else bias.data_ptr(),
+            self.in_features, MAX_GEMV_ROWS, (weight, bias, self.qweight),
+        )
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format.name}, "
@@ -144,10 +152,19 @@ def activations_for(module_path: str, activations: str) -> str:
 
 
 def set_activations(model: nn.Module, activations: str) -> int:
-    """Set the GGML linear layers of `model` to `activations` (the LM head stays float32); returns how many layers."""
+    """Set the GGML linear layers of `model` to `activations` (the LM head stays float32); returns how many layers.
+
+    Compiled decoder layers hold their products' activation setting: they are rebuilt when it changes."""
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, GGMLLinear)]
+    changed = False
     for name, layer in layers:
-        layer.activations = activations_for(name, activations)
+        wanted = activations_for(name, activations)
+        changed |= layer.activations != wanted
+        layer.activations = wanted
+    if changed:
+        for module in model.modules():
+            if isinstance(module, CompilableLayer) and module.drop_compiled():
+                module.compile_for_cpu()
     return len(layers)
 
 

@@ -2,7 +2,7 @@
 
 One flat batch mixes a fresh prompt, a prompt over a cached prefix and decodes, over a shuffled
 block pool; Llama, Qwen2 (biases on q/k/v) and Mistral (a sliding window), float32 and
-bfloat16 weights.
+bfloat16 weights, and GGML blocks (quantized products).
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ from ember.engine.sampling_params import SamplingParams
 from ember.layers.cpu_decoder_layer import load_decoder_layer_kernel
 from ember.layers.cpu_prepare import restore_dense_weights
 from ember.models.llama import LlamaDecoderLayer
+from ember.quant.ggml_kernels import MAX_GEMV_ROWS
+from ember.quant.ggml_kernels import load_kernels as load_ggml_kernels
+from ember.quant.ggml_layers import GGMLLinear, set_activations
 from tests.model_factory import save_tiny_model
+from tests.quant.ggml_factory import random_blocks
 
 FAMILIES = {"llama": {}, "qwen2": {}, "mistral": {"sliding_window": 6}}
 
@@ -71,3 +75,47 @@ def test_a_layer_with_dense_products_stays_on_the_python_path(tmp_path):
     layers = compiled_layers(engine)
     assert all(layer.compiled is None for layer in layers)
     assert not any(layer.compile_for_cpu() for layer in layers)
+
+
+def quantize_products(engines: list[LLMEngine]) -> None:
+    """The same random GGML blocks (mixed formats, as a Q4_K_M file mixes them) as every layer's products."""
+    formats = {"qkv_proj": "Q4_1", "o_proj": "Q8_0", "gate_up_proj": "Q4_0", "down_proj": "Q8_0"}
+    for index, layers in enumerate(zip(*(compiled_layers(engine) for engine in engines), strict=True)):
+        for name, fmt in formats.items():
+            parent = "self_attn" if name in ("qkv_proj", "o_proj") else "mlp"
+            dense = getattr(getattr(layers[0], parent), name)
+            blocks = random_blocks(fmt, rows=dense.out_features, cols=dense.in_features, seed=index * 10 + len(name))
+            for layer in layers:
+                setattr(getattr(layer, parent), name, GGMLLinear(blocks))
+
+
+def test_compiled_layer_with_ggml_products_gives_the_python_paths_bits(tmp_path):
+    if load_ggml_kernels() is None:
+        pytest.skip("the GGML kernels are unavailable")
+    folder = save_tiny_model("llama", tmp_path / "llama")
+    compiled, python = make_engine(folder, "float32"), make_engine(folder, "float32")
+    quantize_products([compiled, python])
+    assert all(layer.compile_for_cpu() for layer in compiled_layers(compiled))
+    for layer in compiled_layers(python):
+        layer.drop_compiled()
+    # Prefill chunks of up to 16 rows go back to the Python path (GGML prefill dequantizes tiles for
+    # torch's GEMM); decode rows run in C. Both give the Python path's bits.
+    for ours, reference in zip(run_steps(compiled, 6), run_steps(python, 6), strict=True):
+        assert torch.equal(ours, reference)
+    layer = compiled_layers(compiled)[0]
+    rows = MAX_GEMV_ROWS + 1
+    assert layer.compiled(torch.zeros(rows, 64), torch.zeros(rows, dtype=torch.int64), compiled.runner.kv_caches[0],
+                          compiled.runner._prepare(compiled.scheduler.schedule().scheduled)[2]) is None  # fmt: skip
+
+
+def test_a_change_of_activations_rebuilds_the_compiled_layers(tmp_path):
+    if load_ggml_kernels() is None:
+        pytest.skip("the GGML kernels are unavailable")
+    engine = make_engine(save_tiny_model("llama", tmp_path / "llama"), "float32")
+    quantize_products([engine])
+    layers = compiled_layers(engine)
+    for layer in layers:
+        layer.compile_for_cpu()
+    before = [layer.compiled for layer in layers]
+    assert set_activations(engine.runner.model, "float32") == 2 * 4
+    assert all(layer.compiled is not None and layer.compiled is not old for layer, old in zip(layers, before, strict=True))

@@ -112,10 +112,11 @@ def test_the_compiled_product_pointer_computes_the_layer_row_by_row(kernels, nam
     bias = torch.randn(40, generator=torch.Generator().manual_seed(10))
     layer = GGMLLinear(weight, torch.nn.Parameter(bias, requires_grad=False), activations=activations)
     x = torch.randn(MAX_GEMV_ROWS * 2 + 3, 256, generator=torch.Generator().manual_seed(11))
-    address, pointer = layer.compiled_product()
-    product = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 3)(address)
+    compiled = layer.compiled_product()
+    assert (compiled.in_features, compiled.max_rows) == (256, MAX_GEMV_ROWS)
+    product = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 3)(compiled.gemm)
     y = torch.empty(x.shape[0], 40)
-    product(x.data_ptr(), ctypes.addressof(pointer), bias.data_ptr(), y.data_ptr(), x.shape[0], 40, 256)
+    product(x.data_ptr(), compiled.weight, compiled.bias, y.data_ptr(), x.shape[0], 40, 256)
     # 19 rows in chunks of 8: each row bit for bit what a one-row decode step gives it.
     with torch.inference_mode():
         one_by_one = torch.cat([layer(row[None]) for row in x])
