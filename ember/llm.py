@@ -20,7 +20,8 @@ class LLM:
 
     `model` is a registered name, a GGUF file, an HF safetensors folder or a llama2.c .bin.
     Extra keyword arguments set `CacheConfig` / `SchedulerConfig` / `SpeculativeConfig` fields by
-    name (e.g. `block_size=16, max_num_batched_tokens=512, enable_prefix_caching=False`);
+    name (e.g. `block_size=16, max_num_batched_tokens=512, enable_prefix_caching=False`,
+    `kv_cache_dtype="fp8"`);
     speculation: `speculative_method="ngram"|"draft", num_speculative_tokens=K, draft_model=PATH`;
     tensor parallelism: `tensor_parallel_size=T` (T - 1 worker processes; `shutdown()` stops them).
     """

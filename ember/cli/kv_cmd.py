@@ -20,6 +20,12 @@ from ember.kv.planner import (
 )
 from ember.models.config import ModelConfig
 
+# --dtype values the engine can allocate its cache in (the runner's torch dtype); the rest are formula only.
+ENGINE_CACHE_DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
+}
+UNALLOCATED_DTYPES = tuple(d for d in ELEMENT_SIZES if d not in ENGINE_CACHE_DTYPES)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -46,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if name is None:
         raise ValueError("give a model: a known shape (" + ", ".join(KNOWN_SHAPES) + "), a config.json or a checkpoint")
     config, allocated = _read_model(name, args.dtype, args.block_size, args.context, measure=not args.compare)
+    if allocated is None and args.dtype in UNALLOCATED_DTYPES and not args.compare:
+        print(f"(--dtype {args.dtype}: formula only, the engine has no {args.dtype} KV cache; --kv-cache-dtype takes fp8)")
     if args.compare:
         plans = [
             plan(f"{_display_name(name)} {label}", variant, args.dtype, args.context, args.memory, args.block_size)
@@ -58,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     result = plan(_display_name(name), config, args.dtype, args.context, args.memory, args.block_size, allocated)
     print(format_table([result]))
     print(_summary(result))
+    if args.memory is not None:
+        print(_fits_by_dtype(_display_name(name), config, args))
     return 0
 
 
@@ -79,25 +89,35 @@ def _read_model(
     if path.is_file() and path.suffix == ".json":
         with open(path, encoding="utf-8") as f:
             return ModelConfig.from_hf(json.load(f)), None
-    from ember.models.loader import DTYPES, load_model
+    from ember.models.loader import load_model
     from ember.models.registry import resolve_model
 
-    loaded = load_model(resolve_model(name), dtype if dtype in DTYPES else "float32")
-    if not measure or dtype not in DTYPES:
+    loaded = load_model(resolve_model(name), "auto")  # the cache dtype is the runner's, whatever the weights'
+    cache_dtype = ENGINE_CACHE_DTYPES.get(dtype)
+    if not measure or cache_dtype is None:
         return loaded.config, None
-    return loaded.config, _allocated_bytes_per_token(loaded.model, block_size, context)
+    return loaded.config, _allocated_bytes_per_token(loaded.model, block_size, context, cache_dtype)
 
 
-def _allocated_bytes_per_token(model: torch.nn.Module, block_size: int, context: int) -> int:
-    """Build the engine's runner with one sequence's blocks and read back what it allocated."""
+def _allocated_bytes_per_token(model: torch.nn.Module, block_size: int, context: int, cache_dtype: torch.dtype) -> int:
+    """Build the engine's runner with one sequence's blocks in `cache_dtype` and read back what it allocated."""
     from ember.engine.runner import ModelRunner
     from ember.kv.cache_manager import KVCacheManager
     from ember.layers.sampler import Sampler
 
     num_blocks = min(-(-context // block_size), 64)
     kv = KVCacheManager(num_blocks, block_size)
-    runner = ModelRunner(model, num_blocks, block_size, kv, Sampler(torch.Generator()), frozenset())
+    runner = ModelRunner(model, num_blocks, block_size, kv, Sampler(torch.Generator()), frozenset(), cache_dtype=cache_dtype)
     return runner.kv_cache_bytes // (num_blocks * block_size)
+
+
+def _fits_by_dtype(name: str, config: ModelConfig, args: argparse.Namespace) -> str:
+    """Sequences of --context tokens that --memory holds with each engine cache dtype: what a narrower cache buys."""
+    counts = [
+        f"{dtype} {plan(name, config, dtype, args.context, args.memory, args.block_size).num_sequences}"
+        for dtype in ("float32", "bfloat16", "fp8")
+    ]
+    return f"sequences that fit by KV cache dtype (--kv-cache-dtype): {', '.join(counts)}"
 
 
 def _summary(result: KVPlan) -> str:

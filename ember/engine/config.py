@@ -10,20 +10,25 @@ from ember.parallel.config import ParallelConfig, add_parallel_arguments
 # "auto": a quantized checkpoint stays quantized (float32 activations), a float one loads as float32.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANT_ACTIVATIONS = ("int8", "float32")  # what ember.quant.ggml_layers' GGML linear layers round activations to
+# "auto": the model's compute dtype; "fp8" (alias "fp8_e4m3"): float8 e4m3 with no scale, as vLLM's
+# uncalibrated default, 1 byte per element (torch dtypes: ember.engine.runner.KV_CACHE_TORCH_DTYPES).
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3")
 
 
 @dataclass
 class CacheConfig:
-    """Paged KV cache: block size and how much memory the blocks get.
+    """Paged KV cache: block size, the dtype of its elements and how much memory the blocks get.
 
     `num_kv_blocks` wins over `kv_cache_memory_bytes`; with neither, the cache gets enough
-    blocks for `max_num_seqs` sequences of full context, capped at 2 GiB.
+    blocks for `max_num_seqs` sequences of full context, capped at 1 GiB. A narrower
+    `kv_cache_dtype` puts more blocks in the same bytes (fp8: 4x float32's, 2x bfloat16's).
     """
 
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_size <= 1024:
@@ -32,6 +37,10 @@ class CacheConfig:
             raise ValueError("num_kv_blocks must be at least 1")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported; choose one of {', '.join(KV_CACHE_DTYPES)}"
+            )
 
 
 @dataclass
@@ -146,6 +155,7 @@ class EngineConfig:
                 num_kv_blocks=args.num_kv_blocks,
                 kv_cache_memory_bytes=args.kv_cache_memory,
                 enable_prefix_caching=not args.no_prefix_caching,
+                kv_cache_dtype=args.kv_cache_dtype,
             ),
             scheduler=SchedulerConfig(
                 max_num_batched_tokens=args.max_num_batched_tokens,
@@ -190,6 +200,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=defaults.cache.block_size)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV cache budget, e.g. 512MiB")
+    parser.add_argument("--kv-cache-dtype", default=defaults.cache.kv_cache_dtype, choices=KV_CACHE_DTYPES,
+                        help="KV cache elements: auto (the model's compute dtype), float32, bfloat16, or fp8 "
+                             "(float8 e4m3, unscaled: half bfloat16's bytes, so twice the tokens in the same memory)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.scheduler.max_num_batched_tokens)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.scheduler.max_num_seqs)
     parser.add_argument("--no-prefix-caching", action="store_true", help="switch prefix caching off")

@@ -15,7 +15,13 @@ from ember.engine.config import EngineConfig
 from ember.engine.limits import RequestLimits
 from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
-from ember.engine.runner import ModelRunner, StepResult, kv_cache_bytes_per_block, kv_cache_layout
+from ember.engine.runner import (
+    ModelRunner,
+    StepResult,
+    kv_cache_bytes_per_block,
+    kv_cache_layout,
+    kv_cache_torch_dtype,
+)
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from ember.engine.spec.speculator import Speculator
@@ -113,6 +119,7 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or loaded.config.max_position_embeddings, loaded.config.max_position_embeddings)
         self.block_size = config.cache.block_size
         self.kv_layout = kv_cache_layout(loaded.model)
+        self.kv_cache_dtype = kv_cache_torch_dtype(config.cache.kv_cache_dtype) or compute_dtype(config.dtype)
         num_blocks = self._num_kv_blocks(loaded.config)
         self.kv = KVCacheManager(
             num_blocks, self.block_size, config.cache.enable_prefix_caching, self.kv_layout.group_windows
@@ -133,7 +140,8 @@ class LLMEngine:
         self.speculator = self._make_speculator(num_blocks, show_progress, draft_loaded)
         rejection = RejectionSampler(generator) if self.speculator is not None else None
         self.runner = ModelRunner(
-            loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids, rejection, self.workers
+            loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids, rejection, self.workers,
+            self.kv_cache_dtype,
         )
         self.stop_checker = StopChecker(self.eos_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
@@ -383,14 +391,16 @@ class LLMEngine:
                 f"({self.model_config.vocab_size}); give a draft model with the same tokenizer"
             )
         generator = torch.Generator().manual_seed(self.config.seed + 1)
-        proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, generator)
+        # An explicit cache dtype holds for the draft's cache too (same block count); "auto" follows the draft's dtype.
+        cache_dtype = kv_cache_torch_dtype(self.config.cache.kv_cache_dtype)
+        proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, generator, cache_dtype)
         return Speculator(spec, proposer, uses_model=True)
 
     def _num_kv_blocks(self, config: ModelConfig) -> int:
         cache = self.config.cache
         if cache.num_kv_blocks is not None:
             return cache.num_kv_blocks
-        per_block = kv_cache_bytes_per_block(config, self.block_size, compute_dtype(self.config.dtype), self.kv_layout)
+        per_block = kv_cache_bytes_per_block(config, self.block_size, self.kv_cache_dtype, self.kv_layout)
         if cache.kv_cache_memory_bytes is not None:
             blocks = cache.kv_cache_memory_bytes // per_block
             if blocks < 1:

@@ -46,6 +46,17 @@ def kv_cache_bytes_per_block(
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
 
 
+# Every `CacheConfig.kv_cache_dtype` (ember.engine.config.KV_CACHE_DTYPES, validated there) but "auto".
+KV_CACHE_TORCH_DTYPES = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+}
+
+
+def kv_cache_torch_dtype(name: str) -> torch.dtype | None:
+    """The torch dtype of a validated `CacheConfig.kv_cache_dtype`; None for "auto" (the model's compute dtype)."""
+    return KV_CACHE_TORCH_DTYPES.get(name)
+
+
 def kv_cache_layout(model: torch.nn.Module) -> KVCacheLayout:
     """The model's per-layer KV specs (`model.kv_cache_specs()`), or full attention on every layer."""
     specs = getattr(model, "kv_cache_specs", None)
@@ -58,9 +69,18 @@ def kv_cache_layout(model: torch.nn.Module) -> KVCacheLayout:
 class KVCacheTensors:
     """Every layer's KV cache for a model's layout: the tensors, each layer's view, block copies."""
 
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, held_layers: range | None = None) -> None:
-        """`held_layers` (a pipeline stage's): only their cache tensors get blocks; the others stay empty."""
-        dtype = next(model.parameters()).dtype
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_blocks: int,
+        block_size: int,
+        held_layers: range | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """`held_layers` (a pipeline stage's): only their cache tensors get blocks; the others stay empty.
+        `dtype` None: the model's parameter dtype."""
+        dtype = dtype or next(model.parameters()).dtype
+        self.dtype = dtype
         self.layout = kv_cache_layout(model)
         used = {self.layout.layer_tensors[i] for i in (held_layers if held_layers is not None else range(len(self.layout.specs)))}
         self.tensors = [
@@ -106,7 +126,9 @@ class ModelRunner:
         eos_ids: frozenset[int],
         rejection_sampler: RejectionSampler | None = None,
         workers: WorkerGroup | None = None,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
+        """`cache_dtype` None: the KV cache takes the model's parameter dtype."""
         self.model = model
         self.block_size = block_size
         self.kv = kv
@@ -114,9 +136,10 @@ class ModelRunner:
         self.rejection_sampler = rejection_sampler
         self.eos_ids = eos_ids
         self.workers = workers
-        self.caches = KVCacheTensors(model, num_blocks, block_size, workers.held_layers if workers is not None else None)
+        held_layers = workers.held_layers if workers is not None else None
+        self.caches = KVCacheTensors(model, num_blocks, block_size, held_layers, cache_dtype)
         if workers is not None:
-            workers.allocate_kv_cache(num_blocks, block_size, self.caches.num_bytes)
+            workers.allocate_kv_cache(num_blocks, block_size, self.caches.dtype, self.caches.num_bytes)
         self.layout = self.caches.layout
         self.kv_caches = self.caches.layer_caches
 

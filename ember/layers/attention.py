@@ -65,10 +65,12 @@ class AttentionMetadata:
 
 
 def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store the new tokens' keys and values in their cache slots."""
+    """Store the new tokens' keys and values in their cache slots (cast to the cache's dtype: a float8
+    cache rounds to nearest even and saturates, as the compiled op does)."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+    # index_put, not index_copy_: torch has no CPU index_copy_ for float8 (no slot repeats within a step)
+    kv_cache[0].view(-1, num_kv_heads, head_dim)[slot_mapping] = key.to(kv_cache.dtype)
+    kv_cache[1].view(-1, num_kv_heads, head_dim)[slot_mapping] = value.to(kv_cache.dtype)
 
 
 def paged_attention(
@@ -112,8 +114,9 @@ def _prefill_attention(
     logit_softcap: float | None = None,
 ) -> torch.Tensor:
     q = query[segment.start : segment.end].transpose(0, 1)  # [H, n, D]
-    if segment.num_cached == 0 and sliding_window is None and logit_softcap is None:
-        # Nothing cached before these tokens: attend to them directly, plain causal.
+    if segment.num_cached == 0 and sliding_window is None and logit_softcap is None and kv_cache.dtype == key.dtype:
+        # Nothing cached before these tokens, and the cache holds them exactly: attend to them directly,
+        # plain causal. (A float8 cache reads back its rounded values, as the compiled op does.)
         k = key[segment.start : segment.end].transpose(0, 1)
         v = value[segment.start : segment.end].transpose(0, 1)
         out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale, enable_gqa=True)
@@ -155,6 +158,11 @@ def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> 
     return flat[0], flat[1]
 
 
+def _readable(cache_rows: torch.Tensor) -> torch.Tensor:
+    """Cache rows in a dtype torch computes with: float8 widened to float32 (exactly), others as stored."""
+    return cache_rows.float() if cache_rows.element_size() == 1 else cache_rows
+
+
 def _decode_attention(
     query: torch.Tensor, kv_cache: torch.Tensor, batch: DecodeBatch, scale: float, logit_softcap: float | None = None
 ) -> torch.Tensor:
@@ -162,7 +170,7 @@ def _decode_attention(
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    blocks = kv_cache[:, batch.block_tables]  # [2, B, nb, bs, H_kv, D]
+    blocks = _readable(kv_cache[:, batch.block_tables])  # [2, B, nb, bs, H_kv, D]
     keys = blocks[0].flatten(1, 2).permute(0, 2, 3, 1)  # [B, H_kv, D, L]
     values = blocks[1].flatten(1, 2).transpose(1, 2)  # [B, H_kv, L, D]
     q = query.view(num_seqs, num_kv_heads, group, head_dim).to(keys.dtype)

@@ -19,7 +19,9 @@ import torch
 from ember.native_build import load_cpu_kernels
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "paged_attention.c"
-CACHE_DTYPES = (torch.float32, torch.bfloat16)
+# The cache dtypes the kernels read and write, and their `cache_format` codes (CACHE_* in paged_attention.c).
+CACHE_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2}
+CACHE_DTYPES = tuple(CACHE_FORMATS)
 
 
 class AttentionArgs(ctypes.Structure):
@@ -37,7 +39,7 @@ class AttentionArgs(ctypes.Structure):
         ("dim_k", ctypes.c_int64),
         ("dim_v", ctypes.c_int64),
         ("block_size", ctypes.c_int64),
-        ("cache_is_bf16", ctypes.c_int),
+        ("cache_format", ctypes.c_int),
         ("block_tables", ctypes.c_void_p),
         ("query_starts", ctypes.c_void_p),
         ("query_counts", ctypes.c_void_p),
@@ -100,7 +102,7 @@ class PagedAttention:
             return False
         self._write_kv(
             key.data_ptr(), value.data_ptr(), key.stride(0), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
-            int(kv_cache.dtype == torch.bfloat16), slot_mapping.data_ptr(), key.shape[0], key.shape[1] * key.shape[2],
+            CACHE_FORMATS[kv_cache.dtype], slot_mapping.data_ptr(), key.shape[0], key.shape[1] * key.shape[2],
         )
         return True
 
@@ -128,13 +130,13 @@ class PagedAttention:
 
     def _run(self, query, keys, values, value_dim, batch, scale, window, softcap, **layout) -> torch.Tensor:
         if not (keys.is_contiguous() and values.is_contiguous()) or keys.dtype not in CACHE_DTYPES:
-            raise ValueError("the fused attention op needs a contiguous float32 or bfloat16 cache")
+            raise ValueError("the fused attention op needs a contiguous float32, bfloat16 or float8_e4m3fn cache")
         query32 = query if _rows_of_contiguous_heads(query) else query.float().contiguous()
         num_tokens, num_heads, key_dim = query32.shape
         out = torch.empty(num_tokens, num_heads, value_dim, dtype=torch.float32)
         args = AttentionArgs(
             query=query32.data_ptr(), out=out.data_ptr(), keys=keys.data_ptr(), values=values.data_ptr(),
-            num_heads=num_heads, dim_k=key_dim, dim_v=value_dim, cache_is_bf16=int(keys.dtype == torch.bfloat16),
+            num_heads=num_heads, dim_k=key_dim, dim_v=value_dim, cache_format=CACHE_FORMATS[keys.dtype],
             block_tables=batch.block_tables.data_ptr(), query_starts=batch.query_starts.data_ptr(),
             query_counts=batch.query_counts.data_ptr(), context_lens=batch.context_lens.data_ptr(),
             num_seqs=batch.block_tables.shape[0], max_blocks=batch.block_tables.shape[1], scale=scale,

@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ember.layers.attention import AttentionMetadata
-from ember.layers.cpu_attention import CACHE_DTYPES, AttentionArgs, load_attention
+from ember.layers.cpu_attention import CACHE_DTYPES, CACHE_FORMATS, AttentionArgs, load_attention
 from ember.layers.cpu_elementwise import NORM_WEIGHT_DTYPES, load_elementwise
 from ember.layers.cpu_gemm import CompiledProduct
 from ember.native_build import load_cpu_kernels
@@ -215,7 +215,7 @@ def _fill_attention(args: AttentionArgs, kv_cache: torch.Tensor, metadata: Atten
     keys = kv_cache.data_ptr()
     args.keys, args.values = keys, keys + kv_cache.stride(0) * kv_cache.element_size()
     args.block_size = kv_cache.shape[2]
-    args.cache_is_bf16 = int(kv_cache.dtype == torch.bfloat16)
+    args.cache_format = CACHE_FORMATS[kv_cache.dtype]
     args.block_tables, args.query_starts = paged.block_tables.data_ptr(), paged.query_starts.data_ptr()
     args.query_counts, args.context_lens = paged.query_counts.data_ptr(), paged.context_lens.data_ptr()
     args.num_seqs, args.max_blocks = paged.block_tables.shape[0], paged.block_tables.shape[1]

@@ -120,7 +120,7 @@ class LatentAttention(nn.Module):
         latent, k_rope = self.kv_a_proj_with_mqa(x).split([mla.kv_lora_rank, mla.qk_rope_head_dim], dim=-1)
         k_rope = self.rotary.rotate(positions, k_rope.unsqueeze(1)).squeeze(1)
         entries = torch.cat((self.kv_a_layernorm(latent), k_rope), dim=-1)  # [T, r + d_rope]
-        kv_cache.view(-1, entries.shape[1]).index_copy_(0, metadata.slot_mapping, entries.to(kv_cache.dtype))
+        kv_cache.view(-1, entries.shape[1])[metadata.slot_mapping] = entries.to(kv_cache.dtype)  # index_put: float8 too
         out = x.new_empty(num_tokens, self.num_heads, mla.v_head_dim)
         for segment in metadata.prefills:
             rows = slice(segment.start, segment.end)
@@ -147,7 +147,7 @@ class LatentAttention(nn.Module):
         """Expanded attention of one prompt chunk: keys and values built from the latents."""
         mla = self.mla
         if segment.num_cached == 0:
-            entries = new_entries
+            entries = new_entries.to(kv_cache.dtype).to(new_entries.dtype)  # what the cache holds (a no-op when exact)
         else:
             entries = kv_cache[segment.block_table].flatten(0, 1)[: segment.seq_len].to(q_nope.dtype)
         latent, k_rope = entries.split([mla.kv_lora_rank, mla.qk_rope_head_dim], dim=-1)

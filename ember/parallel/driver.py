@@ -95,9 +95,9 @@ class WorkerGroup:
 
     # -- commands -----------------------------------------------------------------------------
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int, driver_kv_bytes: int) -> None:
-        """Every worker allocates its KV shard of `num_blocks` blocks; rank 0 (which has) gives its size."""
-        self._broadcast(AllocateKVCache(num_blocks, block_size))
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, driver_kv_bytes: int) -> None:
+        """Every worker allocates its KV shard of `num_blocks` blocks in `dtype`; rank 0 (which has) gives its size."""
+        self._broadcast(AllocateKVCache(num_blocks, block_size, dtype))
         self.memory = RankMemory(self.memory.parameter_bytes, self._gather_sizes(driver_kv_bytes))
 
     def forward(

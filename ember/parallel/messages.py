@@ -16,6 +16,7 @@ class AllocateKVCache:
 
     num_blocks: int
     block_size: int
+    dtype: torch.dtype
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,9 @@ class WorkerLoop:
             if isinstance(command, StopWorker):
                 return
             if isinstance(command, AllocateKVCache):
-                self.caches = KVCacheTensors(self.model, command.num_blocks, command.block_size, self.held_layers)
+                self.caches = KVCacheTensors(
+                    self.model, command.num_blocks, command.block_size, self.held_layers, command.dtype
+                )
                 self.communicator.gather_to_driver(torch.tensor([self.caches.num_bytes]))
             elif isinstance(command, RunForward):
                 assert self.caches is not None, "rank 0 runs a step before allocating the KV cache"

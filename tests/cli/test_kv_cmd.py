@@ -51,3 +51,24 @@ def test_an_mla_checkpoint_shows_the_engine_allocation_equal_to_the_latent_formu
     assert "formula: 160 bytes/token" in out  # 2 layers * (16 + 4) * 4 bytes
     assert "engine allocated: 160 bytes/token (matches the formula)" in out
     assert "4x this model's" in out  # MHA: 2 layers * 4 heads * (8 + 4 + 8) * 4 bytes = 640
+
+
+def test_an_fp8_cache_shows_the_engine_allocating_one_byte_per_element_and_what_it_fits(tmp_path, capsys):
+    from tests.model_factory import save_tiny_model
+
+    folder = save_tiny_model("llama", tmp_path / "llama")  # 2 layers, 2 KV heads of 16
+    assert main(["kv", str(folder), "--dtype", "fp8", "--context", "64", "--memory", "1MiB"]) == 0
+    out = capsys.readouterr().out
+    assert "formula: 128 bytes/token" in out  # 2 layers * (K, V) * 2 heads * 16 * 1 byte
+    assert "engine allocated: 128 bytes/token (matches the formula)" in out
+    # 1 MiB / (64 tokens * bytes per token): 32 float32 sequences, 64 bfloat16, 128 fp8
+    assert "sequences that fit by KV cache dtype (--kv-cache-dtype): float32 32, bfloat16 64, fp8 128" in out
+
+
+def test_int8_is_planned_by_formula_only(tmp_path, capsys):
+    from tests.model_factory import save_tiny_model
+
+    folder = save_tiny_model("llama", tmp_path / "llama")
+    assert main(["kv", str(folder), "--dtype", "int8", "--context", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "formula only, the engine has no int8 KV cache" in out and "engine allocated" not in out

@@ -51,12 +51,13 @@ def test_prefix_caching_switched_off_computes_everything(stories_dir):
     assert llm.engine.stats().prefix_cache_hits == 0
 
 
-def test_preemption_when_the_pool_is_too_small_keeps_every_greedy_output(stories_dir):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_preemption_when_the_pool_is_too_small_keeps_every_greedy_output(stories_dir, kv_cache_dtype):
     prompts = [_prompt(stories_llm(stories_dir), f"Once upon a time there was a {w}.") for w in ("cat", "dog", "bird", "fish", "king", "tree")]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    roomy = stories_llm(stories_dir, block_size=4, num_kv_blocks=256)
+    roomy = stories_llm(stories_dir, block_size=4, num_kv_blocks=256, kv_cache_dtype=kv_cache_dtype)
     alone = [run_to_completion(roomy, {str(i): (p, params)})[str(i)].outputs[0].token_ids for i, p in enumerate(prompts)]
-    tight = stories_llm(stories_dir, block_size=4, num_kv_blocks=30, enable_prefix_caching=False)
+    tight = stories_llm(stories_dir, block_size=4, num_kv_blocks=30, enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype)
     together = run_to_completion(tight, {str(i): (p, params) for i, p in enumerate(prompts)})
     assert tight.engine.stats().num_preemptions > 0
     assert [together[str(i)].outputs[0].token_ids for i in range(len(prompts))] == alone

@@ -8,6 +8,7 @@ repeat themselves, so n-gram drafts do get accepted and the kept-draft paths are
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ember.engine.config import EngineConfig, SpeculativeConfig
 from ember.engine.sampling_params import SamplingParams
@@ -55,8 +56,9 @@ def test_ngram_greedy_outputs_equal_plain_decoding_in_a_mixed_batch_and_every_bl
     assert spec.engine.kv.num_free_blocks == 256
 
 
-def test_ngram_with_chunked_prefill_prefix_caching_and_preemption_keeps_greedy_outputs(stories_dir):
-    options = dict(block_size=4, num_kv_blocks=40, max_num_batched_tokens=16)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_ngram_with_chunked_prefill_prefix_caching_and_preemption_keeps_greedy_outputs(stories_dir, kv_cache_dtype):
+    options = dict(block_size=4, num_kv_blocks=40, max_num_batched_tokens=16, kv_cache_dtype=kv_cache_dtype)
     plain = stories_llm(stories_dir, **options)
     spec = stories_llm(stories_dir, speculative_method="ngram", num_speculative_tokens=3, **options)
     requests = _stories_requests(plain)
@@ -100,13 +102,13 @@ def test_seeded_sampling_with_speculation_repeats_whatever_shares_the_batch(stor
     assert spec.engine.kv.num_free_blocks == 256
 
 
-@pytest.mark.parametrize("draft", ["self", "other"])
-def test_draft_model_greedy_outputs_equal_plain_decoding_and_both_caches_empty(tiny_models, draft):
+@pytest.mark.parametrize(("draft", "kv_cache_dtype"), [("self", "auto"), ("other", "auto"), ("self", "fp8")])
+def test_draft_model_greedy_outputs_equal_plain_decoding_and_both_caches_empty(tiny_models, draft, kv_cache_dtype):
     target, other = tiny_models
     draft_path = target if draft == "self" else other
-    plain = LLM(str(target), block_size=4, num_kv_blocks=128)
+    plain = LLM(str(target), block_size=4, num_kv_blocks=128, kv_cache_dtype=kv_cache_dtype)
     spec = LLM(str(target), block_size=4, num_kv_blocks=128, speculative_method="draft", draft_model=str(draft_path),
-               num_speculative_tokens=3)
+               num_speculative_tokens=3, kv_cache_dtype=kv_cache_dtype)
     prompts = {"a": [1, 5, 9, 13, 200, 17], "b": [3, 4, 5, 6, 7, 8, 9, 10, 11], "c": [100, 20, 30]}
     requests = {name: (p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)) for name, p in prompts.items()}
     requests["sampled"] = ([7, 8, 9], SamplingParams(temperature=0.9, seed=1, max_tokens=20, ignore_eos=True))
@@ -120,6 +122,8 @@ def test_draft_model_greedy_outputs_equal_plain_decoding_and_both_caches_empty(t
     assert stats.spec_verifications_total > 0
     assert spec.engine.kv.num_free_blocks == 128
     assert spec.engine.speculator.proposer.kv.num_free_blocks == 128
+    if kv_cache_dtype == "fp8":  # an explicit cache dtype holds for the draft's cache too
+        assert spec.engine.speculator.proposer.runner.kv_caches[0].dtype == torch.float8_e4m3fn
 
 
 def test_speculative_config_names_the_fix_for_bad_settings():

@@ -2,7 +2,9 @@
 
 Random block tables (blocks scattered over the pool, tables padded with -1, windowed tables
 starting with given-back -1 blocks), decode and prefill-over-prefix mixed in one batch, GQA,
-sliding windows, soft-capping, float32 and bfloat16 caches, and MLA's latent form.
+sliding windows, soft-capping, float32, bfloat16 and float8 e4m3 caches, and MLA's latent form.
+The e4m3 cache's write is checked bit for bit against torch's float8_e4m3fn cast over every
+float32 range (subnormals, ties, saturation), and its read over all 256 codes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ember.layers import cpu_attention
 from ember.layers.cpu_attention import PagedBatch
 
 BLOCK_SIZE = 4
+CACHE_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +78,7 @@ def reference(query, keys, values, batch, scale, window, softcap, num_kv_heads):
     return out
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (7, None), (None, 30.0), (5, 20.0)])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (6, 2)])
 def test_fused_op_matches_plain_attention(op, cache_dtype, window, softcap, num_heads, num_kv_heads):
@@ -91,7 +94,7 @@ def test_fused_op_matches_plain_attention(op, cache_dtype, window, softcap, num_
     assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 def test_latent_form_reads_values_from_the_latent_rows(op, cache_dtype):
     generator = torch.Generator().manual_seed(5)
     rank, rope_dim, num_heads, num_blocks = 32, 8, 5, 40
@@ -116,7 +119,7 @@ def test_strided_queries_read_in_place_give_the_same_output(op):
     assert torch.equal(op(strided, cache, batch, 0.25), op(strided.contiguous(), cache, batch, 0.25))
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 def test_write_kv_stores_rows_in_their_slots_as_torch_does(op, cache_dtype):
     """Strided key/value views go to their slots, rounded to the cache dtype exactly as `.to()` rounds."""
     generator = torch.Generator().manual_seed(3)
@@ -138,3 +141,52 @@ def test_write_kv_declines_layouts_it_cannot_take(op):
     assert not op.write_kv(cache, key.double(), key.double(), torch.tensor([0, 1, 2]))
     assert not op.write_kv(cache, key, key, torch.tensor([0, 1, 2], dtype=torch.int32))
     assert not cache.any()
+
+
+def e4m3_probe_values() -> torch.Tensor:
+    """float32 inputs covering every e4m3 rounding case: each code's value, the ties halfway between
+    neighbours and one float32 ulp either side of them, subnormals of both formats, the saturation
+    edge (448, the 464 tie, beyond, infinity), and random magnitudes over 2^-40..2^40, both signs."""
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    exact = codes[~codes.isnan()].unique()
+    ties = (exact[1:] + exact[:-1]) / 2
+    near = torch.cat([ties.nextafter(torch.full_like(ties, math.inf)), ties.nextafter(torch.full_like(ties, -math.inf))])
+    edges = torch.tensor([0.0, 2.0**-10, 2.0**-10 * 3, 1e-45, 1e-38, 2.0**-6, 447.9, 448.0, 460.0, 464.0, 464.1, 480.0,
+                          1e4, 3.4e38, math.inf])
+    generator = torch.Generator().manual_seed(0)
+    spread = torch.rand(20000, generator=generator) * torch.pow(2.0, torch.randint(-40, 40, (20000,), generator=generator).float())
+    magnitudes = torch.cat([exact.abs(), ties.abs(), near.abs(), edges, spread])
+    return torch.cat([magnitudes, -magnitudes])
+
+
+def test_e4m3_write_rounds_as_torch_casts_bit_for_bit(op):
+    values = e4m3_probe_values()
+    cache = torch.zeros(2, 1, 1, 1, values.numel(), dtype=torch.float8_e4m3fn)
+    rows = values.view(1, 1, -1)
+    assert op.write_kv(cache, rows, -rows, torch.tensor([0]))
+    expected = values.to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(cache[0].flatten().view(torch.uint8), expected)
+    assert torch.equal(cache[1].flatten().view(torch.uint8), (-values).to(torch.float8_e4m3fn).view(torch.uint8))
+    # saturation: everything at or beyond 448 (infinity too) is +-448, never NaN
+    assert cache[0].flatten()[values.abs() >= 448].float().abs().eq(448).all()
+
+
+def test_e4m3_write_keeps_nan_a_nan(op):
+    cache = torch.zeros(2, 1, 1, 1, 2, dtype=torch.float8_e4m3fn)
+    rows = torch.tensor([[[math.nan, -math.nan]]])
+    assert op.write_kv(cache, rows, rows, torch.tensor([0]))
+    assert cache.float().isnan().all()
+
+
+def test_e4m3_read_widens_every_code_exactly(op):
+    """One visible key: the softmax weight is exactly 1, so the output is the value row as the kernel read it."""
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    codes = codes[~codes.float().isnan()]
+    cache = torch.zeros(2, 1, BLOCK_SIZE, 1, codes.numel(), dtype=torch.float8_e4m3fn)
+    cache[1, 0, 0, 0] = codes
+    batch = PagedBatch(
+        block_tables=torch.tensor([[0]], dtype=torch.int32), query_starts=torch.tensor([0], dtype=torch.int32),
+        query_counts=torch.tensor([1], dtype=torch.int32), context_lens=torch.tensor([1], dtype=torch.int32),
+    )
+    out = op(torch.zeros(1, 1, codes.numel()), cache, batch, 1.0)
+    assert torch.equal(out.flatten(), codes.float())

@@ -114,19 +114,26 @@ def test_tp2_sequence_parallel_adds_the_same_partial_sums_and_sends_the_same_byt
         parallel.shutdown()
 
 
-def test_tp2_exact_row_parallel_is_bit_identical_to_one_process(tmp_path, single_thread_torch):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_tp2_exact_row_parallel_is_bit_identical_to_one_process(tmp_path, single_thread_torch, kv_cache_dtype):
     """All-gathers instead of the all-reduce: every output summed whole, in one process's order.
 
     Uneven heads (2 + 1 KV groups), hidden 96 and vocabulary 321; the inner size divides into
     slices of 64 (an uneven inner slice rounds a few SiLU elements differently, see above).
+    With an fp8 cache every rank rounds the same K/V the same way: still bit-identical.
     """
     folder = save_tiny_model("qwen2", tmp_path / "qwen2", **{**UNEVEN_SHAPE, "intermediate_size": 128})
-    options = dict(block_size=BLOCK_SIZE, num_kv_blocks=200, max_num_batched_tokens=64, enable_prefix_caching=False)
+    options = dict(block_size=BLOCK_SIZE, num_kv_blocks=200, max_num_batched_tokens=64, enable_prefix_caching=False,
+                   kv_cache_dtype=kv_cache_dtype)  # fmt: skip
     single = LLM(str(folder), **options)
     parallel = LLM(str(folder), tensor_parallel_size=2, exact_row_parallel=True, **options)
     try:
         assert_parallel_matches(single, parallel, PROMPTS, tolerance=0.0)
         assert_volume_matches_formula(parallel, PROMPTS)
+        # each rank's KV shard: K and V x 2 layers x 200 blocks x its KV heads (2 and 1 of 3), in the cache dtype
+        element = 1 if kv_cache_dtype == "fp8" else 4
+        per_head = 2 * 2 * 200 * BLOCK_SIZE * (96 // 6) * element
+        assert parallel.engine.workers.memory.kv_cache_bytes == [2 * per_head, per_head]
     finally:
         parallel.shutdown()
 

@@ -33,9 +33,19 @@ class DraftState:
 class DraftModelProposer:
     """Drafts with a second model over its own KV cache; q is the draft's filtered distribution."""
 
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, generator: torch.Generator) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_blocks: int,
+        block_size: int,
+        generator: torch.Generator,
+        cache_dtype: torch.dtype | None = None,
+    ) -> None:
+        """`cache_dtype` None: the draft's KV cache takes the draft model's dtype."""
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
-        self.runner = ModelRunner(model, num_blocks, block_size, self.kv, Sampler(generator), frozenset())
+        self.runner = ModelRunner(
+            model, num_blocks, block_size, self.kv, Sampler(generator), frozenset(), cache_dtype=cache_dtype
+        )
         self._generator = generator
         self._states: dict[str, DraftState] = {}
 

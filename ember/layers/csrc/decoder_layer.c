@@ -18,7 +18,7 @@ typedef int (*rotary_fn)(float *x, int64_t tokens, int64_t heads, int64_t head_d
                          int64_t num_positions);
 typedef void (*silu_mul_fn)(const float *gate_up, float *out, int64_t rows, int64_t inner);
 typedef void (*write_kv_fn)(const float *key, const float *value, int64_t source_stride, void *keys,
-                            void *values, int cache_is_bf16, const int64_t *slots, int64_t tokens, int64_t width);
+                            void *values, int cache_format, const int64_t *slots, int64_t tokens, int64_t width);
 typedef int (*attention_fn)(const void *args);
 
 typedef struct {
@@ -37,7 +37,7 @@ typedef struct {
     const void *keys, *values;
     int64_t token_stride, head_stride;
     int64_t num_heads, num_kv_heads, dim_k, dim_v, block_size;
-    int cache_is_bf16;
+    int cache_format;
     const int32_t *block_tables;
     const int32_t *query_starts, *query_counts, *context_lens;
     int64_t num_seqs, max_blocks;
@@ -82,7 +82,7 @@ int ember_decoder_layer(const layer_weights *w, layer_step *s, const kernel_tabl
         return -1;
     attention_args *a = &s->attention;
     k->write_kv(qkv + q_width, qkv + q_width + kv_width, width, (void *)a->keys, (void *)a->values,
-                a->cache_is_bf16, s->slots, m, kv_width);
+                a->cache_format, s->slots, m, kv_width);
     a->query = qkv;
     a->query_stride = width;
     a->out = attended;

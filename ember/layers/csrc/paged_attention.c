@@ -9,15 +9,18 @@
    walks the keys block by block, so nothing is gathered or padded. OpenMP splits the items.
    The same code serves MLA's absorbed decode: one kv head whose key rows are the cached latent
    and rope key (dim_k wide) and whose values are the first dim_v entries of those rows.
-   float32 or bfloat16 cache (widened per block), float32 queries, outputs and sums.
-   ember_write_kv stores a step's new keys and values in their slots first (float32 in, the
-   cache's dtype out, bfloat16 rounded to nearest even as torch rounds). */
+   float32, bfloat16 or float8 e4m3 cache (`cache_format`; widened per block), float32 queries,
+   outputs and sums. ember_write_kv stores a step's new keys and values in their slots first
+   (float32 in, the cache's format out, rounded to nearest even as torch rounds: bfloat16, and
+   e4m3 saturating at +-448 as torch's float8_e4m3fn cast does). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
 
 #define QUERY_CHUNK 8
 #define MAX_ROWS 512  /* query rows (queries x grouped heads) of one work item */
+
+enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_E4M3 = 2 };  /* cache_format (cpu_attention.CACHE_FORMATS) */
 
 typedef struct {
     const float *query;          /* [T, num_heads, dim_k], tokens query_stride floats apart */
@@ -26,7 +29,7 @@ typedef struct {
                                     (block * block_size + offset) * token_stride + kv_head * head_stride + d */
     int64_t token_stride, head_stride;
     int64_t num_heads, num_kv_heads, dim_k, dim_v, block_size;
-    int cache_is_bf16;
+    int cache_format;            /* CACHE_F32, CACHE_BF16 or CACHE_E4M3 */
     const int32_t *block_tables; /* [num_seqs, max_blocks] */
     const int32_t *query_starts, *query_counts, *context_lens;
     int64_t num_seqs, max_blocks;
@@ -41,11 +44,26 @@ static inline float bf16_to_f32(uint16_t value) {
     return converted.number;
 }
 
+/* float8 e4m3 (OCP, "fn": no infinities, S.1111.111 is NaN) -> float32, as a constant table:
+   exponent field e > 0 gives (8 + m) * 2^(e - 10), e = 0 the subnormals m * 2^-9. */
+#define E4M3(b) ((((b) & 0x80) ? -1.0f : 1.0f) * ((((b) & 0x7F) == 0x7F) ? NAN : \
+    (float)((((b) >> 3) & 15) == 0 ? 2 * ((b) & 7) : (8 + ((b) & 7)) << (((b) >> 3) & 15)) / 1024.0f))
+#define E4M3_4(b) E4M3(b), E4M3((b) + 1), E4M3((b) + 2), E4M3((b) + 3)
+#define E4M3_16(b) E4M3_4(b), E4M3_4((b) + 4), E4M3_4((b) + 8), E4M3_4((b) + 12)
+#define E4M3_64(b) E4M3_16(b), E4M3_16((b) + 16), E4M3_16((b) + 32), E4M3_16((b) + 48)
+static const float e4m3_values[256] = {E4M3_64(0), E4M3_64(64), E4M3_64(128), E4M3_64(192)};
+
 /* Rows [first, first + count) of one block for one kv head, as float32 pointers (widened into buf). */
 static const float *block_rows(const attention_args *a, const void *base, int64_t block, int64_t first,
                                int64_t count, int64_t kv_head, int64_t dim, float *buf) {
     int64_t start = (block * a->block_size + first) * a->token_stride + kv_head * a->head_stride;
-    if (!a->cache_is_bf16) return (const float *)base + start;  /* rows token_stride apart */
+    if (a->cache_format == CACHE_F32) return (const float *)base + start;  /* rows token_stride apart */
+    if (a->cache_format == CACHE_E4M3) {
+        const uint8_t *src = (const uint8_t *)base + start;
+        for (int64_t t = 0; t < count; t++)
+            for (int64_t d = 0; d < dim; d++) buf[t * a->token_stride + d] = e4m3_values[src[t * a->token_stride + d]];
+        return buf;
+    }
     const uint16_t *src = (const uint16_t *)base + start;
     for (int64_t t = 0; t < count; t++)
         for (int64_t d = 0; d < dim; d++) buf[t * a->token_stride + d] = bf16_to_f32(src[t * a->token_stride + d]);
@@ -74,7 +92,7 @@ static void attend(const attention_args *a, int64_t seq, int64_t q0, int64_t kv_
         int64_t k_lo = b * bs > lo ? b * bs : lo, k_hi = b * bs + bs - 1 < last_pos ? b * bs + bs - 1 : last_pos;
         int64_t n = k_hi - k_lo + 1;
         const float *keys = block_rows(a, a->keys, block, k_lo - b * bs, n, kv_head, dk, kbuf);
-        const float *values = a->values == a->keys && a->cache_is_bf16
+        const float *values = a->values == a->keys && a->cache_format != CACHE_F32
             ? keys : block_rows(a, a->values, block, k_lo - b * bs, n, kv_head, dv, vbuf);
         for (int64_t r = 0; r < rows; r++) {
             int64_t pos = first_pos + r / group;
@@ -123,13 +141,35 @@ static inline uint16_t f32_to_bf16(float number) {
     return (uint16_t)((converted.bits + 0x7FFFu + ((converted.bits >> 16) & 1u)) >> 16);
 }
 
+/* float32 -> float8 e4m3, rounded to nearest even; +-448 (the largest finite value) for anything
+   beyond, infinities included; NaN stays NaN. */
+static inline uint8_t f32_to_e4m3(float number) {
+    union { float number; uint32_t bits; } converted = {number};
+    const uint8_t sign = (uint8_t)((converted.bits >> 24) & 0x80u);
+    const uint32_t magnitude = converted.bits & 0x7FFFFFFFu;
+    if (magnitude > 0x7F800000u) return sign | 0x7F;
+    if (magnitude >= 0x43E00000u) return sign | 0x7E;  /* >= 448: every such value rounds to 448 or past it */
+    if (magnitude < 0x3C800000u) {
+        /* below 2^-6, steps of 2^-9: adding 2^14 (whose ulp is 2^-9) rounds the steps to even in hardware,
+           and the sum's low mantissa bits are the subnormal code (8: the smallest normal, 2^-6) */
+        union { float number; uint32_t bits; } step = {fabsf(number) + 16384.0f};
+        return sign | (uint8_t)(step.bits - 0x46800000u);
+    }
+    /* normal: drop 20 of the 23 mantissa bits rounding to even, rebias the exponent from 127 to 7 */
+    const uint32_t rounded = magnitude + 0x7FFFFu + ((magnitude >> 20) & 1u);
+    return sign | (uint8_t)((rounded >> 20) - (120u << 3));
+}
+
 /* Token t's key and value rows (width floats, at key / value + t * source_stride) go to cache
-   rows slots[t] of keys / values (rows width elements apart). */
+   rows slots[t] of keys / values (rows width elements apart, in `cache_format`). */
 void ember_write_kv(const float *key, const float *value, int64_t source_stride, void *keys, void *values,
-                    int cache_is_bf16, const int64_t *slots, int64_t tokens, int64_t width) {
+                    int cache_format, const int64_t *slots, int64_t tokens, int64_t width) {
     for (int64_t t = 0; t < tokens; t++) {
         const float *k = key + t * source_stride, *v = value + t * source_stride;
-        if (cache_is_bf16) {
+        if (cache_format == CACHE_E4M3) {
+            uint8_t *kd = (uint8_t *)keys + slots[t] * width, *vd = (uint8_t *)values + slots[t] * width;
+            for (int64_t d = 0; d < width; d++) { kd[d] = f32_to_e4m3(k[d]); vd[d] = f32_to_e4m3(v[d]); }
+        } else if (cache_format == CACHE_BF16) {
             uint16_t *kd = (uint16_t *)keys + slots[t] * width, *vd = (uint16_t *)values + slots[t] * width;
             for (int64_t d = 0; d < width; d++) { kd[d] = f32_to_bf16(k[d]); vd[d] = f32_to_bf16(v[d]); }
         } else {
