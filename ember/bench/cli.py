@@ -9,6 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from ember.engine.config import KV_CACHE_DTYPES
+
 WORKLOAD_COMMANDS = ("mixed", "batch1", "shared-prefix", "long-prefill", "serve")
 
 
@@ -27,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             sub.add_argument("--num-requests", type=int, default=None, help="request count (default 64 x --scale)")
         if name == "long-prefill":
             sub.add_argument("--chunk-tokens", type=int, default=256, help="step token budget with chunked prefill on")
+        if name == "batch1":
+            sub.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                             help="also run ember with this KV cache dtype, same workload and run (ratio to the default cache); "
+                                  "a long-prompt --workload shows what the cache's bytes cost")
         sub.add_argument("--workload", type=Path, default=None, help="replay this JSONL workload instead of generating one")
         sub.add_argument("--save-workload", type=Path, default=None, help="write the generated workload to this JSONL file")
         sub.set_defaults(func=_run_workload)
@@ -161,7 +167,8 @@ def _options(args: argparse.Namespace):
     dtypes = _bench_dtypes(args.dtype)
     options = BenchOptions(model=args.model, dtypes=dtypes, repeats=args.repeats, seed=args.seed, scale=args.scale, peers=peers,
                            num_requests=getattr(args, "num_requests", None), workload_file=getattr(args, "workload", None),
-                           save_workload=getattr(args, "save_workload", None), chunk_tokens=getattr(args, "chunk_tokens", 256))
+                           save_workload=getattr(args, "save_workload", None), chunk_tokens=getattr(args, "chunk_tokens", 256),
+                           kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
     options.tick = lambda description: print(f"[bench] {description}", file=sys.stderr, flush=True)
     return options
 

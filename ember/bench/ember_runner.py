@@ -30,6 +30,7 @@ class EmberSettings:
     max_num_seqs: int | None = None
     static_batch_size: int | None = None  # None: continuous batching
     kv_cache_memory_bytes: int | None = None
+    kv_cache_dtype: str = "auto"
     speculative_method: str | None = None  # None: no speculative decoding
     num_speculative_tokens: int = 4
     draft_model: str | None = None
@@ -46,7 +47,8 @@ class EmberSettings:
         return EngineConfig(
             model=model,
             dtype=dtype,
-            cache=CacheConfig(enable_prefix_caching=self.enable_prefix_caching, kv_cache_memory_bytes=self.kv_cache_memory_bytes),
+            cache=CacheConfig(enable_prefix_caching=self.enable_prefix_caching, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                              kv_cache_dtype=self.kv_cache_dtype),
             scheduler=SchedulerConfig(**scheduler),
             speculative=SpeculativeConfig(
                 method=self.speculative_method,

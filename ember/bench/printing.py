@@ -84,12 +84,15 @@ def _batch1(section: dict) -> Group:
         table.add_column(column)
     notes = []
     for dtype, entry in section["dtype"].items():
-        for engine in ("ember", "hf", "llamacpp"):
+        for engine in ("ember", "ember_kv", "hf", "llamacpp"):
             if engine in entry:
                 decode = entry[engine]["decode_tok_s"]
                 table.add_row(dtype, LABELS[engine], fmt_spread(decode), fmt_spread(entry[engine]["tok_s"]),
                               f"{100 * decode['median'] / entry['roofline_tok_s']:.0f}%")
         table.add_row(dtype, "memory roofline", fmt(entry["roofline_tok_s"]), "", "100%")
+        if "ratio_kv_cache" in entry:
+            notes.append(f"{dtype}: decode with {entry['ember_kv']['settings']['kv_cache_dtype']} KV cache / default cache: "
+                         f"{fmt_ratio(entry['ratio_kv_cache'])} (same run)")
         notes.append(f"roofline {dtype}: {describe_decode_bytes(entry.get('decode_bytes'))}")
     return Group(table, *notes, *_settings_lines(section))
 

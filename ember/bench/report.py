@@ -182,7 +182,8 @@ def _pool(runs: list[dict], key: str, role: str | None = None) -> list[float]:
     return values
 
 
-LABELS = {"ember": "ember", "ember_static": "ember, static batches", "hf": "HF transformers", "llamacpp": "llama.cpp"}
+LABELS = {"ember": "ember", "ember_static": "ember, static batches", "ember_kv": "ember, --kv-cache-dtype",
+          "hf": "HF transformers", "llamacpp": "llama.cpp"}
 
 
 def _bars(plt, path: Path, title: str, by_dtype: dict, engines: tuple[str, ...], metric: str, roofline: bool = False) -> Path:

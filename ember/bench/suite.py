@@ -40,6 +40,7 @@ class BenchOptions:
     save_workload: Path | None = None
     workload_dir: Path | None = None  # bench all: every generated workload is saved here as <name>.jsonl
     chunk_tokens: int = 256  # token budget per step with chunked prefill on (long-prefill)
+    kv_cache_dtype: str = "auto"  # batch1: not auto adds ember with this KV cache dtype beside the default cache
     hf_batch_size: int = 16
     llamacpp_slots: int = 16
     cache_dir: Path | None = None  # exported GGUFs for llama.cpp
@@ -259,7 +260,7 @@ def planned_runs(options: BenchOptions, workload: str) -> int:
         static = len([d for d in options.dtypes if options.static_dtypes is None or d in options.static_dtypes])
         return ((1 + peers) * len(options.dtypes) + static) * options.repeats
     if workload == "batch1":
-        return (1 + peers) * len(options.dtypes) * options.repeats
+        return (1 + peers + (options.kv_cache_dtype != "auto")) * len(options.dtypes) * options.repeats
     if workload == "soak":
         return 1
     return {"shared-prefix": 2, "long-prefill": 2, "serve": 3, "roofline": 0}.get(workload, 0) * options.repeats
@@ -291,6 +292,9 @@ def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> 
         runners: dict[str, Callable[[], RunResult]] = {
             "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings(max_num_seqs=1)),
         }
+        if options.kv_cache_dtype != "auto":
+            settings = EmberSettings(label=f"ember ({options.kv_cache_dtype} KV cache)", max_num_seqs=1, kv_cache_dtype=options.kv_cache_dtype)
+            runners["ember_kv"] = lambda dtype=dtype, settings=settings: run_ember(options.model, dtype, workload, settings)
         if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
             runners["hf"] = _lazy_hf(path, dtype, 1, workload, batch1=True)
         if "llamacpp" in peers:
@@ -309,6 +313,8 @@ def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> 
         entry["decode_bytes"] = step_bytes.to_dict()
         entry["roofline_tok_s"] = roofline_tok_s
         entry["roofline_pct"] = 100.0 * ember / roofline_tok_s
+        if "ember_kv" in entry:  # the same engine with the narrower KV cache, same run: decode speed-up
+            entry["ratio_kv_cache"] = ratio(entry["ember_kv"]["decode_tok_s"]["median"], ember)
         for peer in ("hf", "llamacpp"):
             if peer in entry:
                 entry[f"{peer}_roofline_pct"] = 100.0 * entry[peer]["decode_tok_s"]["median"] / roofline_tok_s

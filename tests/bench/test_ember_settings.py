@@ -17,3 +17,9 @@ def test_a_lever_variant_changes_only_what_it_names():
     assert (config.scheduler.enable_chunked_prefill, config.scheduler.max_num_batched_tokens) == (False, 4096)
     assert config.scheduler.max_num_seqs == SchedulerConfig().max_num_seqs
     assert config.cache.enable_prefix_caching is True and config.dtype == "bfloat16"
+
+
+def test_the_kv_cache_dtype_variant_changes_only_the_cache_dtype():
+    config = EmberSettings(kv_cache_dtype="fp8").config("model", "float32")
+    assert config.cache == CacheConfig(kv_cache_dtype="fp8")
+    assert config.scheduler == SchedulerConfig()
