@@ -24,7 +24,11 @@ from ember.quant.ggml_blocks import GGMLTensor
 
 SOURCE_PATH = Path(__file__).with_name("ggml_source.c")
 PURE_TORCH_ENV = "EMBER_PURE_TORCH"
-MAX_GEMV_ROWS = 8  # the C kernel's MAX_M; more rows go through dequantized tiles and torch.mm
+MAX_GEMV_ROWS = 8  # the C kernel's MAX_M: the rows one pass over the weight computes
+# Up to this many rows a product runs as GEMV passes of MAX_GEMV_ROWS rows (each row the bits of a
+# one-row decode); beyond it dequantized tiles and torch.mm win. Measured on AVX2 (SmolLM2 Q4_1
+# gate_up / down, Q8_0 LM head): passes 2.4x faster at 16 rows, 1.2x at 32, even at 64, 0.7x at 128.
+MAX_PASS_ROWS = 48
 GEMV_PATHS = ("int8", "float32", "portable")  # the C enum's order
 INT8_DOT_KINDS = ("avx2", "avx512vnni", "avxvnni")  # ember_ggml_int8_dot_kind()'s values
 
@@ -73,7 +77,7 @@ class GGMLKernels:
         return self._path_index[activations]
 
     def gemv(self, x: torch.Tensor, weight: GGMLTensor, bias: torch.Tensor | None, path: str | None = None) -> torch.Tensor:
-        """x [m, cols] @ weight.T (+ bias) for 1 <= m <= MAX_GEMV_ROWS on `path` (default: the fastest), float32 out."""
+        """x [m, cols] @ weight.T (+ bias) for 1 <= m <= MAX_PASS_ROWS on `path` (default: the fastest), float32 out."""
         path = self.default_path if path is None else path
         if path not in self.paths:
             raise ValueError(f"the GGML kernels were built without the {path!r} path; this CPU has {', '.join(self.paths)}")
@@ -88,11 +92,16 @@ class GGMLKernels:
         if bias is not None and bias.dtype != torch.float32:
             bias = bias.float()
         m = x.shape[0]
+        if not 1 <= m <= MAX_PASS_ROWS:
+            raise ValueError(f"the GGML GEMV takes 1 to {MAX_PASS_ROWS} rows, got {m}")
         out = torch.empty(m, rows, dtype=torch.float32)
-        status = self._gemv(type_id, x.data_ptr(), blocks.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-                            m, rows, cols, path_index)
-        if status != 0:
-            raise ValueError(f"the GGML GEMV takes 1 to {MAX_GEMV_ROWS} rows, got {m} (status {status})")
+        bias_pointer = None if bias is None else bias.data_ptr()
+        for start in range(0, m, MAX_GEMV_ROWS):  # one pass over the weight per MAX_GEMV_ROWS rows
+            count = min(MAX_GEMV_ROWS, m - start)
+            status = self._gemv(type_id, x[start].data_ptr(), blocks.data_ptr(), bias_pointer, out[start].data_ptr(),
+                                count, rows, cols, path_index)
+            if status != 0:
+                raise ValueError(f"the GGML GEMV failed on {count} rows (status {status})")
         return out
 
 

@@ -3,9 +3,9 @@
 A layer computes W . r(x), where r rounds x to int8 per 32 values (`activations="int8"`, the
 default where the kernels have the int8 path; each value moves by at most max|x_block| / 254) or
 leaves it (`"float32"`: exact up to float32 summation order, e.g. to hold the quantized model to
-its dequantized float copy token for token). Products with a few rows (decode) go through the
-compiled GEMV, which dequantizes in registers and, for int8, runs integer dot products. More rows
-(prefill) round x the same way, then dequantize the weight a tile of rows at a time to float32
+its dequantized float copy token for token). Products with up to MAX_PASS_ROWS rows (decode
+batches) go through the compiled GEMV, which dequantizes in registers and, for int8, runs integer
+dot products, MAX_GEMV_ROWS rows per pass over the weight. More rows (prefill) round x the same way, then dequantize the weight a tile of rows at a time to float32
 and use torch's GEMM, where the product is compute-bound and the dequantization cost is shared by
 every row. So a token's result does not depend on how many rows share its step (a prefix-cache hit
 changes how many prompt rows a step computes). Without the compiled kernels everything falls back
@@ -24,7 +24,7 @@ from ember.engine.config import QUANT_ACTIVATIONS
 from ember.layers.cpu_decoder_layer import CompilableLayer
 from ember.layers.cpu_gemm import CompiledProduct
 from ember.quant.ggml_blocks import GGMLTensor, dequantize_torch
-from ember.quant.ggml_kernels import GEMV_PATHS, MAX_GEMV_ROWS, GGMLWeightPointer, load_kernels
+from ember.quant.ggml_kernels import GEMV_PATHS, MAX_PASS_ROWS, GGMLWeightPointer, load_kernels
 
 TILE_VALUES = 1 << 22  # dequantize at most 4M values (16 MB of float32) at a time in the many-row path
 ACTIVATIONS = QUANT_ACTIVATIONS  # "int8", "float32": EngineConfig.quant_activations picks one per engine
@@ -47,7 +47,7 @@ def ggml_linear(
         return F.linear(x, dequantize_torch(weight.data, weight.format).reshape(weight.shape), bias)
     rows, cols = weight.shape
     path = kernels.path_for(activations if weight.format.has_int8_kernel else "float32")
-    if x.shape[0] <= MAX_GEMV_ROWS:
+    if x.shape[0] <= MAX_PASS_ROWS:
         return kernels.gemv_blocks(x, weight.data, weight.format.type_id, bias, rows, cols, path)
     if path == GEMV_PATHS.index("int8"):
         x = round_to_int8_blocks(x)
@@ -89,7 +89,7 @@ class GGMLLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         kernels = load_kernels()
-        if kernels is not None and flat.shape[0] <= MAX_GEMV_ROWS:  # decode: straight to the kernel (per-call cost matters)
+        if kernels is not None and flat.shape[0] <= MAX_PASS_ROWS:  # decode: straight to the kernel (per-call cost matters)
             activations = self.activations if self.format.has_int8_kernel else "float32"
             out = kernels.gemv_blocks(flat, self.qweight, self.format.type_id, self.bias, self.out_features, self.in_features,
                                       kernels.path_for(activations))
@@ -99,7 +99,7 @@ class GGMLLinear(nn.Module):
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def compiled_product(self) -> CompiledProduct | None:
-        """This layer's product for C callers such as the compiled decoder layer: up to MAX_GEMV_ROWS rows,
+        """This layer's product for C callers such as the compiled decoder layer: up to MAX_PASS_ROWS rows,
         row by row as decode computes them (same bits); more rows go through `forward`'s tiles. The
         product reads `qweight` and `activations` as they are now: drop it before changing either.
         None without the compiled kernels."""
@@ -111,7 +111,7 @@ class GGMLLinear(nn.Module):
         bias = None if self.bias is None else self.bias.detach().float().contiguous()
         return CompiledProduct(
             kernels.linear_address, ctypes.addressof(weight), None if bias is None else bias.data_ptr(),
-            self.in_features, MAX_GEMV_ROWS, (weight, bias, self.qweight),
+            self.in_features, MAX_PASS_ROWS, (weight, bias, self.qweight),
         )
 
     def extra_repr(self) -> str:

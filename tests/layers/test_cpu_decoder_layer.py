@@ -16,7 +16,7 @@ from ember.engine.sampling_params import SamplingParams
 from ember.layers.cpu_decoder_layer import load_decoder_layer_kernel
 from ember.layers.cpu_prepare import restore_dense_weights
 from ember.models.llama import LlamaDecoderLayer
-from ember.quant.ggml_kernels import MAX_GEMV_ROWS
+from ember.quant.ggml_kernels import MAX_PASS_ROWS
 from ember.quant.ggml_kernels import load_kernels as load_ggml_kernels
 from ember.quant.ggml_layers import GGMLLinear, set_activations
 from tests.model_factory import save_tiny_model
@@ -98,12 +98,12 @@ def test_compiled_layer_with_ggml_products_gives_the_python_paths_bits(tmp_path)
     assert all(layer.compile_for_cpu() for layer in compiled_layers(compiled))
     for layer in compiled_layers(python):
         layer.drop_compiled()
-    # Prefill chunks of up to 16 rows go back to the Python path (GGML prefill dequantizes tiles for
-    # torch's GEMM); decode rows run in C. Both give the Python path's bits.
+    # Steps of up to 16 rows run in C, as GEMV passes; more rows than a GGML product takes from C go
+    # back to the Python path (checked below). Both give the Python path's bits.
     for ours, reference in zip(run_steps(compiled, 6), run_steps(python, 6), strict=True):
         assert torch.equal(ours, reference)
     layer = compiled_layers(compiled)[0]
-    rows = MAX_GEMV_ROWS + 1
+    rows = MAX_PASS_ROWS + 1
     assert layer.compiled(torch.zeros(rows, 64), torch.zeros(rows, dtype=torch.int64), compiled.runner.kv_caches[0],
                           compiled.runner._prepare(compiled.scheduler.schedule().scheduled)[2]) is None  # fmt: skip
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ember.quant.ggml_blocks import FORMATS
-from ember.quant.ggml_kernels import MAX_GEMV_ROWS, load_kernels
+from ember.quant.ggml_kernels import MAX_GEMV_ROWS, MAX_PASS_ROWS, load_kernels
 from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear, ggml_linear, set_activations
 from tests.quant.ggml_factory import random_blocks
 
@@ -49,7 +49,7 @@ def test_float_gemv_matches_the_dequantized_product(kernels, name, m, path):
 
 
 @pytest.mark.parametrize("name", sorted(n for n, f in FORMATS.items() if f.has_int8_kernel))
-@pytest.mark.parametrize("m", [1, 2, 3, 5, MAX_GEMV_ROWS])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, MAX_GEMV_ROWS, 2 * MAX_GEMV_ROWS + 3])
 def test_int8_gemv_is_the_product_with_int8_rounded_activations(kernels, name, m):
     if "int8" not in kernels.paths:
         pytest.skip("this build has no int8 path (no AVX2)")
@@ -71,7 +71,7 @@ def test_int8_gemv_is_the_product_with_int8_rounded_activations(kernels, name, m
 @pytest.mark.parametrize("activations", ["int8", "float32"])
 def test_many_rows_use_dequantized_tiles_and_agree_with_the_few_row_kernel(kernels, name, activations):
     weight = random_blocks(name, rows=300, cols=512, seed=5)
-    x = torch.randn(MAX_GEMV_ROWS + 5, 512, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(MAX_PASS_ROWS + 5, 512, generator=torch.Generator().manual_seed(5))
     rounded = int8_rounded(x)[0] if activations == "int8" and "int8" in kernels.paths else x
     expected = F.linear(rounded, weight.dequantize())
     ours = ggml_linear(x, weight, None, tile_values=512 * 64, activations=activations)  # 5 tiles of 64 rows, the last partial
@@ -96,7 +96,7 @@ def test_linear_layer_keeps_the_blocks_and_maps_leading_dimensions():
 @pytest.mark.parametrize("name", ["NF4", "FP8"])
 def test_float_code_formats_run_float32_activations_on_every_row_count(kernels, name):
     weight = random_blocks(name, rows=40, cols=128, seed=9)
-    x = torch.randn(MAX_GEMV_ROWS + 3, 128, generator=torch.Generator().manual_seed(9))
+    x = torch.randn(MAX_PASS_ROWS + 3, 128, generator=torch.Generator().manual_seed(9))
     expected = F.linear(x, weight.dequantize())
     for rows in (x[:1], x[:MAX_GEMV_ROWS], x):  # the layer asks for int8; these formats have no int8 kernel
         torch.testing.assert_close(ggml_linear(rows, weight, None, activations="int8"), expected[: rows.shape[0]], rtol=RTOL, atol=ATOL)
@@ -113,7 +113,7 @@ def test_the_compiled_product_pointer_computes_the_layer_row_by_row(kernels, nam
     layer = GGMLLinear(weight, torch.nn.Parameter(bias, requires_grad=False), activations=activations)
     x = torch.randn(MAX_GEMV_ROWS * 2 + 3, 256, generator=torch.Generator().manual_seed(11))
     compiled = layer.compiled_product()
-    assert (compiled.in_features, compiled.max_rows) == (256, MAX_GEMV_ROWS)
+    assert (compiled.in_features, compiled.max_rows) == (256, MAX_PASS_ROWS)
     product = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 3)(compiled.gemm)
     y = torch.empty(x.shape[0], 40)
     product(x.data_ptr(), compiled.weight, compiled.bias, y.data_ptr(), x.shape[0], 40, 256)
