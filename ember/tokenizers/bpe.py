@@ -26,7 +26,9 @@ class ByteLevelBPETokenizer(Tokenizer):
     unused or special). `special_tokens` maps special-token text to id; `special_ids` are the
     ids that `is_special` reports (and `decode(skip_special_tokens=True)` drops): by default
     every special token, but loaders pass a narrower set where a format marks some added
-    tokens as non-special (they are still matched as whole tokens in text).
+    tokens as non-special. Those are ordinary vocabulary matched whole in every text,
+    whatever `allowed_special` says (see `SpecialTokenMatcher`). `longest_special_first`:
+    llama.cpp's order of cutting special tokens out of text (GGUF files).
     """
 
     def __init__(
@@ -46,17 +48,26 @@ class ByteLevelBPETokenizer(Tokenizer):
         normalize: Callable[[str], str] | None = None,
         strip_left: Iterable[str] = (),
         strip_right: Iterable[str] = (),
+        longest_special_first: bool = False,
         name: str = "bpe",
     ) -> None:
         self.name = name
         self._merger = merger
         self._pre_tokenizer = pre_tokenizer
         self._token_bytes = list(token_bytes_by_id)
-        self._specials = SpecialTokenMatcher(
-            special_tokens, frozenset(strip_left), frozenset(strip_right)
-        )
         self._special_ids = frozenset(
             special_tokens.values() if special_ids is None else special_ids
+        )
+        self._specials = SpecialTokenMatcher(
+            special_tokens,
+            frozenset(strip_left),
+            frozenset(strip_right),
+            always_matched=frozenset(
+                text
+                for text, token_id in special_tokens.items()
+                if token_id not in self._special_ids
+            ),
+            longest_first=longest_special_first,
         )
         self._special_bytes = {token_id: text.encode() for text, token_id in special_tokens.items()}
         size = max([len(self._token_bytes) - 1, *special_tokens.values()], default=-1) + 1
@@ -68,7 +79,9 @@ class ByteLevelBPETokenizer(Tokenizer):
         self._chat_template = chat_template
         self._normalize = normalize
         single_bytes = {data for data in self._token_bytes if data is not None and len(data) == 1}
-        self._bytes_without_token = tuple(bytes([b]) for b in range(256) if bytes([b]) not in single_bytes)
+        self._bytes_without_token = tuple(
+            bytes([b]) for b in range(256) if bytes([b]) not in single_bytes
+        )
         self._max_bytes_per_token = _max_bytes_per_token(
             self._token_bytes, self._special_bytes.values(), normalize, strip_left, strip_right
         )
@@ -140,7 +153,7 @@ class ByteLevelBPETokenizer(Tokenizer):
 
         Special-token text in `allowed_special` becomes the special token; text of a token in
         `disallowed_special` raises ValueError; other special-token text is encoded as
-        ordinary text. tiktoken's defaults are allowed=(), disallowed="all"; ember's are
+        ordinary text. Non-special added tokens are matched whatever these say. tiktoken's defaults are allowed=(), disallowed="all"; ember's are
         allowed="all" because chat templates render special tokens as text.
         `add_special_tokens=True` prepends BOS when the vocabulary asks for it (`add_bos`).
         """

@@ -1,9 +1,10 @@
 """Tokenizers from GGUF metadata (`tokenizer.ggml.*`), for model files and vocab-only files.
 
 `tokenizer.ggml.model` says which algorithm: "gpt2" is byte-level BPE with a merge list and a
-pre-tokenizer named by `tokenizer.ggml.pre`; "llama" is SentencePiece-style BPE with scores.
-Control (3) and user-defined (4) tokens are matched whole in text, since chat templates
-render them as text.
+pre-tokenizer named by `tokenizer.ggml.pre`; "llama" is SentencePiece-style BPE with scores;
+"bert" is llama.cpp's WordPiece. Control (3) tokens are matched whole in text when allowed
+(chat templates render them as text), user-defined (4) ones always, as llama.cpp does, in
+llama.cpp's order (longest token first).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ember.tokenizers.bpe import ByteLevelBPETokenizer
 from ember.tokenizers.byte_level import ByteLevelCodec
 from ember.tokenizers.gguf_metadata import read_gguf_metadata
 from ember.tokenizers.gguf_pre_tokenizers import gguf_pre_tokenizer
+from ember.tokenizers.gguf_wordpiece import GGUFWordPieceTokenizer
 from ember.tokenizers.merges import MAX_VOCAB, BytePairMerger, pair_key, pair_value
 from ember.tokenizers.pieces import PieceKind
 from ember.tokenizers.sentencepiece_bpe import SentencePieceBPETokenizer, SentencePieceOptions
@@ -43,9 +45,11 @@ def load_gguf(path: str | Path) -> Tokenizer:
         return byte_level_from_gguf(metadata, name=f"gguf:{Path(path).name}")
     if model == "llama":
         return sentencepiece_from_gguf(metadata, name=f"gguf:{Path(path).name}")
+    if model == "bert":
+        return wordpiece_from_gguf(metadata, name=f"gguf:{Path(path).name}")
     raise ValueError(
         f"{path}: GGUF tokenizer model {model!r} is not supported by ember.tokenizers "
-        "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE)"
+        "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE, 'bert' WordPiece)"
     )
 
 
@@ -100,6 +104,7 @@ def byte_level_from_gguf(metadata: dict[str, Any], name: str = "gguf") -> ByteLe
         special_tokens=special_tokens,
         special_ids=control_ids,
         add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        longest_special_first=True,
         name=name,
         **_special_ids(metadata, tokens, types),
     )
@@ -137,6 +142,7 @@ def sentencepiece_from_gguf(
     ]
     options = SentencePieceOptions(
         add_dummy_prefix=bool(metadata.get("tokenizer.ggml.add_space_prefix", True)),
+        longest_special_first=True,
     )
     unk = metadata.get("tokenizer.ggml.unknown_token_id")
     return SentencePieceBPETokenizer(
@@ -148,4 +154,34 @@ def sentencepiece_from_gguf(
         add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", True)),
         name=name,
         **_special_ids(metadata, tokens, types),
+    )
+
+
+def wordpiece_from_gguf(metadata: dict[str, Any], name: str = "gguf") -> GGUFWordPieceTokenizer:
+    """llama.cpp's WordPiece tokenizer from `tokenizer.ggml.*` metadata of model "bert"."""
+    tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
+    kinds = list(metadata.get("tokenizer.ggml.token_type") or [PieceKind.NORMAL] * len(tokens))
+
+    def token_id(*keys: str) -> int | None:
+        for key in keys:
+            value = metadata.get(f"tokenizer.ggml.{key}")
+            if value is not None and 0 <= value < len(tokens):
+                return int(value)
+        return None
+
+    unk_id = token_id("unknown_token_id")
+    if unk_id is None:
+        raise ValueError(f"{name}: a 'bert' GGUF vocabulary needs tokenizer.ggml.unknown_token_id")
+    # llama.cpp's defaults: lowercase on, strip_accents as lowercase unless stored.
+    lowercase = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", True))
+    strip_accents = bool(metadata.get("tokenizer.ggml.normalizer.strip_accents", lowercase))
+    return GGUFWordPieceTokenizer(
+        tokens=tokens,
+        kinds=[PieceKind(kind) for kind in kinds],
+        unk_id=unk_id,
+        cls_id=token_id("bos_token_id", "cls_token_id"),
+        sep_id=token_id("seperator_token_id"),  # sic: llama.cpp's key
+        lowercase=lowercase,
+        strip_accents=strip_accents,
+        name=name,
     )

@@ -111,6 +111,8 @@ class PipelineTokenizer(Tokenizer):
                 normalized[text] = token
         self._normalized_matcher = AddedTokenMatcher(normalized)
         self._special_ids = frozenset(t.token_id for t in added if t.special)
+        # Non-special added tokens are vocabulary: `tokenizers` matches them in every text.
+        self._always_matched = frozenset(t.content for t in added if not t.special)
         self._prefix_ids, self._suffix_ids = _template_ids(spec.get("post_processor"), self._added)
         vocab: dict[str, int] = dict(self._model.vocab)
         vocab.update({token.content: token.token_id for token in added})
@@ -155,10 +157,12 @@ class PipelineTokenizer(Tokenizer):
     ) -> list[int]:
         """Token ids of `text`; `add_special_tokens=True` adds the post-processor's template
         tokens (e.g. BERT's [CLS] ... [SEP]). Added-token text in `allowed_special` becomes
-        that token (all of them by default, as in `tokenizers`)."""
+        that token (all of them by default, as in `tokenizers`); non-special added tokens
+        are matched whatever `allowed_special` says."""
         text = replace_lone_surrogates(text)
         every = frozenset(self._added)
         allowed = every if allowed_special == "all" else frozenset(allowed_special)
+        allowed |= self._always_matched
         disallowed = (
             every - allowed if disallowed_special == "all" else frozenset(disallowed_special)
         )

@@ -24,7 +24,8 @@ class SentencePieceOptions:
     `space_marker` replaces every space (" " for llama2.c files, which store real spaces);
     `merge_kinds` are the piece kinds a merge may produce (llama2.c: every piece);
     `prefix_after_special`: whether text after a special token gets the dummy prefix too
-    (llama.cpp and HF do this; sentencepiece never sees special tokens in text).
+    (llama.cpp and HF do this; sentencepiece never sees special tokens in text);
+    `longest_special_first`: llama.cpp's order of cutting special tokens out of text (GGUF).
     """
 
     add_dummy_prefix: bool = True
@@ -33,6 +34,7 @@ class SentencePieceOptions:
     byte_fallback: bool = True
     merge_kinds: frozenset[PieceKind] = frozenset({PieceKind.NORMAL, PieceKind.USER_DEFINED})
     prefix_after_special: bool = True
+    longest_special_first: bool = False
     # What the unknown piece decodes to (sentencepiece: " \u2047 "); None: its own text.
     unknown_surface: str | None = None
     # Compiled normalisation rules of a .model file (e.g. nmt_nfkc); None: identity.
@@ -82,7 +84,17 @@ class SentencePieceTokenizer(Tokenizer):
                 for token_id, (piece, kind) in enumerate(zip(pieces, kinds, strict=False))
                 if kind in (PieceKind.CONTROL, PieceKind.USER_DEFINED)
             }
-        self._specials = SpecialTokenMatcher(special_tokens)
+        # User-defined pieces are vocabulary: sentencepiece and llama.cpp match them always.
+        user_defined = frozenset(
+            piece
+            for piece, kind in zip(pieces, self._kinds, strict=False)
+            if kind == PieceKind.USER_DEFINED
+        )
+        self._specials = SpecialTokenMatcher(
+            special_tokens,
+            always_matched=user_defined,
+            longest_first=options.longest_special_first,
+        )
         self._special_ids = frozenset(
             token_id for token_id, kind in enumerate(self._kinds) if kind == PieceKind.CONTROL
         )
