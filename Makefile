@@ -21,6 +21,9 @@ install-test: $(BIN)/python
 	$(BIN)/pip install -e '.[test]'
 	# The gateway's multi-replica tests start a real redis-server (Debian package).
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y --no-install-recommends redis-server)
+	# llama.cpp's tokenizer test vectors, from the llama-cpp-python sdist (nothing is built;
+	# cached outside the repo; on failure their tests skip).
+	.ci/fetch-llama-cpp-models $(BIN)/pip
 
 run: install
 	$(BIN)/ember pull $(MODEL)

@@ -5,19 +5,20 @@ the same vocabulary is written (a) as a tokenizer.json whose pre_tokenizer is th
 Split("Isolated") stages llama.cpp lists for that name, plus ByteLevel without its regex, and
 (b) as a GGUF vocab-only file naming the pre-tokenizer. The reference is `tokenizers` on (a);
 ember reads both (a) and (b). Tolerance: none. The same check against llama.cpp itself (its
-vocab-only GGUFs and their .inp/.out vectors) runs where llama-cpp-python is installed.
+vocab-only GGUFs, on their .inp texts and the scripts corpus) runs where llama-cpp-python is
+installed; test_tok_llama_cpp_vectors.py checks the .out ids without it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from llama_cpp_models import llama_cpp_models_dir, missing_reason, read_vectors
 from tok_corpus import SCRIPTS, build_corpus
 from tok_gguf_writer import write_vocab_gguf
 
@@ -172,12 +173,6 @@ def test_unknown_and_inexpressible_pre_tokenizers_say_so():
         gguf_pre_tokenizer("no-such-tokenizer")
 
 
-def llama_cpp_vocab_dir() -> Path | None:
-    """vendor/llama.cpp/models of a llama-cpp-python source tree ($EMBER_LLAMA_CPP_MODELS)."""
-    explicit = os.environ.get("EMBER_LLAMA_CPP_MODELS")
-    return Path(explicit) if explicit and Path(explicit).is_dir() else None
-
-
 LLAMA_CPP_VOCABS = [
     "llama-bpe",
     "deepseek-llm",
@@ -202,14 +197,13 @@ def test_llama_cpp_vocab_files_match_llama_cpp(vocab):
     llama_cpp = pytest.importorskip(
         "llama_cpp", reason="llama-cpp-python is not installed: llama.cpp parity not checked"
     )
-    folder = llama_cpp_vocab_dir()
-    if folder is None:
-        pytest.skip("set EMBER_LLAMA_CPP_MODELS to llama.cpp's models/ folder (vocab GGUFs)")
+    folder = llama_cpp_models_dir()
+    if not folder.is_dir():
+        pytest.skip(missing_reason(folder))
     path = folder / f"ggml-vocab-{vocab}.gguf"
     if not path.is_file():
         pytest.skip(f"{path} is not in this llama.cpp checkout")
-    inputs = (folder / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8")
-    texts = inputs.split("\n__ggml_vocab_test__\n")[:-1]
+    texts = [text for text, _ in read_vectors(folder, vocab)]
     reference = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     ours = load(path)
     for text in texts + SCRIPTS:
