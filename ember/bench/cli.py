@@ -111,7 +111,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     quant.add_argument("--model", default="smollm2-135m-instruct", help="float checkpoint, or a GGUF read as float")
     quant.add_argument("--calib", type=Path, required=True, help="calibration corpus (plain text)")
     quant.add_argument("--eval", type=Path, required=True, help="evaluation corpus (plain text, another one)")
-    quant.add_argument("--methods", default="rtn4,gptq4,awq4,nf4,rtn8,gptq8,fp8", help="comma-separated: rtn4,gptq4,awq4,nf4,rtn8,gptq8,awq8,fp8")
+    quant.add_argument("--methods", default="rtn4,gptq4,awq4,nf4,rtn8,gptq8,fp8,sq8",
+                       help="comma-separated: rtn4,gptq4,awq4,nf4,rtn8,gptq8,awq8,fp8,sq8 (sq8: SmoothQuant W8A8)")
     quant.add_argument("--group-size", type=int, default=128)
     quant.add_argument("--eval-tokens", type=int, default=1024)
     quant.add_argument("--calib-tokens", type=int, default=2048)

@@ -33,7 +33,7 @@ class FeatureSizes:
     spec_batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
     spec_mixed_requests: int = 16
     spec_mixed_max_output: int = 128  # the mixed workload's outputs are clipped here
-    quant_methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8")
+    quant_methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8", "sq8")
     quant_eval_tokens: int = 1024
     quant_calib_tokens: int = 2048
     parallel_modes: tuple[str, ...] = ("tensor", "sequence", "pipeline")  # expert parallel needs an MoE model, SmolLM2 is dense
@@ -78,7 +78,7 @@ class FeatureSizes:
 
 def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
     """Progress-bar steps of one feature section: one per timed run (spec), per model quantized
-    or evaluated (quant), per parallel mode (parallel)."""
+    or evaluated and the W8A8 kernel timings (quant), per parallel mode (parallel)."""
     from ember.bench.spec_workloads import SPEC_WORKLOADS
 
     if name == "spec":
@@ -86,7 +86,9 @@ def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
         sweep = 2 * len(sizes.spec_batch_sizes) if max(sizes.spec_batch_sizes) > 1 else 0
         return (batch1 + sweep + 2) * options.repeats
     if name == "quant":
-        return 2 + 2 * len(sizes.quant_methods)
+        from ember.bench.quant import times_w8a8_kernels
+
+        return 2 + 2 * len(sizes.quant_methods) + times_w8a8_kernels(sizes.quant_methods)
     if name == "parallel":
         return len(sizes.parallel_modes)
     raise ValueError(f"{name!r} is not a feature section; choose from {', '.join(FEATURE_SECTIONS)}")

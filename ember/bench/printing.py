@@ -54,7 +54,7 @@ def _mixed(section: dict) -> Group:
     return Group(table, *notes, *_settings_lines(section))
 
 
-def _quant(section: dict) -> Table:
+def _quant(section: dict) -> Group:
     title = f"quant: perplexity on {section['eval']} ({section['eval_tokens']} tokens), calibrated on {section['calib']}"
     table = Table(title=title)
     for column in ("weights", "perplexity", "vs float", "bytes/param (memory)", "bytes/param (nominal)", "decode tok/s", "quantize s"):
@@ -62,7 +62,16 @@ def _quant(section: dict) -> Table:
     for row in section["rows"]:
         table.add_row(row["name"], f"{row['perplexity']:.2f}", f"{row['ppl_vs_float_pct']:+.1f}%", f"{row['bytes_per_parameter']:.3f}",
                       f"{row['nominal_bytes_per_parameter']:.3f}", f"{row['decode_tok_s']:.1f}", f"{row['quantize_s']:.0f}" if row["quantize_s"] else "")
-    return table
+    tables = [table]
+    if section.get("w8a8_kernels"):
+        kernels = Table(title="W8A8 products: microseconds per call (median), same run")
+        for column in ("layer", "rows", "in -> out", "compiled", "torch _int_mm", "float32 F.linear", "_int_mm / compiled"):
+            kernels.add_column(column)
+        for row in section["w8a8_kernels"]:
+            kernels.add_row(row["layer"], str(row["rows"]), f"{row['in']} -> {row['out']}", fmt(row["compiled_us"]), fmt(row["int_mm_us"]),
+                            fmt(row["float32_us"]), fmt_ratio(row["int_mm_over_compiled"]))
+        tables.append(kernels)
+    return Group(*tables)
 
 
 def _settings_lines(section: dict) -> list[str]:

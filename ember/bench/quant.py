@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 METHOD_SPECS = {"rtn4": ("rtn", 4), "gptq4": ("gptq", 4), "awq4": ("awq", 4), "nf4": ("nf4", 4),
-                "rtn8": ("rtn", 8), "gptq8": ("gptq", 8), "awq8": ("awq", 8), "fp8": ("fp8", 8)}
+                "rtn8": ("rtn", 8), "gptq8": ("gptq", 8), "awq8": ("awq", 8), "fp8": ("fp8", 8), "sq8": ("smoothquant", 8)}
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class QuantBenchOptions:
     model: str
     calib: Path
     eval_file: Path
-    methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8")
+    methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8", "sq8")
     group_size: int = 128
     eval_tokens: int = 1024
     calib_tokens: int = 2048
@@ -63,11 +63,18 @@ def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda
     with tempfile.TemporaryDirectory(prefix="ember-bench-quant-") as scratch:
         for name in options.methods:
             path, seconds, group_size = _quantize(source, name, Path(scratch) / name, options, tick)
-            row = _evaluate(f"{name} g{group_size}", path, "auto", options, tick)
+            row = _evaluate(f"{name} {'per-channel' if group_size is None else f'g{group_size}'}", path, "auto", options, tick)
             row.quantize_s = seconds
             rows.append(row)
     float_ppl = rows[0].perplexity
+    kernels = {}
+    if times_w8a8_kernels(options.methods):
+        from ember.bench.w8a8_kernels import bench_w8a8_kernels, layer_shapes
+
+        tick("quant: timing the W8A8 product paths")
+        kernels["w8a8_kernels"] = bench_w8a8_kernels(layer_shapes(source))
     return {
+        **kernels,
         "model": options.model,
         "calib": str(options.calib),
         "eval": str(options.eval_file),
@@ -77,15 +84,20 @@ def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda
     }
 
 
-def _quantize(source: str, name: str, out: Path, options: QuantBenchOptions, tick: Callable[[str], None]) -> tuple[str, float, int]:
-    """(checkpoint path, seconds, group size) of `name` applied to `source`."""
-    from ember.quant.config import FIXED_GROUP_SIZE, QuantizeConfig
+def times_w8a8_kernels(methods: tuple[str, ...]) -> bool:
+    """Whether the table gets the W8A8 product timings (one progress step): when a W8A8 method is in it."""
+    return any(METHOD_SPECS[name][0] == "smoothquant" for name in methods)
+
+
+def _quantize(source: str, name: str, out: Path, options: QuantBenchOptions, tick: Callable[[str], None]) -> tuple[str, float, int | None]:
+    """(checkpoint path, seconds, group size: None for one scale per output channel) of `name` applied to `source`."""
+    from ember.quant.config import FIXED_GROUP_SIZE, PER_CHANNEL_METHODS, QuantizeConfig
     from ember.quant.pipeline import quantize_checkpoint
 
     method, bits = METHOD_SPECS[name]
     tick(f"quant: quantizing {name}")
     start = time.perf_counter()
-    group_size = FIXED_GROUP_SIZE.get(method, options.group_size)
+    group_size = None if method in PER_CHANNEL_METHODS else FIXED_GROUP_SIZE.get(method, options.group_size)
     config = QuantizeConfig(model=source, method=method, out=out, bits=bits, group_size=group_size,
                             calib=options.calib, calib_tokens=options.calib_tokens)
     quantize_checkpoint(config, show_progress=False)
@@ -124,23 +136,28 @@ class WeightBytes:
 
 
 def weight_bytes(model: torch.nn.Module) -> WeightBytes:
-    """GGML blocks (non-persistent buffers, shared blocks once) plus every state-dict tensor.
+    """GGML blocks and W8A8 int8 rows (non-persistent buffers, shared blocks once) plus every state-dict tensor.
 
     The state dict is the weights' dense view (packed float panels are unpacked there); a tied
     table appears under two names with equal values and is counted once.
     """
     from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear
+    from ember.quant.w8a8_layers import W8A8Linear
 
     memory = parameters = 0
     nominal = 0.0
     seen_blocks: set[int] = set()
     for module in model.modules():
-        if isinstance(module, (GGMLLinear, GGMLEmbedding)) and module.qweight.data_ptr() not in seen_blocks:
+        if isinstance(module, W8A8Linear):
+            blocks = module.weight_tensor
+        elif isinstance(module, (GGMLLinear, GGMLEmbedding)) and module.qweight.data_ptr() not in seen_blocks:
             seen_blocks.add(module.qweight.data_ptr())
             blocks = module.weight_blocks
-            memory += blocks.nbytes
-            nominal += blocks.nominal_bytes()
-            parameters += blocks.shape[0] * blocks.shape[1]
+        else:
+            continue
+        memory += blocks.nbytes
+        nominal += blocks.nominal_bytes()
+        parameters += blocks.shape[0] * blocks.shape[1]
     kept: dict[tuple, list[torch.Tensor]] = {}
     for tensor in model.state_dict().values():
         same_kind = kept.setdefault((tuple(tensor.shape), tensor.dtype, tuple(tensor.flatten()[:8].tolist())), [])

@@ -1,7 +1,8 @@
 """GGUF model files: metadata -> ModelConfig, tensors renamed to transformers' names.
 
 Matrices in a block format ember executes (ember.quant.ggml_blocks.FORMATS) come out as
-`GGMLTensor`s, still in their blocks; every other tensor is dequantized to float32 here.
+`GGMLTensor`s, still in their blocks, and W8A8 rows (written by `ember quantize --method smoothquant`)
+as `Int8ChannelTensor`s; every other tensor is dequantized to float32 here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from gguf.quants import dequantize
 from ember.models.config import ModelConfig
 from ember.quant.checkpoint import EMBER_BLOCK_FORMATS_KEY
 from ember.quant.ggml_blocks import FORMATS, GGMLTensor
+from ember.quant.int8_channel import FORMAT_NAME as INT8_ROWS_FORMAT
+from ember.quant.int8_channel import Int8ChannelTensor
 
 GGUF_MAGIC = b"GGUF"
 
@@ -107,8 +110,9 @@ SliceSelector = Callable[[str], tuple[int, int, int] | None]
 
 def iter_gguf_tensors(
     reader: GGUFReader, config: ModelConfig, select: SliceSelector | None = None, keep: Callable[[str], bool] | None = None
-) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
-    """(transformers name, tensor) pairs, one at a time: `GGMLTensor` for executed block formats, float32 otherwise.
+) -> Iterator[tuple[str, torch.Tensor | GGMLTensor | Int8ChannelTensor]]:
+    """(transformers name, tensor) pairs, one at a time: `GGMLTensor` for executed block formats, `Int8ChannelTensor`
+    for W8A8 rows, float32 otherwise.
 
     With `select` (a tensor-parallel rank), only the selected rows or columns are read and
     dequantized to float32 (rows always; columns on block boundaries): a rank's shard runs in
@@ -132,10 +136,12 @@ def iter_gguf_tensors(
                 values = unpermute_rope(values, values.shape[0] // config.head_dim)  # whole heads, sliced or not
             yield name, torch.from_numpy(np.array(values, dtype=np.float32, order="C", copy=True))
             continue
-        block_format = FORMATS.get(ember_formats.get(tensor.name, tensor.tensor_type.name)) if len(tensor.shape) == 2 else None
-        if block_format is not None:  # rows of blocks: uint8 [rows, bytes per row]
+        stored_format = ember_formats.get(tensor.name, tensor.tensor_type.name)
+        block_format = FORMATS.get(stored_format) if len(tensor.shape) == 2 else None
+        is_int8_rows = stored_format == INT8_ROWS_FORMAT
+        if block_format is not None or is_int8_rows:  # rows of blocks (or of W8A8 scale + codes): uint8 [rows, bytes per row]
             values = np.asarray(tensor.data).view(np.uint8).reshape(int(tensor.shape[1]), -1)
-            cols = values.shape[1] // block_format.block_bytes * block_format.block_values
+            cols = 0 if is_int8_rows else values.shape[1] // block_format.block_bytes * block_format.block_values
         else:
             values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
             values = values.reshape([int(d) for d in reversed(tensor.shape)])
@@ -145,7 +151,9 @@ def iter_gguf_tensors(
             values = unpermute_rope(values, config.num_kv_heads)
         # A copy, never a view: the file map is read-only and is closed after loading.
         values = torch.from_numpy(np.array(values, order="C", copy=True))
-        if block_format is not None:
+        if is_int8_rows:
+            yield name, Int8ChannelTensor.from_stored(values)
+        elif block_format is not None:
             yield name, GGMLTensor(values, block_format, cols)
         else:
             yield name, values
@@ -157,7 +165,7 @@ def ember_block_formats(reader: GGUFReader) -> dict[str, str]:
     if field is None:
         return {}
     formats = json.loads(field.contents())
-    unknown = sorted(set(formats.values()) - set(FORMATS))
+    unknown = sorted(set(formats.values()) - {*FORMATS, INT8_ROWS_FORMAT})
     if unknown:
         raise ValueError(f"this GGUF holds tensors in block formats {', '.join(unknown)}, which this ember cannot run; upgrade ember")
     return formats
@@ -166,8 +174,11 @@ def ember_block_formats(reader: GGUFReader) -> dict[str, str]:
 def _ember_blocks_part(tensor: ReaderTensor, format_name: str, dim: int, start: int, stop: int) -> np.ndarray:
     """Rows or columns [start, stop) of a tensor in ember's own blocks, dequantized to float32."""
     raw = torch.from_numpy(np.asarray(tensor.data).view(np.uint8).reshape(int(tensor.shape[1]), -1).copy())
-    block_format = FORMATS[format_name]
-    values = GGMLTensor(raw, block_format, raw.shape[1] // block_format.block_bytes * block_format.block_values).dequantize().numpy()
+    if format_name == INT8_ROWS_FORMAT:
+        values = Int8ChannelTensor.from_stored(raw).dequantize().numpy()
+    else:
+        block_format = FORMATS[format_name]
+        values = GGMLTensor(raw, block_format, raw.shape[1] // block_format.block_bytes * block_format.block_values).dequantize().numpy()
     return values[start:stop] if dim == 0 else values[:, start:stop]
 
 

@@ -28,6 +28,7 @@ from ember.models.packing import PackingPlan
 from ember.quant.checkpoint import read_block_tensors
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
+from ember.quant.int8_channel import Int8ChannelTensor
 
 if TYPE_CHECKING:
     from ember.parallel.sharding import ModelShard
@@ -74,7 +75,7 @@ def load_model(
         config = read_hf_config(path)
         shard = shard_for(config) if shard_for is not None else None
         if shard is None:
-            tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor]] = read_block_tensors(path, iter_hf_tensors(path))
+            tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor | Int8ChannelTensor]] = read_block_tensors(path, iter_hf_tensors(path))
         else:  # a rank reads float slices (quantized parallel layers are not there yet)
             tensors = iter_hf_tensors(path, _selector(shard), shard.holds)
         return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress, shard=shard)
@@ -99,7 +100,7 @@ def load_model(
 
 def _build(
     config: ModelConfig,
-    tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor]],
+    tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor | Int8ChannelTensor]],
     dtype: str,
     tokenizer_path: Path | None,
     fmt: str,
@@ -116,7 +117,7 @@ def _build(
     expected = dict(model.state_dict())
     is_derived = getattr(model, "is_derived_tensor", lambda name: name.endswith("rotary_emb.inv_freq"))
     state: dict[str, torch.Tensor] = {}
-    blocks: dict[str, GGMLTensor] = {}  # weights kept quantized, swapped into GGML layers below
+    blocks: dict[str, GGMLTensor | Int8ChannelTensor] = {}  # weights kept quantized, swapped into quantized layers below
     packing = PackingPlan.for_model(model, set(expected))
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task("loading weights", total=total)
@@ -135,7 +136,7 @@ def _build(
                 raise ValueError(f"checkpoint tensor {name!r} does not belong to a {config.architecture} model")
             if tuple(tensor.shape) != tuple(expected[name].shape):
                 raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
-            if isinstance(tensor, GGMLTensor):
+            if isinstance(tensor, (GGMLTensor, Int8ChannelTensor)):
                 if dtype == AUTO_DTYPE and _holds_blocks(model, name):
                     blocks[name] = tensor
                     continue

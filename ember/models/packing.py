@@ -3,7 +3,7 @@
 A module declares `packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}`; the loader
 concatenates the checkpoint's parts along the output dimension, in that order. Fewer, larger
 matrix products are what makes a CPU step fast. Parts in one GGML block format stay in blocks
-(rows of blocks concatenate); parts in mixed formats are fused as float32.
+(rows of blocks concatenate), so do W8A8 int8 rows; parts in mixed formats are fused as float32.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import torch
 from torch import nn
 
 from ember.quant.ggml_blocks import GGMLTensor
+from ember.quant.int8_channel import Int8ChannelTensor
+
+QuantizedPart = GGMLTensor | Int8ChannelTensor
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ class PackingPlan:
     """Checkpoint name -> packed target for every fused parameter of a model, and the parts gathered so far."""
 
     targets: dict[str, PackedTarget]
-    _parts: dict[str, dict[int, torch.Tensor | GGMLTensor]] = field(default_factory=dict)
+    _parts: dict[str, dict[int, torch.Tensor | QuantizedPart]] = field(default_factory=dict)
 
     @classmethod
     def for_model(cls, model: nn.Module, parameter_names: set[str]) -> PackingPlan:
@@ -49,7 +52,7 @@ class PackingPlan:
                         targets[f"{prefix}{part}.{suffix}"] = PackedTarget(fused_name, index, len(parts))
         return cls(targets)
 
-    def add(self, checkpoint_name: str, tensor: torch.Tensor | GGMLTensor) -> tuple[str, torch.Tensor | GGMLTensor] | None:
+    def add(self, checkpoint_name: str, tensor: torch.Tensor | QuantizedPart) -> tuple[str, torch.Tensor | QuantizedPart] | None:
         """Keep a part; returns (fused name, fused tensor) once every part of it has arrived."""
         target = self.targets[checkpoint_name]
         parts = self._parts.setdefault(target.name, {})
@@ -60,10 +63,13 @@ class PackingPlan:
         return target.name, _concat_rows([parts[i] for i in range(target.num_parts)])
 
 
-def _concat_rows(parts: list[torch.Tensor | GGMLTensor]) -> torch.Tensor | GGMLTensor:
-    """Parts stacked along the output dimension: rows of blocks when every part shares one GGML format, else float."""
+def _concat_rows(parts: list[torch.Tensor | QuantizedPart]) -> torch.Tensor | QuantizedPart:
+    """Parts stacked along the output dimension: rows of blocks when every part shares one GGML format
+    (or W8A8 int8 rows when every part is), else float."""
+    if all(isinstance(p, Int8ChannelTensor) for p in parts):
+        return Int8ChannelTensor.concat(parts)
     if all(isinstance(p, GGMLTensor) for p in parts):
         first = parts[0]
         if all(p.format == first.format and p.cols == first.cols for p in parts):
             return GGMLTensor.concat(parts)
-    return torch.cat([p.dequantize() if isinstance(p, GGMLTensor) else p for p in parts], dim=0)
+    return torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize() for p in parts], dim=0)

@@ -1,9 +1,10 @@
-"""Calibration statistics: what GPTQ and AWQ need to know about each linear layer's inputs.
+"""Calibration statistics: what GPTQ, AWQ and SmoothQuant need to know about each linear layer's inputs.
 
 The float model runs the calibration text through ember's own engine (prefill only); a
-forward pre-hook on every linear to be quantized accumulates H = X^T X and sum |X| over the
-tokens it sees. Nothing else is stored, so memory is one [cols, cols] matrix per layer
-whatever the amount of text.
+forward pre-hook on every linear to be quantized accumulates H = X^T X, sum |X| and max |X| per
+input channel over the tokens it sees. Nothing else is stored, so memory is one [cols, cols]
+matrix per layer whatever the amount of text (none without the Hessian: SmoothQuant needs only
+the channel maxima).
 """
 
 from __future__ import annotations
@@ -19,22 +20,29 @@ from torch import nn
 class InputStats:
     """Running sums over the inputs of one linear layer."""
 
-    hessian: torch.Tensor
+    hessian: torch.Tensor | None  # None: not gathered
     abs_sum: torch.Tensor
+    abs_max: torch.Tensor
     count: int = 0
 
     @classmethod
-    def empty(cls, cols: int) -> InputStats:
-        return cls(torch.zeros(cols, cols, dtype=torch.float64), torch.zeros(cols, dtype=torch.float64))
+    def empty(cls, cols: int, with_hessian: bool = True) -> InputStats:
+        hessian = torch.zeros(cols, cols, dtype=torch.float64) if with_hessian else None
+        return cls(hessian, torch.zeros(cols, dtype=torch.float64), torch.zeros(cols, dtype=torch.float32))
 
     def add(self, x: torch.Tensor) -> None:
-        flat = x.detach().reshape(-1, x.shape[-1]).double()
-        self.hessian += flat.T @ flat
+        flat = x.detach().reshape(-1, x.shape[-1])
+        torch.maximum(self.abs_max, flat.abs().amax(0).float(), out=self.abs_max)
+        flat = flat.double()
+        if self.hessian is not None:
+            self.hessian += flat.T @ flat
         self.abs_sum += flat.abs().sum(0)
         self.count += flat.shape[0]
 
     @property
     def mean_hessian(self) -> torch.Tensor:
+        if self.hessian is None:
+            raise ValueError("these input statistics were gathered without the Hessian (Calibration(with_hessian=False))")
         return (self.hessian / max(self.count, 1)).float()
 
     @property
@@ -47,13 +55,14 @@ class Calibration:
     """Input statistics per linear layer name, filled while `run` feeds token chunks through the model."""
 
     stats: dict[str, InputStats] = field(default_factory=dict)
+    with_hessian: bool = True  # GPTQ and AWQ read X^T X; SmoothQuant only the channel maxima
 
     def run(self, model: nn.Module, names: Iterable[str], feed: Callable[[], None]) -> None:
         """Hook the linears called `names` in `model`, call `feed()` (which runs the model), unhook."""
         handles = []
         for name in names:
             module = model.get_submodule(name)
-            stats = self.stats.setdefault(name, InputStats.empty(module.in_features))
+            stats = self.stats.setdefault(name, InputStats.empty(module.in_features, self.with_hessian))
             handles.append(module.register_forward_pre_hook(lambda _module, args, stats=stats: stats.add(args[0])))
         try:
             feed()

@@ -2,9 +2,10 @@
 
 A GGUF source gives a GGUF file (`model.gguf`: the source's metadata and tokenizer, the
 quantized matrices as Q4_0/Q4_1/Q8_0 tensors in llama.cpp's row order), which ember and
-llama.cpp both read; NF4/FP8 matrices go in as raw I8 rows of blocks named under
-EMBER_BLOCK_FORMATS_KEY (ember reads those, llama.cpp does not). An HF folder gives `model.safetensors` (block tensors as uint8, the rest
-float32) beside the source's config and tokenizer files. Both get `ember_quantization.json`
+llama.cpp both read; NF4/FP8 matrices (and SmoothQuant's W8A8 rows: float32 scale + int8 codes) go in
+as raw I8 rows named under EMBER_BLOCK_FORMATS_KEY (ember reads those, llama.cpp does not). An HF
+folder gives `model.safetensors` (quantized tensors as uint8 rows, the rest float32) beside the
+source's config and tokenizer files. Both get `ember_quantization.json`
 (method, grid, calibration, which tensors are blocks). The folder is written under a temporary
 name and renamed to --out only when complete, so a failure leaves nothing behind.
 """
@@ -24,17 +25,20 @@ from torch import nn
 from ember.models.config import ModelConfig
 from ember.quant.config import QuantizeConfig
 from ember.quant.ggml_blocks import FORMATS, GGUF_FORMATS, GGMLTensor
+from ember.quant.int8_channel import Int8ChannelTensor
+
+Quantized = GGMLTensor | Int8ChannelTensor
 
 QUANTIZATION_FILE = "ember_quantization.json"
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # gguf.LlamaFileType
-# GGUF key listing tensors in ember's own block formats (NF4, FP8), stored as raw I8 rows of blocks:
+# GGUF key listing tensors in ember's own formats (NF4, FP8, W8A8), stored as raw I8 rows (of blocks, or scale + codes):
 # a JSON object {gguf tensor name: format name}. llama.cpp cannot run such a file; ember's loader can.
 EMBER_BLOCK_FORMATS_KEY = "ember.block_formats"
 
 
 def write_quantized(
-    source: Path, model: nn.Module, model_config: ModelConfig, blocks: dict[str, GGMLTensor], config: QuantizeConfig, calib_tokens: int
+    source: Path, model: nn.Module, model_config: ModelConfig, blocks: dict[str, Quantized], config: QuantizeConfig, calib_tokens: int
 ) -> tuple[int, int, int]:
     """Write the checkpoint to config.out atomically; returns (quantized bytes, float bytes, parameters)."""
     tensors = checkpoint_tensors(model, model_config, blocks)
@@ -53,9 +57,9 @@ def write_quantized(
     return _sizes(written.values())
 
 
-def checkpoint_tensors(model: nn.Module, config: ModelConfig, blocks: dict[str, GGMLTensor]) -> dict[str, torch.Tensor | GGMLTensor]:
+def checkpoint_tensors(model: nn.Module, config: ModelConfig, blocks: dict[str, Quantized]) -> dict[str, torch.Tensor | Quantized]:
     """Checkpoint-named tensors: blocks where quantized, float elsewhere, fused projections split back into parts."""
-    named: dict[str, torch.Tensor | GGMLTensor] = {}
+    named: dict[str, torch.Tensor | Quantized] = {}
     for name, tensor in [*model.state_dict().items(), *blocks.items()]:
         if isinstance(tensor, torch.Tensor) and name in blocks:
             continue
@@ -63,7 +67,7 @@ def checkpoint_tensors(model: nn.Module, config: ModelConfig, blocks: dict[str, 
     return named
 
 
-def _split_fused(name: str, tensor: torch.Tensor | GGMLTensor, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
+def _split_fused(name: str, tensor: torch.Tensor | Quantized, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor | Quantized]]:
     prefix, fused, kind = _name_parts(name)
     if fused not in FUSED_PARTS:
         yield name, tensor
@@ -73,7 +77,9 @@ def _split_fused(name: str, tensor: torch.Tensor | GGMLTensor, config: ModelConf
     start = 0
     for part, size in zip(FUSED_PARTS[fused], sizes, strict=True):
         if isinstance(tensor, GGMLTensor):
-            piece: torch.Tensor | GGMLTensor = GGMLTensor(tensor.data[start : start + size], tensor.format, tensor.cols)
+            piece: torch.Tensor | Quantized = GGMLTensor(tensor.data[start : start + size], tensor.format, tensor.cols)
+        elif isinstance(tensor, Int8ChannelTensor):
+            piece = tensor.row_range(start, start + size)
         else:
             piece = tensor[start : start + size]
         yield f"{prefix}{part}.{kind}", piece
@@ -86,7 +92,7 @@ def _name_parts(name: str) -> tuple[str, str, str]:
     return (f"{prefix}." if prefix else ""), module, kind
 
 
-def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, format_name: str) -> dict[str, torch.Tensor | GGMLTensor]:
+def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, format_name: str) -> dict[str, torch.Tensor | Quantized]:
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
     from ember.models.gguf_loader import hf_name
@@ -109,9 +115,9 @@ def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, 
         if isinstance(value, GGMLTensor) and value.format.name in GGUF_FORMATS:
             raw = value.data.numpy()
             writer.add_tensor(source_tensor.name, raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType[value.format.name])
-        elif isinstance(value, GGMLTensor):
-            ember_formats[source_tensor.name] = value.format.name
-            writer.add_tensor(source_tensor.name, value.data.numpy().view(np.int8), raw_dtype=GGMLQuantizationType.I8)
+        elif not isinstance(value, torch.Tensor):  # ember's own formats: raw I8 rows
+            ember_formats[source_tensor.name] = format_of(value)
+            writer.add_tensor(source_tensor.name, stored_bytes(value).numpy().view(np.int8), raw_dtype=GGMLQuantizationType.I8)
         else:
             writer.add_tensor(source_tensor.name, np.ascontiguousarray(value.float().numpy()))
     if ember_formats:
@@ -123,17 +129,17 @@ def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, 
     return written
 
 
-def _llama_cpp_rows(gguf_name: str, value: torch.Tensor | GGMLTensor, config: ModelConfig) -> torch.Tensor | GGMLTensor:
+def _llama_cpp_rows(gguf_name: str, value: torch.Tensor | Quantized, config: ModelConfig) -> torch.Tensor | Quantized:
     """q/k rows back in llama.cpp's interleaved rotary order (what the GGUF loader undoes)."""
     if config.architecture != "llama" or not gguf_name.endswith(("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias")):
         return value
     heads = config.num_heads if "attn_q" in gguf_name else config.num_kv_heads
     rows = value.shape[0]
     order = torch.arange(rows).reshape(heads, 2, rows // heads // 2).transpose(1, 2).reshape(rows)
-    return value.rows(order) if isinstance(value, GGMLTensor) else value[order]
+    return value[order] if isinstance(value, torch.Tensor) else value.rows(order)
 
 
-def _write_safetensors(source: Path, target: Path, tensors: dict) -> dict[str, torch.Tensor | GGMLTensor]:
+def _write_safetensors(source: Path, target: Path, tensors: dict) -> dict[str, torch.Tensor | Quantized]:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -144,7 +150,8 @@ def _write_safetensors(source: Path, target: Path, tensors: dict) -> dict[str, t
         with safe_open(str(file), framework="pt") as shard:
             names.extend(shard.keys())
     written = {name: tensors[name] for name in names}
-    save_file({n: t.data if isinstance(t, GGMLTensor) else t.float().contiguous() for n, t in written.items()}, str(target / "model.safetensors"))
+    save_file({n: t.float().contiguous() if isinstance(t, torch.Tensor) else stored_bytes(t) for n, t in written.items()},
+              str(target / "model.safetensors"))
     for file in source.iterdir():
         if file.is_file() and not file.name.endswith(".safetensors") and file.name != "model.safetensors.index.json":
             shutil.copy2(file, target / file.name)
@@ -161,17 +168,18 @@ def _write_description(path: Path, config: QuantizeConfig, calib_tokens: int, wr
         "symmetric": config.symmetric,
         "act_order": config.act_order,
         "damp": config.damp,
+        "alpha": config.alpha,
         "calibration": {"file": str(config.calib) if config.calib else None, "tokens": calib_tokens, "seq_len": config.seq_len},
         "bytes_per_parameter": (quantized + floats) / parameters,
-        "tensors": {n: {"format": t.format.name, "cols": t.cols} for n, t in written.items() if isinstance(t, GGMLTensor)},
+        "tensors": {n: {"format": format_of(t), "cols": t.shape[1]} for n, t in written.items() if not isinstance(t, torch.Tensor)},
     }
     path.write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
 
 
-def _sizes(tensors: Iterable[torch.Tensor | GGMLTensor]) -> tuple[int, int, int]:
+def _sizes(tensors: Iterable[torch.Tensor | Quantized]) -> tuple[int, int, int]:
     quantized = floats = parameters = 0
     for t in tensors:
-        if isinstance(t, GGMLTensor):
+        if not isinstance(t, torch.Tensor):
             quantized += t.nbytes
             parameters += t.shape[0] * t.shape[1]
         else:
@@ -180,12 +188,25 @@ def _sizes(tensors: Iterable[torch.Tensor | GGMLTensor]) -> tuple[int, int, int]
     return quantized, floats, parameters
 
 
-def read_block_tensors(folder: Path, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
-    """An HF folder's tensors, those `ember_quantization.json` lists as blocks wrapped as `GGMLTensor`s."""
+def format_of(tensor: Quantized) -> str:
+    """The format name a quantized tensor is listed under (ember_quantization.json, the GGUF key ember.block_formats)."""
+    return tensor.format.name if isinstance(tensor, GGMLTensor) else tensor.format_name
+
+
+def stored_bytes(tensor: Quantized) -> torch.Tensor:
+    """uint8 [rows, bytes per row]: a quantized tensor as the files hold it."""
+    return tensor.data if isinstance(tensor, GGMLTensor) else tensor.stored()
+
+
+def read_block_tensors(folder: Path, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor | Quantized]]:
+    """An HF folder's tensors, those `ember_quantization.json` lists as blocks wrapped as `GGMLTensor`s (W8A8 rows as
+    `Int8ChannelTensor`s)."""
     description = folder / QUANTIZATION_FILE
     listed = json.loads(description.read_text(encoding="utf-8"))["tensors"] if description.is_file() else {}
     for name, tensor in tensors:
-        if name in listed:
+        if name in listed and listed[name]["format"] == Int8ChannelTensor.format_name:
+            yield name, Int8ChannelTensor.from_stored(tensor)
+        elif name in listed:
             yield name, GGMLTensor(tensor, FORMATS[listed[name]["format"]], listed[name]["cols"])
         else:
             yield name, tensor

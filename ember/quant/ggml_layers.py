@@ -25,6 +25,8 @@ from ember.layers.cpu_decoder_layer import CompilableLayer
 from ember.layers.cpu_gemm import CompiledProduct
 from ember.quant.ggml_blocks import GGMLTensor, dequantize_torch
 from ember.quant.ggml_kernels import GEMV_PATHS, MAX_PASS_ROWS, GGMLWeightPointer, load_kernels
+from ember.quant.int8_channel import Int8ChannelTensor
+from ember.quant.w8a8_layers import W8A8Linear
 
 TILE_VALUES = 1 << 22  # dequantize at most 4M values (16 MB of float32) at a time in the many-row path
 ACTIVATIONS = QUANT_ACTIVATIONS  # "int8", "float32": EngineConfig.quant_activations picks one per engine
@@ -173,14 +175,18 @@ def can_hold_blocks(module: nn.Module) -> bool:
     return isinstance(module, (nn.Linear, nn.Embedding))
 
 
-def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor]) -> None:
-    """Swap each `<module>.weight` named in `weights` for a layer over its blocks; a linear keeps its bias parameter."""
+def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | Int8ChannelTensor]) -> None:
+    """Swap each `<module>.weight` named in `weights` for a layer over its blocks (or W8A8 int8 rows); a linear keeps its bias."""
     for name, weight in weights.items():
         module_path = name.removesuffix(".weight")
         parent_path, _, child = module_path.rpartition(".")
         old = model.get_submodule(module_path)
-        if isinstance(old, nn.Linear):
-            new: nn.Module = GGMLLinear(weight, old.bias, activations=activations_for(module_path, "int8"))
+        if isinstance(weight, Int8ChannelTensor):
+            if not isinstance(old, nn.Linear):
+                raise ValueError(f"{module_path} is a {type(old).__name__}; W8A8 rows run only in linear layers: load with --dtype float32")
+            new: nn.Module = W8A8Linear(weight, old.bias)
+        elif isinstance(old, nn.Linear):
+            new = GGMLLinear(weight, old.bias, activations=activations_for(module_path, "int8"))
         elif isinstance(old, nn.Embedding):
             new = GGMLEmbedding(weight)
         else:

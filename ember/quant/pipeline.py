@@ -1,9 +1,10 @@
 """`ember quantize`: float checkpoint -> calibration -> method -> GGML blocks -> a checkpoint ember loads.
 
-Steps: load the model in float32 through ember's engine; for GPTQ/AWQ, run the calibration
-text through it and gather each linear's input statistics (ember.quant.calibration); AWQ
-rescales weights and folds the inverse scales into the ops that feed them; every linear of
-the decoder is then rounded by RTN or GPTQ onto a block grid (ember.quant.grid), and the
+Steps: load the model in float32 through ember's engine; for GPTQ/AWQ/SmoothQuant, run the
+calibration text through it and gather each linear's input statistics (ember.quant.calibration);
+AWQ and SmoothQuant rescale weights and fold the inverse scales into the ops that feed them;
+every linear of the decoder is then rounded by RTN or GPTQ onto a block grid (ember.quant.grid),
+or for SmoothQuant to int8 per output channel (W8A8 layers, ember.quant.int8_channel), and the
 embedding (with a tied LM head) is stored as Q8_0. The result is written by
 ember.quant.checkpoint into a temporary folder renamed to --out only when complete.
 
@@ -27,6 +28,8 @@ from ember.quant.float_codes import quantize_fp8, quantize_nf4
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.gptq import GPTQSettings, gptq_quantize
 from ember.quant.grid import BlockGrid
+from ember.quant.int8_channel import Int8ChannelTensor, quantize_weight
+from ember.quant.smoothquant import apply_smoothing
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -71,9 +74,11 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
                 raise ValueError(f"{config.model} has no tokenizer to read --calib with; give --tokenizer FILE")
             chunks = calibration_chunks(engine.tokenizer, config)
             calib_tokens = sum(map(len, chunks))
-            stats = calibrate(engine, model, names, chunks, progress)
+            stats = calibrate(engine, model, names, chunks, progress, with_hessian=config.method != "smoothquant")
         if config.method == "awq":
             apply_awq(model, stats, config.grid, progress)
+        elif config.method == "smoothquant":
+            apply_smoothing(model, stats, config.alpha, progress)
         blocks = quantize_linears(model, names, stats, config, progress)
     blocks["model.embed_tokens.weight"] = _rtn(model.model.embed_tokens.weight, EMBEDDING_GRID)
     if not engine.model_config.tie_word_embeddings:
@@ -92,9 +97,13 @@ def calibration_chunks(tokenizer, config: QuantizeConfig) -> list[list[int]]:
     return [tokens[i : i + step] for i in range(0, len(tokens), step) if len(tokens[i : i + step]) >= 16]
 
 
-def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]], progress: Progress) -> dict[str, InputStats]:
+def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]], progress: Progress,
+              with_hessian: bool = True) -> dict[str, InputStats]:
     """Prefill every chunk through the float model, hooks gathering each linear's input statistics."""
     from ember.engine.sampling_params import SamplingParams
+    from ember.layers.cpu_prepare import restore_dense_weights
+
+    restore_dense_weights(model)  # the hooks see a linear's input only on the Python path, not in a compiled layer
 
     task = progress.add_task("calibrating", total=len(chunks))
 
@@ -105,7 +114,7 @@ def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]
                 engine.step()
             progress.advance(task)
 
-    calibration = Calibration()
+    calibration = Calibration(with_hessian=with_hessian)
     with torch.inference_mode():
         calibration.run(model, names, feed)
     return calibration.stats
@@ -136,10 +145,14 @@ def _scale_inputs(linear: nn.Linear, stats: InputStats, grid: BlockGrid, feeder:
         feeder.div_(scales.reshape(-1, *[1] * (feeder.dim() - 1)))
 
 
-def quantize_linears(model: nn.Module, names: list[str], stats: dict[str, InputStats], config: QuantizeConfig, progress: Progress) -> dict[str, GGMLTensor]:
-    """Every named linear quantized: NF4/FP8 codes, GPTQ with its Hessian, else round-to-nearest on the grid."""
+def quantize_linears(
+    model: nn.Module, names: list[str], stats: dict[str, InputStats], config: QuantizeConfig, progress: Progress
+) -> dict[str, GGMLTensor | Int8ChannelTensor]:
+    """Every named linear quantized: NF4/FP8 codes, int8 rows (SmoothQuant), GPTQ with its Hessian, else RTN on the grid."""
     if config.method in FLOAT_CODE_QUANTIZERS:
         return _quantize_float_codes(model, names, config, progress)
+    if config.method == "smoothquant":
+        return _quantize_int8_rows(model, names, progress)
     grid = config.grid
     settings = GPTQSettings(damp=config.damp, act_order=config.act_order)
     task = progress.add_task(f"quantizing ({config.method}, {config.bits}-bit, g{config.group_size})", total=len(names))
@@ -164,6 +177,15 @@ def _quantize_float_codes(model: nn.Module, names: list[str], config: QuantizeCo
         blocks[f"{name}.weight"] = quantize(model.get_submodule(name).weight.detach())
         progress.advance(task)
     return blocks
+
+
+def _quantize_int8_rows(model: nn.Module, names: list[str], progress: Progress) -> dict[str, GGMLTensor | Int8ChannelTensor]:
+    task = progress.add_task("quantizing (W8A8, int8 per output channel)", total=len(names))
+    rows: dict[str, GGMLTensor | Int8ChannelTensor] = {}
+    for name in names:
+        rows[f"{name}.weight"] = quantize_weight(model.get_submodule(name).weight)
+        progress.advance(task)
+    return rows
 
 
 def _rtn(weight: torch.Tensor, grid: BlockGrid) -> GGMLTensor:

@@ -120,7 +120,7 @@ def test_feature_sections_show_their_tables_and_what_was_scaled():
     assert "(its own 4-bit blocks: a self-draft)" in text
     assert "Scaled down for this run: prompts 1 (full size 3); batch sizes 1, 8 (full size 1, 4, 8, 16); mixed requests 8 (full size 16)." in text
     assert "| gptq4 g128 | 21.500 | +7.5% | 0.700 | 0.630 | 46.0 | 2.30x | 110 |" in text
-    assert "methods rtn4, gptq4, awq4, nf4, rtn8, fp8 (full size rtn4, gptq4, awq4, nf4, rtn8, gptq8, fp8)" in text
+    assert "methods rtn4, gptq4, awq4, nf4, rtn8, fp8, sq8 (full size rtn4, gptq4, awq4, nf4, rtn8, gptq8, fp8, sq8)" in text
     assert "## `parallel`: parallel modes against one process" in text
     assert "### tensor + sequence parallel, 2 ranks, vs one process\n\n| measure | value |" in text
     assert "| all_reduce bytes per token per rank, counted | 140544.0 |" in text
@@ -160,7 +160,7 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     assert small.spec_output_len == FeatureSizes().spec_output_len  # lengths never scale
     options = BenchOptions(repeats=2)
     assert planned_runs(options, small, "spec") == (3 * 3 + 2 * 2 + 2) * 2
-    assert planned_runs(options, small, "quant") == 2 + 2 * 6
+    assert planned_runs(options, small, "quant") == 2 + 2 * 7 + 1  # gptq8 dropped below scale 0.5; sq8 adds its kernel timings
     assert planned_runs(options, small, "parallel") == 3  # tensor, tensor + sequence, pipeline
 
 
@@ -169,3 +169,11 @@ def test_bad_feature_sizes_and_unknown_sections_say_what_to_do():
         FeatureSizes(spec_prompts=0)
     with pytest.raises(ValueError, match="choose from spec, quant, parallel"):
         planned_runs(BenchOptions(), FeatureSizes(), "medusa")
+
+
+def test_the_quant_section_shows_the_w8a8_product_timings_when_it_has_them():
+    timings = [{"layer": "qkv", "rows": 1, "in": 576, "out": 960, "compiled_us": 20.0, "int_mm_us": 50.0, "float32_us": 60.0,
+                "int_mm_over_compiled": 2.5}]
+    text = report.render_markdown(dict(feature_results(), quant=dict(quant_section(), w8a8_kernels=timings)))
+    assert "| qkv | 1 | 576 -> 960 | 20.0 | 50.0 | 60.0 | 2.50x |" in text
+    assert "W8A8 (SmoothQuant) product paths" not in report.render_markdown(feature_results())

@@ -19,9 +19,11 @@ from ember.quant.checkpoint import QUANTIZATION_FILE
 from ember.quant.config import QuantizeConfig
 from ember.quant.ggml_layers import GGMLLinear
 from ember.quant.pipeline import quantize_checkpoint
+from ember.quant.w8a8_layers import W8A8Linear
 from tests.model_factory import save_tiny_model
 
 VOCAB = 512  # the stories260K tokenizer's size, so calibration text tokenizes inside the vocabulary
+W8A8_LOGPROB_BOUND = 0.05  # nats: a W8A8 model against its dequantized float copy on the tiny random model
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +112,11 @@ def test_float_code_checkpoints_load_in_their_blocks_and_run_like_their_float_co
         (["--method", "awq", "--bits", "3"], "cannot make 3-bit weights"),
         (["--method", "rtn", "--group-size", "48"], "multiple of 32"),
         (["--method", "gptq"], "needs --calib FILE"),
-        (["--method", "smoothquant"], "not built yet"),
+        (["--method", "smoothquant"], "needs --calib FILE"),
+        (["--method", "smoothquant", "--bits", "4"], "SmoothQuant is W8A8: int8 weights and int8 activations"),
+        (["--method", "smoothquant", "--alpha", "1.5"], "--alpha 1.5 must lie in [0, 1]"),
+        (["--method", "smoothquant", "--group-size", "128"], "scales whole rows"),
+        (["--method", "rtn", "--alpha", "0.5"], "--alpha is SmoothQuant's migration strength"),
         (["--method", "nf4", "--group-size", "128"], "scales blocks of 64 values"),
         (["--method", "fp8", "--bits", "4"], "cannot make 4-bit weights"),
     ],
@@ -160,4 +166,65 @@ def test_awq_scaling_folds_into_the_model_without_changing_its_float_outputs(tin
         stats = calibrate(engine, model, names, calibration_chunks(engine.tokenizer, config), progress)
         apply_awq(model, stats, config.grid, progress)
     assert not torch.equal(model.model.layers[0].input_layernorm.weight, torch.ones(64))
+    torch.testing.assert_close(_prompt_logprobs(engine, "after", prompt), before, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("source_kind", ["folder", "gguf"])
+def test_smoothquant_checkpoint_loads_w8a8_layers_that_run_like_their_float_copy(tiny_folder, tokenizer, calib, tmp_path, source_kind):
+    from tests.models.test_gguf_loader import write_gguf
+
+    source = tiny_folder
+    if source_kind == "gguf":
+        source = tmp_path / "float.gguf"
+        write_gguf(tiny_folder, source, GGMLQuantizationType.F32, np.random.default_rng(0))
+    out = tmp_path / "sq"
+    assert main(["quantize", "--model", str(source), "--method", "smoothquant", "--alpha", "0.6", "--calib", str(calib),
+                 "--tokenizer", tokenizer, "--calib-tokens", "512", "--seq-len", "128", "--out", str(out)]) == 0
+    description = json.loads((out / QUANTIZATION_FILE).read_text())
+    assert (description["method"], description["bits"], description["alpha"]) == ("smoothquant", 8, 0.6)
+    assert {t["format"] for t in description["tensors"].values()} == {"W8A8", "Q8_0"}  # the embedding is Q8_0 like the table
+    checkpoint = out / "model.gguf" if source_kind == "gguf" else out
+    if source_kind == "gguf":  # W8A8 rows travel as raw I8 rows listed under ember.block_formats
+        reader = GGUFReader(str(checkpoint))
+        assert json.loads(reader.fields["ember.block_formats"].contents())["blk.0.attn_q.weight"] == "W8A8"
+    layers = [m for m in load_model(checkpoint).model.modules() if isinstance(m, W8A8Linear)]
+    assert len(layers) == 2 * 4  # qkv, o, gate_up, down per layer
+    norm = "model.layers.0.input_layernorm.weight"  # the migration's 1/s lives in the norms
+    assert not torch.equal(load_model(checkpoint, dtype="float32").model.state_dict()[norm], load_model(source).model.state_dict()[norm])
+    prompt = list(range(3, 60))
+    w8a8 = _prompt_logprobs(_engine(checkpoint, "auto"), "w8a8", prompt)
+    dequantized = _prompt_logprobs(_engine(checkpoint, "float32"), "float", prompt)
+    assert (w8a8 - dequantized).abs().max() < W8A8_LOGPROB_BOUND  # only the per-token activation rounding differs
+    engine = _engine(checkpoint, "auto")
+    engine.add_request("generate", prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    generated: list[int] = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            generated.extend(output.outputs[0].token_ids)  # each step's new tokens
+    assert len(generated) == 12 and all(0 <= t < VOCAB for t in generated)
+
+
+def _engine(model: Path, dtype: str) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model), dtype=dtype, cache=CacheConfig(num_kv_blocks=64, enable_prefix_caching=False)))
+
+
+def test_smoothquant_migration_folds_into_the_model_without_changing_its_float_outputs(tiny_folder, tokenizer, calib, tmp_path):
+    from rich.progress import Progress
+
+    from ember.quant.pipeline import LINEARS, calibrate, calibration_chunks
+    from ember.quant.smoothquant import apply_smoothing
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_folder), tokenizer=tokenizer, dtype="float32",
+                                    cache=CacheConfig(num_kv_blocks=64, enable_prefix_caching=False)))
+    model = engine.runner.model
+    config = QuantizeConfig(model=str(tiny_folder), method="smoothquant", bits=8, out=tmp_path / "unused", calib=calib,
+                            calib_tokens=256, seq_len=128)
+    prompt = list(range(3, 60))
+    before = _prompt_logprobs(engine, "before", prompt)
+    with Progress(disable=True) as progress:
+        names = [f"model.layers.{i}.{linear}" for i in range(2) for linear in LINEARS]
+        stats = calibrate(engine, model, names, calibration_chunks(engine.tokenizer, config), progress, with_hessian=False)
+        apply_smoothing(model, stats, config.alpha, progress)
+    assert stats[names[0]].hessian is None and (stats[names[0]].abs_max > 0).all()
+    assert not torch.equal(model.model.layers[1].post_attention_layernorm.weight, torch.ones(64))
     torch.testing.assert_close(_prompt_logprobs(engine, "after", prompt), before, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,63 @@
+"""SmoothQuant (Xiao et al. 2023): move activation outliers into the weights, then run W8A8.
+
+A few input channels of an LLM's linears carry activations 10-100x the others, so rounding a
+token's activations to int8 with one scale loses the small channels. Per input channel j,
+s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) (maxima over the calibration tokens and over the
+weight's rows) divides the activations and multiplies the weights: X W^T = (X / s)(W s)^T, so
+the float model is unchanged while the activations flatten (alpha = 1 moves all of the range
+into the weights, alpha = 0 none of the activations'). 1/s is folded into the op that produces X:
+
+- q/k/v (one fused weight) read the input RMSNorm: its weight absorbs 1/s;
+- gate/up read the post-attention RMSNorm: same;
+- down reads silu(gate) * up: up_proj's rows absorb 1/s (the product is linear in up).
+
+o_proj is not smoothed: its input is attention's output, which only v_proj's rows could absorb,
+and with grouped-query attention one v channel feeds several o channels, which would need equal
+scales. Channels that never fired in calibration (max |X_j| = 0), or whose weight column is
+zero, keep s_j = 1.
+"""
+
+from __future__ import annotations
+
+import torch
+from rich.progress import Progress
+from torch import nn
+
+from ember.quant.calibration import InputStats
+
+
+def smoothing_scales(activation_max: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    """s [cols] for a linear of weight [rows, cols] whose inputs reached `activation_max` [cols] per channel."""
+    weight_max = weight.detach().abs().amax(dim=0).float()
+    activation_max = activation_max.float()
+    is_live = (activation_max > 0) & (weight_max > 0)
+    scales = activation_max.clamp(min=1e-12).pow(alpha) / weight_max.clamp(min=1e-12).pow(1.0 - alpha)
+    return torch.where(is_live, scales, torch.ones_like(scales))
+
+
+def fold_scales(weight: torch.Tensor, feeder: torch.Tensor, scales: torch.Tensor) -> None:
+    """W <- W s (columns), in place; `feeder`, whose dim 0 indexes the input channels (a norm weight, up_proj's rows), absorbs 1/s."""
+    with torch.no_grad():
+        weight.mul_(scales)
+        feeder.div_(scales.reshape(-1, *[1] * (feeder.dim() - 1)))
+
+
+def apply_smoothing(model: nn.Module, stats: dict[str, InputStats], alpha: float, progress: Progress) -> None:
+    """Smooth the inputs of every decoder layer's qkv, gate_up and down projections (see the module docstring)."""
+    from ember.layers.cpu_prepare import restore_dense_weights
+
+    restore_dense_weights(model)  # the CPU kernels' panels cannot be scaled in place
+    layers = model.model.layers
+    task = progress.add_task(f"SmoothQuant migration (alpha {alpha:g})", total=len(layers))
+    for index, layer in enumerate(layers):
+        prefix = f"model.layers.{index}"
+        attention, mlp = layer.self_attn, layer.mlp
+        feeders = {
+            "self_attn.qkv_proj": (attention.qkv_proj, layer.input_layernorm.weight),
+            "mlp.gate_up_proj": (mlp.gate_up_proj, layer.post_attention_layernorm.weight),
+            "mlp.down_proj": (mlp.down_proj, mlp.gate_up_proj.weight[mlp.down_proj.in_features :]),
+        }
+        for name, (linear, feeder) in feeders.items():
+            scales = smoothing_scales(stats[f"{prefix}.{name}"].abs_max, linear.weight, alpha)
+            fold_scales(linear.weight, feeder, scales)
+        progress.advance(task)
