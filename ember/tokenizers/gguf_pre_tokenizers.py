@@ -48,6 +48,26 @@ DEEPSEEK_V3_STAGES = (
 FALCON_STAGES = ("[\\p{P}\\$\\+<=>\\^~\\|`]+", GPT2_PATTERN, "[0-9][0-9][0-9]")
 # What llama.cpp uses when a file names no pre-tokenizer (or "default").
 DEFAULT_STAGES = ("[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2_PATTERN, "\\p{N}+", "[0-9][0-9][0-9]")
+
+
+def _punctuation_first_gpt2(punctuation: str, space_joins_number: bool) -> str:
+    """One pattern that cuts as the stages (punctuation runs, GPT-2, [\\p{N}+,] [0-9]{3}) do,
+    found by hand and checked against the stage-by-stage loop (test_tok_gguf_pre_tokenizers):
+    punctuation runs come first, so GPT-2 works between them (its contractions never apply,
+    its `(?!\\S)` sees a punctuation run as the end of text); numbers are cut into [0-9]{3}
+    from their left end; `space_joins_number`: a space before a number stays with it unless
+    [0-9]{3} starts there (else the space is a piece of its own)."""
+    p = punctuation
+    lead = " ?" if space_joins_number else ""
+    return (
+        f"{p}+| ?\\p{{L}}+|[0-9]{{3}}|{lead}(?:(?![0-9]{{3}})\\p{{N}})+"
+        f"| (?=[0-9]{{3}})| ?[^\\s\\p{{L}}\\p{{N}}{p[1:-1]}]+|\\s+(?![^\\s{p[1:-1]}])|\\s+"
+    )
+
+
+# Falcon keeps a space with the digits after it; "default" cuts it off (its \\p{N}+ stage).
+FALCON_PATTERN = _punctuation_first_gpt2("[\\p{P}\\$\\+<=>\\^~\\|`]", True)
+DEFAULT_PATTERN = _punctuation_first_gpt2("[\\p{P}\\$\\+<=>\\^~\\|]", False)
 BLOOM_STAGES = (" ?[^(\\s|.,!?…。，、।۔،)]+",)  # noqa: RUF001
 VIKING_STAGES = (*BLOOM_STAGES, "\\p{N}")
 CHAMELEON_STAGES = (
@@ -68,15 +88,20 @@ class GGUFPreTokenizer:
 
     stages: tuple[str, ...]
     ignore_merges: bool = False
+    # One pattern whose matches are exactly the stages' pieces (every character in one), or
+    # None: a speed-up, one regex pass instead of one per stage.
+    fused: str | None = None
 
     def build(self) -> PreTokenizer:
+        if self.fused is not None:
+            return PreTokenizer((self.fused,), is_complete=True)
         return PreTokenizer.from_stages(self.stages)
 
 
 def _table() -> dict[str, GGUFPreTokenizer]:
     llama3 = GGUFPreTokenizer((LLAMA3_PATTERN,), ignore_merges=True)
     groups: list[tuple[tuple[str, ...], GGUFPreTokenizer]] = [
-        (("default",), GGUFPreTokenizer(DEFAULT_STAGES)),
+        (("default",), GGUFPreTokenizer(DEFAULT_STAGES, fused=DEFAULT_PATTERN)),
         (
             ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0")
             + ("lfm2", "jina-v5-nano"),
@@ -89,7 +114,7 @@ def _table() -> dict[str, GGUFPreTokenizer]:
             ("deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"),
             GGUFPreTokenizer(DEEPSEEK_V3_STAGES),
         ),
-        (("falcon",), GGUFPreTokenizer(FALCON_STAGES)),
+        (("falcon",), GGUFPreTokenizer(FALCON_STAGES, fused=FALCON_PATTERN)),
         (
             ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de")
             + ("a.x-4.0", "mellum", "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe")

@@ -233,9 +233,10 @@ def test_split_stages_with_flags_groups_lookarounds_and_anchors_cut_like_tokeniz
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.text(alphabet=st.sampled_from("ab 1234\n日本,.$'é\u0301<>:sentinel0IMGZ"), max_size=60))
+@given(st.text(alphabet=st.sampled_from("ab 1234\n日本,.$'é\u0301<>:sentinel0IMGZ²٣\u2003©`~|+"), max_size=60))
 def test_every_rule_set_cuts_random_text_like_its_stages_one_by_one(text):
-    # The stage loop skips pieces no match can cut; this checks it against the plain loop.
+    # The stage loop skips pieces no match can cut, and fused patterns replace whole stage
+    # sequences; this checks both against the plain loop.
     for rules in set(GGUF_PRE_TOKENIZERS.values()):
         pieces = [text] if text else []
         for stage in rules.stages:
