@@ -32,6 +32,15 @@ def test_generate_with_ngram_speculation_prints_the_same_reference_story(stories
     assert result.stdout == (stories_dir / "greedy_200steps_from_BOS.expected.txt").read_text(encoding="utf-8")
 
 
+def test_generate_with_an_fp8_kv_cache_prints_a_story(stories_dir):
+    result = _ember(
+        "generate", "--model", str(stories_dir / "stories260K.bin"), "--tokenizer", str(stories_dir / "tok512.bin"),
+        "--prompt", "Once upon a time", "--max-tokens", "40", "--temperature", "0", "--kv-cache-dtype", "fp8",
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.split()) > 10
+
+
 def test_eval_perplexity_prints_the_figure_and_token_count(stories_dir, tmp_path):
     text = tmp_path / "story.txt"
     text.write_text("Once upon a time, there was a little girl named Lily. She loved to play outside.", encoding="utf-8")
@@ -50,6 +59,8 @@ def test_eval_perplexity_prints_the_figure_and_token_count(stories_dir, tmp_path
     [
         (["generate", "--model", "no/such/model.gguf", "--prompt", "hi"], "neither an existing path nor a registered model"),
         (["generate", "--model", "smollm2-135m-instruct-nope", "--prompt", "hi"], "registered model"),
+        (["generate", "--model", "m.gguf", "--prompt", "hi", "--kv-cache-dtype", "int4"],
+         "--kv-cache-dtype: invalid choice: 'int4' (choose from 'auto', 'float32', 'bfloat16', 'fp8', 'fp8_e4m3')"),
     ],
 )
 def test_a_bad_model_name_is_a_clear_error_not_a_traceback(args, message):
