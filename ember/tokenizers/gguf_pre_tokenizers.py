@@ -39,6 +39,14 @@ DEEPSEEK_CODER_STAGES = (
     "[一-龥ࠀ-一가-퟿]+",
     "\\p{N}",
 )
+# deepseek-coder's stages as two: newlines alone, letter and punctuation runs with one
+# leading non-newline space (neither run can start inside the other, so one left-to-right
+# pass finds what three passes find) and single numerals (the last stage isolates every one,
+# whichever piece holds it, so doing it first cuts the same); then the CJK-range stage.
+DEEPSEEK_CODER_FEWER_STAGES = (
+    "[\r\n]|(?:(?![\r\n])\\s)?\\p{L}+|(?:(?![\r\n])\\s)?\\p{P}+|\\p{N}",
+    DEEPSEEK_CODER_STAGES[3],
+)
 DEEPSEEK_V3_STAGES = (
     "\\p{N}{1,3}",
     "[一-龥぀-ゟ゠-ヿ]+",
@@ -88,14 +96,16 @@ class GGUFPreTokenizer:
 
     stages: tuple[str, ...]
     ignore_merges: bool = False
-    # One pattern whose matches are exactly the stages' pieces (every character in one), or
-    # None: a speed-up, one regex pass instead of one per stage.
+    # Speed-ups that cut exactly as `stages` do (checked against the stage-by-stage loop in
+    # test_tok_gguf_pre_tokenizers): one pattern whose matches are the pieces (every
+    # character in one), or fewer stages.
     fused: str | None = None
+    fewer_stages: tuple[str, ...] | None = None
 
     def build(self) -> PreTokenizer:
         if self.fused is not None:
             return PreTokenizer((self.fused,), is_complete=True)
-        return PreTokenizer.from_stages(self.stages)
+        return PreTokenizer.from_stages(self.fewer_stages or self.stages)
 
 
 def _table() -> dict[str, GGUFPreTokenizer]:
@@ -109,7 +119,10 @@ def _table() -> dict[str, GGUFPreTokenizer]:
         ),
         (("dbrx", "smaug-bpe", "glm4", "chatglm-bpe"), GGUFPreTokenizer((LLAMA3_PATTERN,))),
         (("deepseek-llm",), GGUFPreTokenizer(DEEPSEEK_LLM_STAGES)),
-        (("deepseek-coder",), GGUFPreTokenizer(DEEPSEEK_CODER_STAGES)),
+        (
+            ("deepseek-coder",),
+            GGUFPreTokenizer(DEEPSEEK_CODER_STAGES, fewer_stages=DEEPSEEK_CODER_FEWER_STAGES),
+        ),
         (
             ("deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"),
             GGUFPreTokenizer(DEEPSEEK_V3_STAGES),

@@ -235,6 +235,7 @@ _ASCII_PROPERTIES = (
     r"\p{Lm}",
     r"\p{Lo}",
     r"\p{M}",
+    r"\p{P}",
     r"\s",
 )
 
