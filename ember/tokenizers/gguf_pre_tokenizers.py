@@ -86,6 +86,17 @@ CHAMELEON_STAGES = (
     "[\\p{P}!-/:-@\\[-`{-~]",
     GPT2_PATTERN,
 )
+_CHAMELEON_PUNCTUATION = "\\p{P}!-/:-@\\[-`{-~"
+# Chameleon's stages after the sentinel and image ones as one: tabs, newlines, runs of four or
+# two spaces, single numerals and punctuation come first (the stages take them before GPT-2
+# sees the rest, and GPT-2 leaves each whole); GPT-2 then works between them, so its
+# whitespace never takes a tab, newline or space pair and its `(?!\\S)` sees those as the end.
+CHAMELEON_FEWER_STAGES = (
+    *CHAMELEON_STAGES[:2],
+    f"[\\t\\n]|    |  |\\p{{N}}|[{_CHAMELEON_PUNCTUATION}]| ?\\p{{L}}+"
+    f"| ?[^\\s\\p{{L}}\\p{{N}}{_CHAMELEON_PUNCTUATION}]+"
+    f"|(?:(?![\\t\\n]|  )\\s)+(?![^\\s\\p{{N}}{_CHAMELEON_PUNCTUATION}])|(?:(?![\\t\\n]|  )\\s)+",
+)
 SUPERBPE_STAGES = ("\\p{N}+", "(?=(\\d{3})+(?!\\d))")
 DIGITS_THEN_GPT2 = (SINGLE_DIGIT_PATTERN, GPT2_PATTERN)
 
@@ -148,7 +159,10 @@ def _table() -> dict[str, GGUFPreTokenizer]:
         (("poro-chat", "bloom", "gpt3-finnish"), GGUFPreTokenizer(BLOOM_STAGES)),
         (("viking",), GGUFPreTokenizer(VIKING_STAGES)),
         (("tekken",), GGUFPreTokenizer((TEKKEN_PATTERN,), ignore_merges=True)),
-        (("chameleon",), GGUFPreTokenizer(CHAMELEON_STAGES)),
+        (
+            ("chameleon",),
+            GGUFPreTokenizer(CHAMELEON_STAGES, fewer_stages=CHAMELEON_FEWER_STAGES),
+        ),
         (
             ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"),
             GGUFPreTokenizer((O200K_PATTERN,)),
