@@ -64,12 +64,14 @@ def _quant(section: dict) -> Group:
                       f"{row['nominal_bytes_per_parameter']:.3f}", f"{row['decode_tok_s']:.1f}", f"{row['quantize_s']:.0f}" if row["quantize_s"] else "")
     tables = [table]
     if section.get("w8a8_kernels"):
+        from ember.bench.w8a8_kernels import COLUMNS as W8A8_COLUMNS
+        from ember.bench.w8a8_kernels import table_cells as w8a8_cells
+
         kernels = Table(title="W8A8 products: microseconds per call (median), same run")
-        for column in ("layer", "rows", "in -> out", "compiled", "torch _int_mm", "float32 F.linear", "_int_mm / compiled"):
+        for column in W8A8_COLUMNS:
             kernels.add_column(column)
         for row in section["w8a8_kernels"]:
-            kernels.add_row(row["layer"], str(row["rows"]), f"{row['in']} -> {row['out']}", fmt(row["compiled_us"]), fmt(row["int_mm_us"]),
-                            fmt(row["float32_us"]), fmt_ratio(row["int_mm_over_compiled"]))
+            kernels.add_row(*w8a8_cells(row))
         tables.append(kernels)
     return Group(*tables)
 

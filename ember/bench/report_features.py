@@ -161,16 +161,13 @@ def quant_markdown(section: dict | None, table: Table, image: Image) -> list[str
     lines.append("")
     if section.get("w8a8_kernels"):
         lines += ["W8A8 (SmoothQuant) product paths on this model's layer shapes, microseconds per call (median), same run: "
-                  "the compiled kernel, torch's `_int_mm` (both with per-token rounding and scaling), float32 `F.linear` for scale.", ""]
-        lines += table(["layer", "rows", "in -> out", "compiled", "torch _int_mm", "float32 F.linear", "_int_mm / compiled"],
-                       [[r["layer"], str(r["rows"]), f"{r['in']} -> {r['out']}", _us(r["compiled_us"]), _us(r["int_mm_us"]),
-                         _us(r["float32_us"]), _ratio(r["int_mm_over_compiled"])] for r in section["w8a8_kernels"]])
+                  "the compiled kernel, the plain-torch fallback (exact float32 GEMM on codes), torch's `_int_mm` (each with "
+                  "per-token rounding and scaling), float32 `F.linear` for scale.", ""]
+        from ember.bench.w8a8_kernels import COLUMNS, table_cells
+
+        lines += table(list(COLUMNS), [table_cells(r) for r in section["w8a8_kernels"]])
         lines.append("")
     return lines
-
-
-def _us(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}"
 
 
 # -- parallel --------------------------------------------------------------------------------------

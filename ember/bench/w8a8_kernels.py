@@ -1,10 +1,11 @@
-"""W8A8 product paths timed on one model's layer shapes: the compiled kernel against torch's `_int_mm`.
+"""W8A8 product paths timed on one model's layer shapes: the compiled kernel against torch's.
 
 Each shape (token rows m, layer in -> out) times the whole W8A8 product (per-token rounding,
-int32 sums, scaling) through the compiled kernel (ember.quant.w8a8_kernels) and through the
-plain-torch path (`torch._int_mm`), plus torch's float32 `F.linear` on the dequantized weight
-for scale, in the same run: medians of `repeats` timed groups. The W8A8 layer sends up to
-`COMPILED_MAX_ROWS` rows to the compiled kernel; this table is the evidence for that limit.
+integer sums, scaling) through the compiled kernel (ember.quant.w8a8_kernels), the plain-torch
+path (exact float32 GEMM on codes in column chunks: the fallback) and `torch._int_mm` (int32
+accumulation), plus torch's float32 `F.linear` on the dequantized weight for scale, in the same
+run: medians of `repeats` timed groups. The W8A8 layer picks the fastest path it has from this
+table: the compiled kernel at every shape measured here, else the plain-torch path.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 DEFAULT_ROWS = (1, 4, 8, 16, 64)
+COLUMNS = ("layer", "rows", "in -> out", "compiled", "plain torch", "torch _int_mm", "float32 F.linear", "plain torch / compiled",
+           "_int_mm / compiled")
 
 
 def layer_shapes(model: str) -> dict[str, tuple[int, int]]:
@@ -36,7 +39,7 @@ def layer_shapes(model: str) -> dict[str, tuple[int, int]]:
 
 
 def bench_w8a8_kernels(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...] = DEFAULT_ROWS, repeats: int = 5) -> list[dict]:
-    """One row per (layer, m): microseconds per product of each path, and int_mm / compiled."""
+    """One row per (layer, m): microseconds per product of each path, and each torch path's time over the compiled one's."""
     from ember.quant.int8_channel import quantize_weight, w8a8_linear_torch
     from ember.quant.w8a8_kernels import load_w8a8_kernels
 
@@ -48,14 +51,25 @@ def bench_w8a8_kernels(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]
         dense = weight.dequantize()
         for m in rows:
             x = torch.randn(m, cols, generator=generator)
-            int_mm_us = _median_us(functools.partial(w8a8_linear_torch, x, weight, None), repeats)
-            compiled_us = _median_us(functools.partial(kernels.linear, x, weight, None), repeats) if kernels is not None else None
-            float_us = _median_us(functools.partial(F.linear, x, dense), repeats)
-            results.append({
-                "layer": name, "rows": m, "in": cols, "out": out, "compiled_us": compiled_us, "int_mm_us": int_mm_us,
-                "float32_us": float_us, "int_mm_over_compiled": int_mm_us / compiled_us if compiled_us else None,
-            })
+            timed = {
+                "compiled_us": _median_us(functools.partial(kernels.linear, x, weight, None), repeats) if kernels is not None else None,
+                "torch_us": _median_us(functools.partial(w8a8_linear_torch, x, weight, None), repeats),
+                "int_mm_us": _median_us(functools.partial(_w8a8_int_mm, x, weight), repeats),
+                "float32_us": _median_us(functools.partial(F.linear, x, dense), repeats),
+            }
+            compiled = timed["compiled_us"]
+            results.append({"layer": name, "rows": m, "in": cols, "out": out, **timed,
+                            "torch_over_compiled": timed["torch_us"] / compiled if compiled else None,
+                            "int_mm_over_compiled": timed["int_mm_us"] / compiled if compiled else None})
     return results
+
+
+def _w8a8_int_mm(x: torch.Tensor, weight) -> torch.Tensor:
+    """The W8A8 product with `torch._int_mm` for the integer sums."""
+    from ember.quant.int8_channel import int8_products_int_mm, quantize_tokens, scale_products
+
+    x_codes, x_scales = quantize_tokens(x)
+    return scale_products(int8_products_int_mm(x_codes, weight.codes), x_scales, weight.scales, None)
 
 
 def _median_us(call: Callable[[], object], repeats: int, calls_per_group: int = 20) -> float:
@@ -67,3 +81,11 @@ def _median_us(call: Callable[[], object], repeats: int, calls_per_group: int = 
             call()
         groups.append((time.perf_counter() - start) / calls_per_group * 1e6)
     return statistics.median(groups)
+
+
+def table_cells(row: dict) -> list[str]:
+    """One row of the timings as table cells (COLUMNS): microseconds and ratios."""
+    from ember.bench.report import fmt, fmt_ratio
+
+    return [row["layer"], str(row["rows"]), f"{row['in']} -> {row['out']}", fmt(row["compiled_us"]), fmt(row["torch_us"]),
+            fmt(row["int_mm_us"]), fmt(row["float32_us"]), fmt_ratio(row["torch_over_compiled"]), fmt_ratio(row["int_mm_over_compiled"])]

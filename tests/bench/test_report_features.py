@@ -172,8 +172,8 @@ def test_bad_feature_sizes_and_unknown_sections_say_what_to_do():
 
 
 def test_the_quant_section_shows_the_w8a8_product_timings_when_it_has_them():
-    timings = [{"layer": "qkv", "rows": 1, "in": 576, "out": 960, "compiled_us": 20.0, "int_mm_us": 50.0, "float32_us": 60.0,
-                "int_mm_over_compiled": 2.5}]
+    timings = [{"layer": "qkv", "rows": 1, "in": 576, "out": 960, "compiled_us": 20.0, "torch_us": 30.0, "int_mm_us": 50.0,
+                "float32_us": 60.0, "torch_over_compiled": 1.5, "int_mm_over_compiled": 2.5}]
     text = report.render_markdown(dict(feature_results(), quant=dict(quant_section(), w8a8_kernels=timings)))
-    assert "| qkv | 1 | 576 -> 960 | 20.0 | 50.0 | 60.0 | 2.50x |" in text
+    assert "| qkv | 1 | 576 -> 960 | 20.0 | 30.0 | 50.0 | 60.0 | 1.50x | 2.50x |" in text
     assert "W8A8 (SmoothQuant) product paths" not in report.render_markdown(feature_results())

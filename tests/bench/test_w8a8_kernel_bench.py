@@ -13,4 +13,4 @@ def test_each_layer_and_row_count_gets_a_row_with_every_path_timed(tmp_path):
     rows = bench_w8a8_kernels({"down": shapes["down"]}, rows=(1, 9), repeats=1)
     assert [(r["layer"], r["rows"], r["in"], r["out"]) for r in rows] == [("down", 1, 128, 64), ("down", 9, 128, 64)]
     has_kernel = load_w8a8_kernels() is not None
-    assert all((r["compiled_us"] is not None) == has_kernel and r["int_mm_us"] > 0 and r["float32_us"] > 0 for r in rows)
+    assert all((r["compiled_us"] is not None) == has_kernel and min(r["torch_us"], r["int_mm_us"], r["float32_us"]) > 0 for r in rows)
