@@ -72,8 +72,11 @@ def _w8a8_int_mm(x: torch.Tensor, weight) -> torch.Tensor:
     return scale_products(int8_products_int_mm(x_codes, weight.codes), x_scales, weight.scales, None)
 
 
-def _median_us(call: Callable[[], object], repeats: int, calls_per_group: int = 20) -> float:
-    call()  # warm-up (first-use builds, allocator)
+def _median_us(call: Callable[[], object], repeats: int, group_s: float = 0.02) -> float:
+    """Median microseconds per call over `repeats` groups of about `group_s` seconds each (at least one call)."""
+    start = time.perf_counter()
+    call()  # warm-up (first-use builds, allocator), which also sizes the groups
+    calls_per_group = max(1, min(50, int(group_s / max(time.perf_counter() - start, 1e-6))))
     groups = []
     for _ in range(repeats):
         start = time.perf_counter()

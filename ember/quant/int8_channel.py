@@ -102,7 +102,7 @@ def int8_products(x_codes: torch.Tensor, w_codes: torch.Tensor) -> torch.Tensor:
     Each product of codes is an integer of magnitude <= 127^2, so a float32 sum of up to
     EXACT_FLOAT_COLUMNS of them never leaves the integers float32 holds exactly (< 2^24), in any
     summation order; the column chunks' sums are then added in int32. On CPUs without int8 GEMM
-    kernels this is far faster than `torch._int_mm` (ember bench quant's W8A8 table)."""
+    kernels this is 2-20x faster than `torch._int_mm` (ember bench quant's W8A8 table)."""
     out = torch.zeros(x_codes.shape[0], w_codes.shape[0], dtype=torch.int32)
     for start in range(0, x_codes.shape[1], EXACT_FLOAT_COLUMNS):
         stop = start + EXACT_FLOAT_COLUMNS

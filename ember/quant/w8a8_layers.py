@@ -4,8 +4,9 @@
 dicts never carry them). Each call rounds every token row of x to int8 with a scale of its own,
 sums code products exactly in integers and scales once (ember.quant.int8_channel states the
 arithmetic). Every shape goes through the compiled kernel, which streams the int8 weight once
-per 8 token rows: on this project's AVX2 machine it beat `torch._int_mm` 8-50x from 1 to 256 rows
-and the plain-torch path's float32 GEMM on codes as well (`ember bench quant`'s W8A8 table).
+per 8 token rows: on this project's AVX2 machine (`ember bench quant`'s W8A8 table, SmolLM2's
+shapes) it beat `torch._int_mm` 4-70x from 1 to 256 rows, and the plain-torch path (float32 GEMM
+on the codes) 2-20x up to 16 rows; at 64 rows the two were within noise (0.8-1.2x).
 With EMBER_PURE_TORCH=1 or no compiler, the plain-torch path (exact float32 sums of codes in
 chunks) takes every shape; both give the same bits, so a token's result does not depend on the path.
 """
