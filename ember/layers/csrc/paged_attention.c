@@ -44,14 +44,20 @@ static inline float bf16_to_f32(uint16_t value) {
     return converted.number;
 }
 
-/* float8 e4m3 (OCP, "fn": no infinities, S.1111.111 is NaN) -> float32, as a constant table:
-   exponent field e > 0 gives (8 + m) * 2^(e - 10), e = 0 the subnormals m * 2^-9. */
-#define E4M3(b) ((((b) & 0x80) ? -1.0f : 1.0f) * ((((b) & 0x7F) == 0x7F) ? NAN : \
-    (float)((((b) >> 3) & 15) == 0 ? 2 * ((b) & 7) : (8 + ((b) & 7)) << (((b) >> 3) & 15)) / 1024.0f))
-#define E4M3_4(b) E4M3(b), E4M3((b) + 1), E4M3((b) + 2), E4M3((b) + 3)
-#define E4M3_16(b) E4M3_4(b), E4M3_4((b) + 4), E4M3_4((b) + 8), E4M3_4((b) + 12)
-#define E4M3_64(b) E4M3_16(b), E4M3_16((b) + 16), E4M3_16((b) + 32), E4M3_16((b) + 48)
-static const float e4m3_values[256] = {E4M3_64(0), E4M3_64(64), E4M3_64(128), E4M3_64(192)};
+/* float8 e4m3 (OCP, "fn": no infinities, S.1111.111 is NaN) -> float32 in integer steps the compiler
+   vectorizes: exponent field e > 0 is a normal float32 (exponent rebiased from 7 to 127, mantissa
+   shifted up), e = 0 the subnormals m * 2^-9 (an exact int -> float conversion, no float32
+   subnormal arithmetic, so flush-to-zero modes cannot touch it). */
+static inline float e4m3_to_f32(uint8_t code) {
+    const uint32_t sign = (uint32_t)(code & 0x80u) << 24, magnitude = code & 0x7Fu;
+    union { float number; uint32_t bits; } subnormal = {(float)(int32_t)(magnitude & 7u) * 0x1p-9f};
+    const uint32_t is_normal = 0u - (uint32_t)(magnitude >= 8u), is_nan = 0u - (uint32_t)(magnitude == 0x7Fu);
+    const uint32_t normal = (magnitude << 20) + (120u << 23);
+    /* selects as masks, not branches: the widening loop vectorizes */
+    union { uint32_t bits; float number; } out = {sign | (((normal & is_normal) | (subnormal.bits & ~is_normal)) & ~is_nan)
+                                                  | (0x7FC00000u & is_nan)};
+    return out.number;
+}
 
 /* Rows [first, first + count) of one block for one kv head, as float32 pointers (widened into buf). */
 static const float *block_rows(const attention_args *a, const void *base, int64_t block, int64_t first,
@@ -61,7 +67,7 @@ static const float *block_rows(const attention_args *a, const void *base, int64_
     if (a->cache_format == CACHE_E4M3) {
         const uint8_t *src = (const uint8_t *)base + start;
         for (int64_t t = 0; t < count; t++)
-            for (int64_t d = 0; d < dim; d++) buf[t * a->token_stride + d] = e4m3_values[src[t * a->token_stride + d]];
+            for (int64_t d = 0; d < dim; d++) buf[t * a->token_stride + d] = e4m3_to_f32(src[t * a->token_stride + d]);
         return buf;
     }
     const uint16_t *src = (const uint16_t *)base + start;
