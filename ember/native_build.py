@@ -74,13 +74,15 @@ def build_shared_library(name: str, source: str, flags: tuple[str, ...] = ("-O2"
 
 PURE_TORCH_ENV = "EMBER_PURE_TORCH"  # set: every compiled CPU kernel is off, torch runs the model
 CPU_KERNEL_FLAGS = ("-O3", "-march=native", "-fopenmp")
+# For kernels whose result must not depend on the compiler fusing a multiply and an add (exact references).
+EXACT_CPU_KERNEL_FLAGS = (*CPU_KERNEL_FLAGS, "-ffp-contract=off")
 
 
-def load_cpu_kernels(name: str, source_path: Path) -> ctypes.CDLL | None:
-    """The CPU kernel library built from `source_path`, loaded; None when off or unavailable."""
+def load_cpu_kernels(name: str, source_path: Path, flags: tuple[str, ...] = CPU_KERNEL_FLAGS) -> ctypes.CDLL | None:
+    """The CPU kernel library built from `source_path` with `flags`, loaded; None when off or unavailable."""
     if os.environ.get(PURE_TORCH_ENV):
         return None
-    path = build_shared_library(name, source_path.read_text(), CPU_KERNEL_FLAGS)
+    path = build_shared_library(name, source_path.read_text(), flags)
     if path is None:
         return None
     try:

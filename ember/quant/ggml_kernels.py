@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
 import torch
 
+from ember.native_build import EXACT_CPU_KERNEL_FLAGS, load_cpu_kernels
 from ember.quant.ggml_blocks import GGMLTensor
 
 SOURCE_PATH = Path(__file__).with_name("ggml_source.c")
-PURE_TORCH_ENV = "EMBER_PURE_TORCH"
 MAX_GEMV_ROWS = 8  # the C kernel's MAX_M: the rows one pass over the weight computes
 # Up to this many rows a product runs as GEMV passes of MAX_GEMV_ROWS rows (each row the bits of a
 # one-row decode); beyond it dequantized tiles and torch.mm win. Measured on AVX2 (SmolLM2 Q4_1
@@ -95,28 +94,15 @@ class GGMLKernels:
         if not 1 <= m <= MAX_PASS_ROWS:
             raise ValueError(f"the GGML GEMV takes 1 to {MAX_PASS_ROWS} rows, got {m}")
         out = torch.empty(m, rows, dtype=torch.float32)
-        bias_pointer = None if bias is None else bias.data_ptr()
-        for start in range(0, m, MAX_GEMV_ROWS):  # one pass over the weight per MAX_GEMV_ROWS rows
-            count = min(MAX_GEMV_ROWS, m - start)
-            status = self._gemv(type_id, x[start].data_ptr(), blocks.data_ptr(), bias_pointer, out[start].data_ptr(),
-                                count, rows, cols, path_index)
-            if status != 0:
-                raise ValueError(f"the GGML GEMV failed on {count} rows (status {status})")
+        status = self._gemv(type_id, x.data_ptr(), blocks.data_ptr(), None if bias is None else bias.data_ptr(),
+                            out.data_ptr(), m, rows, cols, path_index)
+        if status != 0:
+            raise ValueError(f"the GGML GEMV failed on {m} rows (status {status})")
         return out
 
 
 @functools.cache
 def load_kernels() -> GGMLKernels | None:
     """The kernels, built and loaded once per process; None when unavailable."""
-    if os.environ.get(PURE_TORCH_ENV):
-        return None
-    from ember.native_build import build_shared_library
-
-    flags = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
-    path = build_shared_library("ember_ggml", SOURCE_PATH.read_text(), flags)
-    if path is None:
-        return None
-    try:
-        return GGMLKernels(ctypes.CDLL(str(path)))
-    except OSError:
-        return None
+    library = load_cpu_kernels("ember_ggml", SOURCE_PATH, EXACT_CPU_KERNEL_FLAGS)
+    return None if library is None else GGMLKernels(library)

@@ -5,7 +5,7 @@
  * Two entry points, both parallel over weight rows on the OpenMP runtime:
  *   ember_ggml_dequantize: rows of blocks -> float32, bit-exact with the `gguf` package (the
  *     file is built with -ffp-contract=off so `d * q - m` is never fused into one rounding);
- *   ember_ggml_gemv: y[i, n] = sum_j x[i, j] * w[n, j] for a few float32 rows x, the weights
+ *   ember_ggml_gemv: y[i, n] = sum_j x[i, j] * w[n, j] for float32 rows x (MAX_M per pass over the weights), the weights
  *     decoded in registers, on one of three paths:
  *     PATH_INT8 (the default where AVX2 exists): x is first quantized to int8 per 32 values
  *       (d = max|x| / 127, q = round-half-even(x / d), as llama.cpp's Q8 activation blocks), then
@@ -539,11 +539,9 @@ static int row_dot_rows(int type, int path, const uint8_t *row, const float *x, 
     return 0;
 }
 
-/* y[m, rows] = x[m, cols] . w[rows, cols]^T (+ bias) on `path`; m <= MAX_M.
- * Returns 0; -1 if m is out of range, -2 if memory ran out, -3 if this build lacks the path, -4 if the type lacks it. */
-int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bias, float *y, int64_t m, int64_t rows,
-                    int64_t cols, int path) {
-    if (m > MAX_M || m < 1) return -1;
+/* One pass over the weight: y[m, rows] = x[m, cols] . w[rows, cols]^T (+ bias), 1 <= m <= MAX_M. */
+static int gemv_pass(int type, const float *x, const uint8_t *w, const float *bias, float *y, int64_t m, int64_t rows,
+                     int64_t cols, int path) {
     if (path == PATH_INT8 && (type == NF4 || type == FP8)) return -4; /* no integer path for float codes */
 #ifndef __AVX2__
     if (path != PATH_PORTABLE) return -3;
@@ -576,6 +574,21 @@ int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bia
     return 0;
 }
 
+/* y[m, rows] = x[m, cols] . w[rows, cols]^T (+ bias) on `path`, any m >= 1: MAX_M rows per pass over the
+ * weight, so every row gets the arithmetic of a decode step whatever the batch (the int8 path rounds each
+ * row on its own). Returns 0; -1 if m < 1, -2 if memory ran out, -3 if this build lacks the path, -4 if
+ * the type lacks it. */
+int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bias, float *y, int64_t m, int64_t rows,
+                    int64_t cols, int path) {
+    if (m < 1) return -1;
+    for (int64_t start = 0; start < m; start += MAX_M) {
+        int64_t count = m - start < MAX_M ? m - start : MAX_M;
+        int status = gemv_pass(type, x + start * cols, w, bias, y + start * rows, count, rows, cols, path);
+        if (status != 0) return status;
+    }
+    return 0;
+}
+
 /* A GGML weight as the compiled decoder layer's product pointer sees it (ember/layers/csrc/decoder_layer.c
  * calls products as gemm_fn(x, weight, bias, y, m, n, k)). */
 typedef struct {
@@ -583,14 +596,10 @@ typedef struct {
     const uint8_t *blocks;
 } ggml_weight;
 
-/* y[m, n] = x[m, k] . W^T (+ bias) with gemm_fn's signature, any m: MAX_M rows at a time, so every row gets
- * the arithmetic of a decode step whatever the batch (the int8 path rounds each row on its own). */
+/* y[m, n] = x[m, k] . W^T (+ bias) with gemm_fn's signature: `ember_ggml_gemv` on the weight's type and path. */
 void ember_ggml_linear(const float *x, const void *weight, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
     const ggml_weight *w = (const ggml_weight *)weight;
-    for (int64_t start = 0; start < m; start += MAX_M) {
-        int64_t rows = m - start < MAX_M ? m - start : MAX_M;
-        ember_ggml_gemv(w->type, x + start * k, w->blocks, bias, y + start * n, rows, n, k, w->path);
-    }
+    ember_ggml_gemv(w->type, x, w->blocks, bias, y, m, n, k, w->path);
 }
 
 /* Bit mask of the paths this build has: 1 << PATH_INT8 | 1 << PATH_FLOAT | 1 << PATH_PORTABLE. */

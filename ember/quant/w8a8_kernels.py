@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
 import torch
 
+from ember.native_build import EXACT_CPU_KERNEL_FLAGS, load_cpu_kernels
 from ember.quant.int8_channel import Int8ChannelTensor
 
 SOURCE_PATH = Path(__file__).with_name("w8a8_source.c")
-PURE_TORCH_ENV = "EMBER_PURE_TORCH"
 KERNEL_ROWS = 8  # MAX_M in the C source: token rows per pass over the weight
 
 
@@ -70,14 +69,5 @@ class W8A8Kernels:
 @functools.cache
 def load_w8a8_kernels() -> W8A8Kernels | None:
     """The kernels, built and loaded once per process; None when unavailable or turned off."""
-    if os.environ.get(PURE_TORCH_ENV):
-        return None
-    from ember.native_build import build_shared_library
-
-    path = build_shared_library("ember_w8a8", SOURCE_PATH.read_text(), ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off"))
-    if path is None:
-        return None
-    try:
-        return W8A8Kernels(ctypes.CDLL(str(path)))
-    except OSError:
-        return None
+    library = load_cpu_kernels("ember_w8a8", SOURCE_PATH, EXACT_CPU_KERNEL_FLAGS)
+    return None if library is None else W8A8Kernels(library)

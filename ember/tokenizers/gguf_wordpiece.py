@@ -20,27 +20,12 @@ import unicodedata
 from collections.abc import Sequence
 
 from ember.tokenizers.base import Tokenizer, replace_lone_surrogates
+from ember.tokenizers.hf_normalizers import is_cjk, is_white_space
 from ember.tokenizers.piece_cache import PieceCache
 from ember.tokenizers.pieces import PieceKind
 from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
 
 WORD_START = "\u2581"
-# Unicode White_Space, as llama.cpp's table lists it.
-WHITESPACE = frozenset(
-    [*map(chr, range(0x09, 0x0E)), *map(chr, range(0x2000, 0x200B))]
-    + [" ", "\x85", "\xa0", "\u1680", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"]
-)
-# The CJK ideograph blocks BERT splits into single characters (HF's table, as llama.cpp's).
-CJK_RANGES = (
-    (0x4E00, 0x9FFF),
-    (0x3400, 0x4DBF),
-    (0x20000, 0x2A6DF),
-    (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F),
-    (0x2B920, 0x2CEAF),
-    (0xF900, 0xFAFF),
-    (0x2F800, 0x2FA1F),
-)
 CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs"})
 
 
@@ -61,7 +46,7 @@ class _CharRules(dict):
     def _rule(self, char: str) -> str:
         if self.strip_accents:
             char = unicodedata.normalize("NFD", char)[0]
-        if char in WHITESPACE:
+        if is_white_space(char):  # Unicode White_Space, the same table as llama.cpp's
             return " "
         category = unicodedata.category(char)
         if char in "\x00\ufffd" or category in CONTROL_CATEGORIES:
@@ -69,9 +54,7 @@ class _CharRules(dict):
         if self.strip_accents and category[0] == "M":
             return ""
         out = char.lower()[0] if self.lowercase else char  # simple mapping: İ -> i
-        code = ord(char)
-        is_cjk = any(low <= code <= high for low, high in CJK_RANGES)
-        if category[0] == "P" or (code < 0x7F and category[0] == "S") or is_cjk:
+        if category[0] == "P" or (ord(char) < 0x7F and category[0] == "S") or is_cjk(char):
             return f" {out} "
         return out
 
