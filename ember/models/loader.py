@@ -28,11 +28,14 @@ from ember.models.packing import PackingPlan
 from ember.quant.checkpoint import read_block_tensors
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
+from ember.quant.hf_quantized import hf_quantization, read_hf_quantized
 from ember.quant.int8_channel import Int8ChannelTensor
+from ember.quant.zero_point import ZeroPointTensor
 
 if TYPE_CHECKING:
     from ember.parallel.sharding import ModelShard
 
+Quantized = GGMLTensor | Int8ChannelTensor | ZeroPointTensor
 # A split model's rank: the whole model's config -> what this rank holds (ember.parallel.modes.shard_factory).
 ShardFactory = Callable[[ModelConfig], "ModelShard"]
 
@@ -73,9 +76,15 @@ def load_model(
         raise FileNotFoundError(f"model path {path} does not exist; give a file, a folder or a registered name")
     if is_hf_folder(path):
         config = read_hf_config(path)
+        layout = hf_quantization(path)  # GPTQ / AWQ: quantization_config in config.json
         shard = shard_for(config) if shard_for is not None else None
         if shard is None:
-            tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor | Int8ChannelTensor]] = read_block_tensors(path, iter_hf_tensors(path))
+            tensors: Iterable[tuple[str, torch.Tensor | Quantized]] = read_block_tensors(path, iter_hf_tensors(path))
+            if layout is not None:
+                tensors = read_hf_quantized(layout, tensors)
+        elif layout is not None:
+            raise ValueError(f"{path} is a {layout.method.upper()} checkpoint, which ember loads in one process: "
+                             "drop --tensor-parallel-size / --pipeline-parallel-size")
         else:  # a rank reads float slices (quantized parallel layers are not there yet)
             tensors = iter_hf_tensors(path, _selector(shard), shard.holds)
         return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress, shard=shard)
@@ -100,7 +109,7 @@ def load_model(
 
 def _build(
     config: ModelConfig,
-    tensors: Iterable[tuple[str, torch.Tensor | GGMLTensor | Int8ChannelTensor]],
+    tensors: Iterable[tuple[str, torch.Tensor | Quantized]],
     dtype: str,
     tokenizer_path: Path | None,
     fmt: str,
@@ -117,7 +126,7 @@ def _build(
     expected = dict(model.state_dict())
     is_derived = getattr(model, "is_derived_tensor", lambda name: name.endswith("rotary_emb.inv_freq"))
     state: dict[str, torch.Tensor] = {}
-    blocks: dict[str, GGMLTensor | Int8ChannelTensor] = {}  # weights kept quantized, swapped into quantized layers below
+    blocks: dict[str, Quantized] = {}  # weights kept quantized, swapped into quantized layers below
     packing = PackingPlan.for_model(model, set(expected))
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task("loading weights", total=total)
@@ -136,7 +145,7 @@ def _build(
                 raise ValueError(f"checkpoint tensor {name!r} does not belong to a {config.architecture} model")
             if tuple(tensor.shape) != tuple(expected[name].shape):
                 raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
-            if isinstance(tensor, (GGMLTensor, Int8ChannelTensor)):
+            if isinstance(tensor, (GGMLTensor, Int8ChannelTensor, ZeroPointTensor)):
                 if dtype == AUTO_DTYPE and _holds_blocks(model, name):
                     blocks[name] = tensor
                     continue

@@ -3,7 +3,7 @@
 A module declares `packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}`; the loader
 concatenates the checkpoint's parts along the output dimension, in that order. Fewer, larger
 matrix products are what makes a CPU step fast. Parts in one GGML block format stay in blocks
-(rows of blocks concatenate), so do W8A8 int8 rows; parts in mixed formats are fused as float32.
+(rows of blocks concatenate), so do W8A8 int8 rows and GPTQ / AWQ groups; parts in mixed formats are fused as float32.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from torch import nn
 
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.int8_channel import Int8ChannelTensor
+from ember.quant.zero_point import ZeroPointTensor
 
-QuantizedPart = GGMLTensor | Int8ChannelTensor
+QuantizedPart = GGMLTensor | Int8ChannelTensor | ZeroPointTensor
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,11 @@ class PackingPlan:
 
 def _concat_rows(parts: list[torch.Tensor | QuantizedPart]) -> torch.Tensor | QuantizedPart:
     """Parts stacked along the output dimension: rows of blocks when every part shares one GGML format
-    (or W8A8 int8 rows when every part is), else float."""
+    (or W8A8 int8 rows when every part is, or GPTQ / AWQ groups sharing their column order), else float."""
     if all(isinstance(p, Int8ChannelTensor) for p in parts):
         return Int8ChannelTensor.concat(parts)
+    if all(isinstance(p, ZeroPointTensor) for p in parts) and ZeroPointTensor.fusable(parts):
+        return ZeroPointTensor.concat(parts)
     if all(isinstance(p, GGMLTensor) for p in parts):
         first = parts[0]
         if all(p.format == first.format and p.cols == first.cols for p in parts):

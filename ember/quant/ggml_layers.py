@@ -27,6 +27,7 @@ from ember.quant.ggml_blocks import GGMLTensor, dequantize_torch
 from ember.quant.ggml_kernels import GEMV_PATHS, MAX_PASS_ROWS, GGMLWeightPointer, load_kernels
 from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.w8a8_layers import W8A8Linear
+from ember.quant.zero_point import ZeroPointTensor
 
 TILE_VALUES = 1 << 22  # dequantize at most 4M values (16 MB of float32) at a time in the many-row path
 ACTIVATIONS = QUANT_ACTIVATIONS  # "int8", "float32": EngineConfig.quant_activations picks one per engine
@@ -121,6 +122,40 @@ class GGMLLinear(nn.Module):
                 f"activations={self.activations}, bias={self.bias is not None}")
 
 
+class ZeroPointLinear(GGMLLinear):
+    """A GPTQ / AWQ weight (ember.quant.zero_point): x's columns gathered into the blocks' order, the blocks'
+    product, plus each group's sum of x times the group's offsets. Runs on the Python path (the compiled
+    decoder layer calls bare products, which would skip the extra terms)."""
+
+    def __init__(self, weight: ZeroPointTensor, bias: nn.Parameter | None = None, activations: str = "int8") -> None:
+        super().__init__(weight.blocks, bias, activations)
+        self.num_groups = 0 if weight.offsets is None else weight.offsets.shape[1]
+        self.register_buffer("offsets", weight.offsets, persistent=False)
+        self.register_buffer("column_groups", weight.column_groups, persistent=False)
+        self.register_buffer("input_order", weight.input_order, persistent=False)
+
+    @property
+    def weight_tensor(self) -> ZeroPointTensor:
+        return ZeroPointTensor(self.weight_blocks, self.offsets, self.column_groups, self.input_order)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if self.input_order is not None:
+            flat = flat.index_select(1, self.input_order)
+        out = super().forward(flat).float()
+        if self.offsets is not None:
+            group_sums = torch.zeros(flat.shape[0], self.num_groups).index_add_(1, self.column_groups, flat.float())
+            out = out + group_sums @ self.offsets.t()
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def compiled_product(self) -> CompiledProduct | None:
+        return None
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, groups={self.num_groups}, reordered={self.input_order is not None}"
+
+
 class GGMLEmbedding(nn.Module):
     """Token embedding over GGML blocks: the looked-up rows are dequantized, the table never is."""
 
@@ -175,16 +210,23 @@ def can_hold_blocks(module: nn.Module) -> bool:
     return isinstance(module, (nn.Linear, nn.Embedding))
 
 
-def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | Int8ChannelTensor]) -> None:
-    """Swap each `<module>.weight` named in `weights` for a layer over its blocks (or W8A8 int8 rows); a linear keeps its bias."""
+def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | Int8ChannelTensor | ZeroPointTensor]) -> None:
+    """Swap each `<module>.weight` named in `weights` for a layer over its blocks (or W8A8 int8 rows, or GPTQ / AWQ
+    groups with zero points); a linear keeps its bias."""
     for name, weight in weights.items():
         module_path = name.removesuffix(".weight")
         parent_path, _, child = module_path.rpartition(".")
         old = model.get_submodule(module_path)
-        if isinstance(weight, Int8ChannelTensor):
+        if isinstance(weight, ZeroPointTensor):
+            weight = weight.simplified()
+        if isinstance(weight, ZeroPointTensor):
+            if not isinstance(old, nn.Linear):
+                raise ValueError(f"{module_path} is a {type(old).__name__}; GPTQ / AWQ weights run only in linear layers: load with --dtype float32")
+            new: nn.Module = ZeroPointLinear(weight, old.bias, activations=activations_for(module_path, "int8"))
+        elif isinstance(weight, Int8ChannelTensor):
             if not isinstance(old, nn.Linear):
                 raise ValueError(f"{module_path} is a {type(old).__name__}; W8A8 rows run only in linear layers: load with --dtype float32")
-            new: nn.Module = W8A8Linear(weight, old.bias)
+            new = W8A8Linear(weight, old.bias)
         elif isinstance(old, nn.Linear):
             new = GGMLLinear(weight, old.bias, activations=activations_for(module_path, "int8"))
         elif isinstance(old, nn.Embedding):

@@ -1,0 +1,193 @@
+"""HF checkpoints quantized by AutoGPTQ / GPTQModel or AutoAWQ, read into ember's quantized layers.
+
+transformers finds these by `quantization_config` in config.json. Each quantized linear `<m>` is stored as
+`<m>.qweight`, `<m>.qzeros`, `<m>.scales` (and for GPTQ `<m>.g_idx`) instead of `<m>.weight`; the value
+of weight[o, i] is scales[g, o] * (q[o, i] - z[g, o]) with g = g_idx[i] (AWQ: g = i // group_size).
+
+- GPTQ (`quant_method: "gptq"`, bits 4 or 8): qweight int32 [in * bits / 32, out], packed along the
+  input dimension, value k of a word in bits [bits*k, bits*(k+1)) (lowest first); qzeros int32
+  [groups, out * bits / 32] packed the same way along the output dimension; scales float16 [groups, out];
+  g_idx int32 [in] (any order with `desc_act`). `checkpoint_format` "gptq" (v1, the default) stores z - 1
+  (the reader adds 1, as AutoGPTQ's kernels do), "gptq_v2" stores z.
+- AWQ GEMM (`quant_method: "awq"`, `version: "gemm"`, 4 bits): qweight int32 [in, out / 8], packed along
+  the output dimension with the interleaved order AWQ_ORDER (the value of output column 8c + AWQ_ORDER[k]
+  in bits [4k, 4k+4) of word c); qzeros int32 [groups, out / 8] the same way; scales float16 [groups, out].
+
+Each weight becomes a `ZeroPointTensor` (ember.quant.zero_point: Q4_0 / Q8_0 blocks plus exact
+zero-point offsets). Where groups do not cover whole 32-value blocks the weight loads as float32 (exact)
+and a warning says so. Layouts ember does not read raise an error naming what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ember.quant.ggml_blocks import GGMLTensor
+from ember.quant.grid import BLOCK, BlockGrid
+from ember.quant.zero_point import ZeroPointTensor
+
+logger = logging.getLogger(__name__)
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # word position k holds output column 8c + AWQ_ORDER[k]
+AWQ_UNORDER = tuple(AWQ_ORDER.index(column) for column in range(8))  # output column j sits at position AWQ_UNORDER[j]
+GPTQ_FORMATS = {"gptq": 1, "gptq_v2": 0}  # checkpoint_format -> what is added to a stored zero point
+GPTQ_BITS = (4, 8)
+PARTS = ("qweight", "qzeros", "scales", "g_idx")
+REQUIRED_PARTS = PARTS[:3]  # g_idx is optional: without it, groups run in column order
+REQUANTIZE = "or load the float model and run `ember quantize --method {method} --bits 4`"
+
+
+@dataclass(frozen=True)
+class HFQuantization:
+    """The part of `quantization_config` that says how the tensors are laid out."""
+
+    method: str  # "gptq" or "awq"
+    bits: int
+    group_size: int  # -1: one group per row
+    zero_offset: int  # added to every stored zero point (GPTQ v1: 1)
+
+    @classmethod
+    def from_config(cls, config: dict) -> HFQuantization:
+        """Validate a `quantization_config` dict; every layout ember cannot run raises with the fix."""
+        method = str(config.get("quant_method", "")).lower()
+        if method == "gptq":
+            return cls._gptq(config)
+        if method == "awq":
+            return cls._awq(config)
+        raise ValueError(f"quantization_config quant_method {config.get('quant_method')!r} is not a layout ember reads; ember loads "
+                         "AutoGPTQ / GPTQModel ('gptq') and AutoAWQ GEMM ('awq') checkpoints and GGUF files: convert it to one of "
+                         "those, or load a float checkpoint")
+
+    @classmethod
+    def _gptq(cls, config: dict) -> HFQuantization:
+        checkpoint_format = str(config.get("checkpoint_format") or "gptq").lower()
+        if config.get("is_marlin_format") or checkpoint_format not in GPTQ_FORMATS:
+            name = "marlin" if config.get("is_marlin_format") else checkpoint_format
+            raise ValueError(f"GPTQ checkpoint_format {name!r} repacks the weights for one GPU kernel; ember reads 'gptq' and 'gptq_v2': "
+                             f"save the model again in the 'gptq' format (GPTQModel: format='gptq'), {REQUANTIZE.format(method='gptq')}")
+        bits = config.get("bits")
+        if bits not in GPTQ_BITS:
+            raise ValueError(f"GPTQ bits {bits} cannot run in ember's block kernels (4 or 8 bits): load the float model with "
+                             f"transformers and save floats, {REQUANTIZE.format(method='gptq')}")
+        if str(config.get("pack_dtype") or "int32").removeprefix("torch.") != "int32":
+            raise ValueError(f"GPTQ pack_dtype {config.get('pack_dtype')!r}: ember reads int32 words; save the model again with "
+                             f"GPTQModel's pack_dtype=torch.int32, {REQUANTIZE.format(method='gptq')}")
+        if config.get("dynamic"):
+            raise ValueError("GPTQ 'dynamic' (per-module bits and group sizes) is not read by ember; quantize with one setting for "
+                             f"every module, {REQUANTIZE.format(method='gptq')}")
+        return cls("gptq", bits, _group_size(config), GPTQ_FORMATS[checkpoint_format])
+
+    @classmethod
+    def _awq(cls, config: dict) -> HFQuantization:
+        version = str(config.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise ValueError(f"AWQ version {version!r} packs the weights in another order; ember reads the GEMM layout: export with "
+                             f"AutoAWQ version='GEMM', {REQUANTIZE.format(method='awq')}")
+        if config.get("bits", config.get("w_bit")) != 4:
+            raise ValueError(f"AWQ bits {config.get('bits', config.get('w_bit'))}: the GEMM layout ember reads is 4-bit; {REQUANTIZE.format(method='awq')}")
+        if not config.get("zero_point", True):
+            raise ValueError(f"AWQ without zero points is not read by ember; {REQUANTIZE.format(method='awq')}")
+        return cls("awq", 4, _group_size(config), 0)
+
+
+def _group_size(config: dict) -> int:
+    size = config.get("group_size", config.get("q_group_size"))
+    if not isinstance(size, int) or (size <= 0 and size != -1):
+        raise ValueError(f"quantization_config group_size {size!r} must be a positive integer or -1 (one group per row)")
+    return size
+
+
+def hf_quantization(folder: Path) -> HFQuantization | None:
+    """The folder's GPTQ / AWQ layout from config.json's `quantization_config`; None for a float checkpoint."""
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    quantization = config.get("quantization_config")
+    return None if quantization is None else HFQuantization.from_config(quantization)
+
+
+def read_hf_quantized(layout: HFQuantization, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor | ZeroPointTensor]]:
+    """The checkpoint's tensors with each quantized linear's parts gathered into `<module>.weight`."""
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors:
+        module, _, part = name.rpartition(".")
+        if part not in PARTS:
+            yield name, tensor
+            continue
+        parts = pending.setdefault(module, {})
+        parts[part] = tensor
+        if all(p in parts for p in REQUIRED_PARTS) and (layout.method == "awq" or "g_idx" in parts):
+            yield f"{module}.weight", quantized_weight(layout, pending.pop(module), module)
+    for module, parts in pending.items():  # GPTQ checkpoints without g_idx (groups in column order)
+        missing = [p for p in REQUIRED_PARTS if p not in parts]
+        if missing:
+            raise ValueError(f"checkpoint has {module}.{next(iter(parts))} but not {module}.{missing[0]}: the {layout.method.upper()} files are incomplete")
+        yield f"{module}.weight", quantized_weight(layout, parts, module)
+
+
+def quantized_weight(layout: HFQuantization, parts: dict[str, torch.Tensor], module: str) -> torch.Tensor | ZeroPointTensor:
+    """One linear's weight: a ZeroPointTensor, or float32 where its groups do not cover whole blocks."""
+    codes, zeros, scales = unpack(layout, parts, module)
+    rows, cols = codes.shape
+    group_size = layout.group_size if layout.group_size > 0 else cols
+    g_idx = parts.get("g_idx")
+    groups = torch.arange(cols, dtype=torch.int64) // group_size if g_idx is None else g_idx.to(torch.int64)
+    if tuple(groups.shape) != (cols,) or int(groups.min()) < 0 or int(groups.max()) >= scales.shape[0]:
+        raise ValueError(f"{module}.g_idx must hold {cols} group numbers in [0, {scales.shape[0]}): the checkpoint is damaged")
+    is_sorted = bool((groups[1:] >= groups[:-1]).all())
+    order = None if is_sorted else torch.argsort(groups, stable=True)
+    stored_groups = groups if order is None else groups[order]
+    if cols % BLOCK or not bool((stored_groups.reshape(-1, BLOCK) == stored_groups.reshape(-1, BLOCK)[:, :1]).all()):
+        logger.warning("%s: groups of %s columns do not cover whole %d-value blocks; this layer runs in float32", module, group_size, BLOCK)
+        return dequantize_reference(codes, zeros, scales, groups)
+    return _zero_point_tensor(layout.bits, codes, zeros, scales, stored_groups, order)
+
+
+def unpack(layout: HFQuantization, parts: dict[str, torch.Tensor], module: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes int32 [out, in], zero points int32 [groups, out], scales float16 [groups, out]) from the packed parts."""
+    qweight, qzeros, scales = parts["qweight"], parts["qzeros"], parts["scales"]
+    for part, tensor in (("qweight", qweight), ("qzeros", qzeros)):
+        if tensor.dtype != torch.int32 or tensor.dim() != 2:
+            raise ValueError(f"{module}.{part} must be int32 [.., ..], got {tensor.dtype} {tuple(tensor.shape)}: not a {layout.method.upper()} checkpoint ember reads")
+    if layout.method == "gptq":
+        codes = _unpack_words(qweight.t(), layout.bits)  # [out, in]
+        zeros = _unpack_words(qzeros, layout.bits) + layout.zero_offset
+    else:
+        codes = _unpack_words(qweight, layout.bits, AWQ_UNORDER).t()
+        zeros = _unpack_words(qzeros, layout.bits, AWQ_UNORDER)
+    if scales.dim() != 2 or tuple(zeros.shape) != tuple(scales.shape) or scales.shape[1] != codes.shape[0]:
+        raise ValueError(f"{module}: scales {tuple(scales.shape)} and qzeros (unpacked {tuple(zeros.shape)}) must both be [groups, "
+                         f"{codes.shape[0]}]: the checkpoint does not match its quantization_config (bits {layout.bits})")
+    return codes.contiguous(), zeros, scales.to(torch.float16)
+
+
+def _unpack_words(words: torch.Tensor, bits: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
+    """int32 [r, c] words, 32 / bits values each (lowest bits first) -> int32 [r, c * 32 / bits] along the last dim,
+    the values of each word taken at positions `order` (AWQ) or in position order."""
+    per_word = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    values = (words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # arithmetic shift; the mask drops the sign
+    if order is not None:
+        values = values[..., list(order)]
+    return values.reshape(words.shape[0], words.shape[1] * per_word)
+
+
+def dequantize_reference(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """float32 [out, in]: scales[g, o] * (codes[o, i] - zeros[g, o]) with g = groups[i] (exact in float32)."""
+    return scales.float()[groups].t() * (codes - zeros[groups].t()).float()
+
+
+def _zero_point_tensor(bits: int, codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, stored_groups: torch.Tensor,
+                       order: torch.Tensor | None) -> ZeroPointTensor:
+    center = 1 << (bits - 1)  # Q4_0 decodes d * (q - 8); Q8_0 holds q - 128 as int8
+    if order is not None:
+        codes = codes[:, order]
+    block_scales = scales[stored_groups[::BLOCK]].t().float()  # [out, blocks]: each block's group scale
+    stored_codes = codes if bits == 4 else codes - center
+    blocks: GGMLTensor = BlockGrid(bits, BLOCK, symmetric=True).to_blocks(stored_codes, block_scales, torch.zeros_like(block_scales))
+    offsets = (scales.float() * (center - zeros).float()).t().contiguous()  # [out, groups]
+    return ZeroPointTensor(blocks, None if not bool(offsets.any()) else offsets, stored_groups.contiguous(), order)
