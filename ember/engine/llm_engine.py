@@ -380,7 +380,7 @@ class LLMEngine:
         if spec.method == "ngram":
             from ember.engine.spec.ngram import NgramProposer
 
-            return Speculator(spec, NgramProposer(spec.ngram_max, spec.ngram_min), uses_model=False)
+            return Speculator(spec, NgramProposer(spec.ngram_max, spec.ngram_min))
         from ember.engine.spec.draft_model import DraftModelProposer
 
         assert spec.draft_model is not None  # SpeculativeConfig checked it
@@ -394,7 +394,7 @@ class LLMEngine:
         # An explicit cache dtype holds for the draft's cache too (same block count); "auto" follows the draft's dtype.
         cache_dtype = kv_cache_torch_dtype(self.config.cache.kv_cache_dtype)
         proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, generator, cache_dtype)
-        return Speculator(spec, proposer, uses_model=True)
+        return Speculator(spec, proposer)
 
     def _num_kv_blocks(self, config: ModelConfig) -> int:
         cache = self.config.cache

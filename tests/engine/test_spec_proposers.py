@@ -1,9 +1,21 @@
-"""The n-gram index and the adaptive draft length, on exact token lists and numbers."""
+"""The n-gram index and the adaptive draft length (costs, catch-ups, probes), on exact token lists and numbers."""
 
 from __future__ import annotations
 
+import pytest
+
+from ember.engine.config import SpeculativeConfig
+from ember.engine.request import Request, Sequence, SequenceStatus
+from ember.engine.sampling_params import SamplingParams
 from ember.engine.spec.ngram import NgramIndex
-from ember.engine.spec.speculator import Acceptance, best_draft_length, expected_tokens
+from ember.engine.spec.speculator import (
+    Acceptance,
+    Speculator,
+    StepTimeFit,
+    best_draft_length,
+    expected_tokens,
+)
+from ember.layers.rejection_sampler import DraftRow
 
 
 def test_the_longest_suffix_match_wins_and_its_latest_occurrence_is_used() -> None:
@@ -45,3 +57,77 @@ def test_acceptance_counts_runs_ended_by_a_rejection() -> None:
     acceptance.record(num_drafted=4, num_accepted=1)  # 1 kept, then a rejection
     assert acceptance.kept == 0.9 * 4 + 1
     assert acceptance.tried == 0.9 * 4 + 2
+
+
+class PricedProposer:
+    """A proposer with fixed costs that drafts token 7 wherever it is asked (the target's choice decides acceptance)."""
+
+    def __init__(self, draft_s: float | None, catch_up_s: float) -> None:
+        self.draft_s = draft_s
+        self.catch_up_s = catch_up_s
+        self.asked: list[int] = []
+
+    def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
+        self.asked.append(sum(wanted.values()))
+        return {seq.seq_id: DraftRow([7] * k) for seq, k in wanted.items()}
+
+    def draft_token_cost_s(self) -> float | None:
+        return self.draft_s
+
+    def catch_up_cost_s(self, seq: Sequence) -> float:
+        return self.catch_up_s
+
+    def retain(self, seq_ids: set[str]) -> None:
+        pass
+
+
+def _decoding(max_tokens: int, num_prompt: int = 8) -> Sequence:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    tokens = list(range(num_prompt + 1))
+    seq = Sequence("s", Request("r", tokens[:num_prompt], params), 0, tokens, num_prompt)
+    seq.status = SequenceStatus.RUNNING
+    seq.num_computed_tokens = len(tokens) - 1
+    return seq
+
+
+def _timed_speculator(proposer: PricedProposer, step_s: float = 0.02, per_token_s: float = 0.001) -> Speculator:
+    speculator = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=4), proposer)
+    for n in (100, 1, 1, 1, 1):  # a prefill and decode steps: the fit knows base time and slope
+        speculator.observe_step(n, 0, step_s + per_token_s * (n - 1))
+    return speculator
+
+
+def test_a_draft_model_waits_for_the_target_step_time_before_it_drafts() -> None:
+    speculator = Speculator(SpeculativeConfig(method="ngram"), PricedProposer(draft_s=0.002, catch_up_s=0.0))
+    assert speculator.propose([_decoding(max_tokens=100)]) == {}
+    cheap_lookup = Speculator(SpeculativeConfig(method="ngram"), PricedProposer(draft_s=None, catch_up_s=0.0))
+    assert cheap_lookup.propose([_decoding(max_tokens=100)])  # nothing to weigh: drafts on the prior
+
+
+def test_a_catch_up_is_paid_only_when_the_remaining_tokens_can_pay_it_back() -> None:
+    proposer = PricedProposer(draft_s=0.004, catch_up_s=0.5)
+    speculator = _timed_speculator(proposer)
+    assert speculator.propose([_decoding(max_tokens=20)]) == {}  # 20 tokens cannot save 2 x 0.5 s
+    assert speculator.propose([_decoding(max_tokens=2000)])["s"].token_ids
+
+
+def test_probes_that_cost_a_catch_up_back_off_exponentially() -> None:
+    proposer = PricedProposer(draft_s=0.004, catch_up_s=0.001)
+    speculator = _timed_speculator(proposer)
+    seq = _decoding(max_tokens=100_000)
+    for _ in range(20):
+        speculator.record(seq, 4, 0)  # every draft rejected: drafting stops
+    probes = [step for step in range(1, 16 + 32 + 64 + 1) if speculator.propose([seq])]
+    assert probes == [16, 16 + 32, 16 + 32 + 64]
+
+
+def test_the_step_fit_predicts_unseen_sizes_only_once_it_knows_a_slope() -> None:
+    fit = StepTimeFit()
+    fit.add(1, 0.02)
+    fit.add(1, 0.02)
+    assert fit.predict_s(1) == pytest.approx(0.02)  # the size it has seen
+    assert fit.predict_s(5) is None
+    fit.add(100, 0.119)
+    fit.add(1, 0.02)
+    fit.add(1, 0.02)
+    assert fit.predict_s(5) == pytest.approx(0.024, rel=1e-6)  # 20 ms + 1 ms per token beyond the first

@@ -109,6 +109,9 @@ def test_draft_model_greedy_outputs_equal_plain_decoding_and_both_caches_empty(t
     plain = LLM(str(target), block_size=4, num_kv_blocks=128, kv_cache_dtype=kv_cache_dtype)
     spec = LLM(str(target), block_size=4, num_kv_blocks=128, speculative_method="draft", draft_model=str(draft_path),
                num_speculative_tokens=3, kv_cache_dtype=kv_cache_dtype)
+    proposer = spec.engine.speculator.proposer
+    assert proposer.draft_token_cost_s() > 0  # timed on a throwaway sequence at start ...
+    assert proposer.kv.num_free_blocks == 128  # ... which left nothing behind
     prompts = {"a": [1, 5, 9, 13, 200, 17], "b": [3, 4, 5, 6, 7, 8, 9, 10, 11], "c": [100, 20, 30]}
     requests = {name: (p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)) for name, p in prompts.items()}
     requests["sampled"] = ([7, 8, 9], SamplingParams(temperature=0.9, seed=1, max_tokens=20, ignore_eos=True))

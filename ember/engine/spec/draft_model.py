@@ -6,20 +6,34 @@ shadow is reconciled with the real sequence: KV is kept up to the first position
 differs from what the target accepted, so rejected drafts are recomputed and accepted ones are
 not. Then one forward catches the draft up on the new real tokens and yields the first draft
 token, and K - 1 single-token forwards yield the rest, every drafting sequence batched together.
+
+Two costs are measured, so the speculator can tell whether drafting pays: a drafted token costs
+a decode-shaped forward (at most `DECODE_SHAPED_TOKENS` new tokens per sequence: after a
+verification the draft catches up on one or two); a longer catch-up (the prompt, or the tokens
+decoded while a sequence did not draft) costs per token caught up, once, before any draft. Both
+are timed on a throwaway sequence when the proposer is built, so even the first request is judged
+on measured costs, and follow the real forwards afterwards.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
-from ember.engine.request import Sequence
+from ember.engine.request import Request, Sequence
 from ember.engine.runner import ModelRunner
+from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import KVCacheManager
 from ember.layers.rejection_sampler import DraftRow
 from ember.layers.sampler import Sampler, filtered_probs
+
+DECODE_SHAPED_TOKENS = 2  # new tokens per sequence after a verification kept every draft (the last draft and the bonus)
+COST_SMOOTHING = 0.2  # weight of the newest forward in the running cost estimates
+CALIBRATION_TOKENS = 64  # prompt of the throwaway sequence timed at start
+CALIBRATION_DRAFTS = 4  # decode-shaped forwards timed after it
 
 
 @dataclass
@@ -48,6 +62,22 @@ class DraftModelProposer:
         )
         self._generator = generator
         self._states: dict[str, DraftState] = {}
+        self._forward_s: float | None = None
+        self._catch_up_s_per_token: float | None = None
+        self._calibrate()
+
+    def draft_token_cost_s(self) -> float | None:
+        """Seconds one more draft position costs the drafting batch (a decode-shaped forward)."""
+        return self._forward_s
+
+    def catch_up_cost_s(self, seq: Sequence) -> float:
+        """Seconds the draft needs to catch up on `seq` before it can draft, beyond a drafting step's own forward."""
+        state = self._states.get(seq.seq_id)
+        valid = 0 if state is None else min(state.shadow.num_computed_tokens, state.num_real)
+        pending = len(seq.token_ids) - valid
+        if pending <= DECODE_SHAPED_TOKENS or self._catch_up_s_per_token is None:
+            return 0.0
+        return pending * self._catch_up_s_per_token
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
         active = {seq: k for seq, k in wanted.items() if self._catch_up(seq)}
@@ -96,7 +126,9 @@ class DraftModelProposer:
         """One draft forward over `batch` (catch-up or one token each) and one drafted token per sequence."""
         shadows = [self._states[seq.seq_id].shadow for seq in batch]
         plan = SchedulerOutput([ScheduledSequence(s, len(s.token_ids) - s.num_computed_tokens) for s in shadows])
+        started = time.perf_counter()
         logits = self.runner.last_position_logits(plan).float()
+        self._record_forward(plan, time.perf_counter() - started)
         for row, (seq, shadow) in enumerate(zip(batch, shadows, strict=True)):
             shadow.num_computed_tokens = len(shadow.token_ids)
             token, q = self._sample(logits[row], seq)
@@ -104,6 +136,27 @@ class DraftModelProposer:
             tokens[seq.seq_id].append(token)
             if q is not None:
                 probs[seq.seq_id].append(q)
+
+    def _record_forward(self, plan: SchedulerOutput, seconds: float) -> None:
+        if max(item.num_new_tokens for item in plan.scheduled) <= DECODE_SHAPED_TOKENS:
+            self._forward_s = _smoothed(self._forward_s, seconds)
+        else:
+            self._catch_up_s_per_token = _smoothed(self._catch_up_s_per_token, seconds / plan.num_batched_tokens)
+
+    def _calibrate(self) -> None:
+        """Time a catch-up and a few drafts on a throwaway sequence, twice (the first pass warms up), then forget it."""
+        for _ in range(2):
+            self._forward_s = self._catch_up_s_per_token = None
+            params = SamplingParams(temperature=0.0, max_tokens=CALIBRATION_DRAFTS)
+            prompt = [0] * CALIBRATION_TOKENS
+            seq = Sequence("draft-calibration", Request("draft-calibration", prompt, params), 0, list(prompt), len(prompt))
+            self._catch_up(seq)
+            tokens: dict[str, list[int]] = {seq.seq_id: []}
+            for _ in range(1 + CALIBRATION_DRAFTS):
+                if not self._allocate(seq):
+                    break
+                self._draft_step([seq], tokens, {seq.seq_id: []})
+            self.retain(set())
 
     def _sample(self, logits: torch.Tensor, seq: Sequence) -> tuple[int, torch.Tensor | None]:
         """The draft's token and the distribution q it came from (None for greedy: only argmax agreement counts)."""
@@ -113,3 +166,7 @@ class DraftModelProposer:
         q = filtered_probs(logits.unsqueeze(0), [params])[0]
         noise = torch.empty_like(q).exponential_(generator=seq.generator or self._generator)
         return int((q / noise).argmax()), q
+
+
+def _smoothed(old: float | None, new: float) -> float:
+    return new if old is None else (1 - COST_SMOOTHING) * old + COST_SMOOTHING * new

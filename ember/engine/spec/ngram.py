@@ -58,6 +58,14 @@ class NgramProposer:
                 drafts[seq.seq_id] = DraftRow(tokens)
         return drafts
 
+    def draft_token_cost_s(self) -> float | None:
+        """A lookup costs next to nothing beside a forward pass: no draft cost to weigh."""
+        return None
+
+    def catch_up_cost_s(self, seq: Sequence) -> float:
+        """Nothing to catch up on: the index follows the tokens for free."""
+        return 0.0
+
     def retain(self, seq_ids: set[str]) -> None:
         """Forget the indexes of sequences that are no longer running."""
         for seq_id in set(self._indexes) - seq_ids:

@@ -7,9 +7,14 @@ Adaptive draft length. With per-token acceptance a, K drafts yield (1 - a^(K+1))
 tokens per step, and cost 1 + K * c steps' worth of time, where c is what one more scored
 (and, for a draft model, drafted) token costs relative to a step. The speculator estimates a per
 sequence (discounted counts of kept vs tried drafts) and c from the steps it has seen (a linear
-fit of step time against scheduled tokens, plus measured draft time), then picks the K that
-gives most tokens per unit time. When no K > 0 pays, the sequence stops drafting, and probes
-with one draft token every `PROBE_INTERVAL` steps so a change in the text can bring it back.
+fit of step time against scheduled tokens, plus what the proposer says a drafted position costs),
+then picks the K that gives most tokens per unit time. When no K > 0 pays, the sequence stops
+drafting and probes with one draft token after `PROBE_INTERVAL` steps, so a change in the text can
+bring it back. A draft model first has to catch up on the tokens it has not seen (the whole
+prompt for a new sequence, the tokens decoded while it did not draft): a sequence drafts or
+probes only when the time speculation should save over its remaining tokens covers that catch-up
+with a margin, and each probe that does not bring drafting back doubles the wait before the next
+(up to `MAX_PROBE_INTERVAL`).
 Seeded sampled requests always draft the full K: their output then depends only on their own
 tokens and seed (as long as the pool has room for the drafts), not on timings or neighbours.
 """
@@ -25,8 +30,10 @@ from ember.engine.request import Sequence, SequenceStatus
 from ember.layers.rejection_sampler import DraftRow
 
 PROBE_INTERVAL = 16
+MAX_PROBE_INTERVAL = 256
 MIN_GAIN = 1.05  # expected speed-up below which a sequence does not draft
 DISCOUNT = 0.9  # weight of older verifications in a sequence's acceptance estimate
+CATCH_UP_MARGIN = 2.0  # a catch-up must be this many times cheaper than what drafting should save after it
 DEFAULT_EXTRA_TOKEN_COST = 0.05  # relative cost of one more scored token until steps have been timed
 
 
@@ -34,6 +41,14 @@ class Proposer(Protocol):
     """Drafts tokens for sequences: `wanted` maps each sequence to the most tokens it may draft."""
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]: ...
+
+    def draft_token_cost_s(self) -> float | None:
+        """Seconds one more drafted position costs the whole drafting batch; None when negligible."""
+        ...
+
+    def catch_up_cost_s(self, seq: Sequence) -> float:
+        """Seconds the proposer must spend on `seq`'s unseen tokens before it can draft for it."""
+        ...
 
     def retain(self, seq_ids: set[str]) -> None: ...
 
@@ -57,6 +72,7 @@ class Acceptance:
     kept: float = 3.0  # prior: 3 of 4 kept
     tried: float = 4.0
     steps_off: int = 0
+    probe_interval: int = PROBE_INTERVAL
 
     @property
     def rate(self) -> float:
@@ -95,23 +111,25 @@ class StepTimeFit:
         return max(0.0, (self.nt / self.weight - mean_n * mean_t) / variance)
 
     def predict_s(self, num_tokens: int) -> float | None:
+        """Expected step time; while the slope is unknown, the mean step time if steps had this size, else None."""
+        if self.weight == 0:
+            return None
+        mean_n, mean_t = self.n / self.weight, self.t / self.weight
         per_token = self.per_token_s()
         if per_token is None:
-            return None
-        return self.t / self.weight + per_token * (num_tokens - self.n / self.weight)
+            return mean_t if abs(mean_n - num_tokens) < 0.5 else None
+        return mean_t + per_token * (num_tokens - mean_n)
 
 
 class Speculator:
     """Chooses draft lengths, runs the proposer, and keeps the statistics of what it bought."""
 
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer, uses_model: bool) -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
         self.config = config
         self.proposer = proposer
-        self.uses_model = uses_model
         self.stats = SpeculationStats(accepted_histogram=[0] * (config.num_speculative_tokens + 1))
         self._acceptance: dict[str, Acceptance] = {}
         self._step_fit = StepTimeFit()
-        self._draft_s_per_token: float | None = None
 
     def propose(self, running: list[Sequence]) -> dict[str, DraftRow]:
         """Drafts for this step, by sequence id, for the running sequences that decode and may speculate."""
@@ -120,13 +138,7 @@ class Speculator:
             return {}
         started = time.perf_counter()
         drafts = self.proposer.propose(wanted)
-        elapsed = time.perf_counter() - started
-        self.stats.draft_time_s += elapsed
-        num_drafted = sum(len(d.token_ids) for d in drafts.values())
-        if self.uses_model and num_drafted:
-            per_token = elapsed / max(wanted.values())  # draft forwards run batched: one per position
-            old = self._draft_s_per_token
-            self._draft_s_per_token = per_token if old is None else 0.8 * old + 0.2 * per_token
+        self.stats.draft_time_s += time.perf_counter() - started
         return drafts
 
     def retain(self, running: list[Sequence]) -> None:
@@ -163,23 +175,48 @@ class Speculator:
             # times would make it depend on what shares the batch.
             return k_max
         acceptance = self._acceptance.setdefault(seq.seq_id, Acceptance())
-        k = best_draft_length(acceptance.rate, self._extra_token_cost(batch_size), k_max)
-        if k > 0:
+        cost = self._extra_token_cost(batch_size)
+        if cost is None:
+            return 0  # drafting has a price and the target's step time is not known yet
+        k = best_draft_length(acceptance.rate, cost, k_max)
+        if k > 0 and self._catch_up_pays(seq, acceptance.rate, cost, k, batch_size):
             acceptance.steps_off = 0
+            acceptance.probe_interval = PROBE_INTERVAL
             return k
         acceptance.steps_off += 1
-        return 1 if acceptance.steps_off % PROBE_INTERVAL == 0 else 0
+        if acceptance.steps_off < acceptance.probe_interval:
+            return 0
+        acceptance.steps_off = 0
+        if self.proposer.catch_up_cost_s(seq) > 0:  # probing has a price: probe less often
+            acceptance.probe_interval = min(2 * acceptance.probe_interval, MAX_PROBE_INTERVAL)
+        return 1 if self._catch_up_pays(seq, 1.0, cost, k_max, batch_size) else 0
 
-    def _extra_token_cost(self, batch_size: int) -> float:
-        """What one more drafted token of one sequence costs, relative to the time a step gives each sequence."""
-        per_token = self._step_fit.per_token_s()
+    def _catch_up_pays(self, seq: Sequence, acceptance_rate: float, cost: float, k: int, batch_size: int) -> bool:
+        """Whether drafting K for the rest of `seq` should save more time than the proposer's catch-up costs."""
+        catch_up_s = self.proposer.catch_up_cost_s(seq)
+        if catch_up_s <= 0:
+            return True
+        step_s = self._step_fit.predict_s(batch_size)
+        max_tokens = seq.params.max_tokens
+        if step_s is None or max_tokens is None:
+            return True
+        gain = expected_tokens(acceptance_rate, k) / (1 + k * cost)
+        saved_s = (max_tokens - seq.num_output_tokens) * step_s * (1 - 1 / gain)
+        return saved_s >= CATCH_UP_MARGIN * catch_up_s  # the margin covers the gain model's optimism
+
+    def _extra_token_cost(self, batch_size: int) -> float | None:
+        """What one more drafted token of one sequence costs, relative to the time a step gives each sequence.
+
+        None when the proposer's drafts have a price but the target's step time is still unknown.
+        """
+        draft_s = self.proposer.draft_token_cost_s()
         step = self._step_fit.predict_s(batch_size)
-        if per_token is None or step is None or step <= 0:
-            return DEFAULT_EXTRA_TOKEN_COST
-        cost = per_token
-        if self._draft_s_per_token is not None:
-            cost += self._draft_s_per_token / batch_size  # a draft forward serves the whole batch
-        return cost * batch_size / step
+        if step is None or step <= 0:
+            return DEFAULT_EXTRA_TOKEN_COST if draft_s is None else None
+        per_token = self._step_fit.per_token_s()
+        scored = DEFAULT_EXTRA_TOKEN_COST if per_token is None else per_token * batch_size / step
+        drafted = 0.0 if draft_s is None else draft_s / step  # a draft forward serves the whole batch
+        return scored + drafted
 
     @staticmethod
     def _may_speculate(seq: Sequence) -> bool:
