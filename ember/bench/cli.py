@@ -106,6 +106,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     everything.add_argument("--no-profile", action="store_true", help="skip profiling ember when a goal is missed")
     everything.add_argument("--from-results", type=Path, default=None, metavar="RESULTS_JSON",
                             help="measure nothing: redraw the plots, summary.json and --report from a saved results file")
+    everything.add_argument("--update-results", type=Path, default=None, metavar="RESULTS_JSON",
+                            help="re-measure only the --only sections and keep every other section of this saved results "
+                                 "file; the report names the command behind each")
     everything.set_defaults(func=_run_all)
     quant = commands.add_parser("quant", help="quantization methods: perplexity, bytes/parameter, batch-1 decode tok/s, PNG")
     quant.add_argument("--model", default="smollm2-135m-instruct", help="float checkpoint, or a GGUF read as float")
@@ -315,8 +318,13 @@ def _run_all(args: argparse.Namespace) -> int:
         raise ValueError(f"--only: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     options.requests_by_workload = _parse_requests(args.requests)
     options.static_dtypes = None if args.static_dtype is None else (args.static_dtype,)
+    base = None
+    if args.update_results is not None:
+        if args.only is None:
+            raise ValueError("--update-results re-measures only some sections: name them with --only")
+        base = json.loads(args.update_results.read_text())
     results = run_all(options, _command_line(), args.report, args.out_dir, only, profile=not args.no_profile,
-                      tokenizer_text_mb=args.tokenizer_text_mb)
+                      tokenizer_text_mb=args.tokenizer_text_mb, base_results=base)
     printing.print_summary(results)
     if args.report:
         print(f"wrote {args.report}, {args.out_dir}/results/summary.json and plots under {args.out_dir}/plots")

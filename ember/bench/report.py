@@ -252,6 +252,7 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     add(results.get("command", "ember bench all --report BENCHMARKS.md"))
     add("```")
     add("")
+    _updates(lines, results)
     options = results.get("options", {})
     add(f"Every figure is the median of {options.get('repeats', '?')} runs, with (min–max); ratios are ratios of medians. "
         f"Request counts are scaled by {options.get('scale', 1.0)} relative to issue 5{_overrides(options)} "
@@ -277,6 +278,21 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     _features(lines, results, plots, report_dir)
     _closing(lines, results)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _updates(lines: list[str], results: dict) -> None:
+    """Which sections a later run re-measured (`ember bench all --update-results`), and with what."""
+    updates = results.get("updates") or []
+    if not updates:
+        return
+    lines += ["Sections re-measured after that run (every other section is from the command above):", ""]
+    for update in updates:
+        load = update.get("load_average_during") or {}
+        load_text = f", load average {load['mean']} (max {load['max']})" if load else ""
+        sections = ", ".join(f"`{name}`" for name in update["sections"])
+        lines.append(f"- {sections}: {update['started_at']} – {update['finished_at']} on {describe_tree(update['commit'])}"
+                     f"{load_text}, by `{update['command']}`")
+    lines.append("")
 
 
 def describe_tree(commit: str) -> str:

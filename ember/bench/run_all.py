@@ -21,10 +21,13 @@ SECTIONS = ("roofline", "mixed", "batch1", "shared-prefix", "long-prefill", "ser
 
 
 def run_all(options: BenchOptions, command: str, report_path: Path | None, out_dir: Path, only: tuple[str, ...] = SECTIONS,
-            profile: bool = True, tokenizer_text_mb: float = 2.0, feature_sizes: FeatureSizes | None = None) -> dict:
+            profile: bool = True, tokenizer_text_mb: float = 2.0, feature_sizes: FeatureSizes | None = None,
+            base_results: dict | None = None) -> dict:
     """Run the benchmarks in `only`; write out_dir/results/<stamp>.json, summary.json, plots and the report.
 
     `feature_sizes` sizes spec, quant and parallel (default: FeatureSizes.for_scale(options.scale)).
+    `base_results` (a saved results file's content): keep its other sections and replace only those
+    in `only`, recording this run as an update so the report names the command behind each section.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -97,7 +100,7 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
             except Exception as error:  # noqa: BLE001 - one broken benchmark must not lose the others' results
                 results["errors"][name] = f"{type(error).__name__}: {error}"[:500]
                 traceback.print_exc()
-        if profile and _any_goal_missed(results):
+        if profile and base_results is None and _any_goal_missed(results):
             tick("profiling ember")
             try:
                 results["profile"] = _profile(options)
@@ -107,8 +110,29 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
     if loads:
         results["machine"]["load_average_during"] = {"mean": round(sum(loads) / len(loads), 2), "max": max(loads), "samples": len(loads)}
     results["finished_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if base_results is not None:
+        results = merge_update(base_results, results, only)
     _write(results, options, report_path, out_dir, started)
     return results
+
+
+def merge_update(base: dict, update: dict, only: tuple[str, ...]) -> dict:
+    """`base` with the sections in `only` taken from `update` (dropped where the update has none), and the update recorded."""
+    merged = dict(base)
+    for name in only:
+        key = name.replace("-", "_")
+        if key in update:
+            merged[key] = update[key]
+        else:
+            merged.pop(key, None)
+    merged["errors"] = {name: e for name, e in base.get("errors", {}).items() if name not in only} | update["errors"]
+    merged["skipped"] = {name: why for name, why in base.get("skipped", {}).items() if name not in only} | {
+        name: why for name, why in update.get("skipped", {}).items() if name in only}
+    record = {field: update[field] for field in ("command", "commit", "started_at", "finished_at")}
+    record["sections"] = list(only)
+    record["load_average_during"] = update["machine"].get("load_average_during")
+    merged["updates"] = [*base.get("updates", []), record]
+    return merged
 
 
 def _planned_runs(options: BenchOptions, feature_sizes: FeatureSizes, name: str) -> int:
