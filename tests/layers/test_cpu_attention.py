@@ -81,9 +81,10 @@ def reference(query, keys, values, batch, scale, window, softcap, num_kv_heads):
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (7, None), (None, 30.0), (5, 20.0)])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (6, 2)])
-def test_fused_op_matches_plain_attention(op, cache_dtype, window, softcap, num_heads, num_kv_heads):
+@pytest.mark.parametrize("head_dim", [16, 64])  # 64: the vectorized row update (multiples of 32); 16: the portable one
+def test_fused_op_matches_plain_attention(op, cache_dtype, window, softcap, num_heads, num_kv_heads, head_dim):
     generator = torch.Generator().manual_seed(num_heads + (window or 0))
-    head_dim, num_blocks = 16, 64
+    num_blocks = 64
     # decode (1 query), prefill over a cached prefix (9 of 30), a fresh prompt (13 of 13), decode at a block edge
     context_lens, query_counts = [21, 30, 13, 8], [1, 9, 13, 1]
     batch = random_batch(generator, context_lens, query_counts, num_blocks, window)

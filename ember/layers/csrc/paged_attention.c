@@ -16,9 +16,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #define QUERY_CHUNK 8
 #define MAX_ROWS 512  /* query rows (queries x grouped heads) of one work item */
+#define SCORE_PADDING 8  /* a row's scores are read 8 at a time: room past the block's last key */
 
 enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_E4M3 = 2 };  /* cache_format (cpu_attention.CACHE_FORMATS) */
 
@@ -76,12 +80,152 @@ static const float *block_rows(const attention_args *a, const void *base, int64_
     return buf;
 }
 
+/* One query row's online-softmax step over keys [t0, t1) of a block (all visible): scores into s,
+   then the running max, sum and weighted values (o, dv wide) move on. Portable: any widths. */
+static void update_row_portable(const attention_args *a, const float *qr, const float *keys, const float *values,
+                                int64_t t0, int64_t t1, float *s, float *o, float *row_max, float *row_sum) {
+    float best = -INFINITY;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *k = keys + t * a->token_stride;
+        float dot = 0.0f;
+        #pragma omp simd reduction(+:dot)
+        for (int64_t d = 0; d < a->dim_k; d++) dot += qr[d] * k[d];
+        dot *= a->scale;
+        if (a->softcap > 0.0f) dot = a->softcap * tanhf(dot / a->softcap);
+        s[t] = dot;
+        if (dot > best) best = dot;
+    }
+    float new_max = best > *row_max ? best : *row_max;
+    float correction = expf(*row_max - new_max);  /* 0 on the first visible key */
+    *row_sum *= correction;
+    #pragma omp simd
+    for (int64_t d = 0; d < a->dim_v; d++) o[d] *= correction;
+    for (int64_t t = t0; t < t1; t++) {
+        float p = expf(s[t] - new_max);
+        const float *v = values + t * a->token_stride;
+        *row_sum += p;
+        #pragma omp simd
+        for (int64_t d = 0; d < a->dim_v; d++) o[d] += p * v[d];
+    }
+    *row_max = new_max;
+}
+
+#ifdef __AVX2__
+#define VALUE_CHUNK 32  /* value columns one pass keeps in four registers */
+
+static inline float hsum256(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+/* e^x for x <= 0 (scores minus their running max), 8 at a time: 2^n * P(r) with x = n ln2 + r,
+   |r| <= ln2 / 2, P a degree-6 polynomial (relative error ~2e-7, as close as libm's expf gets in
+   float32); x below -87 gives 0 rather than a subnormal. */
+static inline __m256 exp256_nonpositive(__m256 x) {
+    const __m256 too_small = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(too_small, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)));
+}
+
+/* The four sums of a, b, c and d's lanes. */
+static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+/* scores[r * stride + t] = scale * q[r] . key t for every row and keys [0, n) of a block (dim_k % 8 == 0):
+   four rows share each key row's loads, and their four sums are reduced together. */
+static void block_scores_avx2(const attention_args *a, const float *const *q, int64_t rows, const float *keys, int64_t n,
+                              float *scores, int64_t stride) {
+    const int64_t dk = a->dim_k;
+    const __m128 scale4 = _mm_set1_ps(a->scale);
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float *q0 = q[r], *q1 = q[r + 1], *q2 = q[r + 2], *q3 = q[r + 3];
+        for (int64_t t = 0; t < n; t++) {
+            const float *k = keys + t * a->token_stride;
+            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+            for (int64_t d = 0; d < dk; d += 8) {
+                const __m256 kv = _mm256_loadu_ps(k + d);
+                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, s0);
+                s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), kv, s1);
+                s2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), kv, s2);
+                s3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), kv, s3);
+            }
+            float four[4];
+            _mm_storeu_ps(four, _mm_mul_ps(hsum4x8(s0, s1, s2, s3), scale4));
+            for (int i = 0; i < 4; i++) scores[(r + i) * stride + t] = four[i];
+        }
+    }
+    for (; r < rows; r++)
+        for (int64_t t = 0; t < n; t++) {
+            const float *k = keys + t * a->token_stride;
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t d = 0; d < dk; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + d), _mm256_loadu_ps(k + d), acc);
+            scores[r * stride + t] = hsum256(acc) * a->scale;
+        }
+}
+
+/* update_row_portable in AVX2, its scores already in s (block_scores_avx2), for dim_v % VALUE_CHUNK == 0
+   and no soft-capping: the exponentials 8 at a time, each value chunk accumulated in registers across the keys. */
+static void update_row_avx2(const attention_args *a, const float *values, int64_t t0, int64_t t1, float *s, float *o,
+                            float *row_max, float *row_sum) {
+    float best = -INFINITY;
+    for (int64_t t = t0; t < t1; t++) best = s[t] > best ? s[t] : best;
+    const float new_max = best > *row_max ? best : *row_max;
+    const float correction = expf(*row_max - new_max);  /* 0 on the first visible key */
+    const int64_t n = t1 - t0;
+    float *p = s + t0;  /* probabilities overwrite their scores; the block buffer has room for the padding */
+    __m256 sum = _mm256_setzero_ps(), vmax = _mm256_set1_ps(new_max);
+    for (int64_t t = 0; t < n; t += 8) {
+        __m256 e = exp256_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(p + t), vmax));
+        if (t + 8 > n) e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - t)),
+                                                                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+        _mm256_storeu_ps(p + t, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    *row_sum = *row_sum * correction + hsum256(sum);
+    const __m256 vc = _mm256_set1_ps(correction);
+    for (int64_t c = 0; c < a->dim_v; c += VALUE_CHUNK) {
+        __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(o + c), vc), o1 = _mm256_mul_ps(_mm256_loadu_ps(o + c + 8), vc);
+        __m256 o2 = _mm256_mul_ps(_mm256_loadu_ps(o + c + 16), vc), o3 = _mm256_mul_ps(_mm256_loadu_ps(o + c + 24), vc);
+        for (int64_t t = 0; t < n; t++) {
+            const float *v = values + (t0 + t) * a->token_stride + c;
+            const __m256 w = _mm256_broadcast_ss(p + t);
+            o0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), o0);
+            o1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), o1);
+            o2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), o2);
+            o3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), o3);
+        }
+        _mm256_storeu_ps(o + c, o0); _mm256_storeu_ps(o + c + 8, o1);
+        _mm256_storeu_ps(o + c + 16, o2); _mm256_storeu_ps(o + c + 24, o3);
+    }
+    *row_max = new_max;
+}
+#endif
+
 static void attend(const attention_args *a, int64_t seq, int64_t q0, int64_t kv_head, float *work) {
     const int64_t group = a->num_heads / a->num_kv_heads, dk = a->dim_k, dv = a->dim_v, bs = a->block_size;
     const int64_t count = a->query_counts[seq], nq = count - q0 < QUERY_CHUNK ? count - q0 : QUERY_CHUNK;
     const int64_t rows = nq * group, first_pos = a->context_lens[seq] - count + q0, last_pos = first_pos + nq - 1;
+    const int64_t score_stride = bs + SCORE_PADDING;
     float *acc = work, *row_max = acc + rows * dv, *row_sum = row_max + rows, *scores = row_sum + rows;
-    float *kbuf = scores + rows * bs, *vbuf = kbuf + bs * a->token_stride;
+    float *kbuf = scores + rows * score_stride, *vbuf = kbuf + bs * a->token_stride;
+#ifdef __AVX2__
+    const int fast = dk % 8 == 0 && dv % VALUE_CHUNK == 0 && a->softcap <= 0.0f;
+#endif
     const float *q[MAX_ROWS];
     for (int64_t r = 0; r < rows; r++) {
         int64_t token = a->query_starts[seq] + q0 + r / group, head = kv_head * group + r % group;
@@ -100,37 +244,23 @@ static void attend(const attention_args *a, int64_t seq, int64_t q0, int64_t kv_
         const float *keys = block_rows(a, a->keys, block, k_lo - b * bs, n, kv_head, dk, kbuf);
         const float *values = a->values == a->keys && a->cache_format != CACHE_F32
             ? keys : block_rows(a, a->values, block, k_lo - b * bs, n, kv_head, dv, vbuf);
+#ifdef __AVX2__
+        if (fast) block_scores_avx2(a, q, rows, keys, n, scores, score_stride);
+#endif
         for (int64_t r = 0; r < rows; r++) {
-            int64_t pos = first_pos + r / group;
-            float best = -INFINITY, *s = scores + r * bs;
-            for (int64_t t = 0; t < n; t++) {
-                int64_t key = k_lo + t;
-                if (key > pos || (a->window > 0 && key <= pos - a->window)) { s[t] = -INFINITY; continue; }
-                const float *k = keys + t * a->token_stride, *qr = q[r];
-                float dot = 0.0f;
-                #pragma omp simd reduction(+:dot)
-                for (int64_t d = 0; d < dk; d++) dot += qr[d] * k[d];
-                dot *= a->scale;
-                if (a->softcap > 0.0f) dot = a->softcap * tanhf(dot / a->softcap);
-                s[t] = dot;
-                if (dot > best) best = dot;
+            /* Row r sees keys k_lo + [t0, t1): none past its position, none before its window. */
+            const int64_t pos = first_pos + r / group;
+            int64_t t0 = a->window > 0 ? pos - a->window + 1 - k_lo : 0, t1 = pos - k_lo + 1;
+            if (t0 < 0) t0 = 0;
+            if (t1 > n) t1 = n;
+            if (t0 >= t1) continue;
+#ifdef __AVX2__
+            if (fast) {
+                update_row_avx2(a, values, t0, t1, scores + r * score_stride, acc + r * dv, row_max + r, row_sum + r);
+                continue;
             }
-            if (best == -INFINITY) continue;
-            float new_max = best > row_max[r] ? best : row_max[r];
-            float correction = expf(row_max[r] - new_max);  /* 0 on the first visible key */
-            float *o = acc + r * dv;
-            row_sum[r] *= correction;
-            #pragma omp simd
-            for (int64_t d = 0; d < dv; d++) o[d] *= correction;
-            for (int64_t t = 0; t < n; t++) {
-                if (s[t] == -INFINITY) continue;
-                float p = expf(s[t] - new_max);
-                const float *v = values + t * a->token_stride;
-                row_sum[r] += p;
-                #pragma omp simd
-                for (int64_t d = 0; d < dv; d++) o[d] += p * v[d];
-            }
-            row_max[r] = new_max;
+#endif
+            update_row_portable(a, q[r], keys, values, t0, t1, scores + r * score_stride, acc + r * dv, row_max + r, row_sum + r);
         }
     }
     for (int64_t r = 0; r < rows; r++) {
@@ -201,7 +331,7 @@ int ember_paged_attention(const attention_args *a) {
     for (int64_t s = 0; s < a->num_seqs; s++)
         for (int64_t q0 = 0; q0 < a->query_counts[s]; q0 += QUERY_CHUNK) { chunk_seq[c] = s; chunk_q0[c] = q0; c++; }
     const int64_t dmax = a->dim_k > a->dim_v ? a->dim_k : a->dim_v;
-    const int64_t work_floats = rows * (a->dim_v + 2 + a->block_size) + 2 * a->block_size * (a->token_stride + dmax);
+    const int64_t work_floats = rows * (a->dim_v + 2 + a->block_size + SCORE_PADDING) + 2 * a->block_size * (a->token_stride + dmax);
     int failed = 0;
     #pragma omp parallel
     {
