@@ -33,9 +33,14 @@ INT8_DOT_KINDS = ("avx2", "avx512vnni", "avxvnni")  # ember_ggml_int8_dot_kind()
 
 
 class GGMLWeightPointer(ctypes.Structure):
-    """ggml_source.c's `ggml_weight`: what `ember_ggml_linear` (a gemm_fn) takes as its weight pointer."""
+    """ggml_source.c's `ggml_weight`: what `ember_ggml_linear` (a gemm_fn) takes as its weight pointer. A plain
+    GGML weight sets the first three fields; a GPTQ / AWQ weight (ember.quant.zero_point) also the zero-point ones."""
 
-    _fields_ = [("type", ctypes.c_int), ("path", ctypes.c_int), ("blocks", ctypes.c_void_p)]
+    _fields_ = [
+        ("type", ctypes.c_int), ("path", ctypes.c_int), ("blocks", ctypes.c_void_p),
+        ("input_order", ctypes.c_void_p), ("offsets", ctypes.c_void_p), ("column_groups", ctypes.c_void_p),
+        ("groups", ctypes.c_int64),
+    ]
 
 
 class GGMLKernels:
@@ -44,6 +49,9 @@ class GGMLKernels:
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library
         self.linear_address = ctypes.cast(library.ember_ggml_linear, ctypes.c_void_p).value
+        self._linear = library.ember_ggml_linear
+        self._linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+        self._linear.restype = None
         self._gemv = library.ember_ggml_gemv
         self._gemv.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 3, ctypes.c_int]
         self._gemv.restype = ctypes.c_int
@@ -82,6 +90,13 @@ class GGMLKernels:
             raise ValueError(f"the GGML kernels were built without the {path!r} path; this CPU has {', '.join(self.paths)}")
         rows, cols = weight.shape
         return self.gemv_blocks(x, weight.data, weight.format.type_id, bias, rows, cols, GEMV_PATHS.index(path))
+
+    def linear(self, x: torch.Tensor, weight: GGMLWeightPointer, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+        """`ember_ggml_linear` as the compiled decoder layer calls it: x [m, cols] float32 contiguous, float32 out."""
+        m, cols = x.shape
+        out = torch.empty(m, rows, dtype=torch.float32)
+        self._linear(x.data_ptr(), ctypes.addressof(weight), None if bias is None else bias.data_ptr(), out.data_ptr(), m, rows, cols)
+        return out
 
     def gemv_blocks(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, bias: torch.Tensor | None, rows: int, cols: int,
                     path_index: int) -> torch.Tensor:

@@ -124,33 +124,63 @@ class GGMLLinear(nn.Module):
 
 class ZeroPointLinear(GGMLLinear):
     """A GPTQ / AWQ weight (ember.quant.zero_point): x's columns gathered into the blocks' order, the blocks'
-    product, plus each group's sum of x times the group's offsets. Runs on the Python path (the compiled
-    decoder layer calls bare products, which would skip the extra terms)."""
+    product, plus each group's sum of x times the group's offsets. Up to MAX_PASS_ROWS rows one compiled call
+    (`ember_ggml_linear`, also the compiled decoder layer's product: same bits); more rows in torch around
+    `ggml_linear`'s tiles."""
 
     def __init__(self, weight: ZeroPointTensor, bias: nn.Parameter | None = None, activations: str = "int8") -> None:
         super().__init__(weight.blocks, bias, activations)
         self.num_groups = 0 if weight.offsets is None else weight.offsets.shape[1]
-        self.register_buffer("offsets", weight.offsets, persistent=False)
+        # [groups, rows]: the C kernel adds one group's offsets to a whole output row at a time
+        offsets_by_group = None if weight.offsets is None else weight.offsets.t().contiguous()
+        self.register_buffer("offsets_by_group", offsets_by_group, persistent=False)
         self.register_buffer("column_groups", weight.column_groups, persistent=False)
         self.register_buffer("input_order", weight.input_order, persistent=False)
 
     @property
     def weight_tensor(self) -> ZeroPointTensor:
-        return ZeroPointTensor(self.weight_blocks, self.offsets, self.column_groups, self.input_order)
+        offsets = None if self.offsets_by_group is None else self.offsets_by_group.t().contiguous()
+        return ZeroPointTensor(self.weight_blocks, offsets, self.column_groups, self.input_order)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        if self.input_order is not None:
-            flat = flat.index_select(1, self.input_order)
-        out = super().forward(flat).float()
-        if self.offsets is not None:
-            group_sums = torch.zeros(flat.shape[0], self.num_groups).index_add_(1, self.column_groups, flat.float())
-            out = out + group_sums @ self.offsets.t()
+        flat = x.reshape(-1, self.in_features).float()
+        kernels = load_kernels()
+        bias = None if self.bias is None else self.bias.float()
+        if kernels is not None and flat.shape[0] <= MAX_PASS_ROWS:
+            out = kernels.linear(flat.contiguous(), self._weight_pointer(kernels), bias, self.out_features)
+        else:
+            out = self._forward_torch(flat, bias)
         out = out.view(*x.shape[:-1], self.out_features)
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
+    def _forward_torch(self, flat: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.input_order is not None:
+            flat = flat.index_select(1, self.input_order)
+        out = ggml_linear(flat, self.weight_blocks, bias, activations=self.activations)
+        if self.offsets_by_group is None:
+            return out
+        group_sums = torch.zeros(flat.shape[0], self.num_groups).index_add_(1, self.column_groups, flat)
+        return out + group_sums @ self.offsets_by_group
+
+    def _weight_pointer(self, kernels) -> GGMLWeightPointer:
+        path = kernels.path_for(self.activations if self.format.has_int8_kernel else "float32")
+        return GGMLWeightPointer(
+            self.format.type_id, path, self.qweight.data_ptr(),
+            None if self.input_order is None else self.input_order.data_ptr(),
+            None if self.offsets_by_group is None else self.offsets_by_group.data_ptr(),
+            self.column_groups.data_ptr(), self.num_groups,
+        )
+
     def compiled_product(self) -> CompiledProduct | None:
-        return None
+        """`ember_ggml_linear` over this weight for C callers (as `GGMLLinear.compiled_product`); None without the kernels."""
+        kernels = load_kernels()
+        if kernels is None:
+            return None
+        weight = self._weight_pointer(kernels)
+        bias = None if self.bias is None else self.bias.detach().float().contiguous()
+        owner = (weight, bias, self.qweight, self.offsets_by_group, self.column_groups, self.input_order)
+        return CompiledProduct(kernels.linear_address, ctypes.addressof(weight), None if bias is None else bias.data_ptr(),
+                               self.in_features, MAX_PASS_ROWS, owner)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, groups={self.num_groups}, reordered={self.input_order is not None}"

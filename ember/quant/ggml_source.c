@@ -590,16 +590,59 @@ int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bia
 }
 
 /* A GGML weight as the compiled decoder layer's product pointer sees it (ember/layers/csrc/decoder_layer.c
- * calls products as gemm_fn(x, weight, bias, y, m, n, k)). */
+ * calls products as gemm_fn(x, weight, bias, y, m, n, k)). A GPTQ / AWQ weight (ember.quant.zero_point) also
+ * sets the zero-point fields; a plain GGML weight leaves them NULL / 0. */
 typedef struct {
     int type, path;
     const uint8_t *blocks;
+    const int64_t *input_order;   /* [k]: x's column for each stored column, or NULL (columns in order) */
+    const float *offsets;         /* [groups, n]: s * (c - z) per group and output row, or NULL */
+    const int64_t *column_groups; /* [k]: the group of each stored column (read with offsets) */
+    int64_t groups;
 } ggml_weight;
 
-/* y[m, n] = x[m, k] . W^T (+ bias) with gemm_fn's signature: `ember_ggml_gemv` on the weight's type and path. */
+/* y[r, o] += sum over groups g of (sum of x[r, c] over the stored columns c of group g) * offsets[g, o]. */
+static int add_zero_point_offsets(const float *x, const ggml_weight *w, float *y, int64_t m, int64_t n, int64_t k) {
+    int64_t groups = w->groups;
+    float *sums = (float *)calloc((size_t)(m * groups), sizeof(float));
+    if (sums == NULL) return -2;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = 0; c < k; c++) sums[r * groups + w->column_groups[c]] += x[r * k + c];
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t g = 0; g < groups; g++) {
+            const float sum = sums[r * groups + g], *offsets = w->offsets + g * n;
+            float *out = y + r * n;
+            for (int64_t o = 0; o < n; o++) out[o] += sum * offsets[o]; /* vectorizes over o */
+        }
+    free(sums);
+    return 0;
+}
+
+/* ember_ggml_gemv on x's columns gathered in the weight's input order, then the zero-point offsets. */
+static int zero_point_linear(const float *x, const ggml_weight *w, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+    float *gathered = NULL;
+    if (w->input_order != NULL) {
+        gathered = (float *)malloc(sizeof(float) * (size_t)(m * k));
+        if (gathered == NULL) return -2;
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < k; c++) gathered[r * k + c] = x[r * k + w->input_order[c]];
+        x = gathered;
+    }
+    int status = ember_ggml_gemv(w->type, x, w->blocks, bias, y, m, n, k, w->path);
+    if (status == 0 && w->offsets != NULL) status = add_zero_point_offsets(x, w, y, m, n, k);
+    free(gathered);
+    return status;
+}
+
+/* y[m, n] = x[m, k] . W^T (+ bias) with gemm_fn's signature: `ember_ggml_gemv` on the weight's type and path
+ * (with the zero-point terms where the weight has them). gemm_fn returns nothing: a failure (out of memory)
+ * fills y with NaN rather than leave it wrong. */
 void ember_ggml_linear(const float *x, const void *weight, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
     const ggml_weight *w = (const ggml_weight *)weight;
-    ember_ggml_gemv(w->type, x, w->blocks, bias, y, m, n, k, w->path);
+    int status = (w->input_order == NULL && w->offsets == NULL) ? ember_ggml_gemv(w->type, x, w->blocks, bias, y, m, n, k, w->path)
+                                                                 : zero_point_linear(x, w, bias, y, m, n, k);
+    if (status != 0)
+        for (int64_t i = 0; i < m * n; i++) y[i] = NAN;
 }
 
 /* Bit mask of the paths this build has: 1 << PATH_INT8 | 1 << PATH_FLOAT | 1 << PATH_PORTABLE. */

@@ -4,6 +4,7 @@ transformers running those float weights, and layouts ember cannot run are refus
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 from pathlib import Path
@@ -16,6 +17,7 @@ from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
 from ember.models.loader import load_model
+from ember.quant.ggml_kernels import load_kernels
 from ember.quant.ggml_layers import GGMLLinear, ZeroPointLinear
 from ember.quant.hf_quantized import HFQuantization
 from tests.model_factory import load_reference, save_tiny_model
@@ -56,8 +58,26 @@ def test_quantized_weights_equal_the_reference_dequantization_exactly(sources, t
             assert type(module) is layer_class
             held = module.weight_tensor if isinstance(module, ZeroPointLinear) else module.weight_blocks
             assert torch.equal(held.dequantize(), _expected(reference, layer, fused)), fused
+        assert (model.model.layers[layer].compiled is not None) == (load_kernels() is not None)  # one compiled call per layer
     as_float = load_model(tmp_path / "q", dtype="float32").model.state_dict()
     assert torch.equal(as_float["model.layers.1.mlp.gate_up_proj.weight"], _expected(reference, 1, "mlp.gate_up_proj"))
+
+
+@pytest.mark.parametrize("variant", [Variant(sym=False, act_order=True), Variant(method="awq")], ids=["gptq4-actorder", "awq4"])
+def test_few_and_many_row_products_equal_x_times_the_dequantized_weight(sources, tmp_path, variant):
+    reference = write_checkpoint(sources["llama"], tmp_path / "q", variant)
+    layer = load_model(tmp_path / "q").model.model.layers[0].mlp.gate_up_proj
+    layer.activations = "float32"
+    weight = _expected(reference, 0, "mlp.gate_up_proj")
+    x = torch.randn(60, weight.shape[1], generator=torch.Generator().manual_seed(0))
+    for rows in (1, 5, 60):  # the compiled call (up to MAX_PASS_ROWS rows), then torch around dequantized tiles
+        torch.testing.assert_close(layer(x[:rows]), x[:rows] @ weight.t(), rtol=1e-5, atol=1e-5)
+    compiled = layer.compiled_product()
+    if compiled is not None:  # the decoder layer's product pointer: the same bits as forward
+        y = torch.empty(5, weight.shape[0])
+        ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 3)(compiled.gemm)(
+            x.data_ptr(), compiled.weight, compiled.bias, y.data_ptr(), 5, weight.shape[0], weight.shape[1])
+        assert torch.equal(y, layer(x[:5]))
 
 
 @pytest.mark.parametrize(("variant", "warning"), [
