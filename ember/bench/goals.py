@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ember.bench.feature_benches import PARALLEL_MODES
+from ember.bench.spec import NEVER_DRAFTED, acceptance_text
 from ember.bench.spec_workloads import CONTROL_WORKLOADS
 
 # The bounds ember states for "every method within a stated bound of the float model" (issue 10):
@@ -103,8 +104,11 @@ def _crossover(section: dict) -> Goal:
 
 
 def _acceptance(entry: dict | None, method: str) -> str:
-    rate = _get(entry, method, "acceptance_rate")
-    return "" if rate is None else f"acceptance {rate:.0%}"
+    data = (entry or {}).get(method)
+    if not isinstance(data, dict) or "acceptance_rate" not in data:
+        return ""
+    text = acceptance_text(data)
+    return text if text == NEVER_DRAFTED else f"acceptance {text}"
 
 
 def _slowest(batch1: dict) -> tuple[float | None, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ember.bench.feature_benches import PARALLEL_MODES
 from ember.bench.goals import quant_row
+from ember.bench.spec import acceptance_text
 
 Table = Callable[[list[str], list[list[str]]], list[str]]
 Image = Callable[[list[str], str], None]
@@ -106,7 +107,7 @@ def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]
             if method == "plain" or not isinstance(data, dict) or "tok_s" not in data:
                 continue
             rows.append([workload, _lengths(entry.get("prompt_len")), method, _spread(entry["plain"]["tok_s"]), _spread(data["tok_s"]),
-                         _ratio(data.get("ratio")), _ratio(data.get("decode_ratio")), f"{data['acceptance_rate']:.0%}",
+                         _ratio(data.get("ratio")), _ratio(data.get("decode_ratio")), acceptance_text(data),
                          f"{data['mean_accepted_length']:.2f}", f"{data['draft_time_s']:.2f}", f"{data['verify_time_s']:.2f}"])
     lines += ["Batch 1:", ""]
     lines += table(["workload", "prompt tokens", "proposer", "plain tok/s", "with proposer tok/s", "over plain", "decode over plain",

@@ -185,3 +185,13 @@ def format_spec_section(section: dict) -> str:
     if "plot" in section:
         lines.append(f"acceptance histogram: {section['plot']}")
     return "\n".join(lines)
+
+
+NEVER_DRAFTED = "never drafted"
+
+
+def acceptance_text(data: dict) -> str:
+    """A proposer's acceptance rate as the report shows it; 'never drafted' where adaptive K kept it off throughout."""
+    if not any(data.get("accepted_histogram") or []):
+        return NEVER_DRAFTED
+    return f"{data['acceptance_rate']:.0%}"

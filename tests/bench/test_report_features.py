@@ -177,3 +177,11 @@ def test_the_quant_section_shows_the_w8a8_product_timings_when_it_has_them():
     text = report.render_markdown(dict(feature_results(), quant=dict(quant_section(), w8a8_kernels=timings)))
     assert "| qkv | 1 | 576 -> 960 | 20.0 | 30.0 | 50.0 | 60.0 | 1.50x | 2.50x |" in text
     assert "W8A8 (SmoothQuant) product paths" not in report.render_markdown(feature_results())
+
+
+def test_a_proposer_that_adaptive_k_kept_off_reads_never_drafted_not_zero_acceptance():
+    from ember.bench.spec import acceptance_text
+
+    assert acceptance_text({"acceptance_rate": 0.0, "accepted_histogram": [0, 0, 0, 0, 0]}) == "never drafted"
+    assert acceptance_text({"acceptance_rate": 0.0, "accepted_histogram": [3, 0, 0, 0, 0]}) == "0%"
+    assert acceptance_text({"acceptance_rate": 0.88, "accepted_histogram": [1, 0, 2, 0, 9]}) == "88%"
