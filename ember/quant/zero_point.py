@@ -46,14 +46,6 @@ class ZeroPointTensor:
     def shape(self) -> tuple[int, int]:
         return self.blocks.shape
 
-    @property
-    def nbytes(self) -> int:
-        extra = 0 if self.offsets is None else self.offsets.numel() * 4
-        return self.blocks.nbytes + extra + self.column_groups.numel() * 8 + (0 if self.input_order is None else self.input_order.numel() * 8)
-
-    def nominal_bytes(self) -> float:
-        return self.blocks.nominal_bytes() + (0 if self.offsets is None else self.offsets.numel() * 4)
-
     def dequantize(self) -> torch.Tensor:
         """float32 [rows, cols] in checkpoint column order: s * (q - z), exact."""
         values = self.blocks.dequantize()
