@@ -12,8 +12,11 @@ stages stay the reference they are tested against.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
+from ember.tokenizers import deepseek_llm_split
 from ember.tokenizers.patterns import (
     BAILING_PATTERN,
     GPT2_PATTERN,
@@ -35,6 +38,17 @@ DEEPSEEK_LLM_STAGES = (
     "[一-龥ࠀ-一가-퟿]+",
     "\\p{N}+",
 )
+
+
+@cache
+def deepseek_llm_pattern() -> str:
+    """deepseek-llm's stages as one pattern (deepseek_llm_split), from the letter,
+    punctuation and CJK-range classes of stages 2, 3 and 5; built on first use (it reads
+    `regex`'s Unicode tables)."""
+    stages = DEEPSEEK_LLM_STAGES
+    return deepseek_llm_split.one_pattern(stages[1][4:-2], stages[2][4:-2], stages[4][1:-2])
+
+
 DEEPSEEK_CODER_STAGES = (
     "[\r\n]",
     "\\s?\\p{L}+",
@@ -112,13 +126,15 @@ class GGUFPreTokenizer:
     ignore_merges: bool = False
     # Speed-ups that cut exactly as `stages` do (checked against the stage-by-stage loop in
     # test_tok_gguf_pre_tokenizers): one pattern whose matches are the pieces (every
-    # character in one), or fewer stages.
-    fused: str | None = None
+    # character in one; or the function that builds it, where that costs time), or fewer
+    # stages.
+    fused: str | Callable[[], str] | None = None
     fewer_stages: tuple[str, ...] | None = None
 
     def build(self) -> PreTokenizer:
         if self.fused is not None:
-            return PreTokenizer((self.fused,), is_complete=True)
+            pattern = self.fused() if callable(self.fused) else self.fused
+            return PreTokenizer((pattern,), is_complete=True)
         return PreTokenizer.from_stages(self.fewer_stages or self.stages)
 
 
@@ -132,7 +148,10 @@ def _table() -> dict[str, GGUFPreTokenizer]:
             llama3,
         ),
         (("dbrx", "smaug-bpe", "glm4", "chatglm-bpe"), GGUFPreTokenizer((LLAMA3_PATTERN,))),
-        (("deepseek-llm",), GGUFPreTokenizer(DEEPSEEK_LLM_STAGES)),
+        (
+            ("deepseek-llm",),
+            GGUFPreTokenizer(DEEPSEEK_LLM_STAGES, fused=deepseek_llm_pattern),
+        ),
         (
             ("deepseek-coder",),
             GGUFPreTokenizer(DEEPSEEK_CODER_STAGES, fewer_stages=DEEPSEEK_CODER_FEWER_STAGES),

@@ -122,8 +122,10 @@ class PreTokenizer:
     def __post_init__(self) -> None:
         if self.is_complete and len(self.stages) != 1:
             raise ValueError("is_complete applies to a single-stage pre-tokenizer only")
-        compiled = tuple(regex.compile(s) for s in self.stages)
-        ascii_compiled = ascii_variants(self.stages)
+        compiled = tuple(map(compile_stage, self.stages))
+        # Stages `re` already runs need no ASCII variant.
+        is_all_re = all(isinstance(pattern, re.Pattern) for pattern in compiled)
+        ascii_compiled = None if is_all_re else ascii_variants(self.stages)
         object.__setattr__(self, "_compiled", compiled)
         object.__setattr__(self, "_ascii_compiled", ascii_compiled)
         object.__setattr__(self, "_splitters", tuple(map(isolating_splitter, compiled)))
@@ -172,6 +174,23 @@ class PreTokenizer:
             else:
                 pieces = list(filter(None, chain.from_iterable(map(splitter, pieces))))
         return pieces
+
+
+# Syntax outside what `re` and `regex` read alike: class escapes (\\p, \\s, \\w, ...),
+# anchors and backreferences as escapes, inline flags, named groups, nested or POSIX classes.
+_NOT_SHARED_SYNTAX = regex.compile(r"\\[^uUxrntfv\W]|\(\?[^:=!<>]|\(\?<[^=!]|\[\[|\[:")
+
+
+def compile_stage(stage: str) -> regex.Pattern | re.Pattern:
+    """`stage` compiled with the standard `re` when it uses only syntax both engines read
+    alike (then `re`, about 3x faster, cuts the same pieces: e.g. a pattern whose classes are
+    written out as code point ranges), else with `regex`."""
+    if _NOT_SHARED_SYNTAX.search(stage) is None:
+        try:
+            return re.compile(stage)
+        except re.error:
+            pass
+    return regex.compile(stage)
 
 
 def _split_where_matched(
@@ -229,6 +248,7 @@ def ascii_variants(stages: tuple[str, ...]) -> tuple[re.Pattern, ...] | None:
 _ASCII_PROPERTIES = (
     r"\p{L}",
     r"\p{N}",
+    r"\P{N}",
     r"\p{Lu}",
     r"\p{Ll}",
     r"\p{Lt}",
@@ -237,6 +257,7 @@ _ASCII_PROPERTIES = (
     r"\p{M}",
     r"\p{P}",
     r"\s",
+    r"\S",
 )
 
 
@@ -267,8 +288,6 @@ def _rewrite_classes(pattern: str, classes: dict[str, str]) -> str | None:
                     out.append(members)
                 else:  # "[]" is not valid syntax; "(?!)" is the class that never matches
                     out.append(f"[{members}]" if members else "(?!)")
-            elif token == "\\S" and not in_class:
-                out.append("[^" + classes["\\s"] + "]")
             elif token[1] in "pPsSwWdDbB":
                 return None  # a class this rewriting does not know
             else:

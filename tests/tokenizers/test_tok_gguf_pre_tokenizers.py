@@ -12,6 +12,7 @@ installed; test_tok_llama_cpp_vectors.py checks the .out ids without it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from tok_gguf_writer import write_vocab_gguf
 
 from ember.tokenizers import load
 from ember.tokenizers.gguf_pre_tokenizers import GGUF_PRE_TOKENIZERS, gguf_pre_tokenizer
-from ember.tokenizers.patterns import PreTokenizer, for_oniguruma
+from ember.tokenizers.patterns import PreTokenizer, compile_stage, for_oniguruma
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -250,3 +251,30 @@ def _isolated(stage: str, text: str) -> list[str]:
         out += [text[position : match.start()], match.group()]
         position = match.end()
     return [piece for piece in [*out, text[position:]] if piece]
+
+
+# One character of every class deepseek-llm's single pattern tells apart: ASCII and other
+# cased letters inside and outside the CJK range K (ệ, Ω), whitespace inside K (U+2003,
+# U+3000) and outside it, newlines, ASCII, fullwidth and K punctuation, digits inside K (१)
+# and outside it, uncased letters, marks, symbols and emoji.
+DEEPSEEK_LLM_ALPHABET = (
+    "aZＡ éệΩµǅ\t\u3000\u2003\xa0\x85\u2028\x0b\r\n.,!-_[]\\'！’“。、1१²٣日한ก😀©\u0301"  # noqa: RUF001
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from(DEEPSEEK_LLM_ALPHABET), max_size=40))
+def test_deepseek_llm_single_pattern_cuts_like_its_six_stages(text):
+    rules = gguf_pre_tokenizer("deepseek-llm")
+    pieces = [text] if text else []
+    for stage in rules.stages:
+        pieces = [sub for piece in pieces for sub in _isolated(stage, piece)]
+    assert rules.build().split(text) == pieces
+
+
+def test_a_stage_with_only_shared_syntax_runs_on_re_and_one_with_classes_on_regex():
+    # \s differs between the engines (re's takes U+001C-001F), so a class escape keeps `regex`.
+    assert isinstance(compile_stage("[\\u0041-\\u005a]+|(?:x(?=y))+"), re.Pattern)
+    assert isinstance(compile_stage("\\s+"), regex.Pattern)
+    assert isinstance(compile_stage("(?i)ab"), regex.Pattern)
+    assert isinstance(compile_stage("[[:alpha:]]"), regex.Pattern)
