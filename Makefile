@@ -24,6 +24,9 @@ install-test: $(BIN)/python
 	# llama.cpp's tokenizer test vectors, from the llama-cpp-python sdist (nothing is built;
 	# cached outside the repo; on failure their tests skip).
 	.ci/fetch-llama-cpp-models $(BIN)/pip
+	# Korean, Hindi and English text for the tokenizer tests and benchmark: Firefox's
+	# language packs (Debian packages, cached outside the repo; on failure their tests skip).
+	.ci/fetch-firefox-l10n
 
 run: install
 	$(BIN)/ember pull $(MODEL)

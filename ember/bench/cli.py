@@ -142,6 +142,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     tokenizers.add_argument("--repeats", type=int, default=3)
     tokenizers.add_argument("--seed", type=int, default=0)
     tokenizers.add_argument("--json", type=Path, default=None)
+    tokenizers.add_argument("--plot", type=Path, default=Path("benchmarks/plots/tokenizer_languages.png"),
+                            help="PNG of the tokens-by-language table (drawn when its text and vocabularies are present)")
     tokenizers.set_defaults(func=_run_tokenizers)
     return parser
 
@@ -357,6 +359,10 @@ def _run_tokenizers(args: argparse.Namespace) -> int:
         print("ember bench tokenizers: ember/bench/tokenizers.py has no run_tokenizer_bench", file=sys.stderr)
         return 2
     print(outcome.get("markdown") or json.dumps(outcome, indent=2, default=str))
+    if (outcome.get("language_costs") or {}).get("rows") and args.plot is not None:
+        from ember.bench.tokenizer_languages import plot_language_costs
+
+        print(f"plot: {plot_language_costs(outcome['language_costs'], args.plot)}")
     _dump(args.json, outcome)
     return 0
 

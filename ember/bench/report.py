@@ -168,6 +168,11 @@ def make_plots(results: dict, folder: Path) -> dict[str, Path]:
 
         plots["soak"] = folder / "soak_memory.png"
         plot_soak(soak, plots["soak"])
+    languages = _get(results, "tokenizers", "language_costs")
+    if languages and languages.get("rows"):
+        from ember.bench.tokenizer_languages import PLOT_NAME, plot_language_costs
+
+        plots["tokenizer_languages"] = plot_language_costs(languages, folder / PLOT_NAME)
     from ember.bench.report_features import make_feature_plots
 
     plots.update(make_feature_plots(results, folder))
@@ -273,7 +278,7 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     _serve(lines, results, plots, report_dir)
     _peer_settings(lines, results)
     _soak(lines, results, plots, report_dir)
-    _tokenizers(lines, results)
+    _tokenizers(lines, results, plots, report_dir)
     _gateway(lines, results)
     _features(lines, results, plots, report_dir)
     _closing(lines, results)
@@ -572,7 +577,7 @@ def _soak(lines: list[str], results: dict, plots: dict, report_dir: Path | None)
     lines.append("")
 
 
-def _tokenizers(lines: list[str], results: dict) -> None:
+def _tokenizers(lines: list[str], results: dict, plots: dict, report_dir: Path | None) -> None:
     t = results.get("tokenizers")
     if not t:
         return
@@ -581,6 +586,7 @@ def _tokenizers(lines: list[str], results: dict) -> None:
         lines.append(t["markdown"])
     else:
         lines += ["```json", json.dumps(t, indent=2, default=str)[:6000], "```"]
+    _img(lines, plots, "tokenizer_languages", report_dir)
     lines.append("")
 
 

@@ -182,12 +182,16 @@ def run_tokenizer_bench(
     repeats: int = 3,
     seed: int = 0,
     peers: Sequence[str] = ("tiktoken", "tokenizers"),
+    languages: bool = True,
 ) -> dict[str, Any]:
-    """Encode throughput (MB/s, single thread) of ember and its peers on the same workload.
+    """Encode throughput (MB/s, single thread) of ember and its peers on the same workload;
+    with `languages`, what Korean and Hindi cost under llama.cpp's vocabularies
+    (tokenizer_languages.py).
 
     Returns {"machine", "command", "workload": {...}, "results": {encoding: {library:
     {"mb_per_s", "min", "max"}}}, "ratios": {encoding: {"ember_cold/tiktoken", ...}},
-    "parity": {encoding: {peer: mismatching documents}}}.
+    "parity": {encoding: {peer: mismatching documents}}, "pre_tokenizers": {...},
+    "language_costs": {...} (tokenizer_languages.run_language_costs)}.
     """
     os.environ.setdefault("RAYON_NUM_THREADS", "1")  # HF tokenizers: one thread
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -256,6 +260,10 @@ def run_tokenizer_bench(
     report["pre_tokenizers"] = run_pre_tokenizer_bench(
         shared_dir, documents, repeats=repeats, with_peer="tokenizers" in peers
     )
+    if languages:
+        from ember.bench.tokenizer_languages import run_language_costs
+
+        report["language_costs"] = run_language_costs()
     return report
 
 
@@ -394,4 +402,8 @@ def format_markdown(report: dict[str, Any]) -> str:
                 f"| {name} | {row['mb_per_s']:.2f} | {row['slowdown_vs_gpt2']:.2f}x | "
                 f"{'-' if peer is None else f'{peer:.2f}'} | {row.get('parity_mismatches', '-')} |"
             )
+    if report.get("language_costs"):
+        from ember.bench.tokenizer_languages import format_language_costs
+
+        lines += ["", *format_language_costs(report["language_costs"])]
     return "\n".join(lines) + "\n"

@@ -15,6 +15,12 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+# The language packs of the cost comparison, by language ("english" is its baseline).
+LANGUAGE_PACKS = {
+    "english": "firefox-esr-l10n-en-gb",
+    "korean": "firefox-esr-l10n-ko",
+    "hindi": "firefox-esr-l10n-hi-in",
+}
 FLUENT_MESSAGE = re.compile(r"^(?P<id>[A-Za-z][\w-]*|\s+\.[\w-]+)\s*=\s*(?P<value>.*\S)?\s*$")
 PLACEABLE = re.compile(r"\{[^{}]*\}")
 
@@ -91,3 +97,17 @@ def parallel_texts(debs: dict[str, str | Path]) -> dict[str, str]:
         language: "\n".join(messages[key] for key in keys)
         for language, messages in by_language.items()
     }
+
+
+def find_language_packs(
+    folder: str | Path, packages: dict[str, str] = LANGUAGE_PACKS
+) -> dict[str, Path]:
+    """language -> its package's .deb in `folder`, named as `apt-get download` names them
+    (PACKAGE_VERSION_all.deb; the last in name order where there are several). Languages
+    without one are left out."""
+    found = {}
+    for language, package in packages.items():
+        debs = sorted(Path(folder).glob(f"{package}_*.deb"))
+        if debs:
+            found[language] = debs[-1]
+    return found

@@ -9,23 +9,13 @@ elsewhere (e.g. a llama.cpp checkout's models/). Tests skip with a reason when n
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-MODELS_ENV = "EMBER_LLAMA_CPP_MODELS"
+from ember.bench.tokenizer_languages import LLAMA_CPP_MODELS_ENV as MODELS_ENV
+from ember.bench.tokenizer_languages import llama_cpp_models_dir
+
+__all__ = ["llama_cpp_models_dir", "missing_reason", "read_vectors", "vocab_names"]
 SEPARATOR = "\n__ggml_vocab_test__\n"
-
-
-def default_models_dir() -> Path:
-    """The cache folder `.ci/fetch-llama-cpp-models` fills."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "ember" / "llama.cpp-models"
-
-
-def llama_cpp_models_dir() -> Path:
-    """`$EMBER_LLAMA_CPP_MODELS` if set, else the cache folder (which may not exist)."""
-    explicit = os.environ.get(MODELS_ENV)
-    return Path(explicit) if explicit else default_models_dir()
 
 
 def missing_reason(folder: Path) -> str:
