@@ -23,83 +23,16 @@ against the stage loop on random text over every class here (test_tok_gguf_pre_t
 
 from __future__ import annotations
 
-import array
-import sys
-
-import regex
-
-Ranges = list[tuple[int, int]]
-LAST_CODE_POINT = 0x10FFFF
-
-
-def class_ranges(body: str) -> Ranges:
-    """The code point ranges of a character class body of literal characters and `a-b`
-    ranges (no escapes: the deepseek-llm stages use none), merged and sorted."""
-    if "\\" in body:
-        raise ValueError(f"class body with escapes is not supported: {body[:40]!r}")
-    ranges, position = [], 0
-    while position < len(body):
-        if position + 2 < len(body) and body[position + 1] == "-":
-            ranges.append((ord(body[position]), ord(body[position + 2])))
-            position += 3
-        else:
-            ranges.append((ord(body[position]), ord(body[position])))
-            position += 1
-    return _merged(ranges)
-
-
-def _merged(ranges: Ranges) -> Ranges:
-    out: Ranges = []
-    for low, high in sorted(ranges):
-        if out and low <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], high))
-        else:
-            out.append((low, high))
-    return out
-
-
-def complement(ranges: Ranges) -> Ranges:
-    out, start = [], 0
-    for low, high in _merged(ranges):
-        if low > start:
-            out.append((start, low - 1))
-        start = high + 1
-    if start <= LAST_CODE_POINT:
-        out.append((start, LAST_CODE_POINT))
-    return out
-
-
-def intersection(first: Ranges, second: Ranges) -> Ranges:
-    out = []
-    for low, high in first:
-        for other_low, other_high in second:
-            if max(low, other_low) <= min(high, other_high):
-                out.append((max(low, other_low), min(high, other_high)))
-    return _merged(out)
-
-
-def difference(first: Ranges, second: Ranges) -> Ranges:
-    return intersection(first, complement(second))
-
-
-def class_body(ranges: Ranges) -> str:
-    """`ranges` written as a character class body with escapes only (read alike by `re`
-    and `regex`)."""
-
-    def char(code: int) -> str:
-        return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-
-    return "".join(
-        char(low) if low == high else f"{char(low)}-{char(high)}" for low, high in ranges
-    )
-
-
-def property_ranges(escape: str) -> Ranges:
-    """The code points `regex` matches with a class escape such as \\p{N} or \\s (its own
-    Unicode tables, as the stage loop uses)."""
-    every = array.array("I", range(LAST_CODE_POINT + 1)).tobytes()
-    text = every.decode(f"utf-32-{sys.byteorder[0]}e", "surrogatepass")
-    return [(match.start(), match.end() - 1) for match in regex.finditer(f"(?:{escape})+", text)]
+from ember.tokenizers.char_classes import (
+    Ranges,
+    class_body,
+    class_ranges,
+    complement,
+    difference,
+    intersection,
+    property_ranges,
+    union,
+)
 
 
 def one_pattern(cased_body: str, punctuation_body: str, cjk_body: str) -> str:
@@ -107,12 +40,12 @@ def one_pattern(cased_body: str, punctuation_body: str, cjk_body: str) -> str:
     (stage 3) and CJK-range (stage 5) classes. Every class is written out as code point
     ranges (\\s and \\p{N} from `regex`'s tables), so the standard `re` runs it too."""
     cased, punctuation, cjk = map(class_ranges, (cased_body, punctuation_body, cjk_body))
-    whitespace, numeric = property_ranges("\\s"), property_ranges("\\p{N}")
+    whitespace, numeric = property_ranges("\\s", "\\p{N}")
     newline, ideographic_space = [(0x0A, 0x0A), (0x0D, 0x0D)], [(0x3000, 0x3000)]
     ascii_like = intersection(cased, punctuation)  # A-Za-z and their fullwidth forms
     other_cased = difference(cased, ascii_like)
     other_punctuation = difference(punctuation, ascii_like + ideographic_space)
-    letter_or_punctuation = _merged(cased + other_punctuation)
+    letter_or_punctuation = union(cased, other_punctuation)
 
     def cls(ranges: Ranges) -> str:
         return f"[{class_body(ranges)}]"
