@@ -21,7 +21,7 @@ from ember.bench.tokenizer_languages import (
 from ember.tokenizers import load
 from ember.tokenizers.deb_text import find_language_packs
 
-MESSAGES_PER_LANGUAGE = 500
+MESSAGES_PER_LANGUAGE = 300
 # The vocabularies of llama.cpp's models/ whose pre-tokenizers issue 15 added (deepseek-llm,
 # deepseek-coder, falcon, starcoder, refact, command-r, qwen35) or fixed (llama-bpe), and
 # two that were there before.
@@ -93,6 +93,7 @@ def test_tokenizer_json_files_match_tokenizers_on_korean_and_hindi(
     path = shared_dir / "tokenizers" / folder / "tokenizer.json"
     reference = tokenizers.Tokenizer.from_file(str(path))
     reference.no_truncation()
+    reference.no_padding()
     ours = load_shared(f"tokenizers/{folder}/tokenizer.json")
     found = mismatches_of(
         lambda text: ours.encode(text, add_special_tokens=False),
