@@ -2,8 +2,8 @@
 
 A pre-tokenizer pattern whose classes are all written out (no \\p{..}, \\s) reads the same to
 the standard `re` and to `regex`, and `re` runs it about 3x faster (patterns.compile_stage).
-The single patterns that replace llama.cpp's stage lists (deepseek_llm_split,
-deepseek_v3_split) are built from these, with `regex`'s own Unicode tables for properties.
+The single pattern that replaces deepseek-llm's stage list (deepseek_llm_split) is built
+from these, with `regex`'s own Unicode tables for properties.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from ember.tokenizers import deepseek_llm_split, deepseek_v3_split
+from ember.tokenizers import deepseek_llm_split
 from ember.tokenizers.patterns import (
     BAILING_PATTERN,
     GPT2_PATTERN,
@@ -70,13 +70,6 @@ DEEPSEEK_V3_STAGES = (
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
     "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 )
-
-
-@cache
-def deepseek_v3_pattern() -> str:
-    """deepseek-v3's stages as one pattern (deepseek_v3_split), built on first use."""
-    return deepseek_v3_split.one_pattern(DEEPSEEK_V3_STAGES[1][1:-2])
-
 
 FALCON_STAGES = ("[\\p{P}\\$\\+<=>\\^~\\|`]+", GPT2_PATTERN, "[0-9][0-9][0-9]")
 # What llama.cpp uses when a file names no pre-tokenizer (or "default").
@@ -166,7 +159,7 @@ def _table() -> dict[str, GGUFPreTokenizer]:
         ),
         (
             ("deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"),
-            GGUFPreTokenizer(DEEPSEEK_V3_STAGES, fused=deepseek_v3_pattern),
+            GGUFPreTokenizer(DEEPSEEK_V3_STAGES),
         ),
         (("falcon",), GGUFPreTokenizer(FALCON_STAGES, fused=FALCON_PATTERN)),
         (

@@ -253,22 +253,22 @@ def _isolated(stage: str, text: str) -> list[str]:
     return [piece for piece in [*out, text[position:]] if piece]
 
 
-# One character of every class the single deepseek patterns tell apart: ASCII and other cased
+# One character of every class deepseek-llm's single pattern tells apart: ASCII and other cased
 # letters inside and outside deepseek-llm's CJK range K (ệ, Ω), whitespace inside K (U+2003,
 # U+3000) and outside it, newlines, ASCII, fullwidth and K punctuation, digits inside K (१)
 # and outside it, uncased letters, marks, symbols, emoji, ZWJ, private-use, unassigned and
-# control characters, and deepseek-v3's kana class: letters, a mark, symbols, punctuation
-# and an unassigned code point (U+3097).
+# control characters, and kana: letters, a mark, symbols, punctuation and an unassigned code
+# point (U+3097).
 SINGLE_PATTERN_ALPHABET = (
     "aZＡ éệΩµǅ\t\u3000\u2003\xa0\x85\u2028\x0b\r\n.,!-_[]\\'！’“。、1१²٣日한ก😀©\u0301"  # noqa: RUF001
     "\u200d\ue000\u0378\x00sアー・゛\u3099\u3097"
 )
 
 
-@pytest.mark.parametrize("name", ["deepseek-llm", "deepseek-v3"])
+@pytest.mark.parametrize("name", ["deepseek-llm", "deepseek-coder", "chameleon"])
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(alphabet=st.sampled_from(SINGLE_PATTERN_ALPHABET), max_size=40))
-def test_single_patterns_cut_like_their_stages(name, text):
+def test_fast_rules_cut_like_their_stages_on_every_class(name, text):
     rules = gguf_pre_tokenizer(name)
     pieces = [text] if text else []
     for stage in rules.stages:
