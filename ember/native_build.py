@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -78,11 +79,23 @@ CPU_KERNEL_FLAGS = ("-O3", "-march=native", "-fopenmp")
 EXACT_CPU_KERNEL_FLAGS = (*CPU_KERNEL_FLAGS, "-ffp-contract=off")
 
 
+LOCAL_INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', re.MULTILINE)
+
+
+def with_local_includes(source_path: Path) -> str:
+    """`source_path`'s text with each `#include "name.h"` replaced by that file from the same folder.
+
+    The source is compiled from a scratch copy and cached by its text, so a shared header must be
+    part of that text: the cache then rebuilds when the header changes too."""
+    folder = source_path.parent
+    return LOCAL_INCLUDE.sub(lambda match: (folder / match.group(1)).read_text(), source_path.read_text())
+
+
 def load_cpu_kernels(name: str, source_path: Path, flags: tuple[str, ...] = CPU_KERNEL_FLAGS) -> ctypes.CDLL | None:
     """The CPU kernel library built from `source_path` with `flags`, loaded; None when off or unavailable."""
     if os.environ.get(PURE_TORCH_ENV):
         return None
-    path = build_shared_library(name, source_path.read_text(), flags)
+    path = build_shared_library(name, with_local_includes(source_path), flags)
     if path is None:
         return None
     try:

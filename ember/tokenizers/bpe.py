@@ -160,16 +160,9 @@ class ByteLevelBPETokenizer(Tokenizer):
         text = replace_lone_surrogates(text)
         if self._normalize is not None:
             text = self._normalize(text)
-        ids: list[int] = []
+        ids = self._specials.encode(text, allowed_special, disallowed_special, self.encode_ordinary)
         if add_special_tokens and self._add_bos and self._bos_id is not None:
-            ids.append(self._bos_id)
-        allowed, disallowed = self._specials.resolve(allowed_special, disallowed_special)
-        self._specials.check_disallowed(text, disallowed)
-        for chunk, special_id in self._specials.split(text, allowed):
-            if special_id is None:
-                ids.extend(self.encode_ordinary(chunk))
-            else:
-                ids.append(special_id)
+            ids.insert(0, self._bos_id)
         return ids
 
     def encode_ordinary(self, text: str) -> list[int]:

@@ -136,19 +136,12 @@ class GGUFWordPieceTokenizer(Tokenizer):
         """Token ids of `text`; `add_special_tokens=True` wraps them in [CLS] ... [SEP].
         Special-token rules as in `ByteLevelBPETokenizer.encode`."""
         text = replace_lone_surrogates(text)
-        allowed, disallowed = self._specials.resolve(allowed_special, disallowed_special)
-        self._specials.check_disallowed(text, disallowed)
-        ids: list[int] = []
-        if add_special_tokens and self._cls_id is not None:
-            ids.append(self._cls_id)
-        for chunk, special_id in self._specials.split(text, allowed):
-            if special_id is None:
-                ids.extend(self.encode_ordinary(chunk))
-            else:
-                ids.append(special_id)
-        if add_special_tokens and self._sep_id is not None:
-            ids.append(self._sep_id)
-        return ids
+        ids = self._specials.encode(text, allowed_special, disallowed_special, self.encode_ordinary)
+        if not add_special_tokens:
+            return ids
+        cls = [] if self._cls_id is None else [self._cls_id]
+        sep = [] if self._sep_id is None else [self._sep_id]
+        return cls + ids + sep
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Token ids of `text` with no special-token matching."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Literal
 
 import regex
@@ -86,6 +86,21 @@ class SpecialTokenMatcher:
                 f"allowed_special={{{name!r}}} (or 'all') to encode it as a special "
                 "token, or disallowed_special=() to encode it as ordinary text"
             )
+
+    def encode(self, text: str, allowed_special: SpecialSet, disallowed_special: SpecialSet,
+               encode_ordinary: Callable[[str], list[int]]) -> list[int]:
+        """Ids of `text`: allowed special-token text as its id, every other chunk through `encode_ordinary`.
+
+        Raises ValueError (naming the fix) when `text` holds a disallowed special token's text."""
+        allowed, disallowed = self.resolve(allowed_special, disallowed_special)
+        self.check_disallowed(text, disallowed)
+        ids: list[int] = []
+        for chunk, special_id in self.split(text, allowed):
+            if special_id is None:
+                ids.extend(encode_ordinary(chunk))
+            else:
+                ids.append(special_id)
+        return ids
 
     def split(self, text: str, allowed: frozenset[str]) -> Iterator[tuple[str, int | None]]:
         """Yields (chunk, None) for ordinary text and (name, id) for each allowed special."""

@@ -10,19 +10,9 @@
    Built with -march=native: AVX2+FMA where the CPU has them (a vector exp for SiLU), plain C
    otherwise. */
 #include <math.h>
-#include <stdint.h>
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define EMBER_AVX2 1
-#endif
+#include "vector_math.h"
 
 #define PARALLEL_FLOATS 262144 /* below this many floats one thread does the op */
-
-static inline float bf16_to_f32(uint16_t value) {
-    union { uint32_t bits; float number; } converted;
-    converted.bits = (uint32_t)value << 16;
-    return converted.number;
-}
 
 static inline float weight_at(const void *weight, int weight_bf16, int64_t i) {
     return weight_bf16 ? bf16_to_f32(((const uint16_t *)weight)[i]) : ((const float *)weight)[i];
@@ -79,27 +69,6 @@ int ember_rotary(float *x, int64_t tokens, int64_t heads, int64_t head_dim, int6
     }
     return 0;
 }
-
-#ifdef EMBER_AVX2
-/* e^x for 8 floats: x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 polynomial (Cephes' expf
-   coefficients), 2^n through the exponent bits. Within 2 ulp over the clamped range. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-#endif
 
 /* Row r of gate_up is [gate (inner) | up (inner)]; out[r] = gate / (1 + e^-gate) * up. */
 void ember_silu_mul(const float *gate_up, float *out, int64_t rows, int64_t inner) {

@@ -14,24 +14,14 @@
    so widening to float32 is one shift and one mask, in registers; sums are float32.
    OpenMP (torch's runtime) splits the panels between threads.
    Built with -march=native: AVX2+FMA where the CPU has them, plain C otherwise. */
-#include <stdint.h>
 #include <stddef.h>
 #include <omp.h>
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define EMBER_AVX2 1
-#endif
+#include "vector_math.h"
 
 #define NR 16                   /* output channels per panel */
 #define MR 6                    /* input rows per micro-kernel call */
 #define PANEL_SLICE_BYTES 16384 /* one panel slice, kept in L1 */
 #define X_BLOCK_BYTES 262144    /* rows of x kept in L2 while the panels pass over them */
-
-static inline float bf16_to_f32(uint16_t value) {
-    union { uint32_t bits; float number; } converted;
-    converted.bits = (uint32_t)value << 16;
-    return converted.number;
-}
 
 /* Column j of a packed panel row, as float32. */
 static inline float panel_f32(const float *row, int j) { return row[j]; }

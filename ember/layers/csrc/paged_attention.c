@@ -13,12 +13,9 @@
    outputs and sums. ember_write_kv stores a step's new keys and values in their slots first
    (float32 in, the cache's format out, rounded to nearest even as torch rounds: bfloat16, and
    e4m3 saturating at +-448 as torch's float8_e4m3fn cast does). */
-#include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
+#include "vector_math.h"
 
 #define QUERY_CHUNK 8
 #define MAX_ROWS 512  /* query rows (queries x grouped heads) of one work item */
@@ -41,12 +38,6 @@ typedef struct {
     int64_t window;              /* 0: none */
     int64_t query_stride;
 } attention_args;
-
-static inline float bf16_to_f32(uint16_t value) {
-    union { uint32_t bits; float number; } converted;
-    converted.bits = (uint32_t)value << 16;
-    return converted.number;
-}
 
 /* float8 e4m3 (OCP, "fn": no infinities, S.1111.111 is NaN) -> float32 in integer steps the compiler
    vectorizes: exponent field e > 0 is a normal float32 (exponent rebiased from 7 to 127, mantissa
@@ -110,34 +101,8 @@ static void update_row_portable(const attention_args *a, const float *qr, const 
     *row_max = new_max;
 }
 
-#ifdef __AVX2__
+#ifdef EMBER_AVX2
 #define VALUE_CHUNK 32  /* value columns one pass keeps in four registers */
-
-static inline float hsum256(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
-
-/* e^x for x <= 0 (scores minus their running max), 8 at a time: 2^n * P(r) with x = n ln2 + r,
-   |r| <= ln2 / 2, P a degree-6 polynomial (relative error ~2e-7, as close as libm's expf gets in
-   float32); x below -87 gives 0 rather than a subnormal. */
-static inline __m256 exp256_nonpositive(__m256 x) {
-    const __m256 too_small = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(too_small, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)));
-}
 
 /* The four sums of a, b, c and d's lanes. */
 static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -174,7 +139,7 @@ static void block_scores_avx2(const attention_args *a, const float *const *q, in
             const float *k = keys + t * a->token_stride;
             __m256 acc = _mm256_setzero_ps();
             for (int64_t d = 0; d < dk; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + d), _mm256_loadu_ps(k + d), acc);
-            scores[r * stride + t] = hsum256(acc) * a->scale;
+            scores[r * stride + t] = hsum8(acc) * a->scale;
         }
 }
 
@@ -190,13 +155,13 @@ static void update_row_avx2(const attention_args *a, const float *values, int64_
     float *p = s + t0;  /* probabilities overwrite their scores; the block buffer has room for the padding */
     __m256 sum = _mm256_setzero_ps(), vmax = _mm256_set1_ps(new_max);
     for (int64_t t = 0; t < n; t += 8) {
-        __m256 e = exp256_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(p + t), vmax));
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), vmax));
         if (t + 8 > n) e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - t)),
                                                                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
         _mm256_storeu_ps(p + t, e);
         sum = _mm256_add_ps(sum, e);
     }
-    *row_sum = *row_sum * correction + hsum256(sum);
+    *row_sum = *row_sum * correction + hsum8(sum);
     const __m256 vc = _mm256_set1_ps(correction);
     for (int64_t c = 0; c < a->dim_v; c += VALUE_CHUNK) {
         __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(o + c), vc), o1 = _mm256_mul_ps(_mm256_loadu_ps(o + c + 8), vc);
@@ -223,7 +188,7 @@ static void attend(const attention_args *a, int64_t seq, int64_t q0, int64_t kv_
     const int64_t score_stride = bs + SCORE_PADDING;
     float *acc = work, *row_max = acc + rows * dv, *row_sum = row_max + rows, *scores = row_sum + rows;
     float *kbuf = scores + rows * score_stride, *vbuf = kbuf + bs * a->token_stride;
-#ifdef __AVX2__
+#ifdef EMBER_AVX2
     const int fast = dk % 8 == 0 && dv % VALUE_CHUNK == 0 && a->softcap <= 0.0f;
 #endif
     const float *q[MAX_ROWS];
@@ -244,7 +209,7 @@ static void attend(const attention_args *a, int64_t seq, int64_t q0, int64_t kv_
         const float *keys = block_rows(a, a->keys, block, k_lo - b * bs, n, kv_head, dk, kbuf);
         const float *values = a->values == a->keys && a->cache_format != CACHE_F32
             ? keys : block_rows(a, a->values, block, k_lo - b * bs, n, kv_head, dv, vbuf);
-#ifdef __AVX2__
+#ifdef EMBER_AVX2
         if (fast) block_scores_avx2(a, q, rows, keys, n, scores, score_stride);
 #endif
         for (int64_t r = 0; r < rows; r++) {
@@ -254,7 +219,7 @@ static void attend(const attention_args *a, int64_t seq, int64_t q0, int64_t kv_
             if (t0 < 0) t0 = 0;
             if (t1 > n) t1 = n;
             if (t0 >= t1) continue;
-#ifdef __AVX2__
+#ifdef EMBER_AVX2
             if (fast) {
                 update_row_avx2(a, values, t0, t1, scores + r * score_stride, acc + r * dv, row_max + r, row_sum + r);
                 continue;
