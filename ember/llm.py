@@ -22,7 +22,8 @@ class LLM:
     Extra keyword arguments set `CacheConfig` / `SchedulerConfig` / `SpeculativeConfig` fields by
     name (e.g. `block_size=16, max_num_batched_tokens=512, enable_prefix_caching=False`,
     `kv_cache_dtype="fp8"`);
-    speculation: `speculative_method="ngram"|"draft", num_speculative_tokens=K, draft_model=PATH`;
+    speculation: `speculative_method="ngram"|"draft"|"medusa", num_speculative_tokens=K, draft_model=PATH`
+    (draft), `medusa_heads=DIR` (medusa, from `ember medusa train`);
     tensor parallelism: `tensor_parallel_size=T` (T - 1 worker processes; `shutdown()` stops them).
     """
 

@@ -35,6 +35,7 @@ class EmberSettings:
     num_speculative_tokens: int = 4
     draft_model: str | None = None
     draft_dtype: str | None = None
+    medusa_heads: str | None = None
     adaptive_speculation: bool = True
 
     def config(self, model: str, dtype: str) -> EngineConfig:
@@ -55,6 +56,7 @@ class EmberSettings:
                 num_speculative_tokens=self.num_speculative_tokens,
                 draft_model=self.draft_model,
                 draft_dtype=self.draft_dtype,
+                medusa_heads=self.medusa_heads,
                 adaptive=self.adaptive_speculation,
             ),
         )

@@ -6,12 +6,16 @@ Three parts, each reported as same-run ratios (median of interleaved repeats):
   length, draft and verify time, and the acceptance histogram (a PNG);
 - a batch sweep on the code-editing workload: where speculation stops paying as the batch grows;
 - the `mixed` workload (continuous batching, many sequences at once) with and without n-gram.
+
+The "medusa" proposer needs heads: `--medusa-heads DIR`, or heads this bench trains itself on
+the shared corpus (a bounded number of steps, a few minutes on a laptop CPU), cached under
+`$EMBER_HOME/medusa/<base model fingerprint>-...` so re-runs reuse them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ember.bench.ember_runner import EmberSettings, run_ember
@@ -30,6 +34,8 @@ class SpecBenchOptions:
     num_speculative_tokens: int = 4
     draft_model: str | None = None
     draft_dtype: str | None = None
+    medusa_heads: str | None = None  # None: trained here (and cached) when "medusa" is compared
+    medusa_train_steps: int = 60
     num_prompts: int = 3
     output_len: int = 128
     batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
@@ -48,6 +54,7 @@ def _settings(method: str | None, spec: SpecBenchOptions, max_num_seqs: int | No
         num_speculative_tokens=spec.num_speculative_tokens,
         draft_model=spec.draft_model if method == "draft" else None,
         draft_dtype=spec.draft_dtype if method == "draft" else None,
+        medusa_heads=spec.medusa_heads if method == "medusa" else None,
     )
 
 
@@ -98,8 +105,11 @@ def bench_spec(options: BenchOptions, spec: SpecBenchOptions) -> dict:
     from ember.tokenizers import load
 
     tokenizer = load(model_path(options.model))
+    if "medusa" in spec.methods and spec.medusa_heads is None:
+        spec = replace(spec, medusa_heads=str(cached_medusa_heads(options.model, options.dtypes[0], spec, tokenizer)))
     section: dict = {"dtype": options.dtypes[0], "num_speculative_tokens": spec.num_speculative_tokens,
-                     "draft_model": spec.draft_model, "draft_dtype": spec.draft_dtype, "batch1": {}, "batch_sweep": {}}
+                     "draft_model": spec.draft_model, "draft_dtype": spec.draft_dtype, "medusa_heads": spec.medusa_heads,
+                     "batch1": {}, "batch_sweep": {}}
     for name in SPEC_WORKLOADS:
         workload = build_spec_workload(name, tokenizer, options.seed, spec.num_prompts, spec.output_len)
         runs = _interleave(options, f"spec batch1 {name}", _runners(options, spec, workload, 1, spec.methods))
@@ -119,6 +129,27 @@ def bench_spec(options: BenchOptions, spec: SpecBenchOptions) -> dict:
     if spec.plot_path is not None:
         section["plot"] = str(plot_acceptance(section, spec.plot_path))
     return section
+
+
+def cached_medusa_heads(model: str, dtype: str, spec: SpecBenchOptions, tokenizer) -> Path:
+    """Heads for `model` trained on the shared corpus for `spec.medusa_train_steps` steps; reused when already cached."""
+    from ember.bench.ember_runner import loaded_weights
+    from ember.bench.workloads import CORPUS_FILES, find_corpus_dir
+    from ember.engine.spec.medusa_heads import CONFIG_FILE, model_identity
+    from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_heads_for
+    from ember.models.registry import ember_home
+
+    target = loaded_weights(model, dtype).model
+    config = MedusaTrainingConfig(num_heads=spec.num_speculative_tokens, steps=spec.medusa_train_steps)
+    folder = ember_home() / "medusa" / f"{model_identity(target).key}-{config.num_heads}heads-{config.steps}steps"
+    if (folder / CONFIG_FILE).is_file():
+        return folder
+    corpus_dir = find_corpus_dir()
+    if corpus_dir is None:
+        raise ValueError("no shared corpus to train Medusa heads on; set EMBER_SHARED or pass --medusa-heads DIR")
+    corpus = [corpus_dir / name for name in CORPUS_FILES if (corpus_dir / name).is_file()]
+    train_heads_for(target, tokenizer, corpus, folder, config, show_progress=True)
+    return folder
 
 
 def _crossover(sweep: dict) -> int | None:

@@ -13,7 +13,7 @@ ENGINE_FREE_COMMANDS = {"gateway": "ember.gateway.cli"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ember.cli import eval_cmd, generate_cmd, kv_cmd, pull_cmd, quantize_cmd
+    from ember.cli import eval_cmd, generate_cmd, kv_cmd, medusa_cmd, pull_cmd, quantize_cmd
 
     parser = argparse.ArgumentParser(prog="ember", description="LLM inference and serving.")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     eval_cmd.register(subparsers)
     kv_cmd.register(subparsers)
     quantize_cmd.register(subparsers)
+    medusa_cmd.register(subparsers)
     _register_optional(subparsers)
     return parser
 

@@ -61,7 +61,7 @@ class SchedulerConfig:
 
 
 SPECULATIVE_METHODS = ("ngram", "draft", "medusa", "eagle")
-IMPLEMENTED_SPECULATIVE_METHODS = ("ngram", "draft")
+IMPLEMENTED_SPECULATIVE_METHODS = ("ngram", "draft", "medusa")
 
 
 @dataclass
@@ -71,7 +71,9 @@ class SpeculativeConfig:
     `method` None switches speculation off. "ngram" looks the last `ngram_max`..`ngram_min`
     tokens up earlier in the sequence (prompt lookup) and drafts what followed; "draft" runs
     `draft_model` (same tokenizer as the target; `draft_dtype` may differ from the target's, e.g.
-    a bfloat16 copy of a float32 target as its own cheaper draft). `adaptive` lets each sequence's draft length
+    a bfloat16 copy of a float32 target as its own cheaper draft); "medusa" drafts with the heads
+    saved in the folder `medusa_heads` (`ember medusa train`) over the target's last hidden state,
+    at most one token per head. `adaptive` lets each sequence's draft length
     follow its acceptance rate, down to 0 (with a probe now and then) when speculation does
     not pay.
     """
@@ -80,6 +82,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     draft_model: str | None = None
     draft_dtype: str | None = None  # None: the target's dtype
+    medusa_heads: str | None = None
     ngram_max: int = 4
     ngram_min: int = 2
     adaptive: bool = True
@@ -99,6 +102,13 @@ class SpeculativeConfig:
             raise ValueError("speculative method 'draft' needs a draft model; pass draft_model=PATH (--draft-model)")
         if self.method != "draft" and self.draft_model:
             raise ValueError(f"a draft model is only used by speculative method 'draft', not {self.method!r}; drop draft_model")
+        if self.method == "medusa" and not self.medusa_heads:
+            raise ValueError(
+                "speculative method 'medusa' needs trained heads; pass medusa_heads=DIR (--medusa-heads), "
+                "made by `ember medusa train`"
+            )
+        if self.method != "medusa" and self.medusa_heads:
+            raise ValueError(f"Medusa heads are only used by speculative method 'medusa', not {self.method!r}; drop medusa_heads")
         if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
             raise ValueError(f"draft dtype {self.draft_dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 16:
@@ -167,6 +177,7 @@ class EngineConfig:
                 num_speculative_tokens=args.num_speculative_tokens,
                 draft_model=args.draft_model,
                 draft_dtype=args.draft_dtype,
+                medusa_heads=args.medusa_heads,
                 adaptive=not args.no_adaptive_speculation,
             ),
             parallel=ParallelConfig.from_args(args),
@@ -214,6 +225,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most tokens drafted per step and sequence")
     parser.add_argument("--draft-model", default=None, help="draft model (same tokenizer) for --speculative-method draft")
     parser.add_argument("--draft-dtype", default=None, choices=DTYPES, help="dtype of the draft model (default: --dtype)")
+    parser.add_argument("--medusa-heads", default=None,
+                        help="folder of Medusa heads (`ember medusa train`) for --speculative-method medusa")
     parser.add_argument("--no-adaptive-speculation", action="store_true",
                         help="always draft --num-speculative-tokens instead of following the acceptance rate")
     add_parallel_arguments(parser)

@@ -137,11 +137,11 @@ class LLMEngine:
         )
         generator = torch.Generator().manual_seed(config.seed)
         self.eos_ids = self.tokenizer.eos_ids if self.tokenizer is not None else frozenset()
-        self.speculator = self._make_speculator(num_blocks, show_progress, draft_loaded)
+        self.speculator = self._make_speculator(num_blocks, show_progress, draft_loaded, loaded.model)
         rejection = RejectionSampler(generator) if self.speculator is not None else None
         self.runner = ModelRunner(
             loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids, rejection, self.workers,
-            self.kv_cache_dtype,
+            self.kv_cache_dtype, keeps_last_hidden=self.speculator is not None and self.speculator.proposer.uses_last_hidden,
         )
         self.stop_checker = StopChecker(self.eos_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
@@ -207,6 +207,7 @@ class LLMEngine:
         outputs.extend(self._process(plan, result))
         self._record(plan, duration_s)
         if self.speculator is not None:
+            self.speculator.observe(result.last_hidden)
             self.speculator.retain(self.scheduler.running)
         return outputs
 
@@ -372,7 +373,9 @@ class LLMEngine:
             spec_accepted_histogram=tuple(spec.accepted_histogram),
         )
 
-    def _make_speculator(self, num_blocks: int, show_progress: bool, draft: LoadedModel | None) -> Speculator | None:
+    def _make_speculator(
+        self, num_blocks: int, show_progress: bool, draft: LoadedModel | None, target: torch.nn.Module
+    ) -> Speculator | None:
         """The configured proposer behind a speculator, or None when speculation is off."""
         spec = self.config.speculative
         if not spec.enabled:
@@ -381,6 +384,8 @@ class LLMEngine:
             from ember.engine.spec.ngram import NgramProposer
 
             return Speculator(spec, NgramProposer(spec.ngram_max, spec.ngram_min))
+        if spec.method == "medusa":
+            return self._medusa_speculator(target)
         from ember.engine.spec.draft_model import DraftModelProposer
 
         assert spec.draft_model is not None  # SpeculativeConfig checked it
@@ -395,6 +400,23 @@ class LLMEngine:
         cache_dtype = kv_cache_torch_dtype(self.config.cache.kv_cache_dtype)
         proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, generator, cache_dtype)
         return Speculator(spec, proposer)
+
+    def _medusa_speculator(self, target: torch.nn.Module) -> Speculator:
+        """Medusa heads checked against the target, drafting at most one token per head."""
+        from ember.engine.spec.medusa import MedusaProposer
+        from ember.engine.spec.medusa_heads import load_medusa_heads
+
+        spec = self.config.speculative
+        if self.workers is not None:
+            raise ValueError("Medusa heads read the whole LM head, which tensor parallelism splits; run them without --tensor-parallel-size")
+        assert spec.medusa_heads is not None  # SpeculativeConfig checked it
+        heads = load_medusa_heads(spec.medusa_heads, target)
+        if spec.num_speculative_tokens > heads.num_heads:
+            raise ValueError(
+                f"the Medusa heads in {spec.medusa_heads} draft at most {heads.num_heads} tokens; "
+                f"pass num_speculative_tokens <= {heads.num_heads} (--num-speculative-tokens) or train more heads"
+            )
+        return Speculator(spec, MedusaProposer(heads, target, torch.Generator().manual_seed(self.config.seed + 1)))
 
     def _num_kv_blocks(self, config: ModelConfig) -> int:
         cache = self.config.cache

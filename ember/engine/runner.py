@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,6 +34,19 @@ class StepResult:
 
     sampled: dict[str, list[SampledToken]]
     prompt_logprobs: dict[str, list[SampledToken]]
+    last_hidden: dict[str, LastHidden] = field(default_factory=dict)  # only from a runner that keeps them
+
+
+@dataclass
+class LastHidden:
+    """The target's final hidden state at `position`: the one whose logits gave the sequence's newest token.
+
+    It is current while the sequence's KV covers exactly the tokens up to `position`
+    (`num_computed_tokens == position + 1`); a Medusa proposer drafts from it.
+    """
+
+    position: int
+    hidden: torch.Tensor
 
 
 def kv_cache_bytes_per_block(
@@ -127,9 +140,12 @@ class ModelRunner:
         rejection_sampler: RejectionSampler | None = None,
         workers: WorkerGroup | None = None,
         cache_dtype: torch.dtype | None = None,
+        keeps_last_hidden: bool = False,
     ) -> None:
-        """`cache_dtype` None: the KV cache takes the model's parameter dtype."""
+        """`cache_dtype` None: the KV cache takes the model's parameter dtype. `keeps_last_hidden`: each
+        step's result carries the hidden state behind every sequence's newest token (a Medusa proposer's input)."""
         self.model = model
+        self.keeps_last_hidden = keeps_last_hidden
         self.block_size = block_size
         self.kv = kv
         self.sampler = sampler
@@ -159,6 +175,11 @@ class ModelRunner:
         hidden = self._forward(plan)
         ends = torch.tensor([item.num_new_tokens for item in plan.scheduled]).cumsum(0)
         return self._logits(hidden[ends - 1])
+
+    @torch.inference_mode()
+    def hidden_states(self, plan: SchedulerOutput) -> torch.Tensor:
+        """Final hidden states [plan.num_batched_tokens, hidden] of every scheduled token (training Medusa heads)."""
+        return self._forward(plan)
 
     @torch.inference_mode()
     def all_logits(self, plan: SchedulerOutput) -> torch.Tensor:
@@ -267,15 +288,24 @@ class ModelRunner:
             logits = self._logits(hidden[rows])
             tokens = self.sampler(logits, [self._sampling_row(seq) for _, seq in sampling])
             result.sampled = {seq.seq_id: [token] for (_, seq), token in zip(sampling, tokens, strict=True)}
-        result.sampled.update(self._verify(scheduled, hidden, ends))
+            if self.keeps_last_hidden:
+                result.last_hidden = {
+                    seq.seq_id: LastHidden(seq.num_computed_tokens + scheduled[i].num_new_tokens - 1, hidden[int(row)].clone())
+                    for (i, seq), row in zip(sampling, rows, strict=True)
+                }
+        result.sampled.update(self._verify(scheduled, hidden, ends, result.last_hidden))
         for i, item in enumerate(scheduled):
             if item.seq.params.prompt_logprobs is not None and item.seq.index == 0:
                 start = int(ends[i]) - item.num_new_tokens
                 result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(item, hidden[start : int(ends[i])])
         return result
 
-    def _verify(self, scheduled: list[ScheduledSequence], hidden: torch.Tensor, ends: torch.Tensor) -> dict[str, list[SampledToken]]:
-        """Score each drafted sequence's K+1 positions (its last token, then its drafts) and keep what the target agrees to."""
+    def _verify(
+        self, scheduled: list[ScheduledSequence], hidden: torch.Tensor, ends: torch.Tensor, last_hidden: dict[str, LastHidden]
+    ) -> dict[str, list[SampledToken]]:
+        """Score each drafted sequence's K+1 positions (its last token, then its drafts) and keep what the target agrees to.
+
+        With `keeps_last_hidden`, `last_hidden` gets the hidden state at the position that drew each final token."""
         verifying = [(int(ends[i]), item) for i, item in enumerate(scheduled) if item.draft is not None]
         if not verifying:
             return {}
@@ -285,6 +315,11 @@ class ModelRunner:
         tokens = self.rejection_sampler(
             list(logits), [self._sampling_row(item.seq) for _, item in verifying], [item.draft for _, item in verifying]
         )
+        if self.keeps_last_hidden:
+            for (end, item), row_tokens in zip(verifying, tokens, strict=True):
+                offset = item.num_new_tokens - item.num_draft_tokens - 1 + len(row_tokens) - 1  # kept drafts before the final token
+                row = end - item.num_new_tokens + offset
+                last_hidden[item.seq.seq_id] = LastHidden(item.seq.num_computed_tokens + offset, hidden[row].clone())
         return {item.seq.seq_id: row_tokens for (_, item), row_tokens in zip(verifying, tokens, strict=True)}
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:

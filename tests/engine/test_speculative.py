@@ -137,4 +137,4 @@ def test_speculative_config_names_the_fix_for_bad_settings():
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         SpeculativeConfig(method="ngram", num_speculative_tokens=0)
     with pytest.raises(ValueError, match="not available yet"):
-        EngineConfig(model="m", speculative=SpeculativeConfig(method="medusa"))
+        EngineConfig(model="m", speculative=SpeculativeConfig(method="eagle"))

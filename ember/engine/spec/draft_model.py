@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ember.engine.request import Request, Sequence
-from ember.engine.runner import ModelRunner
+from ember.engine.runner import LastHidden, ModelRunner
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import KVCacheManager
@@ -46,6 +46,8 @@ class DraftState:
 
 class DraftModelProposer:
     """Drafts with a second model over its own KV cache; q is the draft's filtered distribution."""
+
+    uses_last_hidden = False
 
     def __init__(
         self,
@@ -93,6 +95,9 @@ class DraftModelProposer:
             for seq_id, ids in tokens.items()
             if ids
         }
+
+    def observe(self, last_hidden: dict[str, LastHidden]) -> None:
+        """Not called: the draft model reads tokens only."""
 
     def retain(self, seq_ids: set[str]) -> None:
         """Free the draft KV of sequences that are no longer running."""

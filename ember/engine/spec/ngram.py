@@ -8,9 +8,13 @@ occurrence are a cheap, often right, guess. Drafting costs no model call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ember.engine.request import Sequence
 from ember.layers.rejection_sampler import DraftRow
+
+if TYPE_CHECKING:
+    from ember.engine.runner import LastHidden
 
 
 @dataclass
@@ -43,6 +47,8 @@ class NgramIndex:
 class NgramProposer:
     """Drafts by n-gram lookup in each sequence's own tokens (prompt and output), longest n first."""
 
+    uses_last_hidden = False
+
     def __init__(self, ngram_max: int, ngram_min: int) -> None:
         self.sizes = tuple(range(ngram_max, ngram_min - 1, -1))
         self._indexes: dict[str, NgramIndex] = {}
@@ -65,6 +71,9 @@ class NgramProposer:
     def catch_up_cost_s(self, seq: Sequence) -> float:
         """Nothing to catch up on: the index follows the tokens for free."""
         return 0.0
+
+    def observe(self, last_hidden: dict[str, LastHidden]) -> None:
+        """Not called: the lookup reads tokens only."""
 
     def retain(self, seq_ids: set[str]) -> None:
         """Forget the indexes of sequences that are no longer running."""

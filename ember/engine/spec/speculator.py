@@ -27,6 +27,7 @@ from typing import Protocol
 
 from ember.engine.config import SpeculativeConfig
 from ember.engine.request import Sequence, SequenceStatus
+from ember.engine.runner import LastHidden
 from ember.layers.rejection_sampler import DraftRow
 
 PROBE_INTERVAL = 16
@@ -38,7 +39,15 @@ DEFAULT_EXTRA_TOKEN_COST = 0.05  # relative cost of one more scored token until 
 
 
 class Proposer(Protocol):
-    """Drafts tokens for sequences: `wanted` maps each sequence to the most tokens it may draft."""
+    """Drafts tokens for sequences: `wanted` maps each sequence to the most tokens it may draft.
+
+    `uses_last_hidden`: the proposer drafts from the target's hidden states (Medusa), so the runner
+    keeps them and the engine hands them to `observe` after each step; others never pay for them.
+    """
+
+    uses_last_hidden: bool
+
+    def observe(self, last_hidden: dict[str, LastHidden]) -> None: ...
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]: ...
 
@@ -140,6 +149,11 @@ class Speculator:
         drafts = self.proposer.propose(wanted)
         self.stats.draft_time_s += time.perf_counter() - started
         return drafts
+
+    def observe(self, last_hidden: dict[str, LastHidden]) -> None:
+        """Hand the proposer the hidden states of a step (only a proposer that `uses_last_hidden` gets any)."""
+        if last_hidden:
+            self.proposer.observe(last_hidden)
 
     def retain(self, running: list[Sequence]) -> None:
         """Drop the state (draft KV, n-gram indexes, acceptance) of sequences no longer running."""

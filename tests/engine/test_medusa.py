@@ -1,0 +1,132 @@
+"""Medusa heads: trained by self-distillation on a real tiny model (stories260K), saved, reloaded, and drafting
+inside the engine with greedy outputs token-identical to plain decoding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ember.cli.main import main
+from ember.engine.config import SpeculativeConfig
+from ember.engine.sampling_params import SamplingParams
+from ember.engine.spec.medusa_heads import CONFIG_FILE, load_medusa_heads
+from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_medusa_heads
+from ember.models.loader import load_model
+from tests.engine.stories import run_to_completion, stories_llm
+from tests.model_factory import save_tiny_model
+
+STORY_PROMPTS = (
+    "Once upon a time there was a little girl named Lily. She",
+    "The cat sat on the mat. The cat sat on the",
+    "One day, a bird",
+)
+TRAINING = MedusaTrainingConfig(num_heads=3, steps=40, learning_rate=1e-2, batch_size=4, sequence_length=64, positions_per_window=16)
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_dir: Path) -> Path:
+    return shared_dir / "corpus" / "tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="module")
+def trained(stories_dir: Path, corpus: Path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("medusa") / "heads"
+    return train_medusa_heads(str(stories_dir / "stories260K.bin"), [corpus], out, TRAINING, tokenizer=str(stories_dir / "tok512.bin"))
+
+
+def _stories_model(stories_dir: Path) -> torch.nn.Module:
+    return load_model(stories_dir / "stories260K.bin", "float32").model
+
+
+def test_training_lowers_the_loss_and_the_saved_heads_reload_identically(trained, stories_dir):
+    losses = trained.log.losses
+    assert len(losses) == TRAINING.steps
+    assert sum(losses[-8:]) / 8 < 0.9 * sum(losses[:8]) / 8
+    assert (trained.out / "training.png").is_file()
+    target = _stories_model(stories_dir)
+    first, second = load_medusa_heads(trained.out, target), load_medusa_heads(trained.out, target)
+    assert first.num_heads == 3
+    hidden = torch.randn(5, 64)
+    assert torch.equal(first.logits(target, hidden), second.logits(target, hidden))
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values(), strict=True))
+
+
+def test_medusa_greedy_outputs_equal_plain_decoding_in_a_mixed_batch_and_every_block_comes_back(trained, stories_dir):
+    plain = stories_llm(stories_dir, block_size=4, num_kv_blocks=256)
+    spec = stories_llm(stories_dir, block_size=4, num_kv_blocks=256, speculative_method="medusa",
+                       medusa_heads=str(trained.out), num_speculative_tokens=3, adaptive=False)
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    requests = {str(i): (plain.tokenizer.encode(text, add_special_tokens=True), greedy) for i, text in enumerate(STORY_PROMPTS)}
+    requests["opt-out"] = (requests["0"][0], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, allow_speculation=False))
+    requests["forks"] = (requests["1"][0], SamplingParams(n=2, temperature=0, max_tokens=30, ignore_eos=True))
+    requests["sampled"] = (requests["2"][0], SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=25, ignore_eos=True))
+    expected = run_to_completion(plain, requests)
+    got = run_to_completion(spec, requests)
+    stats = spec.engine.stats()
+    for request_id in requests:
+        if request_id != "sampled":
+            assert [c.token_ids for c in got[request_id].outputs] == [c.token_ids for c in expected[request_id].outputs]
+    assert len(got["sampled"].outputs[0].token_ids) == 25
+    assert stats.spec_verifications_total > 0 and stats.spec_accepted_tokens_total > 0
+    assert stats.generation_tokens_total == plain.engine.stats().generation_tokens_total
+    assert spec.engine.kv.num_free_blocks == 256
+
+
+def test_the_hidden_state_handed_to_the_proposer_is_the_one_behind_each_newest_token(trained, stories_dir):
+    spec = stories_llm(stories_dir, block_size=4, num_kv_blocks=128, speculative_method="medusa",
+                       medusa_heads=str(trained.out), num_speculative_tokens=3, adaptive=False)
+    engine, proposer = spec.engine, spec.engine.speculator.proposer
+    for i, text in enumerate(STORY_PROMPTS):
+        engine.add_request(str(i), spec.tokenizer.encode(text, add_special_tokens=True),
+                           SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    checked = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        for seq in engine.scheduler.running:
+            last = proposer._current(seq)
+            assert last is not None  # every running decoder has a current hidden state after its step
+            logits = engine.runner.model.compute_logits(last.hidden.unsqueeze(0))
+            assert int(logits.argmax()) == seq.token_ids[last.position + 1]
+            checked += 1
+    assert checked > 50 and engine.stats().spec_accepted_tokens_total > 0
+
+
+def test_heads_name_their_model_and_the_fix_for_bad_settings(trained, stories_dir, tmp_path):
+    other = save_tiny_model("llama", tmp_path / "other", vocab_size=512, hidden_size=64, num_hidden_layers=5,
+                            num_attention_heads=8, num_key_value_heads=4)
+    with pytest.raises(ValueError, match="trained for another model"):
+        load_medusa_heads(trained.out, load_model(other, "float32").model)
+    with pytest.raises(ValueError, match=r"num_speculative_tokens <= 3"):
+        stories_llm(stories_dir, speculative_method="medusa", medusa_heads=str(trained.out), num_speculative_tokens=4)
+    with pytest.raises(ValueError, match="medusa_heads=DIR"):
+        SpeculativeConfig(method="medusa")
+    with pytest.raises(ValueError, match="drop medusa_heads"):
+        SpeculativeConfig(method="ngram", medusa_heads=str(trained.out))
+    with pytest.raises(FileNotFoundError, match="ember medusa train"):
+        load_medusa_heads(tmp_path)
+    saved = json.loads((trained.out / CONFIG_FILE).read_text())
+    assert saved["num_heads"] == 3 and saved["base_model"]["vocab_size"] == 512
+
+
+def test_medusa_train_command_writes_heads_and_names_bad_corpora(stories_dir, corpus, tmp_path, capsys):
+    model = ["--model", str(stories_dir / "stories260K.bin"), "--tokenizer", str(stories_dir / "tok512.bin")]
+    out = tmp_path / "heads"
+    shape = ["--num-heads", "2", "--steps", "2", "--batch-size", "2", "--sequence-length", "32"]
+    assert main(["medusa", "train", *model, "--corpus", str(corpus), *shape, "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out and load_medusa_heads(out).num_heads == 2
+    assert main(["medusa", "train", *model, "--corpus", str(tmp_path / "missing.txt"), *shape, "--out", str(out)]) == 2
+    assert "missing.txt does not exist" in capsys.readouterr().err
+    short = tmp_path / "short.txt"
+    short.write_text("Once upon a time.", encoding="utf-8")
+    assert main(["medusa", "train", *model, "--corpus", str(short), *shape, "--out", str(out)]) == 2
+    assert "one training window needs 32" in capsys.readouterr().err
+
+
+def test_generate_with_medusa_prints_the_reference_greedy_story(trained, stories_dir, capsys):
+    model = ["--model", str(stories_dir / "stories260K.bin"), "--tokenizer", str(stories_dir / "tok512.bin")]
+    flags = ["--speculative-method", "medusa", "--medusa-heads", str(trained.out), "--num-speculative-tokens", "3"]
+    assert main(["generate", *model, "--prompt", "", "--max-tokens", "200", "--temperature", "0", *flags]) == 0
+    assert capsys.readouterr().out == (stories_dir / "greedy_200steps_from_BOS.expected.txt").read_text(encoding="utf-8")
