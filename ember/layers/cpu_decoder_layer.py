@@ -114,6 +114,9 @@ class DecoderLayerKernel:
         self._function = library.ember_decoder_layer
         self._function.argtypes = [ctypes.POINTER(_Weights), ctypes.POINTER(_Step), ctypes.POINTER(_Kernels)]
         self._function.restype = ctypes.c_int
+        self._stack_function = library.ember_decoder_stack
+        self._stack_function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.POINTER(_Step), ctypes.c_void_p]
+        self._stack_function.restype = ctypes.c_int
         self._shared_kernels = shared_kernels
 
     def table_for(self, gemm: int) -> _Kernels:
@@ -122,6 +125,28 @@ class DecoderLayerKernel:
 
     def run(self, weights: _Weights, step: _Step, kernels: _Kernels) -> int:
         return self._function(ctypes.byref(weights), ctypes.byref(step), ctypes.byref(kernels))
+
+    def run_stack(self, tables: StackTables, step: _Step, spare: int) -> int:
+        """Every layer of `tables` in order (see ember_decoder_stack); 0 or the first failing status."""
+        return self._stack_function(
+            tables.weights, tables.kernels, tables.keys, tables.values, tables.num_layers, ctypes.byref(step), spare
+        )
+
+
+class StackTables:
+    """Per-layer pointer arrays of a stack call: weight and kernel tables fixed, caches set per step."""
+
+    def __init__(self, weights: list[_Weights], kernels: list[_Kernels]) -> None:
+        self.num_layers = len(weights)
+        pointers = ctypes.c_void_p * self.num_layers
+        self.weights = pointers(*(ctypes.addressof(w) for w in weights))
+        self.kernels = pointers(*(ctypes.addressof(k) for k in kernels))
+        self.keys, self.values = pointers(), pointers()
+
+    def set_caches(self, kv_caches: list[torch.Tensor]) -> None:
+        for i, cache in enumerate(kv_caches):
+            keys = cache.data_ptr()
+            self.keys[i], self.values[i] = keys, keys + cache.stride(0) * cache.element_size()
 
 
 def _address(library: ctypes.CDLL, name: str) -> int:
@@ -192,12 +217,75 @@ class CompiledDecoderLayer:
         step.m, step.x, step.out, step.scratch = m, x.data_ptr(), out.data_ptr(), scratch.data_ptr()
         step.positions, step.slots = positions.data_ptr(), metadata.slot_mapping.data_ptr()
         _fill_attention(step.attention, kv_cache, metadata, self._scale)
-        status = self._kernel.run(self._weights, step, self._kernels)
-        if status == -1:
-            raise ValueError("a position is outside the rotary tables: raise max_position_embeddings")
-        if status != 0:
-            raise RuntimeError(f"fused paged attention failed (status {status})")
+        _check_status(self._kernel.run(self._weights, step, self._kernels))
         return out
+
+
+class CompiledDecoderStack:
+    """Consecutive compiled layers of one attention group run as one compiled call per step.
+
+    A layer call still costs the interpreter tens of microseconds (checks, argument filling,
+    module dispatch): on a small model that is several percent of a batch-1 decode step. The
+    stack checks the step's inputs once and lets C walk the layers; the bits are the per-layer
+    path's (the same function runs each layer). It refers to its layers' `CompiledDecoderLayer`s,
+    so it must be rebuilt when any of them is (see `matches`).
+    """
+
+    def __init__(self, kernel: DecoderLayerKernel, layers: tuple[CompiledDecoderLayer, ...]) -> None:
+        self.layers = layers
+        self._kernel = kernel
+        self._tables = StackTables([layer._weights for layer in layers], [layer._kernels for layer in layers])
+        self._hidden = layers[0]._hidden
+        self._scale = layers[0]._scale
+        self._scratch_per_token = max(layer._scratch_per_token for layer in layers)
+        limits = [layer._max_rows for layer in layers if layer._max_rows is not None]
+        self._max_rows = min(limits, default=None)
+        self._step = _Step()
+
+    @classmethod
+    def build(cls, layers: tuple[CompiledDecoderLayer | None, ...]) -> CompiledDecoderStack | None:
+        """The stack of `layers`, or None unless every one is compiled with the same width and scale."""
+        if not layers or any(layer is None for layer in layers):
+            return None
+        if len({(layer._hidden, layer._scale) for layer in layers}) != 1:
+            return None
+        return cls(layers[0]._kernel, layers)
+
+    def matches(self, layers: tuple[CompiledDecoderLayer | None, ...]) -> bool:
+        """Whether this stack was built from exactly these compiled layers (same objects)."""
+        return len(layers) == len(self.layers) and all(a is b for a, b in zip(layers, self.layers, strict=True))
+
+    def __call__(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+    ) -> torch.Tensor | None:
+        """The last layer's output for x [m, hidden]; None (nothing done) for inputs a layer would not take."""
+        paged = metadata.paged
+        if paged is None or len(kv_caches) != len(self.layers):
+            return None
+        if not _takes(x, self._hidden, positions, kv_caches[0], metadata.slot_mapping):
+            return None
+        first = kv_caches[0]
+        if any(c.dtype != first.dtype or c.shape != first.shape or not c.is_contiguous() for c in kv_caches):
+            return None
+        m = x.shape[0]
+        if self._max_rows is not None and m > self._max_rows:
+            return None
+        out, spare = torch.empty_like(x), torch.empty_like(x)
+        scratch = torch.empty(m * self._scratch_per_token)
+        step = self._step
+        step.m, step.x, step.out, step.scratch = m, x.data_ptr(), out.data_ptr(), scratch.data_ptr()
+        step.positions, step.slots = positions.data_ptr(), metadata.slot_mapping.data_ptr()
+        _fill_attention(step.attention, first, metadata, self._scale)
+        self._tables.set_caches(kv_caches)
+        _check_status(self._kernel.run_stack(self._tables, step, spare.data_ptr()))
+        return out
+
+
+def _check_status(status: int) -> None:
+    if status == -1:
+        raise ValueError("a position is outside the rotary tables: raise max_position_embeddings")
+    if status != 0:
+        raise RuntimeError(f"fused paged attention failed (status {status})")
 
 
 def _takes(x: torch.Tensor, hidden: int, positions: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> bool:

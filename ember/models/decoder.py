@@ -17,6 +17,7 @@ from torch import nn
 
 from ember.kv.specs import KVCacheLayout, KVCacheSpec, kv_specs_for
 from ember.layers.attention import AttentionMetadata
+from ember.layers.cpu_decoder_layer import CompiledDecoderStack
 from ember.layers.embedding import VocabEmbedding
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
@@ -35,6 +36,7 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(make_layer(i, rotary) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.layer_groups = KVCacheLayout.from_specs(specs).layer_groups
+        self._stack: CompiledDecoderStack | None = None
 
     def forward(
         self,
@@ -44,9 +46,27 @@ class DecoderModel(nn.Module):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        stack = self.compiled_stack()
+        if stack is not None:
+            out = stack(h, positions, kv_caches, metadata.for_group(self.layer_groups[0]))
+            if out is not None:
+                return self.norm(out)
         for layer, kv_cache, group in zip(self.layers, kv_caches, self.layer_groups, strict=True):
             h = layer(h, positions, kv_cache, metadata.for_group(group))
         return self.norm(h)
+
+    def compiled_stack(self) -> CompiledDecoderStack | None:
+        """Every layer as one compiled call, when all are compiled and share one attention group.
+
+        Rebuilt whenever a layer's compiled form changes (quantized products swapped in, weights
+        restored), so it never runs stale weights.
+        """
+        if len(set(self.layer_groups)) != 1:
+            return None
+        compiled = tuple(getattr(layer, "compiled", None) for layer in self.layers)
+        if self._stack is None or not self._stack.matches(compiled):
+            self._stack = CompiledDecoderStack.build(compiled)
+        return self._stack
 
 
 class DecoderForCausalLM(nn.Module, ABC):

@@ -119,3 +119,15 @@ def test_a_change_of_activations_rebuilds_the_compiled_layers(tmp_path):
     before = [layer.compiled for layer in layers]
     assert set_activations(engine.runner.model, "float32") == 2 * 4
     assert all(layer.compiled is not None and layer.compiled is not old for layer, old in zip(layers, before, strict=True))
+
+
+def test_the_compiled_layers_run_as_one_stack_rebuilt_when_a_layer_changes(tmp_path):
+    engine = make_engine(save_tiny_model("llama", tmp_path / "llama"), "float32")
+    decoder, layers = engine.runner.model.model, compiled_layers(engine)
+    stack = decoder.compiled_stack()
+    assert stack is not None and stack.matches(tuple(layer.compiled for layer in layers))
+    layers[1].drop_compiled()
+    assert decoder.compiled_stack() is None  # one layer on the Python path: layer by layer
+    layers[1].compile_for_cpu()
+    rebuilt = decoder.compiled_stack()
+    assert rebuilt is not None and rebuilt is not stack and rebuilt.layers[1] is layers[1].compiled

@@ -6,7 +6,8 @@
    what goes away is a dozen interpreter round trips per layer, the cost that dominates a decode
    step of a small model. The kernels come from their own libraries as function pointers
    (`kernels`), so each keeps one definition. Returns 0, -1 for a position outside the rotary
-   tables (nothing written), or the attention kernel's nonzero status. */
+   tables (nothing written), or the attention kernel's nonzero status. `ember_decoder_stack` runs
+   consecutive layers in one call, for the one round trip per layer that remains otherwise. */
 #include <stdint.h>
 
 typedef void (*gemm_fn)(const float *x, const void *packed, const float *bias, float *y,
@@ -99,5 +100,26 @@ int ember_decoder_layer(const layer_weights *w, layer_step *s, const kernel_tabl
     k->silu_mul(gate_up, activated, m, w->inner);
     k->gemm(activated, w->down, w->down_bias, delta, m, hidden, w->inner);
     for (int64_t i = 0; i < m * hidden; i++) s->out[i] += delta[i];
+    return 0;
+}
+
+/* Layers 0..n-1 in order over s->x, the last one writing s->out: each layer's output is the next
+   one's input, alternating between s->out and `spare` ([m, hidden]) so the last lands in s->out.
+   keys[i] / values[i] are layer i's cache; every other step argument is shared. Returns the first
+   nonzero status (-1 comes from layer 0, before anything is written: the positions are shared). */
+int ember_decoder_stack(const layer_weights *const *w, const kernel_table *const *k, const void *const *keys,
+                        const void *const *values, int64_t n, layer_step *s, float *spare) {
+    const float *x = s->x;
+    float *final_out = s->out;
+    for (int64_t i = 0; i < n; i++) {
+        float *out = (n - 1 - i) % 2 == 0 ? final_out : spare;
+        s->x = x;
+        s->out = out;
+        s->attention.keys = keys[i];
+        s->attention.values = values[i];
+        int status = ember_decoder_layer(w[i], s, k[i]);
+        if (status != 0) return status;
+        x = out;
+    }
     return 0;
 }
