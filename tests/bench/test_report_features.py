@@ -155,7 +155,7 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     assert {"spec", "quant", "parallel"} <= set(SECTIONS)
     assert FeatureSizes.for_scale(1.0) == FeatureSizes()
     small = FeatureSizes.for_scale(0.25)
-    assert (small.spec_prompts, small.spec_batch_sizes, small.spec_mixed_requests) == (1, (1, 8), 8)
+    assert (small.spec_prompts, small.spec_batch_sizes, small.spec_mixed_requests) == (3, (1, 8), 8)  # prompts never scale
     assert (small.quant_eval_tokens, small.quant_calib_tokens, small.parallel_prompts) == (256, 512, 1)
     assert small.spec_output_len == FeatureSizes().spec_output_len  # lengths never scale
     options = BenchOptions(repeats=2)
