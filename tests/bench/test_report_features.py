@@ -118,7 +118,7 @@ def test_feature_sections_show_their_tables_and_what_was_scaled():
     assert "| 8 | 60.0 (54.0–66.0) | 48.0 (43.2–52.8) | 0.80x | 70% |" in text
     assert "Crossover: n-gram stops paying at batch 8." in text
     assert "(its own 4-bit blocks: a self-draft)" in text
-    assert "Scaled down for this run: prompts 1 (full size 3); batch sizes 1, 8 (full size 1, 4, 8, 16); mixed requests 8 (full size 16)." in text
+    assert "Scaled down for this run: batch sizes 1, 8 (full size 1, 4, 8, 16); mixed requests 8 (full size 16)." in text
     assert "| gptq4 g128 | 21.500 | +7.5% | 0.700 | 0.630 | 46.0 | 2.30x | 110 |" in text
     assert "methods rtn4, gptq4, awq4, nf4, rtn8, fp8, sq8 (full size rtn4, gptq4, awq4, nf4, rtn8, gptq8, fp8, sq8)" in text
     assert "## `parallel`: parallel modes against one process" in text
