@@ -120,8 +120,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     quant.add_argument("--methods", default="rtn4,gptq4,awq4,nf4,rtn8,gptq8,fp8,sq8",
                        help="comma-separated: rtn4,gptq4,awq4,nf4,rtn8,gptq8,awq8,fp8,sq8 (sq8: SmoothQuant W8A8)")
     quant.add_argument("--group-size", type=int, default=128)
-    quant.add_argument("--eval-tokens", type=int, default=1024)
-    quant.add_argument("--calib-tokens", type=int, default=2048)
+    quant.add_argument("--eval-windows", type=int, default=8, help="consecutive 512-token windows of --eval scored (pooled)")
+    quant.add_argument("--calib-tokens", type=int, default=4096, help="calibration tokens (GPTQ's Hessian needs a few times the layer width)")
     quant.add_argument("--sq-alpha", type=float, default=0.5, help="SmoothQuant's migration strength for the sq8 row")
     quant.add_argument("--plot", type=Path, default=Path("benchmarks/plots/quant.png"))
     quant.add_argument("--json", type=Path, default=None)
@@ -376,7 +376,7 @@ def _run_quant(args: argparse.Namespace) -> int:
     from ember.bench.quant import QuantBenchOptions, bench_quant, plot_quant
 
     options = QuantBenchOptions(model=args.model, calib=args.calib, eval_file=args.eval, methods=tuple(args.methods.split(",")),
-                                group_size=args.group_size, eval_tokens=args.eval_tokens, calib_tokens=args.calib_tokens,
+                                group_size=args.group_size, eval_windows=args.eval_windows, calib_tokens=args.calib_tokens,
                                 sq_alpha=args.sq_alpha)
     section = bench_quant(options, tick=lambda description: print(f"[bench] {description}", file=sys.stderr, flush=True))
     printing.print_section("quant", section, {})

@@ -55,12 +55,14 @@ def _mixed(section: dict) -> Group:
 
 
 def _quant(section: dict) -> Group:
+    from ember.bench.quant import change_cell
+
     title = f"quant: perplexity on {section['eval']} ({section['eval_tokens']} tokens), calibrated on {section['calib']}"
     table = Table(title=title)
     for column in ("weights", "perplexity", "vs float", "bytes/param (memory)", "bytes/param (nominal)", "decode tok/s", "quantize s"):
         table.add_column(column)
     for row in section["rows"]:
-        table.add_row(row["name"], f"{row['perplexity']:.2f}", f"{row['ppl_vs_float_pct']:+.1f}%", f"{row['bytes_per_parameter']:.3f}",
+        table.add_row(row["name"], f"{row['perplexity']:.2f}", change_cell(row), f"{row['bytes_per_parameter']:.3f}",
                       f"{row['nominal_bytes_per_parameter']:.3f}", f"{row['decode_tok_s']:.1f}", f"{row['quantize_s']:.0f}" if row["quantize_s"] else "")
     tables = [table]
     if section.get("w8a8_kernels"):

@@ -2,13 +2,23 @@
 
 The float model is the checkpoint loaded as float32 (for the shared SmolLM2: its Q4_1 GGUF
 dequantized). Each method quantizes that float model with `ember quantize`, calibrated on one
-corpus, and is evaluated on another, in one window of `eval_tokens` tokens. The source
-checkpoint as it is (dtype auto) is a row of its own. Results go to JSON and a
-perplexity-vs-bytes PNG.
+corpus, and is evaluated on another, over `eval_windows` consecutive windows of
+EVAL_WINDOW_TOKENS tokens (pooled NLL). Each row's change over the float model comes with its
+standard error across windows, so a difference between two methods can be told from the
+variation of the text. The source checkpoint as it is (dtype auto) is a row of its own. Results
+go to JSON and a perplexity-vs-bytes PNG.
+
+Floors (what `--scale` never shrinks below, `ember.bench.feature_benches.FeatureSizes`):
+MIN_CALIB_TOKENS tokens of calibration, since GPTQ's Hessian of a 1536-wide input (SmolLM2's
+down_proj) has rank at most the number of calibration tokens and needs a few times more to be
+estimated (the GPTQ paper calibrates on 128 x 2048 tokens); MIN_EVAL_WINDOWS windows, since one
+window's perplexity moves with the passage: on botchan the float model's 512-token windows range
+over 22-47.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 import time
@@ -22,6 +32,9 @@ from ember.quant.config import DEFAULT_ALPHA
 
 METHOD_SPECS = {"rtn4": ("rtn", 4), "gptq4": ("gptq", 4), "awq4": ("awq", 4), "nf4": ("nf4", 4),
                 "rtn8": ("rtn", 8), "gptq8": ("gptq", 8), "awq8": ("awq", 8), "fp8": ("fp8", 8), "sq8": ("smoothquant", 8)}
+EVAL_WINDOW_TOKENS = 512
+MIN_EVAL_WINDOWS = 4
+MIN_CALIB_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -31,8 +44,8 @@ class QuantBenchOptions:
     eval_file: Path
     methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8", "sq8")
     group_size: int = 128
-    eval_tokens: int = 1024
-    calib_tokens: int = 2048
+    eval_windows: int = 8  # of EVAL_WINDOW_TOKENS tokens each
+    calib_tokens: int = 4096
     decode_tokens: int = 32
     # SmoothQuant's alpha for the sq8 row (`ember quantize`'s default, the paper's). Measured once on SmolLM2 (botchan,
     # 1024 tokens, calibrated on tinyshakespeare): +2.8% perplexity at 0.5, +0.7% at 0.8, +3.1% at 0.85 (the value
@@ -43,6 +56,8 @@ class QuantBenchOptions:
         unknown = [m for m in self.methods if m not in METHOD_SPECS]
         if unknown:
             raise ValueError(f"unknown --methods {', '.join(unknown)}; choose from {', '.join(METHOD_SPECS)}")
+        if self.eval_windows < 1:
+            raise ValueError(f"--eval-windows must be at least 1 (the bench's scale keeps at least {MIN_EVAL_WINDOWS})")
         for path in (self.calib, self.eval_file):
             if not path.is_file():
                 raise ValueError(f"{path} is not a file; give plain-text corpora for --calib and --eval")
@@ -57,6 +72,7 @@ class QuantRow:
     bytes_per_parameter: float
     nominal_bytes_per_parameter: float
     decode_tok_s: float
+    window_perplexities: tuple[float, ...] = ()
     quantize_s: float = 0.0
 
 
@@ -84,10 +100,27 @@ def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda
         "model": options.model,
         "calib": str(options.calib),
         "eval": str(options.eval_file),
-        "eval_tokens": options.eval_tokens,
+        "eval_tokens": options.eval_windows * EVAL_WINDOW_TOKENS,
+        "eval_windows": options.eval_windows,
         "calib_tokens": options.calib_tokens,
-        "rows": [{**asdict(r), "ppl_vs_float_pct": 100.0 * (r.perplexity / float_ppl - 1.0)} for r in rows],
+        "rows": [{**asdict(r), "ppl_vs_float_pct": 100.0 * (r.perplexity / float_ppl - 1.0),
+                  "ppl_vs_float_se_pct": change_standard_error(r.window_perplexities, rows[0].window_perplexities)} for r in rows],
     }
+
+
+def change_standard_error(windows: tuple[float, ...], float_windows: tuple[float, ...]) -> float | None:
+    """Standard error, in percent, of a row's perplexity change over the float model, from the spread of
+    the per-window log-ratios (None with fewer than two windows)."""
+    if len(windows) < 2 or len(windows) != len(float_windows):
+        return None
+    logs = [math.log(a / b) for a, b in zip(windows, float_windows, strict=True)]
+    return 100.0 * (math.exp(statistics.stdev(logs) / math.sqrt(len(logs))) - 1.0)
+
+
+def change_cell(row: dict) -> str:
+    """'+47.3% ± 2.1' (± the standard error across evaluation windows), or without it where not measured."""
+    error = row.get("ppl_vs_float_se_pct")
+    return f"{row['ppl_vs_float_pct']:+.1f}%" + (f" ± {error:.1f}" if error else "")
 
 
 def times_w8a8_kernels(methods: tuple[str, ...]) -> bool:
@@ -121,14 +154,15 @@ def _row_name(name: str, group_size: int | None, options: QuantBenchOptions) -> 
 def _evaluate(name: str, model: str, dtype: str, options: QuantBenchOptions, tick: Callable[[str], None]) -> QuantRow:
     from ember.engine.config import CacheConfig, EngineConfig
     from ember.engine.llm_engine import LLMEngine
-    from ember.eval.perplexity import perplexity
+    from ember.eval.perplexity import windowed_perplexity
 
     tick(f"quant: evaluating {name}")
     engine = LLMEngine(EngineConfig(model=model, dtype=dtype, cache=CacheConfig(kv_cache_memory_bytes=256 << 20)))
     text = options.eval_file.read_text(encoding="utf-8", errors="replace")
-    ppl = perplexity(engine, text, options.eval_tokens).perplexity
+    ppl = windowed_perplexity(engine, text, EVAL_WINDOW_TOKENS, options.eval_windows)
     weights = weight_bytes(engine.runner.model)
-    return QuantRow(name, ppl, weights.bytes_per_parameter, weights.nominal_bytes_per_parameter, _decode_tok_s(engine, options.decode_tokens))
+    return QuantRow(name, ppl.perplexity, weights.bytes_per_parameter, weights.nominal_bytes_per_parameter,
+                    _decode_tok_s(engine, options.decode_tokens), ppl.window_perplexities)
 
 
 @dataclass(frozen=True)

@@ -138,22 +138,33 @@ def _sweep(section: dict, table: Table) -> list[str]:
 # -- quant -----------------------------------------------------------------------------------------
 
 
+def _windows(section: dict) -> str:
+    """How perplexity was measured: tokens and windows, and what the ± after each change means."""
+    windows = section.get("eval_windows")
+    if not windows:
+        return f"{section['eval_tokens']} tokens, one window"
+    return (f"{section['eval_tokens']} tokens in {windows} consecutive windows of {section['eval_tokens'] // windows}, NLL pooled; "
+            "the ± after a change is its standard error across the windows, from the spread of the per-window ratios to float32")
+
+
 def quant_markdown(section: dict | None, table: Table, image: Image) -> list[str]:
     if not section:
         return []
+    from ember.bench.quant import change_cell
+
     float_row = quant_row(section, "float32")
     lines = ["## `quant`: quantization methods (`ember bench quant`)", "",
              f"`{Path(section['model']).name}`: each method quantizes the float32 model (group size {section.get('group_size', '?')} "
              "where the method takes one; each row names its own), "
              f"calibrated on `{Path(section['calib']).name}` ({section['calib_tokens']} tokens); perplexity on "
-             f"`{Path(section['eval']).name}` ({section['eval_tokens']} tokens, one window). Bytes per parameter: the weights as "
+             f"`{Path(section['eval']).name}` ({_windows(section)}). Bytes per parameter: the weights as "
              "held in memory (nominal: each group's scales counted once, as the format defines them). Decode tok/s: median single-stream step rate after a 64-token prompt (one run per row). "
              f"{sizes_note(section.get('sizes'))}", ""]
     rows = []
     for row in section["rows"]:
         speed = row["decode_tok_s"] / float_row["decode_tok_s"] if float_row and float_row["decode_tok_s"] else None
         nominal = row.get("nominal_bytes_per_parameter")
-        rows.append([row["name"], f"{row['perplexity']:.3f}", f"{row['ppl_vs_float_pct']:+.1f}%", f"{row['bytes_per_parameter']:.3f}",
+        rows.append([row["name"], f"{row['perplexity']:.3f}", change_cell(row), f"{row['bytes_per_parameter']:.3f}",
                      "n/a" if nominal is None else f"{nominal:.3f}", f"{row['decode_tok_s']:.1f}", _ratio(speed),
                      f"{row['quantize_s']:.0f}" if row.get("quantize_s") else ""])  # fmt: skip
     lines += table(["weights", "perplexity", "vs float32", "bytes/param in memory", "nominal bytes/param", "decode tok/s",

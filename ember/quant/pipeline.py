@@ -8,8 +8,14 @@ or for SmoothQuant to int8 per output channel (W8A8 layers, ember.quant.int8_cha
 embedding (with a tied LM head) is stored as Q8_0. The result is written by
 ember.quant.checkpoint into a temporary folder renamed to --out only when complete.
 
-Calibration uses the float model's activations for every layer at once (one pass over the
-text), not layer-by-layer activations of the partly quantized model.
+AWQ and SmoothQuant calibrate on the float model's activations for every layer at once (one
+pass over the text, a chunk per engine step), as AWQ's reference does. GPTQ quantizes
+sequentially, as its paper does (Frantar et al. 2022, section 5): each linear's Hessian comes
+from the inputs it gets from the already-quantized linears before it. All calibration chunks go
+through the model in ONE engine step; a hook on each linear, called with all of the batch's
+inputs, builds H, runs GPTQ and writes the rounded weights back before the linear runs, so
+every later linear (o_proj after qkv_proj, the next layer after this one) sees their effect.
+The price is the batch's activations in memory at once (about 20 KB per token for SmolLM2).
 """
 
 from __future__ import annotations
@@ -53,38 +59,57 @@ class QuantizeResult:
 
 
 def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> QuantizeResult:
-    from ember.engine.config import CacheConfig, EngineConfig
-    from ember.engine.llm_engine import LLMEngine
     from ember.layers.cpu_prepare import restore_dense_weights
     from ember.models.registry import resolve_model
     from ember.quant.checkpoint import write_quantized
 
-    engine = LLMEngine(EngineConfig(model=config.model, tokenizer=config.tokenizer, dtype="float32", max_model_len=config.seq_len,
-                                    cache=CacheConfig(kv_cache_memory_bytes=64 << 20)))
+    engine = _float_engine(config)
     model = engine.runner.model
     restore_dense_weights(model)  # AWQ scales the weights in place and quantization reads them dense
     if engine.model_config.architecture not in LLAMA_FAMILY:
         raise ValueError(f"ember quantize runs the Llama family ({', '.join(LLAMA_FAMILY)}); {config.model} is {engine.model_config.architecture}")
     names = [f"model.layers.{i}.{linear}" for i in range(len(model.model.layers)) for linear in LINEARS]
     with Progress(disable=not show_progress) as progress:
-        stats: dict[str, InputStats] = {}
-        calib_tokens = 0
+        chunks: list[list[int]] = []
         if config.method in CALIBRATED_METHODS:
             if engine.tokenizer is None:
                 raise ValueError(f"{config.model} has no tokenizer to read --calib with; give --tokenizer FILE")
             chunks = calibration_chunks(engine.tokenizer, config)
-            calib_tokens = sum(map(len, chunks))
-            stats = calibrate(engine, model, names, chunks, progress, with_hessian=config.method != "smoothquant")
-        if config.method == "awq":
-            apply_awq(model, stats, config.grid, progress)
-        elif config.method == "smoothquant":
-            apply_smoothing(model, stats, config.alpha, progress)
-        blocks = quantize_linears(model, names, stats, config, progress)
-    blocks["model.embed_tokens.weight"] = _rtn(model.model.embed_tokens.weight, EMBEDDING_GRID)
+        embedding = _rtn(model.model.embed_tokens.weight, EMBEDDING_GRID)
+        if config.method == "gptq":
+            with torch.no_grad():  # the first layer's inputs come from the embedding as it will run
+                model.model.embed_tokens.weight.copy_(embedding.dequantize())
+            blocks = gptq_sequential(engine, model, names, chunks, config, progress)
+        else:
+            blocks = _rescale_and_round(engine, model, names, chunks, config, progress)
+    blocks["model.embed_tokens.weight"] = embedding
     if not engine.model_config.tie_word_embeddings:
         blocks["lm_head.weight"] = _rtn(model.lm_head.weight, EMBEDDING_GRID)
+    calib_tokens = sum(map(len, chunks))
     written = write_quantized(resolve_model(config.model), model, engine.model_config, blocks, config, calib_tokens)
     return QuantizeResult(config.out, *written, calib_tokens)
+
+
+def _float_engine(config: QuantizeConfig):
+    """The float32 model in an engine whose step budget and KV cache take every calibration chunk in one step (GPTQ)."""
+    from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from ember.engine.llm_engine import LLMEngine
+
+    sequences = -(-config.calib_tokens // (config.seq_len - 1)) + 1
+    batch = SchedulerConfig(max_num_batched_tokens=max(512, config.calib_tokens), max_num_seqs=max(64, sequences))
+    cache = CacheConfig(num_kv_blocks=config.calib_tokens // 16 + 2 * sequences + 64, enable_prefix_caching=False)
+    return LLMEngine(EngineConfig(model=config.model, tokenizer=config.tokenizer, dtype="float32", max_model_len=config.seq_len,
+                                  cache=cache, scheduler=batch))
+
+
+def _rescale_and_round(engine, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
+                       progress: Progress) -> dict[str, GGMLTensor | Int8ChannelTensor]:
+    """Every method but GPTQ: AWQ or SmoothQuant rescaling from float-model statistics, then each linear rounded on its own."""
+    if config.method == "awq":
+        apply_awq(model, calibrate(engine, model, names, chunks, progress), config.grid, progress)
+    elif config.method == "smoothquant":
+        apply_smoothing(model, calibrate(engine, model, names, chunks, progress, with_hessian=False), config.alpha, progress)
+    return quantize_linears(model, names, config, progress)
 
 
 def calibration_chunks(tokenizer, config: QuantizeConfig) -> list[list[int]]:
@@ -120,6 +145,48 @@ def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]
     return calibration.stats
 
 
+def gptq_sequential(engine, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
+                    progress: Progress) -> dict[str, GGMLTensor]:
+    """GPTQ on every named linear in order, inside one forward pass of all `chunks` (one engine step):
+    each linear's Hessian is built from the inputs the already-quantized linears before it produce."""
+    from ember.engine.sampling_params import SamplingParams
+    from ember.layers.cpu_prepare import restore_dense_weights
+
+    restore_dense_weights(model)  # hooks see a linear's input only on the Python path, and the rounded weights are written back
+    grid, settings = config.grid, GPTQSettings(damp=config.damp, act_order=config.act_order)
+    task = progress.add_task(f"GPTQ, layer by layer ({config.bits}-bit, g{config.group_size})", total=len(names))
+    blocks: dict[str, GGMLTensor] = {}
+
+    def quantize_in_place(module: nn.Module, args: tuple, name: str) -> None:
+        if f"{name}.weight" in blocks:
+            raise RuntimeError(f"GPTQ saw {name}'s inputs twice: the calibration batch was split across engine steps")
+        grid.check_width(module.weight.shape[1], name)
+        inputs = InputStats.empty(module.in_features)
+        inputs.add(args[0])
+        codes, d, m = gptq_quantize(module.weight, inputs.mean_hessian, grid, settings)
+        cols = codes.shape[1]
+        module.weight.copy_(grid.dequantize(codes, grid.per_column(d, cols), grid.per_column(m, cols)))
+        blocks[f"{name}.weight"] = grid.to_blocks(codes, d, m)
+        progress.advance(task)
+
+    handles = [model.get_submodule(name).register_forward_pre_hook(lambda module, args, name=name: quantize_in_place(module, args, name))
+               for name in names]
+    try:
+        with torch.inference_mode():
+            for index, chunk in enumerate(chunks):
+                engine.add_request(f"calibration-{index}", chunk, SamplingParams(max_tokens=1, temperature=0.0))
+            engine.step()  # every chunk's prefill: the scheduler's budget holds all calibration tokens
+            while engine.has_unfinished_requests():
+                engine.step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [name for name in names if f"{name}.weight" not in blocks]
+    if missing:
+        raise RuntimeError(f"GPTQ never saw the inputs of {', '.join(missing[:3])}: the model did not run its Python path")
+    return blocks
+
+
 def apply_awq(model: nn.Module, stats: dict[str, InputStats], grid: BlockGrid, progress: Progress) -> None:
     """Scale each layer's qkv, gate_up and down inputs by AWQ's search; the feeding op absorbs 1/s."""
     from ember.layers.cpu_prepare import restore_dense_weights
@@ -145,26 +212,19 @@ def _scale_inputs(linear: nn.Linear, stats: InputStats, grid: BlockGrid, feeder:
         feeder.div_(scales.reshape(-1, *[1] * (feeder.dim() - 1)))
 
 
-def quantize_linears(
-    model: nn.Module, names: list[str], stats: dict[str, InputStats], config: QuantizeConfig, progress: Progress
-) -> dict[str, GGMLTensor | Int8ChannelTensor]:
-    """Every named linear quantized: NF4/FP8 codes, int8 rows (SmoothQuant), GPTQ with its Hessian, else RTN on the grid."""
+def quantize_linears(model: nn.Module, names: list[str], config: QuantizeConfig, progress: Progress) -> dict[str, GGMLTensor | Int8ChannelTensor]:
+    """Every named linear rounded on its own: NF4/FP8 codes, int8 rows (SmoothQuant), else RTN on the grid (rtn, awq)."""
     if config.method in FLOAT_CODE_QUANTIZERS:
         return _quantize_float_codes(model, names, config, progress)
     if config.method == "smoothquant":
         return _quantize_int8_rows(model, names, progress)
     grid = config.grid
-    settings = GPTQSettings(damp=config.damp, act_order=config.act_order)
     task = progress.add_task(f"quantizing ({config.method}, {config.bits}-bit, g{config.group_size})", total=len(names))
     blocks = {}
     for name in names:
         weight = model.get_submodule(name).weight.detach()
         grid.check_width(weight.shape[1], name)
-        if config.method == "gptq":
-            codes, d, m = gptq_quantize(weight, stats[name].mean_hessian, grid, settings)
-            blocks[f"{name}.weight"] = grid.to_blocks(codes, d, m)
-        else:
-            blocks[f"{name}.weight"] = _rtn(weight, grid)
+        blocks[f"{name}.weight"] = _rtn(weight, grid)
         progress.advance(task)
     return blocks
 

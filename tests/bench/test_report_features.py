@@ -156,7 +156,7 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     assert FeatureSizes.for_scale(1.0) == FeatureSizes()
     small = FeatureSizes.for_scale(0.25)
     assert (small.spec_prompts, small.spec_batch_sizes, small.spec_mixed_requests) == (3, (1, 8), 8)  # prompts never scale
-    assert (small.quant_eval_tokens, small.quant_calib_tokens, small.parallel_prompts) == (256, 512, 1)
+    assert (small.quant_eval_windows, small.quant_calib_tokens, small.parallel_prompts) == (4, 2048, 1)  # the quant floors
     assert small.spec_output_len == FeatureSizes().spec_output_len  # lengths never scale
     options = BenchOptions(repeats=2)
     assert planned_runs(options, small, "spec") == (3 * 3 + 2 * 2 + 2) * 2
@@ -185,3 +185,19 @@ def test_a_proposer_that_adaptive_k_kept_off_reads_never_drafted_not_zero_accept
     assert acceptance_text({"acceptance_rate": 0.0, "accepted_histogram": [0, 0, 0, 0, 0]}) == "never drafted"
     assert acceptance_text({"acceptance_rate": 0.0, "accepted_histogram": [3, 0, 0, 0, 0]}) == "0%"
     assert acceptance_text({"acceptance_rate": 0.88, "accepted_histogram": [1, 0, 2, 0, 9]}) == "88%"
+
+
+def test_quant_rows_carry_the_standard_error_of_their_change_across_windows():
+    from ember.bench.quant import change_standard_error
+
+    float_windows = (20.0, 30.0, 40.0, 25.0)
+    assert change_standard_error(tuple(1.1 * p for p in float_windows), float_windows) == pytest.approx(0.0, abs=1e-9)  # the same ratio everywhere
+    spread = change_standard_error((22.0, 31.5, 46.0, 26.0), float_windows)
+    assert 1.0 < spread < 5.0
+    assert change_standard_error((22.0,), (20.0,)) is None  # one window: no spread to measure
+    section = quant_section()
+    section.update(eval_tokens=2048, eval_windows=4)
+    section["rows"][2]["ppl_vs_float_se_pct"] = 1.53
+    text = report.render_markdown(dict(feature_results(), quant=section))
+    assert "(2048 tokens in 4 consecutive windows of 512, NLL pooled;" in text
+    assert "| rtn4 g128 | 22.000 | +10.0% ± 1.5 |" in text

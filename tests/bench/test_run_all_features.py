@@ -15,7 +15,7 @@ from ember.bench.run_all import run_all
 from ember.bench.suite import BenchOptions
 
 TINY = FeatureSizes(spec_prompts=1, spec_output_len=8, spec_methods=("ngram", "draft"), spec_batch_sizes=(1, 2), spec_mixed_requests=2,
-                    spec_mixed_max_output=8, quant_methods=("rtn4",), quant_eval_tokens=64, quant_calib_tokens=256,
+                    spec_mixed_max_output=8, quant_methods=("rtn4",), quant_eval_windows=1, quant_calib_tokens=256,
                     parallel_prompts=1, parallel_prompt_len=8, parallel_max_tokens=2)  # fmt: skip
 
 

@@ -39,8 +39,31 @@ def test_blocks_decode_to_exactly_the_grid_values(bits, symmetric, group_size):
     assert ((expected - weight).abs() <= steps * grid.per_column(d, cols).abs() + 1e-6).all()
 
 
+def _correlated_layer(rows: int = 96, cols: int = 256, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random linear layer's weight and calibration inputs X whose channels are strongly correlated."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(rows, cols, generator=generator) * 0.05
+    mixing = torch.randn(cols // 4, cols, generator=generator)  # every channel a mix of cols/4 sources
+    x = torch.randn(8 * cols, cols // 4, generator=generator) @ mixing + 0.1 * torch.randn(8 * cols, cols, generator=generator)
+    return weight, x
+
+
 @pytest.mark.parametrize("act_order", [False, True])
-def test_gptq_output_error_is_below_round_to_nearest(act_order):
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_gptq_output_error_is_below_round_to_nearest_on_the_same_grid(act_order, group_size):
+    weight, x = _correlated_layer()
+    grid = BlockGrid(4, group_size)
+    codes, d, m = gptq_quantize(weight, x.T @ x / x.shape[0], grid, GPTQSettings(act_order=act_order))
+    cols = weight.shape[1]
+    gptq = grid.dequantize(codes, grid.per_column(d, cols), grid.per_column(m, cols))
+    assert torch.equal(grid.to_blocks(codes, d, m).dequantize(), gptq)  # what the kernels run
+    gptq_error = torch.linalg.norm(x @ weight.T - x @ gptq.T)
+    rtn_error = torch.linalg.norm(x @ weight.T - x @ grid.fake_quantize(weight).T)
+    assert gptq_error < 0.7 * rtn_error
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_output_error_is_below_round_to_nearest_with_loud_channels(act_order):
     weight, hessian = _layer()
     grid = BlockGrid(4, 32)
     codes, d, m = gptq_quantize(weight, hessian, grid, GPTQSettings(act_order=act_order))
