@@ -28,8 +28,11 @@ def _probs(table: torch.Tensor, last: torch.Tensor, params: SamplingParams) -> t
     return filtered_probs(table, [params] * VOCAB)[last]
 
 
-def _speculative_continuations(target, draft, params, k, use_draft_probs, generator) -> torch.Tensor:
-    """LENGTH tokens after token 0 for every sample, drafted k at a time and verified."""
+def _speculative_continuations(target, draft, params, k, use_draft_probs, generator, medusa_heads=None) -> torch.Tensor:
+    """LENGTH tokens after token 0 for every sample, drafted k at a time and verified.
+
+    With `medusa_heads` (k bigram tables), draft j comes from head j given the token before the
+    drafts, as Medusa heads draft: q_j does not depend on the earlier drafts."""
     out = torch.full((NUM_SAMPLES, LENGTH), -1, dtype=torch.long)
     count = torch.zeros(NUM_SAMPLES, dtype=torch.long)
     last = torch.zeros(NUM_SAMPLES, dtype=torch.long)
@@ -38,8 +41,8 @@ def _speculative_continuations(target, draft, params, k, use_draft_probs, genera
         n = len(rows)
         context = last[rows]
         drafted, draft_probs = [], []
-        for _ in range(k):
-            q = _probs(draft, context, params)
+        for j in range(k):
+            q = _probs(draft, context, params) if medusa_heads is None else _probs(medusa_heads[j], last[rows], params)
             context = torch.multinomial(q, 1, generator=generator).squeeze(1)
             drafted.append(context)
             draft_probs.append(q)
@@ -98,6 +101,17 @@ def test_speculative_continuations_follow_the_target_distribution(params, use_dr
     observed = torch.bincount(cells, minlength=VOCAB**LENGTH).double()
     p_value = _chi_square_p_value(observed, _target_distribution(target, params))
     assert p_value > 0.01
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_p=0.8, top_k=4)],
+                         ids=["t0.7", "t1.0-topp-topk"])
+def test_medusa_shaped_drafts_that_ignore_earlier_drafts_keep_the_target_distribution(params):
+    target, heads = _bigram(1), [_bigram(20 + j) for j in range(3)]
+    samples = _speculative_continuations(target, None, params, k=3, use_draft_probs=True,
+                                         generator=torch.Generator().manual_seed(12), medusa_heads=heads)
+    cells = (samples * torch.tensor([VOCAB**2, VOCAB, 1])).sum(1)
+    observed = torch.bincount(cells, minlength=VOCAB**LENGTH).double()
+    assert _chi_square_p_value(observed, _target_distribution(target, params)) > 0.01
 
 
 def test_the_chi_square_test_rejects_the_draft_distribution_itself():
