@@ -96,6 +96,8 @@ def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]
     draft = (f"; draft: `{Path(section['draft_model']).name}` at dtype {section['draft_dtype']}"
              f"{' (its own 4-bit blocks: a self-draft)' if section['draft_dtype'] == 'auto' else ''}"
              if section.get("draft_model") else "")  # fmt: skip
+    if section.get("medusa_heads"):
+        draft += f"; Medusa heads: `{Path(section['medusa_heads']).name}` (trained on the shared corpus unless given)"
     lines = ["## `spec`: speculative decoding (`ember bench spec`)", "",
              f"ember with each proposer against ember without, same run, interleaved repeats ({section.get('repeats', '?')}), "
              f"greedy, target dtype {section['dtype']}, K={section['num_speculative_tokens']} with adaptive K{draft}. "

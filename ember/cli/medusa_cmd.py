@@ -20,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--sequence-length", type=int, default=128, help="tokens per window")
     train.add_argument("--positions-per-window", type=int, default=16,
                        help="positions per window whose logits are distilled (the LM head products are the cost)")
+    train.add_argument("--steps-per-batch", type=int, default=1,
+                       help="optimizer steps on each batch's hidden states (saves target forwards; new positions each step)")
     train.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="dtype of the frozen model")
     train.add_argument("--tokenizer", default=None, help="tokenizer file when the model carries none")
     train.add_argument("--seed", type=int, default=0)
@@ -31,7 +33,8 @@ def run_train(args: argparse.Namespace) -> int:
     from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_medusa_heads
 
     config = MedusaTrainingConfig(num_heads=args.num_heads, steps=args.steps, learning_rate=args.lr, batch_size=args.batch_size,
-                                  sequence_length=args.sequence_length, positions_per_window=args.positions_per_window, seed=args.seed)
+                                  sequence_length=args.sequence_length, positions_per_window=args.positions_per_window,
+                                  steps_per_batch=args.steps_per_batch, seed=args.seed)
     result = train_medusa_heads(args.model, args.corpus, args.out, config, args.dtype, args.tokenizer, show_progress=sys.stderr.isatty())
     final = result.log.head_accuracy[-1]
     agreement = ", ".join(f"head {k + 1} {a:.0%}" for k, a in enumerate(final))

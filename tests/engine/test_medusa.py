@@ -114,7 +114,7 @@ def test_heads_name_their_model_and_the_fix_for_bad_settings(trained, stories_di
 def test_medusa_train_command_writes_heads_and_names_bad_corpora(stories_dir, corpus, tmp_path, capsys):
     model = ["--model", str(stories_dir / "stories260K.bin"), "--tokenizer", str(stories_dir / "tok512.bin")]
     out = tmp_path / "heads"
-    shape = ["--num-heads", "2", "--steps", "2", "--batch-size", "2", "--sequence-length", "32"]
+    shape = ["--num-heads", "2", "--steps", "3", "--steps-per-batch", "2", "--batch-size", "2", "--sequence-length", "32"]
     assert main(["medusa", "train", *model, "--corpus", str(corpus), *shape, "--out", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out and load_medusa_heads(out).num_heads == 2
     assert main(["medusa", "train", *model, "--corpus", str(tmp_path / "missing.txt"), *shape, "--out", str(out)]) == 2

@@ -7,7 +7,9 @@ every position. Head k at position t is taught the target's distribution at posi
 corpus's, so these targets suit it better than the corpus labels. Only the heads get gradients;
 the LM head is shared and frozen. Its products (teacher logits, the heads' logits and their
 gradient) cost as much as the target's body on a small model, so the distillation loss reads a
-random subset of `positions_per_window` positions per window. Every position still teaches the
+random subset of `positions_per_window` positions per window. The target's forward is the other
+cost: `steps_per_batch` > 1 reuses one batch's hidden states for several optimizer steps, each
+distilling other positions. Every position still teaches the
 heads through a cheap second loss, as EAGLE does: head k's output regresses onto the target's own
 hidden state at t + k + 1 (the vector the LM head turns into the wanted distribution), its
 mean squared error relative to the hidden states' mean square.
@@ -48,6 +50,7 @@ class MedusaTrainingConfig:
     batch_size: int = 4
     sequence_length: int = 128
     positions_per_window: int = 16  # positions per window whose logits are trained (the LM head products' cost)
+    steps_per_batch: int = 1  # optimizer steps on each batch's hidden states (new distillation positions each time)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -61,6 +64,8 @@ class MedusaTrainingConfig:
             raise ValueError("--batch-size must be at least 1")
         if self.sequence_length < self.num_heads + 2:
             raise ValueError(f"--sequence-length must be at least --num-heads + 2 = {self.num_heads + 2}")
+        if self.steps_per_batch < 1:
+            raise ValueError("--steps-per-batch must be at least 1")
         if self.positions_per_window < 1:
             raise ValueError("--positions-per-window must be at least 1")
 
@@ -140,21 +145,24 @@ class MedusaTrainer:
                 "give more text or a smaller --sequence-length"
             )
         log = TrainingLog()
+        hidden = torch.empty(0)
         for step in range(self.config.steps):
-            starts = [self._random.randrange(len(tokens) - length + 1) for _ in range(self.config.batch_size)]
-            loss, accuracy = self.step([tokens[s : s + length] for s in starts])
+            if step % self.config.steps_per_batch == 0:
+                starts = [self._random.randrange(len(tokens) - length + 1) for _ in range(self.config.batch_size)]
+                hidden = self._target_hidden([tokens[s : s + length] for s in starts])
+            loss, accuracy = self.step(hidden)
             log.losses.append(loss)
             log.head_accuracy.append(accuracy)
             if on_step is not None:
                 on_step(step, loss)
         return log
 
-    def step(self, windows: list[list[int]]) -> tuple[float, list[float]]:
-        """One optimizer step on token windows of equal length; returns the loss and each head's top-1 agreement.
+    def step(self, hidden: torch.Tensor) -> tuple[float, list[float]]:
+        """One optimizer step on the target's hidden states [B, L, H] of a batch of windows; returns the loss
+        and each head's top-1 agreement with the target.
 
         Heads are back-propagated one at a time (they share no gradient path), so only one head's
         [batch, positions, vocab] logits are alive at once."""
-        hidden = self._target_hidden(windows)  # [B, L, H], no gradient
         count = self.config.num_trained_positions
         positions = self._positions()
         teacher = self._teacher_probs(hidden, positions)  # [B, P, K, V]
@@ -251,7 +259,8 @@ def train_heads_for(
 ) -> TrainedHeads:
     """Train heads for a loaded model on `corpus` with a progress bar; save them (and a training plot) in `out`."""
     trainer = MedusaTrainer(target, config)
-    tokens = corpus_tokens(corpus, tokenizer, config.steps * config.batch_size * config.sequence_length)
+    num_batches = -(-config.steps // config.steps_per_batch)
+    tokens = corpus_tokens(corpus, tokenizer, num_batches * config.batch_size * config.sequence_length)
     columns = (TextColumn("[bold]medusa train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                TimeRemainingColumn())
     with Progress(*columns, disable=not show_progress) as progress:
