@@ -70,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     spec.add_argument("--draft-dtype", default=None, choices=("float32", "bfloat16"), help="draft dtype (default: bfloat16 for a self-draft)")
     spec.add_argument("--medusa-heads", default=None,
                       help="Medusa heads folder for the 'medusa' proposer (default: trained here on the shared corpus, cached)")
-    spec.add_argument("--medusa-train-steps", type=int, default=60, help="training steps of heads this bench trains itself")
+    spec.add_argument("--medusa-train-steps", type=int, default=160,
+                      help="training steps (4 per batch of target hidden states) of heads this bench trains itself")
     spec.add_argument("--num-prompts", type=int, default=3, help="prompts per batch-1 workload")
     spec.add_argument("--output-len", type=int, default=128)
     spec.add_argument("--batch-sizes", default="1,4,8,16", help="batch sweep on code-edit ('' to skip)")

@@ -35,7 +35,7 @@ class SpecBenchOptions:
     draft_model: str | None = None
     draft_dtype: str | None = None
     medusa_heads: str | None = None  # None: trained here (and cached) when "medusa" is compared
-    medusa_train_steps: int = 60
+    medusa_train_steps: int = 160  # 4 per batch of target hidden states: 40 target forwards of 4 x 128 tokens
     num_prompts: int = 3
     output_len: int = 128
     batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
@@ -140,8 +140,9 @@ def cached_medusa_heads(model: str, dtype: str, spec: SpecBenchOptions, tokenize
     from ember.models.registry import ember_home
 
     target = loaded_weights(model, dtype).model
-    config = MedusaTrainingConfig(num_heads=spec.num_speculative_tokens, steps=spec.medusa_train_steps)
-    folder = ember_home() / "medusa" / f"{model_identity(target).key}-{config.num_heads}heads-{config.steps}steps"
+    config = MedusaTrainingConfig(num_heads=spec.num_speculative_tokens, steps=spec.medusa_train_steps, steps_per_batch=4)
+    name = f"{model_identity(target).key}-{config.num_heads}heads-{config.steps}steps-{config.steps_per_batch}perbatch"
+    folder = ember_home() / "medusa" / name
     if (folder / CONFIG_FILE).is_file():
         return folder
     corpus_dir = find_corpus_dir()
