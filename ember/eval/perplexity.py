@@ -43,17 +43,6 @@ class WindowedPerplexity:
     num_tokens: int
     window_perplexities: tuple[float, ...]
 
-    @property
-    def spread_pct(self) -> float:
-        """Standard error of the pooled mean NLL across windows, as a percentage of the perplexity:
-        how much the number would move on another stretch of the same text."""
-        logs = [math.log(p) for p in self.window_perplexities]
-        if len(logs) < 2:
-            return float("nan")
-        mean = sum(logs) / len(logs)
-        variance = sum((v - mean) ** 2 for v in logs) / (len(logs) - 1)
-        return 100.0 * (math.exp(math.sqrt(variance / len(logs))) - 1.0)
-
 
 def windowed_perplexity(engine: LLMEngine, text: str, window_tokens: int, windows: int) -> WindowedPerplexity:
     """Score the first `windows * window_tokens` tokens of `text` (BOS first when the model adds one)
