@@ -77,10 +77,11 @@ def spec_goals(results: dict) -> list[Goal]:
             continue
         goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}: n-gram output tok/s over plain", ">= 2x",
                           _get(entry, "ngram", "ratio"), lambda v: v >= 2.0, detail=_acceptance(entry, "ngram")))
-    for workload, entry in batch1.items():
-        if "draft" in entry:
-            goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}: draft-model output tok/s over plain", "reported",
-                              _get(entry, "draft", "ratio"), detail=_acceptance(entry, "draft")))
+    for method, name in (("draft", "draft-model"), ("medusa", "Medusa")):
+        for workload, entry in batch1.items():
+            if method in entry:
+                goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}: {name} output tok/s over plain", "reported",
+                                  _get(entry, method, "ratio"), detail=_acceptance(entry, method)))
     slowest = _slowest(batch1)
     goals.append(Goal(11, "`spec` batch 1: slowest workload and proposer over plain (adaptive K)", ">= 0.9x",
                       slowest[0], lambda v: v >= 0.9, detail=slowest[1]))

@@ -29,7 +29,8 @@ def _engine(tok_s, ratio=None, acceptance=0.0, histogram=(0, 0, 0, 0, 0)):
 def spec_section() -> dict:
     def workload(ngram_ratio, draft_ratio, prompt_len):
         return {"plain": _engine(10.0), "ngram": _engine(10.0 * ngram_ratio, ngram_ratio, 0.7, (1, 1, 2, 3, 9)),
-                "draft": _engine(10.0 * draft_ratio, draft_ratio, 0.95, (0, 0, 0, 1, 20)), "prompt_len": prompt_len, "output_len": 128}
+                "draft": _engine(10.0 * draft_ratio, draft_ratio, 0.95, (0, 0, 0, 1, 20)),
+                "medusa": _engine(9.0, 0.9, 0.1, (20, 2, 0, 0, 0)), "prompt_len": prompt_len, "output_len": 128}
 
     return {
         "dtype": "float32", "num_speculative_tokens": 4, "draft_model": "/m/SmolLM2.gguf", "draft_dtype": "auto", "repeats": 3,
@@ -85,6 +86,7 @@ def test_the_goals_table_judges_each_feature_number_from_the_results():
     assert "free-story: n-gram" not in text  # the control workload has no 2x goal
     assert "| 11 | `spec` batch 1: slowest workload and proposer over plain (adaptive K) | >= 0.9x | 0.85x (free-story, ngram) | **missed** |" in text
     assert "| 11 | `spec` batch 1 greedy, code-edit: draft-model output tok/s over plain | reported | 1.30x (acceptance 95%) | reported |" in text
+    assert "| 11 | `spec` batch 1 greedy, code-edit: Medusa output tok/s over plain | reported | 0.90x (acceptance 10%) | reported |" in text
     assert "first batch where n-gram stops paying | reported | 8 | reported |" in text
     assert "| 10 | `quant` 4-bit g128 perplexity: GPTQ / RTN | <= 1.00x | 0.98x | met |" in text
     assert "| 10 | `quant` 4-bit g128 perplexity: AWQ / RTN | <= 1.00x | 1.02x | **missed** |" in text
@@ -159,7 +161,7 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     assert (small.quant_eval_windows, small.quant_calib_tokens, small.parallel_prompts) == (4, 2048, 1)  # the quant floors
     assert small.spec_output_len == FeatureSizes().spec_output_len  # lengths never scale
     options = BenchOptions(repeats=2)
-    assert planned_runs(options, small, "spec") == (3 * 3 + 2 * 2 + 2) * 2
+    assert planned_runs(options, small, "spec") == (3 * 4 + 2 * 2 + 2) * 2  # plain, ngram, draft, medusa on three workloads
     assert planned_runs(options, small, "quant") == 2 + 2 * 7 + 1  # gptq8 dropped below scale 0.5; sq8 adds its kernel timings
     assert planned_runs(options, small, "parallel") == 3  # tensor, tensor + sequence, pipeline
 
