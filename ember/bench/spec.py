@@ -123,7 +123,9 @@ def bench_spec(options: BenchOptions, spec: SpecBenchOptions) -> dict:
             section["batch_sweep"][str(batch)] = _entry(runs)
         section["crossover_batch"] = _crossover(section["batch_sweep"])
     if spec.mixed_requests:
-        mixed = make_workload(options, "mixed", num_requests=spec.mixed_requests, max_output=spec.mixed_max_output)
+        # Its own size: never saved over the `mixed` section's workload file (same workload name).
+        unsaved = replace(options, workload_dir=None, save_workload=None)
+        mixed = make_workload(unsaved, "mixed", num_requests=spec.mixed_requests, max_output=spec.mixed_max_output)
         runs = _interleave(options, "spec mixed", _runners(options, spec, mixed, None, ("ngram",)))
         section["mixed"] = dict(_entry(runs), num_requests=spec.mixed_requests)
     if spec.plot_path is not None:
