@@ -205,19 +205,10 @@ class CompiledDecoderLayer:
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor | None:
         """The layer's output for x [m, hidden]; None (nothing done) for inputs the kernels do not take."""
-        paged = metadata.paged
-        if paged is None or not _takes(x, self._hidden, positions, kv_cache, metadata.slot_mapping):
+        if not _fits(x, positions, kv_cache, metadata, self._hidden, self._max_rows):
             return None
-        m = x.shape[0]
-        if self._max_rows is not None and m > self._max_rows:
-            return None
-        out = torch.empty_like(x)
-        scratch = torch.empty(m * self._scratch_per_token)
-        step = self._step
-        step.m, step.x, step.out, step.scratch = m, x.data_ptr(), out.data_ptr(), scratch.data_ptr()
-        step.positions, step.slots = positions.data_ptr(), metadata.slot_mapping.data_ptr()
-        _fill_attention(step.attention, kv_cache, metadata, self._scale)
-        _check_status(self._kernel.run(self._weights, step, self._kernels))
+        out, _scratch = _start_step(self._step, x, positions, kv_cache, metadata, self._scale, self._scratch_per_token)
+        _check_status(self._kernel.run(self._weights, self._step, self._kernels))
         return out
 
 
@@ -259,26 +250,41 @@ class CompiledDecoderStack:
         self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
     ) -> torch.Tensor | None:
         """The last layer's output for x [m, hidden]; None (nothing done) for inputs a layer would not take."""
-        paged = metadata.paged
-        if paged is None or len(kv_caches) != len(self.layers):
+        first = kv_caches[0] if len(kv_caches) == len(self.layers) else None
+        if first is None or not _fits(x, positions, first, metadata, self._hidden, self._max_rows):
             return None
-        if not _takes(x, self._hidden, positions, kv_caches[0], metadata.slot_mapping):
-            return None
-        first = kv_caches[0]
         if any(c.dtype != first.dtype or c.shape != first.shape or not c.is_contiguous() for c in kv_caches):
             return None
-        m = x.shape[0]
-        if self._max_rows is not None and m > self._max_rows:
-            return None
-        out, spare = torch.empty_like(x), torch.empty_like(x)
-        scratch = torch.empty(m * self._scratch_per_token)
-        step = self._step
-        step.m, step.x, step.out, step.scratch = m, x.data_ptr(), out.data_ptr(), scratch.data_ptr()
-        step.positions, step.slots = positions.data_ptr(), metadata.slot_mapping.data_ptr()
-        _fill_attention(step.attention, first, metadata, self._scale)
+        out, _scratch = _start_step(self._step, x, positions, first, metadata, self._scale, self._scratch_per_token)
+        spare = torch.empty_like(x)
         self._tables.set_caches(kv_caches)
-        _check_status(self._kernel.run_stack(self._tables, step, spare.data_ptr()))
+        _check_status(self._kernel.run_stack(self._tables, self._step, spare.data_ptr()))
         return out
+
+
+def _fits(
+    x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, hidden: int, max_rows: int | None
+) -> bool:
+    """Whether the compiled layer takes this step (else the caller runs the Python path)."""
+    if metadata.paged is None or not _takes(x, hidden, positions, kv_cache, metadata.slot_mapping):
+        return False
+    return max_rows is None or x.shape[0] <= max_rows
+
+
+def _start_step(
+    step: _Step, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+    scale: float, scratch_per_token: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Point `step` at x, a new output and scratch, the positions, slots and attention arguments.
+
+    Returns the output and the scratch: the caller holds both (as locals) until the compiled call returns.
+    """
+    m = x.shape[0]
+    out, scratch = torch.empty_like(x), torch.empty(m * scratch_per_token)
+    step.m, step.x, step.out, step.scratch = m, x.data_ptr(), out.data_ptr(), scratch.data_ptr()
+    step.positions, step.slots = positions.data_ptr(), metadata.slot_mapping.data_ptr()
+    _fill_attention(step.attention, kv_cache, metadata, scale)
+    return out, scratch
 
 
 def _check_status(status: int) -> None:

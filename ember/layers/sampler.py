@@ -91,6 +91,19 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     return logits
 
 
+def draw_proposals(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[list[int], torch.Tensor | None]:
+    """A proposer's tokens for the rows of `logits` [n, vocab] under one request's params, and the q they came from.
+
+    Greedy: each row's argmax and q None (only argmax agreement counts). Otherwise each row is drawn
+    from its filtered distribution (the one the rejection sampler filters p by) with the exponential race.
+    """
+    if params.is_greedy:
+        return logits.argmax(dim=-1).tolist(), None
+    q = filtered_probs(logits, [params] * logits.shape[0])
+    noise = torch.empty_like(q).exponential_(generator=generator)
+    return (q / noise).argmax(dim=-1).tolist(), q
+
+
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Probabilities after temperature, top-k, top-p and min-p; filtered entries are 0."""
     temperatures = torch.tensor([p.temperature for p in params]).unsqueeze(1)

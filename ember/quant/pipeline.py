@@ -66,7 +66,7 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
 
     engine = _float_engine(config)
     model = engine.runner.model
-    restore_dense_weights(model)  # AWQ scales the weights in place and quantization reads them dense
+    restore_dense_weights(model)  # AWQ scales the weights in place, GPTQ writes them back, and every method reads them dense
     if engine.model_config.architecture not in LLAMA_FAMILY:
         raise ValueError(f"ember quantize runs the Llama family ({', '.join(LLAMA_FAMILY)}); {config.model} is {engine.model_config.architecture}")
     names = [f"model.layers.{i}.{linear}" for i in range(len(model.model.layers)) for linear in LINEARS]
@@ -151,9 +151,9 @@ def gptq_sequential(engine, model: nn.Module, names: list[str], chunks: list[lis
     """GPTQ on every named linear in order, inside one forward pass of all `chunks` (one engine step):
     each linear's Hessian is built from the inputs the already-quantized linears before it produce."""
     from ember.engine.sampling_params import SamplingParams
-    from ember.layers.cpu_prepare import restore_dense_weights
 
-    restore_dense_weights(model)  # hooks see a linear's input only on the Python path, and the rounded weights are written back
+    # The caller restored the dense weights: hooks see a linear's input only on the Python path,
+    # and the rounded weights are written back into them.
     grid, settings = config.grid, GPTQSettings(damp=config.damp, act_order=config.act_order)
     task = progress.add_task(f"GPTQ, layer by layer ({config.bits}-bit, g{config.group_size})", total=len(names))
     blocks: dict[str, GGMLTensor] = {}

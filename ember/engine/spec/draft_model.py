@@ -28,7 +28,7 @@ from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import KVCacheManager
 from ember.layers.rejection_sampler import DraftRow
-from ember.layers.sampler import Sampler, filtered_probs
+from ember.layers.sampler import Sampler, draw_proposals
 
 DECODE_SHAPED_TOKENS = 2  # new tokens per sequence after a verification kept every draft (the last draft and the bonus)
 COST_SMOOTHING = 0.2  # weight of the newest forward in the running cost estimates
@@ -165,12 +165,8 @@ class DraftModelProposer:
 
     def _sample(self, logits: torch.Tensor, seq: Sequence) -> tuple[int, torch.Tensor | None]:
         """The draft's token and the distribution q it came from (None for greedy: only argmax agreement counts)."""
-        params = seq.params
-        if params.is_greedy:
-            return int(logits.argmax()), None
-        q = filtered_probs(logits.unsqueeze(0), [params])[0]
-        noise = torch.empty_like(q).exponential_(generator=seq.generator or self._generator)
-        return int((q / noise).argmax()), q
+        tokens, q = draw_proposals(logits.unsqueeze(0), seq.params, seq.generator or self._generator)
+        return tokens[0], None if q is None else q[0]
 
 
 def _smoothed(old: float | None, new: float) -> float:

@@ -24,7 +24,7 @@ from ember.engine.request import Sequence
 from ember.engine.runner import LastHidden
 from ember.engine.spec.medusa_heads import MedusaHeads
 from ember.layers.rejection_sampler import DraftRow
-from ember.layers.sampler import filtered_probs
+from ember.layers.sampler import draw_proposals
 
 COST_SMOOTHING = 0.2  # weight of the newest drafting in the running cost estimate
 CALIBRATION_ROUNDS = 3  # timed head products at start (the first warms up)
@@ -82,12 +82,7 @@ class MedusaProposer:
 
     def _draft(self, logits: torch.Tensor, seq: Sequence) -> DraftRow:
         """Each head's token ([k, vocab] logits): its argmax for greedy rows, a draw from its filtered distribution otherwise."""
-        params = seq.params
-        if params.is_greedy:
-            return DraftRow(logits.argmax(dim=-1).tolist())
-        q = filtered_probs(logits, [params] * logits.shape[0])
-        noise = torch.empty_like(q).exponential_(generator=seq.generator or self._generator)
-        return DraftRow((q / noise).argmax(dim=-1).tolist(), q)
+        return DraftRow(*draw_proposals(logits, seq.params, seq.generator or self._generator))
 
     def _record(self, seconds: float, num_heads: int) -> None:
         per_head = seconds / num_heads
