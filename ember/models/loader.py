@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -166,7 +167,19 @@ def _build(
     model.load_state_dict(state, assign=True)
     _freeze(model)
     prepare_for_cpu_kernels(model, tied_weights)
+    del blocks, state  # the layers hold what they kept
+    _return_freed_memory()
     return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt, shard=shard)
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap pages freed while loading (checkpoint copies, GGUF-layout blocks a layer re-laid) back to the
+    OS: glibc keeps them otherwise, and SmolLM2's 4-bit engine stayed ~70 MB larger than its live tensors."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return  # not glibc: nothing to ask
+    trim(0)
 
 
 def _holds_blocks(model: nn.Module, name: str) -> bool:

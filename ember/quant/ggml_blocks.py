@@ -82,6 +82,7 @@ class GGMLTensor:
 
     def rows(self, index: torch.Tensor) -> GGMLTensor:
         """The rows at `index` (an embedding lookup, a row permutation), still in blocks."""
+        _require_gguf_layout(self.format)
         return GGMLTensor(self.data.index_select(0, index), self.format, self.cols)
 
     def dequantize(self) -> torch.Tensor:
@@ -190,9 +191,16 @@ def _dequantize_float_codes(blocks: torch.Tensor, name: str) -> torch.Tensor:
 def dequantize_torch(data: torch.Tensor, format: GGMLFormat) -> torch.Tensor:
     """Blocks -> float32 values, flat; the same operations in the same order as `gguf.quants` (or, for
     NF4/FP8, the C decoder's, with torch's float8_e4m3fn conversion as the e4m3 reference)."""
+    _require_gguf_layout(format)
     blocks = data.reshape(-1, format.block_bytes)
     if not format.has_int8_kernel:
         return _dequantize_float_codes(blocks, format.name).reshape(-1)
     if format.block_values == 32:
         return _dequantize_32(blocks, format.name).reshape(-1)
     return _dequantize_k(blocks, format.name).reshape(-1)
+
+
+def _require_gguf_layout(format: GGMLFormat) -> None:
+    if FORMATS.get(format.name) != format:
+        raise ValueError(f"{format.name} is a compiled kernel's layout, not a row-per-row block format: take the GGUF layout "
+                         "first (ember.quant.ggml_interleave.plain)")

@@ -24,6 +24,7 @@ from ember.engine.config import QUANT_ACTIVATIONS
 from ember.layers.cpu_decoder_layer import CompilableLayer
 from ember.layers.cpu_gemm import CompiledProduct
 from ember.quant.ggml_blocks import GGMLTensor, dequantize_torch
+from ember.quant.ggml_interleave import ROWS_PER_GROUP, can_interleave, interleaved, plain
 from ember.quant.ggml_kernels import GEMV_PATHS, MAX_PASS_ROWS, GGMLWeightPointer, load_kernels
 from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.w8a8_layers import W8A8Linear
@@ -54,7 +55,7 @@ def ggml_linear(
         return kernels.gemv_blocks(x, weight.data, weight.format.type_id, bias, rows, cols, path)
     if path == GEMV_PATHS.index("int8"):
         x = round_to_int8_blocks(x)
-    tile_rows = max(1, tile_values // cols)
+    tile_rows = max(ROWS_PER_GROUP, tile_values // cols // ROWS_PER_GROUP * ROWS_PER_GROUP)  # whole interleaved groups
     if rows <= tile_rows:
         return F.linear(x, kernels.dequantize(weight), bias)
     out = torch.empty(x.shape[0], rows, dtype=torch.float32)
@@ -75,18 +76,28 @@ def round_to_int8_blocks(x: torch.Tensor) -> torch.Tensor:
 class GGMLLinear(nn.Module):
     """`y = x W^T + b` with W in GGML blocks (a non-persistent buffer: state dicts never carry it).
 
-    `activations` ("int8" or "float32") is the precision the few-row kernel rounds x to."""
+    `activations` ("int8" or "float32") is the precision the few-row kernel rounds x to. A Q4_0 / Q4_1 weight
+    of a layer built for int8 activations is held in its eight-row interleaved layout (ember.quant.ggml_interleave:
+    the same bytes moved, ~3x fewer instructions per block in the int8 product); `weight_blocks` gives the GGUF
+    layout back."""
 
     def __init__(self, weight: GGMLTensor, bias: nn.Parameter | None = None, activations: str = "int8") -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.format = weight.format
         self.activations = _checked_activations(activations)
+        weight = _kernel_layout(weight, self.activations)
+        self.format = weight.format
         self.register_buffer("qweight", weight.data, persistent=False)
         self.bias = bias
 
     @property
     def weight_blocks(self) -> GGMLTensor:
+        """The weight in its GGUF layout (a copy when the layer holds it interleaved)."""
+        return plain(self.stored_blocks)
+
+    @property
+    def stored_blocks(self) -> GGMLTensor:
+        """The weight as the layer holds it (the kernels take either layout)."""
         return GGMLTensor(self.qweight, self.format, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,7 +108,7 @@ class GGMLLinear(nn.Module):
             out = kernels.gemv_blocks(flat, self.qweight, self.format.type_id, self.bias, self.out_features, self.in_features,
                                       kernels.path_for(activations))
         else:
-            out = ggml_linear(flat, self.weight_blocks, self.bias, activations=self.activations)
+            out = ggml_linear(flat, self.stored_blocks, self.bias, activations=self.activations)
         out = out.view(*x.shape[:-1], self.out_features)
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
@@ -156,7 +167,7 @@ class ZeroPointLinear(GGMLLinear):
     def _forward_torch(self, flat: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.input_order is not None:
             flat = flat.index_select(1, self.input_order)
-        out = ggml_linear(flat, self.weight_blocks, bias, activations=self.activations)
+        out = ggml_linear(flat, self.stored_blocks, bias, activations=self.activations)
         if self.offsets_by_group is None:
             return out
         group_sums = torch.zeros(flat.shape[0], self.num_groups).index_add_(1, self.column_groups, flat)
@@ -205,6 +216,16 @@ class GGMLEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, format={self.format.name}"
+
+
+def _kernel_layout(weight: GGMLTensor, activations: str) -> GGMLTensor:
+    """`weight` interleaved where the int8 kernel runs it (built with that path, int8 activations, Q4_0 / Q4_1 in
+    groups of eight rows); as it is otherwise. The LM head (float32 activations) stays in the GGUF layout, so a
+    tied embedding keeps sharing its blocks."""
+    kernels = load_kernels()
+    if kernels is None or "int8" not in kernels.paths or activations != "int8" or not can_interleave(weight):
+        return weight
+    return interleaved(weight)
 
 
 def _checked_activations(activations: str) -> str:

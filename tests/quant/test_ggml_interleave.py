@@ -1,0 +1,119 @@
+"""Eight-row interleaved Q4_0 / Q4_1 layouts: exact moves, and products equal to the GGUF layout's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ember.quant.ggml_blocks import dequantize_torch
+from ember.quant.ggml_interleave import can_interleave, interleaved, is_interleaved, plain
+from ember.quant.ggml_kernels import MAX_GEMV_ROWS, MAX_PASS_ROWS, load_kernels
+from ember.quant.ggml_layers import GGMLLinear, ggml_linear, set_activations
+from tests.quant.ggml_factory import random_blocks
+from tests.quant.test_ggml_layers import RTOL, int8_rounded
+
+NAMES = ["Q4_0", "Q4_1"]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    loaded = load_kernels()
+    if loaded is None or "int8" not in loaded.paths:
+        pytest.skip("no compiled int8 path here (no C compiler, no AVX2, or EMBER_PURE_TORCH is set)")
+    return loaded
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_interleaving_moves_the_bytes_and_moves_them_back(name):
+    weight = random_blocks(name, rows=24, cols=96, seed=1)
+    moved = interleaved(weight)
+    assert is_interleaved(moved) and moved.data.shape == weight.data.shape
+    assert not torch.equal(moved.data, weight.data)
+    assert sorted(moved.data.flatten().tolist()) == sorted(weight.data.flatten().tolist())
+    assert torch.equal(plain(moved).data, weight.data) and plain(moved).format == weight.format
+    assert plain(weight) is weight
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_first_group_block_holds_eight_scales_then_eight_rows_codes(name):
+    weight = random_blocks(name, rows=8, cols=32, seed=2)  # one group, one block per row
+    fields = 4 if name == "Q4_1" else 2
+    stored = interleaved(weight).data.flatten()
+    lane_row = (0, 2, 4, 6, 1, 3, 5, 7)
+    for lane, row in enumerate(lane_row):
+        assert torch.equal(stored[2 * lane : 2 * lane + 2], weight.data[row, :2])
+        if name == "Q4_1":
+            assert torch.equal(stored[16 + 2 * lane : 18 + 2 * lane], weight.data[row, 2:4])
+    for row in range(8):
+        assert torch.equal(stored[8 * fields + 16 * row : 8 * fields + 16 * (row + 1)], weight.data[row, fields:])
+
+
+def test_only_q4_weights_in_whole_groups_of_eight_rows_interleave():
+    assert can_interleave(random_blocks("Q4_1", rows=16, cols=32))
+    assert not can_interleave(random_blocks("Q4_1", rows=12, cols=32))
+    assert not can_interleave(random_blocks("Q8_0", rows=16, cols=32))
+    with pytest.raises(ValueError, match="multiple of 8 rows"):
+        interleaved(random_blocks("Q4_0", rows=12, cols=32))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_row_per_row_readers_refuse_the_interleaved_layout(name):
+    moved = interleaved(random_blocks(name, rows=8, cols=32))
+    with pytest.raises(ValueError, match="ggml_interleave.plain"):
+        dequantize_torch(moved.data, moved.format)
+    with pytest.raises(ValueError, match="ggml_interleave.plain"):
+        moved.rows(torch.tensor([0]))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compiled_dequantization_of_the_interleaved_layout_is_the_gguf_one(kernels, name):
+    weight = random_blocks(name, rows=40, cols=256, seed=3)
+    assert torch.equal(kernels.dequantize(interleaved(weight)), kernels.dequantize(weight))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, MAX_GEMV_ROWS, 2 * MAX_GEMV_ROWS + 3])
+def test_interleaved_products_equal_the_gguf_layout_products(kernels, name, m):
+    weight = random_blocks(name, rows=48, cols=768, seed=m)
+    moved = interleaved(weight)
+    generator = torch.Generator().manual_seed(m)
+    x, bias = torch.randn(m, 768, generator=generator) * 3, torch.randn(48, generator=generator)
+    for path in ("float32", "portable"):  # these paths run the group's rows as GGUF rows: the same bits
+        assert torch.equal(kernels.gemv(x, moved, bias, path), kernels.gemv(x, weight, bias, path))
+    # int8: the same integer dot products, scaled and summed in another order.
+    expected = F.linear(int8_rounded(x)[0], weight.dequantize(), bias)
+    ours = kernels.gemv(x, moved, bias, "int8")
+    torch.testing.assert_close(ours, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
+    # A row's bits do not depend on the rows sharing its pass.
+    one_by_one = torch.cat([kernels.gemv(row[None], moved, bias, "int8") for row in x])
+    assert torch.equal(ours, one_by_one)
+
+
+def test_an_interleaved_weight_with_rows_not_in_groups_of_eight_is_refused(kernels):
+    moved = interleaved(random_blocks("Q4_1", rows=16, cols=64))
+    with pytest.raises(ValueError, match="status -5"):
+        kernels.gemv_blocks(torch.randn(1, 64), moved.data[:12], moved.format.type_id, None, 12, 64, 0)
+
+
+def test_int8_layers_hold_q4_interleaved_and_give_the_gguf_blocks_back(kernels):
+    weight = random_blocks("Q4_1", rows=64, cols=256, seed=4)
+    layer, float_layer = GGMLLinear(weight), GGMLLinear(weight, activations="float32")
+    assert layer.format.name == "Q4_1_X8" and float_layer.format.name == "Q4_1"
+    assert torch.equal(layer.weight_blocks.data, weight.data) and layer.weight_blocks.format == weight.format
+    x = torch.randn(MAX_PASS_ROWS + 7, 256, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        expected = F.linear(int8_rounded(x)[0], weight.dequantize())
+        for rows in (x[:1], x[:MAX_GEMV_ROWS], x):  # the kernel, and the dequantized tiles beyond MAX_PASS_ROWS
+            ours = layer(rows)
+            torch.testing.assert_close(ours, expected[: rows.shape[0]], rtol=RTOL, atol=RTOL * expected.abs().max().item())
+        # Switched to float32 activations, the interleaved layer computes what the GGUF-layout layer does, bit for bit.
+        set_activations(torch.nn.Sequential(layer), "float32")
+        assert torch.equal(layer(x[:5]), float_layer(x[:5]))
+
+
+def test_many_row_tiles_cut_whole_groups(kernels):
+    weight = random_blocks("Q4_0", rows=72, cols=128, seed=6)
+    x = torch.randn(MAX_PASS_ROWS + 1, 128, generator=torch.Generator().manual_seed(6))
+    tiles = ggml_linear(x, interleaved(weight), None, tile_values=128 * 12)  # 12 rows asked: tiles of 8
+    assert torch.equal(tiles, ggml_linear(x, weight, None, tile_values=128 * 12))
