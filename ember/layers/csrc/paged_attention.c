@@ -134,13 +134,30 @@ static void block_scores_avx2(const attention_args *a, const float *const *q, in
             for (int i = 0; i < 4; i++) scores[(r + i) * stride + t] = four[i];
         }
     }
-    for (; r < rows; r++)
-        for (int64_t t = 0; t < n; t++) {
+    /* The last rows % 4 rows (a decode step's GQA group of 1-3 heads): four keys at a time per row, so four sums
+       are in flight, reduced as above (each lane of hsum4x8 is its own vector's sum: the same bits as four rows). */
+    for (; r < rows; r++) {
+        const float *qr = q[r];
+        int64_t t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const float *k0 = keys + t * a->token_stride, *k1 = k0 + a->token_stride, *k2 = k1 + a->token_stride, *k3 = k2 + a->token_stride;
+            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+            for (int64_t d = 0; d < dk; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(qr + d);
+                s0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), s0);
+                s1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), s1);
+                s2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), s2);
+                s3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), s3);
+            }
+            _mm_storeu_ps(scores + r * stride + t, _mm_mul_ps(hsum4x8(s0, s1, s2, s3), scale4));
+        }
+        for (; t < n; t++) {
             const float *k = keys + t * a->token_stride;
             __m256 acc = _mm256_setzero_ps();
-            for (int64_t d = 0; d < dk; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + d), _mm256_loadu_ps(k + d), acc);
-            scores[r * stride + t] = hsum8(acc) * a->scale;
+            for (int64_t d = 0; d < dk; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), _mm256_loadu_ps(k + d), acc);
+            scores[r * stride + t] = _mm_cvtss_f32(_mm_mul_ps(hsum4x8(acc, acc, acc, acc), scale4));
         }
+    }
 }
 
 /* update_row_portable in AVX2, its scores already in s (block_scores_avx2), for dim_v % VALUE_CHUNK == 0
@@ -163,7 +180,18 @@ static void update_row_avx2(const attention_args *a, const float *values, int64_
     }
     *row_sum = *row_sum * correction + hsum8(sum);
     const __m256 vc = _mm256_set1_ps(correction);
-    for (int64_t c = 0; c < a->dim_v; c += VALUE_CHUNK) {
+    int64_t c = 0;
+    for (; c + 2 * VALUE_CHUNK <= a->dim_v; c += 2 * VALUE_CHUNK) { /* eight sums in flight where the width allows */
+        __m256 sums[8];
+        for (int i = 0; i < 8; i++) sums[i] = _mm256_mul_ps(_mm256_loadu_ps(o + c + 8 * i), vc);
+        for (int64_t t = 0; t < n; t++) {
+            const float *v = values + (t0 + t) * a->token_stride + c;
+            const __m256 w = _mm256_broadcast_ss(p + t);
+            for (int i = 0; i < 8; i++) sums[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), sums[i]);
+        }
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + c + 8 * i, sums[i]);
+    }
+    for (; c < a->dim_v; c += VALUE_CHUNK) {
         __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(o + c), vc), o1 = _mm256_mul_ps(_mm256_loadu_ps(o + c + 8), vc);
         __m256 o2 = _mm256_mul_ps(_mm256_loadu_ps(o + c + 16), vc), o3 = _mm256_mul_ps(_mm256_loadu_ps(o + c + 24), vc);
         for (int64_t t = 0; t < n; t++) {
