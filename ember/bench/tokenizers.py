@@ -298,26 +298,31 @@ def run_pre_tokenizer_bench(
         size += len(document.encode())
     megabytes = size / 1e6
     gpt2 = load(shared_dir / "tokenizers" / "gpt2")
+    rules_by_name = {name: gguf_pre_tokenizer(name) for name in PRE_TOKENIZER_NAMES}
+
+    def fresh(name: str) -> ByteLevelBPETokenizer:
+        rules = rules_by_name[name]
+        return ByteLevelBPETokenizer(
+            merger=gpt2._merger,
+            pre_tokenizer=rules.build(),
+            token_bytes_by_id=gpt2._token_bytes,
+            special_tokens={},
+            ignore_merges=rules.ignore_merges,
+        )
+
+    # Rounds over every pre-tokenizer, so a machine whose speed drifts during the run slows all of them alike
+    # and the ratios to gpt-2 stay fair.
+    seconds: dict[str, list[float]] = {name: [] for name in PRE_TOKENIZER_NAMES}
+    for _ in range(repeats):
+        for name in PRE_TOKENIZER_NAMES:
+            seconds[name].append(_time_pass(fresh(name).encode_ordinary, subset))
     rows: dict[str, dict[str, float]] = {}
     for name in PRE_TOKENIZER_NAMES:
-        rules = gguf_pre_tokenizer(name)
-
-        def fresh(rules=rules) -> ByteLevelBPETokenizer:
-            return ByteLevelBPETokenizer(
-                merger=gpt2._merger,
-                pre_tokenizer=rules.build(),
-                token_bytes_by_id=gpt2._token_bytes,
-                special_tokens={},
-                ignore_merges=rules.ignore_merges,
-            )
-
-        seconds = [_time_pass(fresh().encode_ordinary, subset) for _ in range(repeats)]
-        row = _summary(seconds, megabytes)
+        row = _summary(seconds[name], megabytes)
         if with_peer:
-            peer = _hf_with_stages(
-                shared_dir / "tokenizers" / "gpt2", rules.stages, rules.ignore_merges
-            )
-            ours = fresh()
+            rules = rules_by_name[name]
+            peer = _hf_with_stages(shared_dir / "tokenizers" / "gpt2", rules.stages, rules.ignore_merges)
+            ours = fresh(name)
             row["parity_mismatches"] = sum(
                 peer.encode(d, add_special_tokens=False).ids != ours.encode_ordinary(d)
                 for d in subset[:200]
