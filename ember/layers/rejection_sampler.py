@@ -10,7 +10,9 @@ it (Leviathan et al. 2023, Chen et al. 2023). A proposer that drafts determinist
 lookup) has q one-hot at its token, so the rule keeps d_i with probability p_i(d_i).
 
 Greedy rows keep drafts while they equal the target's argmax and end with the target's argmax:
-token for token what plain greedy decoding gives.
+token for token what plain greedy decoding gives (the argmax of the same raw logits the plain
+sampler takes it of). They need no probabilities and no random draws, so they skip both: a
+verification step of a greedy row costs an argmax over its K+1 rows of logits.
 """
 
 from __future__ import annotations
@@ -55,31 +57,36 @@ def verify(
     draft_probs: torch.Tensor | None,
     uniforms: torch.Tensor,
     noise: torch.Tensor,
-    is_greedy: torch.Tensor,
 ) -> Verified:
-    """The rejection rule over a padded batch.
+    """The rejection rule over a padded batch of sampled (not greedy) rows.
 
     target_probs [B, K+1, V]: p at each draft position and the bonus position; draft_token_ids
     [B, K] (padding anywhere past `num_drafts`); draft_probs [B, K, V] or None (one-hot drafts);
-    uniforms [B, K] in [0, 1); noise [B, V] exponential(1) for the final draw (exponential race);
-    is_greedy [B]: rows that keep drafts only on argmax agreement.
+    uniforms [B, K] in [0, 1); noise [B, V] exponential(1) for the final draw (exponential race).
     """
     batch, num_positions, vocab = target_probs.shape
     k = num_positions - 1
     rows = torch.arange(batch)
     positions = torch.arange(k)
-    argmax = target_probs.argmax(dim=-1)  # [B, K+1]
     p_draft = target_probs[:, :k].gather(2, draft_token_ids.unsqueeze(2)).squeeze(2)  # [B, K]
     q_draft = torch.ones_like(p_draft) if draft_probs is None else draft_probs.gather(2, draft_token_ids.unsqueeze(2)).squeeze(2)
     # u < p / q, written without a division (q > 0: the draft was drawn from q).
-    sampled_accept = uniforms * q_draft < p_draft
-    greedy_accept = draft_token_ids == argmax[:, :k]
-    accept = torch.where(is_greedy.unsqueeze(1), greedy_accept, sampled_accept) & (positions < num_drafts.unsqueeze(1))
+    accept = (uniforms * q_draft < p_draft) & (positions < num_drafts.unsqueeze(1))
     num_accepted = accept.int().cumprod(dim=1).sum(dim=1)  # length of the kept prefix
     final = _final_distribution(target_probs, draft_token_ids, draft_probs, num_accepted, num_drafts, rows, vocab)
-    sampled = (final / noise).argmax(dim=-1)
-    greedy = argmax[rows, num_accepted]
-    return Verified(num_accepted, torch.where(is_greedy, greedy, sampled))
+    return Verified(num_accepted, (final / noise).argmax(dim=-1))
+
+
+def verify_greedy(logits: torch.Tensor, draft_token_ids: list[int]) -> tuple[int, int]:
+    """The greedy rule for one row: (drafts kept, final token) from its logits [K+1, V] at the K+1 scored positions.
+
+    Drafts are kept while they equal the argmax; the final token is the argmax after the last kept one.
+    """
+    argmax = logits.argmax(dim=-1).tolist()
+    num_accepted = 0
+    while num_accepted < len(draft_token_ids) and draft_token_ids[num_accepted] == argmax[num_accepted]:
+        num_accepted += 1
+    return num_accepted, argmax[num_accepted]
 
 
 def _final_distribution(
@@ -122,6 +129,19 @@ class RejectionSampler:
 
     def __call__(self, logits: list[torch.Tensor], rows: list[SamplingRow], drafts: list[DraftRow]) -> list[list[SampledToken]]:
         """`logits[b]` is `[len(drafts[b].token_ids) + 1, vocab]`; returns the emitted tokens of each row."""
+        sampled = [b for b, row in enumerate(rows) if not row.params.is_greedy]
+        verdicts = self._verify_sampled([logits[b] for b in sampled], [rows[b] for b in sampled], [drafts[b] for b in sampled])
+        sampled_verdicts = dict(zip(sampled, verdicts, strict=True))
+        emitted = []
+        for b, (row_logits, row, draft) in enumerate(zip(logits, rows, drafts, strict=True)):
+            num_accepted, final = sampled_verdicts[b] if b in sampled_verdicts else verify_greedy(row_logits, draft.token_ids)
+            emitted.append(self._emitted(row_logits, draft.token_ids[:num_accepted] + [final], row))
+        return emitted
+
+    def _verify_sampled(self, logits: list[torch.Tensor], rows: list[SamplingRow], drafts: list[DraftRow]) -> list[tuple[int, int]]:
+        """(drafts kept, final token) of each sampled row, by the rejection rule over the padded batch."""
+        if not rows:
+            return []
         vocab = logits[0].shape[-1]
         k = max(len(d.token_ids) for d in drafts)
         batch = len(rows)
@@ -135,27 +155,11 @@ class RejectionSampler:
             draft_ids[b, :n] = torch.tensor(draft.token_ids, dtype=torch.long)
             if draft_probs is not None:
                 draft_probs[b, :n] = draft.probs if draft.probs is not None else torch.nn.functional.one_hot(draft_ids[b, :n], vocab)
-        target_probs = self._target_probs(target_logits, rows)
+        target_probs = filtered_probs(target_logits.reshape(-1, vocab), [row.params for row in rows for _ in range(k + 1)])
         num_drafts = torch.tensor([len(d.token_ids) for d in drafts])
         uniforms, noise = self._draws(num_drafts, k, vocab, rows)
-        is_greedy = torch.tensor([row.params.is_greedy for row in rows])
-        verified = verify(target_probs, draft_ids, num_drafts, draft_probs, uniforms, noise, is_greedy)
-        return [
-            self._emitted(logits[b], draft_ids[b], int(verified.num_accepted[b]), int(verified.final_token_ids[b]), rows[b])
-            for b in range(batch)
-        ]
-
-    @staticmethod
-    def _target_probs(target_logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        batch, positions, vocab = target_logits.shape
-        random_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
-        probs = torch.softmax(target_logits, dim=-1)  # greedy rows only need the argmax
-        if random_rows:
-            index = torch.tensor(random_rows)
-            params = [rows[i].params for i in random_rows for _ in range(positions)]
-            flat = target_logits[index].reshape(-1, vocab)
-            probs[index] = filtered_probs(flat, params).reshape(len(random_rows), positions, vocab)
-        return probs
+        verified = verify(target_probs.reshape(batch, k + 1, vocab), draft_ids, num_drafts, draft_probs, uniforms, noise)
+        return list(zip(verified.num_accepted.tolist(), verified.final_token_ids.tolist(), strict=True))
 
     def _draws(self, num_drafts: torch.Tensor, k: int, vocab: int, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
         batch = len(rows)
@@ -169,8 +173,7 @@ class RejectionSampler:
         return uniforms, noise
 
     @staticmethod
-    def _emitted(logits: torch.Tensor, draft_ids: torch.Tensor, num_accepted: int, final: int, row: SamplingRow) -> list[SampledToken]:
-        token_ids = draft_ids[:num_accepted].tolist() + [final]
+    def _emitted(logits: torch.Tensor, token_ids: list[int], row: SamplingRow) -> list[SampledToken]:
         num_top = row.params.logprobs
         if num_top is None:
             return [SampledToken(token_id) for token_id in token_ids]

@@ -29,6 +29,14 @@ def test_the_longest_suffix_match_wins_and_its_latest_occurrence_is_used() -> No
     assert index.continuation(tokens, 2) == [4, 2]  # (2, 3) most recently before 4
 
 
+def test_the_occurrence_that_agrees_furthest_back_wins_over_a_later_one() -> None:
+    """A copy in progress: (5, 6) recurs later, but only the first occurrence is preceded by (3, 4) as the sequence is."""
+    index = NgramIndex(sizes=(2,))
+    tokens = [3, 4, 5, 6, 7, 8, 0, 5, 6, 9, 9, 1, 3, 4, 5, 6]
+    index.update(tokens)
+    assert index.continuation(tokens, 3) == [7, 8, 0]
+
+
 def test_no_match_drafts_nothing_and_the_index_grows_incrementally() -> None:
     index = NgramIndex(sizes=(2,))
     tokens = [1, 2, 3, 4]

@@ -20,7 +20,7 @@ def gemm():
 
 # Shapes cover partial panels (n % 16), k tails past the L1 slice, and every row count mod 6.
 @pytest.mark.parametrize(("rows", "cols"), [(960, 576), (37, 63), (5, 4500), (16, 1)])
-@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 64, 70])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 17, 64, 70])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_float32_gemm_matches_torch_linear(gemm, rows, cols, m, with_bias):
     generator = torch.Generator().manual_seed(rows + cols + m)
@@ -44,18 +44,18 @@ def test_bfloat16_weights_are_widened_exactly_and_summed_in_float32(gemm, m):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("rows", "cols"), [(960, 576), (64 * 7 + 16, 300), (50, 2000)])
 def test_a_rows_result_does_not_depend_on_the_batch_it_is_in(gemm, dtype, rows, cols):
-    """One or two rows walk panels in groups, more rows one panel at a time: the same bits either way.
+    """Up to 16 rows walk groups of panels a few rows per pass, more rows one panel at a time: the same bits either way.
 
     Batch invariance is what keeps greedy decoding identical whether a sequence runs alone or
-    with others (and with or without speculative verification).
+    with others (and with or without speculative verification, which scores K+1 rows at once).
     """
     generator = torch.Generator().manual_seed(rows)
     packed = cpu_gemm.PackedWeight.from_dense(torch.randn(rows, cols, generator=generator).to(dtype),
                                               torch.randn(rows, generator=generator))
-    x = torch.randn(9, cols, generator=generator)
+    x = torch.randn(20, cols, generator=generator)
     batched = gemm(x, packed)
-    assert torch.equal(gemm(x[:1], packed), batched[:1])
-    assert torch.equal(gemm(x[3:5], packed), batched[3:5])
+    for start, stop in [(0, 1), (3, 5), (2, 5), (0, 4), (4, 9), (1, 9), (2, 18), (19, 20)]:
+        assert torch.equal(gemm(x[start:stop], packed), batched[start:stop]), (start, stop)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -12,7 +12,7 @@ import torch
 
 from ember.engine.sampling_params import SamplingParams
 from ember.layers.rejection_sampler import DraftRow, RejectionSampler, verify
-from ember.layers.sampler import SamplingRow, filtered_probs
+from ember.layers.sampler import Sampler, SamplingRow, filtered_probs
 
 VOCAB = 6
 LENGTH = 3
@@ -53,7 +53,7 @@ def _speculative_continuations(target, draft, params, k, use_draft_probs, genera
         noise = torch.empty(n, VOCAB).exponential_(generator=generator)
         verified = verify(
             target_probs, draft_ids, torch.full((n,), k), torch.stack(draft_probs, 1) if use_draft_probs else None,
-            uniforms, noise, torch.zeros(n, dtype=torch.bool),
+            uniforms, noise,
         )
         emitted = torch.cat([draft_ids, verified.final_token_ids.unsqueeze(1)], 1)
         for j in range(k + 1):
@@ -144,6 +144,25 @@ def test_greedy_keeps_drafts_while_they_match_the_argmax_then_takes_the_argmax()
     assert [t.token_id for t in kept_two] == [2, 3, 1]
     assert [t.token_id for t in all_kept] == [2, 3, 1, 4]  # the bonus token
     assert [t.token_id for t in none_kept] == [2]
+
+
+def test_greedy_verification_takes_the_argmax_of_the_raw_logits_as_plain_greedy_sampling_does():
+    """Two logits one float apart near 0 round to the same probability: the larger logit still wins."""
+    logits = torch.full((2, VOCAB), -5.0)
+    logits[:, 1] = 1e-3
+    logits[:, 2] = torch.nextafter(torch.tensor(1e-3), torch.tensor(1.0))
+    assert torch.softmax(logits, -1)[0, 1] == torch.softmax(logits, -1)[0, 2]  # tied as probabilities
+    plain = Sampler(torch.Generator().manual_seed(0))(logits[:1], [_row(temperature=0)])
+    [verified] = RejectionSampler(torch.Generator().manual_seed(0))([logits], [_row(temperature=0)], [DraftRow([2])])
+    assert plain[0].token_id == 2
+    assert [t.token_id for t in verified] == [2, 2]
+
+
+def test_greedy_rows_draw_nothing_from_the_shared_random_stream():
+    generator = torch.Generator().manual_seed(0)
+    before = generator.get_state()
+    RejectionSampler(generator)([torch.randn(3, VOCAB)], [_row(temperature=0)], [DraftRow([1, 2])])
+    assert torch.equal(generator.get_state(), before)
 
 
 def test_a_seeded_row_verifies_the_same_whatever_its_neighbours():

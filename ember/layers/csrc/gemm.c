@@ -4,12 +4,16 @@
    panel[p][j] = w[16 * panel + j][p] (rows past n are zero). The micro-kernel keeps an MR x 16
    block of y in 12 AVX registers, and for each p loads one panel row (16 weights) and
    broadcasts MR inputs: every weight is read from memory once per block of inputs, whatever m
-   is, so a decode step (m = 1..64) streams the weights once at memory speed, and a prefill
-   chunk is compute bound. With one or two rows a panel gives only 2 or 4 independent sums, too
-   few to hide the FMA latency, so a work item then takes a group of 2-4 adjacent panels and
-   walks them together (up to 12 sums in flight); each output still adds its k terms in the
-   same order, so results are the same bits whatever the group. k is cut in KC-long slices so a panel slice stays in L1 while the
-   micro-kernel walks the block's rows; the rows of x in a block stay in L2.
+   is, so a prefill chunk is compute bound. A product of a few rows (decode, speculative
+   verification: m <= FEW_ROWS) is memory bound instead, and one panel at a time is one stream
+   of loads, which on this kind of core reaches about two thirds of the bandwidth several
+   concurrent streams reach (measured: m = 5 at 6-7 GB/s on one core, against 11 GB/s for one
+   row over six panels). So a work item then takes a group of adjacent panels (6 for one row,
+   3 for more) and walks them together, a few rows per pass over the group's k slice (the later
+   passes read the slice from L1), with up to 12 sums in registers; each output still adds its
+   k terms in the same order, so results are the same bits whatever the group or the rows beside
+   it. k is cut in slices so a panel slice stays in L1 while the micro-kernel walks the block's
+   rows; the rows of x in a block stay in L2.
    bfloat16 panels hold column j in the low and column j + 8 in the high half of 32-bit lane j,
    so widening to float32 is one shift and one mask, in registers; sums are float32.
    OpenMP (torch's runtime) splits the panels between threads.
@@ -22,6 +26,8 @@
 #define MR 6                    /* input rows per micro-kernel call */
 #define PANEL_SLICE_BYTES 16384 /* one panel slice, kept in L1 */
 #define X_BLOCK_BYTES 262144    /* rows of x kept in L2 while the panels pass over them */
+#define FEW_ROWS 16             /* up to this many rows (decode, verification) walk panel groups */
+#define FEW_SLICE_BYTES 8192    /* one panel's k slice in a group walked in several row passes */
 
 /* Column j of a packed panel row, as float32. */
 static inline float panel_f32(const float *row, int j) { return row[j]; }
@@ -94,7 +100,7 @@ DEFINE_KERNEL(kernel_bf16, uint16_t, load_panel_bf16, panel_bf16)
 static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx,            \
         const WTYPE *panel, int64_t panel_stride, int64_t kc, const int rows, const int groups, \
         float *y, int64_t ldy, const float *bias, int first) {                                \
-    row16 c[2][6];                                                                            \
+    row16 c[3][6];                                                                            \
     for (int i = 0; i < rows; i++)                                                            \
         for (int g = 0; g < groups; g++)                                                      \
             c[i][g] = start_row(y + i * ldy + g * NR, NR, bias ? bias + g * NR : NULL, first); \
@@ -112,7 +118,10 @@ static inline __attribute__((always_inline)) void NAME(const float *x, int64_t l
 }
 DEFINE_WIDE_KERNEL(wide_f32, float, load_panel_f32)
 DEFINE_WIDE_KERNEL(wide_bf16, uint16_t, load_panel_bf16)
-#define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) == 2 ? 3 : 1)
+/* Panels a work item of an m-row product may walk together: 6 for one row, 3 up to FEW_ROWS. */
+#define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 3 : 1)
+/* Rows per wide-kernel pass over a group's k slice: at most 12 sums in registers. */
+#define CHUNK(group) ((group) >= 4 ? 1 : (group) == 3 ? 2 : 3)
 #else
 #define MAX_GROUP(rows) 1
 #endif
@@ -150,24 +159,31 @@ static inline void NAME(const float *x, const WTYPE *packed, const float *bias, 
 }
 
 #ifdef EMBER_AVX2
-/* Panels [t, t + group) (all full) over k slice [p0, p0 + kc) for the m <= 2 rows of y. */
+/* Panels [t, t + group) (all full) over k slice [p0, p0 + kc) for rows [m0, m1) of y, CHUNK(group)
+   rows per wide-kernel call; 0 (nothing done) for a shape without a wide kernel. */
 #define DEFINE_GROUP_SLICE(NAME, WTYPE, WIDE)                                                   \
 static inline int NAME(const float *x, const WTYPE *packed, const float *bias, float *y,       \
-        int64_t m, int64_t n, int64_t k, int64_t t, int64_t group, int64_t p0, int64_t kc) {   \
+        int64_t m0, int64_t m1, int64_t n, int64_t k, int64_t t, int64_t group, int64_t p0, int64_t kc) { \
     const WTYPE *panel = packed + (t * k + p0) * NR;                                          \
     const float *b = bias ? bias + t * NR : NULL;                                             \
-    float *yt = y + t * NR;                                                                   \
-    int first = p0 == 0;                                                                      \
-    switch (m * 8 + group) {                                                                  \
-    case 8 + 6: WIDE(x + p0, k, panel, k * NR, kc, 1, 6, yt, n, b, first); return 1;          \
-    case 8 + 5: WIDE(x + p0, k, panel, k * NR, kc, 1, 5, yt, n, b, first); return 1;          \
-    case 8 + 4: WIDE(x + p0, k, panel, k * NR, kc, 1, 4, yt, n, b, first); return 1;          \
-    case 8 + 3: WIDE(x + p0, k, panel, k * NR, kc, 1, 3, yt, n, b, first); return 1;          \
-    case 8 + 2: WIDE(x + p0, k, panel, k * NR, kc, 1, 2, yt, n, b, first); return 1;          \
-    case 16 + 3: WIDE(x + p0, k, panel, k * NR, kc, 2, 3, yt, n, b, first); return 1;         \
-    case 16 + 2: WIDE(x + p0, k, panel, k * NR, kc, 2, 2, yt, n, b, first); return 1;         \
-    default: return 0;                                                                        \
+    int first = p0 == 0, chunk = CHUNK(group);                                                \
+    if (group < 2 || group > 6) return 0;                                                     \
+    for (int64_t i0 = m0; i0 < m1; i0 += chunk) {                                             \
+        const float *xi = x + i0 * k + p0;                                                    \
+        float *yi = y + i0 * n + t * NR;                                                      \
+        int rows = m1 - i0 < chunk ? (int)(m1 - i0) : chunk;                                  \
+        switch (rows * 8 + group) {                                                           \
+        case 8 + 6: WIDE(xi, k, panel, k * NR, kc, 1, 6, yi, n, b, first); break;             \
+        case 8 + 5: WIDE(xi, k, panel, k * NR, kc, 1, 5, yi, n, b, first); break;             \
+        case 8 + 4: WIDE(xi, k, panel, k * NR, kc, 1, 4, yi, n, b, first); break;             \
+        case 8 + 3: WIDE(xi, k, panel, k * NR, kc, 1, 3, yi, n, b, first); break;             \
+        case 8 + 2: WIDE(xi, k, panel, k * NR, kc, 1, 2, yi, n, b, first); break;             \
+        case 16 + 3: WIDE(xi, k, panel, k * NR, kc, 2, 3, yi, n, b, first); break;            \
+        case 16 + 2: WIDE(xi, k, panel, k * NR, kc, 2, 2, yi, n, b, first); break;            \
+        default: WIDE(xi, k, panel, k * NR, kc, 3, 2, yi, n, b, first); break; /* 3 rows, 2 panels */ \
+        }                                                                                     \
     }                                                                                         \
+    return 1;                                                                                 \
 }
 DEFINE_GROUP_SLICE(group_slice_f32, float, wide_f32)
 DEFINE_GROUP_SLICE(group_slice_bf16, uint16_t, wide_bf16)
@@ -181,7 +197,8 @@ DEFINE_PANEL_SLICE(panel_slice_##SUFFIX, WTYPE, kernel_##SUFFIX)                
 void NAME(const float *x, const WTYPE *packed, const float *bias, float *y,                   \
           int64_t m, int64_t n, int64_t k) {                                                  \
     int64_t num_panels = (n + NR - 1) / NR;                                                   \
-    int64_t slice = PANEL_SLICE_BYTES / (NR * (int64_t)sizeof(WTYPE));                        \
+    int64_t slice_bytes = m > 2 && m <= FEW_ROWS ? FEW_SLICE_BYTES : PANEL_SLICE_BYTES;       \
+    int64_t slice = slice_bytes / (NR * (int64_t)sizeof(WTYPE));                              \
     int64_t block_rows = X_BLOCK_BYTES / (k * (int64_t)sizeof(float));                         \
     block_rows = block_rows < MR ? MR : block_rows - block_rows % MR;                         \
     int64_t group = panel_group(m, num_panels, omp_get_max_threads());                       \
@@ -195,7 +212,7 @@ void NAME(const float *x, const WTYPE *packed, const float *bias, float *y,     
             int whole = t1 - t0 == group && t1 * NR <= n;  /* a group of full panels */        \
             for (int64_t p0 = 0; p0 < k; p0 += slice) {                                       \
                 int64_t kc = k - p0 < slice ? k - p0 : slice;                                 \
-                if (group > 1 && whole && GROUP_SLICE(SUFFIX, x, packed, bias, y, m, n, k, t0, group, p0, kc)) \
+                if (whole && GROUP_SLICE(SUFFIX, x, packed, bias, y, m0, m1, n, k, t0, group, p0, kc)) \
                     continue;                                                                 \
                 for (int64_t t = t0; t < t1; t++)                                             \
                     panel_slice_##SUFFIX(x, packed, bias, y, n, k, t, p0, kc, m0, m1);        \
