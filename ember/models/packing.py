@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ember.quant.ggml_blocks import GGMLTensor
+from ember.quant.ggml_blocks import SYMMETRIC_32, GGMLTensor, as_q8_0
 from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.zero_point import ZeroPointTensor
 
@@ -66,7 +66,8 @@ class PackingPlan:
 
 def _concat_rows(parts: list[torch.Tensor | QuantizedPart]) -> torch.Tensor | QuantizedPart:
     """Parts stacked along the output dimension: rows of blocks when every part shares one GGML format
-    (or W8A8 int8 rows when every part is, or GPTQ / AWQ groups sharing their column order), else float."""
+    (or Q8_0 when they mix Q4_0 / Q5_0 / Q8_0, W8A8 int8 rows when every part is, or GPTQ / AWQ groups sharing
+    their column order), else float."""
     if all(isinstance(p, Int8ChannelTensor) for p in parts):
         return Int8ChannelTensor.concat(parts)
     if all(isinstance(p, ZeroPointTensor) for p in parts) and ZeroPointTensor.fusable(parts):
@@ -75,4 +76,6 @@ def _concat_rows(parts: list[torch.Tensor | QuantizedPart]) -> torch.Tensor | Qu
         first = parts[0]
         if all(p.format == first.format and p.cols == first.cols for p in parts):
             return GGMLTensor.concat(parts)
+        if all(p.format.name in SYMMETRIC_32 and p.cols == first.cols for p in parts):
+            return GGMLTensor.concat([as_q8_0(p) for p in parts])  # e.g. Q5_0 q/k with a Q8_0 v: exact as Q8_0
     return torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize() for p in parts], dim=0)

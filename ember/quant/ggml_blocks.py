@@ -1,6 +1,6 @@
 """GGML block formats kept as they are in the file: a weight is rows of blocks, dequantized on use.
 
-ember executes Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K without a float copy of the model. A
+ember executes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K without a float copy of the model. A
 `GGMLTensor` holds the raw bytes of a 2-D weight as a uint8 tensor [rows, bytes_per_row]:
 each row is a run of whole blocks, so stacking parts of a fused projection (q, k, v) is a
 concatenation of rows, and llama.cpp's row permutation of q/k is a row reindexing.
@@ -37,6 +37,8 @@ FORMATS: dict[str, GGMLFormat] = {
     for f in (
         GGMLFormat("Q4_0", 2, 32, 18),
         GGMLFormat("Q4_1", 3, 32, 20),
+        GGMLFormat("Q5_0", 6, 32, 22),  # fp16 d, 32 high bits, 16 bytes of low nibbles: d * (q - 16)
+        GGMLFormat("Q5_1", 7, 32, 24),  # fp16 d and m, the same 5-bit codes: d * q + m
         GGMLFormat("Q8_0", 8, 32, 34),
         GGMLFormat("Q4_K", 12, 256, 144),
         GGMLFormat("Q5_K", 13, 256, 176),
@@ -46,7 +48,7 @@ FORMATS: dict[str, GGMLFormat] = {
         GGMLFormat("FP8", 201, 32, 33, has_int8_kernel=False),  # E8M0 scale + 32 e4m3 codes (OCP MXFP8's block)
     )
 }
-GGUF_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the formats GGML itself defines
+GGUF_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the formats GGML itself defines
 # QLoRA's NormalFloat-4 levels (the bitsandbytes constants), code 0..15.
 NF4_LEVELS = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635, -0.18477343022823334,
@@ -54,7 +56,7 @@ NF4_LEVELS = (
     0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
 )
 
-SCALE_FIELD_BYTES = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2}  # the fp16 scale (and min) that lead each 32-value block
+SCALE_FIELD_BYTES = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 2, "Q5_1": 4, "Q8_0": 2}  # the fp16 scale (and min) that lead each 32-value block
 
 
 class GGMLTensor:
@@ -129,6 +131,36 @@ class GGMLTensor:
         return GGMLTensor(torch.cat([p.data for p in parts], dim=0), first.format, first.cols)
 
 
+# Formats whose value is d * (code - center): each is Q8_0 with the same d and int8 codes, exactly.
+SYMMETRIC_32 = {"Q4_0": 8, "Q5_0": 16, "Q8_0": 0}
+
+
+def as_q8_0(weight: GGMLTensor) -> GGMLTensor:
+    """A Q4_0 / Q5_0 / Q8_0 weight as Q8_0 blocks with the same values, bit for bit (the same fp16 d, the codes
+    minus their center as int8): lets a fused projection whose parts mix these formats stay quantized."""
+    name = weight.format.name
+    if name not in SYMMETRIC_32:
+        raise ValueError(f"only {', '.join(SYMMETRIC_32)} blocks are Q8_0 blocks exactly; got {name}")
+    if name == "Q8_0":
+        return weight
+    blocks = weight.data.reshape(-1, weight.format.block_bytes)
+    codes = (_codes_32(blocks, name) - SYMMETRIC_32[name]).to(torch.int8)
+    q8 = torch.cat([blocks[:, :2], codes.view(torch.uint8)], dim=1)
+    return GGMLTensor(q8.reshape(weight.shape[0], -1), FORMATS["Q8_0"], weight.cols)
+
+
+def _codes_32(blocks: torch.Tensor, name: str) -> torch.Tensor:
+    """The 32 unsigned codes of each Q4_0 / Q4_1 / Q5_0 / Q5_1 block in value order, int32 [num_blocks, 32]."""
+    fields = 2 if name in ("Q4_0", "Q5_0") else 4
+    if name in ("Q4_0", "Q4_1"):
+        low, up = _nibbles(blocks[:, fields:])
+        return torch.cat([low, up], dim=1).to(torch.int32)
+    bits = blocks[:, fields : fields + 4].contiguous().view(torch.int32)  # little-endian, as the file stores it
+    high = ((bits >> torch.arange(32, dtype=torch.int32)) & 1) << 4  # bit l -> 16 for value l
+    low, up = _nibbles(blocks[:, fields + 4 :])
+    return torch.cat([low, up], dim=1).to(torch.int32) | high
+
+
 def _half(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     """The fp16 field at byte `offset` of each block, as float32 [num_blocks, 1]."""
     return blocks[:, offset : offset + 2].contiguous().view(torch.float16).float()
@@ -150,11 +182,10 @@ def _dequantize_32(blocks: torch.Tensor, name: str) -> torch.Tensor:
     d = _half(blocks, 0)
     if name == "Q8_0":
         return blocks[:, 2:].contiguous().view(torch.int8).float() * d
-    if name == "Q4_0":
-        low, high = _nibbles(blocks[:, 2:])
-        return d * (torch.cat([low, high], dim=1).to(torch.int8) - 8).float()
-    low, high = _nibbles(blocks[:, 4:])  # Q4_1
-    return d * torch.cat([low, high], dim=1).float() + _half(blocks, 2)
+    codes = _codes_32(blocks, name)
+    if name in ("Q4_0", "Q5_0"):
+        return d * (codes - SYMMETRIC_32[name]).float()
+    return d * codes.float() + _half(blocks, 2)  # Q4_1, Q5_1
 
 
 def _dequantize_k(blocks: torch.Tensor, name: str) -> torch.Tensor:

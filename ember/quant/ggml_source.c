@@ -1,4 +1,4 @@
-/* ember's kernels for GGML block formats: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, and ember's own
+/* ember's kernels for GGML block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, and ember's own
  * NF4 (64 values: fp16 absmax scale, 4-bit codes into the NormalFloat table) and FP8 (32 values:
  * an E8M0 power-of-two scale, e4m3 codes: OCP MXFP8's block). The last two have no int8 path.
  *
@@ -31,7 +31,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, NF4 = 200, FP8 = 201 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, NF4 = 200, FP8 = 201 };
 
 /* QLoRA's NormalFloat-4 levels (the bitsandbytes constants). */
 static const float NF4_LEVELS[16] = {
@@ -99,6 +99,8 @@ static int64_t block_bytes(int type) {
     switch (type) {
     case Q4_0: case Q4_0_X8: return 18;
     case Q4_1: case Q4_1_X8: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
     case Q8_0: return 34;
     case Q4_K: return 144;
     case Q5_K: return 176;
@@ -136,6 +138,24 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
         for (int l = 0; l < 16; l++) {
             out[l] = d * (float)(b[4 + l] & 15) + m;
             out[l + 16] = d * (float)(b[4 + l] >> 4) + m;
+        }
+        break;
+    }
+    case Q5_0:
+    case Q5_1: { /* fp16 d (and m), 32 high bits, 16 bytes of low nibbles: value l = low nibble | bit l of the high bits << 4 */
+        float d = half_to_float(b), m = type == Q5_1 ? half_to_float(b + 2) : 0.0f;
+        const uint8_t *high = b + (type == Q5_1 ? 4 : 2), *qs = high + 4;
+        uint32_t bits;
+        memcpy(&bits, high, 4);
+        for (int l = 0; l < 16; l++) {
+            int low = (qs[l] & 15) | (int)(((bits >> l) & 1u) << 4), up = (qs[l] >> 4) | (int)(((bits >> (l + 16)) & 1u) << 4);
+            if (type == Q5_0) {
+                out[l] = d * (float)(low - 16);
+                out[l + 16] = d * (float)(up - 16);
+            } else {
+                out[l] = d * (float)low + m;
+                out[l + 16] = d * (float)up + m;
+            }
         }
         break;
     }
@@ -309,6 +329,20 @@ static inline __m256 dot32(const __m256 *w, const float *x) {
     return _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), s);
 }
 
+/* A Q5_0 / Q5_1 block's 32 codes 0..31 (value order): the 16 bytes of low nibbles at qs, bit l of the 32-bit
+ * field at high as bit 4 of value l (each byte picks its field byte, tests its bit, keeps 16 where set). */
+static inline __m256i codes5_32(const uint8_t *high, const uint8_t *qs) {
+    uint32_t bits;
+    memcpy(&bits, high, 4);
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+    __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                         _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+    return _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+}
+
 /* acc[i] += scale * (32 quants . x_i); offset[i] += min * sum(x_i over these 32 values). */
 static inline __attribute__((always_inline)) void accumulate32(const __m256 *w, float scale, float min, const float *x, const float *xsum,
                                 int64_t m, int64_t cols, int64_t group, int64_t groups, int64_t at, __m256 *acc, float *offset) {
@@ -339,6 +373,12 @@ static inline __attribute__((always_inline)) void row_dot_avx2(const int type, c
             widen16(lo, w);
             widen16(hi, w + 2);
             accumulate32(w, half_to_float(b), type == Q4_1 ? half_to_float(b + 2) : 0.0f, x, xsum, m, cols, k, groups, 32 * k, acc, offset);
+        } else if (type == Q5_0 || type == Q5_1) {
+            const uint8_t *high = b + (type == Q5_0 ? 2 : 4);
+            __m256i q = codes5_32(high, high + 4);
+            if (type == Q5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+            widen32(q, w);
+            accumulate32(w, half_to_float(b), type == Q5_1 ? half_to_float(b + 2) : 0.0f, x, xsum, m, cols, k, groups, 32 * k, acc, offset);
         } else if (type == Q8_0) {
             widen32(_mm256_loadu_si256((const __m256i *)(b + 2)), w);
             accumulate32(w, half_to_float(b), 0.0f, x, xsum, m, cols, k, groups, 32 * k, acc, offset);
@@ -404,6 +444,8 @@ static inline __attribute__((always_inline)) void row_dot_avx2(const int type, c
     }
 ROW_DOT_FOR_TYPE(Q4_0)
 ROW_DOT_FOR_TYPE(Q4_1)
+ROW_DOT_FOR_TYPE(Q5_0)
+ROW_DOT_FOR_TYPE(Q5_1)
 ROW_DOT_FOR_TYPE(Q8_0)
 ROW_DOT_FOR_TYPE(Q4_K)
 ROW_DOT_FOR_TYPE(Q5_K)
@@ -415,6 +457,8 @@ static void row_dot_fast(int type, const uint8_t *row, const float *x, const flo
     switch (type) {
     case Q4_0: row_dot_Q4_0(row, x, xsum, m, cols, out); break;
     case Q4_1: row_dot_Q4_1(row, x, xsum, m, cols, out); break;
+    case Q5_0: row_dot_Q5_0(row, x, xsum, m, cols, out); break;
+    case Q5_1: row_dot_Q5_1(row, x, xsum, m, cols, out); break;
     case Q8_0: row_dot_Q8_0(row, x, xsum, m, cols, out); break;
     case Q4_K: row_dot_Q4_K(row, x, xsum, m, cols, out); break;
     case Q5_K: row_dot_Q5_K(row, x, xsum, m, cols, out); break;
@@ -460,6 +504,15 @@ static inline __attribute__((always_inline)) void row_dot_int8_body(const int ty
         if (type == Q4_0 || type == Q4_1) {
             __m256i q = nibbles32(b + (type == Q4_0 ? 2 : 4));
             float d = half_to_float(b), min = type == Q4_1 ? half_to_float(b + 2) : -8.0f * d; /* Q4_0: d*(q-8) */
+            for (int64_t i = 0; i < m; i++) {
+                const act_block *a = xq + i * groups + k;
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), dot_u8_s8(q, load_act(a)), acc[i]);
+                offset[i] += min * a->qsum;
+            }
+        } else if (type == Q5_0 || type == Q5_1) {
+            const uint8_t *high = b + (type == Q5_0 ? 2 : 4);
+            __m256i q = codes5_32(high, high + 4);
+            float d = half_to_float(b), min = type == Q5_1 ? half_to_float(b + 2) : -16.0f * d; /* Q5_0: d*(q-16) */
             for (int64_t i = 0; i < m; i++) {
                 const act_block *a = xq + i * groups + k;
                 acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), dot_u8_s8(q, load_act(a)), acc[i]);
@@ -526,6 +579,8 @@ static inline __attribute__((always_inline)) void row_dot_int8_body(const int ty
     }
 ROW_DOT_INT8_FOR_TYPE(Q4_0)
 ROW_DOT_INT8_FOR_TYPE(Q4_1)
+ROW_DOT_INT8_FOR_TYPE(Q5_0)
+ROW_DOT_INT8_FOR_TYPE(Q5_1)
 ROW_DOT_INT8_FOR_TYPE(Q8_0)
 ROW_DOT_INT8_FOR_TYPE(Q4_K)
 ROW_DOT_INT8_FOR_TYPE(Q5_K)
@@ -535,6 +590,8 @@ static void row_dot_int8(int type, const uint8_t *row, const act_block *xq, int6
     switch (type) {
     case Q4_0: row_dot_int8_Q4_0(row, xq, m, cols, out); break;
     case Q4_1: row_dot_int8_Q4_1(row, xq, m, cols, out); break;
+    case Q5_0: row_dot_int8_Q5_0(row, xq, m, cols, out); break;
+    case Q5_1: row_dot_int8_Q5_1(row, xq, m, cols, out); break;
     case Q8_0: row_dot_int8_Q8_0(row, xq, m, cols, out); break;
     case Q4_K: row_dot_int8_Q4_K(row, xq, m, cols, out); break;
     case Q5_K: row_dot_int8_Q5_K(row, xq, m, cols, out); break;

@@ -8,7 +8,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from ember.quant.ggml_blocks import FORMATS, GGUF_FORMATS, GGMLTensor, dequantize_torch
+from ember.quant.ggml_blocks import FORMATS, GGUF_FORMATS, GGMLTensor, as_q8_0, dequantize_torch
 from ember.quant.ggml_kernels import load_kernels
 from tests.quant.ggml_factory import random_blocks
 
@@ -56,3 +56,16 @@ def test_compiled_decoder_of_ember_formats_is_bit_exact_with_the_torch_decoder(n
     weight = random_blocks(name, rows=21, cols=576, seed=3)
     ours = kernels.dequantize(weight).numpy()
     assert np.array_equal(ours.view(np.uint32), dequantize_torch(weight.data, weight.format).reshape(weight.shape).numpy().view(np.uint32))
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0"])
+def test_symmetric_formats_become_q8_0_with_the_same_values(name):
+    weight = random_blocks(name, rows=8, cols=128, seed=3)
+    widened = as_q8_0(weight)
+    assert widened.format.name == "Q8_0" and widened.shape == weight.shape
+    assert torch.equal(dequantize_torch(widened.data, widened.format), dequantize_torch(weight.data, weight.format))
+
+
+def test_formats_with_a_min_do_not_become_q8_0():
+    with pytest.raises(ValueError, match="are Q8_0 blocks exactly"):
+        as_q8_0(random_blocks("Q5_1", rows=8, cols=32))
