@@ -1,12 +1,13 @@
-"""Q4_0 / Q4_1 weights moved into ember's eight-row interleaved layouts (Q4_0_X8, Q4_1_X8) and back.
+"""Q4_0 / Q4_1 / Q5_0 / Q5_1 weights moved into ember's eight-row interleaved layouts (Q4_0_X8, ...) and back.
 
 The few-row int8 product over plain GGML rows is compute-bound on CPUs without wide integer units: each
 32-value block of each row costs its own decode, dot product, reduction and scale. Stored eight rows at a
 time, block k of rows 8g..8g+7 side by side, one block of all eight rows reduces to one vector of eight
 sums (ggml_source.c, x8_group_int8_body). The move is a byte permutation: same bytes, same size, exact both
 ways, so a layer can hold the interleaved form and give the GGUF form back on demand. Layout of one group's
-block k (8 * block_bytes bytes): the eight fp16 scales in lane order LANE_ROW, for Q4_1 the eight fp16 mins
-in the same order, then the eight rows' 16 code bytes in row order.
+block k (8 * block_bytes bytes): the eight fp16 scales in lane order LANE_ROW, for Q4_1 / Q5_1 the eight fp16
+mins in the same order, for Q5 the eight rows' 4 bytes of high bits in row order, then the eight rows' 16 code
+bytes in row order.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ ROW_LANE = tuple(LANE_ROW.index(row) for row in range(ROWS_PER_GROUP))
 INTERLEAVED_FORMATS: dict[str, GGMLFormat] = {
     "Q4_0": GGMLFormat("Q4_0_X8", 102, 32, 18),
     "Q4_1": GGMLFormat("Q4_1_X8", 103, 32, 20),
+    "Q5_0": GGMLFormat("Q5_0_X8", 106, 32, 22),
+    "Q5_1": GGMLFormat("Q5_1_X8", 107, 32, 24),
 }
 PLAIN_FORMATS: dict[str, GGMLFormat] = {f.name: FORMATS[plain] for plain, f in INTERLEAVED_FORMATS.items()}
 _CODE_BYTES = 16  # a 32-value block's nibbles
+_HIGH_BYTES = {"Q5_0": 4, "Q5_1": 4}  # bytes of fifth bits per block, between the fp16 fields and the nibbles
 
 
 def is_interleaved(weight: GGMLTensor) -> bool:
@@ -37,33 +41,47 @@ def can_interleave(weight: GGMLTensor) -> bool:
 
 
 def interleaved(weight: GGMLTensor) -> GGMLTensor:
-    """`weight` (Q4_0 / Q4_1, rows a multiple of 8) in its interleaved layout: a new tensor of the same size."""
+    """`weight` (Q4_0 / Q4_1 / Q5_0 / Q5_1, rows a multiple of 8) in its interleaved layout: a new tensor of the same size."""
     if not can_interleave(weight):
-        raise ValueError(f"only Q4_0 / Q4_1 weights with a multiple of {ROWS_PER_GROUP} rows interleave; got "
+        raise ValueError(f"only Q4_0 / Q4_1 / Q5_0 / Q5_1 weights with a multiple of {ROWS_PER_GROUP} rows interleave; got "
                          f"{weight.format.name} {list(weight.shape)}")
-    fields = weight.format.block_bytes - _CODE_BYTES
+    halves, parts = _layout(weight.format.name)
     groups = _grouped(weight)  # [groups, 8 rows, blocks, block bytes]
-    scales = groups[..., :fields].index_select(1, torch.tensor(LANE_ROW))
-    parts = [scales[..., 2 * f : 2 * f + 2].permute(0, 2, 1, 3) for f in range(fields // 2)]  # each [g, blocks, 8, 2]
-    parts.append(groups[..., fields:].permute(0, 2, 1, 3))  # [g, blocks, 8, 16]
-    moved = torch.cat([p.reshape(p.shape[0], p.shape[1], -1) for p in parts], dim=-1)
-    return GGMLTensor(moved.reshape(weight.data.shape).contiguous(), INTERLEAVED_FORMATS[weight.format.name], weight.cols)
+    scales = groups[..., : 2 * halves].index_select(1, torch.tensor(LANE_ROW))
+    moved = [scales[..., 2 * h : 2 * h + 2].permute(0, 2, 1, 3) for h in range(halves)]  # each [g, blocks, 8, 2]
+    moved += [groups[..., start:stop].permute(0, 2, 1, 3) for start, stop in parts]  # each [g, blocks, 8, bytes]
+    stacked = torch.cat([p.reshape(p.shape[0], p.shape[1], -1) for p in moved], dim=-1)
+    return GGMLTensor(stacked.reshape(weight.data.shape).contiguous(), INTERLEAVED_FORMATS[weight.format.name], weight.cols)
 
 
 def plain(weight: GGMLTensor) -> GGMLTensor:
     """`weight` in its GGUF layout (itself when it is not interleaved)."""
     if not is_interleaved(weight):
         return weight
-    fields = weight.format.block_bytes - _CODE_BYTES
+    plain_format = PLAIN_FORMATS[weight.format.name]
+    halves, parts = _layout(plain_format.name)
     rows, row_bytes = weight.data.shape
     blocks = row_bytes // weight.format.block_bytes
     stored = weight.data.reshape(rows // ROWS_PER_GROUP, blocks, ROWS_PER_GROUP * weight.format.block_bytes)
-    lanes = ROWS_PER_GROUP * 2
-    parts = [stored[..., lanes * f : lanes * (f + 1)].reshape(-1, blocks, ROWS_PER_GROUP, 2).index_select(2, torch.tensor(ROW_LANE))
-             for f in range(fields // 2)]
-    parts.append(stored[..., lanes * (fields // 2) :].reshape(-1, blocks, ROWS_PER_GROUP, _CODE_BYTES))
-    rows_first = torch.cat(parts, dim=-1).permute(0, 2, 1, 3)  # [groups, 8 rows, blocks, block bytes]
-    return GGMLTensor(rows_first.reshape(rows, row_bytes).contiguous(), PLAIN_FORMATS[weight.format.name], weight.cols)
+    pieces, at = [], 0
+    for _ in range(halves):
+        lanes = stored[..., at : at + 2 * ROWS_PER_GROUP].reshape(-1, blocks, ROWS_PER_GROUP, 2)
+        pieces.append(lanes.index_select(2, torch.tensor(ROW_LANE)))
+        at += 2 * ROWS_PER_GROUP
+    for start, stop in parts:
+        width = stop - start
+        pieces.append(stored[..., at : at + width * ROWS_PER_GROUP].reshape(-1, blocks, ROWS_PER_GROUP, width))
+        at += width * ROWS_PER_GROUP
+    rows_first = torch.cat(pieces, dim=-1).permute(0, 2, 1, 3)  # [groups, 8 rows, blocks, block bytes]
+    return GGMLTensor(rows_first.reshape(rows, row_bytes).contiguous(), plain_format, weight.cols)
+
+
+def _layout(name: str) -> tuple[int, list[tuple[int, int]]]:
+    """A plain format's fp16 fields (1 or 2) and its row-order parts as byte ranges of a block (high bits, nibbles)."""
+    halves = 2 if name in ("Q4_1", "Q5_1") else 1
+    high = _HIGH_BYTES.get(name, 0)
+    parts = [(2 * halves, 2 * halves + high)] if high else []
+    return halves, [*parts, (2 * halves + high, 2 * halves + high + _CODE_BYTES)]
 
 
 def _grouped(weight: GGMLTensor) -> torch.Tensor:

@@ -18,7 +18,7 @@
  *     PATH_PORTABLE: plain C, one block dequantized at a time; the fallback without AVX2.
  * -march=native picks the instruction set at build time (#ifdef __AVX2__ / VNNI below).
  *
- * Q4_0_X8 / Q4_1_X8 are ember's own layouts of Q4_0 / Q4_1 weights for those products (the same bytes,
+ * Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 are ember's own layouts of Q4_0 / Q4_1 / Q5_0 / Q5_1 weights for those products (the same bytes,
  * moved): rows 8g..8g+7 are stored as one group, block k of all eight together (see x8_to_plain_group).
  * One block of eight rows then reduces to one vector of eight sums, so the int8 path spends about a
  * quarter of the instructions per block that row-by-row needs (which made Q4 decode compute-bound). */
@@ -31,7 +31,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, NF4 = 200, FP8 = 201 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, NF4 = 200, FP8 = 201 };
 
 /* QLoRA's NormalFloat-4 levels (the bitsandbytes constants). */
 static const float NF4_LEVELS[16] = {
@@ -99,8 +99,8 @@ static int64_t block_bytes(int type) {
     switch (type) {
     case Q4_0: case Q4_0_X8: return 18;
     case Q4_1: case Q4_1_X8: return 20;
-    case Q5_0: return 22;
-    case Q5_1: return 24;
+    case Q5_0: case Q5_0_X8: return 22;
+    case Q5_1: case Q5_1_X8: return 24;
     case Q8_0: return 34;
     case Q4_K: return 144;
     case Q5_K: return 176;
@@ -211,28 +211,45 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
     }
 }
 
-static int is_x8(int type) { return type == Q4_0_X8 || type == Q4_1_X8; }
+static int is_x8(int type) { return type == Q4_0_X8 || type == Q4_1_X8 || type == Q5_0_X8 || type == Q5_1_X8; }
 
 /* The plain format an x8 layout moves (Q4_0_X8 -> Q4_0); other types are their own. */
-static int plain_type(int type) { return type == Q4_0_X8 ? Q4_0 : type == Q4_1_X8 ? Q4_1 : type; }
+static int plain_type(int type) {
+    switch (type) {
+    case Q4_0_X8: return Q4_0;
+    case Q4_1_X8: return Q4_1;
+    case Q5_0_X8: return Q5_0;
+    case Q5_1_X8: return Q5_1;
+    default: return type;
+    }
+}
+
+/* An x8 layout's fp16 fields per row (d, or d and m) and bytes of high bits per row (Q5: 4). */
+static int x8_halves(int type) { return type == Q4_1_X8 || type == Q5_1_X8 ? 2 : 1; }
+static int x8_high_bytes(int type) { return type == Q5_0_X8 || type == Q5_1_X8 ? 4 : 0; }
 
 /* The lane (0..7) of the eight-row sum vector that holds each row: what a tree of three _mm256_hadd_epi32
  * over row pairs (r, r + 1) produces, so the scales are stored in this order too. */
 static const int X8_LANE_ROW[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
 /* One x8 group (8 rows x `blocks` blocks) -> the eight plain rows, `blocks` blocks each, row after row.
- * A group's block k is 8 * block_bytes bytes: the eight fp16 scales d (lane order X8_LANE_ROW), for Q4_1
- * then the eight fp16 mins (same order), then the eight rows' 16 code bytes in row order. */
+ * A group's block k is 8 * block_bytes bytes: the eight fp16 scales d (lane order X8_LANE_ROW), for Q4_1 / Q5_1
+ * then the eight fp16 mins (same order), for Q5 then the eight rows' 4 bytes of high bits (row order), then the
+ * eight rows' 16 bytes of low nibbles (row order). */
 static void x8_to_plain_group(int type, const uint8_t *group, int64_t blocks, uint8_t *rows) {
-    int64_t size = block_bytes(type), fields = type == Q4_1_X8 ? 4 : 2;
+    const int64_t size = block_bytes(type), halves = x8_halves(type), high = x8_high_bytes(type);
+    const int64_t high_at = 16 * halves, codes_at = high_at + 8 * high;
     for (int64_t k = 0; k < blocks; k++) {
         const uint8_t *b = group + (size_t)(k * 8 * size);
         for (int lane = 0; lane < 8; lane++) {
             uint8_t *out = rows + (size_t)((X8_LANE_ROW[lane] * blocks + k) * size);
-            memcpy(out, b + 2 * lane, 2);
-            if (fields == 4) memcpy(out + 2, b + 16 + 2 * lane, 2);
+            for (int64_t h = 0; h < halves; h++) memcpy(out + 2 * h, b + 16 * h + 2 * lane, 2);
         }
-        for (int r = 0; r < 8; r++) memcpy(rows + (size_t)((r * blocks + k) * size + fields), b + 8 * fields + 16 * r, 16);
+        for (int r = 0; r < 8; r++) {
+            uint8_t *out = rows + (size_t)((r * blocks + k) * size + 2 * halves);
+            memcpy(out, b + high_at + high * r, (size_t)high);
+            memcpy(out + high, b + codes_at + 16 * r, 16);
+        }
     }
 }
 
@@ -599,8 +616,8 @@ static void row_dot_int8(int type, const uint8_t *row, const act_block *xq, int6
     }
 }
 
-/* Unsigned codes u (<= 15) . activations: lo . xlo + hi . xhi -> int32 per 4-byte lane group. Two maddubs
- * sums stay within int16 (2 * 2 * 15 * 127 < 32767). */
+/* Unsigned codes u (<= 31) . activations: lo . xlo + hi . xhi -> int32 per 4-byte lane group. Two maddubs
+ * sums stay within int16 (2 * 2 * 31 * 127 < 32767). */
 static inline __m256i dot_pair_u8_s8(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
 #if defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, xlo), hi, xhi);
@@ -624,7 +641,14 @@ static inline __m256i dot_pair_u8_s8(__m256i lo, __m256i xlo, __m256i hi, __m256
 static inline __attribute__((always_inline)) void x8_group_int8_body(const int type, const uint8_t *group, const act_block *xq,
                                                                     const int64_t m, int64_t cols, float *out) {
     const __m256i low4 = _mm256_set1_epi8(15);
-    const int64_t groups = cols / 32, size = 8 * block_bytes(type), fields = type == Q4_1_X8 ? 32 : 16;
+    const int64_t groups = cols / 32, size = 8 * block_bytes(type), halves = x8_halves(type), high_at = 16 * halves;
+    const int64_t fields = high_at + 8 * x8_high_bytes(type); /* where the codes start */
+    const int five_bits = x8_high_bytes(type) != 0;
+    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL), sixteen = _mm256_set1_epi8(16);
+    /* Q5: a pair's 8 bytes of high bits -> bytes 0-15 of lane 0 take row r's bytes 0, 1 (values 0-15), lane 1 row
+       r + 1's (bytes 4, 5); the upper values' bits are bytes 2, 3 and 6, 7. */
+    const __m256i spread_lo = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0404040404040404LL, 0x0505050505050505LL);
+    const __m256i spread_hi = _mm256_setr_epi64x(0x0202020202020202LL, 0x0303030303030303LL, 0x0606060606060606LL, 0x0707070707070707LL);
     __m256 acc[MAX_M], offset[MAX_M];
     for (int64_t i = 0; i < m; i++) acc[i] = offset[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < groups; k++) {
@@ -635,10 +659,19 @@ static inline __attribute__((always_inline)) void x8_group_int8_body(const int t
             __m256i v = _mm256_loadu_si256((const __m256i *)(b + fields + 32 * j));
             lo[j] = _mm256_and_si256(v, low4);
             hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            if (five_bits) {
+                int64_t pair_bits;
+                memcpy(&pair_bits, b + high_at + 8 * j, 8);
+                __m256i bits = _mm256_set1_epi64x((long long)pair_bits);
+                __m256i set_lo = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(bits, spread_lo), select), select);
+                __m256i set_hi = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(bits, spread_hi), select), select);
+                lo[j] = _mm256_or_si256(lo[j], _mm256_and_si256(set_lo, sixteen));
+                hi[j] = _mm256_or_si256(hi[j], _mm256_and_si256(set_hi, sixteen));
+            }
         }
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
-        __m256 min = type == Q4_1_X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)))
-                                     : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f)); /* Q4_0: d*(q-8) */
+        __m256 min = halves == 2 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)))
+                                 : _mm256_mul_ps(d, _mm256_set1_ps(five_bits ? -16.0f : -8.0f)); /* d*(q-8), Q5_0 d*(q-16) */
         for (int64_t i = 0; i < m; i++) {
             const act_block *a = xq + i * groups + k;
             __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a->q));
@@ -666,6 +699,8 @@ static inline __attribute__((always_inline)) void x8_group_int8_body(const int t
     }
 X8_GROUP_INT8_FOR_TYPE(Q4_0_X8)
 X8_GROUP_INT8_FOR_TYPE(Q4_1_X8)
+X8_GROUP_INT8_FOR_TYPE(Q5_0_X8)
+X8_GROUP_INT8_FOR_TYPE(Q5_1_X8)
 #endif
 
 /* Portable path: one block dequantized to the stack, then dotted with each row of x. */
@@ -722,8 +757,12 @@ static void x8_group_rows(int type, int path, const uint8_t *group, const float 
                           int64_t m, int64_t cols, uint8_t *plain, float *out) {
 #ifdef __AVX2__
     if (path == PATH_INT8) {
-        if (type == Q4_0_X8) x8_group_int8_Q4_0_X8(group, xq, m, cols, out);
-        else x8_group_int8_Q4_1_X8(group, xq, m, cols, out);
+        switch (type) {
+        case Q4_0_X8: x8_group_int8_Q4_0_X8(group, xq, m, cols, out); break;
+        case Q4_1_X8: x8_group_int8_Q4_1_X8(group, xq, m, cols, out); break;
+        case Q5_0_X8: x8_group_int8_Q5_0_X8(group, xq, m, cols, out); break;
+        default: x8_group_int8_Q5_1_X8(group, xq, m, cols, out); break;
+        }
         return;
     }
 #endif

@@ -1,4 +1,4 @@
-"""Eight-row interleaved Q4_0 / Q4_1 layouts: exact moves, and products equal to the GGUF layout's."""
+"""Eight-row interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 layouts: exact moves, and products equal to the GGUF layout's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ember.quant.ggml_layers import GGMLLinear, ggml_linear, set_activations
 from tests.quant.ggml_factory import random_blocks
 from tests.quant.test_ggml_layers import RTOL, int8_rounded
 
-NAMES = ["Q4_0", "Q4_1"]
+NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 
 
 @pytest.fixture(scope="module")
@@ -36,20 +36,23 @@ def test_interleaving_moves_the_bytes_and_moves_them_back(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_first_group_block_holds_eight_scales_then_eight_rows_codes(name):
+def test_the_first_group_block_holds_eight_scales_then_eight_rows_high_bits_and_codes(name):
     weight = random_blocks(name, rows=8, cols=32, seed=2)  # one group, one block per row
-    fields = 4 if name == "Q4_1" else 2
+    halves, high = (2 if name in ("Q4_1", "Q5_1") else 1), (4 if name.startswith("Q5") else 0)
     stored = interleaved(weight).data.flatten()
     lane_row = (0, 2, 4, 6, 1, 3, 5, 7)
-    for lane, row in enumerate(lane_row):
-        assert torch.equal(stored[2 * lane : 2 * lane + 2], weight.data[row, :2])
-        if name == "Q4_1":
-            assert torch.equal(stored[16 + 2 * lane : 18 + 2 * lane], weight.data[row, 2:4])
-    for row in range(8):
-        assert torch.equal(stored[8 * fields + 16 * row : 8 * fields + 16 * (row + 1)], weight.data[row, fields:])
+    for field in range(halves):  # the fp16 scales (and mins) of the eight rows, lane order
+        for lane, row in enumerate(lane_row):
+            at = 16 * field + 2 * lane
+            assert torch.equal(stored[at : at + 2], weight.data[row, 2 * field : 2 * field + 2])
+    for row in range(8):  # then each row's high bits, then each row's nibbles, row order
+        at = 16 * halves + high * row
+        assert torch.equal(stored[at : at + high], weight.data[row, 2 * halves : 2 * halves + high])
+        at = 16 * halves + 8 * high + 16 * row
+        assert torch.equal(stored[at : at + 16], weight.data[row, 2 * halves + high :])
 
 
-def test_only_q4_weights_in_whole_groups_of_eight_rows_interleave():
+def test_only_4_and_5_bit_weights_in_whole_groups_of_eight_rows_interleave():
     assert can_interleave(random_blocks("Q4_1", rows=16, cols=32))
     assert not can_interleave(random_blocks("Q4_1", rows=12, cols=32))
     assert not can_interleave(random_blocks("Q8_0", rows=16, cols=32))
