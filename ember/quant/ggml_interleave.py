@@ -1,13 +1,13 @@
-"""Q4_0 / Q4_1 / Q5_0 / Q5_1 weights moved into ember's eight-row interleaved layouts (Q4_0_X8, ...) and back.
+"""Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights moved into ember's eight-row interleaved layouts (Q4_0_X8, ...) and back.
 
 The few-row int8 product over plain GGML rows is compute-bound on CPUs without wide integer units: each
 32-value block of each row costs its own decode, dot product, reduction and scale. Stored eight rows at a
 time, block k of rows 8g..8g+7 side by side, one block of all eight rows reduces to one vector of eight
 sums (ggml_source.c, x8_group_int8_body). The move is a byte permutation: same bytes, same size, exact both
 ways, so a layer can hold the interleaved form and give the GGUF form back on demand. Layout of one group's
-block k (8 * block_bytes bytes): the eight fp16 scales in lane order LANE_ROW, for Q4_1 / Q5_1 the eight fp16
-mins in the same order, for Q5 the eight rows' 4 bytes of high bits in row order, then the eight rows' 16 code
-bytes in row order.
+block k (8 * block_bytes bytes): the eight fp16 scales in lane order (LANE_ROW; rows in order for Q8_0, whose
+kernel reduces a row per vector), for Q4_1 / Q5_1 the eight fp16 mins in the same order, for Q5 the eight rows'
+4 bytes of high bits in row order, then the eight rows' code bytes (16 nibble bytes; Q8_0: 32 int8) in row order.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from ember.quant.ggml_blocks import FORMATS, GGMLFormat, GGMLTensor
 
 ROWS_PER_GROUP = 8
 LANE_ROW = (0, 2, 4, 6, 1, 3, 5, 7)  # the row whose sum lands in each lane of the C kernel's reduction
-ROW_LANE = tuple(LANE_ROW.index(row) for row in range(ROWS_PER_GROUP))
 INTERLEAVED_FORMATS: dict[str, GGMLFormat] = {
     "Q4_0": GGMLFormat("Q4_0_X8", 102, 32, 18),
     "Q4_1": GGMLFormat("Q4_1_X8", 103, 32, 20),
     "Q5_0": GGMLFormat("Q5_0_X8", 106, 32, 22),
     "Q5_1": GGMLFormat("Q5_1_X8", 107, 32, 24),
+    "Q8_0": GGMLFormat("Q8_0_X8", 108, 32, 34),
 }
 PLAIN_FORMATS: dict[str, GGMLFormat] = {f.name: FORMATS[plain] for plain, f in INTERLEAVED_FORMATS.items()}
-_CODE_BYTES = 16  # a 32-value block's nibbles
+_CODE_BYTES = {"Q8_0": 32}  # a 32-value block's code bytes: 16 of nibbles unless named
 _HIGH_BYTES = {"Q5_0": 4, "Q5_1": 4}  # bytes of fifth bits per block, between the fp16 fields and the nibbles
 
 
@@ -36,18 +36,18 @@ def is_interleaved(weight: GGMLTensor) -> bool:
 
 
 def can_interleave(weight: GGMLTensor) -> bool:
-    """Whether `weight` has an interleaved layout: Q4_0 / Q4_1 with whole groups of eight rows."""
+    """Whether `weight` has an interleaved layout: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 in whole groups of eight rows."""
     return weight.format.name in INTERLEAVED_FORMATS and weight.shape[0] % ROWS_PER_GROUP == 0
 
 
 def interleaved(weight: GGMLTensor) -> GGMLTensor:
-    """`weight` (Q4_0 / Q4_1 / Q5_0 / Q5_1, rows a multiple of 8) in its interleaved layout: a new tensor of the same size."""
+    """`weight` (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, rows a multiple of 8) in its interleaved layout: a new tensor of the same size."""
     if not can_interleave(weight):
-        raise ValueError(f"only Q4_0 / Q4_1 / Q5_0 / Q5_1 weights with a multiple of {ROWS_PER_GROUP} rows interleave; got "
+        raise ValueError(f"only Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights with a multiple of {ROWS_PER_GROUP} rows interleave; got "
                          f"{weight.format.name} {list(weight.shape)}")
     halves, parts = _layout(weight.format.name)
     groups = _grouped(weight)  # [groups, 8 rows, blocks, block bytes]
-    scales = groups[..., : 2 * halves].index_select(1, torch.tensor(LANE_ROW))
+    scales = groups[..., : 2 * halves].index_select(1, torch.tensor(_lane_rows(weight.format.name)))
     moved = [scales[..., 2 * h : 2 * h + 2].permute(0, 2, 1, 3) for h in range(halves)]  # each [g, blocks, 8, 2]
     moved += [groups[..., start:stop].permute(0, 2, 1, 3) for start, stop in parts]  # each [g, blocks, 8, bytes]
     stacked = torch.cat([p.reshape(p.shape[0], p.shape[1], -1) for p in moved], dim=-1)
@@ -66,7 +66,8 @@ def plain(weight: GGMLTensor) -> GGMLTensor:
     pieces, at = [], 0
     for _ in range(halves):
         lanes = stored[..., at : at + 2 * ROWS_PER_GROUP].reshape(-1, blocks, ROWS_PER_GROUP, 2)
-        pieces.append(lanes.index_select(2, torch.tensor(ROW_LANE)))
+        row_lanes = [_lane_rows(plain_format.name).index(row) for row in range(ROWS_PER_GROUP)]
+        pieces.append(lanes.index_select(2, torch.tensor(row_lanes)))
         at += 2 * ROWS_PER_GROUP
     for start, stop in parts:
         width = stop - start
@@ -81,7 +82,12 @@ def _layout(name: str) -> tuple[int, list[tuple[int, int]]]:
     halves = 2 if name in ("Q4_1", "Q5_1") else 1
     high = _HIGH_BYTES.get(name, 0)
     parts = [(2 * halves, 2 * halves + high)] if high else []
-    return halves, [*parts, (2 * halves + high, 2 * halves + high + _CODE_BYTES)]
+    return halves, [*parts, (2 * halves + high, 2 * halves + high + _CODE_BYTES.get(name, 16))]
+
+
+def _lane_rows(name: str) -> tuple[int, ...]:
+    """The row each lane's scale belongs to, for a plain format's interleaved layout."""
+    return tuple(range(ROWS_PER_GROUP)) if name == "Q8_0" else LANE_ROW
 
 
 def _grouped(weight: GGMLTensor) -> torch.Tensor:

@@ -18,7 +18,7 @@
  *     PATH_PORTABLE: plain C, one block dequantized at a time; the fallback without AVX2.
  * -march=native picks the instruction set at build time (#ifdef __AVX2__ / VNNI below).
  *
- * Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 are ember's own layouts of Q4_0 / Q4_1 / Q5_0 / Q5_1 weights for those products (the same bytes,
+ * Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 / Q8_0_X8 are ember's own layouts of those GGML formats for these products (the same bytes,
  * moved): rows 8g..8g+7 are stored as one group, block k of all eight together (see x8_to_plain_group).
  * One block of eight rows then reduces to one vector of eight sums, so the int8 path spends about a
  * quarter of the instructions per block that row-by-row needs (which made Q4 decode compute-bound). */
@@ -31,7 +31,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, NF4 = 200, FP8 = 201 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, NF4 = 200, FP8 = 201 };
 
 /* QLoRA's NormalFloat-4 levels (the bitsandbytes constants). */
 static const float NF4_LEVELS[16] = {
@@ -101,7 +101,7 @@ static int64_t block_bytes(int type) {
     case Q4_1: case Q4_1_X8: return 20;
     case Q5_0: case Q5_0_X8: return 22;
     case Q5_1: case Q5_1_X8: return 24;
-    case Q8_0: return 34;
+    case Q8_0: case Q8_0_X8: return 34;
     case Q4_K: return 144;
     case Q5_K: return 176;
     case Q6_K: return 210;
@@ -211,7 +211,7 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
     }
 }
 
-static int is_x8(int type) { return type == Q4_0_X8 || type == Q4_1_X8 || type == Q5_0_X8 || type == Q5_1_X8; }
+static int is_x8(int type) { return type == Q4_0_X8 || type == Q4_1_X8 || type == Q5_0_X8 || type == Q5_1_X8 || type == Q8_0_X8; }
 
 /* The plain format an x8 layout moves (Q4_0_X8 -> Q4_0); other types are their own. */
 static int plain_type(int type) {
@@ -220,6 +220,7 @@ static int plain_type(int type) {
     case Q4_1_X8: return Q4_1;
     case Q5_0_X8: return Q5_0;
     case Q5_1_X8: return Q5_1;
+    case Q8_0_X8: return Q8_0;
     default: return type;
     }
 }
@@ -228,27 +229,29 @@ static int plain_type(int type) {
 static int x8_halves(int type) { return type == Q4_1_X8 || type == Q5_1_X8 ? 2 : 1; }
 static int x8_high_bytes(int type) { return type == Q5_0_X8 || type == Q5_1_X8 ? 4 : 0; }
 
-/* The lane (0..7) of the eight-row sum vector that holds each row: what a tree of three _mm256_hadd_epi32
- * over row pairs (r, r + 1) produces, so the scales are stored in this order too. */
+/* The row whose sum lands in each lane (0..7) of the eight-row sum vector: what a tree of three _mm256_hadd_epi32
+ * over row pairs (r, r + 1) produces, so the scales are stored in this order too. Q8_0_X8 (a row per vector,
+ * its halves joined at the end) keeps rows in order. */
 static const int X8_LANE_ROW[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+static int x8_lane_row(int type, int lane) { return type == Q8_0_X8 ? lane : X8_LANE_ROW[lane]; }
 
 /* One x8 group (8 rows x `blocks` blocks) -> the eight plain rows, `blocks` blocks each, row after row.
  * A group's block k is 8 * block_bytes bytes: the eight fp16 scales d (lane order X8_LANE_ROW), for Q4_1 / Q5_1
  * then the eight fp16 mins (same order), for Q5 then the eight rows' 4 bytes of high bits (row order), then the
- * eight rows' 16 bytes of low nibbles (row order). */
+ * eight rows' code bytes (16 of low nibbles; Q8_0: 32 signed codes) in row order. */
 static void x8_to_plain_group(int type, const uint8_t *group, int64_t blocks, uint8_t *rows) {
     const int64_t size = block_bytes(type), halves = x8_halves(type), high = x8_high_bytes(type);
-    const int64_t high_at = 16 * halves, codes_at = high_at + 8 * high;
+    const int64_t high_at = 16 * halves, codes_at = high_at + 8 * high, codes = size - 2 * halves - high;
     for (int64_t k = 0; k < blocks; k++) {
         const uint8_t *b = group + (size_t)(k * 8 * size);
         for (int lane = 0; lane < 8; lane++) {
-            uint8_t *out = rows + (size_t)((X8_LANE_ROW[lane] * blocks + k) * size);
+            uint8_t *out = rows + (size_t)((x8_lane_row(type, lane) * blocks + k) * size);
             for (int64_t h = 0; h < halves; h++) memcpy(out + 2 * h, b + 16 * h + 2 * lane, 2);
         }
         for (int r = 0; r < 8; r++) {
             uint8_t *out = rows + (size_t)((r * blocks + k) * size + 2 * halves);
             memcpy(out, b + high_at + high * r, (size_t)high);
-            memcpy(out + high, b + codes_at + 16 * r, 16);
+            memcpy(out + high, b + codes_at + codes * r, (size_t)codes);
         }
     }
 }
@@ -485,20 +488,24 @@ static void row_dot_fast(int type, const uint8_t *row, const float *x, const flo
     }
 }
 
-/* 32 unsigned bytes u . 32 signed bytes s -> 8 int32 partial sums (lane j: bytes 4j..4j+3) as float.
+/* 32 unsigned bytes u . 32 signed bytes s -> 8 int32 partial sums (lane j: bytes 4j..4j+3).
  * Callers keep u <= 128 and |s| <= 127, so maddubs's int16 pairs never saturate. */
-static inline __m256 dot_u8_s8(__m256i u, __m256i s) {
+static inline __m256i dot_u8_s8_i32(__m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
-    return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s));
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
 #elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s));
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #else
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
 }
 
+/* dot_u8_s8_i32 as float. */
+static inline __m256 dot_u8_s8(__m256i u, __m256i s) { return _mm256_cvtepi32_ps(dot_u8_s8_i32(u, s)); }
+
 /* Signed bytes w . signed bytes s: |w| . (s with w's sign), the unsigned x signed product above. */
-static inline __m256 dot_s8_s8(__m256i w, __m256i s) { return dot_u8_s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w)); }
+static inline __m256i dot_s8_s8_i32(__m256i w, __m256i s) { return dot_u8_s8_i32(_mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w)); }
+static inline __m256 dot_s8_s8(__m256i w, __m256i s) { return _mm256_cvtepi32_ps(dot_s8_s8_i32(w, s)); }
 
 static inline __m256i load_act(const act_block *a) { return _mm256_loadu_si256((const __m256i *)a->q); }
 
@@ -701,6 +708,43 @@ X8_GROUP_INT8_FOR_TYPE(Q4_0_X8)
 X8_GROUP_INT8_FOR_TYPE(Q4_1_X8)
 X8_GROUP_INT8_FOR_TYPE(Q5_0_X8)
 X8_GROUP_INT8_FOR_TYPE(Q5_1_X8)
+
+/* x8_group_int8_body for Q8_0_X8: a block of eight rows is the eight fp16 scales (row order) and the eight rows'
+ * 32 signed codes; each row's 32 bytes are one vector, dotted with the activations (sign trick of dot_s8_s8), and
+ * a hadd tree plus one 128-bit swap reduce the eight rows to one vector in row order. */
+static inline __attribute__((always_inline)) void x8_group_q8_0_body(const uint8_t *group, const act_block *xq, const int64_t m,
+                                                                    int64_t cols, float *out) {
+    const int64_t groups = cols / 32, size = 8 * block_bytes(Q8_0_X8);
+    __m256 acc[MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < groups; k++) {
+        const uint8_t *b = group + (size_t)(k * size);
+        for (int line = 0; line < size; line += 64) _mm_prefetch((const char *)(b + X8_PREFETCH_BYTES + line), _MM_HINT_T0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+        for (int64_t i = 0; i < m; i++) {
+            const act_block *a = xq + i * groups + k;
+            const __m256i x = load_act(a);
+            __m256i p[8];
+            for (int r = 0; r < 8; r++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * r));
+                p[r] = dot_s8_s8_i32(w, x);
+            }
+            __m256i low = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            __m256i high = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(a->d)), acc[i]);
+        }
+    }
+    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
+static void x8_group_int8_Q8_0_X8(const uint8_t *group, const act_block *xq, int64_t m, int64_t cols, float *out) {
+    switch (m) {
+    case 1: x8_group_q8_0_body(group, xq, 1, cols, out); break;
+    case 2: x8_group_q8_0_body(group, xq, 2, cols, out); break;
+    default: x8_group_q8_0_body(group, xq, m, cols, out); break;
+    }
+}
 #endif
 
 /* Portable path: one block dequantized to the stack, then dotted with each row of x. */
@@ -761,7 +805,8 @@ static void x8_group_rows(int type, int path, const uint8_t *group, const float 
         case Q4_0_X8: x8_group_int8_Q4_0_X8(group, xq, m, cols, out); break;
         case Q4_1_X8: x8_group_int8_Q4_1_X8(group, xq, m, cols, out); break;
         case Q5_0_X8: x8_group_int8_Q5_0_X8(group, xq, m, cols, out); break;
-        default: x8_group_int8_Q5_1_X8(group, xq, m, cols, out); break;
+        case Q5_1_X8: x8_group_int8_Q5_1_X8(group, xq, m, cols, out); break;
+        default: x8_group_int8_Q8_0_X8(group, xq, m, cols, out); break;
         }
         return;
     }

@@ -1,4 +1,4 @@
-"""Eight-row interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 layouts: exact moves, and products equal to the GGUF layout's."""
+"""Eight-row interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 layouts: exact moves, and products equal to the GGUF layout's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ember.quant.ggml_layers import GGMLLinear, ggml_linear, set_activations
 from tests.quant.ggml_factory import random_blocks
 from tests.quant.test_ggml_layers import RTOL, int8_rounded
 
-NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 
 
 @pytest.fixture(scope="module")
@@ -39,23 +39,24 @@ def test_interleaving_moves_the_bytes_and_moves_them_back(name):
 def test_the_first_group_block_holds_eight_scales_then_eight_rows_high_bits_and_codes(name):
     weight = random_blocks(name, rows=8, cols=32, seed=2)  # one group, one block per row
     halves, high = (2 if name in ("Q4_1", "Q5_1") else 1), (4 if name.startswith("Q5") else 0)
+    codes = 32 if name == "Q8_0" else 16
     stored = interleaved(weight).data.flatten()
-    lane_row = (0, 2, 4, 6, 1, 3, 5, 7)
+    lane_row = range(8) if name == "Q8_0" else (0, 2, 4, 6, 1, 3, 5, 7)  # Q8_0's kernel keeps rows in order
     for field in range(halves):  # the fp16 scales (and mins) of the eight rows, lane order
         for lane, row in enumerate(lane_row):
             at = 16 * field + 2 * lane
             assert torch.equal(stored[at : at + 2], weight.data[row, 2 * field : 2 * field + 2])
-    for row in range(8):  # then each row's high bits, then each row's nibbles, row order
+    for row in range(8):  # then each row's high bits, then each row's codes, row order
         at = 16 * halves + high * row
         assert torch.equal(stored[at : at + high], weight.data[row, 2 * halves : 2 * halves + high])
-        at = 16 * halves + 8 * high + 16 * row
-        assert torch.equal(stored[at : at + 16], weight.data[row, 2 * halves + high :])
+        at = 16 * halves + 8 * high + codes * row
+        assert torch.equal(stored[at : at + codes], weight.data[row, 2 * halves + high :])
 
 
-def test_only_4_and_5_bit_weights_in_whole_groups_of_eight_rows_interleave():
+def test_only_32_value_block_weights_in_whole_groups_of_eight_rows_interleave():
     assert can_interleave(random_blocks("Q4_1", rows=16, cols=32))
     assert not can_interleave(random_blocks("Q4_1", rows=12, cols=32))
-    assert not can_interleave(random_blocks("Q8_0", rows=16, cols=32))
+    assert not can_interleave(random_blocks("Q6_K", rows=16, cols=256))
     with pytest.raises(ValueError, match="multiple of 8 rows"):
         interleaved(random_blocks("Q4_0", rows=12, cols=32))
 
