@@ -22,7 +22,7 @@ class TinyQuantized(nn.Module):
         table = BlockGrid(8, 32).fake_quantize(torch.randn(64, 256, generator=generator))
         table_blocks = _blocks(table, BlockGrid(8, 32))
         self.embed = GGMLEmbedding(table_blocks)
-        self.head = GGMLLinear(table_blocks)
+        self.head = GGMLLinear(table_blocks, activations="float32")  # as the loader builds a tied LM head
         self.proj = GGMLLinear(_blocks(torch.randn(96, 256, generator=generator), BlockGrid(4, 128)))
         self.dense = Linear(256, 48, bias=False)
         self.norm = nn.Parameter(torch.ones(256))
@@ -38,6 +38,7 @@ def test_blocks_count_once_and_packed_float_layers_count_through_the_state_dict(
     if cpu_gemm.load_gemm() is None:
         pytest.skip("no compiled GEMM here: nothing gets packed")
     model = TinyQuantized()
+    assert model.head.qweight.data_ptr() == model.embed.qweight.data_ptr()  # one copy of the tied table
     before = weight_bytes(model)
     assert pack_linear_weights(model) == 1 and model.dense.weight is None
     after = weight_bytes(model)
