@@ -1,16 +1,22 @@
-"""Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights moved into ember's eight-row interleaved layouts (Q4_0_X8, ...) and back.
+"""GGML weights moved into ember's eight-row interleaved layouts (Q4_0_X8, ..., Q4_K_X8) and back.
 
 The few-row int8 product over plain GGML rows is compute-bound on CPUs without wide integer units: each
-32-value block of each row costs its own decode, dot product, reduction and scale. Stored eight rows at a
-time, block k of rows 8g..8g+7 side by side, one block of all eight rows reduces to one vector of eight
-sums (ggml_source.c, x8_group_int8_body). The move is a byte permutation: same bytes, same size, exact both
-ways, so a layer can hold the interleaved form and give the GGUF form back on demand. Layout of one group's
-block k (8 * block_bytes bytes): the eight fp16 scales in lane order (LANE_ROW; rows in order for Q8_0, whose
-kernel reduces a row per vector), for Q4_1 / Q5_1 the eight fp16 mins in the same order, for Q5 the eight rows'
-4 bytes of high bits in row order, then the eight rows' code bytes (16 nibble bytes; Q8_0: 32 int8) in row order.
+block of each row costs its own decode, dot product, reduction and scale. Stored eight rows at a time,
+block k of rows 8g..8g+7 side by side, one block of all eight rows reduces to vectors of eight sums
+(ggml_source.c, x8_group_int8_body / x8_group_q4_k_body). The move is a byte permutation: same bytes, same
+size, exact both ways, so a layer can hold the interleaved form and give the GGUF form back on demand.
+
+A plain block is cut into parts (`Part`: a byte range of the block); one group's block k stores part after
+part, each part's bytes for the eight rows side by side, in lane order (LANE_ROW: the order of the eight sums
+in the C kernel's reduction, for the fields it multiplies lane by lane) or in row order (codes, high bits).
+Q4_0: d | codes. Q4_1: d | m | codes. Q5_0: d | high bits | codes. Q5_1: d | m | high bits | codes.
+Q8_0: d | codes (rows in order: its kernel reduces a row per vector). Q4_K: d | dmin | the 12 scale bytes as
+three 4-byte words | the 128 code bytes as eight 16-byte parts (so a 32-byte load holds two rows' 16 bytes).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -18,16 +24,32 @@ from ember.quant.ggml_blocks import FORMATS, GGMLFormat, GGMLTensor
 
 ROWS_PER_GROUP = 8
 LANE_ROW = (0, 2, 4, 6, 1, 3, 5, 7)  # the row whose sum lands in each lane of the C kernel's reduction
-INTERLEAVED_FORMATS: dict[str, GGMLFormat] = {
-    "Q4_0": GGMLFormat("Q4_0_X8", 102, 32, 18),
-    "Q4_1": GGMLFormat("Q4_1_X8", 103, 32, 20),
-    "Q5_0": GGMLFormat("Q5_0_X8", 106, 32, 22),
-    "Q5_1": GGMLFormat("Q5_1_X8", 107, 32, 24),
-    "Q8_0": GGMLFormat("Q8_0_X8", 108, 32, 34),
+
+
+@dataclass(frozen=True)
+class Part:
+    """Bytes [start, stop) of a plain block, stored for the eight rows of a group in lane or row order."""
+
+    start: int
+    stop: int
+    lane_order: bool
+
+
+def _parts(fields: tuple[tuple[int, int], ...], rows_ordered: tuple[tuple[int, int], ...], lanes: bool = True) -> tuple[Part, ...]:
+    return tuple(Part(a, b, lanes) for a, b in fields) + tuple(Part(a, b, False) for a, b in rows_ordered)
+
+
+_Q4_K_CODES = tuple((16 + 16 * i, 32 + 16 * i) for i in range(8))
+LAYOUTS: dict[str, tuple[GGMLFormat, tuple[Part, ...]]] = {
+    "Q4_0": (GGMLFormat("Q4_0_X8", 102, 32, 18), _parts(((0, 2),), ((2, 18),))),
+    "Q4_1": (GGMLFormat("Q4_1_X8", 103, 32, 20), _parts(((0, 2), (2, 4)), ((4, 20),))),
+    "Q5_0": (GGMLFormat("Q5_0_X8", 106, 32, 22), _parts(((0, 2),), ((2, 6), (6, 22)))),
+    "Q5_1": (GGMLFormat("Q5_1_X8", 107, 32, 24), _parts(((0, 2), (2, 4)), ((4, 8), (8, 24)))),
+    "Q8_0": (GGMLFormat("Q8_0_X8", 108, 32, 34), _parts(((0, 2),), ((2, 34),), lanes=False)),
+    "Q4_K": (GGMLFormat("Q4_K_X8", 112, 256, 144), _parts(((0, 2), (2, 4), (4, 8), (8, 12), (12, 16)), _Q4_K_CODES)),
 }
-PLAIN_FORMATS: dict[str, GGMLFormat] = {f.name: FORMATS[plain] for plain, f in INTERLEAVED_FORMATS.items()}
-_CODE_BYTES = {"Q8_0": 32}  # a 32-value block's code bytes: 16 of nibbles unless named
-_HIGH_BYTES = {"Q5_0": 4, "Q5_1": 4}  # bytes of fifth bits per block, between the fp16 fields and the nibbles
+INTERLEAVED_FORMATS: dict[str, GGMLFormat] = {name: fmt for name, (fmt, _) in LAYOUTS.items()}
+PLAIN_FORMATS: dict[str, GGMLFormat] = {f.name: FORMATS[name] for name, f in INTERLEAVED_FORMATS.items()}
 
 
 def is_interleaved(weight: GGMLTensor) -> bool:
@@ -36,22 +58,26 @@ def is_interleaved(weight: GGMLTensor) -> bool:
 
 
 def can_interleave(weight: GGMLTensor) -> bool:
-    """Whether `weight` has an interleaved layout: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 in whole groups of eight rows."""
+    """Whether `weight` has an interleaved layout: a format of LAYOUTS in whole groups of eight rows."""
     return weight.format.name in INTERLEAVED_FORMATS and weight.shape[0] % ROWS_PER_GROUP == 0
 
 
 def interleaved(weight: GGMLTensor) -> GGMLTensor:
-    """`weight` (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, rows a multiple of 8) in its interleaved layout: a new tensor of the same size."""
+    """`weight` (a format of LAYOUTS, rows a multiple of 8) in its interleaved layout: a new tensor of the same size."""
     if not can_interleave(weight):
-        raise ValueError(f"only Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights with a multiple of {ROWS_PER_GROUP} rows interleave; got "
+        raise ValueError(f"only {' / '.join(LAYOUTS)} weights with a multiple of {ROWS_PER_GROUP} rows interleave; got "
                          f"{weight.format.name} {list(weight.shape)}")
-    halves, parts = _layout(weight.format.name)
+    fmt, parts = LAYOUTS[weight.format.name]
     groups = _grouped(weight)  # [groups, 8 rows, blocks, block bytes]
-    scales = groups[..., : 2 * halves].index_select(1, torch.tensor(_lane_rows(weight.format.name)))
-    moved = [scales[..., 2 * h : 2 * h + 2].permute(0, 2, 1, 3) for h in range(halves)]  # each [g, blocks, 8, 2]
-    moved += [groups[..., start:stop].permute(0, 2, 1, 3) for start, stop in parts]  # each [g, blocks, 8, bytes]
-    stacked = torch.cat([p.reshape(p.shape[0], p.shape[1], -1) for p in moved], dim=-1)
-    return GGMLTensor(stacked.reshape(weight.data.shape).contiguous(), INTERLEAVED_FORMATS[weight.format.name], weight.cols)
+    lanes = torch.tensor(LANE_ROW)
+    moved = []
+    for part in parts:
+        piece = groups[..., part.start : part.stop]
+        if part.lane_order:
+            piece = piece.index_select(1, lanes)
+        moved.append(piece.permute(0, 2, 1, 3).reshape(groups.shape[0], groups.shape[2], -1))  # [g, blocks, 8 * bytes]
+    stacked = torch.cat(moved, dim=-1)
+    return GGMLTensor(stacked.reshape(weight.data.shape).contiguous(), fmt, weight.cols)
 
 
 def plain(weight: GGMLTensor) -> GGMLTensor:
@@ -59,35 +85,18 @@ def plain(weight: GGMLTensor) -> GGMLTensor:
     if not is_interleaved(weight):
         return weight
     plain_format = PLAIN_FORMATS[weight.format.name]
-    halves, parts = _layout(plain_format.name)
     rows, row_bytes = weight.data.shape
     blocks = row_bytes // weight.format.block_bytes
     stored = weight.data.reshape(rows // ROWS_PER_GROUP, blocks, ROWS_PER_GROUP * weight.format.block_bytes)
+    row_of_lane = torch.tensor([LANE_ROW.index(row) for row in range(ROWS_PER_GROUP)])
     pieces, at = [], 0
-    for _ in range(halves):
-        lanes = stored[..., at : at + 2 * ROWS_PER_GROUP].reshape(-1, blocks, ROWS_PER_GROUP, 2)
-        row_lanes = [_lane_rows(plain_format.name).index(row) for row in range(ROWS_PER_GROUP)]
-        pieces.append(lanes.index_select(2, torch.tensor(row_lanes)))
-        at += 2 * ROWS_PER_GROUP
-    for start, stop in parts:
-        width = stop - start
-        pieces.append(stored[..., at : at + width * ROWS_PER_GROUP].reshape(-1, blocks, ROWS_PER_GROUP, width))
+    for part in LAYOUTS[plain_format.name][1]:
+        width = part.stop - part.start
+        piece = stored[..., at : at + width * ROWS_PER_GROUP].reshape(-1, blocks, ROWS_PER_GROUP, width)
+        pieces.append(piece.index_select(2, row_of_lane) if part.lane_order else piece)
         at += width * ROWS_PER_GROUP
     rows_first = torch.cat(pieces, dim=-1).permute(0, 2, 1, 3)  # [groups, 8 rows, blocks, block bytes]
     return GGMLTensor(rows_first.reshape(rows, row_bytes).contiguous(), plain_format, weight.cols)
-
-
-def _layout(name: str) -> tuple[int, list[tuple[int, int]]]:
-    """A plain format's fp16 fields (1 or 2) and its row-order parts as byte ranges of a block (high bits, nibbles)."""
-    halves = 2 if name in ("Q4_1", "Q5_1") else 1
-    high = _HIGH_BYTES.get(name, 0)
-    parts = [(2 * halves, 2 * halves + high)] if high else []
-    return halves, [*parts, (2 * halves + high, 2 * halves + high + _CODE_BYTES.get(name, 16))]
-
-
-def _lane_rows(name: str) -> tuple[int, ...]:
-    """The row each lane's scale belongs to, for a plain format's interleaved layout."""
-    return tuple(range(ROWS_PER_GROUP)) if name == "Q8_0" else LANE_ROW
 
 
 def _grouped(weight: GGMLTensor) -> torch.Tensor:

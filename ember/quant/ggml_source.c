@@ -18,8 +18,8 @@
  *     PATH_PORTABLE: plain C, one block dequantized at a time; the fallback without AVX2.
  * -march=native picks the instruction set at build time (#ifdef __AVX2__ / VNNI below).
  *
- * Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 / Q8_0_X8 are ember's own layouts of those GGML formats for these products (the same bytes,
- * moved): rows 8g..8g+7 are stored as one group, block k of all eight together (see x8_to_plain_group).
+ * Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 / Q8_0_X8 / Q4_K_X8 are ember's own layouts of those GGML formats for these products
+ * (the same bytes, moved): rows 8g..8g+7 are stored as one group, block k of all eight together (see x8_part).
  * One block of eight rows then reduces to one vector of eight sums, so the int8 path spends about a
  * quarter of the instructions per block that row-by-row needs (which made Q4 decode compute-bound). */
 #include <stdint.h>
@@ -31,7 +31,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, NF4 = 200, FP8 = 201 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, Q4_K_X8 = 112, NF4 = 200, FP8 = 201 };
 
 /* QLoRA's NormalFloat-4 levels (the bitsandbytes constants). */
 static const float NF4_LEVELS[16] = {
@@ -74,7 +74,7 @@ static inline float half_to_float(const uint8_t *p) {
 }
 
 static int64_t block_values(int type) {
-    if (type == Q4_K || type == Q5_K || type == Q6_K) return 256;
+    if (type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8) return 256;
     return type == NF4 ? 64 : 32;
 }
 
@@ -102,7 +102,7 @@ static int64_t block_bytes(int type) {
     case Q5_0: case Q5_0_X8: return 22;
     case Q5_1: case Q5_1_X8: return 24;
     case Q8_0: case Q8_0_X8: return 34;
-    case Q4_K: return 144;
+    case Q4_K: case Q4_K_X8: return 144;
     case Q5_K: return 176;
     case Q6_K: return 210;
     case NF4: return 34;
@@ -211,7 +211,9 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
     }
 }
 
-static int is_x8(int type) { return type == Q4_0_X8 || type == Q4_1_X8 || type == Q5_0_X8 || type == Q5_1_X8 || type == Q8_0_X8; }
+static int is_x8(int type) {
+    return type == Q4_0_X8 || type == Q4_1_X8 || type == Q5_0_X8 || type == Q5_1_X8 || type == Q8_0_X8 || type == Q4_K_X8;
+}
 
 /* The plain format an x8 layout moves (Q4_0_X8 -> Q4_0); other types are their own. */
 static int plain_type(int type) {
@@ -221,6 +223,7 @@ static int plain_type(int type) {
     case Q5_0_X8: return Q5_0;
     case Q5_1_X8: return Q5_1;
     case Q8_0_X8: return Q8_0;
+    case Q4_K_X8: return Q4_K;
     default: return type;
     }
 }
@@ -230,35 +233,54 @@ static int x8_halves(int type) { return type == Q4_1_X8 || type == Q5_1_X8 ? 2 :
 static int x8_high_bytes(int type) { return type == Q5_0_X8 || type == Q5_1_X8 ? 4 : 0; }
 
 /* The row whose sum lands in each lane (0..7) of the eight-row sum vector: what a tree of three _mm256_hadd_epi32
- * over row pairs (r, r + 1) produces, so the scales are stored in this order too. Q8_0_X8 (a row per vector,
- * its halves joined at the end) keeps rows in order. */
+ * over row pairs (r, r + 1) produces, so the fields multiplied lane by lane (scales, mins) are stored in this order. */
 static const int X8_LANE_ROW[8] = {0, 2, 4, 6, 1, 3, 5, 7};
-static int x8_lane_row(int type, int lane) { return type == Q8_0_X8 ? lane : X8_LANE_ROW[lane]; }
 
-/* One x8 group (8 rows x `blocks` blocks) -> the eight plain rows, `blocks` blocks each, row after row.
- * A group's block k is 8 * block_bytes bytes: the eight fp16 scales d (lane order X8_LANE_ROW), for Q4_1 / Q5_1
- * then the eight fp16 mins (same order), for Q5 then the eight rows' 4 bytes of high bits (row order), then the
- * eight rows' code bytes (16 of low nibbles; Q8_0: 32 signed codes) in row order. */
+/* Bytes [start, stop) of a plain block, stored for the eight rows of a group side by side, in X8_LANE_ROW order
+ * (lane_order) or row order. A group's block k is its layout's parts one after the other (ember/quant/ggml_interleave.py
+ * describes the same tables). */
+typedef struct { int start, stop, lane_order; } x8_part;
+static const x8_part X8_Q4_0[] = {{0, 2, 1}, {2, 18, 0}};
+static const x8_part X8_Q4_1[] = {{0, 2, 1}, {2, 4, 1}, {4, 20, 0}};
+static const x8_part X8_Q5_0[] = {{0, 2, 1}, {2, 6, 0}, {6, 22, 0}};
+static const x8_part X8_Q5_1[] = {{0, 2, 1}, {2, 4, 1}, {4, 8, 0}, {8, 24, 0}};
+static const x8_part X8_Q8_0[] = {{0, 2, 0}, {2, 34, 0}}; /* its kernel reduces a row per vector: rows in order */
+/* Q4_K: d, dmin, the 12 scale bytes as three 32-bit words (one vector each), the 128 code bytes in 16-byte parts. */
+static const x8_part X8_Q4_K[] = {{0, 2, 1}, {2, 4, 1}, {4, 8, 1}, {8, 12, 1}, {12, 16, 1}, {16, 32, 0}, {32, 48, 0},
+                                  {48, 64, 0}, {64, 80, 0}, {80, 96, 0}, {96, 112, 0}, {112, 128, 0}, {128, 144, 0}};
+
+static int x8_layout(int type, const x8_part **parts) {
+    switch (type) {
+    case Q4_0_X8: *parts = X8_Q4_0; return 2;
+    case Q4_1_X8: *parts = X8_Q4_1; return 3;
+    case Q5_0_X8: *parts = X8_Q5_0; return 3;
+    case Q5_1_X8: *parts = X8_Q5_1; return 4;
+    case Q8_0_X8: *parts = X8_Q8_0; return 2;
+    default: *parts = X8_Q4_K; return 13;
+    }
+}
+
+/* One x8 group (8 rows x `blocks` blocks) -> the eight plain rows, `blocks` blocks each, row after row. */
 static void x8_to_plain_group(int type, const uint8_t *group, int64_t blocks, uint8_t *rows) {
-    const int64_t size = block_bytes(type), halves = x8_halves(type), high = x8_high_bytes(type);
-    const int64_t high_at = 16 * halves, codes_at = high_at + 8 * high, codes = size - 2 * halves - high;
+    const x8_part *parts;
+    const int count = x8_layout(type, &parts);
+    const int64_t size = block_bytes(type);
     for (int64_t k = 0; k < blocks; k++) {
         const uint8_t *b = group + (size_t)(k * 8 * size);
-        for (int lane = 0; lane < 8; lane++) {
-            uint8_t *out = rows + (size_t)((x8_lane_row(type, lane) * blocks + k) * size);
-            for (int64_t h = 0; h < halves; h++) memcpy(out + 2 * h, b + 16 * h + 2 * lane, 2);
-        }
-        for (int r = 0; r < 8; r++) {
-            uint8_t *out = rows + (size_t)((r * blocks + k) * size + 2 * halves);
-            memcpy(out, b + high_at + high * r, (size_t)high);
-            memcpy(out + high, b + codes_at + codes * r, (size_t)codes);
+        for (int p = 0; p < count; p++) {
+            const int width = parts[p].stop - parts[p].start;
+            for (int slot = 0; slot < 8; slot++) {
+                int row = parts[p].lane_order ? X8_LANE_ROW[slot] : slot;
+                memcpy(rows + (size_t)((row * blocks + k) * size + parts[p].start), b + width * slot, (size_t)width);
+            }
+            b += 8 * width;
         }
     }
 }
 
 /* An x8 weight -> float32 [rows, cols] (rows a multiple of 8): each group through its plain rows. */
 static void dequantize_x8(int type, const uint8_t *w, float *out, int64_t rows, int64_t cols) {
-    int64_t size = block_bytes(type), blocks = cols / 32, group_bytes = 8 * blocks * size;
+    int64_t size = block_bytes(type), blocks = cols / block_values(type), group_bytes = 8 * blocks * size;
     #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < rows / 8; g++) {
         uint8_t *plain = (uint8_t *)malloc((size_t)group_bytes);
@@ -269,7 +291,8 @@ static void dequantize_x8(int type, const uint8_t *w, float *out, int64_t rows, 
         x8_to_plain_group(type, w + (size_t)(g * group_bytes), blocks, plain);
         for (int64_t r = 0; r < 8; r++)
             for (int64_t k = 0; k < blocks; k++)
-                dequantize_block(plain_type(type), plain + (size_t)((r * blocks + k) * size), out + (size_t)((8 * g + r) * cols + 32 * k));
+                dequantize_block(plain_type(type), plain + (size_t)((r * blocks + k) * size),
+                                 out + (size_t)((8 * g + r) * cols + block_values(type) * k));
         free(plain);
     }
 }
@@ -751,6 +774,68 @@ static void x8_group_int8_Q8_0_X8(const uint8_t *group, const act_block *xq, int
     default: x8_group_q8_0_body(group, xq, m, cols, out); break;
     }
 }
+/* One Q4_K_X8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. A super-block of eight rows holds the
+ * eight d and dmin (lane order), the rows' 12 scale bytes as three 32-bit words per lane (so the six-bit scales and
+ * mins of all eight rows unpack in four vector operations, from GGUF's packing: scales 0-3 and mins 0-3 are words 0
+ * and 1 masked to six bits, scales and mins 4-7 the low / high nibbles of word 2 with the top two bits of words 0 / 1),
+ * then 128 code bytes per row in 16-byte parts, row order: part i holds bytes 16i..16i+15 of each row, so one
+ * 32-byte load is two rows' codes of sub-blocks 2(i/2) (low nibbles) and 2(i/2)+1 (high), values 16(i%2)...+15. */
+static inline __attribute__((always_inline)) void x8_group_q4_k_body(const uint8_t *group, const act_block *xq, const int64_t m,
+                                                                    int64_t cols, float *out) {
+    const __m256i low4 = _mm256_set1_epi8(15), six = _mm256_set1_epi32(0x3F3F3F3F), nibble = _mm256_set1_epi32(0x0F0F0F0F);
+    const __m256i top2 = _mm256_set1_epi32(0x03030303), byte = _mm256_set1_epi32(0xFF);
+    const int64_t groups = cols / 32, blocks = cols / 256, size = 8 * block_bytes(Q4_K_X8);
+    __m256 acc[MAX_M], offset[MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = offset[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < blocks; k++) {
+        const uint8_t *b = group + (size_t)(k * size);
+        for (int line = 0; line < size; line += 64) _mm_prefetch((const char *)(b + size + line), _MM_HINT_T0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)));
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b + 32)), w1 = _mm256_loadu_si256((const __m256i *)(b + 64));
+        const __m256i w2 = _mm256_loadu_si256((const __m256i *)(b + 96));
+        const __m256i scales[2] = {_mm256_and_si256(w0, six),
+                                   _mm256_or_si256(_mm256_and_si256(w2, nibble), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), top2), 4))};
+        const __m256i mins[2] = {_mm256_and_si256(w1, six),
+                                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), nibble),
+                                                 _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), top2), 4))};
+        const uint8_t *codes = b + 128;
+        for (int s = 0; s < 8; s++) {
+            const int shift = 8 * (s % 4);
+            const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(scales[s / 4], shift), byte)));
+            const __m256 min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(mins[s / 4], shift), byte)));
+            const uint8_t *part = codes + 256 * (s / 2); /* parts 2(s/2) and 2(s/2) + 1: values 0-15 and 16-31 */
+            __m256i lo[4], hi[4];
+            for (int p = 0; p < 4; p++) {
+                __m256i v0 = _mm256_loadu_si256((const __m256i *)(part + 32 * p));
+                __m256i v1 = _mm256_loadu_si256((const __m256i *)(part + 128 + 32 * p));
+                if (s & 1) { v0 = _mm256_srli_epi16(v0, 4); v1 = _mm256_srli_epi16(v1, 4); }
+                lo[p] = _mm256_and_si256(v0, low4);
+                hi[p] = _mm256_and_si256(v1, low4);
+            }
+            for (int64_t i = 0; i < m; i++) {
+                const act_block *a = xq + i * groups + 8 * k + s;
+                __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a->q));
+                __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->q + 16)));
+                __m256i p0 = dot_pair_u8_s8(lo[0], xlo, hi[0], xhi), p1 = dot_pair_u8_s8(lo[1], xlo, hi[1], xhi);
+                __m256i p2 = dot_pair_u8_s8(lo[2], xlo, hi[2], xhi), p3 = dot_pair_u8_s8(lo[3], xlo, hi[3], xhi);
+                __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scale, _mm256_set1_ps(a->d)), acc[i]);
+                offset[i] = _mm256_fnmadd_ps(min, _mm256_set1_ps(a->qsum), offset[i]);
+            }
+        }
+    }
+    const __m256i to_rows = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* lane of row r: the inverse of X8_LANE_ROW */
+    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, _mm256_permutevar8x32_ps(_mm256_add_ps(acc[i], offset[i]), to_rows));
+}
+
+static void x8_group_int8_Q4_K_X8(const uint8_t *group, const act_block *xq, int64_t m, int64_t cols, float *out) {
+    switch (m) {
+    case 1: x8_group_q4_k_body(group, xq, 1, cols, out); break;
+    case 2: x8_group_q4_k_body(group, xq, 2, cols, out); break;
+    default: x8_group_q4_k_body(group, xq, m, cols, out); break;
+    }
+}
 #endif
 
 /* Portable path: one block dequantized to the stack, then dotted with each row of x. */
@@ -812,14 +897,15 @@ static void x8_group_rows(int type, int path, const uint8_t *group, const float 
         case Q4_1_X8: x8_group_int8_Q4_1_X8(group, xq, m, cols, out); break;
         case Q5_0_X8: x8_group_int8_Q5_0_X8(group, xq, m, cols, out); break;
         case Q5_1_X8: x8_group_int8_Q5_1_X8(group, xq, m, cols, out); break;
+        case Q4_K_X8: x8_group_int8_Q4_K_X8(group, xq, m, cols, out); break;
         default: x8_group_int8_Q8_0_X8(group, xq, m, cols, out); break;
         }
         return;
     }
 #endif
-    int64_t row_bytes = cols / 32 * block_bytes(type);
+    int64_t blocks = cols / block_values(type), row_bytes = blocks * block_bytes(type);
     float row_out[MAX_M];
-    x8_to_plain_group(type, group, cols / 32, plain);
+    x8_to_plain_group(type, group, blocks, plain);
     for (int64_t r = 0; r < 8; r++) {
         row_dot_rows(plain_type(type), path, plain + (size_t)(r * row_bytes), x, xsum, xq, m, cols, row_out);
         for (int64_t i = 0; i < m; i++) out[8 * i + r] = row_out[i];
@@ -829,7 +915,7 @@ static void x8_group_rows(int type, int path, const uint8_t *group, const float 
 /* gemv_pass's loop for x8 weights: parallel over groups of eight rows. */
 static int x8_gemv_groups(int type, int path, const uint8_t *w, const float *x, const float *xsum, const act_block *xq,
                           const float *bias, float *y, int64_t m, int64_t rows, int64_t cols) {
-    int64_t group_bytes = 8 * (cols / 32) * block_bytes(type);
+    int64_t group_bytes = 8 * (cols / block_values(type)) * block_bytes(type);
     int failed = 0;
     #pragma omp parallel
     {

@@ -1,4 +1,4 @@
-"""Eight-row interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 layouts: exact moves, and products equal to the GGUF layout's."""
+"""Eight-row interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K layouts: exact moves, and products equal to the GGUF layout's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from ember.quant.ggml_layers import GGMLLinear, ggml_linear, set_activations
 from tests.quant.ggml_factory import random_blocks
 from tests.quant.test_ggml_layers import RTOL, int8_rounded
 
-NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K"]
+LANE_ROW = (0, 2, 4, 6, 1, 3, 5, 7)
+COLS = {"Q4_K": 256}  # one block per row
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,7 @@ def kernels():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_interleaving_moves_the_bytes_and_moves_them_back(name):
-    weight = random_blocks(name, rows=24, cols=96, seed=1)
+    weight = random_blocks(name, rows=24, cols=COLS.get(name, 96), seed=1)
     moved = interleaved(weight)
     assert is_interleaved(moved) and moved.data.shape == weight.data.shape
     assert not torch.equal(moved.data, weight.data)
@@ -35,13 +37,13 @@ def test_interleaving_moves_the_bytes_and_moves_them_back(name):
     assert plain(weight) is weight
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES[:-1])
 def test_the_first_group_block_holds_eight_scales_then_eight_rows_high_bits_and_codes(name):
     weight = random_blocks(name, rows=8, cols=32, seed=2)  # one group, one block per row
     halves, high = (2 if name in ("Q4_1", "Q5_1") else 1), (4 if name.startswith("Q5") else 0)
     codes = 32 if name == "Q8_0" else 16
     stored = interleaved(weight).data.flatten()
-    lane_row = range(8) if name == "Q8_0" else (0, 2, 4, 6, 1, 3, 5, 7)  # Q8_0's kernel keeps rows in order
+    lane_row = range(8) if name == "Q8_0" else LANE_ROW  # Q8_0's kernel keeps rows in order
     for field in range(halves):  # the fp16 scales (and mins) of the eight rows, lane order
         for lane, row in enumerate(lane_row):
             at = 16 * field + 2 * lane
@@ -53,7 +55,21 @@ def test_the_first_group_block_holds_eight_scales_then_eight_rows_high_bits_and_
         assert torch.equal(stored[at : at + codes], weight.data[row, 2 * halves + high :])
 
 
-def test_only_32_value_block_weights_in_whole_groups_of_eight_rows_interleave():
+def test_a_q4_k_group_block_holds_d_dmin_scale_words_in_lane_order_then_code_parts_in_row_order():
+    weight = random_blocks("Q4_K", rows=8, cols=256, seed=2)
+    stored = interleaved(weight).data.flatten()
+    for field, (start, stop) in enumerate([(0, 2), (2, 4), (4, 8), (8, 12), (12, 16)]):  # d, dmin, three scale words
+        width = stop - start
+        for lane, row in enumerate(LANE_ROW):
+            at = [0, 16, 32, 64, 96][field] + width * lane
+            assert torch.equal(stored[at : at + width], weight.data[row, start:stop])
+    for part in range(8):  # code bytes 16 * part.. of each row, row order
+        for row in range(8):
+            at = 128 + 128 * part + 16 * row
+            assert torch.equal(stored[at : at + 16], weight.data[row, 16 + 16 * part : 32 + 16 * part])
+
+
+def test_only_weights_of_interleaved_formats_in_whole_groups_of_eight_rows_interleave():
     assert can_interleave(random_blocks("Q4_1", rows=16, cols=32))
     assert not can_interleave(random_blocks("Q4_1", rows=12, cols=32))
     assert not can_interleave(random_blocks("Q6_K", rows=16, cols=256))
@@ -63,7 +79,7 @@ def test_only_32_value_block_weights_in_whole_groups_of_eight_rows_interleave():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_row_per_row_readers_refuse_the_interleaved_layout(name):
-    moved = interleaved(random_blocks(name, rows=8, cols=32))
+    moved = interleaved(random_blocks(name, rows=8, cols=COLS.get(name, 32)))
     with pytest.raises(ValueError, match="ggml_interleave.plain"):
         dequantize_torch(moved.data, moved.format)
     with pytest.raises(ValueError, match="ggml_interleave.plain"):
