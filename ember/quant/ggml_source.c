@@ -669,6 +669,26 @@ static inline __m256i dot_pair_u8_s8(__m256i lo, __m256i xlo, __m256i hi, __m256
  * a decode step's stream of small matrices ~10% slower (measured on a 2-core AMD EPYC, 512-4096 tried). */
 #define X8_PREFETCH_BYTES 1024
 
+/* One x8 block of eight rows . one activation block: lo / hi hold the four row pairs' codes of values 0-15 / 16-31 (a
+ * 128-bit lane per row), dotted with the activations' halves broadcast to both lanes; three hadds reduce the pairs to
+ * eight row sums (lanes in X8_LANE_ROW order), added to acc scaled by scale * a->d, and min * a->qsum to offset. */
+static inline __attribute__((always_inline)) void x8_accumulate(const __m256i *lo, const __m256i *hi, const act_block *a, __m256 scale,
+                                                                __m256 min, __m256 *acc, __m256 *offset) {
+    __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a->q));
+    __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->q + 16)));
+    __m256i p0 = dot_pair_u8_s8(lo[0], xlo, hi[0], xhi), p1 = dot_pair_u8_s8(lo[1], xlo, hi[1], xhi);
+    __m256i p2 = dot_pair_u8_s8(lo[2], xlo, hi[2], xhi), p3 = dot_pair_u8_s8(lo[3], xlo, hi[3], xhi);
+    __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scale, _mm256_set1_ps(a->d)), *acc);
+    *offset = _mm256_fmadd_ps(min, _mm256_set1_ps(a->qsum), *offset);
+}
+
+/* out[8 i + r] = row r's sum for activation row i: acc + offset with the lanes put back in row order. */
+static inline __attribute__((always_inline)) void x8_store_rows(const __m256 *acc, const __m256 *offset, int64_t m, float *out) {
+    const __m256i to_rows = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* lane of row r: the inverse of X8_LANE_ROW */
+    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, _mm256_permutevar8x32_ps(_mm256_add_ps(acc[i], offset[i]), to_rows));
+}
+
 /* One x8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. A 32-byte load holds rows r and r + 1's
  * codes (low nibbles: values 0-15, high: 16-31), so each 128-bit lane of a pair's product is one row, dotted with
  * the activations' low / high halves broadcast to both lanes; three hadds reduce four pairs to one vector of
@@ -708,19 +728,9 @@ static inline __attribute__((always_inline)) void x8_group_int8_body(const int t
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
         __m256 min = halves == 2 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)))
                                  : _mm256_mul_ps(d, _mm256_set1_ps(five_bits ? -16.0f : -8.0f)); /* d*(q-8), Q5_0 d*(q-16) */
-        for (int64_t i = 0; i < m; i++) {
-            const act_block *a = xq + i * groups + k;
-            __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a->q));
-            __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->q + 16)));
-            __m256i p0 = dot_pair_u8_s8(lo[0], xlo, hi[0], xhi), p1 = dot_pair_u8_s8(lo[1], xlo, hi[1], xhi);
-            __m256i p2 = dot_pair_u8_s8(lo[2], xlo, hi[2], xhi), p3 = dot_pair_u8_s8(lo[3], xlo, hi[3], xhi);
-            __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(a->d)), acc[i]);
-            offset[i] = _mm256_fmadd_ps(min, _mm256_set1_ps(a->qsum), offset[i]);
-        }
+        for (int64_t i = 0; i < m; i++) x8_accumulate(lo, hi, xq + i * groups + k, d, min, &acc[i], &offset[i]);
     }
-    const __m256i to_rows = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* lane of row r: the inverse of X8_LANE_ROW */
-    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, _mm256_permutevar8x32_ps(_mm256_add_ps(acc[i], offset[i]), to_rows));
+    x8_store_rows(acc, offset, m, out);
 }
 
 #define X8_GROUP_INT8_FOR_TYPE(TYPE) \
@@ -791,7 +801,7 @@ static inline __attribute__((always_inline)) void x8_group_q4_k_body(const uint8
         const uint8_t *b = group + (size_t)(k * size);
         for (int line = 0; line < size; line += 64) _mm_prefetch((const char *)(b + size + line), _MM_HINT_T0);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)));
+        const __m256 minus_dmin = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16))));
         const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b + 32)), w1 = _mm256_loadu_si256((const __m256i *)(b + 64));
         const __m256i w2 = _mm256_loadu_si256((const __m256i *)(b + 96));
         const __m256i scales[2] = {_mm256_and_si256(w0, six),
@@ -803,7 +813,7 @@ static inline __attribute__((always_inline)) void x8_group_q4_k_body(const uint8
         for (int s = 0; s < 8; s++) {
             const int shift = 8 * (s % 4);
             const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(scales[s / 4], shift), byte)));
-            const __m256 min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(mins[s / 4], shift), byte)));
+            const __m256 min = _mm256_mul_ps(minus_dmin, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(mins[s / 4], shift), byte)));
             const uint8_t *part = codes + 256 * (s / 2); /* parts 2(s/2) and 2(s/2) + 1: values 0-15 and 16-31 */
             __m256i lo[4], hi[4];
             for (int p = 0; p < 4; p++) {
@@ -813,20 +823,10 @@ static inline __attribute__((always_inline)) void x8_group_q4_k_body(const uint8
                 lo[p] = _mm256_and_si256(v0, low4);
                 hi[p] = _mm256_and_si256(v1, low4);
             }
-            for (int64_t i = 0; i < m; i++) {
-                const act_block *a = xq + i * groups + 8 * k + s;
-                __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a->q));
-                __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->q + 16)));
-                __m256i p0 = dot_pair_u8_s8(lo[0], xlo, hi[0], xhi), p1 = dot_pair_u8_s8(lo[1], xlo, hi[1], xhi);
-                __m256i p2 = dot_pair_u8_s8(lo[2], xlo, hi[2], xhi), p3 = dot_pair_u8_s8(lo[3], xlo, hi[3], xhi);
-                __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scale, _mm256_set1_ps(a->d)), acc[i]);
-                offset[i] = _mm256_fnmadd_ps(min, _mm256_set1_ps(a->qsum), offset[i]);
-            }
+            for (int64_t i = 0; i < m; i++) x8_accumulate(lo, hi, xq + i * groups + 8 * k + s, scale, min, &acc[i], &offset[i]);
         }
     }
-    const __m256i to_rows = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* lane of row r: the inverse of X8_LANE_ROW */
-    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, _mm256_permutevar8x32_ps(_mm256_add_ps(acc[i], offset[i]), to_rows));
+    x8_store_rows(acc, offset, m, out);
 }
 
 static void x8_group_int8_Q4_K_X8(const uint8_t *group, const act_block *xq, int64_t m, int64_t cols, float *out) {
