@@ -13,7 +13,7 @@ from ember.engine.request import Sequence
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import BlockCopy, KVCacheManager
 from ember.kv.specs import FullAttentionSpec, KVCacheLayout, LatentAttentionSpec
-from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
+from ember.layers.attention import AttentionMetadata, DecodeRows, PrefillSegment
 from ember.layers.cpu_attention import PagedBatch
 from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import SampledToken, Sampler, SamplingRow
@@ -250,34 +250,11 @@ class ModelRunner:
         return AttentionMetadata(
             slot_mapping=torch.cat(slot_chunks),
             prefills=prefills,
-            decode=self._decode_batch(decode_rows, decode_tables, decode_lens, window, decode_first_blocks),
+            decode_rows=DecodeRows(decode_rows, decode_tables, decode_lens, decode_first_blocks, self.block_size, window)
+            if decode_rows else None,
             sliding_window=window,
             paged=_paged_batch(scheduled, tables),
         )
-
-    def _decode_batch(
-        self,
-        rows: list[int],
-        tables: list[list[int]],
-        lens: list[int],
-        window: int | None = None,
-        first_blocks: list[int] | None = None,
-    ) -> DecodeBatch | None:
-        if not rows:
-            return None
-        max_blocks = max(len(t) for t in tables)
-        padded = torch.zeros(len(tables), max_blocks, dtype=torch.long)
-        for i, table in enumerate(tables):
-            padded[i, : len(table)] = torch.tensor(table)
-        key_positions = torch.arange(max_blocks * self.block_size).unsqueeze(0)
-        lengths = torch.tensor(lens).unsqueeze(1)
-        if window is None:
-            key_mask = key_positions < lengths
-        else:
-            assert first_blocks is not None
-            key_positions = key_positions + torch.tensor(first_blocks).unsqueeze(1) * self.block_size
-            key_mask = (key_positions < lengths) & (key_positions >= lengths - window)
-        return DecodeBatch(token_indices=torch.tensor(rows), block_tables=padded, key_mask=key_mask)
 
     def _sample(self, scheduled: list[ScheduledSequence], hidden: torch.Tensor) -> StepResult:
         ends = torch.tensor([item.num_new_tokens for item in scheduled]).cumsum(0)

@@ -16,7 +16,7 @@ through the block tables; the torch code below is its reference and the fallback
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -49,15 +49,51 @@ class DecodeBatch:
 
 
 @dataclass
+class DecodeRows:
+    """The requests with one new token, as lists: their rows of the flat batch, block tables (from `first_blocks`, the
+    first block a sliding window reaches), context lengths. Padded into a `DecodeBatch` only when a layer reads it: the
+    fused op reads `AttentionMetadata.paged` instead, and the padding costs a decode step several tensor ops."""
+
+    rows: list[int]
+    tables: list[list[int]]
+    lens: list[int]
+    first_blocks: list[int]
+    block_size: int
+    window: int | None = None
+
+    def batch(self) -> DecodeBatch:
+        max_blocks = max(len(t) for t in self.tables)
+        padded = torch.zeros(len(self.tables), max_blocks, dtype=torch.long)
+        for i, table in enumerate(self.tables):
+            padded[i, : len(table)] = torch.tensor(table)
+        key_positions = torch.arange(max_blocks * self.block_size).unsqueeze(0)
+        lengths = torch.tensor(self.lens).unsqueeze(1)
+        if self.window is None:
+            key_mask = key_positions < lengths
+        else:
+            key_positions = key_positions + torch.tensor(self.first_blocks).unsqueeze(1) * self.block_size
+            key_mask = (key_positions < lengths) & (key_positions >= lengths - self.window)
+        return DecodeBatch(token_indices=torch.tensor(self.rows), block_tables=padded, key_mask=key_mask)
+
+
+@dataclass
 class AttentionMetadata:
     """Per-step facts every attention layer needs; built once per step by the model runner."""
 
     slot_mapping: torch.Tensor  # [num_tokens] cache slot of each new token
     prefills: list[PrefillSegment]
-    decode: DecodeBatch | None
+    decode_rows: DecodeRows | None  # None: no request decodes this step
     sliding_window: int | None = None  # of this layer group; decode's key_mask already applies it
     paged: PagedBatch | None = None  # every sequence, for the fused CPU op
     other_groups: tuple[AttentionMetadata, ...] = ()  # layer groups 1.. of a model whose layers differ
+    _decode: DecodeBatch | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def decode(self) -> DecodeBatch | None:
+        """The decoding requests in one padded batch (built on first use, then shared by every layer of the step)."""
+        if self._decode is None and self.decode_rows is not None:
+            self._decode = self.decode_rows.batch()
+        return self._decode
 
     def for_group(self, group: int) -> AttentionMetadata:
         """The metadata of layer group `group` (0 is this object itself)."""
