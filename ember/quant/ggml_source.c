@@ -18,7 +18,7 @@
  *     PATH_PORTABLE: plain C, one block dequantized at a time; the fallback without AVX2.
  * -march=native picks the instruction set at build time (#ifdef __AVX2__ / VNNI below).
  *
- * Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 / Q8_0_X8 / Q4_K_X8 are ember's own layouts of those GGML formats for these products
+ * Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 / Q8_0_X8 / Q4_K_X8 / Q5_K_X8 are ember's own layouts of those GGML formats for these products
  * (the same bytes, moved): rows 8g..8g+7 are stored as one group, block k of all eight together (see x8_part).
  * One block of eight rows then reduces to one vector of eight sums, so the int8 path spends about a
  * quarter of the instructions per block that row-by-row needs (which made Q4 decode compute-bound). */
@@ -31,7 +31,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, Q4_K_X8 = 112, NF4 = 200, FP8 = 201 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, Q4_K_X8 = 112, Q5_K_X8 = 113, NF4 = 200, FP8 = 201 };
 
 /* QLoRA's NormalFloat-4 levels (the bitsandbytes constants). */
 static const float NF4_LEVELS[16] = {
@@ -74,7 +74,7 @@ static inline float half_to_float(const uint8_t *p) {
 }
 
 static int64_t block_values(int type) {
-    if (type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8) return 256;
+    if (type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8 || type == Q5_K_X8) return 256;
     return type == NF4 ? 64 : 32;
 }
 
@@ -103,7 +103,7 @@ static int64_t block_bytes(int type) {
     case Q5_1: case Q5_1_X8: return 24;
     case Q8_0: case Q8_0_X8: return 34;
     case Q4_K: case Q4_K_X8: return 144;
-    case Q5_K: return 176;
+    case Q5_K: case Q5_K_X8: return 176;
     case Q6_K: return 210;
     case NF4: return 34;
     case FP8: return 33;
@@ -212,7 +212,8 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
 }
 
 static int is_x8(int type) {
-    return type == Q4_0_X8 || type == Q4_1_X8 || type == Q5_0_X8 || type == Q5_1_X8 || type == Q8_0_X8 || type == Q4_K_X8;
+    return type == Q4_0_X8 || type == Q4_1_X8 || type == Q5_0_X8 || type == Q5_1_X8 || type == Q8_0_X8 || type == Q4_K_X8 ||
+           type == Q5_K_X8;
 }
 
 /* The plain format an x8 layout moves (Q4_0_X8 -> Q4_0); other types are their own. */
@@ -224,6 +225,7 @@ static int plain_type(int type) {
     case Q5_1_X8: return Q5_1;
     case Q8_0_X8: return Q8_0;
     case Q4_K_X8: return Q4_K;
+    case Q5_K_X8: return Q5_K;
     default: return type;
     }
 }
@@ -248,6 +250,10 @@ static const x8_part X8_Q8_0[] = {{0, 2, 0}, {2, 34, 0}}; /* its kernel reduces 
 /* Q4_K: d, dmin, the 12 scale bytes as three 32-bit words (one vector each), the 128 code bytes in 16-byte parts. */
 static const x8_part X8_Q4_K[] = {{0, 2, 1}, {2, 4, 1}, {4, 8, 1}, {8, 12, 1}, {12, 16, 1}, {16, 32, 0}, {32, 48, 0},
                                   {48, 64, 0}, {64, 80, 0}, {80, 96, 0}, {96, 112, 0}, {112, 128, 0}, {128, 144, 0}};
+/* Q5_K: as Q4_K, with the 32 bytes of fifth bits (bit s of byte l: value l of sub-block s) in two 16-byte parts first. */
+static const x8_part X8_Q5_K[] = {{0, 2, 1}, {2, 4, 1}, {4, 8, 1}, {8, 12, 1}, {12, 16, 1}, {16, 32, 0}, {32, 48, 0},
+                                  {48, 64, 0}, {64, 80, 0}, {80, 96, 0}, {96, 112, 0}, {112, 128, 0}, {128, 144, 0},
+                                  {144, 160, 0}, {160, 176, 0}};
 
 static int x8_layout(int type, const x8_part **parts) {
     switch (type) {
@@ -256,7 +262,8 @@ static int x8_layout(int type, const x8_part **parts) {
     case Q5_0_X8: *parts = X8_Q5_0; return 3;
     case Q5_1_X8: *parts = X8_Q5_1; return 4;
     case Q8_0_X8: *parts = X8_Q8_0; return 2;
-    default: *parts = X8_Q4_K; return 13;
+    case Q4_K_X8: *parts = X8_Q4_K; return 13;
+    default: *parts = X8_Q5_K; return 15;
     }
 }
 
@@ -784,17 +791,20 @@ static void x8_group_int8_Q8_0_X8(const uint8_t *group, const act_block *xq, int
     default: x8_group_q8_0_body(group, xq, m, cols, out); break;
     }
 }
-/* One Q4_K_X8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. A super-block of eight rows holds the
+/* One Q4_K_X8 / Q5_K_X8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. A super-block of eight rows holds the
  * eight d and dmin (lane order), the rows' 12 scale bytes as three 32-bit words per lane (so the six-bit scales and
  * mins of all eight rows unpack in four vector operations, from GGUF's packing: scales 0-3 and mins 0-3 are words 0
  * and 1 masked to six bits, scales and mins 4-7 the low / high nibbles of word 2 with the top two bits of words 0 / 1),
  * then 128 code bytes per row in 16-byte parts, row order: part i holds bytes 16i..16i+15 of each row, so one
- * 32-byte load is two rows' codes of sub-blocks 2(i/2) (low nibbles) and 2(i/2)+1 (high), values 16(i%2)...+15. */
-static inline __attribute__((always_inline)) void x8_group_q4_k_body(const uint8_t *group, const act_block *xq, const int64_t m,
-                                                                    int64_t cols, float *out) {
+ * 32-byte load is two rows' codes of sub-blocks 2(i/2) (low nibbles) and 2(i/2)+1 (high), values 16(i%2)...+15. Q5_K
+ * puts its fifth bits before the codes, in two such parts (values 0-15, 16-31): bit s of a byte is sub-block s's. */
+static inline __attribute__((always_inline)) void x8_group_k_body(const int type, const uint8_t *group, const act_block *xq,
+                                                                 const int64_t m, int64_t cols, float *out) {
     const __m256i low4 = _mm256_set1_epi8(15), six = _mm256_set1_epi32(0x3F3F3F3F), nibble = _mm256_set1_epi32(0x0F0F0F0F);
     const __m256i top2 = _mm256_set1_epi32(0x03030303), byte = _mm256_set1_epi32(0xFF);
-    const int64_t groups = cols / 32, blocks = cols / 256, size = 8 * block_bytes(Q4_K_X8);
+    const int five_bits = type == Q5_K_X8;
+    const __m256i one = _mm256_set1_epi8(1);
+    const int64_t groups = cols / 32, blocks = cols / 256, size = 8 * block_bytes(type);
     __m256 acc[MAX_M], offset[MAX_M];
     for (int64_t i = 0; i < m; i++) acc[i] = offset[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < blocks; k++) {
@@ -809,7 +819,7 @@ static inline __attribute__((always_inline)) void x8_group_q4_k_body(const uint8
         const __m256i mins[2] = {_mm256_and_si256(w1, six),
                                  _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), nibble),
                                                  _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), top2), 4))};
-        const uint8_t *codes = b + 128;
+        const uint8_t *high = b + 128, *codes = b + (five_bits ? 384 : 128);
         for (int s = 0; s < 8; s++) {
             const int shift = 8 * (s % 4);
             const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(scales[s / 4], shift), byte)));
@@ -822,6 +832,12 @@ static inline __attribute__((always_inline)) void x8_group_q4_k_body(const uint8
                 if (s & 1) { v0 = _mm256_srli_epi16(v0, 4); v1 = _mm256_srli_epi16(v1, 4); }
                 lo[p] = _mm256_and_si256(v0, low4);
                 hi[p] = _mm256_and_si256(v1, low4);
+                if (five_bits) { /* bit s of each byte -> bit 4 (a 16-bit shift: the mask keeps the byte's own bit) */
+                    __m256i h0 = _mm256_loadu_si256((const __m256i *)(high + 32 * p));
+                    __m256i h1 = _mm256_loadu_si256((const __m256i *)(high + 128 + 32 * p));
+                    lo[p] = _mm256_or_si256(lo[p], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, s), one), 4));
+                    hi[p] = _mm256_or_si256(hi[p], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, s), one), 4));
+                }
             }
             for (int64_t i = 0; i < m; i++) x8_accumulate(lo, hi, xq + i * groups + 8 * k + s, scale, min, &acc[i], &offset[i]);
         }
@@ -829,13 +845,16 @@ static inline __attribute__((always_inline)) void x8_group_q4_k_body(const uint8
     x8_store_rows(acc, offset, m, out);
 }
 
-static void x8_group_int8_Q4_K_X8(const uint8_t *group, const act_block *xq, int64_t m, int64_t cols, float *out) {
-    switch (m) {
-    case 1: x8_group_q4_k_body(group, xq, 1, cols, out); break;
-    case 2: x8_group_q4_k_body(group, xq, 2, cols, out); break;
-    default: x8_group_q4_k_body(group, xq, m, cols, out); break;
+#define X8_GROUP_K_FOR_TYPE(TYPE) \
+    static void x8_group_int8_##TYPE(const uint8_t *group, const act_block *xq, int64_t m, int64_t cols, float *out) { \
+        switch (m) { \
+        case 1: x8_group_k_body(TYPE, group, xq, 1, cols, out); break; \
+        case 2: x8_group_k_body(TYPE, group, xq, 2, cols, out); break; \
+        default: x8_group_k_body(TYPE, group, xq, m, cols, out); break; \
+        } \
     }
-}
+X8_GROUP_K_FOR_TYPE(Q4_K_X8)
+X8_GROUP_K_FOR_TYPE(Q5_K_X8)
 #endif
 
 /* Portable path: one block dequantized to the stack, then dotted with each row of x. */
@@ -898,6 +917,7 @@ static void x8_group_rows(int type, int path, const uint8_t *group, const float 
         case Q5_0_X8: x8_group_int8_Q5_0_X8(group, xq, m, cols, out); break;
         case Q5_1_X8: x8_group_int8_Q5_1_X8(group, xq, m, cols, out); break;
         case Q4_K_X8: x8_group_int8_Q4_K_X8(group, xq, m, cols, out); break;
+        case Q5_K_X8: x8_group_int8_Q5_K_X8(group, xq, m, cols, out); break;
         default: x8_group_int8_Q8_0_X8(group, xq, m, cols, out); break;
         }
         return;

@@ -1,4 +1,4 @@
-"""Eight-row interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K layouts: exact moves, and products equal to the GGUF layout's."""
+"""Eight-row interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K layouts: exact moves, and products equal to the GGUF layout's."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from ember.quant.ggml_layers import GGMLLinear, ggml_linear, set_activations
 from tests.quant.ggml_factory import random_blocks
 from tests.quant.test_ggml_layers import RTOL, int8_rounded
 
-NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K"]
+NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"]
 LANE_ROW = (0, 2, 4, 6, 1, 3, 5, 7)
-COLS = {"Q4_K": 256}  # one block per row
+COLS = {"Q4_K": 256, "Q5_K": 256}  # one block per row
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_interleaving_moves_the_bytes_and_moves_them_back(name):
     assert plain(weight) is weight
 
 
-@pytest.mark.parametrize("name", NAMES[:-1])
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in COLS])
 def test_the_first_group_block_holds_eight_scales_then_eight_rows_high_bits_and_codes(name):
     weight = random_blocks(name, rows=8, cols=32, seed=2)  # one group, one block per row
     halves, high = (2 if name in ("Q4_1", "Q5_1") else 1), (4 if name.startswith("Q5") else 0)
@@ -55,15 +55,17 @@ def test_the_first_group_block_holds_eight_scales_then_eight_rows_high_bits_and_
         assert torch.equal(stored[at : at + codes], weight.data[row, 2 * halves + high :])
 
 
-def test_a_q4_k_group_block_holds_d_dmin_scale_words_in_lane_order_then_code_parts_in_row_order():
-    weight = random_blocks("Q4_K", rows=8, cols=256, seed=2)
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+def test_a_k_quant_group_block_holds_d_dmin_scale_words_in_lane_order_then_16_byte_parts_in_row_order(name):
+    weight = random_blocks(name, rows=8, cols=256, seed=2)
     stored = interleaved(weight).data.flatten()
     for field, (start, stop) in enumerate([(0, 2), (2, 4), (4, 8), (8, 12), (12, 16)]):  # d, dmin, three scale words
         width = stop - start
         for lane, row in enumerate(LANE_ROW):
             at = [0, 16, 32, 64, 96][field] + width * lane
             assert torch.equal(stored[at : at + width], weight.data[row, start:stop])
-    for part in range(8):  # code bytes 16 * part.. of each row, row order
+    parts = (weight.format.block_bytes - 16) // 16  # Q4_K: the codes' eight; Q5_K: its fifth bits' two, then those eight
+    for part in range(parts):  # block bytes 16 + 16 * part.. of each row, row order
         for row in range(8):
             at = 128 + 128 * part + 16 * row
             assert torch.equal(stored[at : at + 16], weight.data[row, 16 + 16 * part : 32 + 16 * part])
