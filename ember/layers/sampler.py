@@ -50,7 +50,8 @@ class Sampler:
         logits = logits.float()
         wants_logprobs = any(row.params.logprobs is not None for row in rows)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
-        logits = _apply_penalties(logits.clone(), rows)
+        if any(_changes_logits(row) for row in rows):
+            logits = _apply_penalties(logits.clone(), rows)  # the clone keeps raw_logprobs' input as it was
         token_ids = self._choose(logits, rows)
         return [_describe(i, int(token_ids[i]), row, raw_logprobs) for i, row in enumerate(rows)]
 
@@ -71,6 +72,12 @@ class Sampler:
             if generator is not None:
                 noise[i].exponential_(generator=generator)
         return noise
+
+
+def _changes_logits(row: SamplingRow) -> bool:
+    """Whether penalties or banned tokens change this row's logits before the choice."""
+    params = row.params
+    return params.repetition_penalty != 1.0 or bool(params.presence_penalty or params.frequency_penalty) or bool(row.banned_token_ids)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
