@@ -266,7 +266,9 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     add("")
     _updates(lines, results)
     options = results.get("options", {})
-    add(f"Every figure is the median of {options.get('repeats', '?')} runs, with (min–max); ratios are ratios of medians. "
+    repeats = f"{options.get('repeats', '?')} runs" + (" (a re-measured section: its command's --repeats, 3 if not given)"
+                                                      if results.get("updates") else "")
+    add(f"Every figure is the median of {repeats}, with (min–max); ratios are ratios of medians. "
         f"Request counts are scaled by {options.get('scale', 1.0)} relative to issue 5{_overrides(options)} "
         "(prompt and output lengths are as specified) to keep the whole suite within about half an hour on this machine. "
         "Absolute numbers hold for this machine only.")
