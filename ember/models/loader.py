@@ -27,7 +27,7 @@ from ember.models.llama2c_loader import (
 )
 from ember.models.packing import PackingPlan
 from ember.quant.checkpoint import read_block_tensors
-from ember.quant.ggml_blocks import GGMLTensor
+from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
 from ember.quant.hf_quantized import hf_quantization, read_hf_quantized
 from ember.quant.int8_channel import Int8ChannelTensor
@@ -36,7 +36,7 @@ from ember.quant.zero_point import ZeroPointTensor
 if TYPE_CHECKING:
     from ember.parallel.sharding import ModelShard
 
-Quantized = GGMLTensor | Int8ChannelTensor | ZeroPointTensor
+Quantized = GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor
 # A split model's rank: the whole model's config -> what this rank holds (ember.parallel.modes.shard_factory).
 ShardFactory = Callable[[ModelConfig], "ModelShard"]
 
@@ -146,7 +146,7 @@ def _build(
                 raise ValueError(f"checkpoint tensor {name!r} does not belong to a {config.architecture} model")
             if tuple(tensor.shape) != tuple(expected[name].shape):
                 raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
-            if isinstance(tensor, (GGMLTensor, Int8ChannelTensor, ZeroPointTensor)):
+            if isinstance(tensor, (GGMLTensor, GGMLRowParts, Int8ChannelTensor, ZeroPointTensor)):
                 if dtype == AUTO_DTYPE and _holds_blocks(model, name):
                     blocks[name] = tensor
                     continue

@@ -3,7 +3,8 @@
 A module declares `packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}`; the loader
 concatenates the checkpoint's parts along the output dimension, in that order. Fewer, larger
 matrix products are what makes a CPU step fast. Parts in one GGML block format stay in blocks
-(rows of blocks concatenate), so do W8A8 int8 rows and GPTQ / AWQ groups; parts in mixed formats are fused as float32.
+(rows of blocks concatenate), so do W8A8 int8 rows and GPTQ / AWQ groups; GGML parts in mixed formats become Q8_0 where
+that is exact (Q4_0 / Q5_0 / Q8_0), else `GGMLRowParts` (each part in its blocks); other mixes are fused as float32.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ember.quant.ggml_blocks import SYMMETRIC_32, GGMLTensor, as_q8_0
+from ember.quant.ggml_blocks import SYMMETRIC_32, GGMLRowParts, GGMLTensor, as_q8_0
+from ember.quant.ggml_kernels import MAX_ROW_PARTS
 from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.zero_point import ZeroPointTensor
 
-QuantizedPart = GGMLTensor | Int8ChannelTensor | ZeroPointTensor
+QuantizedPart = GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,8 @@ class PackingPlan:
 
 def _concat_rows(parts: list[torch.Tensor | QuantizedPart]) -> torch.Tensor | QuantizedPart:
     """Parts stacked along the output dimension: rows of blocks when every part shares one GGML format
-    (or Q8_0 when they mix Q4_0 / Q5_0 / Q8_0, W8A8 int8 rows when every part is, or GPTQ / AWQ groups sharing
-    their column order), else float."""
+    (or Q8_0 when they mix Q4_0 / Q5_0 / Q8_0, else row parts in their own formats), W8A8 int8 rows when every
+    part is, or GPTQ / AWQ groups sharing their column order; else float."""
     if all(isinstance(p, Int8ChannelTensor) for p in parts):
         return Int8ChannelTensor.concat(parts)
     if all(isinstance(p, ZeroPointTensor) for p in parts) and ZeroPointTensor.fusable(parts):
@@ -78,4 +80,6 @@ def _concat_rows(parts: list[torch.Tensor | QuantizedPart]) -> torch.Tensor | Qu
             return GGMLTensor.concat(parts)
         if all(p.format.name in SYMMETRIC_32 and p.cols == first.cols for p in parts):
             return GGMLTensor.concat([as_q8_0(p) for p in parts])  # e.g. Q5_0 q/k with a Q8_0 v: exact as Q8_0
+        if all(p.cols == first.cols for p in parts) and len(parts) <= MAX_ROW_PARTS:
+            return GGMLRowParts(parts)  # e.g. Q4_K q/k with a Q6_K v: each part in its own blocks
     return torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize() for p in parts], dim=0)

@@ -131,6 +131,25 @@ class GGMLTensor:
         return GGMLTensor(torch.cat([p.data for p in parts], dim=0), first.format, first.cols)
 
 
+class GGMLRowParts:
+    """A weight whose row ranges keep different GGML formats: a fused projection whose parts mix formats that no one
+    format holds exactly (a Q4_K_M file's Q4_K q and k with a Q6_K v). Each part stays in its blocks."""
+
+    def __init__(self, parts: list[GGMLTensor]) -> None:
+        if len(parts) < 2 or any(p.cols != parts[0].cols for p in parts):
+            raise ValueError("row parts are two or more GGML weights of one width; got "
+                             + ", ".join(f"{p.format.name}{list(p.shape)}" for p in parts))
+        self.parts = tuple(parts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].cols
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [rows, cols]: each part's rows as its format defines them."""
+        return torch.cat([p.dequantize() for p in self.parts], dim=0)
+
+
 # Formats whose value is d * (code - center): each is Q8_0 with the same d and int8 codes, exactly.
 SYMMETRIC_32 = {"Q4_0": 8, "Q5_0": 16, "Q8_0": 0}
 

@@ -34,12 +34,24 @@ INT8_DOT_KINDS = ("avx2", "avx512vnni", "avxvnni")  # ember_ggml_int8_dot_kind()
 
 class GGMLWeightPointer(ctypes.Structure):
     """ggml_source.c's `ggml_weight`: what `ember_ggml_linear` (a gemm_fn) takes as its weight pointer. A plain
-    GGML weight sets the first three fields; a GPTQ / AWQ weight (ember.quant.zero_point) also the zero-point ones."""
+    GGML weight sets the first three fields; a GPTQ / AWQ weight (ember.quant.zero_point) also the zero-point ones;
+    a weight of row parts in different formats only `row_parts` (a `RowPartsPointer`)."""
 
     _fields_ = [
         ("type", ctypes.c_int), ("path", ctypes.c_int), ("blocks", ctypes.c_void_p),
         ("input_order", ctypes.c_void_p), ("offsets", ctypes.c_void_p), ("column_groups", ctypes.c_void_p),
-        ("groups", ctypes.c_int64),
+        ("groups", ctypes.c_int64), ("row_parts", ctypes.c_void_p),
+    ]
+
+
+MAX_ROW_PARTS = 4  # ggml_source.c's ggml_row_parts holds this many
+
+
+class RowPartsPointer(ctypes.Structure):
+    """ggml_source.c's `ggml_row_parts`: each part's `GGMLWeightPointer` and its rows, in output order."""
+
+    _fields_ = [
+        ("count", ctypes.c_int64), ("weights", ctypes.c_void_p * MAX_ROW_PARTS), ("rows", ctypes.c_int64 * MAX_ROW_PARTS),
     ]
 
 

@@ -23,9 +23,15 @@ from torch import nn
 from ember.engine.config import QUANT_ACTIVATIONS
 from ember.layers.cpu_decoder_layer import CompilableLayer
 from ember.layers.cpu_gemm import CompiledProduct
-from ember.quant.ggml_blocks import GGMLTensor, dequantize_torch
+from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor, dequantize_torch
 from ember.quant.ggml_interleave import ROWS_PER_GROUP, can_interleave, interleaved, plain
-from ember.quant.ggml_kernels import GEMV_PATHS, MAX_PASS_ROWS, GGMLWeightPointer, load_kernels
+from ember.quant.ggml_kernels import (
+    GEMV_PATHS,
+    MAX_PASS_ROWS,
+    GGMLWeightPointer,
+    RowPartsPointer,
+    load_kernels,
+)
 from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.w8a8_layers import W8A8Linear
 from ember.quant.zero_point import ZeroPointTensor
@@ -197,6 +203,39 @@ class ZeroPointLinear(GGMLLinear):
         return f"{super().extra_repr()}, groups={self.num_groups}, reordered={self.input_order is not None}"
 
 
+class GGMLRowPartsLinear(nn.Module):
+    """`y = x W^T + b` with W's row ranges in different GGML formats (`GGMLRowParts`): one `GGMLLinear` per part, their
+    outputs side by side. For C callers one product (`ember_ggml_linear` over a `row_parts` weight) runs each part's
+    kernel in turn."""
+
+    def __init__(self, weight: GGMLRowParts, bias: nn.Parameter | None = None, activations: str = "int8") -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.parts = nn.ModuleList(GGMLLinear(part, None, activations) for part in weight.parts)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.cat([part(x) for part in self.parts], dim=-1)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+    def compiled_product(self) -> CompiledProduct | None:
+        """The parts' products as one (see `GGMLLinear.compiled_product`); None without the kernels."""
+        kernels = load_kernels()
+        products = [part.compiled_product() for part in self.parts]
+        if kernels is None or None in products:
+            return None
+        parts = RowPartsPointer(len(products))
+        for j, (part, product) in enumerate(zip(self.parts, products, strict=True)):
+            parts.weights[j], parts.rows[j] = product.weight, part.out_features
+        weight = GGMLWeightPointer(row_parts=ctypes.addressof(parts))
+        bias = None if self.bias is None else self.bias.detach().float().contiguous()
+        return CompiledProduct(kernels.linear_address, ctypes.addressof(weight), None if bias is None else bias.data_ptr(),
+                               self.in_features, MAX_PASS_ROWS, (weight, parts, bias, products))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
 class GGMLEmbedding(nn.Module):
     """Token embedding over GGML blocks: the looked-up rows are dequantized, the table never is."""
 
@@ -261,7 +300,7 @@ def can_hold_blocks(module: nn.Module) -> bool:
     return isinstance(module, (nn.Linear, nn.Embedding))
 
 
-def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | Int8ChannelTensor | ZeroPointTensor]) -> None:
+def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor]) -> None:
     """Swap each `<module>.weight` named in `weights` for a layer over its blocks (or W8A8 int8 rows, or GPTQ / AWQ
     groups with zero points); a linear keeps its bias."""
     for name, weight in weights.items():
@@ -278,6 +317,10 @@ def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | Int8Ch
             if not isinstance(old, nn.Linear):
                 raise ValueError(f"{module_path} is a {type(old).__name__}; W8A8 rows run only in linear layers: load with --dtype float32")
             new = W8A8Linear(weight, old.bias)
+        elif isinstance(weight, GGMLRowParts):
+            if not isinstance(old, nn.Linear):
+                raise ValueError(f"{module_path} is a {type(old).__name__}; GGML row parts run only in linear layers: load with --dtype float32")
+            new = GGMLRowPartsLinear(weight, old.bias, activations=activations_for(module_path, "int8"))
         elif isinstance(old, nn.Linear):
             new = GGMLLinear(weight, old.bias, activations=activations_for(module_path, "int8"))
         elif isinstance(old, nn.Embedding):

@@ -1015,7 +1015,8 @@ int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bia
 
 /* A GGML weight as the compiled decoder layer's product pointer sees it (ember/layers/csrc/decoder_layer.c
  * calls products as gemm_fn(x, weight, bias, y, m, n, k)). A GPTQ / AWQ weight (ember.quant.zero_point) also
- * sets the zero-point fields; a plain GGML weight leaves them NULL / 0. */
+ * sets the zero-point fields; a plain GGML weight leaves them NULL / 0. A weight whose row ranges keep different
+ * formats (ember.quant.ggml_blocks.GGMLRowParts) sets only row_parts. */
 typedef struct {
     int type, path;
     const uint8_t *blocks;
@@ -1023,7 +1024,17 @@ typedef struct {
     const float *offsets;         /* [groups, n]: s * (c - z) per group and output row, or NULL */
     const int64_t *column_groups; /* [k]: the group of each stored column (read with offsets) */
     int64_t groups;
+    const void *row_parts;        /* a ggml_row_parts, or NULL */
 } ggml_weight;
+
+/* Part j of a row-parts weight gives rows[j] output rows through its own ggml_weight (a fused q/k/v whose parts mix
+ * k-quants: Q4_K q and k, a Q6_K v). */
+#define MAX_ROW_PARTS 4
+typedef struct {
+    int64_t count;
+    const ggml_weight *weights[MAX_ROW_PARTS];
+    int64_t rows[MAX_ROW_PARTS];
+} ggml_row_parts;
 
 /* y[r, o] += sum over groups g of (sum of x[r, c] over the stored columns c of group g) * offsets[g, o]. */
 static int add_zero_point_offsets(const float *x, const ggml_weight *w, float *y, int64_t m, int64_t n, int64_t k) {
@@ -1058,13 +1069,32 @@ static int zero_point_linear(const float *x, const ggml_weight *w, const float *
     return status;
 }
 
+/* Each part's product (a plain GGML weight: no zero points) into scratch, its columns copied to their place in y [m, n]. */
+static int row_parts_linear(const float *x, const ggml_row_parts *parts, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+    int64_t widest = 0, offset = 0;
+    for (int64_t j = 0; j < parts->count; j++) widest = parts->rows[j] > widest ? parts->rows[j] : widest;
+    float *part_y = (float *)malloc(sizeof(float) * (size_t)(m * widest));
+    if (part_y == NULL) return -2;
+    int status = 0;
+    for (int64_t j = 0; j < parts->count && status == 0; j++) {
+        const ggml_weight *w = parts->weights[j];
+        const int64_t rows = parts->rows[j];
+        status = ember_ggml_gemv(w->type, x, w->blocks, bias ? bias + offset : NULL, part_y, m, rows, k, w->path);
+        for (int64_t i = 0; i < m && status == 0; i++) memcpy(y + i * n + offset, part_y + i * rows, sizeof(float) * (size_t)rows);
+        offset += rows;
+    }
+    free(part_y);
+    return status;
+}
+
 /* y[m, n] = x[m, k] . W^T (+ bias) with gemm_fn's signature: `ember_ggml_gemv` on the weight's type and path
  * (with the zero-point terms where the weight has them). gemm_fn returns nothing: a failure (out of memory)
  * fills y with NaN rather than leave it wrong. */
 void ember_ggml_linear(const float *x, const void *weight, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
     const ggml_weight *w = (const ggml_weight *)weight;
-    int status = (w->input_order == NULL && w->offsets == NULL) ? ember_ggml_gemv(w->type, x, w->blocks, bias, y, m, n, k, w->path)
-                                                                 : zero_point_linear(x, w, bias, y, m, n, k);
+    int status = w->row_parts != NULL ? row_parts_linear(x, (const ggml_row_parts *)w->row_parts, bias, y, m, n, k)
+                 : (w->input_order == NULL && w->offsets == NULL) ? ember_ggml_gemv(w->type, x, w->blocks, bias, y, m, n, k, w->path)
+                                                                  : zero_point_linear(x, w, bias, y, m, n, k);
     if (status != 0)
         for (int64_t i = 0; i < m * n; i++) y[i] = NAN;
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ from gguf.quants import dequantize, quantize
 from ember.models.gguf_loader import unpermute_rope
 from ember.models.loader import load_model
 from ember.quant.ggml_blocks import FORMATS
-from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear
+from ember.quant.ggml_kernels import load_kernels
+from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear, GGMLRowPartsLinear
 from tests.model_factory import load_reference, save_tiny_model
 
 T = GGMLQuantizationType
@@ -65,8 +67,10 @@ def _random_k_quant(rows: int, cols: int, qtype: GGMLQuantizationType, rng: np.r
     return raw.reshape(rows, -1)
 
 
-def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Write the HF model in `folder` as a GGUF; returns the float32 weights each tensor decodes to (HF layout)."""
+def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.random.Generator,
+               overrides: dict[str, GGMLQuantizationType] | None = None) -> dict[str, np.ndarray]:
+    """Write the HF model in `folder` as a GGUF (tensors whose GGUF name ends with a key of `overrides` in that type,
+    as a Q4_K_M file mixes them); returns the float32 weights each tensor decodes to (HF layout)."""
     reference = load_reference(folder)
     config = reference.config
     writer = GGUFWriter(str(path), "llama")
@@ -84,17 +88,18 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
         name = _gguf_name(hf_name)
         if name.endswith(("attn_q.weight", "attn_k.weight")):
             values = _llama_cpp_permute(values, NUM_HEADS if "attn_q" in name else NUM_KV_HEADS)
-        if values.ndim == 1 or qtype == T.F32:
+        tensor_type = next((t for suffix, t in (overrides or {}).items() if name.endswith(suffix)), qtype)
+        if values.ndim == 1 or tensor_type == T.F32:
             writer.add_tensor(name, values)
             decoded = values
-        elif qtype in (T.Q4_K, T.Q6_K):
-            raw = _random_k_quant(*values.shape, qtype, rng)
-            writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
-            decoded = dequantize(raw, qtype)
+        elif tensor_type in (T.Q4_K, T.Q6_K):
+            raw = _random_k_quant(*values.shape, tensor_type, rng)
+            writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=tensor_type)
+            decoded = dequantize(raw, tensor_type)
         else:
-            raw = quantize(values, qtype)
-            writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
-            decoded = dequantize(raw, qtype)
+            raw = quantize(values, tensor_type)
+            writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=tensor_type)
+            decoded = dequantize(raw, tensor_type)
         if name.endswith(("attn_q.weight", "attn_k.weight")):
             decoded = unpermute_rope(decoded, NUM_HEADS if "attn_q" in name else NUM_KV_HEADS)
         expected[hf_name] = decoded.reshape(tensor.shape)
@@ -116,6 +121,8 @@ def _weights(model) -> dict[str, torch.Tensor]:
     for name, module in model.named_modules():
         if isinstance(module, (GGMLLinear, GGMLEmbedding)):
             state[f"{name}.weight"] = module.weight_blocks.dequantize()
+        elif isinstance(module, GGMLRowPartsLinear):
+            state[f"{name}.weight"] = torch.cat([part.weight_blocks.dequantize() for part in module.parts])
     return state
 
 
@@ -182,3 +189,29 @@ def test_an_unsupported_tensor_type_is_named_in_the_error(tiny_folder, tmp_path)
     writer.close()
     with pytest.raises(ValueError, match="IQ2_XXS"):
         load_model(path)
+
+
+def test_a_fused_projection_mixing_k_quants_keeps_each_part_in_its_blocks(tiny_folder, tmp_path):
+    expected = write_gguf(tiny_folder, tmp_path / "model.gguf", T.Q4_K, np.random.default_rng(1), {"attn_v.weight": T.Q6_K})
+    loaded = load_model(tmp_path / "model.gguf", dtype="auto")
+    qkv = loaded.model.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, GGMLRowPartsLinear)
+    assert [plain_name(part.format.name) for part in qkv.parts] == ["Q4_K", "Q4_K", "Q6_K"]
+    for hf_name, values in expected.items():
+        assert torch.equal(_loaded_weight(loaded.model, hf_name), torch.from_numpy(values).float()), hf_name
+    if load_kernels() is None:
+        return  # no compiled kernels here: the parts run in torch (checked above through their weights)
+    # The compiled decoder layer runs the parts' product (ember_ggml_linear over row parts) with the Python path's bits.
+    layer = loaded.model.model.layers[0]
+    assert layer.compile_for_cpu()
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
+    product = qkv.compiled_product()
+    out = torch.empty(3, qkv.out_features)
+    ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 3)(product.gemm)(
+        x.data_ptr(), product.weight, product.bias, out.data_ptr(), 3, qkv.out_features, 256)
+    with torch.inference_mode():
+        assert torch.equal(out, qkv(x))
+
+
+def plain_name(name: str) -> str:
+    return name.removesuffix("_X8")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ember.models.packing import PackedTarget, PackingPlan
-from ember.quant.ggml_blocks import GGMLTensor
+from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
 from tests.quant.ggml_factory import random_blocks
 
 
@@ -24,8 +24,23 @@ def test_parts_mixing_q5_0_and_q8_0_fuse_as_q8_0_with_the_same_values():
     assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
 
 
-def test_parts_with_a_min_among_other_formats_fuse_as_float():
+def test_parts_with_a_min_among_other_formats_stay_in_their_own_blocks():
     parts = [random_blocks("Q5_1", 8, 64, seed=1), random_blocks("Q8_0", 8, 64, seed=2), random_blocks("Q8_0", 8, 64, seed=3)]
     fused = _fuse(parts)
+    assert isinstance(fused, GGMLRowParts) and fused.shape == (24, 64)
+    assert [p.format.name for p in fused.parts] == ["Q5_1", "Q8_0", "Q8_0"]
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+
+
+def test_k_quant_parts_of_different_formats_stay_in_their_own_blocks():
+    parts = [random_blocks("Q4_K", 16, 256, seed=1), random_blocks("Q4_K", 8, 256, seed=2), random_blocks("Q6_K", 8, 256, seed=3)]
+    fused = _fuse(parts)
+    assert isinstance(fused, GGMLRowParts) and fused.shape == (32, 256)
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+
+
+def test_float_and_block_parts_fuse_as_float():
+    parts = [random_blocks("Q8_0", 8, 64, seed=1), torch.randn(8, 64), random_blocks("Q8_0", 8, 64, seed=3)]
+    fused = _fuse(parts)
     assert isinstance(fused, torch.Tensor) and fused.shape == (24, 64)
-    assert torch.equal(fused, torch.cat([p.dequantize() for p in parts]))
+    assert torch.equal(fused, torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize() for p in parts]))

@@ -6,9 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ember.quant.ggml_blocks import FORMATS
+from ember.quant.ggml_blocks import FORMATS, GGMLRowParts
 from ember.quant.ggml_kernels import MAX_GEMV_ROWS, MAX_PASS_ROWS, load_kernels
-from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear, ggml_linear, set_activations
+from ember.quant.ggml_layers import (
+    GGMLEmbedding,
+    GGMLLinear,
+    GGMLRowPartsLinear,
+    ggml_linear,
+    set_activations,
+)
 from tests.quant.ggml_factory import random_blocks
 
 # float32 sums of 512-768 products in another order: relative error well under 1e-5 of the row norm.
@@ -136,3 +142,21 @@ def test_embedding_dequantizes_only_the_looked_up_rows():
     weight = random_blocks("Q8_0", rows=100, cols=64, seed=7)
     ids = torch.tensor([[3, 99], [0, 3]])
     assert torch.equal(GGMLEmbedding(weight)(ids), F.embedding(ids, weight.dequantize()))
+
+
+def test_row_parts_in_different_formats_compute_the_whole_product_with_bias():
+    parts = [random_blocks("Q4_K", 16, 256, seed=1), random_blocks("Q6_K", 8, 256, seed=2), random_blocks("Q5_1", 8, 256, seed=3)]
+    bias = torch.nn.Parameter(torch.randn(32), requires_grad=False)
+    layer = GGMLRowPartsLinear(GGMLRowParts(parts), bias)
+    model = torch.nn.Sequential(layer)
+    x = torch.randn(MAX_PASS_ROWS + 3, 256, generator=torch.Generator().manual_seed(5))
+    weight = torch.cat([p.dequantize() for p in parts])
+    with torch.inference_mode():
+        assert set_activations(model, "float32") == 3  # the three parts
+        exact = layer(x)
+        torch.testing.assert_close(exact, F.linear(x, weight, bias), rtol=RTOL, atol=ATOL * weight.abs().sum(1).max().item())
+        set_activations(model, "int8")
+        rounded = F.linear(int8_rounded(x)[0], weight, bias)
+        for rows in (x[:1], x):  # one kernel pass per part, and the many-row tiles
+            ours = layer(rows)
+            torch.testing.assert_close(ours, rounded[: rows.shape[0]], rtol=RTOL, atol=RTOL * rounded.abs().max().item())
