@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 from ember.bench.goals import Goal, feature_goals
+from ember.bench.stats import ratio
+from ember.bench.suite import BenchOptions
 
 GOALS = (
     # (key, what, target text, test on the measured value)
@@ -80,18 +82,14 @@ def goal_values(results: dict) -> dict[str, float | None]:
         "mixed_bf16_hf": s["mixed"]["dtype"]["bfloat16"]["ratio_hf"],
         "mixed_bf16_llamacpp": s["mixed"]["dtype"]["bfloat16"]["ratio_llamacpp"],
         "batch1_roofline": s["batch1"]["roofline_pct"],
-        "batch1_bf16_over_f32": _ratio(_get(results, "batch1", "dtype", "bfloat16", "ember", "decode_tok_s", "median"),
-                                       s["batch1"]["ember_tok_s"]),
+        "batch1_bf16_over_f32": ratio(_get(results, "batch1", "dtype", "bfloat16", "ember", "decode_tok_s", "median"),
+                                      s["batch1"]["ember_tok_s"]),
         "shared_prefix_ttft": s["shared_prefix"]["ttft_ratio"],
         "shared_prefix_reuse": s["shared_prefix"]["prefix_reuse_pct"],
         "long_prefill_p99": s["long_prefill"]["p99_itl_ratio"],
         "serve_batch1_tpot": s["serve"]["batch1_tpot_ratio"],
         "serve_streams": s["serve"]["tok_s_ratio"],
     }
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    return None if numerator is None or not denominator else numerator / denominator
 
 
 def all_goals(results: dict) -> list[Goal]:
@@ -266,8 +264,8 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     add("")
     _updates(lines, results)
     options = results.get("options", {})
-    repeats = f"{options.get('repeats', '?')} runs" + (" (a re-measured section: its command's --repeats, 3 if not given)"
-                                                      if results.get("updates") else "")
+    repeats = f"{options.get('repeats', '?')} runs" + (
+        f" (a re-measured section: its command's --repeats, {BenchOptions.repeats} if not given)" if results.get("updates") else "")
     add(f"Every figure is the median of {repeats}, with (min–max); ratios are ratios of medians. "
         f"Request counts are scaled by {options.get('scale', 1.0)} relative to issue 5{_overrides(options)} "
         "(prompt and output lengths are as specified) to keep the whole suite within about half an hour on this machine. "

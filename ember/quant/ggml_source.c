@@ -740,20 +740,22 @@ static inline __attribute__((always_inline)) void x8_group_int8_body(const int t
     x8_store_rows(acc, offset, m, out);
 }
 
-#define X8_GROUP_INT8_FOR_TYPE(TYPE) \
+/* x8_group_int8_TYPE: BODY (an x8 group kernel taking the type) inlined for m = 1..4, the row counts of decode and
+ * verification, and once for any other m. */
+#define X8_GROUP_INT8_FOR_TYPE(TYPE, BODY) \
     static void x8_group_int8_##TYPE(const uint8_t *group, const act_block *xq, int64_t m, int64_t cols, float *out) { \
         switch (m) { \
-        case 1: x8_group_int8_body(TYPE, group, xq, 1, cols, out); break; \
-        case 2: x8_group_int8_body(TYPE, group, xq, 2, cols, out); break; \
-        case 3: x8_group_int8_body(TYPE, group, xq, 3, cols, out); break; \
-        case 4: x8_group_int8_body(TYPE, group, xq, 4, cols, out); break; \
-        default: x8_group_int8_body(TYPE, group, xq, m, cols, out); break; \
+        case 1: BODY(TYPE, group, xq, 1, cols, out); break; \
+        case 2: BODY(TYPE, group, xq, 2, cols, out); break; \
+        case 3: BODY(TYPE, group, xq, 3, cols, out); break; \
+        case 4: BODY(TYPE, group, xq, 4, cols, out); break; \
+        default: BODY(TYPE, group, xq, m, cols, out); break; \
         } \
     }
-X8_GROUP_INT8_FOR_TYPE(Q4_0_X8)
-X8_GROUP_INT8_FOR_TYPE(Q4_1_X8)
-X8_GROUP_INT8_FOR_TYPE(Q5_0_X8)
-X8_GROUP_INT8_FOR_TYPE(Q5_1_X8)
+X8_GROUP_INT8_FOR_TYPE(Q4_0_X8, x8_group_int8_body)
+X8_GROUP_INT8_FOR_TYPE(Q4_1_X8, x8_group_int8_body)
+X8_GROUP_INT8_FOR_TYPE(Q5_0_X8, x8_group_int8_body)
+X8_GROUP_INT8_FOR_TYPE(Q5_1_X8, x8_group_int8_body)
 
 /* x8_group_int8_body for Q8_0_X8: a block of eight rows is the eight fp16 scales (row order) and the eight rows'
  * 32 signed codes; each row's 32 bytes are one vector, dotted with the activations (sign trick of dot_s8_s8), and
@@ -845,16 +847,8 @@ static inline __attribute__((always_inline)) void x8_group_k_body(const int type
     x8_store_rows(acc, offset, m, out);
 }
 
-#define X8_GROUP_K_FOR_TYPE(TYPE) \
-    static void x8_group_int8_##TYPE(const uint8_t *group, const act_block *xq, int64_t m, int64_t cols, float *out) { \
-        switch (m) { \
-        case 1: x8_group_k_body(TYPE, group, xq, 1, cols, out); break; \
-        case 2: x8_group_k_body(TYPE, group, xq, 2, cols, out); break; \
-        default: x8_group_k_body(TYPE, group, xq, m, cols, out); break; \
-        } \
-    }
-X8_GROUP_K_FOR_TYPE(Q4_K_X8)
-X8_GROUP_K_FOR_TYPE(Q5_K_X8)
+X8_GROUP_INT8_FOR_TYPE(Q4_K_X8, x8_group_k_body)
+X8_GROUP_INT8_FOR_TYPE(Q5_K_X8, x8_group_k_body)
 #endif
 
 /* Portable path: one block dequantized to the stack, then dotted with each row of x. */
