@@ -96,12 +96,44 @@ def test_fused_op_matches_plain_attention(op, cache_dtype, window, softcap, num_
 
 
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+@pytest.mark.parametrize("window", [None, 300])
+def test_long_decode_contexts_read_in_spans_match_plain_attention(op, cache_dtype, window):
+    """Decode rows over contexts of several spans (SPAN_TOKENS keys each, merged after), some
+    spans wholly behind the window, beside a short decode and a prefill chunk."""
+    generator = torch.Generator().manual_seed(11)
+    num_kv_heads, num_heads, head_dim, num_blocks = 2, 6, 64, 900
+    context_lens, query_counts = [1030, 5, 700, 257], [1, 1, 9, 1]
+    batch = random_batch(generator, context_lens, query_counts, num_blocks, window)
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator).to(cache_dtype)
+    query = torch.randn(sum(query_counts), num_heads, head_dim, generator=generator)
+    ours = op(query, cache, batch, 0.125, window)
+    expected = reference(query, cache[0], cache[1], batch, 0.125, window, None, num_kv_heads)
+    assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_decode_spans_give_the_same_bits_on_any_thread_count(op):
+    generator = torch.Generator().manual_seed(12)
+    batch = random_batch(generator, [1500, 600], [1, 1], 600, None)
+    cache = torch.randn(2, 600, BLOCK_SIZE, 2, 64, generator=generator)
+    query = torch.randn(2, 4, 64, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        outputs = []
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            outputs.append(op(query, cache, batch, 0.125))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(outputs[0], other) for other in outputs[1:])
+
+
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 def test_latent_form_reads_values_from_the_latent_rows(op, cache_dtype):
     generator = torch.Generator().manual_seed(5)
-    rank, rope_dim, num_heads, num_blocks = 32, 8, 5, 40
-    batch = random_batch(generator, [17, 3, 26], [1, 1, 1], num_blocks, None)
+    rank, rope_dim, num_heads, num_blocks = 32, 8, 5, 200
+    batch = random_batch(generator, [17, 3, 26, 600], [1, 1, 1, 1], num_blocks, None)  # 600: three spans
     cache = torch.randn(num_blocks, BLOCK_SIZE, rank + rope_dim, generator=generator).to(cache_dtype)
-    query = torch.randn(3, num_heads, rank + rope_dim, generator=generator)
+    query = torch.randn(4, num_heads, rank + rope_dim, generator=generator)
     ours = op.latent(query, cache, rank, batch, 0.1)
     rows = cache.unsqueeze(2)  # one kv head
     expected = reference(query, rows, rows[..., :rank], batch, 0.1, None, None, 1)

@@ -4,9 +4,13 @@
    context_lens[s] - query_counts[s] + i; query i sees keys up to its own position (and, with a
    window W > 0, only the last W of them). Key and value rows of token t live in block
    block_tables[s][t / block_size] (ids < 0: blocks given back, behind every window), offset
-   t % block_size. A work item is (sequence, kv head, chunk of QUERY_CHUNK queries): its grouped
-   query heads share each K/V row read, and an online softmax (running max, sum, weighted values)
-   walks the keys block by block, so nothing is gathered or padded. OpenMP splits the items.
+   t % block_size. A work item walks its keys block by block with an online softmax (running max,
+   sum, weighted values), so nothing is gathered or padded; OpenMP splits the items (plan_items).
+   A prefill or verification item is (sequence, kv head, chunk of QUERY_CHUNK queries): its grouped
+   query heads share each K/V row read. A decoding sequence has little compute per byte, so its
+   items are spans of SPAN_TOKENS keys over every kv head: each block's rows are read front to back
+   once (a kv head's own part of each row, read alone, came from memory several times slower), and
+   a long context spreads over the threads, its spans' states merged in a fixed order.
    The same code serves MLA's absorbed decode: one kv head whose key rows are the cached latent
    and rope key (dim_k wide) and whose values are the first dim_v entries of those rows.
    float32, bfloat16 or float8 e4m3 cache (`cache_format`; widened per block), float32 queries,
@@ -20,6 +24,7 @@
 #define QUERY_CHUNK 8
 #define MAX_ROWS 512  /* query rows (queries x grouped heads) of one work item */
 #define SCORE_PADDING 8  /* a row's scores are read 8 at a time: room past the block's last key */
+#define SPAN_TOKENS 128  /* a decoding sequence's keys per work item (its spans are merged after) */
 
 enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_E4M3 = 2 };  /* cache_format (cpu_attention.CACHE_FORMATS) */
 
@@ -209,58 +214,109 @@ static void update_row_avx2(const attention_args *a, const float *values, int64_
 }
 #endif
 
-static void attend(const attention_args *a, int64_t seq, int64_t q0, int64_t kv_head, float *work) {
+/* A work item: queries [q0, q0 + nq) of sequence seq, kv heads [h0, h1), key blocks [b0, b1) of its table. */
+typedef struct {
+    int64_t seq, q0, h0, h1, b0, b1;
+    float *partial;  /* NULL: the item sees every key and writes the output; else (max, sum, acc) per row */
+} work_item;
+
+/* The item's rows: rows_per_head (queries x grouped heads) for each of its kv heads, head-major. */
+static void attend(const attention_args *a, const work_item *item, float *work) {
     const int64_t group = a->num_heads / a->num_kv_heads, dk = a->dim_k, dv = a->dim_v, bs = a->block_size;
-    const int64_t count = a->query_counts[seq], nq = count - q0 < QUERY_CHUNK ? count - q0 : QUERY_CHUNK;
-    const int64_t rows = nq * group, first_pos = a->context_lens[seq] - count + q0, last_pos = first_pos + nq - 1;
+    const int64_t count = a->query_counts[item->seq], nq = count - item->q0 < QUERY_CHUNK ? count - item->q0 : QUERY_CHUNK;
+    const int64_t per_head = nq * group, heads = item->h1 - item->h0, rows = per_head * heads;
+    const int64_t first_pos = a->context_lens[item->seq] - count + item->q0, last_pos = first_pos + nq - 1;
     const int64_t score_stride = bs + SCORE_PADDING;
+    /* the converted span of a row: from kv head h0's first element to the last head's last */
+    const int64_t span = (heads - 1) * a->head_stride + (dk > dv ? dk : dv);
     float *acc = work, *row_max = acc + rows * dv, *row_sum = row_max + rows, *scores = row_sum + rows;
-    float *kbuf = scores + rows * score_stride, *vbuf = kbuf + bs * a->token_stride;
+    float *kbuf = scores + per_head * score_stride, *vbuf = kbuf + bs * a->token_stride;
 #ifdef EMBER_AVX2
     const int fast = dk % 8 == 0 && dv % VALUE_CHUNK == 0 && a->softcap <= 0.0f;
 #endif
     const float *q[MAX_ROWS];
     for (int64_t r = 0; r < rows; r++) {
-        int64_t token = a->query_starts[seq] + q0 + r / group, head = kv_head * group + r % group;
+        int64_t i = r % per_head, token = a->query_starts[item->seq] + item->q0 + i / group;
+        int64_t head = (item->h0 + r / per_head) * group + i % group;
         q[r] = a->query + token * a->query_stride + head * dk;
         row_max[r] = -INFINITY; row_sum[r] = 0.0f;
         for (int64_t d = 0; d < dv; d++) acc[r * dv + d] = 0.0f;
     }
     int64_t lo = a->window > 0 ? first_pos - a->window + 1 : 0;
     if (lo < 0) lo = 0;
-    const int32_t *table = a->block_tables + seq * a->max_blocks;
-    for (int64_t b = lo / bs; b <= last_pos / bs; b++) {
+    const int32_t *table = a->block_tables + item->seq * a->max_blocks;
+    const int64_t b_first = lo / bs > item->b0 ? lo / bs : item->b0, b_last = last_pos / bs < item->b1 - 1 ? last_pos / bs : item->b1 - 1;
+    for (int64_t b = b_first; b <= b_last; b++) {
         int32_t block = table[b];
         if (block < 0) continue;
         int64_t k_lo = b * bs > lo ? b * bs : lo, k_hi = b * bs + bs - 1 < last_pos ? b * bs + bs - 1 : last_pos;
         int64_t n = k_hi - k_lo + 1;
-        const float *keys = block_rows(a, a->keys, block, k_lo - b * bs, n, kv_head, dk, kbuf);
+        /* every head's part of each row widened at once: the rows are read front to back */
+        const float *keys = block_rows(a, a->keys, block, k_lo - b * bs, n, item->h0, span, kbuf);
         const float *values = a->values == a->keys && a->cache_format != CACHE_F32
-            ? keys : block_rows(a, a->values, block, k_lo - b * bs, n, kv_head, dv, vbuf);
+            ? keys : block_rows(a, a->values, block, k_lo - b * bs, n, item->h0, span, vbuf);
+        for (int64_t h = 0; h < heads; h++) {
+            const float *head_keys = keys + h * a->head_stride, *head_values = values + h * a->head_stride;
+            const float *const *head_q = q + h * per_head;
+            float *head_acc = acc + h * per_head * dv, *head_max = row_max + h * per_head, *head_sum = row_sum + h * per_head;
 #ifdef EMBER_AVX2
-        if (fast) block_scores_avx2(a, q, rows, keys, n, scores, score_stride);
+            if (fast) block_scores_avx2(a, head_q, per_head, head_keys, n, scores, score_stride);
 #endif
-        for (int64_t r = 0; r < rows; r++) {
-            /* Row r sees keys k_lo + [t0, t1): none past its position, none before its window. */
-            const int64_t pos = first_pos + r / group;
-            int64_t t0 = a->window > 0 ? pos - a->window + 1 - k_lo : 0, t1 = pos - k_lo + 1;
-            if (t0 < 0) t0 = 0;
-            if (t1 > n) t1 = n;
-            if (t0 >= t1) continue;
+            for (int64_t r = 0; r < per_head; r++) {
+                /* Row r sees keys k_lo + [t0, t1): none past its position, none before its window. */
+                const int64_t pos = first_pos + r / group;
+                int64_t t0 = a->window > 0 ? pos - a->window + 1 - k_lo : 0, t1 = pos - k_lo + 1;
+                if (t0 < 0) t0 = 0;
+                if (t1 > n) t1 = n;
+                if (t0 >= t1) continue;
 #ifdef EMBER_AVX2
-            if (fast) {
-                update_row_avx2(a, values, t0, t1, scores + r * score_stride, acc + r * dv, row_max + r, row_sum + r);
-                continue;
+                if (fast) {
+                    update_row_avx2(a, head_values, t0, t1, scores + r * score_stride, head_acc + r * dv, head_max + r, head_sum + r);
+                    continue;
+                }
+#endif
+                update_row_portable(a, head_q[r], head_keys, head_values, t0, t1, scores + r * score_stride,
+                                    head_acc + r * dv, head_max + r, head_sum + r);
             }
-#endif
-            update_row_portable(a, q[r], keys, values, t0, t1, scores + r * score_stride, acc + r * dv, row_max + r, row_sum + r);
         }
     }
     for (int64_t r = 0; r < rows; r++) {
-        int64_t token = a->query_starts[seq] + q0 + r / group, head = kv_head * group + r % group;
+        if (item->partial != NULL) {  /* a span of a split sequence: its state, merged later */
+            float *state = item->partial + ((item->h0 * group) + r) * (dv + 2);
+            state[0] = row_max[r]; state[1] = row_sum[r];
+            for (int64_t d = 0; d < dv; d++) state[2 + d] = acc[r * dv + d];
+            continue;
+        }
+        int64_t i = r % per_head, token = a->query_starts[item->seq] + item->q0 + i / group;
+        int64_t head = (item->h0 + r / per_head) * group + i % group;
         float *o = a->out + (token * a->num_heads + head) * dv;
         float inverse = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
         for (int64_t d = 0; d < dv; d++) o[d] = acc[r * dv + d] * inverse;
+    }
+}
+
+/* One decode query's output from its spans' states (max, sum, acc per head), in span order. */
+static void merge_spans(const attention_args *a, int64_t seq, const float *states, int64_t spans) {
+    const int64_t dv = a->dim_v, state_floats = a->num_heads * (dv + 2);
+    float *out = a->out + a->query_starts[seq] * a->num_heads * dv;
+    for (int64_t head = 0; head < a->num_heads; head++) {
+        float best = -INFINITY, sum = 0.0f;
+        for (int64_t s = 0; s < spans; s++) {
+            float m = states[s * state_floats + head * (dv + 2)];
+            best = m > best ? m : best;
+        }
+        float *o = out + head * dv;
+        for (int64_t d = 0; d < dv; d++) o[d] = 0.0f;
+        if (best == -INFINITY) continue;  /* no visible key */
+        for (int64_t s = 0; s < spans; s++) {
+            const float *state = states + s * state_floats + head * (dv + 2);
+            if (state[0] == -INFINITY) continue;
+            float weight = expf(state[0] - best);
+            sum += state[1] * weight;
+            for (int64_t d = 0; d < dv; d++) o[d] += state[2 + d] * weight;
+        }
+        float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int64_t d = 0; d < dv; d++) o[d] *= inverse;
     }
 }
 
@@ -308,21 +364,52 @@ void ember_write_kv(const float *key, const float *value, int64_t source_stride,
     }
 }
 
+static int64_t span_blocks(const attention_args *a) { return SPAN_TOKENS / a->block_size > 0 ? SPAN_TOKENS / a->block_size : 1; }
+
+/* Sequence s's spans when it decodes one query (0 otherwise). */
+static int64_t decode_spans(const attention_args *a, int64_t s) {
+    if (a->query_counts[s] != 1) return 0;
+    const int64_t blocks = (a->context_lens[s] + a->block_size - 1) / a->block_size;
+    return (blocks + span_blocks(a) - 1) / span_blocks(a);
+}
+
+/* The step's work items into `items` (NULL: only counted); returns how many. A sequence decoding
+   one query is one item per SPAN_TOKENS of keys over all its kv heads (each K/V row read front to
+   back once; a long context spread over the threads, its spans' states in `partials`, merged
+   after); queries of a longer run (prefill, verification) go QUERY_CHUNK at a time per kv head,
+   whose grouped heads share the rows' reads. Spans depend on the context only, never on the
+   thread count, so the bits do not either. `rows` gets the largest item's query rows. */
+static int64_t plan_items(const attention_args *a, work_item *items, float *partials, int64_t *rows) {
+    const int64_t group = a->num_heads / a->num_kv_heads, state_floats = a->num_heads * (a->dim_v + 2);
+    int64_t n = 0, used = 0;
+    *rows = 0;
+    for (int64_t s = 0; s < a->num_seqs; s++) {
+        const int64_t count = a->query_counts[s], spans = decode_spans(a, s);
+        for (int64_t i = 0; i < spans; i++, n++)
+            if (items) items[n] = (work_item){s, 0, 0, a->num_kv_heads, i * span_blocks(a), (i + 1) * span_blocks(a),
+                                             spans > 1 ? partials + (used + i) * state_floats : NULL};
+        if (spans > 1) used += spans;
+        if (spans > 0) { *rows = a->num_heads > *rows ? a->num_heads : *rows; continue; }
+        for (int64_t q0 = 0; q0 < count; q0 += QUERY_CHUNK)
+            for (int64_t h = 0; h < a->num_kv_heads; h++, n++)
+                if (items) items[n] = (work_item){s, q0, h, h + 1, 0, a->max_blocks, NULL};
+        const int64_t chunk_rows = (count < QUERY_CHUNK ? count : QUERY_CHUNK) * group;
+        *rows = chunk_rows > *rows ? chunk_rows : *rows;
+    }
+    return n;
+}
+
 /* Returns 0; -1 when one work item would hold more than MAX_ROWS query rows; -2 out of memory. */
 int ember_paged_attention(const attention_args *a) {
-    const int64_t group = a->num_heads / a->num_kv_heads;
-    int64_t num_chunks = 0, rows = 0;
-    for (int64_t s = 0; s < a->num_seqs; s++) {
-        int64_t count = a->query_counts[s];
-        num_chunks += (count + QUERY_CHUNK - 1) / QUERY_CHUNK;
-        if ((count < QUERY_CHUNK ? count : QUERY_CHUNK) * group > rows) rows = (count < QUERY_CHUNK ? count : QUERY_CHUNK) * group;
-    }
+    int64_t rows, split_spans = 0;
+    const int64_t num_items = plan_items(a, NULL, NULL, &rows);
     if (rows > MAX_ROWS) return -1;
-    int64_t *chunk_seq = malloc(sizeof(int64_t) * 2 * (num_chunks + 1)), *chunk_q0 = chunk_seq + num_chunks + 1;
-    if (!chunk_seq) return -2;
-    int64_t c = 0;
-    for (int64_t s = 0; s < a->num_seqs; s++)
-        for (int64_t q0 = 0; q0 < a->query_counts[s]; q0 += QUERY_CHUNK) { chunk_seq[c] = s; chunk_q0[c] = q0; c++; }
+    for (int64_t s = 0; s < a->num_seqs; s++) split_spans += decode_spans(a, s) > 1 ? decode_spans(a, s) : 0;
+    const int64_t state_floats = a->num_heads * (a->dim_v + 2);
+    work_item *items = malloc(sizeof(work_item) * (num_items + 1));
+    float *partials = malloc(sizeof(float) * (split_spans * state_floats + 1));
+    if (!items || !partials) { free(items); free(partials); return -2; }
+    plan_items(a, items, partials, &rows);
     const int64_t dmax = a->dim_k > a->dim_v ? a->dim_k : a->dim_v;
     const int64_t work_floats = rows * (a->dim_v + 2 + a->block_size + SCORE_PADDING) + 2 * a->block_size * (a->token_stride + dmax);
     int failed = 0;
@@ -334,10 +421,13 @@ int ember_paged_attention(const attention_args *a) {
             failed = 1;
         }
         #pragma omp for schedule(dynamic)
-        for (int64_t item = 0; item < num_chunks * a->num_kv_heads; item++)
-            if (work) attend(a, chunk_seq[item / a->num_kv_heads], chunk_q0[item / a->num_kv_heads], item % a->num_kv_heads, work);
+        for (int64_t i = 0; i < num_items; i++)
+            if (work) attend(a, &items[i], work);
         free(work);
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < num_items; i++)  /* a split sequence's first span merges them all */
+            if (items[i].partial != NULL && items[i].b0 == 0) merge_spans(a, items[i].seq, items[i].partial, decode_spans(a, items[i].seq));
     }
-    free(chunk_seq);
+    free(items); free(partials);
     return failed ? -2 : 0;
 }
