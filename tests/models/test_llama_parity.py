@@ -78,3 +78,20 @@ def test_greedy_generation_matches_transformers_alone_and_batched(family_model, 
     assert alone == expected[2]
     assert batched == expected
     assert llm.engine.kv.num_free_blocks == 400
+
+
+def test_decode_logits_over_a_long_context_match_transformers(family_model):
+    """Decode steps past several attention spans (a decoding sequence's keys are read in spans of
+    128 tokens, merged after): each step's logits against transformers over the same tokens."""
+    _, folder = family_model
+    reference = load_reference(folder)
+    prompt = torch.randint(0, 320, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    llm = LLM(str(folder), block_size=4, num_kv_blocks=400)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
+    completion = llm.generate([prompt], params)[0].outputs[0]
+    tokens = prompt + completion.token_ids
+    with torch.no_grad():
+        expected = torch.log_softmax(reference(torch.tensor([tokens])).logits[0, len(prompt) - 1 : -1], dim=-1)
+    assert completion.token_ids == expected.argmax(-1).tolist()
+    for step, (token, logprobs) in enumerate(zip(completion.token_ids, completion.logprobs, strict=True)):
+        assert abs(logprobs[token].logprob - expected[step, token].item()) <= LOGIT_TOLERANCE, step
