@@ -97,12 +97,12 @@ def test_fused_op_matches_plain_attention(op, cache_dtype, window, softcap, num_
 
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 @pytest.mark.parametrize("window", [None, 300])
-def test_long_decode_contexts_read_in_spans_match_plain_attention(op, cache_dtype, window):
-    """Decode rows over contexts of several spans (SPAN_TOKENS keys each, merged after), some
-    spans wholly behind the window, beside a short decode and a prefill chunk."""
+def test_short_runs_over_long_contexts_read_in_spans_match_plain_attention(op, cache_dtype, window):
+    """Decode and verification rows (short runs) over contexts of several spans (SPAN_TOKENS keys
+    each, merged after), some spans wholly behind the window, beside a short decode and a prefill chunk."""
     generator = torch.Generator().manual_seed(11)
-    num_kv_heads, num_heads, head_dim, num_blocks = 2, 6, 64, 900
-    context_lens, query_counts = [1030, 5, 700, 257], [1, 1, 9, 1]
+    num_kv_heads, num_heads, head_dim, num_blocks = 2, 6, 64, 1200
+    context_lens, query_counts = [1030, 5, 700, 257, 600, 390], [1, 1, 9, 1, 5, 8]
     batch = random_batch(generator, context_lens, query_counts, num_blocks, window)
     cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator).to(cache_dtype)
     query = torch.randn(sum(query_counts), num_heads, head_dim, generator=generator)
@@ -111,11 +111,11 @@ def test_long_decode_contexts_read_in_spans_match_plain_attention(op, cache_dtyp
     assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_decode_spans_give_the_same_bits_on_any_thread_count(op):
+def test_spans_give_the_same_bits_on_any_thread_count(op):
     generator = torch.Generator().manual_seed(12)
-    batch = random_batch(generator, [1500, 600], [1, 1], 600, None)
-    cache = torch.randn(2, 600, BLOCK_SIZE, 2, 64, generator=generator)
-    query = torch.randn(2, 4, 64, generator=generator)
+    batch = random_batch(generator, [1500, 600, 400], [1, 1, 4], 700, None)
+    cache = torch.randn(2, 700, BLOCK_SIZE, 2, 64, generator=generator)
+    query = torch.randn(6, 4, 64, generator=generator)
     threads = torch.get_num_threads()
     try:
         outputs = []

@@ -6,11 +6,12 @@
    block_tables[s][t / block_size] (ids < 0: blocks given back, behind every window), offset
    t % block_size. A work item walks its keys block by block with an online softmax (running max,
    sum, weighted values), so nothing is gathered or padded; OpenMP splits the items (plan_items).
-   A prefill or verification item is (sequence, kv head, chunk of QUERY_CHUNK queries): its grouped
-   query heads share each K/V row read. A decoding sequence has little compute per byte, so its
-   items are spans of SPAN_TOKENS keys over every kv head: each block's rows are read front to back
-   once (a kv head's own part of each row, read alone, came from memory several times slower), and
-   a long context spreads over the threads, its spans' states merged in a fixed order.
+   A prefill item is (sequence, kv head, chunk of QUERY_CHUNK queries): its grouped query heads
+   share each K/V row read. A short run of queries (a decode step, a verification) has little
+   compute per byte, so its items are spans of SPAN_TOKENS keys over every kv head: each block's
+   rows are read front to back once (a kv head's own part of each row, read alone, came from
+   memory several times slower), and a long context spreads over the threads, its spans' states
+   merged in a fixed order.
    The same code serves MLA's absorbed decode: one kv head whose key rows are the cached latent
    and rope key (dim_k wide) and whose values are the first dim_v entries of those rows.
    float32, bfloat16 or float8 e4m3 cache (`cache_format`; widened per block), float32 queries,
@@ -220,10 +221,23 @@ typedef struct {
     float *partial;  /* NULL: the item sees every key and writes the output; else (max, sum, acc) per row */
 } work_item;
 
-/* The item's rows: rows_per_head (queries x grouped heads) for each of its kv heads, head-major. */
+/* The queries of an item (at most QUERY_CHUNK). */
+static int64_t item_queries(const attention_args *a, const work_item *item) {
+    const int64_t left = a->query_counts[item->seq] - item->q0;
+    return left < QUERY_CHUNK ? left : QUERY_CHUNK;
+}
+
+/* An item's rows are its kv heads' rows, head-major; each kv head's are its queries x its grouped
+   heads. Row r's output row (token * num_heads + head) in `out`. */
+static int64_t output_row(const attention_args *a, const work_item *item, int64_t r) {
+    const int64_t group = a->num_heads / a->num_kv_heads, per_head = item_queries(a, item) * group, i = r % per_head;
+    const int64_t token = a->query_starts[item->seq] + item->q0 + i / group;
+    return token * a->num_heads + (item->h0 + r / per_head) * group + i % group;
+}
+
 static void attend(const attention_args *a, const work_item *item, float *work) {
     const int64_t group = a->num_heads / a->num_kv_heads, dk = a->dim_k, dv = a->dim_v, bs = a->block_size;
-    const int64_t count = a->query_counts[item->seq], nq = count - item->q0 < QUERY_CHUNK ? count - item->q0 : QUERY_CHUNK;
+    const int64_t count = a->query_counts[item->seq], nq = item_queries(a, item);
     const int64_t per_head = nq * group, heads = item->h1 - item->h0, rows = per_head * heads;
     const int64_t first_pos = a->context_lens[item->seq] - count + item->q0, last_pos = first_pos + nq - 1;
     const int64_t score_stride = bs + SCORE_PADDING;
@@ -236,9 +250,8 @@ static void attend(const attention_args *a, const work_item *item, float *work) 
 #endif
     const float *q[MAX_ROWS];
     for (int64_t r = 0; r < rows; r++) {
-        int64_t i = r % per_head, token = a->query_starts[item->seq] + item->q0 + i / group;
-        int64_t head = (item->h0 + r / per_head) * group + i % group;
-        q[r] = a->query + token * a->query_stride + head * dk;
+        const int64_t row = output_row(a, item, r);
+        q[r] = a->query + row / a->num_heads * a->query_stride + row % a->num_heads * dk;
         row_max[r] = -INFINITY; row_sum[r] = 0.0f;
         for (int64_t d = 0; d < dv; d++) acc[r * dv + d] = 0.0f;
     }
@@ -282,34 +295,32 @@ static void attend(const attention_args *a, const work_item *item, float *work) 
     }
     for (int64_t r = 0; r < rows; r++) {
         if (item->partial != NULL) {  /* a span of a split sequence: its state, merged later */
-            float *state = item->partial + ((item->h0 * group) + r) * (dv + 2);
+            float *state = item->partial + r * (dv + 2);
             state[0] = row_max[r]; state[1] = row_sum[r];
             for (int64_t d = 0; d < dv; d++) state[2 + d] = acc[r * dv + d];
             continue;
         }
-        int64_t i = r % per_head, token = a->query_starts[item->seq] + item->q0 + i / group;
-        int64_t head = (item->h0 + r / per_head) * group + i % group;
-        float *o = a->out + (token * a->num_heads + head) * dv;
+        float *o = a->out + output_row(a, item, r) * dv;
         float inverse = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
         for (int64_t d = 0; d < dv; d++) o[d] = acc[r * dv + d] * inverse;
     }
 }
 
-/* One decode query's output from its spans' states (max, sum, acc per head), in span order. */
-static void merge_spans(const attention_args *a, int64_t seq, const float *states, int64_t spans) {
-    const int64_t dv = a->dim_v, state_floats = a->num_heads * (dv + 2);
-    float *out = a->out + a->query_starts[seq] * a->num_heads * dv;
-    for (int64_t head = 0; head < a->num_heads; head++) {
+/* A spanned sequence's outputs from its spans' states (max, sum, acc per row; `first` is its first
+   span, the others follow in `partial`), combined in span order. */
+static void merge_spans(const attention_args *a, const work_item *first, int64_t spans) {
+    const int64_t dv = a->dim_v, rows = item_queries(a, first) * a->num_heads, span_floats = rows * (dv + 2);
+    for (int64_t r = 0; r < rows; r++) {
         float best = -INFINITY, sum = 0.0f;
         for (int64_t s = 0; s < spans; s++) {
-            float m = states[s * state_floats + head * (dv + 2)];
+            float m = first->partial[s * span_floats + r * (dv + 2)];
             best = m > best ? m : best;
         }
-        float *o = out + head * dv;
+        float *o = a->out + output_row(a, first, r) * dv;
         for (int64_t d = 0; d < dv; d++) o[d] = 0.0f;
         if (best == -INFINITY) continue;  /* no visible key */
         for (int64_t s = 0; s < spans; s++) {
-            const float *state = states + s * state_floats + head * (dv + 2);
+            const float *state = first->partial + s * span_floats + r * (dv + 2);
             if (state[0] == -INFINITY) continue;
             float weight = expf(state[0] - best);
             sum += state[1] * weight;
@@ -366,30 +377,33 @@ void ember_write_kv(const float *key, const float *value, int64_t source_stride,
 
 static int64_t span_blocks(const attention_args *a) { return SPAN_TOKENS / a->block_size > 0 ? SPAN_TOKENS / a->block_size : 1; }
 
-/* Sequence s's spans when it decodes one query (0 otherwise). */
-static int64_t decode_spans(const attention_args *a, int64_t s) {
-    if (a->query_counts[s] != 1) return 0;
+/* Sequence s's spans when its queries are read in spans (0 otherwise): a short run (a decode step,
+   a verification) whose rows over every kv head fit one item. */
+static int64_t sequence_spans(const attention_args *a, int64_t s) {
+    const int64_t count = a->query_counts[s];
+    if (count > QUERY_CHUNK || count * a->num_heads > MAX_ROWS) return 0;
     const int64_t blocks = (a->context_lens[s] + a->block_size - 1) / a->block_size;
     return (blocks + span_blocks(a) - 1) / span_blocks(a);
 }
 
-/* The step's work items into `items` (NULL: only counted); returns how many. A sequence decoding
-   one query is one item per SPAN_TOKENS of keys over all its kv heads (each K/V row read front to
-   back once; a long context spread over the threads, its spans' states in `partials`, merged
-   after); queries of a longer run (prefill, verification) go QUERY_CHUNK at a time per kv head,
-   whose grouped heads share the rows' reads. Spans depend on the context only, never on the
-   thread count, so the bits do not either. `rows` gets the largest item's query rows. */
-static int64_t plan_items(const attention_args *a, work_item *items, float *partials, int64_t *rows) {
-    const int64_t group = a->num_heads / a->num_kv_heads, state_floats = a->num_heads * (a->dim_v + 2);
-    int64_t n = 0, used = 0;
-    *rows = 0;
+/* The step's work items into `items` (NULL: only counted); returns how many. A short run of
+   queries (a decode step, a verification) is one item per SPAN_TOKENS of keys over all its kv
+   heads: each K/V row is read front to back once, and a long context spreads over the threads,
+   its spans' states in `partials` (merged after). Longer runs (prefill) go QUERY_CHUNK queries at
+   a time per kv head, whose grouped heads share the rows' reads. Spans depend on the context
+   only, never on the thread count, so the bits do not either. `rows` gets the largest item's
+   query rows, `partial_floats` the states' size. */
+static int64_t plan_items(const attention_args *a, work_item *items, float *partials, int64_t *rows, int64_t *partial_floats) {
+    const int64_t group = a->num_heads / a->num_kv_heads;
+    int64_t n = 0;
+    *rows = *partial_floats = 0;
     for (int64_t s = 0; s < a->num_seqs; s++) {
-        const int64_t count = a->query_counts[s], spans = decode_spans(a, s);
+        const int64_t count = a->query_counts[s], spans = sequence_spans(a, s), span_rows = count * a->num_heads;
         for (int64_t i = 0; i < spans; i++, n++)
             if (items) items[n] = (work_item){s, 0, 0, a->num_kv_heads, i * span_blocks(a), (i + 1) * span_blocks(a),
-                                             spans > 1 ? partials + (used + i) * state_floats : NULL};
-        if (spans > 1) used += spans;
-        if (spans > 0) { *rows = a->num_heads > *rows ? a->num_heads : *rows; continue; }
+                                             spans > 1 ? partials + *partial_floats + i * span_rows * (a->dim_v + 2) : NULL};
+        if (spans > 1) *partial_floats += spans * span_rows * (a->dim_v + 2);
+        if (spans > 0) { *rows = span_rows > *rows ? span_rows : *rows; continue; }
         for (int64_t q0 = 0; q0 < count; q0 += QUERY_CHUNK)
             for (int64_t h = 0; h < a->num_kv_heads; h++, n++)
                 if (items) items[n] = (work_item){s, q0, h, h + 1, 0, a->max_blocks, NULL};
@@ -401,15 +415,13 @@ static int64_t plan_items(const attention_args *a, work_item *items, float *part
 
 /* Returns 0; -1 when one work item would hold more than MAX_ROWS query rows; -2 out of memory. */
 int ember_paged_attention(const attention_args *a) {
-    int64_t rows, split_spans = 0;
-    const int64_t num_items = plan_items(a, NULL, NULL, &rows);
+    int64_t rows, partial_floats;
+    const int64_t num_items = plan_items(a, NULL, NULL, &rows, &partial_floats);
     if (rows > MAX_ROWS) return -1;
-    for (int64_t s = 0; s < a->num_seqs; s++) split_spans += decode_spans(a, s) > 1 ? decode_spans(a, s) : 0;
-    const int64_t state_floats = a->num_heads * (a->dim_v + 2);
     work_item *items = malloc(sizeof(work_item) * (num_items + 1));
-    float *partials = malloc(sizeof(float) * (split_spans * state_floats + 1));
+    float *partials = malloc(sizeof(float) * (partial_floats + 1));
     if (!items || !partials) { free(items); free(partials); return -2; }
-    plan_items(a, items, partials, &rows);
+    plan_items(a, items, partials, &rows, &partial_floats);
     const int64_t dmax = a->dim_k > a->dim_v ? a->dim_k : a->dim_v;
     const int64_t work_floats = rows * (a->dim_v + 2 + a->block_size + SCORE_PADDING) + 2 * a->block_size * (a->token_stride + dmax);
     int failed = 0;
@@ -426,7 +438,7 @@ int ember_paged_attention(const attention_args *a) {
         free(work);
         #pragma omp for schedule(static)
         for (int64_t i = 0; i < num_items; i++)  /* a split sequence's first span merges them all */
-            if (items[i].partial != NULL && items[i].b0 == 0) merge_spans(a, items[i].seq, items[i].partial, decode_spans(a, items[i].seq));
+            if (items[i].partial != NULL && items[i].b0 == 0) merge_spans(a, &items[i], sequence_spans(a, items[i].seq));
     }
     free(items); free(partials);
     return failed ? -2 : 0;
