@@ -119,16 +119,20 @@ def test_a_catch_up_is_paid_only_when_the_remaining_tokens_can_pay_it_back() -> 
     assert speculator.propose([_decoding(max_tokens=2000)])["s"].token_ids
 
 
-@pytest.mark.parametrize(("catch_up_s", "longest"), [(0.001, 256), (0.0, 64)], ids=["with-catch-up", "without"])
-def test_probes_that_fail_back_off_exponentially_up_to_the_proposers_limit(catch_up_s, longest) -> None:
-    proposer = PricedProposer(draft_s=0.004, catch_up_s=catch_up_s)
+@pytest.mark.parametrize(
+    ("draft_s", "catch_up_s", "longest"),
+    [(0.004, 0.001, 256), (0.004, 0.0, 64), (None, 0.0, 16)],
+    ids=["draft-model", "priced-drafting", "free-lookup"],
+)
+def test_probes_that_fail_back_off_as_far_as_the_proposers_drafting_costs(draft_s, catch_up_s, longest) -> None:
+    proposer = PricedProposer(draft_s=draft_s, catch_up_s=catch_up_s)
     speculator = _timed_speculator(proposer)
     seq = _decoding(max_tokens=100_000)
     for _ in range(20):
         speculator.record(seq, 4, 0)  # every draft rejected: drafting stops
     probes = [step for step in range(1, 2000) if speculator.propose([seq])]
     gaps = [later - earlier for earlier, later in zip([0, *probes], probes, strict=False)]
-    assert gaps[:4] == [16, 32, 64, min(128, longest)]
+    assert gaps[:4] == [min(gap, longest) for gap in (16, 32, 64, 128)]
     assert max(gaps) == longest and gaps[-1] == longest
 
 

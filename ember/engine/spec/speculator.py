@@ -13,10 +13,11 @@ drafting and probes with one draft token after `PROBE_INTERVAL` steps, so a chan
 bring it back. A draft model first has to catch up on the tokens it has not seen (the whole
 prompt for a new sequence, the tokens decoded while it did not draft): a sequence drafts or
 probes only when the time speculation should save over its remaining tokens covers that catch-up
-with a margin. Each probe that does not bring drafting back doubles the wait before the next, up to
-`MAX_PROBE_INTERVAL` steps for a proposer with a catch-up and `MAX_CHEAP_PROBE_INTERVAL` for one
-without: a probe is never free (a drafting, a wider verification step), and on text the proposer
-does not suit (Medusa heads at 4% acceptance) probing every 16 steps cost a few percent.
+with a margin. A proposer whose drafting has a price (a draft model, Medusa heads over the LM head)
+doubles the wait after each probe that does not bring drafting back, up to `MAX_PROBE_INTERVAL`
+steps with a catch-up and `MAX_PRICED_PROBE_INTERVAL` without (on text the proposer does not suit,
+Medusa heads at 4% acceptance, probing every 16 steps cost a few percent); a free lookup (n-gram)
+keeps probing every `PROBE_INTERVAL` steps.
 Seeded sampled requests always draft the full K: their output then depends only on their own
 tokens and seed (as long as the pool has room for the drafts), not on timings or neighbours.
 """
@@ -34,7 +35,7 @@ from ember.layers.rejection_sampler import DraftRow
 
 PROBE_INTERVAL = 16
 MAX_PROBE_INTERVAL = 256
-MAX_CHEAP_PROBE_INTERVAL = 64  # a proposer without a catch-up comes back sooner when the text changes
+MAX_PRICED_PROBE_INTERVAL = 64  # priced drafting without a catch-up comes back sooner when the text changes
 MIN_GAIN = 1.05  # expected speed-up below which a sequence does not draft
 DISCOUNT = 0.9  # weight of older verifications in a sequence's acceptance estimate
 CATCH_UP_MARGIN = 2.0  # a catch-up must be this many times cheaper than what drafting should save after it
@@ -204,9 +205,16 @@ class Speculator:
         if acceptance.steps_off < acceptance.probe_interval:
             return 0
         acceptance.steps_off = 0
-        longest = MAX_PROBE_INTERVAL if self.proposer.catch_up_cost_s(seq) > 0 else MAX_CHEAP_PROBE_INTERVAL
-        acceptance.probe_interval = min(2 * acceptance.probe_interval, longest)
+        acceptance.probe_interval = min(2 * acceptance.probe_interval, self._longest_probe_interval(seq))
         return 1 if self._catch_up_pays(seq, 1.0, cost, k_max, batch_size) else 0
+
+    def _longest_probe_interval(self, seq: Sequence) -> int:
+        """How far failed probes may push the next one: as far as a probe's drafting costs."""
+        if self.proposer.catch_up_cost_s(seq) > 0:
+            return MAX_PROBE_INTERVAL
+        if self.proposer.draft_token_cost_s() is not None:
+            return MAX_PRICED_PROBE_INTERVAL
+        return PROBE_INTERVAL
 
     def _catch_up_pays(self, seq: Sequence, acceptance_rate: float, cost: float, k: int, batch_size: int) -> bool:
         """Whether drafting K for the rest of `seq` should save more time than the proposer's catch-up costs."""
