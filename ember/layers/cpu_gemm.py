@@ -5,7 +5,9 @@ reach a fraction of this machine's memory bandwidth there, and its bfloat16 prod
 native math on CPUs without AVX512-BF16. `ember/layers/csrc/gemm.c` reads each weight once per
 block of rows from panels of 16 output channels (packed once at load, replacing the dense copy),
 widens bfloat16 to float32 in registers and accumulates in float32, on the OpenMP runtime torch
-uses. It is built on first use with -march=native (ember.native_build); where no compiler
+uses. Where the CPU has AVX512-BF16, bfloat16 weights take its dot-product instruction instead
+(vdpbf16ps: 32 weights per instruction): the activations are then rounded to bfloat16 first, as
+transformers and llama.cpp do for a bfloat16 model, and the sums stay float32. It is built on first use with -march=native (ember.native_build); where no compiler
 exists, or with EMBER_PURE_TORCH=1, `load_gemm()` returns None and torch does the work.
 """
 
@@ -49,37 +51,40 @@ class CompiledProduct:
 class PackedWeight:
     """A [out_features, in_features] weight as k-major panels of 16 output channels (plus its bias).
 
-    `panels[t, p, j]` is weight[16 t + j, p] for float32; bfloat16 panels store their columns in
-    the order `_BF16_POSITIONS` gives, so the kernel widens a lane pair with a shift and a mask.
-    Rows past `out_features` are zero; the bias (float32) is zero-padded the same way.
+    `panels[t, p, j]` is weight[16 t + j, p] for float32. bfloat16 panels come in the layout the
+    kernel of this CPU reads (`bf16_pairs`): with AVX512-BF16, `panels[t, q, j, r]` is
+    weight[16 t + j, 2 q + r] (adjacent k paired, in_features padded to even with zeros); else
+    `panels[t, p, :]` stores its columns in the order `_BF16_POSITIONS` gives, so the kernel widens
+    a lane pair with a shift and a mask. Rows past `out_features` are zero; the bias (float32) is
+    zero-padded the same way.
     """
 
-    panels: torch.Tensor  # [num_panels, in_features, 16]
+    panels: torch.Tensor  # [num_panels, in_features, 16], or [num_panels, ceil(in_features / 2), 16, 2]
     out_features: int
+    in_features: int
     bias: torch.Tensor | None  # [num_panels * 16] float32
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
         out_features, in_features = weight.shape
         num_panels = -(-out_features // PANEL_WIDTH)
-        padded = weight.new_zeros(num_panels * PANEL_WIDTH, in_features)
-        padded[:out_features] = weight
-        panels = padded.view(num_panels, PANEL_WIDTH, in_features).transpose(1, 2)
-        if weight.dtype == torch.bfloat16:
+        pairs = weight.dtype == torch.bfloat16 and bfloat16_pairs()
+        padded = weight.new_zeros(num_panels * PANEL_WIDTH, in_features + (in_features % 2 if pairs else 0))
+        padded[:out_features, :in_features] = weight
+        panels = padded.view(num_panels, PANEL_WIDTH, padded.shape[1]).transpose(1, 2)
+        if pairs:
+            panels = panels.reshape(num_panels, padded.shape[1] // 2, 2, PANEL_WIDTH).transpose(2, 3)
+        elif weight.dtype == torch.bfloat16:
             panels = panels[:, :, torch.argsort(_BF16_POSITIONS)]
         packed_bias = None
         if bias is not None:
             packed_bias = torch.zeros(num_panels * PANEL_WIDTH, dtype=torch.float32)
             packed_bias[:out_features] = bias.float()
-        return cls(panels.contiguous(), out_features, packed_bias)
+        return cls(panels.contiguous(), out_features, in_features, packed_bias)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.panels.dtype
-
-    @property
-    def in_features(self) -> int:
-        return self.panels.shape[1]
 
     @property
     def dense_shape(self) -> tuple[int, int]:
@@ -88,6 +93,9 @@ class PackedWeight:
     def rows(self, indices: torch.Tensor) -> torch.Tensor:
         """weight[indices] ([*indices.shape, in_features]), read from the panels (a tied embedding's lookup)."""
         columns = indices % PANEL_WIDTH
+        if self.panels.dim() == 4:  # adjacent k paired
+            paired = self.panels[indices // PANEL_WIDTH, :, columns]  # [*indices.shape, in_features / 2, 2]
+            return paired.flatten(-2)[..., : self.in_features]
         if self.dtype == torch.bfloat16:
             columns = _BF16_POSITIONS[columns]
         return self.panels[indices // PANEL_WIDTH, :, columns]
@@ -116,6 +124,8 @@ class Gemm:
         for function in self._functions.values():
             function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
             function.restype = None
+        library.ember_gemm_bf16_pairs.restype = ctypes.c_int
+        self.bfloat16_pairs = bool(library.ember_gemm_bf16_pairs())
 
     def address_for(self, dtype: torch.dtype) -> int:
         """The C function for panels of `dtype` (a `gemm_fn`: x, panels, bias, y, m, n, k)."""
@@ -135,6 +145,12 @@ class Gemm:
             weight.in_features,
         )
         return out
+
+
+def bfloat16_pairs() -> bool:
+    """Whether this CPU's kernel reads bfloat16 panels as adjacent-k pairs (AVX512-BF16), rounding activations."""
+    gemm = load_gemm()
+    return gemm is not None and gemm.bfloat16_pairs
 
 
 @functools.cache

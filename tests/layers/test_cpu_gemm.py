@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -32,13 +34,34 @@ def test_float32_gemm_matches_torch_linear(gemm, rows, cols, m, with_bias):
 
 
 @pytest.mark.parametrize("m", [1, 4, 17])
-def test_bfloat16_weights_are_widened_exactly_and_summed_in_float32(gemm, m):
+@pytest.mark.parametrize("cols", [576, 63])
+def test_bfloat16_weights_are_widened_exactly_and_summed_in_float32(gemm, m, cols):
+    """Products of bfloat16 weights are exact in float32; with AVX512-BF16 the activations are rounded to bfloat16 first."""
     generator = torch.Generator().manual_seed(m)
-    weight = torch.randn(300, 576, generator=generator).bfloat16()
-    x = torch.randn(m, 576, generator=generator)
+    weight = torch.randn(300, cols, generator=generator).bfloat16()
+    x = torch.randn(m, cols, generator=generator)
     ours = gemm(x, cpu_gemm.PackedWeight.from_dense(weight))
     assert ours.dtype == torch.float32
-    assert torch.allclose(ours, F.linear(x, weight.float()), rtol=1e-4, atol=1e-3)
+    activations = x.bfloat16().float() if gemm.bfloat16_pairs else x
+    assert torch.allclose(ours, F.linear(activations, weight.float()), rtol=1e-4, atol=1e-3)
+    if gemm.bfloat16_pairs:  # the rounding is really there: the unrounded product is farther off
+        assert not torch.allclose(ours, F.linear(x, weight.float()), rtol=1e-4, atol=1e-3)
+
+
+def test_the_avx2_build_gives_the_native_builds_float32_bits(gemm):
+    """On an AVX-512 CPU the native build walks 512-bit panel rows; each output's sum order is the same as with AVX2."""
+    from ember.native_build import CPU_KERNEL_FLAGS, load_cpu_kernels
+
+    avx2 = load_cpu_kernels("ember_gemm_avx2", cpu_gemm.SOURCE_PATH, (*CPU_KERNEL_FLAGS, "-mno-avx512f"))
+    assert avx2 is not None
+    generator = torch.Generator().manual_seed(3)
+    packed = cpu_gemm.PackedWeight.from_dense(torch.randn(203, 300, generator=generator), torch.randn(203, generator=generator))
+    for m in (1, 5, 23):
+        x = torch.randn(m, 300, generator=generator)
+        y = torch.empty(m, 203)
+        avx2.ember_gemm_f32(*(ctypes.c_void_p(t.data_ptr()) for t in (x, packed.panels, packed.bias, y)),
+                            *(ctypes.c_int64(v) for v in (m, 203, 300)))
+        assert torch.equal(y, gemm(x, packed)), m
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

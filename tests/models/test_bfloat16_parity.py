@@ -1,7 +1,8 @@
 """bfloat16 per family: ember's logits against transformers in bfloat16 and float32 (the references).
 
 transformers computes a bfloat16 model in bfloat16 throughout; ember's CPU path reads bfloat16
-weights (and a bfloat16 KV cache) but sums in float32, so its error against the float32 reference
+weights (and a bfloat16 KV cache) but sums in float32 (on AVX512-BF16 CPUs its products round
+their activations to bfloat16, as transformers does), so its error against the float32 reference
 is held to at most twice transformers' own bfloat16 error (plus BF16_SLACK), and its top-1 token
 must agree with the float32 reference at least as often as transformers' bfloat16 does, less
 AGREEMENT_SLACK. The agreement rates are printed (pytest -s) for the record.

@@ -5,7 +5,8 @@ greedy tokens are equal. With the default int8 activations (rounded per 32 value
 by up to about 0.12 nats on this model, so greedy can only differ where the float model's top two
 tokens nearly tie: the tolerance below is stated as that (measured on 6 prompts x 24 tokens: gaps
 of 0.003 and 0.018 nats at the two points of divergence, 0.12 nats at most on the sampled tokens
-before them). The LM head keeps float32 activations (see ggml_layers.LOGITS_MODULE).
+before them, on an AVX2 machine; 0.21 nats on an AVX-512 one, where the norms and attention sum
+16 lanes at a time, so the rounded activations land elsewhere). The LM head keeps float32 activations (see ggml_layers.LOGITS_MODULE).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ember.llm import LLM
 from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear, set_activations
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there was a little"]
-LOGPROB_TOLERANCE = 0.2  # nats: |logprob int8 - logprob float| on tokens both runs chose
+LOGPROB_TOLERANCE = 0.3  # nats: |logprob int8 - logprob float| on tokens both runs chose
 NEAR_TIE = 0.25  # nats: the float model's top-1 minus its logprob of int8's choice, where they differ
 PARAMS = SamplingParams(max_tokens=16, temperature=0.0, logprobs=5, ignore_eos=True)
 

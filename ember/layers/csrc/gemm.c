@@ -15,10 +15,17 @@
    it. k is cut in slices so a panel slice stays in L1 while the micro-kernel walks the block's
    rows; the rows of x in a block stay in L2.
    bfloat16 panels hold column j in the low and column j + 8 in the high half of 32-bit lane j,
-   so widening to float32 is one shift and one mask, in registers; sums are float32.
+   so widening to float32 is one shift and one mask, in registers; sums are float32. That walk
+   spends five instructions per 16 weights and is bound by them, not by memory; where the CPU has
+   AVX512-BF16 the panels instead pair adjacent k in each lane (lane j of pair row q: w[j][2q],
+   w[j][2q + 1]) and one vdpbf16ps multiplies 32 weights by the activations rounded to bfloat16
+   (once per call, as transformers and llama.cpp round a bfloat16 model's activations), summing
+   each lane's two exact products into float32. The same packed row walk serves both layouts.
    OpenMP (torch's runtime) splits the panels between threads.
-   Built with -march=native: AVX2+FMA where the CPU has them, plain C otherwise. */
+   Built with -march=native: AVX-512 where the CPU has it (one 512-bit register per panel row,
+   the same per-output sum order as AVX2, so the same bits), AVX2+FMA, or plain C otherwise. */
 #include <stddef.h>
+#include <stdlib.h>
 #include <omp.h>
 #include "vector_math.h"
 
@@ -37,9 +44,52 @@
 static inline float panel_f32(const float *row, int j) { return row[j]; }
 static inline float panel_bf16(const uint16_t *row, int j) { return bf16_to_f32(row[2 * (j % 8) + j / 8]); }
 
-#ifdef EMBER_AVX2
+#ifdef EMBER_AVX512
+/* A panel row of 16 sums (or weights) in one 512-bit register. A bfloat16 panel row widens in its
+   own lane order (lane 2j: column j, lane 2j + 1: column j + 8) and its sums stay in that order:
+   start_row and store_row move y in and out of it (`lane_order`), once per slice. */
+typedef __m512 row16;
+static inline __attribute__((always_inline)) row16 zero_row(void) { return _mm512_setzero_ps(); }
+static inline __attribute__((always_inline)) row16 load_panel_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline __attribute__((always_inline)) row16 load_panel_bf16(const uint16_t *p) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+static inline __attribute__((always_inline)) row16 fma_row(const float *a, row16 b, row16 c) {
+    return _mm512_fmadd_ps(_mm512_set1_ps(*a), b, c);
+}
+/* 16 outputs of one row of y: from bias (or zero) on the first slice, else what is there. */
+static inline __attribute__((always_inline)) row16 start_row(const float *y, int nr, const float *bias, int first,
+                                                             int lane_order) {
+    const float *from = first ? bias : y;
+    if (from == NULL) return zero_row();
+    __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << nr) - 1), from);
+    if (!lane_order) return v;
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15), v);
+}
+static inline __attribute__((always_inline)) void store_row(float *y, row16 c, int nr, int lane_order) {
+    if (lane_order)
+        c = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), c);
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1), c);
+}
+#ifdef __AVX512BF16__
+#define EMBER_BF16_PAIRS 1
+/* A panel row of bfloat16 pairs: lane j holds output j's weights at k = 2q (low half) and 2q + 1. */
+static inline __attribute__((always_inline)) row16 load_panel_pairs(const uint32_t *p) {
+    return _mm512_castsi512_ps(_mm512_loadu_si512(p));
+}
+/* c += both halves of the pair of inputs at `a` times each lane's pair of weights (vdpbf16ps). */
+static inline __attribute__((always_inline)) row16 dot_pairs(const uint32_t *a, row16 b, row16 c) {
+    return _mm512_dpbf16_ps(c, (__m512bh)_mm512_set1_epi32((int)*a), (__m512bh)b);
+}
+#endif
+#elif defined(EMBER_AVX2)
+/* A panel row of 16 sums (or weights) in two 256-bit registers, columns in order. */
 typedef struct { __m256 lo, hi; } row16;
-
+static inline __attribute__((always_inline)) row16 zero_row(void) {
+    row16 r = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    return r;
+}
 static inline __attribute__((always_inline)) row16 load_panel_f32(const float *p) {
     row16 r = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
     return r;
@@ -50,40 +100,51 @@ static inline __attribute__((always_inline)) row16 load_panel_bf16(const uint16_
                _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)))};
     return r;
 }
+static inline __attribute__((always_inline)) row16 fma_row(const float *a, row16 b, row16 c) {
+    __m256 broadcast = _mm256_broadcast_ss(a);
+    row16 r = {_mm256_fmadd_ps(broadcast, b.lo, c.lo), _mm256_fmadd_ps(broadcast, b.hi, c.hi)};
+    return r;
+}
 /* 16 outputs of one row of y: from bias (or zero) on the first slice, else what is there. */
-static inline __attribute__((always_inline)) row16 start_row(const float *y, int nr, const float *bias, int first) {
+static inline __attribute__((always_inline)) row16 start_row(const float *y, int nr, const float *bias, int first,
+                                                             int lane_order) {
+    (void)lane_order;  /* both halves widen to columns in order */
     float tmp[NR] = {0};
     const float *from = first ? bias : y;
-    if (from == NULL) { row16 zero = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return zero; }
+    if (from == NULL) return zero_row();
     if (nr < NR) { for (int j = 0; j < nr; j++) tmp[j] = from[j]; from = tmp; }
     return load_panel_f32(from);
 }
-static inline __attribute__((always_inline)) void store_row(float *y, row16 c, int nr) {
+static inline __attribute__((always_inline)) void store_row(float *y, row16 c, int nr, int lane_order) {
+    (void)lane_order;
     if (nr == NR) { _mm256_storeu_ps(y, c.lo); _mm256_storeu_ps(y + 8, c.hi); return; }
     float tmp[NR];
     _mm256_storeu_ps(tmp, c.lo); _mm256_storeu_ps(tmp + 8, c.hi);
     for (int j = 0; j < nr; j++) y[j] = tmp[j];
 }
-#define START(i) row16 c##i = {_mm256_setzero_ps(), _mm256_setzero_ps()}; \
-    if (mr > i) c##i = start_row(y + i * ldy, nr, bias, first);
-#define FMA_ROW(i) if (mr > i) { __m256 a = _mm256_broadcast_ss(x + i * ldx + p);            \
-    c##i.lo = _mm256_fmadd_ps(a, b.lo, c##i.lo); c##i.hi = _mm256_fmadd_ps(a, b.hi, c##i.hi); }
-#define STORE(i) if (mr > i) store_row(y + i * ldy, c##i, nr);
-/* y[0..mr, 0..nr] (+)= x[0..mr, 0..kc] . panel[0..kc]; mr is a constant after inlining. */
-#define DEFINE_KERNEL(NAME, WTYPE, LOAD, SCALAR)                                               \
-static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx,            \
+#endif
+
+#ifdef EMBER_AVX2
+#define START(i) row16 c##i = zero_row(); if (mr > i) c##i = start_row(y + i * ldy, nr, bias, first, order);
+#define FMA_ROW(i, OP) if (mr > i) c##i = OP(x + i * ldx + p, b, c##i);
+#define STORE(i) if (mr > i) store_row(y + i * ldy, c##i, nr, order);
+/* y[0..mr, 0..nr] (+)= x[0..mr, 0..kc] . panel[0..kc]; mr is a constant after inlining. ORDER: the
+   weights widen in the bfloat16 panels' lane order. */
+#define DEFINE_KERNEL(NAME, XTYPE, WTYPE, LOAD, FMA, SCALAR, ORDER)                          \
+static inline __attribute__((always_inline)) void NAME(const XTYPE *x, int64_t ldx,            \
         const WTYPE *panel, int64_t kc, const int mr, float *y, int64_t ldy, int nr,           \
         const float *bias, int first) {                                                       \
+    const int order = ORDER;                                                                  \
     START(0) START(1) START(2) START(3) START(4) START(5)                                      \
     for (int64_t p = 0; p < kc; p++) {                                                        \
         row16 b = LOAD(panel + p * NR);                                                       \
-        FMA_ROW(0) FMA_ROW(1) FMA_ROW(2) FMA_ROW(3) FMA_ROW(4) FMA_ROW(5)                     \
+        FMA_ROW(0, FMA) FMA_ROW(1, FMA) FMA_ROW(2, FMA) FMA_ROW(3, FMA) FMA_ROW(4, FMA) FMA_ROW(5, FMA) \
     }                                                                                         \
     STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)                                     \
 }
 #else
-#define DEFINE_KERNEL(NAME, WTYPE, LOAD, SCALAR)                                               \
-static inline void NAME(const float *x, int64_t ldx, const WTYPE *panel, int64_t kc,           \
+#define DEFINE_KERNEL(NAME, XTYPE, WTYPE, LOAD, FMA, SCALAR, ORDER)                          \
+static inline void NAME(const XTYPE *x, int64_t ldx, const WTYPE *panel, int64_t kc,           \
         const int mr, float *y, int64_t ldy, int nr, const float *bias, int first) {           \
     for (int i = 0; i < mr; i++)                                                              \
         for (int j = 0; j < nr; j++) {                                                        \
@@ -94,36 +155,38 @@ static inline void NAME(const float *x, int64_t ldx, const WTYPE *panel, int64_t
 }
 #endif
 
-DEFINE_KERNEL(kernel_f32, float, load_panel_f32, panel_f32)
-DEFINE_KERNEL(kernel_bf16, uint16_t, load_panel_bf16, panel_bf16)
+DEFINE_KERNEL(kernel_f32, float, float, load_panel_f32, fma_row, panel_f32, 0)
+DEFINE_KERNEL(kernel_bf16, float, uint16_t, load_panel_bf16, fma_row, panel_bf16, 1)
+#ifdef EMBER_BF16_PAIRS
+DEFINE_KERNEL(kernel_pairs, uint32_t, uint32_t, load_panel_pairs, dot_pairs, panel_f32, 0)
+#endif
 
 #ifdef EMBER_AVX2
 /* y[0..rows, 0..16 g] (+)= x[0..rows, 0..kc] . panels g = 0..groups (full panels, panel_stride
    elements apart); rows and groups are constants after inlining, the sums live in registers. */
-#define DEFINE_WIDE_KERNEL(NAME, WTYPE, LOAD, PREFETCH)                                        \
-static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx,            \
+#define DEFINE_WIDE_KERNEL(NAME, XTYPE, WTYPE, LOAD, FMA, PREFETCH, ORDER)                   \
+static inline __attribute__((always_inline)) void NAME(const XTYPE *x, int64_t ldx,            \
         const WTYPE *panel, int64_t panel_stride, int64_t kc, const int rows, const int groups, \
         float *y, int64_t ldy, const float *bias, int first) {                                \
     row16 c[3][6];                                                                            \
     for (int i = 0; i < rows; i++)                                                            \
         for (int g = 0; g < groups; g++)                                                      \
-            c[i][g] = start_row(y + i * ldy + g * NR, NR, bias ? bias + g * NR : NULL, first); \
+            c[i][g] = start_row(y + i * ldy + g * NR, NR, bias ? bias + g * NR : NULL, first, ORDER); \
     for (int64_t p = 0; p < kc; p++)                                                          \
         for (int g = 0; g < groups; g++) {                                                    \
             row16 b = LOAD(panel + g * panel_stride + p * NR);                                \
             if (PREFETCH && p * NR * sizeof(WTYPE) % 64 == 0) /* once per cache line */         \
                 _mm_prefetch((const char *)(panel + g * panel_stride + p * NR) + PREFETCH, _MM_HINT_T0); \
-            for (int i = 0; i < rows; i++) {                                                  \
-                __m256 a = _mm256_broadcast_ss(x + i * ldx + p);                              \
-                c[i][g].lo = _mm256_fmadd_ps(a, b.lo, c[i][g].lo);                            \
-                c[i][g].hi = _mm256_fmadd_ps(a, b.hi, c[i][g].hi);                            \
-            }                                                                                 \
+            for (int i = 0; i < rows; i++) c[i][g] = FMA(x + i * ldx + p, b, c[i][g]);        \
         }                                                                                     \
     for (int i = 0; i < rows; i++)                                                            \
-        for (int g = 0; g < groups; g++) store_row(y + i * ldy + g * NR, c[i][g], NR);         \
+        for (int g = 0; g < groups; g++) store_row(y + i * ldy + g * NR, c[i][g], NR, ORDER);  \
 }
-DEFINE_WIDE_KERNEL(wide_f32, float, load_panel_f32, 0)
-DEFINE_WIDE_KERNEL(wide_bf16, uint16_t, load_panel_bf16, BF16_PREFETCH_BYTES)
+DEFINE_WIDE_KERNEL(wide_f32, float, float, load_panel_f32, fma_row, 0, 0)
+DEFINE_WIDE_KERNEL(wide_bf16, float, uint16_t, load_panel_bf16, fma_row, BF16_PREFETCH_BYTES, 1)
+#ifdef EMBER_BF16_PAIRS
+DEFINE_WIDE_KERNEL(wide_pairs, uint32_t, uint32_t, load_panel_pairs, dot_pairs, 0, 0)
+#endif
 /* Panels a work item of an m-row product may walk together: 6 for one row, 3 up to FEW_ROWS. */
 #define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 3 : 1)
 /* Rows per wide-kernel pass over a group's k slice: at most 12 sums in registers. */
@@ -143,23 +206,24 @@ static int64_t panel_group(int64_t m, int64_t num_panels, int64_t threads) {
     return best;
 }
 
-/* Panel t, k slice [p0, p0 + kc), rows [m0, m1) of y: the MR-row micro-kernel over the rows. */
-#define DEFINE_PANEL_SLICE(NAME, WTYPE, KERNEL)                                                 \
-static inline void NAME(const float *x, const WTYPE *packed, const float *bias, float *y,      \
-        int64_t n, int64_t k, int64_t t, int64_t p0, int64_t kc, int64_t m0, int64_t m1) {      \
+/* Panel t, k slice [p0, p0 + kc), rows [m0, m1) of y: the MR-row micro-kernel over the rows. k counts
+   panel rows; x's rows are ldx elements apart. */
+#define DEFINE_PANEL_SLICE(NAME, XTYPE, WTYPE, KERNEL)                                          \
+static inline void NAME(const XTYPE *x, int64_t ldx, const WTYPE *packed, const float *bias,   \
+        float *y, int64_t n, int64_t k, int64_t t, int64_t p0, int64_t kc, int64_t m0, int64_t m1) { \
     int nr = n - t * NR < NR ? (int)(n - t * NR) : NR;                                        \
     const float *b = bias ? bias + t * NR : NULL;                                             \
     const WTYPE *panel = packed + (t * k + p0) * NR;                                          \
     for (int64_t i0 = m0; i0 < m1; i0 += MR) {                                                \
-        const float *xi = x + i0 * k + p0;                                                    \
+        const XTYPE *xi = x + i0 * ldx + p0;                                                  \
         float *yi = y + i0 * n + t * NR;                                                      \
         switch (m1 - i0 < MR ? (int)(m1 - i0) : MR) {                                         \
-        case 6: KERNEL(xi, k, panel, kc, 6, yi, n, nr, b, p0 == 0); break;                    \
-        case 5: KERNEL(xi, k, panel, kc, 5, yi, n, nr, b, p0 == 0); break;                    \
-        case 4: KERNEL(xi, k, panel, kc, 4, yi, n, nr, b, p0 == 0); break;                    \
-        case 3: KERNEL(xi, k, panel, kc, 3, yi, n, nr, b, p0 == 0); break;                    \
-        case 2: KERNEL(xi, k, panel, kc, 2, yi, n, nr, b, p0 == 0); break;                    \
-        default: KERNEL(xi, k, panel, kc, 1, yi, n, nr, b, p0 == 0); break;                   \
+        case 6: KERNEL(xi, ldx, panel, kc, 6, yi, n, nr, b, p0 == 0); break;                  \
+        case 5: KERNEL(xi, ldx, panel, kc, 5, yi, n, nr, b, p0 == 0); break;                  \
+        case 4: KERNEL(xi, ldx, panel, kc, 4, yi, n, nr, b, p0 == 0); break;                  \
+        case 3: KERNEL(xi, ldx, panel, kc, 3, yi, n, nr, b, p0 == 0); break;                  \
+        case 2: KERNEL(xi, ldx, panel, kc, 2, yi, n, nr, b, p0 == 0); break;                  \
+        default: KERNEL(xi, ldx, panel, kc, 1, yi, n, nr, b, p0 == 0); break;                 \
         }                                                                                     \
     }                                                                                         \
 }
@@ -167,45 +231,49 @@ static inline void NAME(const float *x, const WTYPE *packed, const float *bias, 
 #ifdef EMBER_AVX2
 /* Panels [t, t + group) (all full) over k slice [p0, p0 + kc) for rows [m0, m1) of y, CHUNK(group)
    rows per wide-kernel call; 0 (nothing done) for a shape without a wide kernel. */
-#define DEFINE_GROUP_SLICE(NAME, WTYPE, WIDE)                                                   \
-static inline int NAME(const float *x, const WTYPE *packed, const float *bias, float *y,       \
+#define DEFINE_GROUP_SLICE(NAME, XTYPE, WTYPE, WIDE)                                            \
+static inline int NAME(const XTYPE *x, int64_t ldx, const WTYPE *packed, const float *bias, float *y, \
         int64_t m0, int64_t m1, int64_t n, int64_t k, int64_t t, int64_t group, int64_t p0, int64_t kc) { \
     const WTYPE *panel = packed + (t * k + p0) * NR;                                          \
     const float *b = bias ? bias + t * NR : NULL;                                             \
     int first = p0 == 0, chunk = CHUNK(group);                                                \
     if (group < 2 || group > 6) return 0;                                                     \
     for (int64_t i0 = m0; i0 < m1; i0 += chunk) {                                             \
-        const float *xi = x + i0 * k + p0;                                                    \
+        const XTYPE *xi = x + i0 * ldx + p0;                                                  \
         float *yi = y + i0 * n + t * NR;                                                      \
         int rows = m1 - i0 < chunk ? (int)(m1 - i0) : chunk;                                  \
         switch (rows * 8 + group) {                                                           \
-        case 8 + 6: WIDE(xi, k, panel, k * NR, kc, 1, 6, yi, n, b, first); break;             \
-        case 8 + 5: WIDE(xi, k, panel, k * NR, kc, 1, 5, yi, n, b, first); break;             \
-        case 8 + 4: WIDE(xi, k, panel, k * NR, kc, 1, 4, yi, n, b, first); break;             \
-        case 8 + 3: WIDE(xi, k, panel, k * NR, kc, 1, 3, yi, n, b, first); break;             \
-        case 8 + 2: WIDE(xi, k, panel, k * NR, kc, 1, 2, yi, n, b, first); break;             \
-        case 16 + 3: WIDE(xi, k, panel, k * NR, kc, 2, 3, yi, n, b, first); break;            \
-        case 16 + 2: WIDE(xi, k, panel, k * NR, kc, 2, 2, yi, n, b, first); break;            \
-        default: WIDE(xi, k, panel, k * NR, kc, 3, 2, yi, n, b, first); break; /* 3 rows, 2 panels */ \
+        case 8 + 6: WIDE(xi, ldx, panel, k * NR, kc, 1, 6, yi, n, b, first); break;           \
+        case 8 + 5: WIDE(xi, ldx, panel, k * NR, kc, 1, 5, yi, n, b, first); break;           \
+        case 8 + 4: WIDE(xi, ldx, panel, k * NR, kc, 1, 4, yi, n, b, first); break;           \
+        case 8 + 3: WIDE(xi, ldx, panel, k * NR, kc, 1, 3, yi, n, b, first); break;           \
+        case 8 + 2: WIDE(xi, ldx, panel, k * NR, kc, 1, 2, yi, n, b, first); break;           \
+        case 16 + 3: WIDE(xi, ldx, panel, k * NR, kc, 2, 3, yi, n, b, first); break;          \
+        case 16 + 2: WIDE(xi, ldx, panel, k * NR, kc, 2, 2, yi, n, b, first); break;          \
+        default: WIDE(xi, ldx, panel, k * NR, kc, 3, 2, yi, n, b, first); break; /* 3 rows, 2 panels */ \
         }                                                                                     \
     }                                                                                         \
     return 1;                                                                                 \
 }
-DEFINE_GROUP_SLICE(group_slice_f32, float, wide_f32)
-DEFINE_GROUP_SLICE(group_slice_bf16, uint16_t, wide_bf16)
+DEFINE_GROUP_SLICE(group_slice_f32, float, float, wide_f32)
+DEFINE_GROUP_SLICE(group_slice_bf16, float, uint16_t, wide_bf16)
+#ifdef EMBER_BF16_PAIRS
+DEFINE_GROUP_SLICE(group_slice_pairs, uint32_t, uint32_t, wide_pairs)
+#endif
 #define GROUP_SLICE(SUFFIX, ...) group_slice_##SUFFIX(__VA_ARGS__)
 #else
 #define GROUP_SLICE(SUFFIX, ...) 0
 #endif
 
-#define DEFINE_GEMM(NAME, WTYPE, SUFFIX)                                                        \
-DEFINE_PANEL_SLICE(panel_slice_##SUFFIX, WTYPE, kernel_##SUFFIX)                               \
-void NAME(const float *x, const WTYPE *packed, const float *bias, float *y,                   \
-          int64_t m, int64_t n, int64_t k) {                                                  \
+/* y = x . w^T (+ bias) over packed panels of k rows each; x's rows are ldx elements apart. */
+#define DEFINE_GEMM(NAME, XTYPE, WTYPE, SUFFIX)                                                 \
+DEFINE_PANEL_SLICE(panel_slice_##SUFFIX, XTYPE, WTYPE, kernel_##SUFFIX)                        \
+static void NAME(const XTYPE *x, int64_t ldx, const WTYPE *packed, const float *bias, float *y, \
+                 int64_t m, int64_t n, int64_t k) {                                           \
     int64_t num_panels = (n + NR - 1) / NR;                                                   \
     int64_t slice_bytes = m > 2 && m <= FEW_ROWS ? FEW_SLICE_BYTES : PANEL_SLICE_BYTES;       \
     int64_t slice = slice_bytes / (NR * (int64_t)sizeof(WTYPE));                              \
-    int64_t block_rows = X_BLOCK_BYTES / (k * (int64_t)sizeof(float));                         \
+    int64_t block_rows = X_BLOCK_BYTES / (ldx * (int64_t)sizeof(XTYPE));                      \
     block_rows = block_rows < MR ? MR : block_rows - block_rows % MR;                         \
     int64_t group = panel_group(m, num_panels, omp_get_max_threads());                       \
     int64_t num_items = (num_panels + group - 1) / group;                                     \
@@ -218,14 +286,64 @@ void NAME(const float *x, const WTYPE *packed, const float *bias, float *y,     
             int whole = t1 - t0 == group && t1 * NR <= n;  /* a group of full panels */        \
             for (int64_t p0 = 0; p0 < k; p0 += slice) {                                       \
                 int64_t kc = k - p0 < slice ? k - p0 : slice;                                 \
-                if (whole && GROUP_SLICE(SUFFIX, x, packed, bias, y, m0, m1, n, k, t0, group, p0, kc)) \
+                if (whole && GROUP_SLICE(SUFFIX, x, ldx, packed, bias, y, m0, m1, n, k, t0, group, p0, kc)) \
                     continue;                                                                 \
                 for (int64_t t = t0; t < t1; t++)                                             \
-                    panel_slice_##SUFFIX(x, packed, bias, y, n, k, t, p0, kc, m0, m1);        \
+                    panel_slice_##SUFFIX(x, ldx, packed, bias, y, n, k, t, p0, kc, m0, m1);   \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
 }
 
-DEFINE_GEMM(ember_gemm_f32, float, f32)
-DEFINE_GEMM(ember_gemm_bf16, uint16_t, bf16)
+DEFINE_GEMM(gemm_f32, float, float, f32)
+
+void ember_gemm_f32(const float *x, const float *packed, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+    gemm_f32(x, k, packed, bias, y, m, n, k);
+}
+
+#ifndef EMBER_BF16_PAIRS
+DEFINE_GEMM(gemm_bf16, float, uint16_t, bf16)
+#else
+DEFINE_GEMM(gemm_pairs, uint32_t, uint32_t, pairs)
+
+/* x [m, k] rounded to bfloat16 (nearest even), two columns per 32-bit word, rows `ldx` words apart
+   (k padded with zeros to a multiple of 32 columns). */
+static void round_to_pairs(const float *x, uint32_t *pairs, int64_t m, int64_t k, int64_t ldx) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t p = 0; p < 2 * ldx; p += 16) {
+            __mmask16 valid = p + 16 <= k ? 0xFFFF : p < k ? (__mmask16)((1u << (k - p)) - 1) : 0;
+            __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(valid, x + i * k + p));
+            _mm256_storeu_si256((__m256i *)(pairs + i * ldx + p / 2), (__m256i)rounded);
+        }
+}
+#endif
+
+/* Where the CPU has AVX512-BF16, bfloat16 panels pair adjacent k (see the header) and the
+   activations are rounded to bfloat16 for vdpbf16ps; else the panels pair columns j and j + 8. */
+int ember_gemm_bf16_pairs(void) {
+#ifdef EMBER_BF16_PAIRS
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+void ember_gemm_bf16(const float *x, const uint16_t *packed, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+#ifdef EMBER_BF16_PAIRS
+    int64_t ldx = (k + 31) / 32 * 16, k_pairs = (k + 1) / 2;
+    uint32_t *pairs = malloc((size_t)(m * ldx) * sizeof(uint32_t));
+    if (pairs == NULL) {  /* no room for every row's pairs: one row at a time (the same bits) */
+        for (int64_t i = 0; i < m; i++) {
+            uint32_t row[ldx];
+            round_to_pairs(x + i * k, row, 1, k, ldx);
+            gemm_pairs(row, ldx, (const uint32_t *)packed, bias, y + i * n, 1, n, k_pairs);
+        }
+        return;
+    }
+    round_to_pairs(x, pairs, m, k, ldx);
+    gemm_pairs(pairs, ldx, (const uint32_t *)packed, bias, y, m, n, k_pairs);
+    free(pairs);
+#else
+    gemm_bf16(x, k, packed, bias, y, m, n, k);
+#endif
+}

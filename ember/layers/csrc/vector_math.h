@@ -1,10 +1,14 @@
 /* Small helpers the layer kernels share (included by elementwise.c, gemm.c, paged_attention.c;
    native_build.load_cpu_kernels splices local includes into the source it compiles, so the
-   build cache key covers this file too). EMBER_AVX2 is set where the CPU has AVX2 and FMA. */
+   build cache key covers this file too). EMBER_AVX2 is set where the CPU has AVX2 and FMA,
+   EMBER_AVX512 where it also has AVX-512 (foundation: 512-bit FMA, masked loads, lane permutes). */
 #include <stdint.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define EMBER_AVX2 1
+#if defined(__AVX512F__)
+#define EMBER_AVX512 1
+#endif
 #endif
 
 static inline float bf16_to_f32(uint16_t value) {
