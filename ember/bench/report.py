@@ -303,8 +303,17 @@ def _updates(lines: list[str], results: dict) -> None:
         load_text = f", load average {load['mean']} (max {load['max']})" if load else ""
         sections = ", ".join(f"`{name}`" for name in update["sections"])
         lines.append(f"- {sections}: {update['started_at']} – {update['finished_at']} on {describe_tree(update['commit'])}"
-                     f"{load_text}, by `{update['command']}`")
+                     f"{load_text}{_other_cpu(update, results)}, by `{update['command']}`")
     lines.append("")
+
+
+def _other_cpu(update: dict, results: dict) -> str:
+    """A warning when an update ran on a CPU other than the one in the Machine table (its numbers are not comparable)."""
+    cpu, base = update.get("cpu") or {}, results.get("machine", {})
+    if not cpu or (cpu.get("cpu_model"), cpu.get("cpu_flags")) == (base.get("cpu_model"), base.get("cpu_flags")):
+        return ""
+    return (f", **on another CPU than the Machine table's** ({cpu.get('cpu_model')}; "
+            f"SIMD flags {', '.join(cpu.get('cpu_flags', []))}: compare its figures with each other, not with other sections)")
 
 
 def describe_tree(commit: str) -> str:

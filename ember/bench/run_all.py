@@ -131,6 +131,7 @@ def merge_update(base: dict, update: dict, only: tuple[str, ...]) -> dict:
     record = {field: update[field] for field in ("command", "commit", "started_at", "finished_at")}
     record["sections"] = list(only)
     record["load_average_during"] = update["machine"].get("load_average_during")
+    record["cpu"] = {field: update["machine"][field] for field in ("cpu_model", "cpu_flags") if field in update["machine"]}
     merged["updates"] = [*base.get("updates", []), record]
     return merged
 

@@ -48,3 +48,14 @@ def test_the_report_names_the_command_behind_re_measured_sections(base):
     assert "- `soak`, `spec`: 2026-12-01 13:00 UTC – 2026-12-01 13:30 UTC on commit `abc1234` (clean tree), load average 2.5" in header
     assert "`ember bench all --only soak,spec --update-results OLD.json`" in header
     assert "10000 mixed requests" in text
+
+
+def test_an_update_on_another_cpu_says_so(base):
+    update = _update(base)
+    update["machine"] |= {"cpu_model": "Other CPU", "cpu_flags": ["avx2", "avx512_bf16"]}
+    text = report.render_markdown(merge_update(base, update, ("soak", "spec")))
+    line = next(line for line in text.splitlines() if line.startswith("- `soak`, `spec`"))
+    assert "**on another CPU than the Machine table's** (Other CPU; SIMD flags avx2, avx512_bf16" in line
+    update["machine"] |= {"cpu_model": base["machine"]["cpu_model"], "cpu_flags": base["machine"]["cpu_flags"]}
+    same = report.render_markdown(merge_update(base, update, ("soak", "spec")))
+    assert "another CPU" not in same
