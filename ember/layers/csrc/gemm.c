@@ -162,13 +162,32 @@ DEFINE_KERNEL(kernel_pairs, uint32_t, uint32_t, load_panel_pairs, dot_pairs, pan
 #endif
 
 #ifdef EMBER_AVX2
+/* Panels a work item of an m-row product may walk together (MAX_GROUP: 6 for one row, 3 or 4 up to
+   FEW_ROWS) and rows per wide-kernel pass over a group's k slice (CHUNK, at most MAX_CHUNK). */
+#ifdef EMBER_AVX512
+/* 32 registers: up to 24 sums (4 panels x 6 rows, 6 x 4) beside the panels' weights, so a verification
+   of up to 6 rows takes one pass (measured 1.1-1.3x over AVX2's 3 x 2 for 5-16 rows, same bits). */
+#define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 4 : 1)
+#define MAX_CHUNK 6
+#define CHUNK(group) ((group) >= 5 ? 4 : 6)
+#else
+#define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 3 : 1)
+#define MAX_CHUNK 3
+/* 16 registers: at most 12 sums. */
+#define CHUNK(group) ((group) >= 4 ? 1 : (group) == 3 ? 2 : 3)
+#endif
+#else
+#define MAX_GROUP(rows) 1
+#endif
+
+#ifdef EMBER_AVX2
 /* y[0..rows, 0..16 g] (+)= x[0..rows, 0..kc] . panels g = 0..groups (full panels, panel_stride
    elements apart); rows and groups are constants after inlining, the sums live in registers. */
 #define DEFINE_WIDE_KERNEL(NAME, XTYPE, WTYPE, LOAD, FMA, PREFETCH, ORDER)                   \
 static inline __attribute__((always_inline)) void NAME(const XTYPE *x, int64_t ldx,            \
         const WTYPE *panel, int64_t panel_stride, int64_t kc, const int rows, const int groups, \
         float *y, int64_t ldy, const float *bias, int first) {                                \
-    row16 c[3][6];                                                                            \
+    row16 c[MAX_CHUNK][6];                                                                    \
     for (int i = 0; i < rows; i++)                                                            \
         for (int g = 0; g < groups; g++)                                                      \
             c[i][g] = start_row(y + i * ldy + g * NR, NR, bias ? bias + g * NR : NULL, first, ORDER); \
@@ -187,12 +206,6 @@ DEFINE_WIDE_KERNEL(wide_bf16, float, uint16_t, load_panel_bf16, fma_row, BF16_PR
 #ifdef EMBER_BF16_PAIRS
 DEFINE_WIDE_KERNEL(wide_pairs, uint32_t, uint32_t, load_panel_pairs, dot_pairs, 0, 0)
 #endif
-/* Panels a work item of an m-row product may walk together: 6 for one row, 3 up to FEW_ROWS. */
-#define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 3 : 1)
-/* Rows per wide-kernel pass over a group's k slice: at most 12 sums in registers. */
-#define CHUNK(group) ((group) >= 4 ? 1 : (group) == 3 ? 2 : 3)
-#else
-#define MAX_GROUP(rows) 1
 #endif
 
 /* Panels per work item for an m-row product over num_panels panels and `threads` threads: the
@@ -229,6 +242,16 @@ static inline void NAME(const XTYPE *x, int64_t ldx, const WTYPE *packed, const 
 }
 
 #ifdef EMBER_AVX2
+#define WIDE_CASE(WIDE, R, G) case (R) * 8 + (G): WIDE(xi, ldx, panel, k * NR, kc, R, G, yi, n, b, first); break;
+/* R rows over groups of 2 to 6 panels, for R up to MAX_CHUNK (the pairs CHUNK and MAX_GROUP allow are the ones reached). */
+#define WIDE_CASES(WIDE, R) WIDE_CASE(WIDE, R, 2) WIDE_CASE(WIDE, R, 3) WIDE_CASE(WIDE, R, 4) \
+    WIDE_CASE(WIDE, R, 5) WIDE_CASE(WIDE, R, 6)
+#if MAX_CHUNK == 6
+#define WIDE_CASES_UP_TO_MAX_CHUNK(WIDE) WIDE_CASES(WIDE, 1) WIDE_CASES(WIDE, 2) WIDE_CASES(WIDE, 3) \
+    WIDE_CASES(WIDE, 4) WIDE_CASES(WIDE, 5) WIDE_CASES(WIDE, 6)
+#else
+#define WIDE_CASES_UP_TO_MAX_CHUNK(WIDE) WIDE_CASES(WIDE, 1) WIDE_CASES(WIDE, 2) WIDE_CASES(WIDE, 3)
+#endif
 /* Panels [t, t + group) (all full) over k slice [p0, p0 + kc) for rows [m0, m1) of y, CHUNK(group)
    rows per wide-kernel call; 0 (nothing done) for a shape without a wide kernel. */
 #define DEFINE_GROUP_SLICE(NAME, XTYPE, WTYPE, WIDE)                                            \
@@ -243,14 +266,7 @@ static inline int NAME(const XTYPE *x, int64_t ldx, const WTYPE *packed, const f
         float *yi = y + i0 * n + t * NR;                                                      \
         int rows = m1 - i0 < chunk ? (int)(m1 - i0) : chunk;                                  \
         switch (rows * 8 + group) {                                                           \
-        case 8 + 6: WIDE(xi, ldx, panel, k * NR, kc, 1, 6, yi, n, b, first); break;           \
-        case 8 + 5: WIDE(xi, ldx, panel, k * NR, kc, 1, 5, yi, n, b, first); break;           \
-        case 8 + 4: WIDE(xi, ldx, panel, k * NR, kc, 1, 4, yi, n, b, first); break;           \
-        case 8 + 3: WIDE(xi, ldx, panel, k * NR, kc, 1, 3, yi, n, b, first); break;           \
-        case 8 + 2: WIDE(xi, ldx, panel, k * NR, kc, 1, 2, yi, n, b, first); break;           \
-        case 16 + 3: WIDE(xi, ldx, panel, k * NR, kc, 2, 3, yi, n, b, first); break;          \
-        case 16 + 2: WIDE(xi, ldx, panel, k * NR, kc, 2, 2, yi, n, b, first); break;          \
-        default: WIDE(xi, ldx, panel, k * NR, kc, 3, 2, yi, n, b, first); break; /* 3 rows, 2 panels */ \
+        WIDE_CASES_UP_TO_MAX_CHUNK(WIDE)                                                      \
         }                                                                                     \
     }                                                                                         \
     return 1;                                                                                 \
