@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from http import HTTPStatus
 from importlib import metadata
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -66,6 +67,10 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # The first streamed response would otherwise import anyio's asyncio backend (measured 0.28 s
+        # of the first client's time to first token); a task group loads it now, before any request.
+        async with anyio.create_task_group():
+            pass
         yield
         context.encoder.close()
 
