@@ -65,10 +65,11 @@ class PackedWeight:
     bias: torch.Tensor | None  # [num_panels * 16] float32
 
     @classmethod
-    def from_dense(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
+    def from_dense(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, bf16_pairs: bool | None = None) -> PackedWeight:
+        """`bf16_pairs` None: the layout this CPU's kernel reads (a kernel built for another CPU may want the other)."""
         out_features, in_features = weight.shape
         num_panels = -(-out_features // PANEL_WIDTH)
-        pairs = weight.dtype == torch.bfloat16 and bfloat16_pairs()
+        pairs = weight.dtype == torch.bfloat16 and (bfloat16_pairs() if bf16_pairs is None else bf16_pairs)
         padded = weight.new_zeros(num_panels * PANEL_WIDTH, in_features + (in_features % 2 if pairs else 0))
         padded[:out_features, :in_features] = weight
         panels = padded.view(num_panels, PANEL_WIDTH, padded.shape[1]).transpose(1, 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import platform
 
 import pytest
 import torch
@@ -48,20 +49,35 @@ def test_bfloat16_weights_are_widened_exactly_and_summed_in_float32(gemm, m, col
         assert not torch.allclose(ours, F.linear(x, weight.float()), rtol=1e-4, atol=1e-3)
 
 
-def test_the_avx2_build_gives_the_native_builds_float32_bits(gemm):
-    """On an AVX-512 CPU the native build walks 512-bit panel rows; each output's sum order is the same as with AVX2."""
+def _build(extra_flag: str):
     from ember.native_build import CPU_KERNEL_FLAGS, load_cpu_kernels
 
-    avx2 = load_cpu_kernels("ember_gemm_avx2", cpu_gemm.SOURCE_PATH, (*CPU_KERNEL_FLAGS, "-mno-avx512f"))
-    assert avx2 is not None
-    generator = torch.Generator().manual_seed(3)
-    packed = cpu_gemm.PackedWeight.from_dense(torch.randn(203, 300, generator=generator), torch.randn(203, generator=generator))
-    for m in (1, 5, 23):
-        x = torch.randn(m, 300, generator=generator)
-        y = torch.empty(m, 203)
-        avx2.ember_gemm_f32(*(ctypes.c_void_p(t.data_ptr()) for t in (x, packed.panels, packed.bias, y)),
-                            *(ctypes.c_int64(v) for v in (m, 203, 300)))
-        assert torch.equal(y, gemm(x, packed)), m
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the narrower builds are x86 instruction-set flags")
+    library = load_cpu_kernels(f"ember_gemm{extra_flag.replace('-', '_')}", cpu_gemm.SOURCE_PATH, (*CPU_KERNEL_FLAGS, extra_flag))
+    assert library is not None
+    return library
+
+
+def _run(function, x: torch.Tensor, packed: cpu_gemm.PackedWeight) -> torch.Tensor:
+    y = torch.empty(x.shape[0], packed.out_features)
+    function(*(ctypes.c_void_p(t.data_ptr()) for t in (x, packed.panels, packed.bias, y)),
+             *(ctypes.c_int64(v) for v in (x.shape[0], packed.out_features, packed.in_features)))
+    return y
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 23])
+def test_builds_for_narrower_cpus_give_the_same_bits(gemm, m):
+    """AVX-512 walks a panel row in one register (bfloat16 in its lane order), AVX2 in two: each output sums in the
+    same order, so the same bits. On an AVX2 CPU the builds are alike and this checks nothing new."""
+    avx2, avx512_without_bf16 = _build("-mno-avx512f"), _build("-mno-avx512bf16")
+    generator = torch.Generator().manual_seed(m)
+    weight, bias = torch.randn(203, 300, generator=generator), torch.randn(203, generator=generator)
+    x = torch.randn(m, 300, generator=generator)
+    packed = cpu_gemm.PackedWeight.from_dense(weight, bias)
+    assert torch.equal(_run(avx2.ember_gemm_f32, x, packed), gemm(x, packed))
+    columns = cpu_gemm.PackedWeight.from_dense(weight.bfloat16(), bias, bf16_pairs=False)
+    assert torch.equal(_run(avx2.ember_gemm_bf16, x, columns), _run(avx512_without_bf16.ember_gemm_bf16, x, columns))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
