@@ -58,4 +58,4 @@ def test_an_update_on_another_cpu_says_so(base):
     assert "**on another CPU than the Machine table's** (Other CPU; SIMD flags avx2, avx512_bf16" in line
     update["machine"] |= {"cpu_model": base["machine"]["cpu_model"], "cpu_flags": base["machine"]["cpu_flags"]}
     same = report.render_markdown(merge_update(base, update, ("soak", "spec")))
-    assert "another CPU" not in same
+    assert "another CPU" not in next(line for line in same.splitlines() if line.startswith("- `soak`, `spec`"))
