@@ -163,11 +163,12 @@ DEFINE_KERNEL(kernel_pairs, uint32_t, uint32_t, load_panel_pairs, dot_pairs, pan
 
 #ifdef EMBER_AVX2
 /* Panels a work item of an m-row product may walk together (MAX_GROUP: 6 for one row, 3 or 4 up to
-   FEW_ROWS) and rows per wide-kernel pass over a group's k slice (CHUNK, at most MAX_CHUNK). */
+   FEW_ROWS, 1 or 2 beyond) and rows per wide-kernel pass over a group's k slice (CHUNK, at most MAX_CHUNK). */
 #ifdef EMBER_AVX512
 /* 32 registers: up to 24 sums (4 panels x 6 rows, 6 x 4) beside the panels' weights, so a verification
-   of up to 6 rows takes one pass (measured 1.1-1.3x over AVX2's 3 x 2 for 5-16 rows, same bits). */
-#define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 4 : 1)
+   of up to 6 rows takes one pass (measured 1.1-1.3x over AVX2's 3 x 2 for 5-16 rows, same bits). Prefill
+   walks 2 panels x 6 rows (12 sums: measured 1.1-1.3x for bfloat16 pairs at 32-384 rows, float32 even). */
+#define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 4 : 2)
 #define MAX_CHUNK 6
 #define CHUNK(group) ((group) >= 5 ? 4 : 6)
 #else
