@@ -163,23 +163,28 @@ DEFINE_KERNEL(kernel_pairs, uint32_t, uint32_t, load_panel_pairs, dot_pairs, pan
 
 #ifdef EMBER_AVX2
 /* Panels a work item of an m-row product may walk together (MAX_GROUP: 6 for one row, 3 or 4 up to
-   FEW_ROWS, 1 or 2 beyond) and rows per wide-kernel pass over a group's k slice (CHUNK, at most MAX_CHUNK). */
+   FEW_ROWS, `many` beyond: the panel kind's MANY_ROWS_GROUP) and rows per wide-kernel pass over a group's
+   k slice (CHUNK, at most MAX_CHUNK). */
 #ifdef EMBER_AVX512
 /* 32 registers: up to 24 sums (4 panels x 6 rows, 6 x 4) beside the panels' weights, so a verification
-   of up to 6 rows takes one pass (measured 1.1-1.3x over AVX2's 3 x 2 for 5-16 rows, same bits). Prefill
-   walks 2 panels x 6 rows (12 sums: measured 1.1-1.3x for bfloat16 pairs at 32-384 rows, float32 even). */
-#define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 4 : 2)
+   of up to 6 rows takes one pass (measured 1.1-1.3x over AVX2's 3 x 2 for 5-16 rows, same bits). A
+   bfloat16-pairs prefill walks 2 panels x 6 rows (12 sums: measured 1.1-1.3x at 32-384 rows); float32
+   measured no gain (0.93-1.07) and keeps one panel. */
+#define MAX_GROUP(rows, many) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 4 : (many))
+#define MANY_ROWS_GROUP_pairs 2
 #define MAX_CHUNK 6
 #define CHUNK(group) ((group) >= 5 ? 4 : 6)
 #else
-#define MAX_GROUP(rows) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 3 : 1)
+#define MAX_GROUP(rows, many) ((rows) == 1 ? 6 : (rows) <= FEW_ROWS ? 3 : 1)
 #define MAX_CHUNK 3
 /* 16 registers: at most 12 sums. */
 #define CHUNK(group) ((group) >= 4 ? 1 : (group) == 3 ? 2 : 3)
 #endif
 #else
-#define MAX_GROUP(rows) 1
+#define MAX_GROUP(rows, many) 1
 #endif
+#define MANY_ROWS_GROUP_f32 1
+#define MANY_ROWS_GROUP_bf16 1
 
 #ifdef EMBER_AVX2
 /* y[0..rows, 0..16 g] (+)= x[0..rows, 0..kc] . panels g = 0..groups (full panels, panel_stride
@@ -211,9 +216,10 @@ DEFINE_WIDE_KERNEL(wide_pairs, uint32_t, uint32_t, load_panel_pairs, dot_pairs, 
 
 /* Panels per work item for an m-row product over num_panels panels and `threads` threads: the
    largest group (up to MAX_GROUP) whose busiest thread walks no more panels than with any other. */
-static int64_t panel_group(int64_t m, int64_t num_panels, int64_t threads) {
+static int64_t panel_group(int64_t m, int64_t num_panels, int64_t threads, int64_t many_rows_group) {
+    (void)m, (void)many_rows_group;  /* unused where MAX_GROUP is 1 */
     int64_t best = 1, best_load = num_panels;
-    for (int64_t g = 1; g <= MAX_GROUP(m); g++) {
+    for (int64_t g = 1; g <= MAX_GROUP(m, many_rows_group); g++) {
         int64_t items = (num_panels + g - 1) / g, load = (items + threads - 1) / threads * g;
         if (load <= best_load) { best = g; best_load = load; }
     }
@@ -244,7 +250,7 @@ static inline void NAME(const XTYPE *x, int64_t ldx, const WTYPE *packed, const 
 
 #ifdef EMBER_AVX2
 #define WIDE_CASE(WIDE, R, G) case (R) * 8 + (G): WIDE(xi, ldx, panel, k * NR, kc, R, G, yi, n, b, first); break;
-/* R rows over groups of 2 to 6 panels, for R up to MAX_CHUNK (the pairs CHUNK and MAX_GROUP allow are the ones reached). */
+/* R rows over groups of 2 to 6 panels, for R up to MAX_CHUNK (CHUNK and MAX_GROUP pick the cases reached). */
 #define WIDE_CASES(WIDE, R) WIDE_CASE(WIDE, R, 2) WIDE_CASE(WIDE, R, 3) WIDE_CASE(WIDE, R, 4) \
     WIDE_CASE(WIDE, R, 5) WIDE_CASE(WIDE, R, 6)
 #if MAX_CHUNK == 6
@@ -292,7 +298,7 @@ static void NAME(const XTYPE *x, int64_t ldx, const WTYPE *packed, const float *
     int64_t slice = slice_bytes / (NR * (int64_t)sizeof(WTYPE));                              \
     int64_t block_rows = X_BLOCK_BYTES / (ldx * (int64_t)sizeof(XTYPE));                      \
     block_rows = block_rows < MR ? MR : block_rows - block_rows % MR;                         \
-    int64_t group = panel_group(m, num_panels, omp_get_max_threads());                       \
+    int64_t group = panel_group(m, num_panels, omp_get_max_threads(), MANY_ROWS_GROUP_##SUFFIX); \
     int64_t num_items = (num_panels + group - 1) / group;                                     \
     _Pragma("omp parallel")                                                                   \
     for (int64_t m0 = 0; m0 < m; m0 += block_rows) {                                          \
@@ -314,7 +320,8 @@ static void NAME(const XTYPE *x, int64_t ldx, const WTYPE *packed, const float *
 
 DEFINE_GEMM(gemm_f32, float, float, f32)
 
-void ember_gemm_f32(const float *x, const float *packed, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+void ember_gemm_f32(const float *x, const float *packed, const float *bias, float *y,
+                    int64_t m, int64_t n, int64_t k) {
     gemm_f32(x, k, packed, bias, y, m, n, k);
 }
 
@@ -345,7 +352,8 @@ int ember_gemm_bf16_pairs(void) {
 #endif
 }
 
-void ember_gemm_bf16(const float *x, const uint16_t *packed, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+void ember_gemm_bf16(const float *x, const uint16_t *packed, const float *bias, float *y,
+                     int64_t m, int64_t n, int64_t k) {
 #ifdef EMBER_BF16_PAIRS
     int64_t ldx = (k + 31) / 32 * 16, k_pairs = (k + 1) / 2;
     uint32_t *pairs = malloc((size_t)(m * ldx) * sizeof(uint32_t));
