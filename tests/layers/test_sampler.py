@@ -92,3 +92,13 @@ def test_logprobs_are_of_the_raw_distribution_with_ranks():
 def test_invalid_sampling_parameters_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+def test_a_top_k_beyond_any_vocabulary_keeps_every_token():
+    """Any integer top_k is valid (the API bounds it below only); one past int64 must not overflow a tensor."""
+    from ember.layers.sampler import filtered_probs
+
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(0))
+    huge = filtered_probs(logits, [SamplingParams(temperature=0.8, top_k=2**63), SamplingParams(temperature=0.8, top_k=50)])
+    off = filtered_probs(logits, [SamplingParams(temperature=0.8)] * 2)
+    assert torch.equal(huge, off)
