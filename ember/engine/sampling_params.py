@@ -83,7 +83,7 @@ class SamplingParams:
             if value is not None:
                 _check(isinstance(value, int) and 0 <= value <= MAX_LOGPROBS, name, f"an integer from 0 to {MAX_LOGPROBS}")
         if self.seed is not None:
-            _check(isinstance(self.seed, int) and abs(self.seed) < 2**63, "seed", "a 64-bit integer")
+            _check(isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63, "seed", "a 64-bit integer")
 
 
 def _check(condition: bool, name: str, expected: str) -> None:

@@ -87,11 +87,17 @@ def test_logprobs_are_of_the_raw_distribution_with_ranks():
 
 @pytest.mark.parametrize(
     "bad",
-    [dict(temperature=-1), dict(top_p=0), dict(top_k=-5), dict(n=0), dict(max_tokens=0), dict(logprobs=50), dict(min_p=2)],
+    [dict(temperature=-1), dict(top_p=0), dict(top_k=-5), dict(n=0), dict(max_tokens=0), dict(logprobs=50), dict(min_p=2),
+     dict(seed=2**63), dict(seed=-(2**63) - 1)],
 )
 def test_invalid_sampling_parameters_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+def test_seeds_span_the_signed_64_bit_range_as_the_api_documents():
+    for seed in (-(2**63), 2**63 - 1):
+        assert SamplingParams(seed=seed).seed == seed
 
 
 def test_a_top_k_beyond_any_vocabulary_keeps_every_token():
