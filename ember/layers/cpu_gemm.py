@@ -7,8 +7,9 @@ block of rows from panels of 16 output channels (packed once at load, replacing 
 widens bfloat16 to float32 in registers and accumulates in float32, on the OpenMP runtime torch
 uses. Where the CPU has AVX512-BF16, bfloat16 weights take its dot-product instruction instead
 (vdpbf16ps: 32 weights per instruction): the activations are then rounded to bfloat16 first, as
-transformers and llama.cpp do for a bfloat16 model, and the sums stay float32. It is built on first use with -march=native (ember.native_build); where no compiler
-exists, or with EMBER_PURE_TORCH=1, `load_gemm()` returns None and torch does the work.
+transformers and llama.cpp do for a bfloat16 model, and the sums stay float32. It is built on
+first use with -march=native (ember.native_build); where no compiler exists, or with
+EMBER_PURE_TORCH=1, `load_gemm()` returns None and torch does the work.
 """
 
 from __future__ import annotations
@@ -88,13 +89,18 @@ class PackedWeight:
         return self.panels.dtype
 
     @property
+    def is_paired(self) -> bool:
+        """bfloat16 panels with adjacent k paired per lane (the AVX512-BF16 kernel's layout)."""
+        return self.panels.dim() == 4
+
+    @property
     def dense_shape(self) -> tuple[int, int]:
         return (self.out_features, self.in_features)
 
     def rows(self, indices: torch.Tensor) -> torch.Tensor:
         """weight[indices] ([*indices.shape, in_features]), read from the panels (a tied embedding's lookup)."""
         columns = indices % PANEL_WIDTH
-        if self.panels.dim() == 4:  # adjacent k paired
+        if self.is_paired:
             paired = self.panels[indices // PANEL_WIDTH, :, columns]  # [*indices.shape, in_features / 2, 2]
             return paired.flatten(-2)[..., : self.in_features]
         if self.dtype == torch.bfloat16:

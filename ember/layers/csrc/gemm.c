@@ -2,17 +2,17 @@
 
    The weights are packed once at load into panels of NR = 16 output channels, k-major:
    panel[p][j] = w[16 * panel + j][p] (rows past n are zero). The micro-kernel keeps an MR x 16
-   block of y in 12 AVX registers, and for each p loads one panel row (16 weights) and
+   block of y in registers (12 AVX2 or 6 AVX-512 ones), and for each p loads one panel row (16 weights) and
    broadcasts MR inputs: every weight is read from memory once per block of inputs, whatever m
    is, so a prefill chunk is compute bound. A product of a few rows (decode, speculative
    verification: m <= FEW_ROWS) is memory bound instead, and one panel at a time is one stream
    of loads, which on this kind of core reaches about two thirds of the bandwidth several
    concurrent streams reach (measured: m = 5 at 6-7 GB/s on one core, against 11 GB/s for one
    row over six panels). So a work item then takes a group of adjacent panels (6 for one row,
-   3 for more) and walks them together, a few rows per pass over the group's k slice (the later
-   passes read the slice from L1), with up to 12 sums in registers; each output still adds its
-   k terms in the same order, so results are the same bits whatever the group or the rows beside
-   it. k is cut in slices so a panel slice stays in L1 while the micro-kernel walks the block's
+   3 or 4 for more: MAX_GROUP below) and walks them together, a few rows per pass over the group's
+   k slice (the later passes read the slice from L1), with up to 12 (AVX2) or 24 (AVX-512) sums in
+   registers; each output still adds its k terms in the same order, so results are the same bits
+   whatever the group or the rows beside it. k is cut in slices so a panel slice stays in L1 while the micro-kernel walks the block's
    rows; the rows of x in a block stay in L2.
    bfloat16 panels hold column j in the low and column j + 8 in the high half of 32-bit lane j,
    so widening to float32 is one shift and one mask, in registers; sums are float32. That walk
