@@ -61,6 +61,8 @@ class SchedulerConfig:
 
 
 SPECULATIVE_METHODS = ("ngram", "draft", "medusa", "eagle")
+MAX_TREE_NODES = 62  # a tree's rows and their newest token fit the attention op's 64-bit masks
+DEFAULT_TREE_NODES = 7  # with the newest token, 8 rows: one query chunk of the attention op, as a decode row reads
 IMPLEMENTED_SPECULATIVE_METHODS = ("ngram", "draft", "medusa")
 
 
@@ -73,7 +75,12 @@ class SpeculativeConfig:
     `draft_model` (same tokenizer as the target; `draft_dtype` may differ from the target's, e.g.
     a bfloat16 copy of a float32 target as its own cheaper draft); "medusa" drafts with the heads
     saved in the folder `medusa_heads` (`ember medusa train`) over the target's last hidden state,
-    at most one token per head. `adaptive` lets each sequence's draft length
+    at most one token per head; for greedy requests they draft a tree of `medusa_tree_nodes` candidates (each
+    head's likeliest tokens, combined where the heads' ranks make them likeliest) verified in one ancestry-masked
+    pass, 0 for one chain of each head's top token. None: `DEFAULT_TREE_NODES` where activations stay float, a chain
+    where a layer rounds them to int8 (a tree's rows sum the same attention terms grouped otherwise than plain
+    decoding does; the last-bit difference can move an int8 rounding step and flip a near-tie, so greedy output
+    would no longer be plain decoding's token for token). `adaptive` lets each sequence's draft length
     follow its acceptance rate, down to 0 (with a probe now and then) when speculation does
     not pay.
     """
@@ -83,6 +90,7 @@ class SpeculativeConfig:
     draft_model: str | None = None
     draft_dtype: str | None = None  # None: the target's dtype
     medusa_heads: str | None = None
+    medusa_tree_nodes: int | None = None
     ngram_max: int = 4
     ngram_min: int = 2
     adaptive: bool = True
@@ -109,6 +117,8 @@ class SpeculativeConfig:
             )
         if self.method != "medusa" and self.medusa_heads:
             raise ValueError(f"Medusa heads are only used by speculative method 'medusa', not {self.method!r}; drop medusa_heads")
+        if self.medusa_tree_nodes is not None and not 0 <= self.medusa_tree_nodes <= MAX_TREE_NODES:
+            raise ValueError(f"medusa_tree_nodes must be from 0 (a chain) to {MAX_TREE_NODES}")
         if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
             raise ValueError(f"draft dtype {self.draft_dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 16:
@@ -178,6 +188,7 @@ class EngineConfig:
                 draft_model=args.draft_model,
                 draft_dtype=args.draft_dtype,
                 medusa_heads=args.medusa_heads,
+                medusa_tree_nodes=args.medusa_tree_nodes,
                 adaptive=not args.no_adaptive_speculation,
             ),
             parallel=ParallelConfig.from_args(args),
@@ -227,6 +238,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-dtype", default=None, choices=DTYPES, help="dtype of the draft model (default: --dtype)")
     parser.add_argument("--medusa-heads", default=None,
                         help="folder of Medusa heads (`ember medusa train`) for --speculative-method medusa")
+    parser.add_argument("--medusa-tree-nodes", type=int, default=None,
+                        help=f"candidates a greedy Medusa step verifies as one tree (0: a chain of each head's top token; "
+                             f"default {DEFAULT_TREE_NODES}, a chain where activations are rounded to int8)")
     parser.add_argument("--no-adaptive-speculation", action="store_true",
                         help="always draft --num-speculative-tokens instead of following the acceptance rate")
     add_parallel_arguments(parser)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ember.engine.config import EngineConfig
+from ember.engine.config import DEFAULT_TREE_NODES, EngineConfig
 from ember.engine.limits import RequestLimits
 from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
@@ -21,6 +21,7 @@ from ember.engine.runner import (
     kv_cache_bytes_per_block,
     kv_cache_layout,
     kv_cache_torch_dtype,
+    verifies_trees,
 )
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
@@ -111,7 +112,8 @@ class LLMEngine:
 
             self.workers, loaded = WorkerGroup.start(model_path, config.dtype, config.parallel, show_progress)
         loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress)
-        set_activations(loaded.model, config.quant_activations)  # a no-op without GGML layers
+        num_ggml_layers = set_activations(loaded.model, config.quant_activations)  # 0 without GGML layers
+        self.rounds_activations = rounds_activations(loaded.model, num_ggml_layers, config.quant_activations)
         self.model_config: ModelConfig = loaded.config
         self.model_name = config.served_model_name or _model_name(config.model, model_path)
         self.tokenizer_source = _tokenizer_source(config, loaded)
@@ -244,7 +246,7 @@ class LLMEngine:
         if item.draft is None or self.speculator is None:
             return 0
         num_accepted = len(tokens) - 1
-        self.speculator.record(item.seq, item.num_draft_tokens, num_accepted)
+        self.speculator.record(item.seq, item.draft.depth, num_accepted)
         return item.num_draft_tokens - num_accepted
 
     def _fork(self, parent: Sequence) -> None:
@@ -416,7 +418,13 @@ class LLMEngine:
                 f"the Medusa heads in {spec.medusa_heads} draft at most {heads.num_heads} tokens; "
                 f"pass num_speculative_tokens <= {heads.num_heads} (--num-speculative-tokens) or train more heads"
             )
-        return Speculator(spec, MedusaProposer(heads, target, torch.Generator().manual_seed(self.config.seed + 1)))
+        # The runner is built after the speculator; whether it verifies trees follows from the same model and workers.
+        tree_nodes = spec.medusa_tree_nodes
+        if tree_nodes is None:
+            tree_nodes = 0 if self.rounds_activations else DEFAULT_TREE_NODES
+        if not verifies_trees(kv_cache_layout(target), self.workers):
+            tree_nodes = 0
+        return Speculator(spec, MedusaProposer(heads, target, torch.Generator().manual_seed(self.config.seed + 1), tree_nodes))
 
     def _num_kv_blocks(self, config: ModelConfig) -> int:
         cache = self.config.cache
@@ -434,6 +442,15 @@ class LLMEngine:
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestRejected (a ValueError saying what to change) if this request could never run here."""
         self.limits.validate(prompt_token_ids, params)
+
+
+def rounds_activations(model: torch.nn.Module, num_ggml_layers: int, quant_activations: str) -> bool:
+    """Whether some layer rounds its input to int8 (GGML layers with int8 activations, SmoothQuant's W8A8)."""
+    from ember.quant.w8a8_layers import W8A8Linear
+
+    if num_ggml_layers and quant_activations == "int8":
+        return True
+    return any(isinstance(module, W8A8Linear) for module in model.modules())
 
 
 def _model_name(given: str, path: Path) -> str:

@@ -15,7 +15,7 @@ from ember.kv.cache_manager import BlockCopy, KVCacheManager
 from ember.kv.specs import FullAttentionSpec, KVCacheLayout, LatentAttentionSpec
 from ember.layers.attention import AttentionMetadata, DecodeRows, PrefillSegment
 from ember.layers.cpu_attention import PagedBatch
-from ember.layers.rejection_sampler import RejectionSampler
+from ember.layers.rejection_sampler import DraftRow, RejectionSampler, greedy_tree_path
 from ember.layers.sampler import SampledToken, Sampler, SamplingRow
 from ember.models.config import ModelConfig
 from ember.models.llama import LlamaForCausalLM
@@ -77,6 +77,16 @@ def kv_cache_layout(model: torch.nn.Module) -> KVCacheLayout:
         return KVCacheLayout.from_specs(specs())
     config = model.config
     return KVCacheLayout.from_specs([FullAttentionSpec(config.num_kv_heads, config.head_dim)] * config.num_layers)
+
+
+def verifies_trees(layout: KVCacheLayout, workers: WorkerGroup | None) -> bool:
+    """Whether a runner may score a tree of drafts: one group of full-attention layers in this process (a tree's
+    nodes are masked by ancestry and its kept path is moved into place, which only that layout does here)."""
+    return (
+        workers is None
+        and layout.group_windows == (None,)
+        and all(isinstance(spec, FullAttentionSpec) for spec in layout.specs)
+    )
 
 
 class KVCacheTensors:
@@ -204,11 +214,18 @@ class ModelRunner:
         return self.model.compute_logits(hidden)
 
     def _prepare(self, scheduled: list[ScheduledSequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        token_chunks, position_chunks = [], []
+        """Token ids, their model positions, and the attention metadata. A tree's nodes sit in consecutive cache slots
+        but take the position of their depth (siblings share one)."""
+        token_chunks, position_chunks, model_positions = [], [], []
         for item in scheduled:
             first = item.seq.num_computed_tokens
             token_chunks.append(item.new_token_ids)
-            position_chunks.append(torch.arange(first, first + item.num_new_tokens))
+            slots = torch.arange(first, first + item.num_new_tokens)
+            position_chunks.append(slots)
+            if item.draft is not None and item.draft.is_tree:
+                own = item.num_new_tokens - item.num_draft_tokens
+                slots = torch.tensor([*range(first, first + own), *(first + own - 1 + d for d in item.draft.depths())])
+            model_positions.append(slots)
         groups = [
             self._group_metadata(scheduled, position_chunks, group, window)
             for group, window in enumerate(self.layout.group_windows)
@@ -216,7 +233,7 @@ class ModelRunner:
         metadata = groups[0]
         metadata.other_groups = tuple(groups[1:])
         input_ids = torch.tensor([t for chunk in token_chunks for t in chunk], dtype=torch.long)
-        return input_ids, torch.cat(position_chunks), metadata
+        return input_ids, torch.cat(model_positions), metadata
 
     def _group_metadata(
         self, scheduled: list[ScheduledSequence], position_chunks: list[torch.Tensor], group: int, window: int | None
@@ -245,7 +262,9 @@ class ModelRunner:
                 decode_lens.append(first + 1)
                 decode_first_blocks.append(first_block)
             else:
-                prefills.append(PrefillSegment(start, start + count, first + count, table))
+                masks = _span_masks(item)
+                prefills.append(PrefillSegment(start, start + count, first + count, table,
+                                               None if masks is None else torch.tensor(masks, dtype=torch.long)))
             start += count
         return AttentionMetadata(
             slot_mapping=torch.cat(slot_chunks),
@@ -282,22 +301,49 @@ class ModelRunner:
     ) -> dict[str, list[SampledToken]]:
         """Score each drafted sequence's K+1 positions (its last token, then its drafts) and keep what the target agrees to.
 
-        With `keeps_last_hidden`, `last_hidden` gets the hidden state at the position that drew each final token."""
+        A tree of drafts is first narrowed to the path greedy decoding takes through it, which is then verified
+        as a chain; the path's keys and values move to the slots its positions own. With `keeps_last_hidden`,
+        `last_hidden` gets the hidden state at the position that drew each final token."""
         verifying = [(int(ends[i]), item) for i, item in enumerate(scheduled) if item.draft is not None]
         if not verifying:
             return {}
         assert self.rejection_sampler is not None, "drafted tokens scheduled on a runner without a rejection sampler"
         rows = torch.cat([torch.arange(end - item.num_draft_tokens - 1, end) for end, item in verifying])
-        logits = self._logits(hidden[rows]).split([item.num_draft_tokens + 1 for _, item in verifying])
-        tokens = self.rejection_sampler(
-            list(logits), [self._sampling_row(item.seq) for _, item in verifying], [item.draft for _, item in verifying]
-        )
-        if self.keeps_last_hidden:
-            for (end, item), row_tokens in zip(verifying, tokens, strict=True):
-                offset = item.num_new_tokens - item.num_draft_tokens - 1 + len(row_tokens) - 1  # kept drafts before the final token
-                row = end - item.num_new_tokens + offset
-                last_hidden[item.seq.seq_id] = LastHidden(item.seq.num_computed_tokens + offset, hidden[row].clone())
+        logits = list(self._logits(hidden[rows]).split([item.num_draft_tokens + 1 for _, item in verifying]))
+        # Per item, the drafted nodes a chain stands for (a chain: all of them, in order).
+        nodes = [list(range(item.num_draft_tokens)) for _, item in verifying]
+        drafts = [item.draft for _, item in verifying]
+        for b, (_, item) in enumerate(verifying):
+            if item.draft.is_tree:
+                nodes[b] = greedy_tree_path(logits[b].argmax(dim=-1).tolist(), item.draft)
+                logits[b] = logits[b][[0, *(j + 1 for j in nodes[b])]]
+                drafts[b] = DraftRow([item.draft.token_ids[j] for j in nodes[b]])
+        tokens = self.rejection_sampler(logits, [self._sampling_row(item.seq) for _, item in verifying], drafts)
+        for (end, item), row_tokens, kept_nodes in zip(verifying, tokens, nodes, strict=True):
+            num_kept = len(row_tokens) - 1
+            root = end - item.num_draft_tokens - 1  # the row of the sequence's own last token
+            if item.draft.is_tree:
+                self._move_kv(item.seq, item.seq.num_computed_tokens + item.num_new_tokens - item.num_draft_tokens,
+                              kept_nodes[:num_kept])
+            if self.keeps_last_hidden:
+                row = root if num_kept == 0 else root + 1 + kept_nodes[num_kept - 1]
+                position = item.seq.num_computed_tokens + item.num_new_tokens - item.num_draft_tokens - 1 + num_kept
+                last_hidden[item.seq.seq_id] = LastHidden(position, hidden[row].clone())
         return {item.seq.seq_id: row_tokens for (_, item), row_tokens in zip(verifying, tokens, strict=True)}
+
+    def _move_kv(self, seq: Sequence, first_node: int, kept_nodes: list[int]) -> None:
+        """Copy the keys and values of a tree's kept path (node j sits at cache position first_node + j) to the
+        positions first_node, first_node + 1, ... that its tokens now hold. Node j's depth is at most j + 1, so a
+        destination never overwrites a source still to be read."""
+        moves = [(first_node + j, first_node + d) for d, j in enumerate(kept_nodes) if j != d]
+        if not moves:
+            return
+        table = torch.tensor(self.kv.group_tables[0][seq.seq_id].block_ids, dtype=torch.long)
+        positions = torch.tensor(moves, dtype=torch.long)
+        slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
+        for cache in self.caches.tensors:
+            flat = cache.view(2, -1, *cache.shape[3:])
+            flat[:, slots[:, 1]] = flat[:, slots[:, 0]]
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         params = seq.params
@@ -332,14 +378,28 @@ class ModelRunner:
         ]
 
 
+def _span_masks(item: ScheduledSequence) -> list[int] | None:
+    """The attention masks of a tree-drafted sequence's rows (`PagedBatch.span_masks`); None for any other."""
+    if item.draft is None or not item.draft.is_tree:
+        return None
+    # The scheduler drafts only for a sequence with one uncomputed token: the tree's root is bit 0.
+    assert item.num_new_tokens == item.num_draft_tokens + 1
+    return item.draft.span_masks()
+
+
 def _paged_batch(scheduled: list[ScheduledSequence], tables: list[list[int]]) -> PagedBatch:
     """The step's sequences as the fused attention op reads them (tables padded with -1)."""
     counts = [item.num_new_tokens for item in scheduled]
     starts = [0, *itertools.accumulate(counts)][:-1]
     width = max(len(table) for table in tables)
+    masks = [_span_masks(item) for item in scheduled]
     return PagedBatch(
         block_tables=torch.tensor([[*table, *[-1] * (width - len(table))] for table in tables], dtype=torch.int32),
         query_starts=torch.tensor(starts, dtype=torch.int32),
         query_counts=torch.tensor(counts, dtype=torch.int32),
         context_lens=torch.tensor([item.seq.num_computed_tokens + item.num_new_tokens for item in scheduled], dtype=torch.int32),
+        span_masks=None if all(m is None for m in masks) else torch.tensor(
+            [bits for item, m in zip(scheduled, masks, strict=True) for bits in (m or [-1] * item.num_new_tokens)],
+            dtype=torch.long,
+        ),
     )

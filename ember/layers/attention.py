@@ -33,6 +33,7 @@ class PrefillSegment:
     end: int
     seq_len: int  # context length after this step, new tokens included
     block_table: torch.Tensor  # [num_blocks] block ids covering seq_len
+    span_mask: torch.Tensor | None = None  # [end - start] int64: a tree's rows, as `PagedBatch.span_masks`
 
     @property
     def num_cached(self) -> int:
@@ -150,7 +151,8 @@ def _prefill_attention(
     logit_softcap: float | None = None,
 ) -> torch.Tensor:
     q = query[segment.start : segment.end].transpose(0, 1)  # [H, n, D]
-    if segment.num_cached == 0 and sliding_window is None and logit_softcap is None and kv_cache.dtype == key.dtype:
+    plain = segment.span_mask is None and sliding_window is None and logit_softcap is None
+    if segment.num_cached == 0 and plain and kv_cache.dtype == key.dtype:
         # Nothing cached before these tokens, and the cache holds them exactly: attend to them directly,
         # plain causal. (A float8 cache reads back its rounded values, as the compiled op does.)
         k = key[segment.start : segment.end].transpose(0, 1)
@@ -168,11 +170,21 @@ def _prefill_attention(
     mask = key_positions <= query_positions
     if sliding_window is not None:
         mask &= key_positions > query_positions - sliding_window
+    if segment.span_mask is not None:
+        mask &= _tree_visibility(segment.span_mask, segment.num_cached, key_positions)
     k, v = k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
     if logit_softcap is not None:
         return _softcapped_attention(q, k, v, mask, scale, logit_softcap).transpose(0, 1)[:num_new]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)[:num_new]
+
+
+def _tree_visibility(span_mask: torch.Tensor, span_start: int, key_positions: torch.Tensor) -> torch.Tensor:
+    """[n, L] True where query i may see the key: before the span always, inside it where bit (key - span_start) is set
+    (-1, every bit: plain causal)."""
+    offsets = (key_positions - span_start).clamp(min=0, max=63)
+    bits = (span_mask.unsqueeze(1) >> offsets) & 1
+    return (key_positions < span_start) | (bits == 1)
 
 
 def _softcapped_attention(

@@ -50,6 +50,7 @@ class AttentionArgs(ctypes.Structure):
         ("softcap", ctypes.c_float),
         ("window", ctypes.c_int64),
         ("query_stride", ctypes.c_int64),
+        ("span_masks", ctypes.c_void_p),
     ]
 
 
@@ -60,12 +61,15 @@ class PagedBatch:
     Sequence s has query rows `[query_starts[s], query_starts[s] + query_counts[s])` of the flat
     batch, `context_lens[s]` tokens in the cache once this step's are written, and its block
     table in row s of `block_tables` (padded with -1; -1 also marks blocks given back behind a window).
+    `span_masks` (a step that verifies a tree of drafts): per query row, -1 for plain causal, else
+    the bits of the step's own tokens of its sequence the row sees (its ancestors in the tree).
     """
 
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
     query_starts: torch.Tensor  # [num_seqs] int32
     query_counts: torch.Tensor  # [num_seqs] int32
     context_lens: torch.Tensor  # [num_seqs] int32
+    span_masks: torch.Tensor | None = None  # [num_tokens] int64
 
     def decode_only(self) -> PagedBatch:
         """The sequences with one query each, their queries renumbered 0..B-1 in batch order."""
@@ -140,7 +144,8 @@ class PagedAttention:
             block_tables=batch.block_tables.data_ptr(), query_starts=batch.query_starts.data_ptr(),
             query_counts=batch.query_counts.data_ptr(), context_lens=batch.context_lens.data_ptr(),
             num_seqs=batch.block_tables.shape[0], max_blocks=batch.block_tables.shape[1], scale=scale,
-            softcap=logit_softcap_or_zero(softcap), window=window or 0, query_stride=query32.stride(0), **layout,
+            softcap=logit_softcap_or_zero(softcap), window=window or 0, query_stride=query32.stride(0),
+            span_masks=span_masks_pointer(batch), **layout,
         )
         status = self._function(ctypes.byref(args))
         if status != 0:
@@ -163,6 +168,16 @@ def _writable_rows(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
         and slot_mapping.dtype == torch.int64
         and slot_mapping.is_contiguous()
     )
+
+
+def span_masks_pointer(batch: PagedBatch) -> int | None:
+    """The address of the batch's tree masks for the kernel; None (NULL, all causal) when it has none."""
+    masks = batch.span_masks
+    if masks is None:
+        return None
+    if masks.dtype != torch.int64 or not masks.is_contiguous():
+        raise ValueError("span_masks must be a contiguous int64 tensor, one entry per query row")
+    return masks.data_ptr()
 
 
 def logit_softcap_or_zero(softcap: float | None) -> float:

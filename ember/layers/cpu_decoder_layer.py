@@ -20,7 +20,13 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ember.layers.attention import AttentionMetadata
-from ember.layers.cpu_attention import CACHE_DTYPES, CACHE_FORMATS, AttentionArgs, load_attention
+from ember.layers.cpu_attention import (
+    CACHE_DTYPES,
+    CACHE_FORMATS,
+    AttentionArgs,
+    load_attention,
+    span_masks_pointer,
+)
 from ember.layers.cpu_elementwise import NORM_WEIGHT_DTYPES, load_elementwise
 from ember.layers.cpu_gemm import CompiledProduct
 from ember.native_build import load_cpu_kernels
@@ -314,3 +320,4 @@ def _fill_attention(args: AttentionArgs, kv_cache: torch.Tensor, metadata: Atten
     args.query_counts, args.context_lens = paged.query_counts.data_ptr(), paged.context_lens.data_ptr()
     args.num_seqs, args.max_blocks = paged.block_tables.shape[0], paged.block_tables.shape[1]
     args.scale, args.softcap, args.window = scale, 0.0, metadata.sliding_window or 0
+    args.span_masks = span_masks_pointer(paged)

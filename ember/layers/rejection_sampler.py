@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ember.engine.config import MAX_TREE_NODES
 from ember.layers.sampler import SampledToken, SamplingRow, describe_position, filtered_probs
 
 
@@ -30,16 +31,58 @@ class DraftRow:
 
     `probs` is `[len(token_ids), vocab]` (already filtered by the row's params) or None for a
     deterministic proposer, whose q is one-hot at each drafted token.
+    `parents` makes the drafts a tree (Medusa's candidates, verified greedily in one pass): node
+    i continues node parents[i] (-1: the sequence's newest token); every parent comes before its
+    children, so any first n nodes are a tree too. None: a chain, each token after the one before.
     """
 
     token_ids: list[int]
     probs: torch.Tensor | None = None
+    parents: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.parents is not None:
+            if self.probs is not None:
+                raise ValueError("a tree of drafts is verified greedily: it cannot carry draft probabilities")
+            if len(self.parents) != len(self.token_ids) or any(not -1 <= p < i for i, p in enumerate(self.parents)):
+                raise ValueError("a tree's parents must name an earlier node (or -1) for every drafted token")
+            if len(self.parents) > MAX_TREE_NODES:
+                raise ValueError(f"a tree of drafts holds at most {MAX_TREE_NODES} tokens (the attention masks are 64 bits)")
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    def depths(self) -> list[int]:
+        """Each drafted token's distance from the sequence's newest token (1 for its children)."""
+        if self.parents is None:
+            return list(range(1, len(self.token_ids) + 1))
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return depths
+
+    @property
+    def depth(self) -> int:
+        """The most tokens one verification can keep."""
+        return max(self.depths(), default=0)
+
+    def span_masks(self) -> list[int]:
+        """Per scored position (the newest token, then each node): bits of the positions it sees, itself included."""
+        masks = [1]
+        for i, parent in enumerate(self.parents if self.parents is not None else range(-1, len(self.token_ids) - 1)):
+            masks.append(masks[parent + 1] | 1 << (i + 1))
+        return masks
 
     def truncated(self, num_tokens: int) -> DraftRow:
         """The first `num_tokens` drafted tokens (and their distributions)."""
         if num_tokens >= len(self.token_ids):
             return self
-        return DraftRow(self.token_ids[:num_tokens], None if self.probs is None else self.probs[:num_tokens])
+        return DraftRow(
+            self.token_ids[:num_tokens],
+            None if self.probs is None else self.probs[:num_tokens],
+            None if self.parents is None else self.parents[:num_tokens],
+        )
 
 
 @dataclass
@@ -87,6 +130,21 @@ def verify_greedy(logits: torch.Tensor, draft_token_ids: list[int]) -> tuple[int
     while num_accepted < len(draft_token_ids) and draft_token_ids[num_accepted] == argmax[num_accepted]:
         num_accepted += 1
     return num_accepted, argmax[num_accepted]
+
+
+def greedy_tree_path(argmax: list[int], draft: DraftRow) -> list[int]:
+    """The nodes greedy decoding would have produced, root to leaf: from the newest token (argmax[0]) each step
+    follows the child whose token is the target's argmax at its parent (node i's argmax is argmax[i + 1])."""
+    parents = draft.parents if draft.parents is not None else list(range(-1, len(draft.token_ids) - 1))
+    path: list[int] = []
+    current = -1
+    while True:
+        wanted = argmax[current + 1]
+        child = next((i for i, p in enumerate(parents) if p == current and draft.token_ids[i] == wanted), None)
+        if child is None:
+            return path
+        path.append(child)
+        current = child
 
 
 def _final_distribution(

@@ -57,6 +57,8 @@ def test_draft_length_follows_acceptance_and_cost() -> None:
     assert best_draft_length(0.9, 0.05, 4) == 4
     assert best_draft_length(0.1, 0.05, 4) == 0  # drafts that are rarely kept do not pay
     assert best_draft_length(0.9, 1.0, 4) == 0  # a scored token as costly as a step never pays
+    # a tree scoring 6 positions per level of depth costs six times a chain's: the same acceptance buys less depth
+    assert best_draft_length(0.8, 0.05, 4) == 4 and best_draft_length(0.8, 0.05, 4, lambda k: 6 * k) == 3
 
 
 def test_acceptance_counts_runs_ended_by_a_rejection() -> None:
@@ -78,6 +80,9 @@ class PricedProposer:
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
         self.asked.append(sum(wanted.values()))
         return {seq.seq_id: DraftRow([7] * k) for seq, k in wanted.items()}
+
+    def scored_tokens(self, seq: Sequence, num_drafts: int) -> int:
+        return num_drafts
 
     def draft_token_cost_s(self) -> float | None:
         return self.draft_s

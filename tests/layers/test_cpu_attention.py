@@ -10,12 +10,15 @@ float32 range (subnormals, ties, saturation), and its read over all 256 codes.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from ember.layers import cpu_attention
+from ember.layers import attention, cpu_attention
+from ember.layers.attention import PrefillSegment
 from ember.layers.cpu_attention import PagedBatch
+from ember.layers.rejection_sampler import DraftRow
 
 BLOCK_SIZE = 4
 CACHE_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn]
@@ -53,7 +56,8 @@ def random_batch(generator, context_lens, query_counts, num_blocks, window):
 
 
 def reference(query, keys, values, batch, scale, window, softcap, num_kv_heads):
-    """Per sequence: gather its keys/values token by token, mask causally (and by window), softmax."""
+    """Per sequence: gather its keys/values token by token, mask causally (and by window, and by the tree's
+    ancestry where `batch.span_masks` has one), softmax."""
     out = torch.zeros(query.shape[0], query.shape[1], values.shape[-1])
     group = query.shape[1] // num_kv_heads
     for s in range(batch.block_tables.shape[0]):
@@ -64,6 +68,10 @@ def reference(query, keys, values, batch, scale, window, softcap, num_kv_heads):
         visible = key_positions <= query_positions
         if window is not None:
             visible &= key_positions > query_positions - window
+        if batch.span_masks is not None:
+            for i, mask in enumerate(batch.span_masks[start : start + count].tolist()):
+                for j in range(count):
+                    visible[i, context - count + j] &= mask == -1 or bool(mask >> j & 1)
         assert (blocks >= 0)[visible.any(0)].all()  # given-back blocks are never visible
         blocks = blocks.clamp(min=0)
         k = keys[blocks, key_positions % BLOCK_SIZE].float()  # [L, H_kv, Dk]
@@ -223,3 +231,46 @@ def test_e4m3_read_widens_every_code_exactly(op):
     )
     out = op(torch.zeros(1, 1, codes.numel()), cache, batch, 1.0)
     assert torch.equal(out.flatten(), codes.float())
+
+
+def random_tree(generator, num_nodes: int) -> DraftRow:
+    parents = [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(num_nodes)]
+    return DraftRow(list(range(num_nodes)), parents=parents)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_tree_rows_see_only_their_ancestors(op, cache_dtype, head_dim):
+    """Verification of drafted trees (Medusa): a short tree (read in spans), a tree of 40 nodes (read in query
+    chunks, past one 32-bit half of the masks), beside a plain decode row and a plain prefill chunk."""
+    generator = torch.Generator().manual_seed(head_dim)
+    num_kv_heads, num_heads, num_blocks = 2, 6, 256
+    small, large = random_tree(generator, 5), random_tree(generator, 40)
+    context_lens, query_counts = [300, 23, 90, 45], [6, 1, 41, 7]
+    batch = random_batch(generator, context_lens, query_counts, num_blocks, None)
+    batch.span_masks = torch.tensor([*small.span_masks(), -1, *large.span_masks(), *[-1] * 7], dtype=torch.long)
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator).to(cache_dtype)
+    query = torch.randn(sum(query_counts), num_heads, head_dim, generator=generator)
+    ours = op(query, cache, batch, 0.125)
+    expected = reference(query, cache[0], cache[1], batch, 0.125, None, None, num_kv_heads)
+    assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
+    causal = reference(query, cache[0], cache[1], replace(batch, span_masks=None), 0.125, None, None, num_kv_heads)
+    assert not torch.allclose(ours, causal, rtol=1e-4, atol=1e-5)  # the masks changed what the rows saw
+
+
+def test_the_torch_path_masks_a_tree_as_the_op_does():
+    """The fallback (no compiler) attends a tree's rows to their ancestors only, as `reference` does."""
+    generator = torch.Generator().manual_seed(5)
+    num_kv_heads, num_heads, head_dim, num_blocks = 2, 4, 16, 64
+    tree = random_tree(generator, 9)
+    context, count = 37, 10
+    batch = random_batch(generator, [context], [count], num_blocks, None)
+    batch.span_masks = torch.tensor(tree.span_masks(), dtype=torch.long)
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)
+    query = torch.randn(count, num_heads, head_dim, generator=generator)
+    table = batch.block_tables[0][batch.block_tables[0] >= 0].long()
+    segment = PrefillSegment(0, count, context, table, batch.span_masks)
+    key = value = torch.zeros(count, num_kv_heads, head_dim)  # unused: the rows are read from the cache
+    ours = attention._prefill_attention(query, key, value, cache, segment, 0.25)
+    expected = reference(query, cache[0], cache[1], batch, 0.25, None, None, num_kv_heads)
+    assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)

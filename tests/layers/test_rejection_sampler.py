@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ember.engine.sampling_params import SamplingParams
-from ember.layers.rejection_sampler import DraftRow, RejectionSampler, verify
+from ember.layers.rejection_sampler import DraftRow, RejectionSampler, greedy_tree_path, verify
 from ember.layers.sampler import Sampler, SamplingRow, filtered_probs
 
 VOCAB = 6
@@ -188,3 +188,27 @@ def test_logprobs_are_the_targets_raw_logprobs_at_each_emitted_position():
     for position, token in enumerate(tokens):
         assert token.logprob == pytest.approx(float(expected[position, token.token_id]))
         assert token.rank == 1 and len(token.top_token_ids) == 2
+
+
+def test_a_tree_of_drafts_knows_its_depths_masks_and_greedy_path():
+    # newest token -> 0 -> 2 -> 4, newest -> 1 -> 3
+    tree = DraftRow([10, 11, 12, 13, 14], parents=[-1, -1, 0, 1, 2])
+    assert tree.depths() == [1, 1, 2, 2, 3] and tree.depth == 3
+    assert tree.span_masks() == [0b1, 0b11, 0b101, 0b1011, 0b10101, 0b101011]
+    assert tree.truncated(3) == DraftRow([10, 11, 12], parents=[-1, -1, 0])
+    # argmax per scored position: newest token, then nodes 0..4
+    assert greedy_tree_path([11, 99, 13, 99, 99, 99], tree) == [1, 3]
+    assert greedy_tree_path([10, 12, 99, 14, 99, 99], tree) == [0, 2, 4]
+    assert greedy_tree_path([42, 0, 0, 0, 0, 0], tree) == []
+    chain = DraftRow([5, 6, 7])
+    assert chain.span_masks() == [0b1, 0b11, 0b111, 0b1111] and chain.depth == 3
+    assert greedy_tree_path([5, 6, 8, 0], chain) == [0, 1]
+
+
+def test_a_malformed_tree_is_refused_with_the_rule_it_breaks():
+    with pytest.raises(ValueError, match="earlier node"):
+        DraftRow([1, 2], parents=[-1, 1])
+    with pytest.raises(ValueError, match="greedily"):
+        DraftRow([1], probs=torch.ones(1, 4), parents=[-1])
+    with pytest.raises(ValueError, match="at most 62"):
+        DraftRow(list(range(63)), parents=[-1] * 63)

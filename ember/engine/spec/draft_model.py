@@ -68,6 +68,10 @@ class DraftModelProposer:
         self._catch_up_s_per_token: float | None = None
         self._calibrate()
 
+    def scored_tokens(self, seq: Sequence, num_drafts: int) -> int:
+        """A chain: one scored position per drafted token."""
+        return num_drafts
+
     def draft_token_cost_s(self) -> float | None:
         """Seconds one more draft position costs the drafting batch (a decode-shaped forward)."""
         return self._forward_s

@@ -6,7 +6,12 @@ for the token k + 1 places after that newest token; the K guesses form the draft
 top-1 of each head, a degenerate Medusa tree). Drafting costs no target forward: one product of
 the K heads' outputs with the LM head, for every drafting sequence together.
 
-Greedy rows draft each head's argmax. Sampling rows draw each head's token from the head's
+Greedy rows draft a tree when the runner verifies trees (`tree_nodes` > 0): node (r_1, ..., r_d) is
+head d's r_d-th likeliest token after the node (r_1, ..., r_(d-1)); the tree holds the `tree_nodes`
+rank paths likeliest under `RANK_PRIOR` (each head's chance that its r-th token is right, as a
+product along the path), so it is wide near the root and thin deep down, as Medusa's trees are.
+The target scores every node in one pass, each node seeing only its ancestors, and keeps the
+path greedy decoding takes. Without trees greedy rows draft each head's argmax. Sampling rows draw each head's token from the head's
 distribution after the row's own temperature, top-k, top-p and min-p (`filtered_probs`, as the
 target's p is filtered) and hand that q to the rejection sampler, which keeps the output the
 target's. The heads do not see earlier drafts, so q_k does not depend on them: still a valid
@@ -15,6 +20,7 @@ proposal for the rejection rule.
 
 from __future__ import annotations
 
+import heapq
 import time
 
 import torch
@@ -26,6 +32,7 @@ from ember.engine.spec.medusa_heads import MedusaHeads
 from ember.layers.rejection_sampler import DraftRow
 from ember.layers.sampler import draw_proposals
 
+RANK_PRIOR = (0.5, 0.2, 0.1, 0.06, 0.04)  # chance that a head's r-th likeliest token is the target's (r = 0, 1, ...)
 COST_SMOOTHING = 0.2  # weight of the newest drafting in the running cost estimate
 CALIBRATION_ROUNDS = 3  # timed head products at start (the first warms up)
 
@@ -35,9 +42,11 @@ class MedusaProposer:
 
     uses_last_hidden = True
 
-    def __init__(self, heads: MedusaHeads, target: nn.Module, generator: torch.Generator) -> None:
+    def __init__(self, heads: MedusaHeads, target: nn.Module, generator: torch.Generator, tree_nodes: int = 0) -> None:
+        """`tree_nodes` > 0: greedy rows draft trees of that many candidates (the runner must verify trees)."""
         self.heads = heads
         self.target = target
+        self.tree_nodes = tree_nodes
         self._generator = generator
         self._last_hidden: dict[str, LastHidden] = {}
         self._position_cost_s: float | None = None
@@ -60,6 +69,12 @@ class MedusaProposer:
         self._record(time.perf_counter() - started, num_heads)
         return drafts
 
+    def scored_tokens(self, seq: Sequence, num_drafts: int) -> int:
+        """A greedy row's tree scores more positions than its depth."""
+        if self.tree_nodes and seq.params.is_greedy:
+            return len(rank_tree(min(num_drafts, self.heads.num_heads), self.tree_nodes))
+        return num_drafts
+
     def draft_token_cost_s(self) -> float | None:
         """Seconds one more head costs a drafting (the heads share one LM head product, so this is its share)."""
         return self._position_cost_s
@@ -81,7 +96,15 @@ class MedusaProposer:
         return last
 
     def _draft(self, logits: torch.Tensor, seq: Sequence) -> DraftRow:
-        """Each head's token ([k, vocab] logits): its argmax for greedy rows, a draw from its filtered distribution otherwise."""
+        """Each head's token ([k, vocab] logits): a tree of their likeliest tokens or their argmax for greedy rows,
+        a draw from each filtered distribution otherwise."""
+        if self.tree_nodes and seq.params.is_greedy:
+            paths = rank_tree(logits.shape[0], self.tree_nodes)
+            ranked = logits.topk(min(len(RANK_PRIOR), logits.shape[1]), dim=-1).indices.tolist()
+            index = {path: i for i, path in enumerate(paths)}
+            return DraftRow(
+                [ranked[len(path) - 1][path[-1]] for path in paths], parents=[index.get(path[:-1], -1) for path in paths]
+            )
         return DraftRow(*draw_proposals(logits, seq.params, seq.generator or self._generator))
 
     def _record(self, seconds: float, num_heads: int) -> None:
@@ -100,3 +123,21 @@ class MedusaProposer:
                 self.heads.logits(self.target, hidden)
             self._position_cost_s = None
             self._record(time.perf_counter() - started, self.heads.num_heads)
+
+
+def rank_tree(depth: int, num_nodes: int) -> list[tuple[int, ...]]:
+    """The `num_nodes` likeliest rank paths of at most `depth` heads under `RANK_PRIOR`, each after its parent.
+
+    A path's likelihood is the product of its ranks' priors, so a child is never likelier than its
+    parent: taking paths best first from a frontier of children gives parents before children.
+    """
+    frontier = [(-RANK_PRIOR[r], (r,)) for r in range(len(RANK_PRIOR))]
+    heapq.heapify(frontier)
+    paths: list[tuple[int, ...]] = []
+    while frontier and len(paths) < num_nodes:
+        negative_likelihood, path = heapq.heappop(frontier)
+        paths.append(path)
+        if len(path) < depth:
+            for r, prior in enumerate(RANK_PRIOR):
+                heapq.heappush(frontier, (negative_likelihood * prior, (*path, r)))
+    return paths

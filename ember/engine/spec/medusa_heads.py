@@ -108,8 +108,10 @@ class MedusaHeads(nn.Module):
         return torch.stack([block(hidden) for block in blocks], dim=-2)
 
     def logits(self, target: nn.Module, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
-        """[B, hidden] -> [B, num_heads, vocab] through the target's own LM head (one product for every head)."""
-        heads_in = self(hidden, num_heads)
+        """[B, hidden] -> [B, num_heads, vocab] through the target's own LM head (one product for every head).
+
+        `hidden` may be wider than the heads' dtype (a bfloat16 model's compiled layers hand over float32)."""
+        heads_in = self(hidden.to(self.blocks[0].linear.weight.dtype), num_heads)
         batch, count, size = heads_in.shape
         return target.compute_logits(heads_in.reshape(batch * count, size)).reshape(batch, count, -1)
 

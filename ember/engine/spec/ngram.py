@@ -86,6 +86,10 @@ class NgramProposer:
                 drafts[seq.seq_id] = DraftRow(tokens)
         return drafts
 
+    def scored_tokens(self, seq: Sequence, num_drafts: int) -> int:
+        """A chain: one scored position per drafted token."""
+        return num_drafts
+
     def draft_token_cost_s(self) -> float | None:
         """A lookup costs next to nothing beside a forward pass: no draft cost to weigh."""
         return None

@@ -4,7 +4,7 @@ Each step the speculator picks the decoding sequences that may speculate, gives 
 length, asks the proposer, and afterwards records how many drafts the target kept.
 
 Adaptive draft length. With per-token acceptance a, K drafts yield (1 - a^(K+1)) / (1 - a)
-tokens per step, and cost 1 + K * c steps' worth of time, where c is what one more scored
+tokens per step, and cost 1 + n(K) * c steps' worth of time (n(K) = K scored positions, more for a tree), where c is what one more scored
 (and, for a draft model, drafted) token costs relative to a step. The speculator estimates a per
 sequence (discounted counts of kept vs tried drafts) and c from the steps it has seen (a linear
 fit of step time against scheduled tokens, plus what the proposer says a drafted position costs),
@@ -25,6 +25,7 @@ tokens and seed (as long as the pool has room for the drafts), not on timings or
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +55,10 @@ class Proposer(Protocol):
     def observe(self, last_hidden: dict[str, LastHidden]) -> None: ...
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]: ...
+
+    def scored_tokens(self, seq: Sequence, num_drafts: int) -> int:
+        """Positions the target scores when `seq` drafts `num_drafts` deep (more than that for a tree)."""
+        ...
 
     def draft_token_cost_s(self) -> float | None:
         """Seconds one more drafted position costs the whole drafting batch; None when negligible."""
@@ -173,7 +178,7 @@ class Speculator:
             self.stats.verify_time_s += duration_s
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
-        """What verification kept of one sequence's drafts."""
+        """What verification kept of one sequence's drafts (`num_drafted`: their depth, the most it could keep)."""
         self.stats.draft_tokens += num_drafted
         self.stats.accepted_tokens += num_accepted
         self.stats.verifications += 1
@@ -196,7 +201,7 @@ class Speculator:
         cost = self._extra_token_cost(batch_size)
         if cost is None:
             return 0  # drafting has a price and the target's step time is not known yet
-        k = best_draft_length(acceptance.rate, cost, k_max)
+        k = best_draft_length(acceptance.rate, cost, k_max, lambda depth: self.proposer.scored_tokens(seq, depth))
         if k > 0 and self._catch_up_pays(seq, acceptance.rate, cost, k, batch_size):
             acceptance.steps_off = 0
             acceptance.probe_interval = PROBE_INTERVAL
@@ -262,13 +267,16 @@ def expected_tokens(acceptance_rate: float, num_drafts: int) -> float:
     return (1 - a ** (num_drafts + 1)) / (1 - a)
 
 
-def best_draft_length(acceptance_rate: float, extra_token_cost: float, k_max: int) -> int:
+def best_draft_length(
+    acceptance_rate: float, extra_token_cost: float, k_max: int, scored: Callable[[int], int] = lambda k: k
+) -> int:
     """The K in 0..k_max with the most expected tokens per unit of step time; 0 unless it gains `MIN_GAIN`.
 
+    `scored(K)`: the positions a draft K deep makes the target score (a tree scores more than K).
     The margin covers what the estimates miss (their noise, the proposer's own bookkeeping).
     """
     def gain(k: int) -> float:
-        return expected_tokens(acceptance_rate, k) / (1 + k * extra_token_cost)
+        return expected_tokens(acceptance_rate, k) / (1 + (scored(k) if k else 0) * extra_token_cost)
 
     best = max(range(k_max + 1), key=gain)
     return best if gain(best) >= MIN_GAIN else 0

@@ -45,6 +45,7 @@ typedef struct {
     float scale, softcap;
     int64_t window;
     int64_t query_stride;
+    const int64_t *span_masks;
 } attention_args;
 
 typedef struct {

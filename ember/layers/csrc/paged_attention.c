@@ -14,6 +14,9 @@
    merged in a fixed order.
    The same code serves MLA's absorbed decode: one kv head whose key rows are the cached latent
    and rope key (dim_k wide) and whose values are the first dim_v entries of those rows.
+   A tree of drafted tokens (Medusa verification) is a span whose queries see the context before
+   the span and, within it, only their ancestors: query row i's `span_masks` entry has bit j set
+   when it sees the span's token j (a chain, or any query outside a tree, has -1: plain causal).
    float32, bfloat16 or float8 e4m3 cache (`cache_format`; widened per block), float32 queries,
    outputs and sums. ember_write_kv stores a step's new keys and values in their slots first
    (float32 in, the cache's format out, rounded to nearest even as torch rounds: bfloat16, and
@@ -43,6 +46,7 @@ typedef struct {
     float scale, softcap;        /* softcap 0: none */
     int64_t window;              /* 0: none */
     int64_t query_stride;
+    const int64_t *span_masks;   /* NULL, or per query row of the flat batch: -1 causal, else a tree mask (see attend) */
 } attention_args;
 
 /* float8 e4m3 (OCP, "fn": no infinities, S.1111.111 is NaN) -> float32 in integer steps the compiler
@@ -175,13 +179,17 @@ static void update_row_avx2(const attention_args *a, const float *values, int64_
     const float new_max = best > *row_max ? best : *row_max;
     const float correction = expf(*row_max - new_max);  /* 0 on the first visible key */
     const int64_t n = t1 - t0;
-    float *p = s + t0;  /* probabilities overwrite their scores; the block buffer has room for the padding */
+    float *p = s + t0;  /* probabilities overwrite their scores (the block buffer has room for the padding read) */
     __m256 sum = _mm256_setzero_ps(), vmax = _mm256_set1_ps(new_max);
     for (int64_t t = 0; t < n; t += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), vmax));
-        if (t + 8 > n) e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - t)),
-                                                                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
-        _mm256_storeu_ps(p + t, e);
+        if (t + 8 > n) {  /* the last keys: scores past t1 (a tree's next visible run) stay as they are */
+            const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - t)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(keep));
+            _mm256_maskstore_ps(p + t, keep, e);
+        } else {
+            _mm256_storeu_ps(p + t, e);
+        }
         sum = _mm256_add_ps(sum, e);
     }
     *row_sum = *row_sum * correction + hsum8(sum);
@@ -235,18 +243,47 @@ static int64_t output_row(const attention_args *a, const work_item *item, int64_
     return token * a->num_heads + (item->h0 + r / per_head) * group + i % group;
 }
 
+/* One query row's online-softmax steps over the keys k_lo + [t0, t1) of a block it may see: all of them,
+   or with a tree mask (not -1) those before the span (key position < span_start) and the span's keys
+   whose bit is set, as runs of consecutive visible keys. */
+static void update_visible(const attention_args *a, const float *qr, const float *keys, const float *values, int64_t k_lo,
+                           int64_t t0, int64_t t1, int64_t span_start, int64_t mask, int fast, float *s, float *o,
+                           float *row_max, float *row_sum) {
+    int64_t t = t0;
+    while (t < t1) {
+        int64_t end = t1;
+        if (mask != -1 && k_lo + t >= span_start) {
+            end = t;
+            while (end < t1 && end - (span_start - k_lo) < 64 && ((uint64_t)mask >> (k_lo + end - span_start) & 1u)) end++;
+            if (end == t) { t++; continue; }  /* an invisible key of the span */
+        } else if (mask != -1 && span_start - k_lo < t1) {
+            end = span_start - k_lo;  /* the context before the span, then the span key by key */
+        }
+#ifdef EMBER_AVX2
+        if (fast) { update_row_avx2(a, values, t, end, s, o, row_max, row_sum); t = end; continue; }
+#else
+        (void)fast;
+#endif
+        update_row_portable(a, qr, keys, values, t, end, s, o, row_max, row_sum);
+        t = end;
+    }
+}
+
 static void attend(const attention_args *a, const work_item *item, float *work) {
     const int64_t group = a->num_heads / a->num_kv_heads, dk = a->dim_k, dv = a->dim_v, bs = a->block_size;
     const int64_t count = a->query_counts[item->seq], nq = item_queries(a, item);
     const int64_t per_head = nq * group, heads = item->h1 - item->h0, rows = per_head * heads;
     const int64_t first_pos = a->context_lens[item->seq] - count + item->q0, last_pos = first_pos + nq - 1;
-    const int64_t score_stride = bs + SCORE_PADDING;
+    const int64_t score_stride = bs + SCORE_PADDING, span_start = a->context_lens[item->seq] - count;
+    const int64_t *masks = a->span_masks ? a->span_masks + a->query_starts[item->seq] + item->q0 : NULL;
     /* the converted span of a row: from kv head h0's first element to the last head's last */
     const int64_t span = (heads - 1) * a->head_stride + (dk > dv ? dk : dv);
     float *acc = work, *row_max = acc + rows * dv, *row_sum = row_max + rows, *scores = row_sum + rows;
     float *kbuf = scores + per_head * score_stride, *vbuf = kbuf + bs * a->token_stride;
 #ifdef EMBER_AVX2
     const int fast = dk % 8 == 0 && dv % VALUE_CHUNK == 0 && a->softcap <= 0.0f;
+#else
+    const int fast = 0;
 #endif
     const float *q[MAX_ROWS];
     for (int64_t r = 0; r < rows; r++) {
@@ -282,14 +319,8 @@ static void attend(const attention_args *a, const work_item *item, float *work) 
                 if (t0 < 0) t0 = 0;
                 if (t1 > n) t1 = n;
                 if (t0 >= t1) continue;
-#ifdef EMBER_AVX2
-                if (fast) {
-                    update_row_avx2(a, head_values, t0, t1, scores + r * score_stride, head_acc + r * dv, head_max + r, head_sum + r);
-                    continue;
-                }
-#endif
-                update_row_portable(a, head_q[r], head_keys, head_values, t0, t1, scores + r * score_stride,
-                                    head_acc + r * dv, head_max + r, head_sum + r);
+                update_visible(a, head_q[r], head_keys, head_values, k_lo, t0, t1, span_start, masks ? masks[r / group] : -1,
+                               fast, scores + r * score_stride, head_acc + r * dv, head_max + r, head_sum + r);
             }
         }
     }
