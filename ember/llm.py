@@ -23,7 +23,7 @@ class LLM:
     name (e.g. `block_size=16, max_num_batched_tokens=512, enable_prefix_caching=False`,
     `kv_cache_dtype="fp8"`);
     speculation: `speculative_method="ngram"|"draft"|"medusa", num_speculative_tokens=K, draft_model=PATH`
-    (draft), `medusa_heads=DIR` (medusa, from `ember medusa train`);
+    (draft), `medusa_heads=DIR` (medusa, from `ember medusa train`; `medusa_tree_nodes=N` sizes its greedy trees);
     tensor parallelism: `tensor_parallel_size=T` (T - 1 worker processes; `shutdown()` stops them).
     """
 
