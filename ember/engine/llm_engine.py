@@ -71,7 +71,7 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     computed_tokens_total: int
-    spec_draft_tokens_total: int = 0
+    spec_draft_tokens_total: int = 0  # a tree of drafts counts its depth (the most it could keep), not its nodes
     spec_accepted_tokens_total: int = 0
     spec_verifications_total: int = 0
     spec_draft_time_s: float = 0.0

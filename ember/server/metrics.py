@@ -71,7 +71,7 @@ class _EngineCollector(Collector):
             ("ember:num_preemptions", "Requests preempted to free KV-cache blocks.", stats.num_preemptions),
             ("ember:prompt_tokens", "Prompt tokens processed.", stats.prompt_tokens_total),
             ("ember:generation_tokens", "Tokens generated.", stats.generation_tokens_total),
-            ("ember:spec_decode_num_draft_tokens", "Tokens drafted for speculative decoding.", stats.spec_draft_tokens_total),
+            ("ember:spec_decode_num_draft_tokens", "Tokens drafted for speculative decoding (a Medusa tree counts its depth).", stats.spec_draft_tokens_total),
             ("ember:spec_decode_num_accepted_tokens", "Drafted tokens the target kept.", stats.spec_accepted_tokens_total),
             ("ember:spec_decode_num_verifications", "Sequence-steps that verified drafted tokens.", stats.spec_verifications_total),
             ("ember:spec_decode_draft_time_seconds", "Time spent drafting.", stats.spec_draft_time_s),
