@@ -13,7 +13,15 @@ ENGINE_FREE_COMMANDS = {"gateway": "ember.gateway.cli"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ember.cli import eval_cmd, generate_cmd, kv_cmd, medusa_cmd, pull_cmd, quantize_cmd
+    from ember.cli import (
+        eagle_cmd,
+        eval_cmd,
+        generate_cmd,
+        kv_cmd,
+        medusa_cmd,
+        pull_cmd,
+        quantize_cmd,
+    )
 
     parser = argparse.ArgumentParser(prog="ember", description="LLM inference and serving.")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -23,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     kv_cmd.register(subparsers)
     quantize_cmd.register(subparsers)
     medusa_cmd.register(subparsers)
+    eagle_cmd.register(subparsers)
     _register_optional(subparsers)
     return parser
 

@@ -63,7 +63,6 @@ class SchedulerConfig:
 SPECULATIVE_METHODS = ("ngram", "draft", "medusa", "eagle")
 MAX_TREE_NODES = 62  # a tree's rows and their newest token fit the attention op's 64-bit masks
 DEFAULT_TREE_NODES = 7  # with the newest token, 8 rows: one query chunk of the attention op, as a decode row reads
-IMPLEMENTED_SPECULATIVE_METHODS = ("ngram", "draft", "medusa")
 
 
 @dataclass
@@ -80,7 +79,9 @@ class SpeculativeConfig:
     pass, 0 for one chain of each head's top token. None: `DEFAULT_TREE_NODES` where activations stay float, a chain
     where a layer rounds them to int8 (a tree's rows sum the same attention terms grouped otherwise than plain
     decoding does; the last-bit difference can move an int8 rounding step and flip a near-tie, so greedy output
-    would no longer be plain decoding's token for token). `adaptive` lets each sequence's draft length
+    would no longer be plain decoding's token for token). "eagle" drafts token by token with the EAGLE-style head
+    saved in the folder `eagle_head` (`ember eagle train`), which extrapolates the target's last hidden
+    state. `adaptive` lets each sequence's draft length
     follow its acceptance rate, down to 0 (with a probe now and then) when speculation does
     not pay.
     """
@@ -91,6 +92,7 @@ class SpeculativeConfig:
     draft_dtype: str | None = None  # None: the target's dtype
     medusa_heads: str | None = None
     medusa_tree_nodes: int | None = None
+    eagle_head: str | None = None
     ngram_max: int = 4
     ngram_min: int = 2
     adaptive: bool = True
@@ -100,10 +102,6 @@ class SpeculativeConfig:
             return
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative method {self.method!r} is unknown; choose one of {', '.join(SPECULATIVE_METHODS)}")
-        if self.method not in IMPLEMENTED_SPECULATIVE_METHODS:
-            raise ValueError(
-                f"speculative method {self.method!r} is not available yet; use one of {', '.join(IMPLEMENTED_SPECULATIVE_METHODS)}"
-            )
         if not 1 <= self.num_speculative_tokens <= 16:
             raise ValueError("num_speculative_tokens must be from 1 to 16")
         if self.method == "draft" and not self.draft_model:
@@ -117,6 +115,12 @@ class SpeculativeConfig:
             )
         if self.method != "medusa" and self.medusa_heads:
             raise ValueError(f"Medusa heads are only used by speculative method 'medusa', not {self.method!r}; drop medusa_heads")
+        if self.method == "eagle" and not self.eagle_head:
+            raise ValueError(
+                "speculative method 'eagle' needs a trained head; pass eagle_head=DIR (--eagle-head), made by `ember eagle train`"
+            )
+        if self.method != "eagle" and self.eagle_head:
+            raise ValueError(f"an EAGLE head is only used by speculative method 'eagle', not {self.method!r}; drop eagle_head")
         if self.medusa_tree_nodes is not None and not 0 <= self.medusa_tree_nodes <= MAX_TREE_NODES:
             raise ValueError(f"medusa_tree_nodes must be from 0 (a chain) to {MAX_TREE_NODES}")
         if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
@@ -189,6 +193,7 @@ class EngineConfig:
                 draft_dtype=args.draft_dtype,
                 medusa_heads=args.medusa_heads,
                 medusa_tree_nodes=args.medusa_tree_nodes,
+                eagle_head=args.eagle_head,
                 adaptive=not args.no_adaptive_speculation,
             ),
             parallel=ParallelConfig.from_args(args),
@@ -241,6 +246,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--medusa-tree-nodes", type=int, default=None,
                         help=f"candidates a greedy Medusa step verifies as one tree (0: a chain of each head's top token; "
                              f"default {DEFAULT_TREE_NODES}, a chain where activations are rounded to int8)")
+    parser.add_argument("--eagle-head", default=None,
+                        help="folder of an EAGLE-style head (`ember eagle train`) for --speculative-method eagle")
     parser.add_argument("--no-adaptive-speculation", action="store_true",
                         help="always draft --num-speculative-tokens instead of following the acceptance rate")
     add_parallel_arguments(parser)

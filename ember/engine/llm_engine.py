@@ -388,6 +388,8 @@ class LLMEngine:
             return Speculator(spec, NgramProposer(spec.ngram_max, spec.ngram_min))
         if spec.method == "medusa":
             return self._medusa_speculator(target)
+        if spec.method == "eagle":
+            return self._eagle_speculator(target)
         from ember.engine.spec.draft_model import DraftModelProposer
 
         assert spec.draft_model is not None  # SpeculativeConfig checked it
@@ -402,6 +404,18 @@ class LLMEngine:
         cache_dtype = kv_cache_torch_dtype(self.config.cache.kv_cache_dtype)
         proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, generator, cache_dtype)
         return Speculator(spec, proposer)
+
+    def _eagle_speculator(self, target: torch.nn.Module) -> Speculator:
+        """An EAGLE-style head checked against the target."""
+        from ember.engine.spec.eagle import EagleProposer
+        from ember.engine.spec.eagle_head import load_eagle_head
+
+        spec = self.config.speculative
+        if self.workers is not None:
+            raise ValueError("an EAGLE head reads the whole LM head, which tensor parallelism splits; run it without --tensor-parallel-size")
+        assert spec.eagle_head is not None  # SpeculativeConfig checked it
+        head = load_eagle_head(spec.eagle_head, target)
+        return Speculator(spec, EagleProposer(head, target, torch.Generator().manual_seed(self.config.seed + 1)))
 
     def _medusa_speculator(self, target: torch.nn.Module) -> Speculator:
         """Medusa heads checked against the target, drafting at most one token per head."""

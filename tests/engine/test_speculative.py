@@ -136,5 +136,7 @@ def test_speculative_config_names_the_fix_for_bad_settings():
         SpeculativeConfig(method="lookahead")
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         SpeculativeConfig(method="ngram", num_speculative_tokens=0)
-    with pytest.raises(ValueError, match="not available yet"):
+    with pytest.raises(ValueError, match="eagle_head=DIR"):
         EngineConfig(model="m", speculative=SpeculativeConfig(method="eagle"))
+    with pytest.raises(ValueError, match="drop eagle_head"):
+        SpeculativeConfig(method="ngram", eagle_head="heads")

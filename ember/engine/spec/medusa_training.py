@@ -17,26 +17,24 @@ mean squared error relative to the hidden states' mean square.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ember.engine.request import Request, Sequence
-from ember.engine.runner import ModelRunner
-from ember.engine.sampling_params import SamplingParams
-from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
+from ember.engine.spec.distillation import (
+    TargetForward,
+    corpus_tokens,
+    differentiable_lm_head,
+    load_training_target,
+    plot_training,
+    train_with_progress,
+)
 from ember.engine.spec.medusa_heads import MedusaHeads, model_identity
-from ember.kv.cache_manager import KVCacheManager
-from ember.layers.sampler import Sampler
 from ember.tokenizers.base import Tokenizer
 
-CHARS_PER_TOKEN_BOUND = 8  # corpus text read per token needed: English BPE averages about 4 characters a token
-BLOCK_SIZE = 16
 FEATURE_LOSS_WEIGHT = 1.0  # weight of the hidden-state regression beside the distillation loss
 
 
@@ -83,44 +81,6 @@ class TrainingLog:
     head_accuracy: list[list[float]] = field(default_factory=list)  # [step][head]
 
 
-def corpus_tokens(paths: list[Path], tokenizer: Tokenizer, num_tokens: int) -> list[int]:
-    """About `num_tokens` tokens from the corpus files (a share of each), concatenated; raises when they hold too few."""
-    _check_corpus(paths)
-    chars_each = math.ceil(num_tokens * CHARS_PER_TOKEN_BOUND / len(paths))
-    tokens: list[int] = []
-    for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            tokens.extend(tokenizer.encode(f.read(chars_each), add_special_tokens=False))
-    return tokens
-
-
-def differentiable_lm_head(target: torch.nn.Module) -> torch.Tensor:
-    """The dense LM head weight [vocab, hidden], checked to give the target's own logits.
-
-    The loaded head runs through a compiled kernel without autograd; the heads' gradient goes
-    through this dense copy instead. A family whose logits are more than that product (a soft
-    cap), or a quantized head, is refused rather than trained against the wrong function.
-    """
-    weight = target.lm_head.state_dict().get("weight")
-    if weight is None or not weight.is_floating_point():
-        raise ValueError("Medusa training needs a float LM head; load the model with --dtype float32 (or bfloat16)")
-    weight = weight.detach()
-    probe = torch.sin(torch.arange(weight.shape[1], dtype=torch.float32)).to(weight.dtype).unsqueeze(0)
-    with torch.inference_mode():
-        expected = target.compute_logits(probe).float()
-    if not torch.allclose(torch.nn.functional.linear(probe, weight).float(), expected, rtol=1e-3, atol=1e-3):
-        raise ValueError(f"{type(target).__name__}'s logits are not a plain LM head product; Medusa training does not support it")
-    return weight
-
-
-def _check_corpus(paths: list[Path]) -> None:
-    if not paths:
-        raise ValueError("give at least one corpus file (--corpus FILE)")
-    for path in paths:
-        if not path.is_file():
-            raise FileNotFoundError(f"corpus file {path} does not exist; give text files to train on (--corpus FILE)")
-
-
 class MedusaTrainer:
     """Holds the frozen target, its runner for full-window forwards, the heads and their optimizer."""
 
@@ -130,10 +90,7 @@ class MedusaTrainer:
         self.heads = MedusaHeads(config.num_heads, model_identity(target)).to(next(target.parameters()).dtype)
         self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=config.learning_rate, weight_decay=0.0)
         self.lm_head_weight = differentiable_lm_head(target)
-        blocks_per_window = -(-config.sequence_length // BLOCK_SIZE)
-        num_blocks = config.batch_size * blocks_per_window
-        self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=False)
-        self.runner = ModelRunner(target, num_blocks, BLOCK_SIZE, self.kv, Sampler(torch.Generator()), frozenset())
+        self.forward = TargetForward(target, config.batch_size, config.sequence_length)
         self._random = random.Random(config.seed)
 
     def train(self, tokens: list[int], on_step: Callable[[int, float], None] | None = None) -> TrainingLog:
@@ -149,7 +106,7 @@ class MedusaTrainer:
         for step in range(self.config.steps):
             if step % self.config.steps_per_batch == 0:
                 starts = [self._random.randrange(len(tokens) - length + 1) for _ in range(self.config.batch_size)]
-                hidden = self._target_hidden([tokens[s : s + length] for s in starts])
+                hidden = self.forward.hidden([tokens[s : s + length] for s in starts])
             loss, accuracy = self.step(hidden)
             log.losses.append(loss)
             log.head_accuracy.append(accuracy)
@@ -201,22 +158,6 @@ class MedusaTrainer:
         probs = torch.softmax(logits, dim=-1).reshape(hidden.shape[0], len(needed), -1)
         return probs[:, torch.searchsorted(needed, positions.unsqueeze(1) + offsets)]
 
-    def _target_hidden(self, windows: list[list[int]]) -> torch.Tensor:
-        """The target's final hidden states over each window, as a fresh prefill: [B, L, H]."""
-        scheduled = []
-        for i, window in enumerate(windows):
-            seq_id = f"medusa-train-{i}"
-            seq = Sequence(seq_id, Request(seq_id, window, SamplingParams(max_tokens=1)), 0, list(window), len(window))
-            if self.kv.allocate_slots(seq_id, window, 0, len(window)) is None:
-                raise RuntimeError("the training KV cache is sized for one batch of windows and must have room")
-            scheduled.append(ScheduledSequence(seq, len(window)))
-        try:
-            hidden = self.runner.hidden_states(SchedulerOutput(scheduled))
-        finally:
-            for item in scheduled:
-                self.kv.free(item.seq.seq_id)
-        return hidden.clone().reshape(len(windows), len(windows[0]), -1)  # a normal tensor, usable by autograd
-
 
 @dataclass(frozen=True)
 class TrainedHeads:
@@ -237,15 +178,7 @@ def train_medusa_heads(
     show_progress: bool = False,
 ) -> TrainedHeads:
     """Load `model` and train heads for it (`train_heads_for`)."""
-    from ember.engine.llm_engine import load_tokenizer_from
-    from ember.models.loader import load_model
-    from ember.models.registry import resolve_model
-
-    _check_corpus(corpus)
-    loaded = load_model(resolve_model(model), dtype, show_progress=show_progress)
-    text_tokenizer = load_tokenizer_from(Path(tokenizer) if tokenizer else loaded.tokenizer_path)
-    if text_tokenizer is None:
-        raise ValueError(f"{model} carries no tokenizer to read the corpus with; pass --tokenizer FILE")
+    loaded, text_tokenizer = load_training_target(model, corpus, dtype, tokenizer, show_progress)
     return train_heads_for(loaded.model, text_tokenizer, corpus, out, config, show_progress)
 
 
@@ -261,34 +194,8 @@ def train_heads_for(
     trainer = MedusaTrainer(target, config)
     num_batches = -(-config.steps // config.steps_per_batch)
     tokens = corpus_tokens(corpus, tokenizer, num_batches * config.batch_size * config.sequence_length)
-    columns = (TextColumn("[bold]medusa train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
-               TimeRemainingColumn())
-    with Progress(*columns, disable=not show_progress) as progress:
-        task = progress.add_task("train", total=config.steps, loss="-")
-        log = trainer.train(tokens, lambda step, loss: progress.update(task, completed=step + 1, loss=f"{loss:.3f}"))
+    log = train_with_progress("medusa train", config.steps, lambda on_step: trainer.train(tokens, on_step), show_progress)
     trainer.heads.save(out)
-    plot_training(log, out / "training.png")
+    agreement = {f"head {u + 1} (token t+{u + 2})": list(series) for u, series in enumerate(zip(*log.head_accuracy, strict=True))}
+    plot_training(log.losses, agreement, "Medusa heads, self-distillation", out / "training.png")
     return TrainedHeads(out, log, len(tokens))
-
-
-def plot_training(log: TrainingLog, path: Path) -> Path:
-    """Loss and each head's top-1 agreement with the target, per step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (loss_axis, agreement_axis) = plt.subplots(1, 2, figsize=(9, 3.4))
-    loss_axis.plot(log.losses)
-    loss_axis.set_xlabel("step")
-    loss_axis.set_ylabel("loss")
-    for k, series in enumerate(zip(*log.head_accuracy, strict=True)):
-        agreement_axis.plot(series, label=f"head {k + 1} (token t+{k + 2})")
-    agreement_axis.set_xlabel("step")
-    agreement_axis.set_ylabel("top-1 agreement with the target")
-    agreement_axis.legend(fontsize=7)
-    fig.suptitle("Medusa heads, self-distillation")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path

@@ -1,0 +1,138 @@
+"""What training a draft head on a frozen target needs, whatever the head: corpus tokens, the target's
+final hidden states over token windows, and its LM head as a differentiable product.
+
+Medusa heads (medusa_training) and the EAGLE-style head (eagle_training) both learn the target's
+own outputs (self-distillation), so both read the target the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from ember.engine.request import Request, Sequence
+from ember.engine.runner import ModelRunner
+from ember.engine.sampling_params import SamplingParams
+from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
+from ember.kv.cache_manager import KVCacheManager
+from ember.layers.sampler import Sampler
+from ember.tokenizers.base import Tokenizer
+
+T = TypeVar("T")
+CHARS_PER_TOKEN_BOUND = 8  # corpus text read per token needed: English BPE averages about 4 characters a token
+BLOCK_SIZE = 16
+
+
+def check_corpus(paths: list[Path]) -> None:
+    """Raise, naming the fix, unless `paths` are existing files."""
+    if not paths:
+        raise ValueError("give at least one corpus file (--corpus FILE)")
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"corpus file {path} does not exist; give text files to train on (--corpus FILE)")
+
+
+def corpus_tokens(paths: list[Path], tokenizer: Tokenizer, num_tokens: int) -> list[int]:
+    """About `num_tokens` tokens from the corpus files (a share of each), concatenated; raises when they hold too few."""
+    check_corpus(paths)
+    chars_each = math.ceil(num_tokens * CHARS_PER_TOKEN_BOUND / len(paths))
+    tokens: list[int] = []
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            tokens.extend(tokenizer.encode(f.read(chars_each), add_special_tokens=False))
+    return tokens
+
+
+def differentiable_lm_head(target: torch.nn.Module) -> torch.Tensor:
+    """The dense LM head weight [vocab, hidden], checked to give the target's own logits.
+
+    The loaded head runs through a compiled kernel without autograd; a head's gradient goes
+    through this dense copy instead. A family whose logits are more than that product (a soft
+    cap), or a quantized head, is refused rather than trained against the wrong function.
+    """
+    weight = target.lm_head.state_dict().get("weight")
+    if weight is None or not weight.is_floating_point():
+        raise ValueError("draft-head training needs a float LM head; load the model with --dtype float32 (or bfloat16)")
+    weight = weight.detach()
+    probe = torch.sin(torch.arange(weight.shape[1], dtype=torch.float32)).to(weight.dtype).unsqueeze(0)
+    with torch.inference_mode():
+        expected = target.compute_logits(probe).float()
+    if not torch.allclose(torch.nn.functional.linear(probe, weight).float(), expected, rtol=1e-3, atol=1e-3):
+        raise ValueError(f"{type(target).__name__}'s logits are not a plain LM head product; draft-head training does not support it")
+    return weight
+
+
+class TargetForward:
+    """Full-window prefills of a frozen target for a fixed batch shape; gives its final hidden states."""
+
+    def __init__(self, target: torch.nn.Module, batch_size: int, sequence_length: int) -> None:
+        num_blocks = batch_size * -(-sequence_length // BLOCK_SIZE)
+        self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=False)
+        self.runner = ModelRunner(target, num_blocks, BLOCK_SIZE, self.kv, Sampler(torch.Generator()), frozenset())
+
+    def hidden(self, windows: list[list[int]]) -> torch.Tensor:
+        """The target's final hidden states over each window, as a fresh prefill: [B, L, H]."""
+        scheduled = []
+        for i, window in enumerate(windows):
+            seq_id = f"distill-{i}"
+            seq = Sequence(seq_id, Request(seq_id, window, SamplingParams(max_tokens=1)), 0, list(window), len(window))
+            if self.kv.allocate_slots(seq_id, window, 0, len(window)) is None:
+                raise RuntimeError("the training KV cache is sized for one batch of windows and must have room")
+            scheduled.append(ScheduledSequence(seq, len(window)))
+        try:
+            hidden = self.runner.hidden_states(SchedulerOutput(scheduled))
+        finally:
+            for item in scheduled:
+                self.kv.free(item.seq.seq_id)
+        return hidden.clone().reshape(len(windows), len(windows[0]), -1)  # a normal tensor, usable by autograd
+
+
+def load_training_target(model: str, corpus: list[Path], dtype: str, tokenizer: str | None, show_progress: bool):
+    """The frozen target (a `LoadedModel`) and the tokenizer to read the corpus with; raises naming the fix."""
+    from ember.engine.llm_engine import load_tokenizer_from
+    from ember.models.loader import load_model
+    from ember.models.registry import resolve_model
+
+    check_corpus(corpus)
+    loaded = load_model(resolve_model(model), dtype, show_progress=show_progress)
+    text_tokenizer = load_tokenizer_from(Path(tokenizer) if tokenizer else loaded.tokenizer_path)
+    if text_tokenizer is None:
+        raise ValueError(f"{model} carries no tokenizer to read the corpus with; pass --tokenizer FILE")
+    return loaded, text_tokenizer
+
+
+def train_with_progress(label: str, steps: int, train: Callable[[Callable[[int, float], None]], T], show_progress: bool) -> T:
+    """Run `train(on_step)` under a progress bar of `steps` steps showing the newest loss."""
+    columns = (TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+               TimeRemainingColumn())
+    with Progress(*columns, disable=not show_progress) as progress:
+        task = progress.add_task("train", total=steps, loss="-")
+        return train(lambda step, loss: progress.update(task, completed=step + 1, loss=f"{loss:.3f}"))
+
+
+def plot_training(losses: list[float], agreement: dict[str, list[float]], title: str, path: Path) -> Path:
+    """Loss per step beside each named series of top-1 agreement with the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss_axis, agreement_axis) = plt.subplots(1, 2, figsize=(9, 3.4))
+    loss_axis.plot(losses)
+    loss_axis.set_xlabel("step")
+    loss_axis.set_ylabel("loss")
+    for label, series in agreement.items():
+        agreement_axis.plot(series, label=label)
+    agreement_axis.set_xlabel("step")
+    agreement_axis.set_ylabel("top-1 agreement with the target")
+    agreement_axis.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
