@@ -89,7 +89,7 @@ def test_the_hidden_state_handed_to_the_proposer_is_the_one_behind_each_newest_t
     while engine.has_unfinished_requests():
         engine.step()
         for seq in engine.scheduler.running:
-            last = proposer._current(seq)
+            last = proposer.hidden.current(seq)
             assert last is not None  # every running decoder has a current hidden state after its step
             logits = engine.runner.model.compute_logits(last.hidden.unsqueeze(0))
             assert int(logits.argmax()) == seq.token_ids[last.position + 1]

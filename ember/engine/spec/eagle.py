@@ -22,11 +22,9 @@ from torch import nn
 from ember.engine.request import Sequence
 from ember.engine.runner import LastHidden
 from ember.engine.spec.eagle_head import EagleHead, draft_lm_rows, token_embeddings
+from ember.engine.spec.hidden_states import DraftingCost, NewestHiddenStates
 from ember.layers.rejection_sampler import DraftRow
 from ember.layers.sampler import draw_proposals
-
-COST_SMOOTHING = 0.2  # weight of the newest drafting in the running cost estimate
-CALIBRATION_ROUNDS = 3  # timed draft steps at start (the first warms up)
 
 
 class EagleProposer:
@@ -39,22 +37,22 @@ class EagleProposer:
         self.target = target
         self._generator = generator
         self._lm_rows = draft_lm_rows(target, head.vocab_ids)  # [N, hidden] float32
-        self._last_hidden: dict[str, LastHidden] = {}
-        self._step_cost_s: float | None = None
-        self._calibrate()
+        self.hidden = NewestHiddenStates()
+        self.cost = DraftingCost()
+        self.cost.calibrate(lambda: self._draft_step(torch.zeros(1, head.identity.hidden_size), torch.zeros(1, dtype=torch.long)), 1)
 
     def observe(self, last_hidden: dict[str, LastHidden]) -> None:
-        """Keep the newest hidden state of each sequence the step sampled for."""
-        self._last_hidden.update(last_hidden)
+        self.hidden.observe(last_hidden)
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
-        ready = {seq: k for seq, k in wanted.items() if self._current(seq) is not None}
+        ready = {seq: k for seq, k in wanted.items() if self.hidden.current(seq) is not None}
         if not ready:
             return {}
         started = time.perf_counter()
         seqs = list(ready)
-        feature = torch.stack([self._last_hidden[seq.seq_id].hidden.float() for seq in seqs])
-        tokens = torch.tensor([seq.token_ids[self._last_hidden[seq.seq_id].position + 1] for seq in seqs])
+        newest = [self.hidden.current(seq) for seq in seqs]
+        feature = torch.stack([last.hidden.float() for last in newest])
+        tokens = torch.tensor([seq.token_ids[last.position + 1] for seq, last in zip(seqs, newest, strict=True)])
         drafted: list[list[int]] = [[] for _ in seqs]
         probs: list[list[torch.Tensor]] = [[] for _ in seqs]
         num_steps = max(ready.values())
@@ -66,7 +64,7 @@ class EagleProposer:
                 if q is not None:
                     probs[row].append(self._full_vocabulary(q[0]))
             tokens = torch.tensor([row[-1] for row in drafted])
-        self._record(time.perf_counter() - started, num_steps)
+        self.cost.record(time.perf_counter() - started, num_steps)
         return {
             seq.seq_id: DraftRow(drafted[row][:k], torch.stack(probs[row][:k]) if probs[row] else None)
             for row, (seq, k) in enumerate(ready.items())
@@ -78,16 +76,14 @@ class EagleProposer:
 
     def draft_token_cost_s(self) -> float | None:
         """Seconds one draft step costs the drafting batch (a head pass and a draft-vocabulary product)."""
-        return self._step_cost_s
+        return self.cost.per_position_s
 
     def catch_up_cost_s(self, seq: Sequence) -> float:
         """Nothing to catch up on: the head reads the hidden state the target's own step left behind."""
         return 0.0
 
     def retain(self, seq_ids: set[str]) -> None:
-        """Forget the hidden states of sequences that are no longer running."""
-        for seq_id in set(self._last_hidden) - seq_ids:
-            del self._last_hidden[seq_id]
+        self.hidden.retain(seq_ids)
 
     def _draft_step(self, feature: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The next features [B, hidden] and their logits over the draft vocabulary [B, N]."""
@@ -100,25 +96,3 @@ class EagleProposer:
         full = torch.zeros(self.head.identity.vocab_size)
         full[self.head.vocab_ids] = q.float()
         return full
-
-    def _current(self, seq: Sequence) -> LastHidden | None:
-        """The sequence's hidden state if it belongs to its newest token (not one from before a rollback or preemption)."""
-        last = self._last_hidden.get(seq.seq_id)
-        if last is None or last.position + 1 != seq.num_computed_tokens:
-            return None
-        return last
-
-    def _record(self, seconds: float, num_steps: int) -> None:
-        per_step = seconds / num_steps
-        self._step_cost_s = per_step if self._step_cost_s is None else (
-            (1 - COST_SMOOTHING) * self._step_cost_s + COST_SMOOTHING * per_step
-        )
-
-    def _calibrate(self) -> None:
-        """Time draft steps for one sequence, so the first request is judged on a measured cost."""
-        feature = torch.zeros(1, self.head.identity.hidden_size)
-        for _ in range(CALIBRATION_ROUNDS):
-            started = time.perf_counter()
-            self._draft_step(feature, torch.zeros(1, dtype=torch.long))
-            self._step_cost_s = None
-            self._record(time.perf_counter() - started, 1)

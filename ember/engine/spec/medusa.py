@@ -28,13 +28,12 @@ from torch import nn
 
 from ember.engine.request import Sequence
 from ember.engine.runner import LastHidden
+from ember.engine.spec.hidden_states import DraftingCost, NewestHiddenStates
 from ember.engine.spec.medusa_heads import MedusaHeads
 from ember.layers.rejection_sampler import DraftRow
 from ember.layers.sampler import draw_proposals
 
 RANK_PRIOR = (0.5, 0.2, 0.1, 0.06, 0.04)  # chance that a head's r-th likeliest token is the target's (r = 0, 1, ...)
-COST_SMOOTHING = 0.2  # weight of the newest drafting in the running cost estimate
-CALIBRATION_ROUNDS = 3  # timed head products at start (the first warms up)
 
 
 class MedusaProposer:
@@ -48,25 +47,24 @@ class MedusaProposer:
         self.target = target
         self.tree_nodes = tree_nodes
         self._generator = generator
-        self._last_hidden: dict[str, LastHidden] = {}
-        self._position_cost_s: float | None = None
-        self._calibrate()
+        self.hidden = NewestHiddenStates()
+        self.cost = DraftingCost()
+        self.cost.calibrate(self._time_heads, heads.num_heads)
 
     def observe(self, last_hidden: dict[str, LastHidden]) -> None:
-        """Keep the newest hidden state of each sequence the step sampled for."""
-        self._last_hidden.update(last_hidden)
+        self.hidden.observe(last_hidden)
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
-        ready = {seq: min(k, self.heads.num_heads) for seq, k in wanted.items() if self._current(seq) is not None}
+        ready = {seq: min(k, self.heads.num_heads) for seq, k in wanted.items() if self.hidden.current(seq) is not None}
         if not ready:
             return {}
         started = time.perf_counter()
-        hidden = torch.stack([self._last_hidden[seq.seq_id].hidden for seq in ready])
+        hidden = torch.stack([self.hidden.current(seq).hidden for seq in ready])
         num_heads = max(ready.values())
         with torch.inference_mode():
             logits = self.heads.logits(self.target, hidden, num_heads).float()
         drafts = {seq.seq_id: self._draft(logits[row, :k], seq) for row, (seq, k) in enumerate(ready.items())}
-        self._record(time.perf_counter() - started, num_heads)
+        self.cost.record(time.perf_counter() - started, num_heads)
         return drafts
 
     def scored_tokens(self, seq: Sequence, num_drafts: int) -> int:
@@ -77,23 +75,14 @@ class MedusaProposer:
 
     def draft_token_cost_s(self) -> float | None:
         """Seconds one more head costs a drafting (the heads share one LM head product, so this is its share)."""
-        return self._position_cost_s
+        return self.cost.per_position_s
 
     def catch_up_cost_s(self, seq: Sequence) -> float:
         """Nothing to catch up on: the heads read the hidden state the target's own step left behind."""
         return 0.0
 
     def retain(self, seq_ids: set[str]) -> None:
-        """Forget the hidden states of sequences that are no longer running."""
-        for seq_id in set(self._last_hidden) - seq_ids:
-            del self._last_hidden[seq_id]
-
-    def _current(self, seq: Sequence) -> LastHidden | None:
-        """The sequence's hidden state if it belongs to its newest token (not one from before a rollback or preemption)."""
-        last = self._last_hidden.get(seq.seq_id)
-        if last is None or last.position + 1 != seq.num_computed_tokens:
-            return None
-        return last
+        self.hidden.retain(seq_ids)
 
     def _draft(self, logits: torch.Tensor, seq: Sequence) -> DraftRow:
         """Each head's token ([k, vocab] logits): a tree of their likeliest tokens or their argmax for greedy rows,
@@ -107,22 +96,11 @@ class MedusaProposer:
             )
         return DraftRow(*draw_proposals(logits, seq.params, seq.generator or self._generator))
 
-    def _record(self, seconds: float, num_heads: int) -> None:
-        per_head = seconds / num_heads
-        self._position_cost_s = per_head if self._position_cost_s is None else (
-            (1 - COST_SMOOTHING) * self._position_cost_s + COST_SMOOTHING * per_head
-        )
-
-    def _calibrate(self) -> None:
-        """Time the heads and the LM head product for one sequence, so the first request is judged on a measured cost."""
+    def _time_heads(self) -> None:
+        """One head product for one sequence (what calibration times)."""
         dtype = next(self.target.parameters()).dtype
-        hidden = torch.zeros(1, self.heads.identity.hidden_size, dtype=dtype)
-        for _ in range(CALIBRATION_ROUNDS):
-            started = time.perf_counter()
-            with torch.inference_mode():
-                self.heads.logits(self.target, hidden)
-            self._position_cost_s = None
-            self._record(time.perf_counter() - started, self.heads.num_heads)
+        with torch.inference_mode():
+            self.heads.logits(self.target, torch.zeros(1, self.heads.identity.hidden_size, dtype=dtype))
 
 
 def rank_tree(depth: int, num_nodes: int) -> list[tuple[int, ...]]:
