@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     gateway.set_defaults(func=_run_gateway)
     spec = commands.add_parser("spec", help="speculative decoding: ember with vs without, batch 1 and batch sweep, same run")
     _common(spec, peers=False)
-    spec.add_argument("--methods", default="ngram", help="comma-separated proposers to compare: ngram, draft, medusa")
+    spec.add_argument("--methods", default="ngram", help="comma-separated proposers to compare: ngram, draft, medusa, eagle")
     spec.add_argument("--num-speculative-tokens", type=int, default=4)
     spec.add_argument("--draft-model", default=None, help="draft model for the 'draft' proposer (default: the target itself)")
     spec.add_argument("--draft-dtype", default=None, choices=("float32", "bfloat16"), help="draft dtype (default: bfloat16 for a self-draft)")
@@ -72,6 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       help="Medusa heads folder for the 'medusa' proposer (default: trained here on the shared corpus, cached)")
     spec.add_argument("--medusa-train-steps", type=int, default=160,
                       help="training steps (4 per batch of target hidden states) of heads this bench trains itself")
+    spec.add_argument("--eagle-head", default=None,
+                      help="EAGLE-style head folder for the 'eagle' proposer (default: trained here on the shared corpus, cached)")
+    spec.add_argument("--eagle-train-steps", type=int, default=320,
+                      help="training steps (4 per batch of target hidden states) of a head this bench trains itself")
     spec.add_argument("--num-prompts", type=int, default=3, help="prompts per batch-1 workload")
     spec.add_argument("--output-len", type=int, default=128)
     spec.add_argument("--batch-sizes", default="1,4,8,16", help="batch sweep on code-edit ('' to skip)")
@@ -236,12 +240,13 @@ def _run_gateway(args: argparse.Namespace) -> int:
 
 def _run_spec(args: argparse.Namespace) -> int:
     from ember.bench.spec import SpecBenchOptions, bench_spec, format_spec_section
+    from ember.engine.config import SPECULATIVE_METHODS
 
     options = _options(args)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    unknown = [m for m in methods if m not in ("ngram", "draft", "medusa")]
+    unknown = [m for m in methods if m not in SPECULATIVE_METHODS]
     if unknown:
-        raise ValueError(f"--methods: unknown proposer(s) {', '.join(unknown)}; choose from ngram, draft, medusa")
+        raise ValueError(f"--methods: unknown proposer(s) {', '.join(unknown)}; choose from {', '.join(SPECULATIVE_METHODS)}")
     draft_model = args.draft_model
     draft_dtype = args.draft_dtype
     if "draft" in methods and draft_model is None:
@@ -253,7 +258,8 @@ def _run_spec(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-sizes {args.batch_sizes!r} should read like 1,4,8,16") from None
     spec = SpecBenchOptions(methods=methods, num_speculative_tokens=args.num_speculative_tokens, draft_model=draft_model,
                             draft_dtype=draft_dtype, medusa_heads=args.medusa_heads,
-                            medusa_train_steps=args.medusa_train_steps, num_prompts=args.num_prompts, output_len=args.output_len,
+                            medusa_train_steps=args.medusa_train_steps, eagle_head=args.eagle_head,
+                            eagle_train_steps=args.eagle_train_steps, num_prompts=args.num_prompts, output_len=args.output_len,
                             batch_sizes=batch_sizes, mixed_requests=args.mixed_requests,
                             mixed_max_output=args.mixed_max_output, plot_path=args.plot)
     section = bench_spec(options, spec)

@@ -36,6 +36,7 @@ class EmberSettings:
     draft_model: str | None = None
     draft_dtype: str | None = None
     medusa_heads: str | None = None
+    eagle_head: str | None = None
     adaptive_speculation: bool = True
 
     def config(self, model: str, dtype: str) -> EngineConfig:
@@ -57,6 +58,7 @@ class EmberSettings:
                 draft_model=self.draft_model,
                 draft_dtype=self.draft_dtype,
                 medusa_heads=self.medusa_heads,
+                eagle_head=self.eagle_head,
                 adaptive=self.adaptive_speculation,
             ),
         )

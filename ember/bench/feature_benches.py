@@ -29,8 +29,8 @@ class FeatureSizes:
 
     spec_prompts: int = 3  # prompts per batch-1 workload
     spec_output_len: int = 128
-    # draft: the target's own 4-bit GGUF blocks (dtype auto); medusa: heads the bench trains once per model and caches
-    spec_methods: tuple[str, ...] = ("ngram", "draft", "medusa")
+    # draft: the target's own 4-bit GGUF blocks (dtype auto); medusa, eagle: heads the bench trains once per model and caches
+    spec_methods: tuple[str, ...] = ("ngram", "draft", "medusa", "eagle")
     spec_batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
     spec_mixed_requests: int = 16
     spec_mixed_max_output: int = 128  # the mixed workload's outputs are clipped here
@@ -110,7 +110,8 @@ def run_feature_section(name: str, options: BenchOptions, sizes: FeatureSizes) -
 
 
 def run_spec_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
-    """`ember bench spec`: n-gram, a 4-bit self-draft and Medusa heads against plain decoding (plot drawn by the report)."""
+    """`ember bench spec`: n-gram, a 4-bit self-draft, Medusa heads and an EAGLE-style head against plain decoding
+    (plot drawn by the report)."""
     from ember.bench.spec import SpecBenchOptions, bench_spec
 
     has_draft = "draft" in sizes.spec_methods

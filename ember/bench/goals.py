@@ -77,7 +77,7 @@ def spec_goals(results: dict) -> list[Goal]:
             continue
         goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}: n-gram output tok/s over plain", ">= 2x",
                           _get(entry, "ngram", "ratio"), lambda v: v >= 2.0, detail=_acceptance(entry, "ngram")))
-    for method, name in (("draft", "draft-model"), ("medusa", "Medusa")):
+    for method, name in (("draft", "draft-model"), ("medusa", "Medusa"), ("eagle", "EAGLE-style")):
         for workload, entry in batch1.items():
             if method in entry:
                 goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}: {name} output tok/s over plain", "reported",

@@ -9,7 +9,8 @@ Three parts, each reported as same-run ratios (median of interleaved repeats):
 
 The "medusa" proposer needs heads: `--medusa-heads DIR`, or heads this bench trains itself on
 the shared corpus (a bounded number of steps, a few minutes on a laptop CPU), cached under
-`$EMBER_HOME/medusa/<base model fingerprint>-...` so re-runs reuse them.
+`$EMBER_HOME/medusa/<base model fingerprint>-...` so re-runs reuse them. The "eagle" proposer's
+head likewise (`--eagle-head DIR`, or trained here and cached under `$EMBER_HOME/eagle/`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class SpecBenchOptions:
     draft_dtype: str | None = None
     medusa_heads: str | None = None  # None: trained here (and cached) when "medusa" is compared
     medusa_train_steps: int = 160  # 4 per batch of target hidden states: 40 target forwards of 4 x 128 tokens
+    eagle_head: str | None = None  # None: trained here (and cached) when "eagle" is compared
+    eagle_train_steps: int = 320  # 4 per batch, as Medusa's: 80 target forwards of 4 x 128 tokens
     num_prompts: int = 3
     output_len: int = 128
     batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
@@ -55,6 +58,7 @@ def _settings(method: str | None, spec: SpecBenchOptions, max_num_seqs: int | No
         draft_model=spec.draft_model if method == "draft" else None,
         draft_dtype=spec.draft_dtype if method == "draft" else None,
         medusa_heads=spec.medusa_heads if method == "medusa" else None,
+        eagle_head=spec.eagle_head if method == "eagle" else None,
     )
 
 
@@ -107,9 +111,11 @@ def bench_spec(options: BenchOptions, spec: SpecBenchOptions) -> dict:
     tokenizer = load(model_path(options.model))
     if "medusa" in spec.methods and spec.medusa_heads is None:
         spec = replace(spec, medusa_heads=str(cached_medusa_heads(options.model, options.dtypes[0], spec, tokenizer)))
+    if "eagle" in spec.methods and spec.eagle_head is None:
+        spec = replace(spec, eagle_head=str(cached_eagle_head(options.model, options.dtypes[0], spec, tokenizer)))
     section: dict = {"dtype": options.dtypes[0], "num_speculative_tokens": spec.num_speculative_tokens,
                      "draft_model": spec.draft_model, "draft_dtype": spec.draft_dtype, "medusa_heads": spec.medusa_heads,
-                     "batch1": {}, "batch_sweep": {}}
+                     "eagle_head": spec.eagle_head, "batch1": {}, "batch_sweep": {}}
     for name in SPEC_WORKLOADS:
         workload = build_spec_workload(name, tokenizer, options.seed, spec.num_prompts, spec.output_len)
         runs = _interleave(options, f"spec batch1 {name}", _runners(options, spec, workload, 1, spec.methods))
@@ -136,23 +142,48 @@ def bench_spec(options: BenchOptions, spec: SpecBenchOptions) -> dict:
 def cached_medusa_heads(model: str, dtype: str, spec: SpecBenchOptions, tokenizer) -> Path:
     """Heads for `model` trained on the shared corpus for `spec.medusa_train_steps` steps; reused when already cached."""
     from ember.bench.ember_runner import loaded_weights
-    from ember.bench.workloads import CORPUS_FILES, find_corpus_dir
     from ember.engine.spec.medusa_heads import CONFIG_FILE, model_identity
     from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_heads_for
-    from ember.models.registry import ember_home
 
     target = loaded_weights(model, dtype).model
     config = MedusaTrainingConfig(num_heads=spec.num_speculative_tokens, steps=spec.medusa_train_steps, steps_per_batch=4)
     name = f"{model_identity(target).key}-{config.num_heads}heads-{config.steps}steps-{config.steps_per_batch}perbatch"
-    folder = ember_home() / "medusa" / name
-    if (folder / CONFIG_FILE).is_file():
-        return folder
+    folder = ember_cache("medusa", name)
+    if not (folder / CONFIG_FILE).is_file():
+        train_heads_for(target, tokenizer, shared_corpus("Medusa heads", "--medusa-heads"), folder, config, show_progress=True)
+    return folder
+
+
+def cached_eagle_head(model: str, dtype: str, spec: SpecBenchOptions, tokenizer) -> Path:
+    """An EAGLE-style head for `model` trained on the shared corpus for `spec.eagle_train_steps` steps; reused when cached."""
+    from ember.bench.ember_runner import loaded_weights
+    from ember.engine.spec.eagle_head import CONFIG_FILE
+    from ember.engine.spec.eagle_training import EagleTrainingConfig, train_eagle_head_for
+    from ember.engine.spec.medusa_heads import model_identity
+
+    target = loaded_weights(model, dtype).model
+    config = EagleTrainingConfig(steps=spec.eagle_train_steps, steps_per_batch=4)
+    folder = ember_cache("eagle", f"{model_identity(target).key}-{config.steps}steps-{config.steps_per_batch}perbatch")
+    if not (folder / CONFIG_FILE).is_file():
+        train_eagle_head_for(target, tokenizer, shared_corpus("EAGLE head", "--eagle-head"), folder, config, show_progress=True)
+    return folder
+
+
+def ember_cache(kind: str, name: str) -> Path:
+    """Where this bench keeps what it trained: `$EMBER_HOME/<kind>/<name>`."""
+    from ember.models.registry import ember_home
+
+    return ember_home() / kind / name
+
+
+def shared_corpus(what: str, flag: str) -> list[Path]:
+    """The shared corpus files to train on; raises naming `flag` (bring your own) when there is none."""
+    from ember.bench.workloads import CORPUS_FILES, find_corpus_dir
+
     corpus_dir = find_corpus_dir()
     if corpus_dir is None:
-        raise ValueError("no shared corpus to train Medusa heads on; set EMBER_SHARED or pass --medusa-heads DIR")
-    corpus = [corpus_dir / name for name in CORPUS_FILES if (corpus_dir / name).is_file()]
-    train_heads_for(target, tokenizer, corpus, folder, config, show_progress=True)
-    return folder
+        raise ValueError(f"no shared corpus to train the {what} on; set EMBER_SHARED or pass {flag} DIR")
+    return [corpus_dir / name for name in CORPUS_FILES if (corpus_dir / name).is_file()]
 
 
 def _crossover(sweep: dict) -> int | None:

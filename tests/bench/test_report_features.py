@@ -161,7 +161,7 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     assert (small.quant_eval_windows, small.quant_calib_tokens, small.parallel_prompts) == (4, 2048, 1)  # the quant floors
     assert small.spec_output_len == FeatureSizes().spec_output_len  # lengths never scale
     options = BenchOptions(repeats=2)
-    assert planned_runs(options, small, "spec") == (3 * 4 + 2 * 2 + 2) * 2  # plain, ngram, draft, medusa on three workloads
+    assert planned_runs(options, small, "spec") == (3 * 5 + 2 * 2 + 2) * 2  # plain, ngram, draft, medusa, eagle on three workloads
     assert planned_runs(options, small, "quant") == 2 + 2 * 7 + 1  # gptq8 dropped below scale 0.5; sq8 adds its kernel timings
     assert planned_runs(options, small, "parallel") == 3  # tensor, tensor + sequence, pipeline
 
