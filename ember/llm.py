@@ -22,8 +22,9 @@ class LLM:
     Extra keyword arguments set `CacheConfig` / `SchedulerConfig` / `SpeculativeConfig` fields by
     name (e.g. `block_size=16, max_num_batched_tokens=512, enable_prefix_caching=False`,
     `kv_cache_dtype="fp8"`);
-    speculation: `speculative_method="ngram"|"draft"|"medusa", num_speculative_tokens=K, draft_model=PATH`
-    (draft), `medusa_heads=DIR` (medusa, from `ember medusa train`; `medusa_tree_nodes=N` sizes its greedy trees);
+    speculation: `speculative_method="ngram"|"draft"|"medusa"|"eagle", num_speculative_tokens=K, draft_model=PATH`
+    (draft), `medusa_heads=DIR` (medusa, from `ember medusa train`; `medusa_tree_nodes=N` sizes its greedy trees),
+    `eagle_head=DIR` (eagle, from `ember eagle train`);
     tensor parallelism: `tensor_parallel_size=T` (T - 1 worker processes; `shutdown()` stops them).
     """
 
