@@ -76,6 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       help="EAGLE-style head folder for the 'eagle' proposer (default: trained here on the shared corpus, cached)")
     spec.add_argument("--eagle-train-steps", type=int, default=320,
                       help="training steps (4 per batch of target hidden states) of a head this bench trains itself")
+    spec.add_argument("--train-replies", type=int, default=96,
+                      help="heads trained here learn from this many of the model's own replies to corpus prompts (0: the corpus)")
     spec.add_argument("--num-prompts", type=int, default=3, help="prompts per batch-1 workload")
     spec.add_argument("--output-len", type=int, default=128)
     spec.add_argument("--batch-sizes", default="1,4,8,16", help="batch sweep on code-edit ('' to skip)")
@@ -259,7 +261,7 @@ def _run_spec(args: argparse.Namespace) -> int:
     spec = SpecBenchOptions(methods=methods, num_speculative_tokens=args.num_speculative_tokens, draft_model=draft_model,
                             draft_dtype=draft_dtype, medusa_heads=args.medusa_heads,
                             medusa_train_steps=args.medusa_train_steps, eagle_head=args.eagle_head,
-                            eagle_train_steps=args.eagle_train_steps, num_prompts=args.num_prompts, output_len=args.output_len,
+                            eagle_train_steps=args.eagle_train_steps, train_replies=args.train_replies, num_prompts=args.num_prompts, output_len=args.output_len,
                             batch_sizes=batch_sizes, mixed_requests=args.mixed_requests,
                             mixed_max_output=args.mixed_max_output, plot_path=args.plot)
     section = bench_spec(options, spec)

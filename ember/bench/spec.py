@@ -39,6 +39,7 @@ class SpecBenchOptions:
     medusa_train_steps: int = 160  # 4 per batch of target hidden states: 40 target forwards of 4 x 128 tokens
     eagle_head: str | None = None  # None: trained here (and cached) when "eagle" is compared
     eagle_train_steps: int = 320  # 4 per batch, as Medusa's: 80 target forwards of 4 x 128 tokens
+    train_replies: int = 96  # heads trained here learn from the target's own replies to corpus prompts (0: the corpus)
     num_prompts: int = 3
     output_len: int = 128
     batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
@@ -146,11 +147,14 @@ def cached_medusa_heads(model: str, dtype: str, spec: SpecBenchOptions, tokenize
     from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_heads_for
 
     target = loaded_weights(model, dtype).model
-    config = MedusaTrainingConfig(num_heads=spec.num_speculative_tokens, steps=spec.medusa_train_steps, steps_per_batch=4)
-    name = f"{model_identity(target).key}-{config.num_heads}heads-{config.steps}steps-{config.steps_per_batch}perbatch"
+    config = MedusaTrainingConfig(num_heads=spec.num_speculative_tokens, steps=spec.medusa_train_steps, steps_per_batch=4,
+                                  self_generated=spec.train_replies)
+    name = (f"{model_identity(target).key}-{config.num_heads}heads-{config.steps}steps-{config.steps_per_batch}perbatch"
+            f"-{config.self_generated}replies")
     folder = ember_cache("medusa", name)
     if not (folder / CONFIG_FILE).is_file():
-        train_heads_for(target, tokenizer, shared_corpus("Medusa heads", "--medusa-heads"), folder, config, show_progress=True)
+        tokens = _training_tokens(model, dtype, tokenizer, config, "Medusa heads", "--medusa-heads")
+        train_heads_for(target, tokens, folder, config, show_progress=True)
     return folder
 
 
@@ -162,11 +166,22 @@ def cached_eagle_head(model: str, dtype: str, spec: SpecBenchOptions, tokenizer)
     from ember.engine.spec.medusa_heads import model_identity
 
     target = loaded_weights(model, dtype).model
-    config = EagleTrainingConfig(steps=spec.eagle_train_steps, steps_per_batch=4)
-    folder = ember_cache("eagle", f"{model_identity(target).key}-{config.steps}steps-{config.steps_per_batch}perbatch")
+    config = EagleTrainingConfig(steps=spec.eagle_train_steps, steps_per_batch=4, self_generated=spec.train_replies)
+    name = f"{model_identity(target).key}-{config.steps}steps-{config.steps_per_batch}perbatch-{config.self_generated}replies"
+    folder = ember_cache("eagle", name)
     if not (folder / CONFIG_FILE).is_file():
-        train_eagle_head_for(target, tokenizer, shared_corpus("EAGLE head", "--eagle-head"), folder, config, show_progress=True)
+        tokens = _training_tokens(model, dtype, tokenizer, config, "EAGLE head", "--eagle-head")
+        train_eagle_head_for(target, tokens, folder, config, show_progress=True)
     return folder
+
+
+def _training_tokens(model: str, dtype: str, tokenizer, config, what: str, flag: str) -> list[int]:
+    """The shared corpus's tokens, or the target's replies to prompts made from it (`config.self_generated`)."""
+    from ember.engine.spec.distillation import training_tokens
+
+    num_tokens = -(-config.steps // config.steps_per_batch) * config.batch_size * config.sequence_length
+    return training_tokens(model, dtype, tokenizer, shared_corpus(what, flag), num_tokens, config.self_generated,
+                           config.reply_tokens, config.seed, show_progress=True)
 
 
 def ember_cache(kind: str, name: str) -> Path:

@@ -24,6 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--unroll", type=int, default=2, help="draft steps trained on the head's own predictions")
     train.add_argument("--num-blocks", type=int, default=2, help="residual blocks after the fusion layer")
     train.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head may draft (the corpus's most frequent)")
+    train.add_argument("--self-generate", type=int, default=0, metavar="N",
+                       help="train on N of the model's own replies to prompts made from the corpus (0: the corpus text)")
+    train.add_argument("--reply-tokens", type=int, default=128, help="longest self-generated reply")
     train.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="dtype of the frozen model")
     train.add_argument("--tokenizer", default=None, help="tokenizer file when the model carries none")
     train.add_argument("--seed", type=int, default=0)
@@ -37,7 +40,8 @@ def run_train(args: argparse.Namespace) -> int:
     config = EagleTrainingConfig(steps=args.steps, learning_rate=args.lr, batch_size=args.batch_size,
                                  sequence_length=args.sequence_length, positions_per_window=args.positions_per_window,
                                  steps_per_batch=args.steps_per_batch, unroll=args.unroll, num_blocks=args.num_blocks,
-                                 draft_vocab_size=args.draft_vocab, seed=args.seed)
+                                 draft_vocab_size=args.draft_vocab, self_generated=args.self_generate,
+                                 reply_tokens=args.reply_tokens, seed=args.seed)
     result = train_eagle_head(args.model, args.corpus, args.out, config, args.dtype, args.tokenizer, show_progress=sys.stderr.isatty())
     final = result.log.step_accuracy[-1]
     agreement = ", ".join(f"draft step {u + 1} {a:.0%}" for u, a in enumerate(final))

@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="positions per window whose logits are distilled (the LM head products are the cost)")
     train.add_argument("--steps-per-batch", type=int, default=1,
                        help="optimizer steps on each batch's hidden states (saves target forwards; new positions each step)")
+    train.add_argument("--self-generate", type=int, default=0, metavar="N",
+                       help="train on N of the model's own replies to prompts made from the corpus (0: the corpus text)")
+    train.add_argument("--reply-tokens", type=int, default=128, help="longest self-generated reply")
     train.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="dtype of the frozen model")
     train.add_argument("--tokenizer", default=None, help="tokenizer file when the model carries none")
     train.add_argument("--seed", type=int, default=0)
@@ -34,7 +37,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     config = MedusaTrainingConfig(num_heads=args.num_heads, steps=args.steps, learning_rate=args.lr, batch_size=args.batch_size,
                                   sequence_length=args.sequence_length, positions_per_window=args.positions_per_window,
-                                  steps_per_batch=args.steps_per_batch, seed=args.seed)
+                                  steps_per_batch=args.steps_per_batch, self_generated=args.self_generate,
+                                  reply_tokens=args.reply_tokens, seed=args.seed)
     result = train_medusa_heads(args.model, args.corpus, args.out, config, args.dtype, args.tokenizer, show_progress=sys.stderr.isatty())
     final = result.log.head_accuracy[-1]
     agreement = ", ".join(f"head {k + 1} {a:.0%}" for k, a in enumerate(final))

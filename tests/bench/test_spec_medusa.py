@@ -16,7 +16,7 @@ def test_heads_are_trained_once_per_model_and_then_reused(stories_dir, tmp_path,
     monkeypatch.setenv("EMBER_HOME", str(tmp_path))
     model = str(stories_dir / "stories260K.bin")
     tokenizer = load(stories_dir / "tok512.bin")
-    spec = SpecBenchOptions(methods=("medusa",), num_speculative_tokens=2, medusa_train_steps=2)
+    spec = SpecBenchOptions(methods=("medusa",), num_speculative_tokens=2, medusa_train_steps=2, train_replies=4)
 
     folder = cached_medusa_heads(model, "float32", spec, tokenizer)
     written = (folder / HEADS_FILE).stat().st_mtime_ns

@@ -120,6 +120,9 @@ def test_eagle_train_command_writes_a_head_and_generate_drafts_with_it(stories_d
     shape = ["--steps", "3", "--steps-per-batch", "2", "--batch-size", "2", "--sequence-length", "32", "--draft-vocab", "128"]
     assert main(["eagle", "train", *model, "--corpus", str(corpus), *shape, "--out", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out and len(load_eagle_head(out).vocab_ids) == 128
+    replies = ["--self-generate", "3", "--reply-tokens", "40"]  # trained on the model's own continuations of snippets
+    assert main(["eagle", "train", *model, "--corpus", str(corpus), *shape, *replies, "--out", str(tmp_path / "own")]) == 0
+    assert "wrote" in capsys.readouterr().out and (tmp_path / "own" / CONFIG_FILE).is_file()
     assert main(["eagle", "train", *model, "--corpus", str(tmp_path / "missing.txt"), *shape, "--out", str(out)]) == 2
     assert "missing.txt does not exist" in capsys.readouterr().err
     flags = ["--speculative-method", "eagle", "--eagle-head", str(out), "--num-speculative-tokens", "3"]

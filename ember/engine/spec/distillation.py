@@ -136,3 +136,58 @@ def plot_training(losses: list[float], agreement: dict[str, list[float]], title:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+SELF_GENERATION_TASKS = ("Continue this text:", "Summarize this passage:", "Rewrite this in plain modern English:",
+                         "What happens in this passage?")
+SNIPPET_CHARS = 300  # corpus text in each generation prompt
+PROMPT_TAIL_TOKENS = 16  # prompt tokens kept before each reply: the reply's first tokens have a context to draft from
+
+
+def self_generated_tokens(
+    model: str, dtype: str, tokenizer: Tokenizer, corpus: list[Path], num_replies: int, reply_tokens: int, seed: int,
+    show_progress: bool = False,
+) -> list[int]:
+    """The target's own replies (sampled at temperature 0.7), each after the last tokens of its prompt, concatenated.
+
+    A draft head drafts for what the target writes, so it learns best from that rather than from the
+    corpus's prose (Medusa-2 and EAGLE train on regenerated replies too). Prompts are corpus snippets
+    under a task ("Continue this text:", ...), rendered with the chat template when the model has one,
+    else the snippet alone.
+    """
+    import random
+
+    from ember.engine.sampling_params import SamplingParams
+    from ember.llm import LLM
+    from ember.tokenizers.chat_template import load_chat_template
+
+    check_corpus(corpus)
+    text = "".join(path.read_text(encoding="utf-8", errors="replace") for path in corpus)
+    if len(text) < 2 * SNIPPET_CHARS:
+        raise ValueError(f"the corpus holds {len(text)} characters; self-generation prompts need at least {2 * SNIPPET_CHARS}")
+    chooser = random.Random(seed)
+    snippets = [(chooser.choice(SELF_GENERATION_TASKS), text[s : s + SNIPPET_CHARS])
+                for s in (chooser.randrange(len(text) - SNIPPET_CHARS) for _ in range(num_replies))]
+    template = load_chat_template(tokenizer, None)
+    if template is None:
+        prompts = [tokenizer.encode(snippet, add_special_tokens=True) for _, snippet in snippets]
+    else:
+        prompts = [tokenizer.encode(template.render([{"role": "user", "content": f"{task}\n\n{snippet}"}], True),
+                                    add_special_tokens=False) for task, snippet in snippets]
+    llm = LLM(model, dtype=dtype, seed=seed, max_num_seqs=32)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.7, max_tokens=reply_tokens, seed=seed), show_progress)
+    tokens: list[int] = []
+    for output in outputs:
+        tokens.extend(output.prompt_token_ids[-PROMPT_TAIL_TOKENS:] + output.outputs[0].token_ids)
+    return tokens
+
+
+def training_tokens(
+    model: str, dtype: str, tokenizer: Tokenizer, corpus: list[Path], num_tokens: int, self_generated: int,
+    reply_tokens: int, seed: int, show_progress: bool = False,
+) -> list[int]:
+    """What a head trains on: `self_generated` replies of the target (`self_generated_tokens`), or (0) about
+    `num_tokens` tokens of the corpus itself."""
+    if self_generated:
+        return self_generated_tokens(model, dtype, tokenizer, corpus, self_generated, reply_tokens, seed, show_progress)
+    return corpus_tokens(corpus, tokenizer, num_tokens)

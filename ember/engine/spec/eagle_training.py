@@ -24,15 +24,14 @@ import torch
 
 from ember.engine.spec.distillation import (
     TargetForward,
-    corpus_tokens,
     differentiable_lm_head,
     load_training_target,
     plot_training,
     train_with_progress,
+    training_tokens,
 )
 from ember.engine.spec.eagle_head import EagleHead, token_embeddings
 from ember.engine.spec.medusa_heads import model_identity
-from ember.tokenizers.base import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,8 @@ class EagleTrainingConfig:
     unroll: int = 2
     num_blocks: int = 2
     draft_vocab_size: int = 8192
+    self_generated: int = 0  # train on this many of the target's own replies (distillation.self_generated_tokens); 0: the corpus
+    reply_tokens: int = 128
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -63,6 +64,8 @@ class EagleTrainingConfig:
             raise ValueError(f"--sequence-length must be at least --unroll + 2 = {self.unroll + 2}")
         if self.draft_vocab_size < 1:
             raise ValueError("--draft-vocab must be at least 1")
+        if self.self_generated < 0 or self.reply_tokens < 1:
+            raise ValueError("--self-generate must be at least 0 and --reply-tokens at least 1")
 
 
 @dataclass
@@ -173,22 +176,18 @@ def train_eagle_head(
     tokenizer: str | None = None,
     show_progress: bool = False,
 ) -> TrainedEagleHead:
-    """Load `model` and train a head for it (`train_eagle_head_for`)."""
+    """Load `model`, read (or generate) its training tokens, and train a head for it (`train_eagle_head_for`)."""
     loaded, text_tokenizer = load_training_target(model, corpus, dtype, tokenizer, show_progress)
-    return train_eagle_head_for(loaded.model, text_tokenizer, corpus, out, config, show_progress)
+    num_tokens = -(-config.steps // config.steps_per_batch) * config.batch_size * config.sequence_length
+    tokens = training_tokens(model, dtype, text_tokenizer, corpus, num_tokens, config.self_generated, config.reply_tokens,
+                             config.seed, show_progress)
+    return train_eagle_head_for(loaded.model, tokens, out, config, show_progress)
 
 
 def train_eagle_head_for(
-    target: torch.nn.Module,
-    tokenizer: Tokenizer,
-    corpus: list[Path],
-    out: Path,
-    config: EagleTrainingConfig,
-    show_progress: bool = False,
+    target: torch.nn.Module, tokens: list[int], out: Path, config: EagleTrainingConfig, show_progress: bool = False
 ) -> TrainedEagleHead:
-    """Train a head for a loaded model on `corpus` with a progress bar; save it (and a training plot) in `out`."""
-    num_batches = -(-config.steps // config.steps_per_batch)
-    tokens = corpus_tokens(corpus, tokenizer, num_batches * config.batch_size * config.sequence_length)
+    """Train a head for a loaded model on `tokens` with a progress bar; save it (and a training plot) in `out`."""
     trainer = EagleTrainer(target, config, draft_vocabulary(tokens, target.config.vocab_size, config.draft_vocab_size))
     log = train_with_progress("eagle train", config.steps, lambda on_step: trainer.train(tokens, on_step), show_progress)
     trainer.head.save(out)

@@ -26,14 +26,13 @@ import torch
 
 from ember.engine.spec.distillation import (
     TargetForward,
-    corpus_tokens,
     differentiable_lm_head,
     load_training_target,
     plot_training,
     train_with_progress,
+    training_tokens,
 )
 from ember.engine.spec.medusa_heads import MedusaHeads, model_identity
-from ember.tokenizers.base import Tokenizer
 
 FEATURE_LOSS_WEIGHT = 1.0  # weight of the hidden-state regression beside the distillation loss
 
@@ -49,6 +48,8 @@ class MedusaTrainingConfig:
     sequence_length: int = 128
     positions_per_window: int = 16  # positions per window whose logits are trained (the LM head products' cost)
     steps_per_batch: int = 1  # optimizer steps on each batch's hidden states (new distillation positions each time)
+    self_generated: int = 0  # train on this many of the target's own replies (distillation.self_generated_tokens); 0: the corpus
+    reply_tokens: int = 128
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -66,6 +67,8 @@ class MedusaTrainingConfig:
             raise ValueError("--steps-per-batch must be at least 1")
         if self.positions_per_window < 1:
             raise ValueError("--positions-per-window must be at least 1")
+        if self.self_generated < 0 or self.reply_tokens < 1:
+            raise ValueError("--self-generate must be at least 0 and --reply-tokens at least 1")
 
     @property
     def num_trained_positions(self) -> int:
@@ -177,23 +180,19 @@ def train_medusa_heads(
     tokenizer: str | None = None,
     show_progress: bool = False,
 ) -> TrainedHeads:
-    """Load `model` and train heads for it (`train_heads_for`)."""
+    """Load `model`, read (or generate) its training tokens, and train heads for it (`train_heads_for`)."""
     loaded, text_tokenizer = load_training_target(model, corpus, dtype, tokenizer, show_progress)
-    return train_heads_for(loaded.model, text_tokenizer, corpus, out, config, show_progress)
+    num_tokens = -(-config.steps // config.steps_per_batch) * config.batch_size * config.sequence_length
+    tokens = training_tokens(model, dtype, text_tokenizer, corpus, num_tokens, config.self_generated, config.reply_tokens,
+                             config.seed, show_progress)
+    return train_heads_for(loaded.model, tokens, out, config, show_progress)
 
 
 def train_heads_for(
-    target: torch.nn.Module,
-    tokenizer: Tokenizer,
-    corpus: list[Path],
-    out: Path,
-    config: MedusaTrainingConfig,
-    show_progress: bool = False,
+    target: torch.nn.Module, tokens: list[int], out: Path, config: MedusaTrainingConfig, show_progress: bool = False
 ) -> TrainedHeads:
-    """Train heads for a loaded model on `corpus` with a progress bar; save them (and a training plot) in `out`."""
+    """Train heads for a loaded model on `tokens` with a progress bar; save them (and a training plot) in `out`."""
     trainer = MedusaTrainer(target, config)
-    num_batches = -(-config.steps // config.steps_per_batch)
-    tokens = corpus_tokens(corpus, tokenizer, num_batches * config.batch_size * config.sequence_length)
     log = train_with_progress("medusa train", config.steps, lambda on_step: trainer.train(tokens, on_step), show_progress)
     trainer.heads.save(out)
     agreement = {f"head {u + 1} (token t+{u + 2})": list(series) for u, series in enumerate(zip(*log.head_accuracy, strict=True))}
