@@ -309,27 +309,28 @@ class ModelRunner:
             return {}
         assert self.rejection_sampler is not None, "drafted tokens scheduled on a runner without a rejection sampler"
         rows = torch.cat([torch.arange(end - item.num_draft_tokens - 1, end) for end, item in verifying])
-        logits = list(self._logits(hidden[rows]).split([item.num_draft_tokens + 1 for _, item in verifying]))
-        # Per item, the drafted nodes a chain stands for (a chain: all of them, in order).
-        nodes = [list(range(item.num_draft_tokens)) for _, item in verifying]
-        drafts = [item.draft for _, item in verifying]
-        for b, (_, item) in enumerate(verifying):
-            if item.draft.is_tree:
-                nodes[b] = greedy_tree_path(logits[b].argmax(dim=-1).tolist(), item.draft)
-                logits[b] = logits[b][[0, *(j + 1 for j in nodes[b])]]
-                drafts[b] = DraftRow([item.draft.token_ids[j] for j in nodes[b]])
-        tokens = self.rejection_sampler(logits, [self._sampling_row(item.seq) for _, item in verifying], drafts)
-        for (end, item), row_tokens, kept_nodes in zip(verifying, tokens, nodes, strict=True):
-            num_kept = len(row_tokens) - 1
-            root = end - item.num_draft_tokens - 1  # the row of the sequence's own last token
-            if item.draft.is_tree:
-                self._move_kv(item.seq, item.seq.num_computed_tokens + item.num_new_tokens - item.num_draft_tokens,
-                              kept_nodes[:num_kept])
-            if self.keeps_last_hidden:
-                row = root if num_kept == 0 else root + 1 + kept_nodes[num_kept - 1]
-                position = item.seq.num_computed_tokens + item.num_new_tokens - item.num_draft_tokens - 1 + num_kept
-                last_hidden[item.seq.seq_id] = LastHidden(position, hidden[row].clone())
+        logits = self._logits(hidden[rows]).split([item.num_draft_tokens + 1 for _, item in verifying])
+        chains = [_as_chain(item.draft, row_logits) for (_, item), row_logits in zip(verifying, logits, strict=True)]
+        tokens = self.rejection_sampler(
+            [chain_logits for _, chain_logits, _ in chains], [self._sampling_row(item.seq) for _, item in verifying],
+            [chain for _, _, chain in chains],
+        )
+        for (end, item), row_tokens, (nodes, _, _) in zip(verifying, tokens, chains, strict=True):
+            self._keep(item, end, nodes[: len(row_tokens) - 1], hidden, last_hidden)
         return {item.seq.seq_id: row_tokens for (_, item), row_tokens in zip(verifying, tokens, strict=True)}
+
+    def _keep(self, item: ScheduledSequence, end: int, kept_nodes: list[int], hidden: torch.Tensor,
+              last_hidden: dict[str, LastHidden]) -> None:
+        """After verification of `item` (rows ending at `end`), which kept drafted nodes `kept_nodes`: a tree's kept
+        path moves into place, and the hidden state that drew the final token is kept if the runner keeps them."""
+        own = item.num_new_tokens - item.num_draft_tokens  # the sequence's own tokens scored before the drafts
+        if item.draft.is_tree:
+            self._move_kv(item.seq, item.seq.num_computed_tokens + own, kept_nodes)
+        if self.keeps_last_hidden:
+            root = end - item.num_draft_tokens - 1  # the row of the sequence's own last token
+            row = root + 1 + kept_nodes[-1] if kept_nodes else root
+            position = item.seq.num_computed_tokens + own - 1 + len(kept_nodes)
+            last_hidden[item.seq.seq_id] = LastHidden(position, hidden[row].clone())
 
     def _move_kv(self, seq: Sequence, first_node: int, kept_nodes: list[int]) -> None:
         """Copy the keys and values of a tree's kept path (node j sits at cache position first_node + j) to the
@@ -376,6 +377,15 @@ class ModelRunner:
             )
             for j in range(last - first)
         ]
+
+
+def _as_chain(draft: DraftRow, logits: torch.Tensor) -> tuple[list[int], torch.Tensor, DraftRow]:
+    """A tree narrowed to the path greedy decoding takes through it: the path's nodes, the logits rows that score
+    it (the sequence's newest token's first) and the chain of its tokens. A chain stays as it is."""
+    if not draft.is_tree:
+        return list(range(len(draft.token_ids))), logits, draft
+    path = greedy_tree_path(logits.argmax(dim=-1).tolist(), draft)
+    return path, logits[[0, *(j + 1 for j in path)]], DraftRow([draft.token_ids[j] for j in path])
 
 
 def _span_masks(item: ScheduledSequence) -> list[int] | None:
