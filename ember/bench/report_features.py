@@ -97,9 +97,9 @@ def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]
              f"{' (its own 4-bit blocks: a self-draft)' if section['draft_dtype'] == 'auto' else ''}"
              if section.get("draft_model") else "")  # fmt: skip
     if section.get("medusa_heads"):
-        draft += f"; Medusa heads: `{Path(section['medusa_heads']).name}` (trained on the shared corpus unless given)"
+        draft += f"; Medusa heads: `{Path(section['medusa_heads']).name}` (trained on the model's replies to prompts from the shared corpus unless given)"
     if section.get("eagle_head"):
-        draft += f"; EAGLE-style head: `{Path(section['eagle_head']).name}` (trained on the shared corpus unless given)"
+        draft += f"; EAGLE-style head: `{Path(section['eagle_head']).name}` (trained on the model's replies to prompts from the shared corpus unless given)"
     lines = ["## `spec`: speculative decoding (`ember bench spec`)", "",
              f"ember with each proposer against ember without, same run, interleaved repeats ({section.get('repeats', '?')}), "
              f"greedy, target dtype {section['dtype']}, K={section['num_speculative_tokens']} with adaptive K{draft}. "
