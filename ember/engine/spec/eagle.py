@@ -20,29 +20,23 @@ import torch
 from torch import nn
 
 from ember.engine.request import Sequence
-from ember.engine.runner import LastHidden
 from ember.engine.spec.eagle_head import EagleHead, draft_lm_rows, token_embeddings
-from ember.engine.spec.hidden_states import DraftingCost, NewestHiddenStates
+from ember.engine.spec.hidden_states import HiddenStateProposer
 from ember.layers.rejection_sampler import DraftRow
 from ember.layers.sampler import draw_proposals
 
 
-class EagleProposer:
-    """Drafts autoregressively at the feature level with a trained EAGLE-style head."""
-
-    uses_last_hidden = True
+class EagleProposer(HiddenStateProposer):
+    """Drafts autoregressively at the feature level with a trained EAGLE-style head (a draft step's cost: a head
+    pass and a draft-vocabulary product)."""
 
     def __init__(self, head: EagleHead, target: nn.Module, generator: torch.Generator) -> None:
+        super().__init__()
         self.head = head
         self.target = target
         self._generator = generator
         self._lm_rows = draft_lm_rows(target, head.vocab_ids)  # [N, hidden] float32
-        self.hidden = NewestHiddenStates()
-        self.cost = DraftingCost()
         self.cost.calibrate(lambda: self._draft_step(torch.zeros(1, head.identity.hidden_size), torch.zeros(1, dtype=torch.long)), 1)
-
-    def observe(self, last_hidden: dict[str, LastHidden]) -> None:
-        self.hidden.observe(last_hidden)
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
         ready = {seq: k for seq, k in wanted.items() if self.hidden.current(seq) is not None}
@@ -69,21 +63,6 @@ class EagleProposer:
             seq.seq_id: DraftRow(drafted[row][:k], torch.stack(probs[row][:k]) if probs[row] else None)
             for row, (seq, k) in enumerate(ready.items())
         }
-
-    def scored_tokens(self, seq: Sequence, num_drafts: int) -> int:
-        """A chain: one scored position per drafted token."""
-        return num_drafts
-
-    def draft_token_cost_s(self) -> float | None:
-        """Seconds one draft step costs the drafting batch (a head pass and a draft-vocabulary product)."""
-        return self.cost.per_position_s
-
-    def catch_up_cost_s(self, seq: Sequence) -> float:
-        """Nothing to catch up on: the head reads the hidden state the target's own step left behind."""
-        return 0.0
-
-    def retain(self, seq_ids: set[str]) -> None:
-        self.hidden.retain(seq_ids)
 
     def _draft_step(self, feature: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The next features [B, hidden] and their logits over the draft vocabulary [B, N]."""

@@ -1,5 +1,6 @@
-"""What proposers that draft from the target's hidden states (Medusa heads, the EAGLE-style head) keep between
-steps: each sequence's newest hidden state, and the measured cost of their drafting."""
+"""What proposers that draft from the target's hidden states (Medusa heads, the EAGLE-style head) share: each
+sequence's newest hidden state kept between steps, the measured cost of their drafting, and the parts of the
+proposer protocol that follow from those two."""
 
 from __future__ import annotations
 
@@ -55,3 +56,35 @@ class DraftingCost:
             drafting()
             self.per_position_s = None
             self.record(time.perf_counter() - started, num_positions)
+
+
+class HiddenStateProposer:
+    """The proposer protocol's bookkeeping for a proposer that drafts from the target's newest hidden states.
+
+    Drafting is priced (`cost`, measured), but there is nothing to catch up on: the hidden state comes
+    from the target's own step. Subclasses give `propose`; `scored_tokens` is a chain's unless overridden.
+    """
+
+    uses_last_hidden = True
+
+    def __init__(self) -> None:
+        self.hidden = NewestHiddenStates()
+        self.cost = DraftingCost()
+
+    def observe(self, last_hidden: dict[str, LastHidden]) -> None:
+        self.hidden.observe(last_hidden)
+
+    def retain(self, seq_ids: set[str]) -> None:
+        self.hidden.retain(seq_ids)
+
+    def scored_tokens(self, seq: Sequence, num_drafts: int) -> int:
+        """A chain: one scored position per drafted token."""
+        return num_drafts
+
+    def draft_token_cost_s(self) -> float | None:
+        """Seconds one more drafted position costs a drafting batch, as measured."""
+        return self.cost.per_position_s
+
+    def catch_up_cost_s(self, seq: Sequence) -> float:
+        """Nothing to catch up on: the hidden state is the one the target's own step left behind."""
+        return 0.0

@@ -27,8 +27,7 @@ import torch
 from torch import nn
 
 from ember.engine.request import Sequence
-from ember.engine.runner import LastHidden
-from ember.engine.spec.hidden_states import DraftingCost, NewestHiddenStates
+from ember.engine.spec.hidden_states import HiddenStateProposer
 from ember.engine.spec.medusa_heads import MedusaHeads
 from ember.layers.rejection_sampler import DraftRow
 from ember.layers.sampler import draw_proposals
@@ -36,23 +35,18 @@ from ember.layers.sampler import draw_proposals
 RANK_PRIOR = (0.5, 0.2, 0.1, 0.06, 0.04)  # chance that a head's r-th likeliest token is the target's (r = 0, 1, ...)
 
 
-class MedusaProposer:
-    """Drafts from the target's last hidden state with trained Medusa heads over the target's LM head."""
-
-    uses_last_hidden = True
+class MedusaProposer(HiddenStateProposer):
+    """Drafts from the target's last hidden state with trained Medusa heads over the target's LM head (one more
+    head's cost: its share of the one LM head product)."""
 
     def __init__(self, heads: MedusaHeads, target: nn.Module, generator: torch.Generator, tree_nodes: int = 0) -> None:
         """`tree_nodes` > 0: greedy rows draft trees of that many candidates (the runner must verify trees)."""
+        super().__init__()
         self.heads = heads
         self.target = target
         self.tree_nodes = tree_nodes
         self._generator = generator
-        self.hidden = NewestHiddenStates()
-        self.cost = DraftingCost()
         self.cost.calibrate(self._time_heads, heads.num_heads)
-
-    def observe(self, last_hidden: dict[str, LastHidden]) -> None:
-        self.hidden.observe(last_hidden)
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
         ready = {seq: min(k, self.heads.num_heads) for seq, k in wanted.items() if self.hidden.current(seq) is not None}
@@ -72,17 +66,6 @@ class MedusaProposer:
         if self.tree_nodes and seq.params.is_greedy:
             return len(rank_tree(min(num_drafts, self.heads.num_heads), self.tree_nodes))
         return num_drafts
-
-    def draft_token_cost_s(self) -> float | None:
-        """Seconds one more head costs a drafting (the heads share one LM head product, so this is its share)."""
-        return self.cost.per_position_s
-
-    def catch_up_cost_s(self, seq: Sequence) -> float:
-        """Nothing to catch up on: the heads read the hidden state the target's own step left behind."""
-        return 0.0
-
-    def retain(self, seq_ids: set[str]) -> None:
-        self.hidden.retain(seq_ids)
 
     def _draft(self, logits: torch.Tensor, seq: Sequence) -> DraftRow:
         """Each head's token ([k, vocab] logits): a tree of their likeliest tokens or their argmax for greedy rows,
