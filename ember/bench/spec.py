@@ -179,9 +179,7 @@ def _training_tokens(model: str, dtype: str, tokenizer, config, what: str, flag:
     """The shared corpus's tokens, or the target's replies to prompts made from it (`config.self_generated`)."""
     from ember.engine.spec.distillation import training_tokens
 
-    num_tokens = -(-config.steps // config.steps_per_batch) * config.batch_size * config.sequence_length
-    return training_tokens(model, dtype, tokenizer, shared_corpus(what, flag), num_tokens, config.self_generated,
-                           config.reply_tokens, config.seed, show_progress=True)
+    return training_tokens(model, dtype, tokenizer, shared_corpus(what, flag), config, show_progress=True)
 
 
 def ember_cache(kind: str, name: str) -> Path:

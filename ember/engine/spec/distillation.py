@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -182,12 +182,33 @@ def self_generated_tokens(
     return tokens
 
 
+class TextSettings(Protocol):
+    """What a training config says about its text (MedusaTrainingConfig and EagleTrainingConfig both do)."""
+
+    steps: int
+    steps_per_batch: int
+    batch_size: int
+    sequence_length: int
+    self_generated: int
+    reply_tokens: int
+    seed: int
+
+
 def training_tokens(
-    model: str, dtype: str, tokenizer: Tokenizer, corpus: list[Path], num_tokens: int, self_generated: int,
-    reply_tokens: int, seed: int, show_progress: bool = False,
+    model: str, dtype: str, tokenizer: Tokenizer, corpus: list[Path], settings: TextSettings, show_progress: bool = False
 ) -> list[int]:
-    """What a head trains on: `self_generated` replies of the target (`self_generated_tokens`), or (0) about
-    `num_tokens` tokens of the corpus itself."""
-    if self_generated:
-        return self_generated_tokens(model, dtype, tokenizer, corpus, self_generated, reply_tokens, seed, show_progress)
-    return corpus_tokens(corpus, tokenizer, num_tokens)
+    """What a head trains on: `settings.self_generated` replies of the target (`self_generated_tokens`), or (0) as
+    many corpus tokens as the optimizer steps' windows read."""
+    if settings.self_generated:
+        return self_generated_tokens(model, dtype, tokenizer, corpus, settings.self_generated, settings.reply_tokens,
+                                     settings.seed, show_progress)
+    num_batches = -(-settings.steps // settings.steps_per_batch)
+    return corpus_tokens(corpus, tokenizer, num_batches * settings.batch_size * settings.sequence_length)
+
+
+def load_training_text(
+    model: str, corpus: list[Path], dtype: str, tokenizer: str | None, settings: TextSettings, show_progress: bool
+) -> tuple[torch.nn.Module, list[int]]:
+    """The frozen target and the tokens to train a head for it on (`training_tokens`)."""
+    loaded, text_tokenizer = load_training_target(model, corpus, dtype, tokenizer, show_progress)
+    return loaded.model, training_tokens(model, dtype, text_tokenizer, corpus, settings, show_progress)

@@ -27,10 +27,9 @@ import torch
 from ember.engine.spec.distillation import (
     TargetForward,
     differentiable_lm_head,
-    load_training_target,
+    load_training_text,
     plot_training,
     train_with_progress,
-    training_tokens,
 )
 from ember.engine.spec.medusa_heads import MedusaHeads, model_identity
 
@@ -181,11 +180,8 @@ def train_medusa_heads(
     show_progress: bool = False,
 ) -> TrainedHeads:
     """Load `model`, read (or generate) its training tokens, and train heads for it (`train_heads_for`)."""
-    loaded, text_tokenizer = load_training_target(model, corpus, dtype, tokenizer, show_progress)
-    num_tokens = -(-config.steps // config.steps_per_batch) * config.batch_size * config.sequence_length
-    tokens = training_tokens(model, dtype, text_tokenizer, corpus, num_tokens, config.self_generated, config.reply_tokens,
-                             config.seed, show_progress)
-    return train_heads_for(loaded.model, tokens, out, config, show_progress)
+    target, tokens = load_training_text(model, corpus, dtype, tokenizer, config, show_progress)
+    return train_heads_for(target, tokens, out, config, show_progress)
 
 
 def train_heads_for(
