@@ -399,10 +399,9 @@ class LLMEngine:
                 f"the draft model's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
                 f"({self.model_config.vocab_size}); give a draft model with the same tokenizer"
             )
-        generator = torch.Generator().manual_seed(self.config.seed + 1)
         # An explicit cache dtype holds for the draft's cache too (same block count); "auto" follows the draft's dtype.
         cache_dtype = kv_cache_torch_dtype(self.config.cache.kv_cache_dtype)
-        proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, generator, cache_dtype)
+        proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, self._proposer_generator(), cache_dtype)
         return Speculator(spec, proposer)
 
     def _eagle_speculator(self, target: torch.nn.Module) -> Speculator:
@@ -411,11 +410,10 @@ class LLMEngine:
         from ember.engine.spec.eagle_head import load_eagle_head
 
         spec = self.config.speculative
-        if self.workers is not None:
-            raise ValueError("an EAGLE head reads the whole LM head, which tensor parallelism splits; run it without --tensor-parallel-size")
+        self._refuse_split_lm_head("an EAGLE head reads")
         assert spec.eagle_head is not None  # SpeculativeConfig checked it
         head = load_eagle_head(spec.eagle_head, target)
-        return Speculator(spec, EagleProposer(head, target, torch.Generator().manual_seed(self.config.seed + 1)))
+        return Speculator(spec, EagleProposer(head, target, self._proposer_generator()))
 
     def _medusa_speculator(self, target: torch.nn.Module) -> Speculator:
         """Medusa heads checked against the target, drafting at most one token per head."""
@@ -423,8 +421,7 @@ class LLMEngine:
         from ember.engine.spec.medusa_heads import load_medusa_heads
 
         spec = self.config.speculative
-        if self.workers is not None:
-            raise ValueError("Medusa heads read the whole LM head, which tensor parallelism splits; run them without --tensor-parallel-size")
+        self._refuse_split_lm_head("Medusa heads read")
         assert spec.medusa_heads is not None  # SpeculativeConfig checked it
         heads = load_medusa_heads(spec.medusa_heads, target)
         if spec.num_speculative_tokens > heads.num_heads:
@@ -438,7 +435,16 @@ class LLMEngine:
             tree_nodes = 0 if self.rounds_activations else DEFAULT_TREE_NODES
         if not verifies_trees(kv_cache_layout(target), self.workers):
             tree_nodes = 0
-        return Speculator(spec, MedusaProposer(heads, target, torch.Generator().manual_seed(self.config.seed + 1), tree_nodes))
+        return Speculator(spec, MedusaProposer(heads, target, self._proposer_generator(), tree_nodes))
+
+    def _refuse_split_lm_head(self, reader: str) -> None:
+        """Heads over the target's LM head need all of it, which tensor parallelism splits across ranks."""
+        if self.workers is not None:
+            raise ValueError(f"{reader} the whole LM head, which tensor parallelism splits; run without --tensor-parallel-size")
+
+    def _proposer_generator(self) -> torch.Generator:
+        """The proposers' own random stream (unseeded sampled drafts), apart from the sampler's."""
+        return torch.Generator().manual_seed(self.config.seed + 1)
 
     def _num_kv_blocks(self, config: ModelConfig) -> int:
         cache = self.config.cache

@@ -14,14 +14,13 @@ from ember.engine.sampling_params import SamplingParams
 from ember.engine.spec.eagle_head import CONFIG_FILE, draft_lm_rows, load_eagle_head
 from ember.engine.spec.eagle_training import EagleTrainingConfig, draft_vocabulary, train_eagle_head
 from ember.models.loader import load_model
-from tests.engine.stories import run_to_completion, stories_llm
+from tests.engine.stories import (
+    STORY_PROMPTS,
+    assert_mixed_batch_matches_plain,
+    stories_llm,
+)
 from tests.model_factory import save_tiny_model
 
-STORY_PROMPTS = (
-    "Once upon a time there was a little girl named Lily. She",
-    "The cat sat on the mat. The cat sat on the",
-    "One day, a bird",
-)
 TRAINING = EagleTrainingConfig(steps=40, learning_rate=1e-2, batch_size=4, sequence_length=64, positions_per_window=16,
                                draft_vocab_size=300)
 
@@ -66,21 +65,7 @@ def test_eagle_greedy_outputs_equal_plain_decoding_in_a_mixed_batch_and_every_bl
     plain = stories_llm(stories_dir, block_size=4, num_kv_blocks=256)
     spec = stories_llm(stories_dir, block_size=4, num_kv_blocks=256, speculative_method="eagle",
                        eagle_head=str(trained.out), num_speculative_tokens=3, adaptive=False)
-    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    requests = {str(i): (plain.tokenizer.encode(text, add_special_tokens=True), greedy) for i, text in enumerate(STORY_PROMPTS)}
-    requests["opt-out"] = (requests["0"][0], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, allow_speculation=False))
-    requests["forks"] = (requests["1"][0], SamplingParams(n=2, temperature=0, max_tokens=30, ignore_eos=True))
-    requests["sampled"] = (requests["2"][0], SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=25, ignore_eos=True))
-    expected = run_to_completion(plain, requests)
-    got = run_to_completion(spec, requests)
-    stats = spec.engine.stats()
-    for request_id in requests:
-        if request_id != "sampled":
-            assert [c.token_ids for c in got[request_id].outputs] == [c.token_ids for c in expected[request_id].outputs]
-    assert len(got["sampled"].outputs[0].token_ids) == 25
-    assert stats.spec_verifications_total > 0 and stats.spec_accepted_tokens_total > 0
-    assert stats.generation_tokens_total == plain.engine.stats().generation_tokens_total
-    assert spec.engine.kv.num_free_blocks == 256
+    assert_mixed_batch_matches_plain(plain, spec, 256)
 
 
 def test_a_sampled_draft_carries_its_distribution_over_the_draft_vocabulary_only(trained, stories_dir):

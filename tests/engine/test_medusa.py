@@ -16,14 +16,14 @@ from ember.engine.spec.medusa_heads import CONFIG_FILE, load_medusa_heads
 from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_medusa_heads
 from ember.layers.rejection_sampler import DraftRow
 from ember.models.loader import load_model
-from tests.engine.stories import run_to_completion, stories_llm
+from tests.engine.stories import (
+    STORY_PROMPTS,
+    assert_mixed_batch_matches_plain,
+    run_to_completion,
+    stories_llm,
+)
 from tests.model_factory import save_tiny_model
 
-STORY_PROMPTS = (
-    "Once upon a time there was a little girl named Lily. She",
-    "The cat sat on the mat. The cat sat on the",
-    "One day, a bird",
-)
 TRAINING = MedusaTrainingConfig(num_heads=3, steps=40, learning_rate=1e-2, batch_size=4, sequence_length=64, positions_per_window=16)
 
 
@@ -61,21 +61,7 @@ def test_medusa_greedy_outputs_equal_plain_decoding_in_a_mixed_batch_and_every_b
     spec = stories_llm(stories_dir, block_size=4, num_kv_blocks=256, speculative_method="medusa",
                        medusa_heads=str(trained.out), num_speculative_tokens=3, adaptive=False, medusa_tree_nodes=tree_nodes)
     assert spec.engine.speculator.proposer.tree_nodes == (DEFAULT_TREE_NODES if tree_nodes is None else tree_nodes)
-    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    requests = {str(i): (plain.tokenizer.encode(text, add_special_tokens=True), greedy) for i, text in enumerate(STORY_PROMPTS)}
-    requests["opt-out"] = (requests["0"][0], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, allow_speculation=False))
-    requests["forks"] = (requests["1"][0], SamplingParams(n=2, temperature=0, max_tokens=30, ignore_eos=True))
-    requests["sampled"] = (requests["2"][0], SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=25, ignore_eos=True))
-    expected = run_to_completion(plain, requests)
-    got = run_to_completion(spec, requests)
-    stats = spec.engine.stats()
-    for request_id in requests:
-        if request_id != "sampled":
-            assert [c.token_ids for c in got[request_id].outputs] == [c.token_ids for c in expected[request_id].outputs]
-    assert len(got["sampled"].outputs[0].token_ids) == 25
-    assert stats.spec_verifications_total > 0 and stats.spec_accepted_tokens_total > 0
-    assert stats.generation_tokens_total == plain.engine.stats().generation_tokens_total
-    assert spec.engine.kv.num_free_blocks == 256
+    assert_mixed_batch_matches_plain(plain, spec, 256)
 
 
 def test_the_hidden_state_handed_to_the_proposer_is_the_one_behind_each_newest_token(trained, stories_dir):

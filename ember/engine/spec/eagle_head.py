@@ -27,7 +27,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ember.engine.spec.medusa_heads import BaseModelIdentity, ResidualBlock, model_identity
+from ember.engine.spec.medusa_heads import (
+    BaseModelIdentity,
+    ResidualBlock,
+    fitted_to,
+    saved_identity,
+)
 
 HEAD_FILE = "eagle.safetensors"
 CONFIG_FILE = "eagle_config.json"
@@ -106,17 +111,7 @@ def load_eagle_head(folder: Path | str, target: nn.Module | None = None) -> Eagl
             f"no EAGLE head in {folder}: expected {CONFIG_FILE} and {HEAD_FILE} (train one with `ember eagle train`)"
         )
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    base = config["base_model"]
-    identity = BaseModelIdentity(**{**base, "probe_logits": tuple(base["probe_logits"])})
     tensors = load_file(str(head_path))
-    head = EagleHead(identity, tensors["vocab_ids"], int(config["num_blocks"]))
+    head = EagleHead(saved_identity(config), tensors["vocab_ids"], int(config["num_blocks"]))
     head.load_state_dict(tensors)
-    if target is not None:
-        problem = model_identity(target).mismatch(identity)
-        if problem is not None:
-            raise ValueError(
-                f"the EAGLE head in {folder} was trained for another model ({problem}); "
-                "train one for this model with `ember eagle train --model ...`"
-            )
-        head.to(next(target.parameters()).dtype)
-    return head.eval().requires_grad_(False)
+    return fitted_to(head, target, f"the EAGLE head in {folder} was", "ember eagle train")

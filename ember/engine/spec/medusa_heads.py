@@ -17,6 +17,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -137,16 +138,26 @@ def load_medusa_heads(folder: Path | str, target: nn.Module | None = None) -> Me
             f"no Medusa heads in {folder}: expected {CONFIG_FILE} and {HEADS_FILE} (train some with `ember medusa train`)"
         )
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    base = config["base_model"]
-    identity = BaseModelIdentity(**{**base, "probe_logits": tuple(base["probe_logits"])})
-    heads = MedusaHeads(int(config["num_heads"]), identity)
+    heads = MedusaHeads(int(config["num_heads"]), saved_identity(config))
     heads.load_state_dict(load_file(str(heads_path)))
+    return fitted_to(heads, target, f"the Medusa heads in {folder} were", "ember medusa train")
+
+
+def saved_identity(config: dict) -> BaseModelIdentity:
+    """The base model named in a saved head's config (its "base_model" entry)."""
+    base = config["base_model"]
+    return BaseModelIdentity(**{**base, "probe_logits": tuple(base["probe_logits"])})
+
+
+H = TypeVar("H", bound=nn.Module)
+
+
+def fitted_to(head: H, target: nn.Module | None, what: str, command: str) -> H:
+    """`head` for inference: checked to belong to `target` and cast to its dtype (when given); a head of another
+    model raises, naming `command` to train one for it."""
     if target is not None:
-        problem = model_identity(target).mismatch(identity)
+        problem = model_identity(target).mismatch(head.identity)
         if problem is not None:
-            raise ValueError(
-                f"the Medusa heads in {folder} were trained for another model ({problem}); "
-                "train heads for this model with `ember medusa train --model ...`"
-            )
-        heads.to(next(target.parameters()).dtype)
-    return heads.eval().requires_grad_(False)
+            raise ValueError(f"{what} trained for another model ({problem}); train one for this model with `{command} --model ...`")
+        head.to(next(target.parameters()).dtype)
+    return head.eval().requires_grad_(False)
