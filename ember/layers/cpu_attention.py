@@ -149,7 +149,7 @@ class PagedAttention:
         )
         status = self._function(ctypes.byref(args))
         if status != 0:
-            raise RuntimeError(f"fused paged attention failed (status {status}): over 512 query rows in a work item, or no memory")
+            raise RuntimeError(f"fused paged attention failed (status {status}): over 1024 query rows in a work item, or no memory")
         return out
 
 

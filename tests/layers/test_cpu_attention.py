@@ -274,3 +274,21 @@ def test_the_torch_path_masks_a_tree_as_the_op_does():
     ours = attention._prefill_attention(query, key, value, cache, segment, 0.25)
     expected = reference(query, cache[0], cache[1], batch, 0.25, None, None, num_kv_heads)
     assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("count", [5, 12, 40])
+def test_a_verification_row_gets_the_bits_of_the_decode_step_at_its_position(op, count):
+    """Rows of a run of up to SPAN_QUERIES queries (a verification) are read in spans as a decode step is, so each
+    equals, bit for bit, the one-query run at its position: speculation cannot move a greedy choice through
+    attention's rounding (int8-rounded activations would magnify any last-bit difference), over several spans."""
+    generator = torch.Generator().manual_seed(count)
+    num_kv_heads, num_heads, head_dim, num_blocks, context = 3, 9, 64, 256, 300
+    batch = random_batch(generator, [context], [count], num_blocks, None)
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)
+    query = torch.randn(count, num_heads, head_dim, generator=generator)
+    run = op(query, cache, batch, 0.125)
+    for i in range(count):
+        position = context - count + i
+        one = replace(batch, query_starts=torch.zeros(1, dtype=torch.int32), query_counts=torch.ones(1, dtype=torch.int32),
+                      context_lens=torch.tensor([position + 1], dtype=torch.int32))
+        assert torch.equal(run[i], op(query[i : i + 1], cache, one, 0.125)[0])

@@ -26,7 +26,8 @@
 #include "vector_math.h"
 
 #define QUERY_CHUNK 8
-#define MAX_ROWS 512  /* query rows (queries x grouped heads) of one work item */
+#define SPAN_QUERIES 64  /* a run of at most this many queries (a decode step, a verification, a tree) is read in spans */
+#define MAX_ROWS 1024  /* query rows (queries x grouped heads) of one work item */
 #define SCORE_PADDING 8  /* a row's scores are read 8 at a time: room past the block's last key */
 #define SPAN_TOKENS 128  /* a decoding sequence's keys per work item (its spans are merged after) */
 
@@ -223,22 +224,17 @@ static void update_row_avx2(const attention_args *a, const float *values, int64_
 }
 #endif
 
-/* A work item: queries [q0, q0 + nq) of sequence seq, kv heads [h0, h1), key blocks [b0, b1) of its table. */
+/* A work item: queries [q0, q0 + nq) of sequence seq (a spanned run's all, at most SPAN_QUERIES; a prefill
+   chunk's at most QUERY_CHUNK), kv heads [h0, h1), key blocks [b0, b1) of its table. */
 typedef struct {
-    int64_t seq, q0, h0, h1, b0, b1;
+    int64_t seq, q0, nq, h0, h1, b0, b1;
     float *partial;  /* NULL: the item sees every key and writes the output; else (max, sum, acc) per row */
 } work_item;
-
-/* The queries of an item (at most QUERY_CHUNK). */
-static int64_t item_queries(const attention_args *a, const work_item *item) {
-    const int64_t left = a->query_counts[item->seq] - item->q0;
-    return left < QUERY_CHUNK ? left : QUERY_CHUNK;
-}
 
 /* An item's rows are its kv heads' rows, head-major; each kv head's are its queries x its grouped
    heads. Row r's output row (token * num_heads + head) in `out`. */
 static int64_t output_row(const attention_args *a, const work_item *item, int64_t r) {
-    const int64_t group = a->num_heads / a->num_kv_heads, per_head = item_queries(a, item) * group, i = r % per_head;
+    const int64_t group = a->num_heads / a->num_kv_heads, per_head = item->nq * group, i = r % per_head;
     const int64_t token = a->query_starts[item->seq] + item->q0 + i / group;
     return token * a->num_heads + (item->h0 + r / per_head) * group + i % group;
 }
@@ -271,7 +267,7 @@ static void update_visible(const attention_args *a, const float *qr, const float
 
 static void attend(const attention_args *a, const work_item *item, float *work) {
     const int64_t group = a->num_heads / a->num_kv_heads, dk = a->dim_k, dv = a->dim_v, bs = a->block_size;
-    const int64_t count = a->query_counts[item->seq], nq = item_queries(a, item);
+    const int64_t count = a->query_counts[item->seq], nq = item->nq;
     const int64_t per_head = nq * group, heads = item->h1 - item->h0, rows = per_head * heads;
     const int64_t first_pos = a->context_lens[item->seq] - count + item->q0, last_pos = first_pos + nq - 1;
     const int64_t score_stride = bs + SCORE_PADDING, span_start = a->context_lens[item->seq] - count;
@@ -340,7 +336,7 @@ static void attend(const attention_args *a, const work_item *item, float *work) 
 /* A spanned sequence's outputs from its spans' states (max, sum, acc per row; `first` is its first
    span, the others follow in `partial`), combined in span order. */
 static void merge_spans(const attention_args *a, const work_item *first, int64_t spans) {
-    const int64_t dv = a->dim_v, rows = item_queries(a, first) * a->num_heads, span_floats = rows * (dv + 2);
+    const int64_t dv = a->dim_v, rows = first->nq * a->num_heads, span_floats = rows * (dv + 2);
     for (int64_t r = 0; r < rows; r++) {
         float best = -INFINITY, sum = 0.0f;
         for (int64_t s = 0; s < spans; s++) {
@@ -409,10 +405,13 @@ void ember_write_kv(const float *key, const float *value, int64_t source_stride,
 static int64_t span_blocks(const attention_args *a) { return SPAN_TOKENS / a->block_size > 0 ? SPAN_TOKENS / a->block_size : 1; }
 
 /* Sequence s's spans when its queries are read in spans (0 otherwise): a short run (a decode step,
-   a verification) whose rows over every kv head fit one item. */
+   a verification) whose rows over every kv head fit one item. A verification of up to SPAN_QUERIES
+   tokens is read as a decode step is, so each of its rows gets the decode step's bits (a greedy
+   output with speculation stays the one without, even where int8-rounded activations would
+   magnify a last-bit difference). */
 static int64_t sequence_spans(const attention_args *a, int64_t s) {
     const int64_t count = a->query_counts[s];
-    if (count > QUERY_CHUNK || count * a->num_heads > MAX_ROWS) return 0;
+    if (count > SPAN_QUERIES || count * a->num_heads > MAX_ROWS) return 0;
     const int64_t blocks = (a->context_lens[s] + a->block_size - 1) / a->block_size;
     return (blocks + span_blocks(a) - 1) / span_blocks(a);
 }
@@ -431,13 +430,14 @@ static int64_t plan_items(const attention_args *a, work_item *items, float *part
     for (int64_t s = 0; s < a->num_seqs; s++) {
         const int64_t count = a->query_counts[s], spans = sequence_spans(a, s), span_rows = count * a->num_heads;
         for (int64_t i = 0; i < spans; i++, n++)
-            if (items) items[n] = (work_item){s, 0, 0, a->num_kv_heads, i * span_blocks(a), (i + 1) * span_blocks(a),
+            if (items) items[n] = (work_item){s, 0, count, 0, a->num_kv_heads, i * span_blocks(a), (i + 1) * span_blocks(a),
                                              spans > 1 ? partials + *partial_floats + i * span_rows * (a->dim_v + 2) : NULL};
         if (spans > 1) *partial_floats += spans * span_rows * (a->dim_v + 2);
         if (spans > 0) { *rows = span_rows > *rows ? span_rows : *rows; continue; }
         for (int64_t q0 = 0; q0 < count; q0 += QUERY_CHUNK)
             for (int64_t h = 0; h < a->num_kv_heads; h++, n++)
-                if (items) items[n] = (work_item){s, q0, h, h + 1, 0, a->max_blocks, NULL};
+                if (items) items[n] = (work_item){s, q0, count - q0 < QUERY_CHUNK ? count - q0 : QUERY_CHUNK, h, h + 1,
+                                                 0, a->max_blocks, NULL};
         const int64_t chunk_rows = (count < QUERY_CHUNK ? count : QUERY_CHUNK) * group;
         *rows = chunk_rows > *rows ? chunk_rows : *rows;
     }
