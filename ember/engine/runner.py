@@ -394,7 +394,9 @@ def _span_masks(item: ScheduledSequence) -> list[int] | None:
         return None
     # The scheduler drafts only for a sequence with one uncomputed token: the tree's root is bit 0.
     assert item.num_new_tokens == item.num_draft_tokens + 1
-    return item.draft.span_masks()
+    # A row that sees every earlier row of the span (the root, the first chain) is plain causal: -1 lets the
+    # kernel read it in one run per block, as a decode step does, so its bits are the decode step's.
+    return [-1 if mask == (1 << (i + 1)) - 1 else mask for i, mask in enumerate(item.draft.span_masks())]
 
 
 def _paged_batch(scheduled: list[ScheduledSequence], tables: list[list[int]]) -> PagedBatch:

@@ -157,6 +157,9 @@ def test_a_tree_keeps_the_greedy_path_and_moves_its_keys_and_values_where_plain_
     draft = DraftRow([(g[1] + 1) % 512, g[1], (g[2] + 7) % 512, g[2], g[3]], parents=[-1, -1, 1, 1, 3])
     plan = spec.engine.scheduler.schedule({seq.seq_id: draft})
     assert plan.scheduled[0].num_new_tokens == 6
+    # Rows that see every earlier row (the root, node 0) are plain causal (-1: read as a decode step reads them).
+    masks = spec.engine.runner._prepare(plan.scheduled)[2].paged.span_masks.tolist()
+    assert masks == [-1, -1, 0b101, 0b1101, 0b10101, 0b110101]
     result = spec.engine.runner.execute(plan)
     assert [t.token_id for t in result.sampled[seq.seq_id]] == g[1:5]
     newest = len(prompt)  # position of g[0]

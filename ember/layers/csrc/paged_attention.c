@@ -253,7 +253,7 @@ static void update_visible(const attention_args *a, const float *qr, const float
             while (end < t1 && end - (span_start - k_lo) < 64 && ((uint64_t)mask >> (k_lo + end - span_start) & 1u)) end++;
             if (end == t) { t++; continue; }  /* an invisible key of the span */
         } else if (mask != -1 && span_start - k_lo < t1) {
-            end = span_start - k_lo;  /* the context before the span, then the span key by key */
+            end = span_start - k_lo;  /* the context before the span first, then the span's visible runs */
         }
 #ifdef EMBER_AVX2
         if (fast) { update_row_avx2(a, values, t, end, s, o, row_max, row_sum); t = end; continue; }
