@@ -1,21 +1,20 @@
-"""Medusa proposer: the heads read the target's last hidden state and draft a chain of K tokens at once.
+"""Medusa proposer: the heads read the target's last hidden state and draft K tokens ahead at once.
 
 After each step the runner hands over, per sequence, the target's final hidden state at the
 position that drew the sequence's newest token (`LastHidden`). Head k turns it into a guess
-for the token k + 1 places after that newest token; the K guesses form the draft (a chain: the
-top-1 of each head, a degenerate Medusa tree). Drafting costs no target forward: one product of
-the K heads' outputs with the LM head, for every drafting sequence together.
+for the token k + 1 places after that newest token. Drafting costs no target forward: one
+product of the K heads' outputs with the LM head, for every drafting sequence together.
 
 Greedy rows draft a tree when the runner verifies trees (`tree_nodes` > 0): node (r_1, ..., r_d) is
 head d's r_d-th likeliest token after the node (r_1, ..., r_(d-1)); the tree holds the `tree_nodes`
 rank paths likeliest under `RANK_PRIOR` (each head's chance that its r-th token is right, as a
 product along the path), so it is wide near the root and thin deep down, as Medusa's trees are.
 The target scores every node in one pass, each node seeing only its ancestors, and keeps the
-path greedy decoding takes. Without trees greedy rows draft each head's argmax. Sampling rows draw each head's token from the head's
-distribution after the row's own temperature, top-k, top-p and min-p (`filtered_probs`, as the
-target's p is filtered) and hand that q to the rejection sampler, which keeps the output the
-target's. The heads do not see earlier drafts, so q_k does not depend on them: still a valid
-proposal for the rejection rule.
+path greedy decoding takes. Without trees greedy rows draft a chain of each head's argmax.
+Sampling rows draw each head's token from the head's distribution after the row's own
+temperature, top-k, top-p and min-p (`filtered_probs`, as the target's p is filtered) and hand
+that q to the rejection sampler, which keeps the output the target's. The heads do not see
+earlier drafts, so q_k does not depend on them: still a valid proposal for the rejection rule.
 """
 
 from __future__ import annotations
