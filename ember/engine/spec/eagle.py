@@ -52,11 +52,14 @@ class EagleProposer(HiddenStateProposer):
         num_steps = max(ready.values())
         for _ in range(num_steps):
             feature, logits = self._draft_step(feature, tokens)
+            argmax = self.head.vocab_ids[logits.argmax(dim=-1)].tolist()  # every greedy row's draft in one call
             for row, seq in enumerate(seqs):
+                if seq.params.is_greedy:
+                    drafted[row].append(argmax[row])
+                    continue
                 (index,), q = draw_proposals(logits[row : row + 1], seq.params, seq.generator or self._generator)
                 drafted[row].append(int(self.head.vocab_ids[index]))
-                if q is not None:
-                    probs[row].append(self._full_vocabulary(q[0]))
+                probs[row].append(self._full_vocabulary(q[0]))
             tokens = torch.tensor([row[-1] for row in drafted])
         self.cost.record(time.perf_counter() - started, num_steps)
         return {
