@@ -10,6 +10,7 @@ from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, Spec
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_params import SamplingParams
+from ember.models.loader import LoadedModel
 from ember.parallel.config import ParallelConfig
 
 PromptInput = str | Sequence[int]
@@ -28,7 +29,10 @@ class LLM:
     tensor parallelism: `tensor_parallel_size=T` (T - 1 worker processes; `shutdown()` stops them).
     """
 
-    def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None, **options) -> None:
+    def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
+                 loaded: LoadedModel | None = None, **options) -> None:
+        """`loaded`: `model`'s weights already in memory (as `load_model` gave them for `dtype`), used instead of loading
+        them again."""
         cache_fields = {k: options.pop(k) for k in list(options) if k in CacheConfig.__dataclass_fields__}
         scheduler_fields = {k: options.pop(k) for k in list(options) if k in SchedulerConfig.__dataclass_fields__}
         speculative_fields = {
@@ -52,7 +56,7 @@ class LLM:
             speculative=SpeculativeConfig(**speculative_fields),
             parallel=ParallelConfig(**parallel_fields),
         )
-        self.engine = LLMEngine(config)
+        self.engine = LLMEngine(config, loaded=loaded)
         self.tokenizer = self.engine.tokenizer
         self._next_id = 0
 

@@ -177,9 +177,11 @@ def cached_eagle_head(model: str, dtype: str, spec: SpecBenchOptions, tokenizer)
 
 def _training_tokens(model: str, dtype: str, tokenizer, config, what: str, flag: str) -> list[int]:
     """The shared corpus's tokens, or the target's replies to prompts made from it (`config.self_generated`)."""
+    from ember.bench.ember_runner import loaded_weights
     from ember.engine.spec.distillation import training_tokens
 
-    return training_tokens(model, dtype, tokenizer, shared_corpus(what, flag), config, show_progress=True)
+    return training_tokens(loaded_weights(model, dtype), model, dtype, tokenizer, shared_corpus(what, flag), config,
+                           show_progress=True)
 
 
 def ember_cache(kind: str, name: str) -> Path:

@@ -9,8 +9,8 @@ dot products, MAX_GEMV_ROWS rows per pass over the weight. More rows (prefill) r
 and use torch's GEMM, where the product is compute-bound and the dequantization cost is shared by
 every row. Both paths round x the same way, so they agree up to float32 summation order; bit for bit
 a row's result depends only on its own values within one path: a step of more than MAX_PASS_ROWS rows
-gives its rows other last bits than a small step does (measured on SmolLM2 Q4_1: 0.4 in the final
-hidden state after 30 layers of int8 re-rounding, enough to flip a near-tie). Without the compiled kernels everything falls back
+gives its rows other last bits than a small step does, which later layers' int8 rounding can grow
+into a different greedy choice. Without the compiled kernels everything falls back
 to the plain-torch decoder, float32 activations and `F.linear`.
 """
 

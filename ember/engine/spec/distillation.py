@@ -21,6 +21,7 @@ from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import KVCacheManager
 from ember.layers.sampler import Sampler
+from ember.models.loader import LoadedModel
 from ember.tokenizers.base import Tokenizer
 
 T = TypeVar("T")
@@ -145,19 +146,18 @@ PROMPT_TAIL_TOKENS = 16  # prompt tokens kept before each reply: the reply's fir
 
 
 def self_generated_tokens(
-    model: str, dtype: str, tokenizer: Tokenizer, corpus: list[Path], num_replies: int, reply_tokens: int, seed: int,
-    show_progress: bool = False,
+    loaded: LoadedModel, model: str, dtype: str, tokenizer: Tokenizer, corpus: list[Path], num_replies: int,
+    reply_tokens: int, seed: int, show_progress: bool = False,
 ) -> list[int]:
     """The target's own replies (sampled at temperature 0.7), each after the last tokens of its prompt, concatenated.
 
     A draft head drafts for what the target writes, so it learns best from that rather than from the
     corpus's prose (Medusa-2 and EAGLE train on regenerated replies too). Prompts are corpus snippets
     under a task ("Continue this text:", ...), rendered with the chat template when the model has one,
-    else the snippet alone.
+    else the snippet alone. `loaded` is `model`'s weights at `dtype`, already in memory (not loaded twice).
     """
     import random
 
-    from ember.engine.sampling_params import SamplingParams
     from ember.llm import LLM
     from ember.tokenizers.chat_template import load_chat_template
 
@@ -174,7 +174,7 @@ def self_generated_tokens(
     else:
         prompts = [tokenizer.encode(template.render([{"role": "user", "content": f"{task}\n\n{snippet}"}], True),
                                     add_special_tokens=False) for task, snippet in snippets]
-    llm = LLM(model, dtype=dtype, seed=seed, max_num_seqs=32)
+    llm = LLM(model, dtype=dtype, seed=seed, loaded=loaded, max_num_seqs=32)
     outputs = llm.generate(prompts, SamplingParams(temperature=0.7, max_tokens=reply_tokens, seed=seed), show_progress)
     tokens: list[int] = []
     for output in outputs:
@@ -195,13 +195,14 @@ class TextSettings(Protocol):
 
 
 def training_tokens(
-    model: str, dtype: str, tokenizer: Tokenizer, corpus: list[Path], settings: TextSettings, show_progress: bool = False
+    loaded: LoadedModel, model: str, dtype: str, tokenizer: Tokenizer, corpus: list[Path], settings: TextSettings,
+    show_progress: bool = False,
 ) -> list[int]:
     """What a head trains on: `settings.self_generated` replies of the target (`self_generated_tokens`), or (0) as
     many corpus tokens as the optimizer steps' windows read."""
     if settings.self_generated:
-        return self_generated_tokens(model, dtype, tokenizer, corpus, settings.self_generated, settings.reply_tokens,
-                                     settings.seed, show_progress)
+        return self_generated_tokens(loaded, model, dtype, tokenizer, corpus, settings.self_generated,
+                                     settings.reply_tokens, settings.seed, show_progress)
     num_batches = -(-settings.steps // settings.steps_per_batch)
     return corpus_tokens(corpus, tokenizer, num_batches * settings.batch_size * settings.sequence_length)
 
@@ -211,4 +212,4 @@ def load_training_text(
 ) -> tuple[torch.nn.Module, list[int]]:
     """The frozen target and the tokens to train a head for it on (`training_tokens`)."""
     loaded, text_tokenizer = load_training_target(model, corpus, dtype, tokenizer, show_progress)
-    return loaded.model, training_tokens(model, dtype, text_tokenizer, corpus, settings, show_progress)
+    return loaded.model, training_tokens(loaded, model, dtype, text_tokenizer, corpus, settings, show_progress)

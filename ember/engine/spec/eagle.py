@@ -39,17 +39,16 @@ class EagleProposer(HiddenStateProposer):
         self.cost.calibrate(lambda: self._draft_step(torch.zeros(1, head.identity.hidden_size), torch.zeros(1, dtype=torch.long)), 1)
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
-        ready = {seq: k for seq, k in wanted.items() if self.hidden.current(seq) is not None}
-        if not ready:
+        newest = {seq: last for seq in wanted if (last := self.hidden.current(seq)) is not None}
+        if not newest:
             return {}
         started = time.perf_counter()
-        seqs = list(ready)
-        newest = [self.hidden.current(seq) for seq in seqs]
-        feature = torch.stack([last.hidden.float() for last in newest])
-        tokens = torch.tensor([seq.token_ids[last.position + 1] for seq, last in zip(seqs, newest, strict=True)])
+        seqs = list(newest)
+        feature = torch.stack([last.hidden.float() for last in newest.values()])
+        tokens = torch.tensor([seq.token_ids[last.position + 1] for seq, last in newest.items()])
         drafted: list[list[int]] = [[] for _ in seqs]
         probs: list[list[torch.Tensor]] = [[] for _ in seqs]
-        num_steps = max(ready.values())
+        num_steps = max(wanted[seq] for seq in seqs)
         for _ in range(num_steps):
             feature, logits = self._draft_step(feature, tokens)
             argmax = self.head.vocab_ids[logits.argmax(dim=-1)].tolist()  # every greedy row's draft in one call
@@ -63,8 +62,8 @@ class EagleProposer(HiddenStateProposer):
             tokens = torch.tensor([row[-1] for row in drafted])
         self.cost.record(time.perf_counter() - started, num_steps)
         return {
-            seq.seq_id: DraftRow(drafted[row][:k], torch.stack(probs[row][:k]) if probs[row] else None)
-            for row, (seq, k) in enumerate(ready.items())
+            seq.seq_id: DraftRow(drafted[row][: wanted[seq]], torch.stack(probs[row][: wanted[seq]]) if probs[row] else None)
+            for row, seq in enumerate(seqs)
         }
 
     def _draft_step(self, feature: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,6 +31,7 @@ from ember.engine.spec.medusa_heads import (
     BaseModelIdentity,
     ResidualBlock,
     fitted_to,
+    read_saved_head,
     saved_identity,
 )
 
@@ -102,16 +103,8 @@ def draft_lm_rows(target: nn.Module, vocab_ids: torch.Tensor) -> torch.Tensor:
 
 def load_eagle_head(folder: Path | str, target: nn.Module | None = None) -> EagleHead:
     """A head saved by `EagleHead.save`; with `target`, checked to belong to it and cast to its dtype."""
-    from safetensors.torch import load_file
-
     folder = Path(folder).expanduser()
-    config_path, head_path = folder / CONFIG_FILE, folder / HEAD_FILE
-    if not config_path.is_file() or not head_path.is_file():
-        raise FileNotFoundError(
-            f"no EAGLE head in {folder}: expected {CONFIG_FILE} and {HEAD_FILE} (train one with `ember eagle train`)"
-        )
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    tensors = load_file(str(head_path))
+    config, tensors = read_saved_head(folder, CONFIG_FILE, HEAD_FILE, "EAGLE head", "ember eagle train")
     head = EagleHead(saved_identity(config), tensors["vocab_ids"], int(config["num_blocks"]))
     head.load_state_dict(tensors)
     return fitted_to(head, target, f"the EAGLE head in {folder} was", "ember eagle train")

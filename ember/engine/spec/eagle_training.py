@@ -107,24 +107,24 @@ class EagleTrainer:
                 "give more text or a smaller --sequence-length"
             )
         log = TrainingLog()
-        hidden, windows = torch.empty(0), torch.empty(0, dtype=torch.long)
+        hidden, embeddings = torch.empty(0), torch.empty(0)
         for step in range(self.config.steps):
             if step % self.config.steps_per_batch == 0:
                 starts = [self._random.randrange(len(tokens) - length + 1) for _ in range(self.config.batch_size)]
-                windows = torch.tensor([tokens[s : s + length] for s in starts])
-                hidden = self.forward.hidden(windows.tolist())
-            loss, accuracy = self.step(hidden, windows)
+                windows = [tokens[s : s + length] for s in starts]
+                hidden = self.forward.hidden(windows)
+                with torch.no_grad():
+                    embeddings = token_embeddings(self.target, torch.tensor(windows)).to(hidden.dtype)
+            loss, accuracy = self.step(hidden, embeddings)
             log.losses.append(loss)
             log.step_accuracy.append(accuracy)
             if on_step is not None:
                 on_step(step, loss)
         return log
 
-    def step(self, hidden: torch.Tensor, windows: torch.Tensor) -> tuple[float, list[float]]:
-        """One optimizer step on the target's hidden states [B, L, H] over token windows [B, L]; returns the loss
-        and the top-1 agreement with the target at each unrolled draft step."""
-        with torch.no_grad():
-            embeddings = token_embeddings(self.target, windows).to(hidden.dtype)  # [B, L, H]
+    def step(self, hidden: torch.Tensor, embeddings: torch.Tensor) -> tuple[float, list[float]]:
+        """One optimizer step on the target's hidden states [B, L, H] over token windows whose embeddings are
+        `embeddings` [B, L, H]; returns the loss and the top-1 agreement with the target at each unrolled draft step."""
         scale = hidden.pow(2).mean()
         self.optimizer.zero_grad(set_to_none=True)
         length = hidden.shape[1]

@@ -19,6 +19,7 @@ earlier drafts, so q_k does not depend on them: still a valid proposal for the r
 
 from __future__ import annotations
 
+import functools
 import heapq
 import time
 
@@ -48,11 +49,12 @@ class MedusaProposer(HiddenStateProposer):
         self.cost.calibrate(self._time_heads, heads.num_heads)
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
-        ready = {seq: min(k, self.heads.num_heads) for seq, k in wanted.items() if self.hidden.current(seq) is not None}
+        newest = {seq: last for seq in wanted if (last := self.hidden.current(seq)) is not None}
+        ready = {seq: min(wanted[seq], self.heads.num_heads) for seq in newest}
         if not ready:
             return {}
         started = time.perf_counter()
-        hidden = torch.stack([self.hidden.current(seq).hidden for seq in ready])
+        hidden = torch.stack([last.hidden for last in newest.values()])
         num_heads = max(ready.values())
         with torch.inference_mode():
             logits = self.heads.logits(self.target, hidden, num_heads).float()
@@ -85,8 +87,10 @@ class MedusaProposer(HiddenStateProposer):
             self.heads.logits(self.target, torch.zeros(1, self.heads.identity.hidden_size, dtype=dtype))
 
 
-def rank_tree(depth: int, num_nodes: int) -> list[tuple[int, ...]]:
-    """The `num_nodes` likeliest rank paths of at most `depth` heads under `RANK_PRIOR`, each after its parent.
+@functools.cache
+def rank_tree(depth: int, num_nodes: int) -> tuple[tuple[int, ...], ...]:
+    """The `num_nodes` likeliest rank paths of at most `depth` heads under `RANK_PRIOR`, each after its parent
+    (computed once per shape: every drafting step and the cost model ask for it).
 
     A path's likelihood is the product of its ranks' priors, so a child is never likelier than its
     parent: taking paths best first from a frontier of children gives parents before children.
@@ -100,4 +104,4 @@ def rank_tree(depth: int, num_nodes: int) -> list[tuple[int, ...]]:
         if len(path) < depth:
             for r, prior in enumerate(RANK_PRIOR):
                 heapq.heappush(frontier, (negative_likelihood * prior, (*path, r)))
-    return paths
+    return tuple(paths)

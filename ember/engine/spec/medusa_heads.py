@@ -129,18 +129,21 @@ class MedusaHeads(nn.Module):
 
 def load_medusa_heads(folder: Path | str, target: nn.Module | None = None) -> MedusaHeads:
     """Heads saved by `MedusaHeads.save`; with `target`, checked to belong to it and cast to its dtype."""
+    folder = Path(folder).expanduser()
+    config, tensors = read_saved_head(folder, CONFIG_FILE, HEADS_FILE, "Medusa heads", "ember medusa train")
+    heads = MedusaHeads(int(config["num_heads"]), saved_identity(config))
+    heads.load_state_dict(tensors)
+    return fitted_to(heads, target, f"the Medusa heads in {folder} were", "ember medusa train")
+
+
+def read_saved_head(folder: Path, config_name: str, tensors_name: str, what: str, command: str) -> tuple[dict, dict]:
+    """A saved draft head's config (JSON) and tensors (safetensors) from `folder`; raises naming `command` when missing."""
     from safetensors.torch import load_file
 
-    folder = Path(folder).expanduser()
-    config_path, heads_path = folder / CONFIG_FILE, folder / HEADS_FILE
-    if not config_path.is_file() or not heads_path.is_file():
-        raise FileNotFoundError(
-            f"no Medusa heads in {folder}: expected {CONFIG_FILE} and {HEADS_FILE} (train some with `ember medusa train`)"
-        )
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    heads = MedusaHeads(int(config["num_heads"]), saved_identity(config))
-    heads.load_state_dict(load_file(str(heads_path)))
-    return fitted_to(heads, target, f"the Medusa heads in {folder} were", "ember medusa train")
+    config_path, tensors_path = folder / config_name, folder / tensors_name
+    if not config_path.is_file() or not tensors_path.is_file():
+        raise FileNotFoundError(f"no {what} in {folder}: expected {config_name} and {tensors_name} (train with `{command}`)")
+    return json.loads(config_path.read_text(encoding="utf-8")), load_file(str(tensors_path))
 
 
 def saved_identity(config: dict) -> BaseModelIdentity:
