@@ -29,7 +29,8 @@ install-test: $(BIN)/python
 	.ci/fetch-firefox-l10n
 
 run: install
-	$(BIN)/ember pull $(MODEL)
+	# A registered name is pulled once; a path (MODEL=path/to/model.gguf) is served as it is.
+	test -e "$(MODEL)" || $(BIN)/ember pull $(MODEL)
 	$(BIN)/ember serve --model $(MODEL) --host $(HOST) --port $(PORT)
 
 test: install-test

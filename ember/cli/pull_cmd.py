@@ -8,7 +8,13 @@ from ember.models.registry import REGISTERED_MODELS, pull
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("pull", help="download a registered model and check its sha256")
+    listing = "\n".join(f"  {name}: {model.description}" for name, model in sorted(REGISTERED_MODELS.items()))
+    parser = subparsers.add_parser(
+        "pull",
+        help="download a registered model and check its sha256",
+        epilog=f"registered models:\n{listing}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("name", choices=sorted(REGISTERED_MODELS), help="registered model name")
     parser.set_defaults(func=run)
 
