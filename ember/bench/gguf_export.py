@@ -17,23 +17,20 @@ FILE_TYPES = {"float32": 0, "bfloat16": 32}  # llama.cpp's LLAMA_FTYPE_ALL_F32, 
 
 def export_gguf(source: Path, target: Path, dtype: str) -> Path:
     """Write `target` (skipped when it exists and is newer than `source`); returns it."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.quants import dequantize, quantize
+
+    from ember.gguf_file import GGUFFile
 
     if dtype not in FILE_TYPES:
         raise ValueError(f"llama.cpp export dtype must be one of {', '.join(FILE_TYPES)}")
     if target.is_file() and target.stat().st_mtime >= source.stat().st_mtime:
         return target
-    reader = GGUFReader(str(source))
-    architecture = reader.fields["general.architecture"].contents()
+    reader = GGUFFile.open(source)
     partial = target.with_suffix(".partial")
     partial.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(str(partial), architecture)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type", "general.quantization_version"):
-            continue
-        sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
+    writer = GGUFWriter(str(partial), reader.metadata["general.architecture"])
+    reader.copy_metadata(writer, skip=("general.file_type", "general.quantization_version"))
     writer.add_file_type(FILE_TYPES[dtype])
     for tensor in reader.tensors:
         values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)

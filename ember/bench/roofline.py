@@ -175,18 +175,18 @@ def model_config(model_path: Path):
     if is_hf_folder(model_path):
         return read_hf_config(model_path)
     if is_gguf_file(model_path):
-        from gguf import GGUFReader
+        from ember.gguf_file import GGUFFile
 
-        return read_gguf_config(GGUFReader(str(model_path)))
+        return read_gguf_config(GGUFFile.open(model_path))
     raise ValueError(f"{model_path}: the roofline reads GGUF files and HF safetensors folders")
 
 
 def tensor_elements(model_path: Path) -> dict[str, int]:
     """Element count of every tensor of the checkpoint, by name."""
     if model_path.is_file():
-        from gguf import GGUFReader
+        from ember.gguf_file import GGUFFile
 
-        return {t.name: int(t.n_elements) for t in GGUFReader(str(model_path)).tensors}
+        return {t.name: t.n_elements for t in GGUFFile.open(model_path).tensors}
     from safetensors import safe_open
 
     counts = {}
@@ -224,13 +224,13 @@ def stored_weight_bytes(model_path: Path, tied_embeddings: bool, hidden_size: in
     """Weight bytes a decode step reads as the checkpoint stores them (a quantized GGUF's blocks): dtype auto."""
     if not model_path.is_file():
         return weight_elements(model_path, tied_embeddings, hidden_size) * BYTES_PER_ELEMENT["float32"]
-    from gguf import GGUFReader
+    from ember.gguf_file import GGUFFile
 
     total = 0
-    for tensor in GGUFReader(str(model_path)).tensors:
+    for tensor in GGUFFile.open(model_path).tensors:
         is_embedding = tensor.name.endswith(EMBEDDING_SUFFIXES)
-        rows = int(tensor.n_elements) // hidden_size
-        total += int(tensor.n_bytes) // rows if is_embedding and not tied_embeddings else int(tensor.n_bytes)
+        rows = tensor.n_elements // hidden_size
+        total += tensor.n_bytes // rows if is_embedding and not tied_embeddings else tensor.n_bytes
     return total
 
 

@@ -26,13 +26,12 @@ COLUMNS = ("layer", "rows", "in -> out", "compiled", "plain torch", "torch _int_
 
 def layer_shapes(model: str) -> dict[str, tuple[int, int]]:
     """(in, out) of the four products of a Llama-family block of `model` (a GGUF file or an HF folder)."""
-    from gguf import GGUFReader
-
+    from ember.gguf_file import GGUFFile
     from ember.models.gguf_loader import is_gguf_file, read_gguf_config
     from ember.models.hf_loader import read_hf_config
 
     path = Path(model)
-    config = read_gguf_config(GGUFReader(str(path))) if is_gguf_file(path) else read_hf_config(path)
+    config = read_gguf_config(GGUFFile.open(path)) if is_gguf_file(path) else read_hf_config(path)
     q_width, kv_width = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     hidden, inner = config.hidden_size, config.intermediate_size
     return {"qkv": (hidden, q_width + 2 * kv_width), "o": (q_width, hidden), "gate_up": (hidden, 2 * inner), "down": (inner, hidden)}

@@ -23,6 +23,12 @@ class VocabEmbedding(nn.Embedding):
     packed_table: PackedWeight | None = None  # the tied head's panels, once shared
     output_dtype: torch.dtype | None = None  # None: the table's own dtype
 
+    def reset_parameters(self) -> None:
+        """Random rows, except for a table built on the meta device to be loaded: there is nothing to draw, and
+        torch's first `normal_` on meta tensors costs seconds of one-time setup (2.4 s here) per process."""
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
     def read_from_packed_head(self, head: Linear) -> None:
         """Look rows up in `head`'s panels (the same matrix, tied) and free the dense copy."""
         if head.packed is None or tuple(head.packed.dense_shape) != (self.num_embeddings, self.embedding_dim):

@@ -11,20 +11,18 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from ember.gguf_file import GGUF_MAGIC, GGUFFile, GGUFTensor
 from ember.models.config import ModelConfig
 from ember.quant.checkpoint import EMBER_BLOCK_FORMATS_KEY
 from ember.quant.ggml_blocks import FORMATS, GGMLTensor
 from ember.quant.int8_channel import FORMAT_NAME as INT8_ROWS_FORMAT
 from ember.quant.int8_channel import Int8ChannelTensor
-
-GGUF_MAGIC = b"GGUF"
 
 # Tensor types ember reads: those in FORMATS run in their blocks, the others are dequantized at load.
 SUPPORTED_TYPES = {
@@ -69,19 +67,15 @@ def is_gguf_file(path: Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
-def read_gguf_metadata(reader: GGUFReader) -> dict[str, Any]:
-    """All key-value fields as Python values (token lists included)."""
-    return {name: field.contents() for name, field in reader.fields.items()}
-
-
-def read_gguf_config(reader: GGUFReader) -> ModelConfig:
-    metadata = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
-    if "tokenizer.ggml.tokens" in reader.fields:
-        metadata["tokenizer.ggml.tokens"] = range(len(reader.fields["tokenizer.ggml.tokens"].data))
-    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+def read_gguf_config(file: GGUFFile) -> ModelConfig:
+    """The model's configuration from the file's metadata (and its tensors, where they are the better source)."""
+    metadata = {name: value for name, value in file.metadata.items() if not name.startswith("tokenizer.ggml.")}
+    if "tokenizer.ggml.tokens" in file.metadata:
+        metadata["tokenizer.ggml.tokens"] = range(len(file.metadata["tokenizer.ggml.tokens"]))
+    embedding = next((t for t in file.tensors if t.name == "token_embd.weight"), None)
     if embedding is not None:  # the embedding's rows are the vocabulary, whatever the metadata says
         metadata[f"{metadata['general.architecture']}.vocab_size"] = int(embedding.shape[1])
-    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    has_output = any(t.name == "output.weight" for t in file.tensors)
     return ModelConfig.from_gguf(metadata, has_output_tensor=has_output)
 
 
@@ -109,7 +103,7 @@ SliceSelector = Callable[[str], tuple[int, int, int] | None]
 
 
 def iter_gguf_tensors(
-    reader: GGUFReader, config: ModelConfig, select: SliceSelector | None = None, keep: Callable[[str], bool] | None = None
+    file: GGUFFile, config: ModelConfig, select: SliceSelector | None = None, keep: Callable[[str], bool] | None = None
 ) -> Iterator[tuple[str, torch.Tensor | GGMLTensor | Int8ChannelTensor]]:
     """(transformers name, tensor) pairs, one at a time: `GGMLTensor` for executed block formats, `Int8ChannelTensor`
     for W8A8 rows, float32 otherwise.
@@ -119,8 +113,8 @@ def iter_gguf_tensors(
     float32, quantized tensor-parallel layers are not there yet. Tensors `keep` says no to are skipped unread.
     """
     permute_rope = config.architecture == "llama"
-    ember_formats = ember_block_formats(reader)
-    for tensor in reader.tensors:
+    ember_formats = ember_block_formats(file)
+    for tensor in file.tensors:
         if tensor.tensor_type not in SUPPORTED_TYPES and tensor.name not in ember_formats:
             raise ValueError(
                 f"GGUF tensor {tensor.name} has type {tensor.tensor_type.name}, which ember cannot load yet; "
@@ -159,19 +153,19 @@ def iter_gguf_tensors(
             yield name, values
 
 
-def ember_block_formats(reader: GGUFReader) -> dict[str, str]:
+def ember_block_formats(file: GGUFFile) -> dict[str, str]:
     """{tensor name: format} of the tensors stored in ember's own block formats (written by `ember quantize`)."""
-    field = reader.fields.get(EMBER_BLOCK_FORMATS_KEY)
-    if field is None:
+    stored = file.metadata.get(EMBER_BLOCK_FORMATS_KEY)
+    if stored is None:
         return {}
-    formats = json.loads(field.contents())
+    formats = json.loads(stored)
     unknown = sorted(set(formats.values()) - {*FORMATS, INT8_ROWS_FORMAT})
     if unknown:
         raise ValueError(f"this GGUF holds tensors in block formats {', '.join(unknown)}, which this ember cannot run; upgrade ember")
     return formats
 
 
-def _ember_blocks_part(tensor: ReaderTensor, format_name: str, dim: int, start: int, stop: int) -> np.ndarray:
+def _ember_blocks_part(tensor: GGUFTensor, format_name: str, dim: int, start: int, stop: int) -> np.ndarray:
     """Rows or columns [start, stop) of a tensor in ember's own blocks, dequantized to float32."""
     raw = torch.from_numpy(np.asarray(tensor.data).view(np.uint8).reshape(int(tensor.shape[1]), -1).copy())
     if format_name == INT8_ROWS_FORMAT:
@@ -182,7 +176,7 @@ def _ember_blocks_part(tensor: ReaderTensor, format_name: str, dim: int, start: 
     return values[start:stop] if dim == 0 else values[:, start:stop]
 
 
-def _dequantized(tensor: ReaderTensor, rows: slice = slice(None)) -> np.ndarray:
+def _dequantized(tensor: GGUFTensor, rows: slice = slice(None)) -> np.ndarray:
     """Float32 values of `tensor` (rows `rows` of it), in torch's [out, in] order."""
     shape = [int(d) for d in reversed(tensor.shape)]
     data = tensor.data[rows] if len(shape) > 1 else tensor.data
@@ -190,7 +184,7 @@ def _dequantized(tensor: ReaderTensor, rows: slice = slice(None)) -> np.ndarray:
     return values.reshape([-1, *shape[1:]]) if len(shape) > 1 else values.reshape(shape)
 
 
-def _dequantized_part(tensor: ReaderTensor, dim: int, start: int, stop: int) -> np.ndarray:
+def _dequantized_part(tensor: GGUFTensor, dim: int, start: int, stop: int) -> np.ndarray:
     """Rows or columns [start, stop) of `tensor`, reading only their bytes when the blocks allow."""
     if dim == 0:
         return _dequantized(tensor, slice(start, stop)) if len(tensor.shape) > 1 else _dequantized(tensor)[start:stop]

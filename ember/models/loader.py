@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from gguf import GGUFReader
 from rich.progress import Progress
 from torch import nn
 
+from ember.gguf_file import GGUFFile
 from ember.layers.cpu_prepare import prepare_for_cpu_kernels
 from ember.models.config import ModelConfig
 from ember.models.gguf_loader import is_gguf_file, iter_gguf_tensors, read_gguf_config
@@ -90,12 +90,12 @@ def load_model(
             tensors = iter_hf_tensors(path, _selector(shard), shard.holds)
         return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress, shard=shard)
     if is_gguf_file(path):
-        reader = GGUFReader(str(path))
-        config = read_gguf_config(reader)
+        file = GGUFFile.open(path)
+        config = read_gguf_config(file)
         shard = shard_for(config) if shard_for is not None else None
-        tokenizer_path = path if "tokenizer.ggml.model" in reader.fields else None
-        tensors = iter_gguf_tensors(reader, config, _selector(shard), None if shard is None else shard.holds)
-        return _build(config, tensors, dtype, tokenizer_path, "gguf", show_progress, len(reader.tensors), shard)
+        tokenizer_path = path if "tokenizer.ggml.model" in file.metadata else None
+        tensors = iter_gguf_tensors(file, config, _selector(shard), None if shard is None else shard.holds)
+        return _build(config, tensors, dtype, tokenizer_path, "gguf", show_progress, len(file.tensors), shard)
     if is_llama2c_file(path):
         header = read_llama2c_header(path)
         config = llama2c_config(header)

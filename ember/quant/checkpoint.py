@@ -93,17 +93,14 @@ def _name_parts(name: str) -> tuple[str, str, str]:
 
 
 def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, format_name: str) -> dict[str, torch.Tensor | Quantized]:
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFWriter
 
+    from ember.gguf_file import GGUFFile
     from ember.models.gguf_loader import hf_name
 
-    reader = GGUFReader(str(source))
-    writer = GGUFWriter(str(target), reader.fields["general.architecture"].contents())
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
-            continue
-        sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    reader = GGUFFile.open(source)
+    writer = GGUFWriter(str(target), reader.metadata["general.architecture"])
+    reader.copy_metadata(writer, skip=("general.file_type",))
     if format_name in FILE_TYPES:
         writer.add_file_type(FILE_TYPES[format_name])
     ember_formats = {}

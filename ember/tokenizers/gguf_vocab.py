@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ember.gguf_file import read_gguf_metadata
 from ember.tokenizers.base import Tokenizer
 from ember.tokenizers.bpe import ByteLevelBPETokenizer
 from ember.tokenizers.byte_level import ByteLevelCodec
-from ember.tokenizers.gguf_metadata import read_gguf_metadata
 from ember.tokenizers.gguf_pre_tokenizers import gguf_pre_tokenizer
 from ember.tokenizers.gguf_wordpiece import GGUFWordPieceTokenizer
 from ember.tokenizers.merges import MAX_VOCAB, BytePairMerger, pair_key, pair_value

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ember.gguf_file import GGUF_MAGIC
 from ember.tokenizers.base import Tokenizer
-from ember.tokenizers.gguf_metadata import GGUF_MAGIC
 from ember.tokenizers.gguf_vocab import load_gguf
 from ember.tokenizers.hf_json import load_gpt2_folder, load_tokenizer_json
 from ember.tokenizers.llama2c import load_llama2c, looks_like_llama2c

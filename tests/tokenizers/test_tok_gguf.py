@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from tok_corpus import build_corpus
 
+from ember.gguf_file import read_gguf_metadata
 from ember.tokenizers import ByteLevelBPETokenizer, load
-from ember.tokenizers.gguf_metadata import read_gguf_metadata
 
 SMOLLM_SPECIALS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<file_sep>")
 
