@@ -108,6 +108,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,soak,tokenizers,gateway,"
                             "spec,quant,parallel (spec, quant and parallel are sized by --scale; see the report)")
     everything.add_argument("--chunk-tokens", type=int, default=256)
+    everything.add_argument("--quant-also", default="", metavar="MODEL,...",
+                            help="quant section: also quantize and evaluate these models (e.g. a larger one, "
+                                 "qwen2.5-coder-0.5b-instruct), each in a table of its own")
     everything.add_argument("--requests", default=None, metavar="NAME=N,...",
                             help="request counts per workload overriding --scale, e.g. mixed=24,serve=8,soak=2000 (mixed, shared-prefix, serve, soak)")
     everything.add_argument("--static-dtype", default=None, choices=("float32", "bfloat16"),
@@ -333,6 +336,7 @@ def _run_all(args: argparse.Namespace) -> int:
         raise ValueError(f"--only: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     options.requests_by_workload = _parse_requests(args.requests)
     options.static_dtypes = None if args.static_dtype is None else (args.static_dtype,)
+    options.quant_also = tuple(m.strip() for m in args.quant_also.split(",") if m.strip())
     base = None
     if args.update_results is not None:
         if args.only is None:

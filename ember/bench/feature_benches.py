@@ -95,7 +95,8 @@ def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
     if name == "quant":
         from ember.bench.quant import times_w8a8_kernels
 
-        return 2 + 2 * len(sizes.quant_methods) + times_w8a8_kernels(sizes.quant_methods)
+        per_model = 2 + 2 * len(sizes.quant_methods)
+        return per_model * (1 + len(options.quant_also)) + times_w8a8_kernels(sizes.quant_methods)
     if name == "parallel":
         return len(sizes.parallel_modes)
     raise ValueError(f"{name!r} is not a feature section; choose from {', '.join(FEATURE_SECTIONS)}")
@@ -124,18 +125,24 @@ def run_spec_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
 
 
 def run_quant_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
-    """`ember bench quant` on the shared corpora: perplexity, bytes/param, decode tok/s per method."""
+    """`ember bench quant` on the shared corpora: perplexity, bytes/param, decode tok/s per method; the models of
+    `options.quant_also` each add a table under 'also' (the same methods and sizes; no W8A8 kernel timings)."""
     from ember.bench.quant import QuantBenchOptions, bench_quant
     from ember.bench.workloads import find_corpus_dir
 
     corpus = find_corpus_dir()
     if corpus is None:
         raise FileNotFoundError("the quant benchmark needs the shared corpora (../shared/corpus or $EMBER_SHARED/corpus)")
-    quant = QuantBenchOptions(model=options.model, calib=corpus / QUANT_CALIB_FILE, eval_file=corpus / QUANT_EVAL_FILE,
-                              methods=sizes.quant_methods, eval_windows=sizes.quant_eval_windows,
-                              calib_tokens=sizes.quant_calib_tokens)  # fmt: skip
-    section = bench_quant(quant, tick=options.tick)
-    return dict(section, group_size=quant.group_size, sizes=sizes.record("quant_"))
+
+    def table(model: str, time_kernels: bool) -> dict:
+        quant = QuantBenchOptions(model=model, calib=corpus / QUANT_CALIB_FILE, eval_file=corpus / QUANT_EVAL_FILE,
+                                  methods=sizes.quant_methods, eval_windows=sizes.quant_eval_windows,
+                                  calib_tokens=sizes.quant_calib_tokens)  # fmt: skip
+        return dict(bench_quant(quant, tick=options.tick, time_kernels=time_kernels), group_size=quant.group_size)
+
+    section = table(options.model, time_kernels=True)
+    also = [table(model, time_kernels=False) for model in options.quant_also]
+    return dict(section, sizes=sizes.record("quant_"), **({"also": also} if also else {}))
 
 
 def run_parallel_section(options: BenchOptions, sizes: FeatureSizes) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ember.bench.feature_benches import PARALLEL_MODES
 from ember.bench.spec import NEVER_DRAFTED, acceptance_text
@@ -139,11 +140,9 @@ def method_rows(section: dict | None, bits: int) -> list[dict]:
 
 def quant_goals(results: dict) -> list[Goal]:
     section = results.get("quant")
-    goals = [_ranking(section, "gptq4"), _ranking(section, "awq4")]
-    for bits, bound in PPL_BOUND_PCT.items():
-        worst = _worst_over_float(section, bits)
-        goals.append(Goal(10, f"`quant` every {bits}-bit method: perplexity over float32 (worst)", f"<= +{bound:g}% (stated bound)",
-                          worst[0], lambda v, bound=bound: v <= bound, unit="+%", detail=worst[1]))
+    goals = _quality_goals(section, "`quant`")
+    for also in (section or {}).get("also", []):  # further models (bench all --quant-also): the same quality goals each
+        goals += _quality_goals(also, f"`quant` on {Path(also['model']).name}")
     goals.append(_memory(section))
     goals.append(_batch1_vs_float(results))
     goals.append(Goal(10, "`batch1` 4-bit GGUF in its blocks (`--dtype auto`): ember / llama.cpp decode tok/s, same run", ">= 1x",
@@ -153,10 +152,20 @@ def quant_goals(results: dict) -> list[Goal]:
     return goals
 
 
-def _ranking(section: dict | None, method: str) -> Goal:
+def _quality_goals(section: dict | None, label: str) -> list[Goal]:
+    """GPTQ and AWQ at or below RTN at 4 bits, and every method within the stated bound of the float model."""
+    goals = [_ranking(section, "gptq4", label), _ranking(section, "awq4", label)]
+    for bits, bound in PPL_BOUND_PCT.items():
+        worst = _worst_over_float(section, bits)
+        goals.append(Goal(10, f"{label} every {bits}-bit method: perplexity over float32 (worst)", f"<= +{bound:g}% (stated bound)",
+                          worst[0], lambda v, bound=bound: v <= bound, unit="+%", detail=worst[1]))
+    return goals
+
+
+def _ranking(section: dict | None, method: str, label: str) -> Goal:
     row, rtn = quant_row(section, method), quant_row(section, "rtn4")
     value = row["perplexity"] / rtn["perplexity"] if row and rtn else None
-    return Goal(10, f"`quant` 4-bit g{_get(section, 'group_size') or 128} perplexity: {method[:-1].upper()} / RTN", "<= 1.00x",
+    return Goal(10, f"{label} 4-bit g{_get(section, 'group_size') or 128} perplexity: {method[:-1].upper()} / RTN", "<= 1.00x",
                 value, lambda v: v <= 1.0)
 
 

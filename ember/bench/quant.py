@@ -79,8 +79,9 @@ class QuantRow:
     quantize_s: float = 0.0
 
 
-def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda _: None) -> dict:
-    """Rows for the float model, the checkpoint as stored, and each method; ratios to the float model."""
+def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda _: None, time_kernels: bool = True) -> dict:
+    """Rows for the float model, the checkpoint as stored, and each method; ratios to the float model.
+    `time_kernels`: also time the W8A8 product paths on the model's layer shapes (when a W8A8 method is among them)."""
     from ember.models.registry import resolve_model
 
     source = str(resolve_model(options.model))
@@ -93,7 +94,7 @@ def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda
             rows.append(row)
     float_ppl = rows[0].perplexity
     kernels = {}
-    if times_w8a8_kernels(options.methods):
+    if time_kernels and times_w8a8_kernels(options.methods):
         from ember.bench.w8a8_kernels import bench_w8a8_kernels, layer_shapes
 
         tick("quant: timing the W8A8 product paths")
@@ -137,7 +138,7 @@ def _quantize(source: str, name: str, out: Path, options: QuantBenchOptions, tic
     from ember.quant.pipeline import quantize_checkpoint
 
     method, bits = METHOD_SPECS[name]
-    tick(f"quant: quantizing {name}")
+    tick(f"quant, {options.model}: quantizing {name}")
     start = time.perf_counter()
     group_size = None if method in PER_CHANNEL_METHODS else FIXED_GROUP_SIZE.get(method, options.group_size)
     config = QuantizeConfig(model=source, method=method, out=out, bits=bits, group_size=group_size, act_order=method == "gptq",
@@ -159,7 +160,7 @@ def _evaluate(name: str, model: str, dtype: str, options: QuantBenchOptions, tic
     from ember.engine.llm_engine import LLMEngine
     from ember.eval.perplexity import windowed_perplexity
 
-    tick(f"quant: evaluating {name}")
+    tick(f"quant, {options.model}: evaluating {name}")
     engine = LLMEngine(EngineConfig(model=model, dtype=dtype, cache=CacheConfig(kv_cache_memory_bytes=256 << 20)))
     text = options.eval_file.read_text(encoding="utf-8", errors="replace")
     ppl = windowed_perplexity(engine, text, EVAL_WINDOW_TOKENS, options.eval_windows)

@@ -29,6 +29,8 @@ def make_feature_plots(results: dict, folder: Path) -> dict[str, Path]:
         from ember.bench.quant import plot_quant
 
         plots["quant"] = plot_quant(results["quant"], folder / "quant.png")
+        for also in results["quant"].get("also", []):
+            plots[quant_plot_key(also)] = plot_quant(also, folder / f"{quant_plot_key(also)}.png")
     if results.get("parallel", {}).get("modes"):
         plots["parallel"] = plot_parallel(results["parallel"], folder / "parallel.png")
     return plots
@@ -151,14 +153,39 @@ def _windows(section: dict) -> str:
             "the ± after a change is its standard error across the windows, from the spread of the per-window ratios to float32")
 
 
+def quant_plot_key(section: dict) -> str:
+    """The plot name of a further model's quant table (its file name without the extension)."""
+    return "quant_" + "".join(c if c.isalnum() else "_" for c in Path(section["model"]).name)
+
+
 def quant_markdown(section: dict | None, table: Table, image: Image) -> list[str]:
     if not section:
         return []
+    lines = ["## `quant`: quantization methods (`ember bench quant`)", ""]
+    lines += _quant_table(section, table)
+    image(lines, "quant")
+    lines.append("")
+    if section.get("w8a8_kernels"):
+        lines += ["W8A8 (SmoothQuant) product paths on this model's layer shapes, microseconds per call (median), same run: "
+                  "the compiled kernel, the plain-torch fallback (exact float32 GEMM on codes), torch's `_int_mm` (each with "
+                  "per-token rounding and scaling), float32 `F.linear` for scale.", ""]
+        from ember.bench.w8a8_kernels import COLUMNS, table_cells
+
+        lines += table(list(COLUMNS), [table_cells(r) for r in section["w8a8_kernels"]])
+        lines.append("")
+    for also in section.get("also", []):
+        lines += [f"### `{Path(also['model']).name}`", ""]
+        lines += _quant_table(also, table)
+        image(lines, quant_plot_key(also))
+        lines.append("")
+    return lines
+
+
+def _quant_table(section: dict, table: Table) -> list[str]:
     from ember.bench.quant import change_cell
 
     float_row = quant_row(section, "float32")
-    lines = ["## `quant`: quantization methods (`ember bench quant`)", "",
-             f"`{Path(section['model']).name}`: each method quantizes the float32 model (group size {section.get('group_size', '?')} "
+    lines = [f"`{Path(section['model']).name}`: each method quantizes the float32 model (group size {section.get('group_size', '?')} "
              "where the method takes one; each row names its own), "
              f"calibrated on `{Path(section['calib']).name}` ({section['calib_tokens']} tokens); perplexity on "
              f"`{Path(section['eval']).name}` ({_windows(section)}). Bytes per parameter: the weights as "
@@ -171,19 +198,8 @@ def quant_markdown(section: dict | None, table: Table, image: Image) -> list[str
         rows.append([row["name"], f"{row['perplexity']:.3f}", change_cell(row), f"{row['bytes_per_parameter']:.3f}",
                      "n/a" if nominal is None else f"{nominal:.3f}", f"{row['decode_tok_s']:.1f}", _ratio(speed),
                      f"{row['quantize_s']:.0f}" if row.get("quantize_s") else ""])  # fmt: skip
-    lines += table(["weights", "perplexity", "vs float32", "bytes/param in memory", "nominal bytes/param", "decode tok/s",
-                    "decode over float32", "quantize s"], rows)  # fmt: skip
-    image(lines, "quant")
-    lines.append("")
-    if section.get("w8a8_kernels"):
-        lines += ["W8A8 (SmoothQuant) product paths on this model's layer shapes, microseconds per call (median), same run: "
-                  "the compiled kernel, the plain-torch fallback (exact float32 GEMM on codes), torch's `_int_mm` (each with "
-                  "per-token rounding and scaling), float32 `F.linear` for scale.", ""]
-        from ember.bench.w8a8_kernels import COLUMNS, table_cells
-
-        lines += table(list(COLUMNS), [table_cells(r) for r in section["w8a8_kernels"]])
-        lines.append("")
-    return lines
+    return lines + table(["weights", "perplexity", "vs float32", "bytes/param in memory", "nominal bytes/param", "decode tok/s",
+                          "decode over float32", "quantize s"], rows)  # fmt: skip
 
 
 # -- parallel --------------------------------------------------------------------------------------

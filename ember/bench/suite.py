@@ -44,6 +44,7 @@ class BenchOptions:
     hf_batch_size: int = 16
     llamacpp_slots: int = 16
     cache_dir: Path | None = None  # exported GGUFs for llama.cpp
+    quant_also: tuple[str, ...] = ()  # bench all: further models whose quantization tables the quant section adds
     tick: Callable[[str], None] = field(default=lambda description: None)
     skipped: dict[str, str] = field(default_factory=dict)  # peer -> why it was not run
 

@@ -163,6 +163,8 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     options = BenchOptions(repeats=2)
     assert planned_runs(options, small, "spec") == (3 * 5 + 2 * 2 + 2) * 2  # plain, ngram, draft, medusa, eagle on three workloads
     assert planned_runs(options, small, "quant") == 2 + 2 * 7 + 1  # gptq8 dropped below scale 0.5; sq8 adds its kernel timings
+    also = BenchOptions(repeats=2, quant_also=("qwen2.5-coder-0.5b-instruct",))
+    assert planned_runs(also, small, "quant") == 2 * (2 + 2 * 7) + 1  # a further model: its own table, no kernel timings
     assert planned_runs(options, small, "parallel") == 3  # tensor, tensor + sequence, pipeline
 
 
@@ -203,3 +205,22 @@ def test_quant_rows_carry_the_standard_error_of_their_change_across_windows():
     text = report.render_markdown(dict(feature_results(), quant=section))
     assert "(2048 tokens in 4 consecutive windows of 512, NLL pooled;" in text
     assert "| rtn4 g128 | 22.000 | +10.0% ± 1.5 |" in text
+
+
+def test_a_further_model_of_the_quant_section_gets_its_own_table_plot_and_goals(tmp_path):
+    larger = dict(quant_section(), model="/m/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    larger["rows"] = [dict(row, perplexity=row["perplexity"] * 0.5, ppl_vs_float_pct=row["ppl_vs_float_pct"] / 2) for row in larger["rows"]]
+    larger["rows"][3] = dict(larger["rows"][3], perplexity=12.0)  # GPTQ worse than RTN (11.0) on this one
+    results_file = tmp_path / "results.json"
+    results_file.write_text(json.dumps(dict(feature_results(), quant=dict(quant_section(), also=[larger]))))
+    report_path = tmp_path / "BENCHMARKS.md"
+    rerender(results_file, report_path, tmp_path / "benchmarks")
+    text = report_path.read_text()
+    png = "quant_qwen2_5_coder_0_5b_instruct_q4_k_m_gguf.png"
+    assert (tmp_path / "benchmarks" / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    assert text.index("![quant](") < text.index("### `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf`") < text.index(f"(benchmarks/plots/{png})")
+    assert "| rtn4 g128 | 11.000 |" in text and "| rtn4 g128 | 22.000 |" in text  # both tables
+    assert ("| 10 | `quant` on qwen2.5-coder-0.5b-instruct-q4_k_m.gguf 4-bit g128 perplexity: GPTQ / RTN | <= 1.00x | 1.09x "
+            "| **missed** |") in text
+    assert "| 10 | `quant` 4-bit g128 perplexity: GPTQ / RTN | <= 1.00x | 0.98x | met |" in text  # the first model's rows unchanged
+    assert "| 10 | `quant` on qwen2.5-coder-0.5b-instruct-q4_k_m.gguf every 8-bit method: perplexity over float32 (worst) |" in text
