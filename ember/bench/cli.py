@@ -83,6 +83,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     spec.add_argument("--batch-sizes", default="1,4,8,16", help="batch sweep on code-edit ('' to skip)")
     spec.add_argument("--mixed-requests", type=int, default=16, help="requests of the mixed workload (0 to skip)")
     spec.add_argument("--mixed-max-output", type=int, default=128, help="longest output of the mixed workload")
+    spec.add_argument("--sibling", default=None, metavar="TARGET,DRAFT",
+                      help="also run batch 1 with TARGET (dtype auto) plain, with n-gram and with DRAFT, a smaller model of its family, as draft model")
     spec.add_argument("--plot", type=Path, default=Path("benchmarks/plots/spec_acceptance.png"), help="acceptance histogram PNG")
     spec.set_defaults(func=_run_spec)
     soak = commands.add_parser("soak", help="many mixed requests against a real server: nothing lost, no 5xx, bounded memory")
@@ -108,6 +110,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,soak,tokenizers,gateway,"
                             "spec,quant,parallel (spec, quant and parallel are sized by --scale; see the report)")
     everything.add_argument("--chunk-tokens", type=int, default=256)
+    everything.add_argument("--spec-sibling", default=None, metavar="TARGET,DRAFT",
+                            help="spec section: also run batch 1 with TARGET (dtype auto) plain, with n-gram and with DRAFT, "
+                                 "a smaller model of its family, as draft model (e.g. qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct)")
     everything.add_argument("--quant-also", default="", metavar="MODEL,...",
                             help="quant section: also quantize and evaluate these models (e.g. a larger one, "
                                  "qwen2.5-coder-0.5b-instruct), each in a table of its own")
@@ -244,7 +249,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
 
 
 def _run_spec(args: argparse.Namespace) -> int:
-    from ember.bench.spec import SpecBenchOptions, bench_spec, format_spec_section
+    from ember.bench.spec import SiblingPair, SpecBenchOptions, bench_spec, format_spec_section
     from ember.engine.config import SPECULATIVE_METHODS
 
     options = _options(args)
@@ -266,7 +271,8 @@ def _run_spec(args: argparse.Namespace) -> int:
                             medusa_train_steps=args.medusa_train_steps, eagle_head=args.eagle_head,
                             eagle_train_steps=args.eagle_train_steps, train_replies=args.train_replies, num_prompts=args.num_prompts, output_len=args.output_len,
                             batch_sizes=batch_sizes, mixed_requests=args.mixed_requests,
-                            mixed_max_output=args.mixed_max_output, plot_path=args.plot)
+                            mixed_max_output=args.mixed_max_output, plot_path=args.plot,
+                            sibling=None if args.sibling is None else SiblingPair.parse(args.sibling))
     section = bench_spec(options, spec)
     print(format_spec_section(section))
     print(f"reproduce: {_command_line()}")
@@ -337,6 +343,7 @@ def _run_all(args: argparse.Namespace) -> int:
     options.requests_by_workload = _parse_requests(args.requests)
     options.static_dtypes = None if args.static_dtype is None else (args.static_dtype,)
     options.quant_also = tuple(m.strip() for m in args.quant_also.split(",") if m.strip())
+    options.spec_sibling = args.spec_sibling
     base = None
     if args.update_results is not None:
         if args.only is None:

@@ -91,7 +91,10 @@ def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
     if name == "spec":
         batch1 = len(SPEC_WORKLOADS) * (1 + len(sizes.spec_methods))
         sweep = 2 * len(sizes.spec_batch_sizes) if max(sizes.spec_batch_sizes) > 1 else 0
-        return (batch1 + sweep + 2) * options.repeats
+        from ember.bench.spec import SIBLING_METHODS
+
+        sibling = len(SPEC_WORKLOADS) * (1 + len(SIBLING_METHODS)) if options.spec_sibling else 0
+        return (batch1 + sweep + 2 + sibling) * options.repeats
     if name == "quant":
         from ember.bench.quant import times_w8a8_kernels
 
@@ -113,13 +116,15 @@ def run_feature_section(name: str, options: BenchOptions, sizes: FeatureSizes) -
 def run_spec_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
     """`ember bench spec`: n-gram, a 4-bit self-draft, Medusa heads and an EAGLE-style head against plain decoding
     (plot drawn by the report)."""
-    from ember.bench.spec import SpecBenchOptions, bench_spec
+    from ember.bench.spec import SiblingPair, SpecBenchOptions, bench_spec
 
     has_draft = "draft" in sizes.spec_methods
+    sibling = None if options.spec_sibling is None else SiblingPair.parse(options.spec_sibling)
     spec = SpecBenchOptions(methods=sizes.spec_methods, draft_model=options.model if has_draft else None,
                             draft_dtype="auto" if has_draft else None, num_prompts=sizes.spec_prompts,
                             output_len=sizes.spec_output_len, batch_sizes=sizes.spec_batch_sizes,
-                            mixed_requests=sizes.spec_mixed_requests, mixed_max_output=sizes.spec_mixed_max_output)  # fmt: skip
+                            mixed_requests=sizes.spec_mixed_requests, mixed_max_output=sizes.spec_mixed_max_output,
+                            sibling=sibling)  # fmt: skip
     section = bench_spec(options, spec)
     return dict(section, repeats=options.repeats, sizes=sizes.record("spec_"))
 

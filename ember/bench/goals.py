@@ -83,7 +83,14 @@ def spec_goals(results: dict) -> list[Goal]:
             if method in entry:
                 goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}: {name} output tok/s over plain", "reported",
                                   _get(entry, method, "ratio"), detail=_acceptance(entry, method)))
-    slowest = _slowest(batch1)
+    sibling = _get(section, "sibling")
+    if sibling:
+        pair = f"{Path(sibling['target']).name} with {Path(sibling['draft']).name}"
+        for workload, entry in sibling["batch1"].items():
+            for method, name in (("ngram", "n-gram"), ("draft", "the smaller sibling as draft model")):
+                goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}, {pair}: {name}, output tok/s over plain", "reported",
+                                  _get(entry, method, "ratio"), detail=_acceptance(entry, method)))
+    slowest = _slowest({**batch1, **{f"{w} ({Path(sibling['target']).name})": e for w, e in (sibling or {}).get("batch1", {}).items()}})
     goals.append(Goal(11, "`spec` batch 1: slowest workload and proposer over plain (adaptive K)", ">= 0.9x",
                       slowest[0], lambda v: v >= 0.9, detail=slowest[1]))
     mixed = _get(section, "mixed")

@@ -107,17 +107,9 @@ def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]
              f"greedy, target dtype {section['dtype']}, K={section['num_speculative_tokens']} with adaptive K{draft}. "
              "Output tok/s counts prefill; decode tok/s the tokens after the first over the time after the first. "
              f"{sizes_note(section.get('sizes'))}", ""]
-    rows = []
-    for workload, entry in section["batch1"].items():
-        for method, data in entry.items():
-            if method == "plain" or not isinstance(data, dict) or "tok_s" not in data:
-                continue
-            rows.append([workload, _lengths(entry.get("prompt_len")), method, _spread(entry["plain"]["tok_s"]), _spread(data["tok_s"]),
-                         _ratio(data.get("ratio")), _ratio(data.get("decode_ratio")), acceptance_text(data),
-                         f"{data['mean_accepted_length']:.2f}", f"{data['draft_time_s']:.2f}", f"{data['verify_time_s']:.2f}"])
     lines += ["Batch 1:", ""]
-    lines += table(["workload", "prompt tokens", "proposer", "plain tok/s", "with proposer tok/s", "over plain", "decode over plain",
-                    "acceptance", "mean accepted length", "draft s", "verify s"], rows)
+    lines += _batch1_table(section["batch1"], table)
+    lines += _sibling(section.get("sibling"), table)
     lines += _sweep(section, table)
     mixed = section.get("mixed")
     if mixed:
@@ -127,6 +119,27 @@ def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]
     image(lines, "spec")
     lines.append("")
     return lines
+
+
+def _batch1_table(batch1: dict, table: Table) -> list[str]:
+    rows = []
+    for workload, entry in batch1.items():
+        for method, data in entry.items():
+            if method == "plain" or not isinstance(data, dict) or "tok_s" not in data:
+                continue
+            rows.append([workload, _lengths(entry.get("prompt_len")), method, _spread(entry["plain"]["tok_s"]), _spread(data["tok_s"]),
+                         _ratio(data.get("ratio")), _ratio(data.get("decode_ratio")), acceptance_text(data),
+                         f"{data['mean_accepted_length']:.2f}", f"{data['draft_time_s']:.2f}", f"{data['verify_time_s']:.2f}"])
+    return table(["workload", "prompt tokens", "proposer", "plain tok/s", "with proposer tok/s", "over plain", "decode over plain",
+                  "acceptance", "mean accepted length", "draft s", "verify s"], rows)
+
+
+def _sibling(sibling: dict | None, table: Table) -> list[str]:
+    if not sibling:
+        return []
+    return ["", f"Batch 1 with a larger target and its smaller sibling as draft model: target `{Path(sibling['target']).name}`, "
+            f"draft `{Path(sibling['draft']).name}`, both at dtype {sibling['dtype']} (same workloads, rendered with the target's "
+            "tokenizer and chat template):", "", *_batch1_table(sibling["batch1"], table)]
 
 
 def _sweep(section: dict, table: Table) -> list[str]:

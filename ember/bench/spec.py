@@ -5,7 +5,10 @@ Three parts, each reported as same-run ratios (median of interleaved repeats):
   control: output tok/s with each proposer over plain decoding, acceptance rate, mean accepted
   length, draft and verify time, and the acceptance histogram (a PNG);
 - a batch sweep on the code-editing workload: where speculation stops paying as the batch grows;
-- the `mixed` workload (continuous batching, many sequences at once) with and without n-gram.
+- the `mixed` workload (continuous batching, many sequences at once) with and without n-gram;
+- with a sibling pair (`SiblingPair`: a larger target and a smaller model of its family, same
+  tokenizer), batch 1 on the same workloads with that target: plain, n-gram, and the small model
+  as the draft model.
 
 The "medusa" proposer needs heads: `--medusa-heads DIR`, or heads this bench trains itself on
 the shared corpus (a bounded number of steps, a few minutes on a laptop CPU), cached under
@@ -28,6 +31,23 @@ from ember.bench.workloads import Workload
 
 
 @dataclass(frozen=True)
+class SiblingPair:
+    """A target and a smaller model of its family with the same tokenizer, as its draft model, both at `dtype`."""
+
+    target: str
+    draft: str
+    dtype: str = "auto"
+
+    @classmethod
+    def parse(cls, text: str) -> SiblingPair:
+        """'TARGET,DRAFT' as the command line gives it."""
+        parts = [part.strip() for part in text.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"a sibling pair reads TARGET,DRAFT (two models with one tokenizer), not {text!r}")
+        return cls(*parts)
+
+
+@dataclass(frozen=True)
 class SpecBenchOptions:
     """What `ember bench spec` compares: proposers, draft length, batch sizes, sizes of the workloads."""
 
@@ -46,6 +66,7 @@ class SpecBenchOptions:
     mixed_requests: int = 16
     mixed_max_output: int = 128  # the mixed workload's output lengths are clipped here
     plot_path: Path | None = None
+    sibling: SiblingPair | None = None
 
 
 def _settings(method: str | None, spec: SpecBenchOptions, max_num_seqs: int | None) -> EmberSettings:
@@ -135,9 +156,29 @@ def bench_spec(options: BenchOptions, spec: SpecBenchOptions) -> dict:
         mixed = make_workload(unsaved, "mixed", num_requests=spec.mixed_requests, max_output=spec.mixed_max_output)
         runs = _interleave(options, "spec mixed", _runners(options, spec, mixed, None, ("ngram",)))
         section["mixed"] = dict(_entry(runs), num_requests=spec.mixed_requests)
+    if spec.sibling is not None:
+        section["sibling"] = _bench_sibling(options, spec, spec.sibling)
     if spec.plot_path is not None:
         section["plot"] = str(plot_acceptance(section, spec.plot_path))
     return section
+
+
+SIBLING_METHODS = ("ngram", "draft")
+
+
+def _bench_sibling(options: BenchOptions, spec: SpecBenchOptions, pair: SiblingPair) -> dict:
+    """Batch 1 on every workload with the pair's target: plain, n-gram, and the smaller sibling drafting."""
+    from ember.tokenizers import load
+
+    target_options = replace(options, model=pair.target, dtypes=(pair.dtype,))
+    pair_spec = replace(spec, draft_model=pair.draft, draft_dtype=pair.dtype)
+    tokenizer = load(model_path(pair.target))
+    batch1 = {}
+    for name in SPEC_WORKLOADS:
+        workload = build_spec_workload(name, tokenizer, options.seed, spec.num_prompts, spec.output_len)
+        runs = _interleave(target_options, f"spec sibling {name}", _runners(target_options, pair_spec, workload, 1, SIBLING_METHODS))
+        batch1[name] = dict(_entry(runs), prompt_len=workload.params["prompt_len"], output_len=spec.output_len)
+    return {"target": pair.target, "draft": pair.draft, "dtype": pair.dtype, "batch1": batch1}
 
 
 def cached_medusa_heads(model: str, dtype: str, spec: SpecBenchOptions, tokenizer) -> Path:
@@ -243,15 +284,11 @@ def plot_acceptance(section: dict, path: Path) -> Path:
 def format_spec_section(section: dict) -> str:
     """Plain-text table of the section for the terminal."""
     lines = [f"speculative decoding (dtype {section['dtype']}, K={section['num_speculative_tokens']})", "", "batch 1, greedy:"]
-    for name, entry in section["batch1"].items():
-        for method, data in entry.items():
-            if isinstance(data, dict) and "tok_s" in data and method != "plain":
-                lines.append(
-                    f"  {name:14s} {method:6s} x{data['ratio'] or 0:.2f} tok/s (decode x{data['decode_ratio'] or 0:.2f}), "
-                    f"accept {data['acceptance_rate']:.0%}, mean accepted length {data['mean_accepted_length']:.2f}, "
-                    f"draft {data['draft_time_s']:.2f}s, verify {data['verify_time_s']:.2f}s "
-                    f"[plain {entry['plain']['tok_s']['median']:.1f} tok/s]"
-                )
+    lines += _batch1_lines(section["batch1"])
+    if "sibling" in section:
+        sibling = section["sibling"]
+        lines.append(f"batch 1, greedy, target {Path(sibling['target']).name}, draft {Path(sibling['draft']).name} ({sibling['dtype']}):")
+        lines += _batch1_lines(sibling["batch1"])
     if section["batch_sweep"]:
         lines.append("batch sweep (code-edit, n-gram over plain, tok/s):")
         for batch, entry in section["batch_sweep"].items():
@@ -265,6 +302,20 @@ def format_spec_section(section: dict) -> str:
     if "plot" in section:
         lines.append(f"acceptance histogram: {section['plot']}")
     return "\n".join(lines)
+
+
+def _batch1_lines(batch1: dict) -> list[str]:
+    lines = []
+    for name, entry in batch1.items():
+        for method, data in entry.items():
+            if isinstance(data, dict) and "tok_s" in data and method != "plain":
+                lines.append(
+                    f"  {name:14s} {method:6s} x{data['ratio'] or 0:.2f} tok/s (decode x{data['decode_ratio'] or 0:.2f}), "
+                    f"accept {data['acceptance_rate']:.0%}, mean accepted length {data['mean_accepted_length']:.2f}, "
+                    f"draft {data['draft_time_s']:.2f}s, verify {data['verify_time_s']:.2f}s "
+                    f"[plain {entry['plain']['tok_s']['median']:.1f} tok/s]"
+                )
+    return lines
 
 
 NEVER_DRAFTED = "never drafted"

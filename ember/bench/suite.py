@@ -45,6 +45,7 @@ class BenchOptions:
     llamacpp_slots: int = 16
     cache_dir: Path | None = None  # exported GGUFs for llama.cpp
     quant_also: tuple[str, ...] = ()  # bench all: further models whose quantization tables the quant section adds
+    spec_sibling: str | None = None  # bench all: "TARGET,DRAFT", a larger target and its smaller sibling for the spec section
     tick: Callable[[str], None] = field(default=lambda description: None)
     skipped: dict[str, str] = field(default_factory=dict)  # peer -> why it was not run
 
