@@ -34,6 +34,9 @@ class FeatureSizes:
     spec_batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
     spec_mixed_requests: int = 16
     spec_mixed_max_output: int = 128  # the mixed workload's outputs are clipped here
+    # repeats of the sibling pair's runs (bench all --spec-sibling), at most: its larger target decodes ~4x slower
+    # and prefills ~10x slower than SmolLM2, so its 9 runs per repeat would take as long as the rest of the section
+    spec_sibling_repeats: int = 3
     quant_methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8", "sq8")
     quant_eval_windows: int = 8  # of ember.bench.quant.EVAL_WINDOW_TOKENS tokens
     quant_calib_tokens: int = 4096
@@ -94,7 +97,7 @@ def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
         from ember.bench.spec import SIBLING_METHODS
 
         sibling = len(SPEC_WORKLOADS) * (1 + len(SIBLING_METHODS)) if options.spec_sibling else 0
-        return (batch1 + sweep + 2 + sibling) * options.repeats
+        return (batch1 + sweep + 2) * options.repeats + sibling * min(options.repeats, sizes.spec_sibling_repeats)
     if name == "quant":
         from ember.bench.quant import times_w8a8_kernels
 
@@ -124,7 +127,7 @@ def run_spec_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
                             draft_dtype="auto" if has_draft else None, num_prompts=sizes.spec_prompts,
                             output_len=sizes.spec_output_len, batch_sizes=sizes.spec_batch_sizes,
                             mixed_requests=sizes.spec_mixed_requests, mixed_max_output=sizes.spec_mixed_max_output,
-                            sibling=sibling)  # fmt: skip
+                            sibling=sibling, sibling_repeats=sizes.spec_sibling_repeats)  # fmt: skip
     section = bench_spec(options, spec)
     return dict(section, repeats=options.repeats, sizes=sizes.record("spec_"))
 

@@ -139,7 +139,7 @@ def _sibling(sibling: dict | None, table: Table) -> list[str]:
         return []
     return ["", f"Batch 1 with a larger target and its smaller sibling as draft model: target `{Path(sibling['target']).name}`, "
             f"draft `{Path(sibling['draft']).name}`, both at dtype {sibling['dtype']} (same workloads, rendered with the target's "
-            "tokenizer and chat template):", "", *_batch1_table(sibling["batch1"], table)]
+            f"tokenizer and chat template; {sibling.get('repeats', '?')} interleaved repeats):", "", *_batch1_table(sibling["batch1"], table)]
 
 
 def _sweep(section: dict, table: Table) -> list[str]:

@@ -67,6 +67,7 @@ class SpecBenchOptions:
     mixed_max_output: int = 128  # the mixed workload's output lengths are clipped here
     plot_path: Path | None = None
     sibling: SiblingPair | None = None
+    sibling_repeats: int | None = None  # at most this many repeats of the sibling pair's runs (None: the bench's)
 
 
 def _settings(method: str | None, spec: SpecBenchOptions, max_num_seqs: int | None) -> EmberSettings:
@@ -170,7 +171,8 @@ def _bench_sibling(options: BenchOptions, spec: SpecBenchOptions, pair: SiblingP
     """Batch 1 on every workload with the pair's target: plain, n-gram, and the smaller sibling drafting."""
     from ember.tokenizers import load
 
-    target_options = replace(options, model=pair.target, dtypes=(pair.dtype,))
+    repeats = options.repeats if spec.sibling_repeats is None else min(options.repeats, spec.sibling_repeats)
+    target_options = replace(options, model=pair.target, dtypes=(pair.dtype,), repeats=repeats)
     pair_spec = replace(spec, draft_model=pair.draft, draft_dtype=pair.dtype)
     tokenizer = load(model_path(pair.target))
     batch1 = {}
@@ -178,7 +180,7 @@ def _bench_sibling(options: BenchOptions, spec: SpecBenchOptions, pair: SiblingP
         workload = build_spec_workload(name, tokenizer, options.seed, spec.num_prompts, spec.output_len)
         runs = _interleave(target_options, f"spec sibling {name}", _runners(target_options, pair_spec, workload, 1, SIBLING_METHODS))
         batch1[name] = dict(_entry(runs), prompt_len=workload.params["prompt_len"], output_len=spec.output_len)
-    return {"target": pair.target, "draft": pair.draft, "dtype": pair.dtype, "batch1": batch1}
+    return {"target": pair.target, "draft": pair.draft, "dtype": pair.dtype, "repeats": repeats, "batch1": batch1}
 
 
 def cached_medusa_heads(model: str, dtype: str, spec: SpecBenchOptions, tokenizer) -> Path:

@@ -163,8 +163,8 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     options = BenchOptions(repeats=2)
     assert planned_runs(options, small, "spec") == (3 * 5 + 2 * 2 + 2) * 2  # plain, ngram, draft, medusa, eagle on three workloads
     assert planned_runs(options, small, "quant") == 2 + 2 * 7 + 1  # gptq8 dropped below scale 0.5; sq8 adds its kernel timings
-    sibling = BenchOptions(repeats=2, spec_sibling="qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct")
-    assert planned_runs(sibling, small, "spec") == (3 * 5 + 2 * 2 + 2 + 3 * 3) * 2  # plus plain, ngram, draft with the sibling target
+    sibling = BenchOptions(repeats=5, spec_sibling="qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct")
+    assert planned_runs(sibling, small, "spec") == (3 * 5 + 2 * 2 + 2) * 5 + 3 * 3 * 3  # plain, ngram, draft with the sibling target, 3 repeats
     also = BenchOptions(repeats=2, quant_also=("qwen2.5-coder-0.5b-instruct",))
     assert planned_runs(also, small, "quant") == 2 * (2 + 2 * 7) + 1  # a further model: its own table, no kernel timings
     assert planned_runs(options, small, "parallel") == 3  # tensor, tensor + sequence, pipeline
@@ -233,9 +233,10 @@ def test_a_sibling_pair_gets_its_batch1_table_and_reported_goals_and_counts_for_
     sibling_entry = {"plain": _engine(5.0), "ngram": _engine(6.0, 1.2, 0.6, (1, 1, 1, 1, 4)),
                      "draft": _engine(4.0, 0.8, 0.5, (2, 1, 1, 1, 1)), "prompt_len": [400], "output_len": 128}
     section["sibling"] = {"target": "/m/qwen2.5-coder-1.5b.gguf", "draft": "/m/qwen2.5-coder-0.5b.gguf", "dtype": "auto",
-                          "batch1": {"code-edit": sibling_entry}}
+                          "repeats": 3, "batch1": {"code-edit": sibling_entry}}
     text = report.render_markdown(dict(feature_results(), spec=section))
     assert "target `qwen2.5-coder-1.5b.gguf`, draft `qwen2.5-coder-0.5b.gguf`, both at dtype auto" in text
+    assert "chat template; 3 interleaved repeats)" in text
     assert "| code-edit | 400 | draft | 5.0 (4.5–5.5) | 4.0 (3.6–4.4) | 0.80x |" in text
     assert ("| 11 | `spec` batch 1 greedy, code-edit, qwen2.5-coder-1.5b.gguf with qwen2.5-coder-0.5b.gguf: the smaller sibling "
             "as draft model, output tok/s over plain | reported | 0.80x (acceptance 50%) | reported |") in text
