@@ -83,14 +83,8 @@ def spec_goals(results: dict) -> list[Goal]:
             if method in entry:
                 goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}: {name} output tok/s over plain", "reported",
                                   _get(entry, method, "ratio"), detail=_acceptance(entry, method)))
-    sibling = _get(section, "sibling")
-    if sibling:
-        pair = f"{Path(sibling['target']).name} with {Path(sibling['draft']).name}"
-        for workload, entry in sibling["batch1"].items():
-            for method, name in (("ngram", "n-gram"), ("draft", "the smaller sibling as draft model")):
-                goals.append(Goal(11, f"`spec` batch 1 greedy, {workload}, {pair}: {name}, output tok/s over plain", "reported",
-                                  _get(entry, method, "ratio"), detail=_acceptance(entry, method)))
-    slowest = _slowest({**batch1, **{f"{w} ({Path(sibling['target']).name})": e for w, e in (sibling or {}).get("batch1", {}).items()}})
+    goals += _sibling_goals(_get(section, "sibling"))
+    slowest = _slowest(_every_batch1(section))
     goals.append(Goal(11, "`spec` batch 1: slowest workload and proposer over plain (adaptive K)", ">= 0.9x",
                       slowest[0], lambda v: v >= 0.9, detail=slowest[1]))
     mixed = _get(section, "mixed")
@@ -100,6 +94,26 @@ def spec_goals(results: dict) -> list[Goal]:
     if section is not None and section.get("batch_sweep"):
         goals.append(_crossover(section))
     return goals
+
+
+def _sibling_goals(sibling: dict | None) -> list[Goal]:
+    """Reported rows of the larger target: n-gram and its smaller sibling drafting, per workload."""
+    if not sibling:
+        return []
+    pair = f"{Path(sibling['target']).name} with {Path(sibling['draft']).name}"
+    return [Goal(11, f"`spec` batch 1 greedy, {workload}, {pair}: {name}, output tok/s over plain", "reported",
+                 _get(entry, method, "ratio"), detail=_acceptance(entry, method))
+            for workload, entry in sibling["batch1"].items()
+            for method, name in (("ngram", "n-gram"), ("draft", "the smaller sibling as draft model"))]  # fmt: skip
+
+
+def _every_batch1(section: dict | None) -> dict:
+    """The batch-1 entries of the main target and, labelled with their target's name, the sibling pair's."""
+    batch1 = dict(_get(section, "batch1") or {})
+    sibling = _get(section, "sibling")
+    if sibling:
+        batch1.update({f"{workload} ({Path(sibling['target']).name})": entry for workload, entry in sibling["batch1"].items()})
+    return batch1
 
 
 def _crossover(section: dict) -> Goal:

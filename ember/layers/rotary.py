@@ -17,6 +17,11 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling |
         return inv_freq
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
+    if scaling.kind == "frequency_factors":
+        if len(scaling.frequency_factors) != inv_freq.numel():
+            raise ValueError(f"{len(scaling.frequency_factors)} rope frequency factors for {inv_freq.numel()} rotation pairs "
+                             f"(head_dim {head_dim}); the checkpoint's rope_freqs does not fit its heads")
+        return inv_freq / torch.tensor(scaling.frequency_factors, dtype=torch.float64, device=inv_freq.device)
     # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
     low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
     high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor

@@ -62,13 +62,16 @@ class LatentAttentionConfig:
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Rotary frequency rescaling: "linear" (factor) or "llama3" (factor, low/high freq, original ctx)."""
+    """Rotary frequency rescaling: "linear" (factor), "llama3" (factor, low/high freq, original ctx) or
+    "frequency_factors" (each rotation pair's frequency divided by its own factor: a GGUF's `rope_freqs`
+    tensor, which is how llama.cpp's converter stores Llama 3.1's scaling)."""
 
     kind: str
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    frequency_factors: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ as `Int8ChannelTensor`s; every other tensor is dequantized to float32 here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ember.gguf_file import GGUF_MAGIC, GGUFFile, GGUFTensor
-from ember.models.config import ModelConfig
+from ember.models.config import ModelConfig, RopeScaling
 from ember.quant.checkpoint import EMBER_BLOCK_FORMATS_KEY
 from ember.quant.ggml_blocks import FORMATS, GGMLTensor
 from ember.quant.int8_channel import FORMAT_NAME as INT8_ROWS_FORMAT
@@ -57,6 +58,8 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# Per-pair rotary frequency divisors (Llama 3.1's scaling as llama.cpp's converter writes it): config, not a weight.
+ROPE_FREQS_TENSOR = "rope_freqs.weight"
 _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -76,7 +79,12 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     if embedding is not None:  # the embedding's rows are the vocabulary, whatever the metadata says
         metadata[f"{metadata['general.architecture']}.vocab_size"] = int(embedding.shape[1])
     has_output = any(t.name == "output.weight" for t in file.tensors)
-    return ModelConfig.from_gguf(metadata, has_output_tensor=has_output)
+    config = ModelConfig.from_gguf(metadata, has_output_tensor=has_output)
+    rope_freqs = next((t for t in file.tensors if t.name == ROPE_FREQS_TENSOR), None)
+    if rope_freqs is None:
+        return config
+    factors = dequantize(rope_freqs.data, rope_freqs.tensor_type).astype(np.float64).reshape(-1)
+    return dataclasses.replace(config, rope_scaling=RopeScaling("frequency_factors", frequency_factors=tuple(factors.tolist())))
 
 
 def hf_name(gguf_name: str) -> str:
@@ -115,6 +123,8 @@ def iter_gguf_tensors(
     permute_rope = config.architecture == "llama"
     ember_formats = ember_block_formats(file)
     for tensor in file.tensors:
+        if tensor.name == ROPE_FREQS_TENSOR:
+            continue  # read into the config (read_gguf_config)
         if tensor.tensor_type not in SUPPORTED_TYPES and tensor.name not in ember_formats:
             raise ValueError(
                 f"GGUF tensor {tensor.name} has type {tensor.tensor_type.name}, which ember cannot load yet; "

@@ -96,7 +96,7 @@ def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, 
     from gguf import GGMLQuantizationType, GGUFWriter
 
     from ember.gguf_file import GGUFFile
-    from ember.models.gguf_loader import hf_name
+    from ember.models.gguf_loader import ROPE_FREQS_TENSOR, hf_name
 
     reader = GGUFFile.open(source)
     writer = GGUFWriter(str(target), reader.metadata["general.architecture"])
@@ -106,6 +106,9 @@ def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, 
     ember_formats = {}
     written = {}
     for source_tensor in reader.tensors:
+        if source_tensor.name == ROPE_FREQS_TENSOR:  # configuration, copied as it is
+            writer.add_tensor(source_tensor.name, np.array(source_tensor.data))
+            continue
         name = hf_name(source_tensor.name)
         value = _llama_cpp_rows(source_tensor.name, tensors[name], config)
         written[name] = tensors[name]

@@ -68,9 +68,10 @@ def _random_k_quant(rows: int, cols: int, qtype: GGMLQuantizationType, rng: np.r
 
 
 def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.random.Generator,
-               overrides: dict[str, GGMLQuantizationType] | None = None) -> dict[str, np.ndarray]:
+               overrides: dict[str, GGMLQuantizationType] | None = None, rope_freqs: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Write the HF model in `folder` as a GGUF (tensors whose GGUF name ends with a key of `overrides` in that type,
-    as a Q4_K_M file mixes them); returns the float32 weights each tensor decodes to (HF layout)."""
+    as a Q4_K_M file mixes them; `rope_freqs`, a Llama 3.1 file's per-pair frequency divisors); returns the float32
+    weights each tensor decodes to (HF layout)."""
     reference = load_reference(folder)
     config = reference.config
     writer = GGUFWriter(str(path), "llama")
@@ -83,6 +84,8 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
     writer.add_rope_freq_base(10000.0)  # save_tiny_model sets rope_theta=10000
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     expected = {}
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     for hf_name, tensor in reference.state_dict().items():
         values = tensor.float().numpy()
         name = _gguf_name(hf_name)
@@ -173,6 +176,56 @@ def test_f32_gguf_logits_match_transformers(tiny_folder, tmp_path):
         logprobs = torch.log_softmax(reference(torch.tensor([prompt])).logits[0], dim=-1)
     theirs = logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
     assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def _llama3_frequency_factors(head_dim: int, theta: float, factor: float, low: float, high: float, original: int) -> np.ndarray:
+    """What llama.cpp's converter stores as rope_freqs for Llama 3.1's scaling: 1, `factor`, or the ramp between."""
+    factors = []
+    for frequency in 1.0 / theta ** (np.arange(0, head_dim, 2) / head_dim):
+        wavelength = 2 * np.pi / frequency
+        if wavelength < original / high:
+            factors.append(1.0)
+        elif wavelength > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            factors.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(factors)
+
+
+def test_a_llama3_gguf_rope_freqs_tensor_scales_rotary_as_transformers_llama3_scaling(tmp_path):
+    """Llama 3.1/3.2 GGUFs carry their rope scaling as a `rope_freqs` tensor; logits must match transformers' llama3 rope."""
+    from ember.engine.config import CacheConfig, EngineConfig
+    from ember.engine.llm_engine import LLMEngine
+    from ember.engine.sampling_params import SamplingParams
+
+    scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)  # pairs in every regime
+    folder = save_tiny_model("llama", tmp_path / "hf", **SHAPE, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, **scaling})
+    factors = _llama3_frequency_factors(SHAPE["hidden_size"] // NUM_HEADS, 10000.0, *scaling.values())
+    assert factors.min() == 1.0 and factors.max() == 8.0 and ((factors > 1) & (factors < 8)).any()  # every regime present
+    write_gguf(folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0), rope_freqs=factors)
+    reference = load_reference(folder)
+    prompt = list(range(3, 60))
+    engine = LLMEngine(EngineConfig(model=str(tmp_path / "model.gguf"), tokenizer=None, cache=CacheConfig(num_kv_blocks=16)))
+    assert engine.runner.model.config.rope_scaling.kind == "frequency_factors"
+    engine.add_request("r", prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs.extend(engine.step())
+    ours = torch.tensor([outputs[-1].prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(reference(torch.tensor([prompt])).logits[0], dim=-1)
+    theirs = logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+    assert (ours - theirs).abs().max().item() <= 1e-4
+    wrong = _llama3_frequency_factors(SHAPE["hidden_size"] // NUM_HEADS, 10000.0, 2.0, 1.0, 4.0, 32)  # positive control
+    write_gguf(folder, tmp_path / "wrong.gguf", T.F32, np.random.default_rng(0), rope_freqs=wrong)
+    engine = LLMEngine(EngineConfig(model=str(tmp_path / "wrong.gguf"), tokenizer=None, cache=CacheConfig(num_kv_blocks=16)))
+    engine.add_request("r", prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs.extend(engine.step())
+    other = torch.tensor([outputs[-1].prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
+    assert (other - theirs).abs().max().item() > 1e-3
 
 
 def test_an_unsupported_tensor_type_is_named_in_the_error(tiny_folder, tmp_path):
