@@ -110,7 +110,8 @@ def test_float_code_formats_run_float32_activations_on_every_row_count(kernels, 
         kernels.gemv(x[:1], weight, None, "int8")
 
 
-@pytest.mark.parametrize(("name", "activations"), [("Q4_1", "int8"), ("Q6_K", "float32"), ("NF4", "int8")])
+@pytest.mark.parametrize(("name", "activations"), [("Q4_1", "int8"), ("Q4_K", "int8"), ("Q5_0", "int8"), ("Q8_0", "int8"),
+                                                   ("Q6_K", "int8"), ("Q6_K", "float32"), ("NF4", "int8")])
 def test_the_compiled_product_pointer_computes_the_layer_row_by_row(kernels, name, activations):
     import ctypes
 
@@ -127,6 +128,10 @@ def test_the_compiled_product_pointer_computes_the_layer_row_by_row(kernels, nam
     with torch.inference_mode():
         one_by_one = torch.cat([layer(row[None]) for row in x])
     assert torch.equal(y, one_by_one)
+    for m in range(2, MAX_GEMV_ROWS):  # every pass size the kernels specialise (a verification of 1-7 drafts)
+        part = torch.empty(m, 40)
+        product(x.data_ptr(), compiled.weight, compiled.bias, part.data_ptr(), m, 40, 256)
+        assert torch.equal(part, one_by_one[:m]), m
 
 
 def test_layer_activations_are_a_checked_setting():
