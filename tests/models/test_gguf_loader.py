@@ -158,24 +158,31 @@ def test_every_tensor_type_loads_to_what_the_gguf_package_dequantizes(tiny_folde
         assert torch.equal(_loaded_weight(loaded.model, hf_name), torch.from_numpy(values).float()), hf_name
 
 
-def test_f32_gguf_logits_match_transformers(tiny_folder, tmp_path):
+def _prompt_logprobs(gguf_path: Path, prompt: list[int]) -> torch.Tensor:
+    """ember's logprob of each prompt token after the first, from the GGUF at `gguf_path`."""
     from ember.engine.config import CacheConfig, EngineConfig
     from ember.engine.llm_engine import LLMEngine
     from ember.engine.sampling_params import SamplingParams
 
-    write_gguf(tiny_folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0))
-    reference = load_reference(tiny_folder)
-    prompt = list(range(3, 40))
-    engine = LLMEngine(EngineConfig(model=str(tmp_path / "model.gguf"), tokenizer=None, cache=CacheConfig(num_kv_blocks=16)))
+    engine = LLMEngine(EngineConfig(model=str(gguf_path), tokenizer=None, cache=CacheConfig(num_kv_blocks=16)))
     engine.add_request("r", prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
     outputs = []
     while engine.has_unfinished_requests():
         outputs.extend(engine.step())
-    ours = torch.tensor([outputs[-1].prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
+    return torch.tensor([outputs[-1].prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
+
+
+def _reference_logprobs(folder: Path, prompt: list[int]) -> torch.Tensor:
+    """transformers' logprob of each prompt token after the first, from the HF model in `folder`."""
     with torch.no_grad():
-        logprobs = torch.log_softmax(reference(torch.tensor([prompt])).logits[0], dim=-1)
-    theirs = logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
-    assert (ours - theirs).abs().max().item() <= 1e-4
+        logprobs = torch.log_softmax(load_reference(folder)(torch.tensor([prompt])).logits[0], dim=-1)
+    return logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+
+
+def test_f32_gguf_logits_match_transformers(tiny_folder, tmp_path):
+    write_gguf(tiny_folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0))
+    prompt = list(range(3, 40))
+    assert (_prompt_logprobs(tmp_path / "model.gguf", prompt) - _reference_logprobs(tiny_folder, prompt)).abs().max().item() <= 1e-4
 
 
 def _llama3_frequency_factors(head_dim: int, theta: float, factor: float, low: float, high: float, original: int) -> np.ndarray:
@@ -195,37 +202,19 @@ def _llama3_frequency_factors(head_dim: int, theta: float, factor: float, low: f
 
 def test_a_llama3_gguf_rope_freqs_tensor_scales_rotary_as_transformers_llama3_scaling(tmp_path):
     """Llama 3.1/3.2 GGUFs carry their rope scaling as a `rope_freqs` tensor; logits must match transformers' llama3 rope."""
-    from ember.engine.config import CacheConfig, EngineConfig
-    from ember.engine.llm_engine import LLMEngine
-    from ember.engine.sampling_params import SamplingParams
-
-    scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)  # pairs in every regime
+    scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)
     folder = save_tiny_model("llama", tmp_path / "hf", **SHAPE, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, **scaling})
-    factors = _llama3_frequency_factors(SHAPE["hidden_size"] // NUM_HEADS, 10000.0, *scaling.values())
+    head_dim = SHAPE["hidden_size"] // NUM_HEADS
+    factors = _llama3_frequency_factors(head_dim, 10000.0, *scaling.values())
     assert factors.min() == 1.0 and factors.max() == 8.0 and ((factors > 1) & (factors < 8)).any()  # every regime present
     write_gguf(folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0), rope_freqs=factors)
-    reference = load_reference(folder)
+    assert load_model(tmp_path / "model.gguf").model.config.rope_scaling.kind == "frequency_factors"
     prompt = list(range(3, 60))
-    engine = LLMEngine(EngineConfig(model=str(tmp_path / "model.gguf"), tokenizer=None, cache=CacheConfig(num_kv_blocks=16)))
-    assert engine.runner.model.config.rope_scaling.kind == "frequency_factors"
-    engine.add_request("r", prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
-    outputs = []
-    while engine.has_unfinished_requests():
-        outputs.extend(engine.step())
-    ours = torch.tensor([outputs[-1].prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
-    with torch.no_grad():
-        logprobs = torch.log_softmax(reference(torch.tensor([prompt])).logits[0], dim=-1)
-    theirs = logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
-    assert (ours - theirs).abs().max().item() <= 1e-4
-    wrong = _llama3_frequency_factors(SHAPE["hidden_size"] // NUM_HEADS, 10000.0, 2.0, 1.0, 4.0, 32)  # positive control
+    theirs = _reference_logprobs(folder, prompt)
+    assert (_prompt_logprobs(tmp_path / "model.gguf", prompt) - theirs).abs().max().item() <= 1e-4
+    wrong = _llama3_frequency_factors(head_dim, 10000.0, 2.0, 1.0, 4.0, 32)  # positive control: other factors, other logits
     write_gguf(folder, tmp_path / "wrong.gguf", T.F32, np.random.default_rng(0), rope_freqs=wrong)
-    engine = LLMEngine(EngineConfig(model=str(tmp_path / "wrong.gguf"), tokenizer=None, cache=CacheConfig(num_kv_blocks=16)))
-    engine.add_request("r", prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
-    outputs = []
-    while engine.has_unfinished_requests():
-        outputs.extend(engine.step())
-    other = torch.tensor([outputs[-1].prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
-    assert (other - theirs).abs().max().item() > 1e-3
+    assert (_prompt_logprobs(tmp_path / "wrong.gguf", prompt) - theirs).abs().max().item() > 1e-3
 
 
 def test_an_unsupported_tensor_type_is_named_in_the_error(tiny_folder, tmp_path):
