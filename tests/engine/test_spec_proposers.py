@@ -141,6 +141,19 @@ def test_probes_that_fail_back_off_as_far_as_the_proposers_drafting_costs(draft_
     assert max(gaps) == longest and gaps[-1] == longest
 
 
+def test_a_draft_model_that_pays_only_at_full_acceptance_does_not_probe() -> None:
+    # Drafting costs 0.7 of a step per token (0.65 drafted + 0.05 scored): K = 4 would pay at 100% acceptance
+    # (5 tokens for 3.8 steps) but not at the prior's 75% (3.05 for 3.8), so a probe's catch-up never pays back.
+    costly = _timed_speculator(PricedProposer(draft_s=0.013, catch_up_s=0.05))
+    cheap = _timed_speculator(PricedProposer(draft_s=0.004, catch_up_s=0.05))
+    seq = _decoding(max_tokens=100_000)
+    for speculator in (costly, cheap):
+        for _ in range(20):
+            speculator.record(seq, 4, 0)  # every draft rejected: drafting stops
+    assert not any(costly.propose([seq]) for _ in range(1000))
+    assert any(cheap.propose([seq]) for _ in range(1000))  # control: a cheap draft model still probes
+
+
 def test_the_step_fit_predicts_unseen_sizes_only_once_it_knows_a_slope() -> None:
     fit = StepTimeFit()
     fit.add(1, 0.02)

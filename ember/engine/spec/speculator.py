@@ -13,7 +13,7 @@ drafting and probes with one draft token after `PROBE_INTERVAL` steps, so a chan
 bring it back. A draft model first has to catch up on the tokens it has not seen (the whole
 prompt for a new sequence, the tokens decoded while it did not draft): a sequence drafts or
 probes only when the time speculation should save over its remaining tokens covers that catch-up
-with a margin. A proposer whose drafting has a price (a draft model, Medusa heads over the LM head)
+with a margin (a probe counts on the prior's acceptance, not on every draft being kept). A proposer whose drafting has a price (a draft model, Medusa heads over the LM head)
 doubles the wait after each probe that does not bring drafting back, up to `MAX_PROBE_INTERVAL`
 steps with a catch-up and `MAX_PRICED_PROBE_INTERVAL` without (on text the proposer does not suit,
 Medusa heads at 4% acceptance, probing every 16 steps cost a few percent); a free lookup (n-gram)
@@ -211,7 +211,10 @@ class Speculator:
             return 0
         acceptance.steps_off = 0
         acceptance.probe_interval = min(2 * acceptance.probe_interval, self._longest_probe_interval(seq))
-        return 1 if self._catch_up_pays(seq, 1.0, cost, k_max, batch_size) else 0
+        # A probe asks whether the text has become draftable again. Its catch-up is worth paying only if drafting at a
+        # typical acceptance (the prior's) would pay it back: at 100% nearly any draft model looks worth it, and one
+        # about as costly per token as the target's own step then lost time on every probe.
+        return 1 if self._catch_up_pays(seq, Acceptance().rate, cost, k_max, batch_size) else 0
 
     def _longest_probe_interval(self, seq: Sequence) -> int:
         """How far failed probes may push the next one: as far as a probe's drafting costs."""
