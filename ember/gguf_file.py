@@ -6,8 +6,8 @@ item type, u64 count, items); then per tensor its name, u32 dimension count, u64
 contiguous one first), u32 GGML type and u64 offset into the data section, which starts at the next
 multiple of `general.alignment` (default 32) after the index.
 
-The gguf package's GGUFReader builds numpy views item by item: on Qwen2.5's 151,936-token
-vocabulary (and as many merges) it takes about 16 s before a model can load. This reader walks the
+The gguf package's GGUFReader builds numpy views item by item, which on a vocabulary of 151,936
+tokens (and as many merges, Qwen2.5's) takes seconds before a model can load. This reader walks the
 header once over a memory map and maps each tensor's bytes as one numpy view, typed as GGUFReader
 types them (float32/float16/integer arrays for plain types, rows of bytes for block formats), so
 code written against either reads the same arrays.

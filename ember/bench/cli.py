@@ -249,7 +249,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
 
 
 def _run_spec(args: argparse.Namespace) -> int:
-    from ember.bench.spec import SiblingPair, SpecBenchOptions, bench_spec, format_spec_section
+    from ember.bench.spec import SpecBenchOptions, bench_spec, format_spec_section
     from ember.engine.config import SPECULATIVE_METHODS
 
     options = _options(args)
@@ -272,7 +272,8 @@ def _run_spec(args: argparse.Namespace) -> int:
                             eagle_train_steps=args.eagle_train_steps, train_replies=args.train_replies, num_prompts=args.num_prompts, output_len=args.output_len,
                             batch_sizes=batch_sizes, mixed_requests=args.mixed_requests,
                             mixed_max_output=args.mixed_max_output, plot_path=args.plot,
-                            sibling=None if args.sibling is None else SiblingPair.parse(args.sibling))
+                            sibling=_sibling(args.sibling))
+    _check_pulled([] if spec.sibling is None else [spec.sibling.target, spec.sibling.draft])
     section = bench_spec(options, spec)
     print(format_spec_section(section))
     print(f"reproduce: {_command_line()}")
@@ -343,7 +344,8 @@ def _run_all(args: argparse.Namespace) -> int:
     options.requests_by_workload = _parse_requests(args.requests)
     options.static_dtypes = None if args.static_dtype is None else (args.static_dtype,)
     options.quant_also = tuple(m.strip() for m in args.quant_also.split(",") if m.strip())
-    options.spec_sibling = args.spec_sibling
+    options.spec_sibling = _sibling(args.spec_sibling)
+    _check_pulled([*options.quant_also, *([] if options.spec_sibling is None else [options.spec_sibling.target, options.spec_sibling.draft])])
     base = None
     if args.update_results is not None:
         if args.only is None:
@@ -355,6 +357,21 @@ def _run_all(args: argparse.Namespace) -> int:
     if args.report:
         print(f"wrote {args.report}, {args.out_dir}/results/summary.json and plots under {args.out_dir}/plots")
     return 0
+
+
+def _sibling(text: str | None):
+    """The --sibling / --spec-sibling pair, parsed before anything runs (None when not given)."""
+    from ember.bench.spec import SiblingPair
+
+    return None if text is None else SiblingPair.parse(text)
+
+
+def _check_pulled(models: list[str]) -> None:
+    """Fail now, not an hour into the run, when a further model of the bench is neither a path nor pulled."""
+    from ember.models.registry import resolve_model
+
+    for model in models:
+        resolve_model(model)
 
 
 def _parse_requests(text: str | None) -> dict[str, int]:

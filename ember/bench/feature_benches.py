@@ -34,8 +34,8 @@ class FeatureSizes:
     spec_batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
     spec_mixed_requests: int = 16
     spec_mixed_max_output: int = 128  # the mixed workload's outputs are clipped here
-    # repeats of the sibling pair's runs (bench all --spec-sibling), at most: its larger target decodes ~4x slower
-    # and prefills ~10x slower than SmolLM2, so its 9 runs per repeat would take as long as the rest of the section
+    # repeats of the sibling pair's runs (bench all --spec-sibling), at most: its larger target decodes and prefills
+    # several times slower than SmolLM2, so its 9 runs per repeat would take as long as the rest of the section
     spec_sibling_repeats: int = 3
     quant_methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8", "sq8")
     quant_eval_windows: int = 8  # of ember.bench.quant.EVAL_WINDOW_TOKENS tokens
@@ -119,15 +119,14 @@ def run_feature_section(name: str, options: BenchOptions, sizes: FeatureSizes) -
 def run_spec_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
     """`ember bench spec`: n-gram, a 4-bit self-draft, Medusa heads and an EAGLE-style head against plain decoding
     (plot drawn by the report)."""
-    from ember.bench.spec import SiblingPair, SpecBenchOptions, bench_spec
+    from ember.bench.spec import SpecBenchOptions, bench_spec
 
     has_draft = "draft" in sizes.spec_methods
-    sibling = None if options.spec_sibling is None else SiblingPair.parse(options.spec_sibling)
     spec = SpecBenchOptions(methods=sizes.spec_methods, draft_model=options.model if has_draft else None,
                             draft_dtype="auto" if has_draft else None, num_prompts=sizes.spec_prompts,
                             output_len=sizes.spec_output_len, batch_sizes=sizes.spec_batch_sizes,
                             mixed_requests=sizes.spec_mixed_requests, mixed_max_output=sizes.spec_mixed_max_output,
-                            sibling=sibling, sibling_repeats=sizes.spec_sibling_repeats)  # fmt: skip
+                            sibling=options.spec_sibling, sibling_repeats=sizes.spec_sibling_repeats)  # fmt: skip
     section = bench_spec(options, spec)
     return dict(section, repeats=options.repeats, sizes=sizes.record("spec_"))
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ember.bench import workloads
 from ember.bench.ember_runner import EmberSettings, run_ember
@@ -18,6 +19,9 @@ from ember.bench.results import RunResult
 from ember.bench.stats import latency_summary, mean, ratio, spread
 from ember.bench.workloads import TokenSource, Workload
 from ember.engine.config import SchedulerConfig
+
+if TYPE_CHECKING:
+    from ember.bench.spec import SiblingPair
 
 PEERS = ("hf", "llamacpp")
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -45,7 +49,7 @@ class BenchOptions:
     llamacpp_slots: int = 16
     cache_dir: Path | None = None  # exported GGUFs for llama.cpp
     quant_also: tuple[str, ...] = ()  # bench all: further models whose quantization tables the quant section adds
-    spec_sibling: str | None = None  # bench all: "TARGET,DRAFT", a larger target and its smaller sibling for the spec section
+    spec_sibling: SiblingPair | None = None  # bench all: a larger target and its smaller sibling for the spec section
     tick: Callable[[str], None] = field(default=lambda description: None)
     skipped: dict[str, str] = field(default_factory=dict)  # peer -> why it was not run
 

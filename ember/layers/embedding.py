@@ -25,7 +25,7 @@ class VocabEmbedding(nn.Embedding):
 
     def reset_parameters(self) -> None:
         """Random rows, except for a table built on the meta device to be loaded: there is nothing to draw, and
-        torch's first `normal_` on meta tensors costs seconds of one-time setup (2.4 s here) per process."""
+        torch's first `normal_` on meta tensors costs seconds of one-time setup per process."""
         if not self.weight.is_meta:
             super().reset_parameters()
 

@@ -745,7 +745,7 @@ static inline __attribute__((always_inline)) void x8_group_int8_body(const int t
 
 /* x8_group_int8_TYPE: BODY (an x8 group kernel taking the type) inlined for every m = 1..MAX_M (decode, verification
  * of up to 7 drafts, small batches), so the m accumulator pairs stay in registers: with m only known at run time they
- * live in memory, and 5 rows cost 2.2x one row on a Q4_K 1.5B model (8 rows 4.1x) where the weights are read once. */
+ * live in memory, and a pass of 5-8 rows cost several times one row although the weights are read once. */
 #define X8_GROUP_INT8_FOR_TYPE(TYPE, BODY) \
     static void x8_group_int8_##TYPE(const uint8_t *group, const act_block *xq, int64_t m, int64_t cols, float *out) { \
         switch (m) { \

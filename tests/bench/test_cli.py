@@ -59,3 +59,14 @@ def test_serve_takes_length_caps_and_refuses_a_single_output_token():
     assert (args.max_prompt_tokens, args.max_output_tokens) == (64, 32)
     with pytest.raises(ValueError, match="--max-output-tokens at least 2"):
         bench_serve(BenchOptions(), max_output=1)
+
+
+def test_bench_all_refuses_a_bad_sibling_pair_or_an_unpulled_model_before_running(tmp_path, monkeypatch, capsys):
+    from ember.cli.main import main
+
+    monkeypatch.setenv("EMBER_HOME", str(tmp_path / "home"))
+    assert main(["bench", "all", "--only", "spec", "--spec-sibling", "only-one-model", "--out-dir", str(tmp_path)]) == 2
+    assert "TARGET,DRAFT" in capsys.readouterr().err
+    assert main(["bench", "all", "--only", "quant", "--quant-also", "qwen2.5-coder-0.5b-instruct", "--out-dir", str(tmp_path)]) == 2
+    assert "run `ember pull qwen2.5-coder-0.5b-instruct`" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()  # nothing ran

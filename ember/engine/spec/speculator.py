@@ -35,6 +35,7 @@ from ember.engine.runner import LastHidden
 from ember.layers.rejection_sampler import DraftRow
 
 PROBE_INTERVAL = 16
+PRIOR_KEPT, PRIOR_TRIED = 3.0, 4.0  # a new sequence's acceptance: 3 of 4 drafts kept
 MAX_PROBE_INTERVAL = 256
 MAX_PRICED_PROBE_INTERVAL = 64  # priced drafting without a catch-up comes back sooner when the text changes
 MIN_GAIN = 1.05  # expected speed-up below which a sequence does not draft
@@ -87,8 +88,8 @@ class SpeculationStats:
 class Acceptance:
     """Discounted counts of drafts kept and drafts tried by one sequence, and its probe clock."""
 
-    kept: float = 3.0  # prior: 3 of 4 kept
-    tried: float = 4.0
+    kept: float = PRIOR_KEPT
+    tried: float = PRIOR_TRIED
     steps_off: int = 0
     probe_interval: int = PROBE_INTERVAL
 
@@ -214,7 +215,7 @@ class Speculator:
         # A probe asks whether the text has become draftable again. Its catch-up is worth paying only if drafting at a
         # typical acceptance (the prior's) would pay it back: at 100% nearly any draft model looks worth it, and one
         # about as costly per token as the target's own step then lost time on every probe.
-        return 1 if self._catch_up_pays(seq, Acceptance().rate, cost, k_max, batch_size) else 0
+        return 1 if self._catch_up_pays(seq, PRIOR_KEPT / PRIOR_TRIED, cost, k_max, batch_size) else 0
 
     def _longest_probe_interval(self, seq: Sequence) -> int:
         """How far failed probes may push the next one: as far as a probe's drafting costs."""
