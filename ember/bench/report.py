@@ -266,8 +266,9 @@ def render_markdown(results: dict, plots: dict[str, Path] | None = None, report_
     options = results.get("options", {})
     repeats = f"{options.get('repeats', '?')} runs" + (
         f" (a re-measured section: its command's --repeats, {BenchOptions.repeats} if not given)" if results.get("updates") else "")
+    scale = f"{options.get('scale', 1.0)}" + (" (a re-measured section: by its command's --scale)" if results.get("updates") else "")
     add(f"Every figure is the median of {repeats}, with (min–max); ratios are ratios of medians. "
-        f"Request counts are scaled by {options.get('scale', 1.0)} relative to issue 5{_overrides(options)} "
+        f"Request counts are scaled by {scale} relative to issue 5{_overrides(options)} "
         "(prompt and output lengths are as specified) to keep the whole suite within about half an hour on this machine. "
         "Absolute numbers hold for this machine only.")
     for note in results.get("notes", []):
