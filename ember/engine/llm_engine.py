@@ -318,7 +318,8 @@ class LLMEngine:
     def _record(self, plan: SchedulerOutput, duration_s: float) -> None:
         if self.speculator is not None:
             num_drafts = sum(item.num_draft_tokens for item in plan.scheduled)
-            self.speculator.observe_step(plan.num_batched_tokens, num_drafts, duration_s)
+            decode_shaped = all(item.num_new_tokens == 1 + item.num_draft_tokens for item in plan.scheduled)
+            self.speculator.observe_step(plan.num_batched_tokens, num_drafts, duration_s, decode_shaped)
         self._counters["steps"] += 1
         self._counters["computed_tokens"] += plan.num_batched_tokens
         request_ids = tuple(dict.fromkeys(item.seq.request.request_id for item in plan.scheduled))

@@ -28,7 +28,7 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from ember.quant.awq import awq_scales
+from ember.quant.awq import awq_clipped_ranges, awq_scales
 from ember.quant.calibration import Calibration, InputStats
 from ember.quant.config import CALIBRATED_METHODS, MIN_CALIB_TOKENS, QuantizeConfig
 from ember.quant.float_codes import quantize_fp8, quantize_nf4
@@ -105,10 +105,13 @@ def _float_engine(config: QuantizeConfig):
 
 def _rescale_and_round(engine, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
                        progress: Progress) -> dict[str, GGMLTensor | Int8ChannelTensor]:
-    """Every method but GPTQ: AWQ or SmoothQuant rescaling from float-model statistics, then each linear rounded on its own."""
+    """Every method but GPTQ: AWQ (rescaling, then clipped rounding) or SmoothQuant (rescaling) from float-model
+    statistics; each linear rounded on its own."""
     if config.method == "awq":
-        apply_awq(model, calibrate(engine, model, names, chunks, progress), config.grid, progress)
-    elif config.method == "smoothquant":
+        stats = calibrate(engine, model, names, chunks, progress)
+        scales = apply_awq(model, stats, config.grid, progress)
+        return round_with_clipping(model, names, stats, scales, config.grid, progress)
+    if config.method == "smoothquant":
         apply_smoothing(model, calibrate(engine, model, names, chunks, progress, with_hessian=False), config.alpha, progress)
     return quantize_linears(model, names, config, progress)
 
@@ -188,33 +191,57 @@ def gptq_sequential(engine, model: nn.Module, names: list[str], chunks: list[lis
     return blocks
 
 
-def apply_awq(model: nn.Module, stats: dict[str, InputStats], grid: BlockGrid, progress: Progress) -> None:
-    """Scale each layer's qkv, gate_up and down inputs by AWQ's search; the feeding op absorbs 1/s."""
+def apply_awq(model: nn.Module, stats: dict[str, InputStats], grid: BlockGrid, progress: Progress) -> dict[str, torch.Tensor]:
+    """Scale each layer's qkv, gate_up and down inputs by AWQ's search; the feeding op absorbs 1/s.
+
+    Returns each scaled linear's s: its inputs are now x / s."""
     from ember.layers.cpu_prepare import restore_dense_weights
 
     restore_dense_weights(model)  # the CPU kernels' panels cannot be scaled in place
     layers = model.model.layers
     task = progress.add_task("AWQ scale search", total=len(layers))
+    scales = {}
     for index, layer in enumerate(layers):
         prefix = f"model.layers.{index}"
         attention, mlp = layer.self_attn, layer.mlp
-        _scale_inputs(attention.qkv_proj, stats[f"{prefix}.self_attn.qkv_proj"], grid, layer.input_layernorm.weight)
-        _scale_inputs(mlp.gate_up_proj, stats[f"{prefix}.mlp.gate_up_proj"], grid, layer.post_attention_layernorm.weight)
         inner = mlp.down_proj.in_features
-        _scale_inputs(mlp.down_proj, stats[f"{prefix}.mlp.down_proj"], grid, mlp.gate_up_proj.weight[inner:])
+        for name, linear, feeder in ((f"{prefix}.self_attn.qkv_proj", attention.qkv_proj, layer.input_layernorm.weight),
+                                     (f"{prefix}.mlp.gate_up_proj", mlp.gate_up_proj, layer.post_attention_layernorm.weight),
+                                     (f"{prefix}.mlp.down_proj", mlp.down_proj, mlp.gate_up_proj.weight[inner:])):
+            scales[name] = _scale_inputs(linear, stats[name], grid, feeder)
         progress.advance(task)
+    return scales
 
 
-def _scale_inputs(linear: nn.Linear, stats: InputStats, grid: BlockGrid, feeder: torch.Tensor) -> None:
+def _scale_inputs(linear: nn.Linear, stats: InputStats, grid: BlockGrid, feeder: torch.Tensor) -> torch.Tensor:
     """W <- W s (columns); `feeder`, whose dim 0 indexes the input channels (a norm weight, up_proj's rows), absorbs 1/s."""
     with torch.no_grad():
         scales = awq_scales([linear.weight], stats.mean_hessian, stats.mean_abs, grid)
         linear.weight.mul_(scales)
         feeder.div_(scales.reshape(-1, *[1] * (feeder.dim() - 1)))
+    return scales
+
+
+def round_with_clipping(model: nn.Module, names: list[str], stats: dict[str, InputStats], scales: dict[str, torch.Tensor],
+                        grid: BlockGrid, progress: Progress) -> dict[str, GGMLTensor]:
+    """AWQ's rounding: every named linear on the grid with its groups' ranges clipped by the output-error search,
+    against its inputs as scaled (H / s s^T)."""
+    task = progress.add_task(f"AWQ clipping search ({grid.bits}-bit, g{grid.group_size})", total=len(names))
+    blocks = {}
+    for name in names:
+        weight = model.get_submodule(name).weight.detach().float()
+        grid.check_width(weight.shape[1], name)
+        s = scales.get(name, torch.ones(weight.shape[1]))
+        hessian = stats[name].mean_hessian / torch.outer(s, s)
+        d, m = awq_clipped_ranges(weight, hessian, grid)
+        cols = weight.shape[1]
+        blocks[f"{name}.weight"] = grid.to_blocks(grid.quantize(weight, grid.per_column(d, cols), grid.per_column(m, cols)), d, m)
+        progress.advance(task)
+    return blocks
 
 
 def quantize_linears(model: nn.Module, names: list[str], config: QuantizeConfig, progress: Progress) -> dict[str, GGMLTensor | Int8ChannelTensor]:
-    """Every named linear rounded on its own: NF4/FP8 codes, int8 rows (SmoothQuant), else RTN on the grid (rtn, awq)."""
+    """Every named linear rounded on its own: NF4/FP8 codes, int8 rows (SmoothQuant), else RTN on the grid."""
     if config.method in FLOAT_CODE_QUANTIZERS:
         return _quantize_float_codes(model, names, config, progress)
     if config.method == "smoothquant":

@@ -105,9 +105,19 @@ def _decoding(max_tokens: int, num_prompt: int = 8) -> Sequence:
 
 def _timed_speculator(proposer: PricedProposer, step_s: float = 0.02, per_token_s: float = 0.001) -> Speculator:
     speculator = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=4), proposer)
-    for n in (100, 1, 1, 1, 1):  # a prefill and decode steps: the fit knows base time and slope
-        speculator.observe_step(n, 0, step_s + per_token_s * (n - 1))
+    for n in (5, 1, 1, 1, 1):  # a verification of 4 drafts and plain decodes: the fit knows base time and slope
+        speculator.observe_step(n, n - 1, step_s + per_token_s * (n - 1), decode_shaped=True)
     return speculator
+
+
+def test_prompt_chunks_leave_the_cost_of_a_drafted_token_alone() -> None:
+    timed = _timed_speculator(PricedProposer(draft_s=None, catch_up_s=0.0))
+    with_prefill = _timed_speculator(PricedProposer(draft_s=None, catch_up_s=0.0))
+    with_prefill.observe_step(512, 0, 0.2, decode_shaped=False)  # a prompt chunk: 0.35 ms a token, not 1 ms
+    assert with_prefill.extra_token_cost(1) == pytest.approx(timed.extra_token_cost(1)) == pytest.approx(0.05)
+    control = _timed_speculator(PricedProposer(draft_s=None, catch_up_s=0.0))
+    control.observe_step(512, 0, 0.2, decode_shaped=True)
+    assert control.extra_token_cost(1) < 0.04  # the same step fitted would have cheapened drafts
 
 
 def test_a_draft_model_waits_for_the_target_step_time_before_it_drafts() -> None:

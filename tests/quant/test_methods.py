@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ember.quant.awq import awq_scales
+from ember.quant.awq import awq_clipped_ranges, awq_scales
 from ember.quant.gptq import GPTQSettings, gptq_quantize
 from ember.quant.grid import BlockGrid
 
@@ -80,6 +80,28 @@ def test_awq_scales_lower_the_output_error_of_rounding():
     scales = awq_scales([weight], hessian, mean_abs, grid)
     awq = grid.fake_quantize(weight * scales) / scales
     assert _output_error(weight, awq, hessian) < _output_error(weight, grid.fake_quantize(weight), hessian)
+
+
+@pytest.mark.parametrize(("bits", "symmetric"), [(4, False), (4, True), (8, False)])
+def test_awq_clipping_lowers_the_output_error_row_by_row(bits, symmetric):
+    weight, hessian = _layer(cols=160, seed=2)  # the last group of 128 is partial
+    weight[::3, 7] = 0.6  # outlying weights on a quiet input channel: clipping them buys finer steps for their groups
+    hessian[7, :] *= 0.1
+    hessian[:, 7] *= 0.1
+    grid = BlockGrid(bits, 128, symmetric)
+    cols = weight.shape[1]
+
+    within_groups = torch.block_diag(*[hessian[i : i + 128, i : i + 128] for i in range(0, cols, 128)])
+
+    def row_errors(d: torch.Tensor, m: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        d, m = grid.per_column(d, cols), grid.per_column(m, cols)
+        error = grid.dequantize(grid.quantize(weight, d, m), d, m) - weight
+        return ((error @ h) * error).sum(dim=1)
+
+    plain, clipped = grid.fit(weight), awq_clipped_ranges(weight, hessian, grid)
+    # What the search minimises (each group's own error) never grows; the whole output error drops.
+    assert (row_errors(*clipped, within_groups) <= row_errors(*plain, within_groups) * (1 + 1e-5)).all()
+    assert row_errors(*clipped, hessian).sum() < 0.9 * row_errors(*plain, hessian).sum()
 
 
 def test_grid_refuses_what_the_kernels_cannot_take():

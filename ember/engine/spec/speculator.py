@@ -6,7 +6,7 @@ length, asks the proposer, and afterwards records how many drafts the target kep
 Adaptive draft length. With per-token acceptance a, K drafts yield (1 - a^(K+1)) / (1 - a)
 tokens per step, and cost 1 + n(K) * c steps' worth of time (n(K) = K scored positions, more for a tree), where c is what one more scored
 (and, for a draft model, drafted) token costs relative to a step. The speculator estimates a per
-sequence (discounted counts of kept vs tried drafts) and c from the steps it has seen (a linear
+sequence (discounted counts of kept vs tried drafts) and c from the decode steps it has seen (a linear
 fit of step time against scheduled tokens, plus what the proposer says a drafted position costs),
 then picks the K that gives most tokens per unit time. When no K > 0 pays, the sequence stops
 drafting and probes with one draft token after `PROBE_INTERVAL` steps, so a change in the text can
@@ -172,9 +172,15 @@ class Speculator:
         for seq_id in set(self._acceptance) - live:
             del self._acceptance[seq_id]
 
-    def observe_step(self, num_scheduled_tokens: int, num_draft_tokens: int, duration_s: float) -> None:
-        """Time of one target step (drafted tokens included) for the cost estimate."""
-        self._step_fit.add(num_scheduled_tokens, duration_s)
+    def observe_step(self, num_scheduled_tokens: int, num_draft_tokens: int, duration_s: float, decode_shaped: bool) -> None:
+        """Time of one target step (drafted tokens included); `decode_shaped`: every sequence in it computed one
+        token and its drafts (no prompt chunk).
+
+        Only decode-shaped steps feed the cost estimate: a prompt chunk's tokens go through the batched
+        products at their own, lower cost per token, which would underprice the verified rows drafts add.
+        """
+        if decode_shaped:
+            self._step_fit.add(num_scheduled_tokens, duration_s)
         if num_draft_tokens:
             self.stats.verify_time_s += duration_s
 
@@ -199,7 +205,7 @@ class Speculator:
             # times would make it depend on what shares the batch.
             return k_max
         acceptance = self._acceptance.setdefault(seq.seq_id, Acceptance())
-        cost = self._extra_token_cost(batch_size)
+        cost = self.extra_token_cost(batch_size)
         if cost is None:
             return 0  # drafting has a price and the target's step time is not known yet
         k = best_draft_length(acceptance.rate, cost, k_max, lambda depth: self.proposer.scored_tokens(seq, depth))
@@ -238,7 +244,7 @@ class Speculator:
         saved_s = (max_tokens - seq.num_output_tokens) * step_s * (1 - 1 / gain)
         return saved_s >= CATCH_UP_MARGIN * catch_up_s  # the margin covers the gain model's optimism
 
-    def _extra_token_cost(self, batch_size: int) -> float | None:
+    def extra_token_cost(self, batch_size: int) -> float | None:
         """What one more drafted token of one sequence costs, relative to the time a step gives each sequence.
 
         None when the proposer's drafts have a price but the target's step time is still unknown.
