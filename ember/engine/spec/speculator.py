@@ -177,7 +177,8 @@ class Speculator:
         token and its drafts (no prompt chunk).
 
         Only decode-shaped steps feed the cost estimate: a prompt chunk's tokens go through the batched
-        products at their own, lower cost per token, which would underprice the verified rows drafts add.
+        products at a cost per token of their own (above a verified row's in float32, below it where GGML
+        blocks are dequantized for prefill), which would misprice the verified rows drafts add.
         """
         if decode_shaped:
             self._step_fit.add(num_scheduled_tokens, duration_s)
