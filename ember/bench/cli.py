@@ -273,7 +273,7 @@ def _run_spec(args: argparse.Namespace) -> int:
                             batch_sizes=batch_sizes, mixed_requests=args.mixed_requests,
                             mixed_max_output=args.mixed_max_output, plot_path=args.plot,
                             sibling=_sibling(args.sibling))
-    _check_pulled([] if spec.sibling is None else [spec.sibling.target, spec.sibling.draft])
+    _check_pulled([] if spec.sibling is None else list(spec.sibling.models))
     section = bench_spec(options, spec)
     print(format_spec_section(section))
     print(f"reproduce: {_command_line()}")
@@ -345,7 +345,7 @@ def _run_all(args: argparse.Namespace) -> int:
     options.static_dtypes = None if args.static_dtype is None else (args.static_dtype,)
     options.quant_also = tuple(m.strip() for m in args.quant_also.split(",") if m.strip())
     options.spec_sibling = _sibling(args.spec_sibling)
-    _check_pulled([*options.quant_also, *([] if options.spec_sibling is None else [options.spec_sibling.target, options.spec_sibling.draft])])
+    _check_pulled([*options.quant_also, *(() if options.spec_sibling is None else options.spec_sibling.models)])
     base = None
     if args.update_results is not None:
         if args.only is None:

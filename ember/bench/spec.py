@@ -46,6 +46,10 @@ class SiblingPair:
             raise ValueError(f"a sibling pair reads TARGET,DRAFT (two models with one tokenizer), not {text!r}")
         return cls(*parts)
 
+    @property
+    def models(self) -> tuple[str, str]:
+        return (self.target, self.draft)
+
 
 @dataclass(frozen=True)
 class SpecBenchOptions:

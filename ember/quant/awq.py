@@ -10,7 +10,7 @@ H = X^T X, which needs no stored activations.
 Then, as AWQ's released method does, a clipping search: each group's range is shrunk to a ratio
 of its largest magnitude (1.0, 0.95, ..., 0.55) where that lowers the group's own output error
 e_g H_gg e_g^T, trading a clipped outlier for finer steps on the rest of the group. Ratio 1.0 is
-plain rounding, so no group ends worse on the calibration inputs than without the search.
+plain rounding, so no group's own error grows (the cross-group terms of tr(E H E^T) are not searched).
 """
 
 from __future__ import annotations
@@ -45,11 +45,9 @@ def awq_clipped_ranges(weight: torch.Tensor, hessian: torch.Tensor, grid: BlockG
     """Per-group (d, m) [rows, groups], each group's range clipped at the ratio of `CLIP_RATIOS` that gives the
     lowest output error of the group's own columns under `hessian` [cols, cols]."""
     weight = weight.detach().float()
-    d, m = grid.fit(weight)
-    for group, start in enumerate(range(0, weight.shape[1], grid.group_size)):
-        columns = slice(start, start + grid.group_size)
-        d[:, group], m[:, group] = _best_clip(weight[:, columns], hessian[columns, columns], grid)
-    return d, m
+    groups = [slice(start, start + grid.group_size) for start in range(0, weight.shape[1], grid.group_size)]
+    fits = [_best_clip(weight[:, columns], hessian[columns, columns], grid) for columns in groups]
+    return torch.stack([d for d, _ in fits], dim=1), torch.stack([m for _, m in fits], dim=1)
 
 
 def _best_clip(weight: torch.Tensor, hessian: torch.Tensor, grid: BlockGrid) -> tuple[torch.Tensor, torch.Tensor]:

@@ -233,9 +233,7 @@ def round_with_clipping(model: nn.Module, names: list[str], stats: dict[str, Inp
         grid.check_width(weight.shape[1], name)
         s = scales.get(name, torch.ones(weight.shape[1]))
         hessian = stats[name].mean_hessian / torch.outer(s, s)
-        d, m = awq_clipped_ranges(weight, hessian, grid)
-        cols = weight.shape[1]
-        blocks[f"{name}.weight"] = grid.to_blocks(grid.quantize(weight, grid.per_column(d, cols), grid.per_column(m, cols)), d, m)
+        blocks[f"{name}.weight"] = _round_to_blocks(weight, grid, *awq_clipped_ranges(weight, hessian, grid))
         progress.advance(task)
     return blocks
 
@@ -278,6 +276,10 @@ def _quantize_int8_rows(model: nn.Module, names: list[str], progress: Progress) 
 
 def _rtn(weight: torch.Tensor, grid: BlockGrid) -> GGMLTensor:
     weight = weight.detach().float()
-    d, m = grid.fit(weight)
+    return _round_to_blocks(weight, grid, *grid.fit(weight))
+
+
+def _round_to_blocks(weight: torch.Tensor, grid: BlockGrid, d: torch.Tensor, m: torch.Tensor) -> GGMLTensor:
+    """`weight` rounded to nearest under per-group (d, m) [rows, groups], packed as the grid's blocks."""
     cols = weight.shape[1]
     return grid.to_blocks(grid.quantize(weight, grid.per_column(d, cols), grid.per_column(m, cols)), d, m)
