@@ -9,6 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from ember.bench.quant_methods import DEFAULT_METHODS as DEFAULT_QUANT_METHODS
+from ember.bench.quant_methods import METHOD_SPECS as QUANT_METHOD_SPECS
 from ember.engine.config import KV_CACHE_DTYPES
 
 WORKLOAD_COMMANDS = ("mixed", "batch1", "shared-prefix", "long-prefill", "serve")
@@ -132,8 +134,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     quant.add_argument("--model", default="smollm2-135m-instruct", help="float checkpoint, or a GGUF read as float")
     quant.add_argument("--calib", type=Path, required=True, help="calibration corpus (plain text)")
     quant.add_argument("--eval", type=Path, required=True, help="evaluation corpus (plain text, another one)")
-    quant.add_argument("--methods", default="rtn4,gptq4,awq4,nf4,rtn8,gptq8,fp8,sq8",
-                       help="comma-separated: rtn4,gptq4,awq4,nf4,rtn8,gptq8,awq8,fp8,sq8 (sq8: SmoothQuant W8A8)")
+    quant.add_argument("--methods", default=",".join(DEFAULT_QUANT_METHODS),
+                       help=f"comma-separated: {','.join(QUANT_METHOD_SPECS)} (sq8: SmoothQuant W8A8)")
     quant.add_argument("--group-size", type=int, default=128)
     quant.add_argument("--eval-windows", type=int, default=8, help="consecutive 512-token windows of --eval scored (pooled)")
     quant.add_argument("--calib-tokens", type=int, default=4096, help="calibration tokens (GPTQ's Hessian needs a few times the layer width)")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
+from ember.bench.quant_methods import DEFAULT_METHODS as DEFAULT_QUANT_METHODS
+
 if TYPE_CHECKING:  # the report imports this module's names; keep it free of the engine
     from ember.bench.suite import BenchOptions
 
@@ -37,7 +39,7 @@ class FeatureSizes:
     # repeats of the sibling pair's runs (bench all --spec-sibling), at most: its larger target decodes and prefills
     # several times slower than SmolLM2, so its 9 runs per repeat would take as long as the rest of the section
     spec_sibling_repeats: int = 3
-    quant_methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8", "sq8")
+    quant_methods: tuple[str, ...] = DEFAULT_QUANT_METHODS
     quant_eval_windows: int = 8  # of ember.bench.quant.EVAL_WINDOW_TOKENS tokens
     quant_calib_tokens: int = 4096
     parallel_modes: tuple[str, ...] = ("tensor", "sequence", "pipeline")  # expert parallel needs an MoE model, SmolLM2 is dense

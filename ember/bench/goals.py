@@ -154,7 +154,7 @@ def quant_row(section: dict | None, name: str) -> dict | None:
 
 def method_rows(section: dict | None, bits: int) -> list[dict]:
     """The rows of the quantization methods at `bits` (not the float model, not the checkpoint as stored)."""
-    from ember.bench.quant import METHOD_SPECS
+    from ember.bench.quant_methods import METHOD_SPECS
 
     return [r for r in _get(section, "rows") or [] if METHOD_SPECS.get(r["name"].split()[0], (None, None))[1] == bits]
 

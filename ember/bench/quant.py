@@ -28,10 +28,9 @@ from pathlib import Path
 
 import torch
 
+from ember.bench.quant_methods import DEFAULT_METHODS, METHOD_SPECS
 from ember.quant.config import DEFAULT_ALPHA
 
-METHOD_SPECS = {"rtn4": ("rtn", 4), "gptq4": ("gptq", 4), "awq4": ("awq", 4), "nf4": ("nf4", 4),
-                "rtn8": ("rtn", 8), "gptq8": ("gptq", 8), "awq8": ("awq", 8), "fp8": ("fp8", 8), "sq8": ("smoothquant", 8)}
 EVAL_WINDOW_TOKENS = 512
 MIN_EVAL_WINDOWS = 4
 MIN_CALIB_TOKENS = 2048
@@ -45,7 +44,7 @@ class QuantBenchOptions:
     model: str
     calib: Path
     eval_file: Path
-    methods: tuple[str, ...] = ("rtn4", "gptq4", "awq4", "nf4", "rtn8", "gptq8", "fp8", "sq8")
+    methods: tuple[str, ...] = DEFAULT_METHODS
     group_size: int = 128
     eval_windows: int = 8  # of EVAL_WINDOW_TOKENS tokens each
     calib_tokens: int = 4096
