@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ember.bench.quant_methods import DEFAULT_METHODS as DEFAULT_QUANT_METHODS
 from ember.bench.quant_methods import METHOD_SPECS as QUANT_METHOD_SPECS
+from ember.cli.quantize_cmd import parse_alpha
 from ember.engine.config import KV_CACHE_DTYPES
 
 WORKLOAD_COMMANDS = ("mixed", "batch1", "shared-prefix", "long-prefill", "serve")
@@ -139,7 +140,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     quant.add_argument("--group-size", type=int, default=128)
     quant.add_argument("--eval-windows", type=int, default=8, help="consecutive 512-token windows of --eval scored (pooled)")
     quant.add_argument("--calib-tokens", type=int, default=4096, help="calibration tokens (GPTQ's Hessian needs a few times the layer width)")
-    quant.add_argument("--sq-alpha", type=float, default=0.5, help="SmoothQuant's migration strength for the sq8 row")
+    quant.add_argument("--sq-alpha", type=parse_alpha, default="auto",
+                       help="SmoothQuant's migration strength for the sq8 row: a number in [0, 1], or auto (chosen on --calib)")
     quant.add_argument("--plot", type=Path, default=Path("benchmarks/plots/quant.png"))
     quant.add_argument("--json", type=Path, default=None)
     quant.set_defaults(func=_run_quant)
@@ -438,3 +440,4 @@ def _command_line() -> str:
     if argv and argv[0] != "bench" and "bench" in argv:
         argv = argv[argv.index("bench") :]
     return "ember " + " ".join(shlex.quote(a) for a in argv)
+

@@ -18,6 +18,7 @@ over 22-47.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import tempfile
@@ -29,7 +30,8 @@ from pathlib import Path
 import torch
 
 from ember.bench.quant_methods import DEFAULT_METHODS, METHOD_SPECS
-from ember.quant.config import DEFAULT_ALPHA
+from ember.quant.checkpoint import QUANTIZATION_FILE
+from ember.quant.config import ALPHA_AUTO
 
 EVAL_WINDOW_TOKENS = 512
 MIN_EVAL_WINDOWS = 4
@@ -49,10 +51,11 @@ class QuantBenchOptions:
     eval_windows: int = 8  # of EVAL_WINDOW_TOKENS tokens each
     calib_tokens: int = 4096
     decode_tokens: int = 32
-    # SmoothQuant's alpha for the sq8 row (`ember quantize`'s default, the paper's). Measured once on SmolLM2 (botchan,
-    # 1024 tokens, calibrated on tinyshakespeare): +2.8% perplexity at 0.5, +0.7% at 0.8, +3.1% at 0.85 (the value
-    # published for Llama-2), +2.7% at 0.9, +12% at 1.0, +14% at 0; +2.9% without smoothing (s = 1).
-    sq_alpha: float = DEFAULT_ALPHA
+    # SmoothQuant's alpha for the sq8 row: by default chosen per model on the calibration text (`--alpha auto`). A fixed
+    # alpha does not suit every model: measured once on SmolLM2 (botchan, 1024 tokens, calibrated on tinyshakespeare):
+    # +2.8% perplexity at 0.5 (the paper's default), +0.7% at 0.8, +3.1% at 0.85 (the value published for Llama-2),
+    # +2.7% at 0.9, +12% at 1.0, +14% at 0; +2.9% without smoothing (s = 1).
+    sq_alpha: float | str = ALPHA_AUTO
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHOD_SPECS]
@@ -88,7 +91,8 @@ def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda
     with tempfile.TemporaryDirectory(prefix="ember-bench-quant-") as scratch:
         for name in options.methods:
             path, seconds, group_size = _quantize(source, name, Path(scratch) / name, options, tick)
-            row = _evaluate(_row_name(name, group_size, options), path, "auto", options, tick)
+            description = json.loads((Path(scratch) / name / QUANTIZATION_FILE).read_text(encoding="utf-8"))
+            row = _evaluate(_row_name(name, group_size, description), path, "auto", options, tick)
             row.quantize_s = seconds
             rows.append(row)
     float_ppl = rows[0].perplexity
@@ -147,11 +151,13 @@ def _quantize(source: str, name: str, out: Path, options: QuantBenchOptions, tic
     return str(checkpoint), time.perf_counter() - start, group_size
 
 
-def _row_name(name: str, group_size: int | None, options: QuantBenchOptions) -> str:
-    """'rtn4 g128', 'gptq4 g128 act-order', or for one scale per output channel 'sq8 a0.85 per-channel'."""
+def _row_name(name: str, group_size: int | None, description: dict) -> str:
+    """'rtn4 g128', 'gptq4 g128 act-order', or for one scale per output channel 'sq8 a0.85 per-channel' ('sq8 auto a0.8
+    per-channel' where the checkpoint's `description` says the alpha was searched)."""
     if group_size is not None:
         return f"{name} g{group_size}" + (" act-order" if METHOD_SPECS[name][0] == "gptq" else "")
-    return f"{name} a{options.sq_alpha:g} per-channel"
+    searched = "auto " if "alpha_search" in description else ""
+    return f"{name} {searched}a{description['alpha']:g} per-channel"
 
 
 def _evaluate(name: str, model: str, dtype: str, options: QuantBenchOptions, tick: Callable[[str], None]) -> QuantRow:

@@ -20,8 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--symmetric", action="store_true", help="4-bit without zero point (Q4_0)")
     parser.add_argument("--act-order", action="store_true", help="GPTQ: round columns by decreasing Hessian diagonal")
     parser.add_argument("--damp", type=float, default=0.01, help="GPTQ: damping as a fraction of the mean Hessian diagonal")
-    parser.add_argument("--alpha", type=float, default=None,
-                        help="smoothquant: migration strength in [0, 1], s = max|X|^alpha / max|W|^(1-alpha) (default 0.5)")
+    parser.add_argument("--alpha", type=parse_alpha, default=None,
+                        help="smoothquant: migration strength in [0, 1], s = max|X|^alpha / max|W|^(1-alpha) (default 0.5), "
+                             "or 'auto': the candidate whose W8A8 model predicts the calibration text best")
     parser.add_argument("--out", type=Path, required=True, help="folder to create (must not exist)")
     parser.set_defaults(func=run)
 
@@ -38,3 +39,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {result.out}: {result.bytes_per_parameter:.3f} bytes/parameter over {result.num_parameters:,} parameters"
           f" ({result.calib_tokens} calibration tokens)")
     return 0
+
+
+
+def parse_alpha(text: str) -> float | str:
+    """SmoothQuant's --alpha: a number, else the text as given ('auto', or what QuantizeConfig refuses with its fix)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text

@@ -30,7 +30,7 @@ def perplexity(engine: LLMEngine, text: str, max_tokens: int) -> PerplexityResul
     token_ids = engine.tokenizer.encode(text, add_special_tokens=True)[:max_tokens]
     if len(token_ids) < 2:
         raise ValueError("the text is too short: it needs at least two tokens")
-    nll = _token_nll(engine, "perplexity", token_ids)
+    nll = token_nll(engine, "perplexity", token_ids)
     mean = sum(nll) / len(nll)
     return PerplexityResult(perplexity=math.exp(mean), num_tokens=len(token_ids), mean_nll=mean)
 
@@ -56,14 +56,15 @@ def windowed_perplexity(engine: LLMEngine, text: str, window_tokens: int, window
     if len(token_ids) < window_tokens * windows:
         raise ValueError(f"the text holds {len(token_ids)} tokens, fewer than {windows} windows of {window_tokens}: "
                          "give a longer text, fewer windows or shorter ones")
-    per_window = [_token_nll(engine, f"perplexity-{w}", token_ids[w * window_tokens : (w + 1) * window_tokens]) for w in range(windows)]
+    per_window = [token_nll(engine, f"perplexity-{w}", token_ids[w * window_tokens : (w + 1) * window_tokens]) for w in range(windows)]
     pooled = [v for nll in per_window for v in nll]
     return WindowedPerplexity(math.exp(sum(pooled) / len(pooled)), len(token_ids),
                               tuple(math.exp(sum(nll) / len(nll)) for nll in per_window))
 
 
-def _token_nll(engine: LLMEngine, request_id: str, token_ids: list[int]) -> list[float]:
-    """Negative log-likelihood of every token after the first, each predicted from all tokens before it."""
+def token_nll(engine: LLMEngine, request_id: str, token_ids: list[int]) -> list[float]:
+    """Negative log-likelihood of every token after the first, each predicted from all tokens before it
+    (one prefill with prompt logprobs; `request_id` must not be running)."""
     engine.add_request(request_id, token_ids, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
     accumulator = OutputAccumulator(request_id, 1)
     while engine.has_unfinished_requests():

@@ -38,9 +38,11 @@ EMBER_BLOCK_FORMATS_KEY = "ember.block_formats"
 
 
 def write_quantized(
-    source: Path, model: nn.Module, model_config: ModelConfig, blocks: dict[str, Quantized], config: QuantizeConfig, calib_tokens: int
+    source: Path, model: nn.Module, model_config: ModelConfig, blocks: dict[str, Quantized], config: QuantizeConfig, calib_tokens: int,
+    notes: dict | None = None,
 ) -> tuple[int, int, int]:
-    """Write the checkpoint to config.out atomically; returns (quantized bytes, float bytes, parameters)."""
+    """Write the checkpoint to config.out atomically; returns (quantized bytes, float bytes, parameters).
+    `notes`: what the method found on the way (e.g. an alpha search's scores), added to the description."""
     tensors = checkpoint_tensors(model, model_config, blocks)
     partial = config.out.parent / f".{config.out.name}.partial-{os.getpid()}"
     partial.mkdir(parents=True)
@@ -49,7 +51,7 @@ def write_quantized(
             written = _write_gguf(source, partial / "model.gguf", tensors, model_config, config.format_name)
         else:
             written = _write_safetensors(source, partial, tensors)
-        _write_description(partial / QUANTIZATION_FILE, config, calib_tokens, written)
+        _write_description(partial / QUANTIZATION_FILE, config, calib_tokens, written, notes or {})
         os.rename(partial, config.out)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -158,7 +160,7 @@ def _write_safetensors(source: Path, target: Path, tensors: dict) -> dict[str, t
     return written
 
 
-def _write_description(path: Path, config: QuantizeConfig, calib_tokens: int, written: dict) -> None:
+def _write_description(path: Path, config: QuantizeConfig, calib_tokens: int, written: dict, notes: dict) -> None:
     quantized, floats, parameters = _sizes(written.values())
     description = {
         "format": "ggml-blocks",
@@ -172,6 +174,7 @@ def _write_description(path: Path, config: QuantizeConfig, calib_tokens: int, wr
         "calibration": {"file": str(config.calib) if config.calib else None, "tokens": calib_tokens, "seq_len": config.seq_len},
         "bytes_per_parameter": (quantized + floats) / parameters,
         "tensors": {n: {"format": format_of(t), "cols": t.shape[1]} for n, t in written.items() if not isinstance(t, torch.Tensor)},
+        **notes,
     }
     path.write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
 

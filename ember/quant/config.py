@@ -18,6 +18,7 @@ DEFAULT_GROUP_SIZE = 128
 CALIBRATED_METHODS = ("gptq", "awq", "smoothquant")
 MIN_CALIB_TOKENS = 256
 DEFAULT_ALPHA = 0.5  # SmoothQuant's migration strength (the paper's choice for most models)
+ALPHA_AUTO = "auto"  # --alpha auto: chosen on the calibration text (ember.quant.alpha_search)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class QuantizeConfig:
     damp: float = 0.01
     calib_tokens: int = 4096
     seq_len: int = 512
-    alpha: float | None = None  # SmoothQuant's migration strength in [0, 1]; None: DEFAULT_ALPHA (smoothquant only)
+    alpha: float | str | None = None  # SmoothQuant's migration strength in [0, 1] or ALPHA_AUTO; None: DEFAULT_ALPHA (smoothquant only)
 
     def __post_init__(self) -> None:
         if self.method not in METHOD_BITS:
@@ -67,9 +68,12 @@ class QuantizeConfig:
             return
         if self.alpha is None:
             object.__setattr__(self, "alpha", DEFAULT_ALPHA)
-        elif not 0.0 <= self.alpha <= 1.0:  # also refuses NaN
+        elif self.alpha == ALPHA_AUTO:
+            return
+        elif isinstance(self.alpha, str) or not 0.0 <= self.alpha <= 1.0:  # also refuses NaN
             raise ValueError(f"--alpha {self.alpha} must lie in [0, 1] (0: all of the outliers stay in the activations, "
-                             f"1: all move into the weights); SmoothQuant's default is {DEFAULT_ALPHA}")
+                             f"1: all move into the weights) or be {ALPHA_AUTO!r} (chosen on the calibration text); "
+                             f"SmoothQuant's default is {DEFAULT_ALPHA}")
 
     def _check_group_size(self) -> None:
         if self.method in PER_CHANNEL_METHODS:

@@ -21,16 +21,17 @@ The price is memory for all calibration tokens at once: their activations and KV
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from rich.progress import Progress
 from torch import nn
 
+from ember.quant.alpha_search import search_alpha
 from ember.quant.awq import awq_clipped_ranges, awq_scales
 from ember.quant.calibration import Calibration, InputStats
-from ember.quant.config import CALIBRATED_METHODS, MIN_CALIB_TOKENS, QuantizeConfig
+from ember.quant.config import ALPHA_AUTO, CALIBRATED_METHODS, MIN_CALIB_TOKENS, QuantizeConfig
 from ember.quant.float_codes import quantize_fp8, quantize_nf4
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.gptq import GPTQSettings, gptq_quantize
@@ -70,6 +71,7 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
     if engine.model_config.architecture not in LLAMA_FAMILY:
         raise ValueError(f"ember quantize runs the Llama family ({', '.join(LLAMA_FAMILY)}); {config.model} is {engine.model_config.architecture}")
     names = [f"model.layers.{i}.{linear}" for i in range(len(model.model.layers)) for linear in LINEARS]
+    notes: dict = {}
     with Progress(disable=not show_progress) as progress:
         chunks: list[list[int]] = []
         if config.method in CALIBRATED_METHODS:
@@ -81,13 +83,15 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
             with torch.no_grad():  # the first layer's inputs come from the embedding as it will run
                 model.model.embed_tokens.weight.copy_(embedding.dequantize())
             blocks = gptq_sequential(engine, model, names, chunks, config, progress)
+        elif config.method == "smoothquant":
+            config, blocks, notes = _smooth_and_round(engine, model, names, chunks, config, progress)
         else:
             blocks = _rescale_and_round(engine, model, names, chunks, config, progress)
     blocks["model.embed_tokens.weight"] = embedding
     if not engine.model_config.tie_word_embeddings:
         blocks["lm_head.weight"] = _rtn(model.lm_head.weight, EMBEDDING_GRID)
     calib_tokens = sum(map(len, chunks))
-    written = write_quantized(resolve_model(config.model), model, engine.model_config, blocks, config, calib_tokens)
+    written = write_quantized(resolve_model(config.model), model, engine.model_config, blocks, config, calib_tokens, notes)
     return QuantizeResult(config.out, *written, calib_tokens)
 
 
@@ -105,15 +109,26 @@ def _float_engine(config: QuantizeConfig):
 
 def _rescale_and_round(engine, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
                        progress: Progress) -> dict[str, GGMLTensor | Int8ChannelTensor]:
-    """Every method but GPTQ: AWQ (rescaling, then clipped rounding) or SmoothQuant (rescaling) from float-model
-    statistics; each linear rounded on its own."""
+    """RTN, NF4, FP8, or AWQ (rescaling from float-model statistics, then clipped rounding); each linear rounded on its own."""
     if config.method == "awq":
         stats = calibrate(engine, model, names, chunks, progress)
         scales = apply_awq(model, stats, config.grid, progress)
         return round_with_clipping(model, names, stats, scales, config.grid, progress)
-    if config.method == "smoothquant":
-        apply_smoothing(model, calibrate(engine, model, names, chunks, progress, with_hessian=False), config.alpha, progress)
     return quantize_linears(model, names, config, progress)
+
+
+def _smooth_and_round(engine, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
+                      progress: Progress) -> tuple[QuantizeConfig, dict[str, GGMLTensor | Int8ChannelTensor], dict]:
+    """SmoothQuant: migration at config.alpha (with --alpha auto, the candidate the calibration text prefers), then
+    int8 rows. Returns the config with the alpha applied, the rows, and the search's scores for the description."""
+    stats = calibrate(engine, model, names, chunks, progress, with_hessian=False)
+    notes: dict = {}
+    if config.alpha == ALPHA_AUTO:
+        search = search_alpha(engine, model, names, chunks, stats, progress)
+        config = replace(config, alpha=search.alpha)
+        notes["alpha_search"] = {"candidates_nll": {f"{alpha:g}": nll for alpha, nll in search.nll.items()}, "chosen": search.alpha}
+    apply_smoothing(model, stats, config.alpha, progress)
+    return config, quantize_linears(model, names, config, progress), notes
 
 
 def calibration_chunks(tokenizer, config: QuantizeConfig) -> list[list[int]]:

@@ -146,6 +146,7 @@ def test_float_code_checkpoints_load_in_their_blocks_and_run_like_their_float_co
         (["--method", "smoothquant"], "needs --calib FILE"),
         (["--method", "smoothquant", "--bits", "4"], "SmoothQuant is W8A8: int8 weights and int8 activations"),
         (["--method", "smoothquant", "--alpha", "1.5"], "--alpha 1.5 must lie in [0, 1]"),
+        (["--method", "smoothquant", "--alpha", "best"], "--alpha best must lie in [0, 1]"),
         (["--method", "smoothquant", "--group-size", "128"], "scales whole rows"),
         (["--method", "rtn", "--alpha", "0.5"], "--alpha is SmoothQuant's migration strength"),
         (["--method", "nf4", "--group-size", "128"], "scales blocks of 64 values"),
@@ -233,6 +234,38 @@ def test_smoothquant_checkpoint_loads_w8a8_layers_that_run_like_their_float_copy
         for output in engine.step():
             generated.extend(output.outputs[0].token_ids)  # each step's new tokens
     assert len(generated) == 12 and all(0 <= t < VOCAB for t in generated)
+
+
+def test_smoothquant_alpha_auto_scores_every_candidate_and_writes_the_best_ones_checkpoint(tiny_folder, tokenizer, calib, tmp_path):
+    from ember.quant.alpha_search import ALPHA_CANDIDATES
+
+    settings = {"model": str(tiny_folder), "method": "smoothquant", "bits": 8, "calib": calib, "tokenizer": tokenizer,
+                "calib_tokens": 256, "seq_len": 128}
+    quantize_checkpoint(QuantizeConfig(out=tmp_path / "auto", alpha="auto", **settings), show_progress=False)
+    description = json.loads((tmp_path / "auto" / QUANTIZATION_FILE).read_text())
+    scores = {float(alpha): nll for alpha, nll in description["alpha_search"]["candidates_nll"].items()}
+    assert set(scores) == set(ALPHA_CANDIDATES) and len(set(scores.values())) == len(scores)  # each alpha its own W8A8 model
+    assert description["alpha"] == description["alpha_search"]["chosen"] == min(scores, key=scores.__getitem__)
+    quantize_checkpoint(QuantizeConfig(out=tmp_path / "fixed", alpha=description["alpha"], **settings), show_progress=False)
+    auto, fixed = (load_model(tmp_path / kind, dtype="float32").model.state_dict() for kind in ("auto", "fixed"))
+    assert auto.keys() == fixed.keys() and all(torch.equal(auto[name], fixed[name]) for name in fixed)  # the search left no trace
+
+
+def test_the_alpha_search_runs_a_linear_as_its_w8a8_layer_would():
+    from ember.quant.alpha_search import _run_as_w8a8
+    from ember.quant.int8_channel import quantize_weight
+
+    generator = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(96, 40)
+    x = torch.randn(7, 96, generator=generator) * torch.linspace(0.1, 8.0, 96)  # loud channels: rounding shows
+    w8a8 = W8A8Linear(quantize_weight(linear.weight), torch.nn.Parameter(linear.bias.detach().clone()))
+    with torch.no_grad():
+        exact = linear(x)
+        handle = _run_as_w8a8(linear)
+        hooked = linear(x)
+        handle.remove()
+        torch.testing.assert_close(hooked, w8a8(x), rtol=1e-5, atol=1e-5)
+        assert (hooked - exact).abs().max() > 1e-4 and torch.equal(linear(x), exact)  # rounded while hooked, exact after
 
 
 def _engine(model: Path, dtype: str) -> LLMEngine:
