@@ -5,7 +5,8 @@ for others, and on SmolLM2 one measurement gave +2.8% perplexity at 0.5, +0.7% a
 0.85. So rather than guess, each of ALPHA_CANDIDATES is migrated into the float model, the model is
 run as W8A8 (every quantized linear's output replaced by the W8A8 product of its input: per-token
 int8 activations, per-channel int8 weights, the W8A8 layers' torch reference), and the calibration
-text's mean negative log-likelihood per token is scored; the lowest wins. The migrated tensors are
+text's mean negative log-likelihood per token is scored; the lowest wins. The embedding (and a tied LM
+head) stays float while scoring: the checkpoint rounds it to Q8_0 the same way whatever alpha is. The migrated tensors are
 restored between candidates, so the model leaves as it came. Scoring the calibration text, never the
 evaluation text, keeps `ember bench quant`'s evaluation honest.
 """
