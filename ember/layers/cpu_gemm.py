@@ -71,8 +71,12 @@ class PackedWeight:
         out_features, in_features = weight.shape
         num_panels = -(-out_features // PANEL_WIDTH)
         pairs = weight.dtype == torch.bfloat16 and (bfloat16_pairs() if bf16_pairs is None else bf16_pairs)
-        padded = weight.new_zeros(num_panels * PANEL_WIDTH, in_features + (in_features % 2 if pairs else 0))
-        padded[:out_features, :in_features] = weight
+        width = in_features + (in_features % 2 if pairs else 0)
+        if (num_panels * PANEL_WIDTH, width) == weight.shape:
+            padded = weight  # nothing to pad: the panels are one transposing copy of the weight
+        else:
+            padded = weight.new_zeros(num_panels * PANEL_WIDTH, width)
+            padded[:out_features, :in_features] = weight
         panels = padded.view(num_panels, PANEL_WIDTH, padded.shape[1]).transpose(1, 2)
         if pairs:
             panels = panels.reshape(num_panels, padded.shape[1] // 2, 2, PANEL_WIDTH).transpose(2, 3)
