@@ -440,4 +440,3 @@ def _command_line() -> str:
     if argv and argv[0] != "bench" and "bench" in argv:
         argv = argv[argv.index("bench") :]
     return "ember " + " ".join(shlex.quote(a) for a in argv)
-

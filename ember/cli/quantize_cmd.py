@@ -41,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def parse_alpha(text: str) -> float | str:
     """SmoothQuant's --alpha: a number, else the text as given ('auto', or what QuantizeConfig refuses with its fix)."""
     try:

@@ -21,7 +21,7 @@ from torch import nn
 
 from ember.quant.calibration import InputStats
 from ember.quant.int8_channel import quantize_weight, w8a8_linear_torch
-from ember.quant.smoothquant import apply_smoothing
+from ember.quant.smoothquant import apply_smoothing, migrated_tensors
 
 ALPHA_CANDIDATES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
@@ -41,26 +41,15 @@ def search_alpha(engine, model: nn.Module, names: list[str], chunks: list[list[i
     saved = [tensor.detach().clone() for tensor in touched]
     task = progress.add_task("SmoothQuant alpha search", total=len(ALPHA_CANDIDATES))
     scores: dict[float, float] = {}
-    try:
-        for alpha in ALPHA_CANDIDATES:
+    for alpha in ALPHA_CANDIDATES:
+        try:
             with Progress(disable=True) as quiet:
                 apply_smoothing(model, stats, alpha, quiet)
             scores[alpha] = w8a8_nll(engine, model, names, chunks, f"alpha-{alpha:g}")
+        finally:
             _restore(touched, saved)
-            progress.advance(task)
-    finally:
-        _restore(touched, saved)
+        progress.advance(task)
     return AlphaSearch(min(scores, key=scores.__getitem__), scores)
-
-
-def migrated_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """Every tensor apply_smoothing rescales: each layer's two norm weights and its qkv, gate_up and down weights."""
-    from ember.layers.cpu_prepare import restore_dense_weights
-
-    restore_dense_weights(model)  # the dense weights are the ones migration rescales
-    return [tensor for layer in model.model.layers
-            for tensor in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.self_attn.qkv_proj.weight,
-                           layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight)]
 
 
 def w8a8_nll(engine, model: nn.Module, names: list[str], chunks: list[list[int]], tag: str) -> float:

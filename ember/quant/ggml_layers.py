@@ -64,23 +64,21 @@ def ggml_linear(
     if path == GEMV_PATHS.index("int8"):
         x = round_to_int8_blocks(x)
     tile_rows = max(ROWS_PER_GROUP, tile_values // cols // ROWS_PER_GROUP * ROWS_PER_GROUP)  # whole interleaved groups
-    multiply = _tile_product()
     if rows <= tile_rows:
-        out = multiply(x, kernels.dequantize(weight))
+        out = _times_tile(x, kernels.dequantize(weight))
     else:
         out = torch.empty(x.shape[0], rows, dtype=torch.float32)
         for start in range(0, rows, tile_rows):
-            out[:, start : start + tile_rows] = multiply(x, kernels.dequantize(GGMLTensor(weight.data[start : start + tile_rows], weight.format, cols)))
+            tile = kernels.dequantize(GGMLTensor(weight.data[start : start + tile_rows], weight.format, cols))
+            out[:, start : start + tile_rows] = _times_tile(x, tile)
     return out if bias is None else out + bias
 
 
-def _tile_product():
+def _times_tile(x: torch.Tensor, tile: torch.Tensor) -> torch.Tensor:
     """x @ tile.T for a dequantized float32 tile: ember's packed GEMM where it is built (1.2-1.9x torch's mm on
     prefill shapes here, packing included: packing is one pass over the tile, the product m passes), else torch's."""
     gemm = load_gemm()
-    if gemm is None:
-        return lambda x, tile: x @ tile.t()
-    return lambda x, tile: gemm(x, PackedWeight.from_dense(tile))
+    return x @ tile.t() if gemm is None else gemm(x, PackedWeight.from_dense(tile))
 
 
 def round_to_int8_blocks(x: torch.Tensor) -> torch.Tensor:

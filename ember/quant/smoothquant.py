@@ -50,14 +50,26 @@ def apply_smoothing(model: nn.Module, stats: dict[str, InputStats], alpha: float
     layers = model.model.layers
     task = progress.add_task(f"SmoothQuant migration (alpha {alpha:g})", total=len(layers))
     for index, layer in enumerate(layers):
-        prefix = f"model.layers.{index}"
-        attention, mlp = layer.self_attn, layer.mlp
-        feeders = {
-            "self_attn.qkv_proj": (attention.qkv_proj, layer.input_layernorm.weight),
-            "mlp.gate_up_proj": (mlp.gate_up_proj, layer.post_attention_layernorm.weight),
-            "mlp.down_proj": (mlp.down_proj, mlp.gate_up_proj.weight[mlp.down_proj.in_features :]),
-        }
-        for name, (linear, feeder) in feeders.items():
-            scales = smoothing_scales(stats[f"{prefix}.{name}"].abs_max, linear.weight, alpha)
+        for name, (linear, feeder) in smoothing_targets(layer).items():
+            scales = smoothing_scales(stats[f"model.layers.{index}.{name}"].abs_max, linear.weight, alpha)
             fold_scales(linear.weight, feeder, scales)
         progress.advance(task)
+
+
+def smoothing_targets(layer: nn.Module) -> dict[str, tuple[nn.Linear, torch.Tensor]]:
+    """A decoder layer's smoothed linears, by name within the layer, each with the tensor that absorbs its 1/s."""
+    attention, mlp = layer.self_attn, layer.mlp
+    return {
+        "self_attn.qkv_proj": (attention.qkv_proj, layer.input_layernorm.weight),
+        "mlp.gate_up_proj": (mlp.gate_up_proj, layer.post_attention_layernorm.weight),
+        "mlp.down_proj": (mlp.down_proj, mlp.gate_up_proj.weight[mlp.down_proj.in_features :]),
+    }
+
+
+def migrated_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Every tensor apply_smoothing rescales (dense weights, restored first; feeders may be views into them)."""
+    from ember.layers.cpu_prepare import restore_dense_weights
+
+    restore_dense_weights(model)
+    return [tensor for layer in model.model.layers for linear, feeder in smoothing_targets(layer).values()
+            for tensor in (linear.weight, feeder)]
