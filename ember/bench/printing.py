@@ -89,7 +89,7 @@ def _settings_lines(section: dict) -> list[str]:
 
 
 def _batch1(section: dict) -> Group:
-    title = f"batch1 (memory bandwidth {section['bandwidth_gb_s']:.2f} GB/s)"
+    title = f"batch1 (memory bandwidth probed beside ember's runs: median {section['bandwidth_gb_s']:.2f} GB/s)"
     if "ember_auto_vs_float32" in section:
         title += f"; ember auto (quantized) / float32 decode: {fmt_ratio(section['ember_auto_vs_float32'])}"
     table = Table(title=title)

@@ -468,8 +468,8 @@ def _batch1(lines: list[str], results: dict, plots: dict, report_dir: Path | Non
     lines += ["## `batch1`: single-stream decode", "",
               f"One {w.get('prompt_len')}-token prompt, {w.get('output_len')} tokens out. Decode tok/s counts the tokens after the first "
               "over the time after the first; end-to-end tok/s includes the prefill. "
-              f"Roofline: {section['bandwidth_gb_s']:.2f} GB/s / bytes read per token "
-              f"({describe_decode_bytes(_get(section, 'dtype', 'float32', 'decode_bytes'))} in float32).", ""]
+              f"Roofline: memory bandwidth / bytes read per token ({describe_decode_bytes(_get(section, 'dtype', 'float32', 'decode_bytes'))} "
+              f"in float32); {_batch1_bandwidth(section)}.", ""]
     rows = []
     for dtype, entry in section["dtype"].items():
         for engine in ("ember", "hf", "llamacpp"):
@@ -482,6 +482,15 @@ def _batch1(lines: list[str], results: dict, plots: dict, report_dir: Path | Non
     lines += _table(["dtype", "engine", "decode tok/s", "end-to-end tok/s", "% of roofline"], rows)
     _img(lines, plots, "batch1", report_dir)
     lines.append("")
+
+
+def _batch1_bandwidth(section: dict) -> str:
+    """Where batch1's roofline bandwidth came from: probes beside ember's runs (per dtype), or one figure."""
+    probed = {dtype: entry["bandwidth_gb_s"] for dtype, entry in section["dtype"].items() if isinstance(entry.get("bandwidth_gb_s"), dict)}
+    if not probed:
+        return f"bandwidth {section['bandwidth_gb_s']:.2f} GB/s"
+    figures = ", ".join(f"{dtype} {fmt_spread(gb_s, 2)} GB/s" for dtype, gb_s in probed.items())
+    return f"the bandwidth is probed right before each of ember's runs and each dtype's roofline uses the median of its own probes ({figures})"
 
 
 def _shared_prefix(lines: list[str], results: dict, plots: dict, report_dir: Path | None) -> None:

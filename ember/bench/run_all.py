@@ -63,17 +63,15 @@ def run_all(options: BenchOptions, command: str, report_path: Path | None, out_d
                 progress.console.print(f"[{time.strftime('%H:%M:%S')}] {description}")
 
         options.tick = tick
-        bandwidth = None
         for name in only:
             key = name.replace("-", "_")
             try:
                 if name == "roofline":
                     results[key] = suite.bench_roofline(options)
-                    bandwidth = results[key]["bandwidth_gb_s"]["median"]
                 elif name == "mixed":
                     results[key] = suite.bench_mixed(options)
                 elif name == "batch1":
-                    results[key] = suite.bench_batch1(options, bandwidth)
+                    results[key] = suite.bench_batch1(options)
                 elif name == "shared-prefix":
                     results[key] = suite.bench_shared_prefix(options)
                 elif name == "long-prefill":

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import TYPE_CHECKING
 
 from ember.bench import workloads
@@ -283,20 +284,24 @@ def decode_tok_s(run: RunResult) -> float:
     return (timing.output_tokens - 1) / (timing.finished - timing.first_token)
 
 
-def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> dict:
-    """One 128-token prompt, 128 tokens out: decode tok/s of each engine, and ember's against the roofline."""
-    from ember.bench.roofline import decode_bytes, measure_bandwidth
+def bench_batch1(options: BenchOptions) -> dict:
+    """One 128-token prompt, 128 tokens out: decode tok/s of each engine, and ember's against the roofline.
+
+    The roofline's bandwidth is probed right before each of ember's runs, not once for the section:
+    this machine's memory bandwidth moves by tens of percent within minutes, so a probe taken
+    elsewhere in the suite says little about the minute a decode ran in. Each dtype's roofline is
+    the median of the probes taken beside its own runs."""
+    from ember.bench.roofline import decode_bytes
 
     workload = make_workload(options, "batch1")
     peers = active_peers(options)
     path = model_path(options.model)
-    if bandwidth_gb_s is None:
-        options.tick("batch1: measuring memory bandwidth")
-        bandwidth_gb_s = measure_bandwidth().gb_per_s
-    section = {"workload": workload.params, "bandwidth_gb_s": bandwidth_gb_s, "dtype": {}}
+    section: dict = {"workload": workload.params, "dtype": {}}
+    probes: list[float] = []
     for dtype in options.dtypes:
+        dtype_probes: list[float] = []
         runners: dict[str, Callable[[], RunResult]] = {
-            "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings(max_num_seqs=1)),
+            "ember": _probed(lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings(max_num_seqs=1)), dtype_probes),
         }
         if options.kv_cache_dtype != "auto":
             settings = EmberSettings(label=f"ember ({options.kv_cache_dtype} KV cache)", max_num_seqs=1, kv_cache_dtype=options.kv_cache_dtype)
@@ -308,7 +313,8 @@ def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> 
         runs = _interleave(options, f"batch1 {dtype}", runners)
         step_bytes = decode_bytes(path, dtype, batch1_mean_context(workload))
         per_token = step_bytes.total
-        roofline_tok_s = bandwidth_gb_s * 1e9 / per_token
+        probes += dtype_probes
+        roofline_tok_s = median(dtype_probes) * 1e9 / per_token
         entry = {
             name: {"decode_tok_s": spread([decode_tok_s(r) for r in rs]).to_dict(), "tok_s": _tok_s(rs),
                    "settings": rs[0].extra.get("settings"), "runs": [_run_record(r) for r in rs]}
@@ -317,6 +323,7 @@ def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> 
         ember = entry["ember"]["decode_tok_s"]["median"]
         entry["bytes_per_token"] = per_token
         entry["decode_bytes"] = step_bytes.to_dict()
+        entry["bandwidth_gb_s"] = spread(dtype_probes).to_dict()
         entry["roofline_tok_s"] = roofline_tok_s
         entry["roofline_pct"] = 100.0 * ember / roofline_tok_s
         if "ember_kv" in entry:  # the same engine with the narrower KV cache, same run: decode speed-up
@@ -326,10 +333,22 @@ def bench_batch1(options: BenchOptions, bandwidth_gb_s: float | None = None) -> 
                 entry[f"{peer}_roofline_pct"] = 100.0 * entry[peer]["decode_tok_s"]["median"] / roofline_tok_s
                 entry[f"ratio_{peer}"] = ratio(ember, entry[peer]["decode_tok_s"]["median"])
         section["dtype"][dtype] = entry
+    section["bandwidth_gb_s"] = median(probes)
     if "auto" in section["dtype"] and "float32" in section["dtype"]:
         medians = {d: section["dtype"][d]["ember"]["decode_tok_s"]["median"] for d in ("auto", "float32")}
         section["ember_auto_vs_float32"] = ratio(medians["auto"], medians["float32"])
     return section
+
+
+def _probed(runner: Callable[[], RunResult], probes: list[float]) -> Callable[[], RunResult]:
+    """`runner`, with the memory bandwidth (GB/s) probed right before each call and appended to `probes`."""
+    from ember.bench.roofline import measure_bandwidth
+
+    def run() -> RunResult:
+        probes.append(measure_bandwidth().gb_per_s)
+        return runner()
+
+    return run
 
 
 # -- shared-prefix ----------------------------------------------------------------------------

@@ -65,9 +65,19 @@ class PackedWeight:
     in_features: int
     bias: torch.Tensor | None  # [num_panels * 16] float32
 
+    @staticmethod
+    def panel_shape(out_features: int, in_features: int, dtype: torch.dtype, bf16_pairs: bool | None = None) -> tuple[int, ...]:
+        """Shape of the panels `from_dense` makes for such a weight (to reserve their memory first)."""
+        num_panels = -(-out_features // PANEL_WIDTH)
+        if dtype == torch.bfloat16 and (bfloat16_pairs() if bf16_pairs is None else bf16_pairs):
+            return (num_panels, -(-in_features // 2), PANEL_WIDTH, 2)
+        return (num_panels, in_features, PANEL_WIDTH)
+
     @classmethod
-    def from_dense(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, bf16_pairs: bool | None = None) -> PackedWeight:
-        """`bf16_pairs` None: the layout this CPU's kernel reads (a kernel built for another CPU may want the other)."""
+    def from_dense(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, bf16_pairs: bool | None = None,
+                   out: torch.Tensor | None = None) -> PackedWeight:
+        """`bf16_pairs` None: the layout this CPU's kernel reads (a kernel built for another CPU may want the other).
+        `out`: where to write the panels (of `panel_shape`, e.g. from a `WeightArena`); else a new tensor."""
         out_features, in_features = weight.shape
         num_panels = -(-out_features // PANEL_WIDTH)
         pairs = weight.dtype == torch.bfloat16 and (bfloat16_pairs() if bf16_pairs is None else bf16_pairs)
@@ -86,7 +96,7 @@ class PackedWeight:
         if bias is not None:
             packed_bias = torch.zeros(num_panels * PANEL_WIDTH, dtype=torch.float32)
             packed_bias[:out_features] = bias.float()
-        return cls(panels.contiguous(), out_features, in_features, packed_bias)
+        return cls(panels.contiguous() if out is None else out.copy_(panels), out_features, in_features, packed_bias)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ember.layers import cpu_gemm
+from ember.layers.weight_arena import WeightArena
 
 
 class Linear(nn.Linear):
@@ -18,12 +19,20 @@ class Linear(nn.Linear):
 
     packed: cpu_gemm.PackedWeight | None = None
 
-    def pack_weights(self) -> bool:
-        """Pack the weight for the compiled kernel; False (nothing changed) where it cannot run."""
+    def packable(self) -> bool:
+        """Whether `pack_weights` would pack: a CPU weight of a dtype the compiled kernel takes, and the kernel."""
         weight = self.weight
-        if weight.device.type != "cpu" or weight.dtype not in cpu_gemm.PACKABLE_DTYPES or cpu_gemm.load_gemm() is None:
+        return weight is not None and weight.device.type == "cpu" and weight.dtype in cpu_gemm.PACKABLE_DTYPES and cpu_gemm.load_gemm() is not None
+
+    def panel_shape(self) -> tuple[int, ...]:
+        return cpu_gemm.PackedWeight.panel_shape(self.out_features, self.in_features, self.weight.dtype)
+
+    def pack_weights(self, arena: WeightArena | None = None) -> bool:
+        """Pack the weight for the compiled kernel (into `arena` when given); False (nothing changed) where it cannot run."""
+        if not self.packable():
             return False
-        self.packed = cpu_gemm.PackedWeight.from_dense(weight.detach(), None if self.bias is None else self.bias.detach())
+        out = None if arena is None else arena.take(self.panel_shape(), self.weight.dtype)
+        self.packed = cpu_gemm.PackedWeight.from_dense(self.weight.detach(), None if self.bias is None else self.bias.detach(), out=out)
         del self.weight, self.bias
         self.register_parameter("weight", None)
         self.register_parameter("bias", None)
@@ -55,5 +64,10 @@ class Linear(nn.Linear):
 
 
 def pack_linear_weights(model: nn.Module) -> int:
-    """Pack every ember `Linear` of `model` for the compiled CPU kernel; how many were packed."""
-    return sum(module.pack_weights() for module in model.modules() if isinstance(module, Linear))
+    """Pack every ember `Linear` of `model` for the compiled CPU kernel, all into one `WeightArena`
+    (huge pages where the OS gives them); how many were packed."""
+    linears = [module for module in model.modules() if isinstance(module, Linear) and module.packable()]
+    if not linears:
+        return 0
+    arena = WeightArena(WeightArena.bytes_for([(linear.panel_shape(), linear.weight.dtype) for linear in linears]))
+    return sum(linear.pack_weights(arena) for linear in linears)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ember.layers.embedding import VocabEmbedding
 from ember.layers.linear import Linear
+from ember.layers.weight_arena import WeightArena
 from ember.parallel.communicator import Communicator
 
 
@@ -37,10 +38,10 @@ class RowParallelLinear(Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.communicator = communicator
 
-    def pack_weights(self) -> bool:
+    def pack_weights(self, arena: WeightArena | None = None) -> bool:
         if self.bias is not None and not self.communicator.is_driver:
             self.bias = None  # rank 0 adds it; the kernel then starts every sum from zero
-        return super().pack_weights()
+        return super().pack_weights(arena)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.communicator.all_reduce(self.partial(x))
