@@ -880,24 +880,49 @@ static void row_dot_portable(int type, const uint8_t *row, const float *x, int64
 }
 
 /* m rows of x [m, cols] -> m * cols/32 int8 blocks; round half to even, like torch.round. */
+/* One block of 32 activations -> int8 (the act_block comment). The scalar form is the reference; the AVX2 form
+ * computes the same values: the max is exact, d and its inverse are the same two operations, and
+ * _mm256_round_ps to nearest is nearbyintf's round-half-even (the default rounding mode). */
+static inline void quantize_act_block(const float *v, act_block *a) {
+#ifdef __AVX2__
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax8 = _mm256_setzero_ps();
+    for (int l = 0; l < 32; l += 8) amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + l)));
+    __m128 amax4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+    amax4 = _mm_max_ps(amax4, _mm_movehl_ps(amax4, amax4));
+    float amax = _mm_cvtss_f32(_mm_max_ss(amax4, _mm_movehdup_ps(amax4)));
+    float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256i q[4], total = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(v + 8 * j), _mm256_set1_ps(inverse));
+        q[j] = _mm256_cvtps_epi32(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        total = _mm256_add_epi32(total, q[j]);
+    }
+    /* packs interleave 128-bit lanes: the permute puts the 32 values back in order */
+    __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)a->q, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4E));
+    int sum = _mm_cvtsi128_si32(_mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xB1)));
+#else
+    float amax = 0.0f;
+    for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(v[l]));
+    float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int l = 0; l < 32; l++) {
+        int q = (int)nearbyintf(v[l] * inverse);
+        a->q[l] = (int8_t)q;
+        sum += q;
+    }
+#endif
+    a->d = d;
+    a->qsum = d * (float)sum;
+}
+
 static void quantize_activations(const float *x, int64_t m, int64_t cols, act_block *out) {
     int64_t groups = cols / 32;
     for (int64_t i = 0; i < m; i++)
-        for (int64_t g = 0; g < groups; g++) {
-            const float *v = x + i * cols + 32 * g;
-            act_block *a = out + i * groups + g;
-            float amax = 0.0f;
-            for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(v[l]));
-            float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
-            int sum = 0;
-            for (int l = 0; l < 32; l++) {
-                int q = (int)nearbyintf(v[l] * inverse);
-                a->q[l] = (int8_t)q;
-                sum += q;
-            }
-            a->d = d;
-            a->qsum = d * (float)sum;
-        }
+        for (int64_t g = 0; g < groups; g++) quantize_act_block(x + i * cols + 32 * g, out + i * groups + g);
 }
 
 static int row_dot_rows(int type, int path, const uint8_t *row, const float *x, const float *xsum, const act_block *xq,
