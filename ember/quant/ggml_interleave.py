@@ -2,14 +2,16 @@
 
 The few-row int8 product over plain GGML rows is compute-bound on CPUs without wide integer units: each
 block of each row costs its own decode, dot product, reduction and scale. Stored eight rows at a time,
-block k of rows 8g..8g+7 side by side, one block of all eight rows reduces to vectors of eight sums
-(ggml_source.c, x8_group_int8_body / x8_group_k_body). The move is a byte permutation: same bytes, same
+block k of rows 8g..8g+7 side by side, one block of all eight rows gives a vector of eight sums
+(ggml_source.c, x8_group_q4_q5_body / x8_group_k_body). The move is a byte permutation: same bytes, same
 size, exact both ways, so a layer can hold the interleaved form and give the GGUF form back on demand.
 
 A plain block is cut into parts (`Part`: a byte range of the block); one group's block k stores part after
 part, each part's bytes for the eight rows side by side, in lane order (LANE_ROW: the order of the eight sums
-in the C kernel's reduction, for the fields it multiplies lane by lane) or in row order (codes, high bits).
-Q4_0: d | codes. Q4_1: d | m | codes. Q5_0: d | high bits | codes. Q5_1: d | m | high bits | codes.
+in the k-quant kernel's reduction, for the fields it multiplies lane by lane) or in row order.
+Q4_0: d | codes. Q4_1: d | m | codes. Q5_0: d | high bits | codes. Q5_1: d | m | high bits | codes; all in
+row order, the 16 code bytes as four 4-byte parts, so a 32-byte load holds four code bytes of every row, one
+row per 32-bit lane, and the dot products need no reduction across lanes.
 Q8_0: d | codes (rows in order: its kernel reduces a row per vector). Q4_K: d | dmin | the 12 scale bytes as
 three 4-byte words | the 128 code bytes as eight 16-byte parts (so a 32-byte load holds two rows' 16 bytes).
 Q5_K: as Q4_K, with its 32 bytes of fifth bits as two 16-byte parts before the codes.
@@ -43,16 +45,21 @@ def _parts(fields: tuple[tuple[int, int], ...], rows_ordered: tuple[tuple[int, i
 _K_FIELDS = ((0, 2), (2, 4), (4, 8), (8, 12), (12, 16))  # d, dmin, the 12 scale bytes as three 32-bit words
 
 
+def _words(start: int) -> tuple[tuple[int, int], ...]:
+    """A Q4 / Q5 block's 16 code bytes from `start` in four 4-byte parts (a 32-byte load: one row per 32-bit lane)."""
+    return tuple((start + 4 * i, start + 4 * (i + 1)) for i in range(4))
+
+
 def _k_codes(start: int) -> tuple[tuple[int, int], ...]:
     """A k-quant block's 128 code bytes from `start` in eight 16-byte parts."""
     return tuple((start + 16 * i, start + 16 * (i + 1)) for i in range(8))
 
 
 LAYOUTS: dict[str, tuple[GGMLFormat, tuple[Part, ...]]] = {
-    "Q4_0": (GGMLFormat("Q4_0_X8", 102, 32, 18), _parts(((0, 2),), ((2, 18),))),
-    "Q4_1": (GGMLFormat("Q4_1_X8", 103, 32, 20), _parts(((0, 2), (2, 4)), ((4, 20),))),
-    "Q5_0": (GGMLFormat("Q5_0_X8", 106, 32, 22), _parts(((0, 2),), ((2, 6), (6, 22)))),
-    "Q5_1": (GGMLFormat("Q5_1_X8", 107, 32, 24), _parts(((0, 2), (2, 4)), ((4, 8), (8, 24)))),
+    "Q4_0": (GGMLFormat("Q4_0_X8", 102, 32, 18), _parts((), ((0, 2), *_words(2)))),
+    "Q4_1": (GGMLFormat("Q4_1_X8", 103, 32, 20), _parts((), ((0, 2), (2, 4), *_words(4)))),
+    "Q5_0": (GGMLFormat("Q5_0_X8", 106, 32, 22), _parts((), ((0, 2), (2, 6), *_words(6)))),
+    "Q5_1": (GGMLFormat("Q5_1_X8", 107, 32, 24), _parts((), ((0, 2), (2, 4), (4, 8), *_words(8)))),
     "Q8_0": (GGMLFormat("Q8_0_X8", 108, 32, 34), _parts(((0, 2),), ((2, 34),), lanes=False)),
     "Q4_K": (GGMLFormat("Q4_K_X8", 112, 256, 144), _parts(_K_FIELDS, _k_codes(16))),
     "Q5_K": (GGMLFormat("Q5_K_X8", 113, 256, 176), _parts(_K_FIELDS, ((16, 32), (32, 48), *_k_codes(48)))),

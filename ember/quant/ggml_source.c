@@ -242,10 +242,12 @@ static const int X8_LANE_ROW[8] = {0, 2, 4, 6, 1, 3, 5, 7};
  * (lane_order) or row order. A group's block k is its layout's parts one after the other (ember/quant/ggml_interleave.py
  * describes the same tables). */
 typedef struct { int start, stop, lane_order; } x8_part;
-static const x8_part X8_Q4_0[] = {{0, 2, 1}, {2, 18, 0}};
-static const x8_part X8_Q4_1[] = {{0, 2, 1}, {2, 4, 1}, {4, 20, 0}};
-static const x8_part X8_Q5_0[] = {{0, 2, 1}, {2, 6, 0}, {6, 22, 0}};
-static const x8_part X8_Q5_1[] = {{0, 2, 1}, {2, 4, 1}, {4, 8, 0}, {8, 24, 0}};
+/* Q4 / Q5: every field in row order, the 16 code bytes in four 4-byte parts, so a 32-byte load holds four code bytes
+ * of each of the eight rows, one row per 32-bit lane (x8_group_q4_q5_body); Q5's 32 fifth bits are one 4-byte part. */
+static const x8_part X8_Q4_0[] = {{0, 2, 0}, {2, 6, 0}, {6, 10, 0}, {10, 14, 0}, {14, 18, 0}};
+static const x8_part X8_Q4_1[] = {{0, 2, 0}, {2, 4, 0}, {4, 8, 0}, {8, 12, 0}, {12, 16, 0}, {16, 20, 0}};
+static const x8_part X8_Q5_0[] = {{0, 2, 0}, {2, 6, 0}, {6, 10, 0}, {10, 14, 0}, {14, 18, 0}, {18, 22, 0}};
+static const x8_part X8_Q5_1[] = {{0, 2, 0}, {2, 4, 0}, {4, 8, 0}, {8, 12, 0}, {12, 16, 0}, {16, 20, 0}, {20, 24, 0}};
 static const x8_part X8_Q8_0[] = {{0, 2, 0}, {2, 34, 0}}; /* its kernel reduces a row per vector: rows in order */
 /* Q4_K: d, dmin, the 12 scale bytes as three 32-bit words (one vector each), the 128 code bytes in 16-byte parts. */
 static const x8_part X8_Q4_K[] = {{0, 2, 1}, {2, 4, 1}, {4, 8, 1}, {8, 12, 1}, {12, 16, 1}, {16, 32, 0}, {32, 48, 0},
@@ -257,10 +259,10 @@ static const x8_part X8_Q5_K[] = {{0, 2, 1}, {2, 4, 1}, {4, 8, 1}, {8, 12, 1}, {
 
 static int x8_layout(int type, const x8_part **parts) {
     switch (type) {
-    case Q4_0_X8: *parts = X8_Q4_0; return 2;
-    case Q4_1_X8: *parts = X8_Q4_1; return 3;
-    case Q5_0_X8: *parts = X8_Q5_0; return 3;
-    case Q5_1_X8: *parts = X8_Q5_1; return 4;
+    case Q4_0_X8: *parts = X8_Q4_0; return 5;
+    case Q4_1_X8: *parts = X8_Q4_1; return 6;
+    case Q5_0_X8: *parts = X8_Q5_0; return 6;
+    case Q5_1_X8: *parts = X8_Q5_1; return 7;
     case Q8_0_X8: *parts = X8_Q8_0; return 2;
     case Q4_K_X8: *parts = X8_Q4_K; return 13;
     default: *parts = X8_Q5_K; return 15;
@@ -699,48 +701,72 @@ static inline __attribute__((always_inline)) void x8_store_rows(const __m256 *ac
     for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, _mm256_permutevar8x32_ps(_mm256_add_ps(acc[i], offset[i]), to_rows));
 }
 
-/* One x8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. A 32-byte load holds rows r and r + 1's
- * codes (low nibbles: values 0-15, high: 16-31), so each 128-bit lane of a pair's product is one row, dotted with
- * the activations' low / high halves broadcast to both lanes; three hadds reduce four pairs to one vector of
- * eight row sums (lanes in X8_LANE_ROW order, as the scales are stored). Per activation row the arithmetic does
- * not depend on m. */
-static inline __attribute__((always_inline)) void x8_group_int8_body(const int type, const uint8_t *group, const act_block *xq,
-                                                                    const int64_t m, int64_t cols, float *out) {
-    const __m256i low4 = _mm256_set1_epi8(15);
+/* acc (int32 per 4-byte lane) + the dot products of four unsigned codes (<= 31) with four int8 activations per lane. */
+static inline __m256i dot4_accumulate(__m256i acc, __m256i codes, __m256i activations) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, codes, activations);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, codes, activations);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, activations), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* One Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. Load t of
+ * a block's codes holds code bytes 4t..4t+3 of row r in 32-bit lane r: low nibbles are values 4t..4t+3, high nibbles
+ * values 16+4t..16+4t+3. So each load meets one activation word (four int8 values) broadcast to every lane, and the
+ * eight dot products leave the eight rows' sums in row order with no horizontal reduction: per activation row and
+ * block, eight dpbusd (four chains of two: one chain of eight waited on its latency), three adds, one convert and two
+ * FMAs (scale; min times the activations' sum). Measured against the earlier layout (three hadds per activation row
+ * and block) on one process, alternating: 1.14x (m = 1) to 1.32x (m = 4) faster on a 3072 x 576 Q4_1 weight. Q5's fifth bits (row
+ * r's 32-bit word in lane r) are shifted to each value's byte as bit 4. Per activation row the arithmetic does not
+ * depend on m. */
+static inline __attribute__((always_inline)) void x8_group_q4_q5_body(const int type, const uint8_t *group, const act_block *xq,
+                                                                     const int64_t m, int64_t cols, float *out) {
+    const __m256i low4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);
     const int64_t groups = cols / 32, size = 8 * block_bytes(type), halves = x8_halves(type), high_at = 16 * halves;
-    const int64_t fields = high_at + 8 * x8_high_bytes(type); /* where the codes start */
     const int five_bits = x8_high_bytes(type) != 0;
-    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL), sixteen = _mm256_set1_epi8(16);
-    /* Q5: a pair's 8 bytes of high bits -> bytes 0-15 of lane 0 take row r's bytes 0, 1 (values 0-15), lane 1 row
-       r + 1's (bytes 4, 5); the upper values' bits are bytes 2, 3 and 6, 7. */
-    const __m256i spread_lo = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0404040404040404LL, 0x0505050505050505LL);
-    const __m256i spread_hi = _mm256_setr_epi64x(0x0202020202020202LL, 0x0303030303030303LL, 0x0606060606060606LL, 0x0707070707070707LL);
+    const int64_t codes_at = high_at + (five_bits ? 32 : 0);
+    /* Q5: a lane's bits 4t..4t+3 (after shifting the word right by 4t) to its four bytes, one bit each (byte 0's
+       low nibble); values 16+4t.. likewise from byte 2. */
+    const __m256i byte0 = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    const __m256i byte2 = _mm256_add_epi8(byte0, _mm256_set1_epi8(2));
+    const __m256i bit_of_byte = _mm256_set1_epi32(0x08040201);
     __m256 acc[MAX_M], offset[MAX_M];
     for (int64_t i = 0; i < m; i++) acc[i] = offset[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < groups; k++) {
         const uint8_t *b = group + (size_t)(k * size);
         for (int line = 0; line < size; line += 64) _mm_prefetch((const char *)(b + X8_PREFETCH_BYTES + line), _MM_HINT_T0);
         __m256i lo[4], hi[4];
-        for (int j = 0; j < 4; j++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(b + fields + 32 * j));
-            lo[j] = _mm256_and_si256(v, low4);
-            hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        const __m256i high = five_bits ? _mm256_loadu_si256((const __m256i *)(b + high_at)) : _mm256_setzero_si256();
+        for (int t = 0; t < 4; t++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b + codes_at + 32 * t));
+            lo[t] = _mm256_and_si256(v, low4);
+            hi[t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             if (five_bits) {
-                int64_t pair_bits;
-                memcpy(&pair_bits, b + high_at + 8 * j, 8);
-                __m256i bits = _mm256_set1_epi64x((long long)pair_bits);
-                __m256i set_lo = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(bits, spread_lo), select), select);
-                __m256i set_hi = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(bits, spread_hi), select), select);
-                lo[j] = _mm256_or_si256(lo[j], _mm256_and_si256(set_lo, sixteen));
-                hi[j] = _mm256_or_si256(hi[j], _mm256_and_si256(set_hi, sixteen));
+                __m256i shifted = _mm256_srli_epi32(high, 4 * t);
+                __m256i set_lo = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(shifted, byte0), bit_of_byte), bit_of_byte);
+                __m256i set_hi = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(shifted, byte2), bit_of_byte), bit_of_byte);
+                lo[t] = _mm256_or_si256(lo[t], _mm256_and_si256(set_lo, sixteen));
+                hi[t] = _mm256_or_si256(hi[t], _mm256_and_si256(set_hi, sixteen));
             }
         }
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
-        __m256 min = halves == 2 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)))
-                                 : _mm256_mul_ps(d, _mm256_set1_ps(five_bits ? -16.0f : -8.0f)); /* d*(q-8), Q5_0 d*(q-16) */
-        for (int64_t i = 0; i < m; i++) x8_accumulate(lo, hi, xq + i * groups + k, d, min, &acc[i], &offset[i]);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+        const __m256 min = halves == 2 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)))
+                                       : _mm256_mul_ps(d, _mm256_set1_ps(five_bits ? -16.0f : -8.0f)); /* d*(q-8), Q5_0 d*(q-16) */
+        for (int64_t i = 0; i < m; i++) {
+            const act_block *a = xq + i * groups + k;
+            __m256i part[4];
+            for (int t = 0; t < 4; t++) { /* each activation word broadcast straight from memory */
+                part[t] = dot4_accumulate(_mm256_setzero_si256(), lo[t], _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 4 * t)));
+                part[t] = dot4_accumulate(part[t], hi[t], _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 16 + 4 * t)));
+            }
+            __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3])));
+            acc[i] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(a->d)), acc[i]);
+            offset[i] = _mm256_fmadd_ps(min, _mm256_set1_ps(a->qsum), offset[i]);
+        }
     }
-    x8_store_rows(acc, offset, m, out);
+    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(acc[i], offset[i]));
 }
 
 /* x8_group_int8_TYPE: BODY (an x8 group kernel taking the type) inlined for every m = 1..MAX_M (decode, verification
@@ -759,10 +785,10 @@ static inline __attribute__((always_inline)) void x8_group_int8_body(const int t
         default: BODY(TYPE, group, xq, 8, cols, out); break; /* m == MAX_M */ \
         } \
     }
-X8_GROUP_INT8_FOR_TYPE(Q4_0_X8, x8_group_int8_body)
-X8_GROUP_INT8_FOR_TYPE(Q4_1_X8, x8_group_int8_body)
-X8_GROUP_INT8_FOR_TYPE(Q5_0_X8, x8_group_int8_body)
-X8_GROUP_INT8_FOR_TYPE(Q5_1_X8, x8_group_int8_body)
+X8_GROUP_INT8_FOR_TYPE(Q4_0_X8, x8_group_q4_q5_body)
+X8_GROUP_INT8_FOR_TYPE(Q4_1_X8, x8_group_q4_q5_body)
+X8_GROUP_INT8_FOR_TYPE(Q5_0_X8, x8_group_q4_q5_body)
+X8_GROUP_INT8_FOR_TYPE(Q5_1_X8, x8_group_q4_q5_body)
 
 /* x8_group_int8_body for Q8_0_X8: a block of eight rows is the eight fp16 scales (row order) and the eight rows'
  * 32 signed codes; each row's 32 bytes are one vector, dotted with the activations (sign trick of dot_s8_s8), and

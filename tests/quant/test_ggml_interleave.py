@@ -37,22 +37,30 @@ def test_interleaving_moves_the_bytes_and_moves_them_back(name):
     assert plain(weight) is weight
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in COLS])
-def test_the_first_group_block_holds_eight_scales_then_eight_rows_high_bits_and_codes(name):
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_a_q4_q5_group_block_holds_the_rows_fields_then_their_codes_four_bytes_per_row_at_a_time(name):
     weight = random_blocks(name, rows=8, cols=32, seed=2)  # one group, one block per row
     halves, high = (2 if name in ("Q4_1", "Q5_1") else 1), (4 if name.startswith("Q5") else 0)
-    codes = 32 if name == "Q8_0" else 16
     stored = interleaved(weight).data.flatten()
-    lane_row = range(8) if name == "Q8_0" else LANE_ROW  # Q8_0's kernel keeps rows in order
-    for field in range(halves):  # the fp16 scales (and mins) of the eight rows, lane order
-        for lane, row in enumerate(lane_row):
-            at = 16 * field + 2 * lane
+    for field in range(halves):  # the fp16 scales (and mins) of the eight rows, row order
+        for row in range(8):
+            at = 16 * field + 2 * row
             assert torch.equal(stored[at : at + 2], weight.data[row, 2 * field : 2 * field + 2])
-    for row in range(8):  # then each row's high bits, then each row's codes, row order
+    codes_at = 16 * halves + 8 * high
+    for row in range(8):  # each row's 32 high bits (one 32-bit lane each), then code bytes 4t..4t+3 in lane `row` of load t
         at = 16 * halves + high * row
         assert torch.equal(stored[at : at + high], weight.data[row, 2 * halves : 2 * halves + high])
-        at = 16 * halves + 8 * high + codes * row
-        assert torch.equal(stored[at : at + codes], weight.data[row, 2 * halves + high :])
+        for t in range(4):
+            at, first = codes_at + 32 * t + 4 * row, 2 * halves + high + 4 * t
+            assert torch.equal(stored[at : at + 4], weight.data[row, first : first + 4])
+
+
+def test_the_first_q8_0_group_block_holds_eight_scales_then_eight_rows_codes_in_row_order():
+    weight = random_blocks("Q8_0", rows=8, cols=32, seed=2)
+    stored = interleaved(weight).data.flatten()
+    for row in range(8):
+        assert torch.equal(stored[2 * row : 2 * row + 2], weight.data[row, :2])
+        assert torch.equal(stored[16 + 32 * row : 48 + 32 * row], weight.data[row, 2:])
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
