@@ -7,14 +7,12 @@ block k of rows 8g..8g+7 side by side, one block of all eight rows gives a vecto
 size, exact both ways, so a layer can hold the interleaved form and give the GGUF form back on demand.
 
 A plain block is cut into parts (`Part`: a byte range of the block); one group's block k stores part after
-part, each part's bytes for the eight rows side by side, in lane order (LANE_ROW: the order of the eight sums
-in the k-quant kernel's reduction, for the fields it multiplies lane by lane) or in row order.
-Q4_0: d | codes. Q4_1: d | m | codes. Q5_0: d | high bits | codes. Q5_1: d | m | high bits | codes; all in
-row order, the 16 code bytes as four 4-byte parts, so a 32-byte load holds four code bytes of every row, one
-row per 32-bit lane, and the dot products need no reduction across lanes.
-Q8_0: d | codes (rows in order: its kernel reduces a row per vector). Q4_K: d | dmin | the 12 scale bytes as
-three 4-byte words | the 128 code bytes as eight 16-byte parts (so a 32-byte load holds two rows' 16 bytes).
-Q5_K: as Q4_K, with its 32 bytes of fifth bits as two 16-byte parts before the codes.
+part, each part's bytes for the eight rows side by side, in row order. Q4_0: d | codes. Q4_1: d | m | codes.
+Q5_0: d | high bits | codes. Q5_1: d | m | high bits | codes. Q4_K: d | dmin | the 12 scale bytes as three
+4-byte words | the 128 code bytes. Q5_K: as Q4_K, with its 32 bytes of fifth bits before the codes. Codes and
+fifth bits go in 4-byte parts, so a 32-byte load holds four bytes of every row, one row per 32-bit lane, and
+the kernels' dot products leave each row's sum in its own lane with no reduction across lanes. Q8_0: d |
+codes (its kernel reduces a row per vector).
 """
 
 from __future__ import annotations
@@ -26,43 +24,35 @@ import torch
 from ember.quant.ggml_blocks import FORMATS, GGMLFormat, GGMLTensor
 
 ROWS_PER_GROUP = 8
-LANE_ROW = (0, 2, 4, 6, 1, 3, 5, 7)  # the row whose sum lands in each lane of the C kernel's reduction
 
 
 @dataclass(frozen=True)
 class Part:
-    """Bytes [start, stop) of a plain block, stored for the eight rows of a group in lane or row order."""
+    """Bytes [start, stop) of a plain block, stored for the eight rows of a group side by side."""
 
     start: int
     stop: int
-    lane_order: bool
 
 
-def _parts(fields: tuple[tuple[int, int], ...], rows_ordered: tuple[tuple[int, int], ...], lanes: bool = True) -> tuple[Part, ...]:
-    return tuple(Part(a, b, lanes) for a, b in fields) + tuple(Part(a, b, False) for a, b in rows_ordered)
+def _parts(*ranges: tuple[int, int]) -> tuple[Part, ...]:
+    return tuple(Part(a, b) for a, b in ranges)
+
+
+def _words(start: int, stop: int) -> tuple[tuple[int, int], ...]:
+    """Bytes [start, stop) of a block in 4-byte parts (a 32-byte load: one row per 32-bit lane)."""
+    return tuple((at, at + 4) for at in range(start, stop, 4))
 
 
 _K_FIELDS = ((0, 2), (2, 4), (4, 8), (8, 12), (12, 16))  # d, dmin, the 12 scale bytes as three 32-bit words
 
-
-def _words(start: int) -> tuple[tuple[int, int], ...]:
-    """A Q4 / Q5 block's 16 code bytes from `start` in four 4-byte parts (a 32-byte load: one row per 32-bit lane)."""
-    return tuple((start + 4 * i, start + 4 * (i + 1)) for i in range(4))
-
-
-def _k_codes(start: int) -> tuple[tuple[int, int], ...]:
-    """A k-quant block's 128 code bytes from `start` in eight 16-byte parts."""
-    return tuple((start + 16 * i, start + 16 * (i + 1)) for i in range(8))
-
-
 LAYOUTS: dict[str, tuple[GGMLFormat, tuple[Part, ...]]] = {
-    "Q4_0": (GGMLFormat("Q4_0_X8", 102, 32, 18), _parts((), ((0, 2), *_words(2)))),
-    "Q4_1": (GGMLFormat("Q4_1_X8", 103, 32, 20), _parts((), ((0, 2), (2, 4), *_words(4)))),
-    "Q5_0": (GGMLFormat("Q5_0_X8", 106, 32, 22), _parts((), ((0, 2), (2, 6), *_words(6)))),
-    "Q5_1": (GGMLFormat("Q5_1_X8", 107, 32, 24), _parts((), ((0, 2), (2, 4), (4, 8), *_words(8)))),
-    "Q8_0": (GGMLFormat("Q8_0_X8", 108, 32, 34), _parts(((0, 2),), ((2, 34),), lanes=False)),
-    "Q4_K": (GGMLFormat("Q4_K_X8", 112, 256, 144), _parts(_K_FIELDS, _k_codes(16))),
-    "Q5_K": (GGMLFormat("Q5_K_X8", 113, 256, 176), _parts(_K_FIELDS, ((16, 32), (32, 48), *_k_codes(48)))),
+    "Q4_0": (GGMLFormat("Q4_0_X8", 102, 32, 18), _parts((0, 2), *_words(2, 18))),
+    "Q4_1": (GGMLFormat("Q4_1_X8", 103, 32, 20), _parts((0, 2), (2, 4), *_words(4, 20))),
+    "Q5_0": (GGMLFormat("Q5_0_X8", 106, 32, 22), _parts((0, 2), *_words(2, 22))),
+    "Q5_1": (GGMLFormat("Q5_1_X8", 107, 32, 24), _parts((0, 2), (2, 4), *_words(4, 24))),
+    "Q8_0": (GGMLFormat("Q8_0_X8", 108, 32, 34), _parts((0, 2), (2, 34))),
+    "Q4_K": (GGMLFormat("Q4_K_X8", 112, 256, 144), _parts(*_K_FIELDS, *_words(16, 144))),
+    "Q5_K": (GGMLFormat("Q5_K_X8", 113, 256, 176), _parts(*_K_FIELDS, *_words(16, 176))),
 }
 INTERLEAVED_FORMATS: dict[str, GGMLFormat] = {name: fmt for name, (fmt, _) in LAYOUTS.items()}
 PLAIN_FORMATS: dict[str, GGMLFormat] = {f.name: FORMATS[name] for name, f in INTERLEAVED_FORMATS.items()}
@@ -85,12 +75,9 @@ def interleaved(weight: GGMLTensor) -> GGMLTensor:
                          f"{weight.format.name} {list(weight.shape)}")
     fmt, parts = LAYOUTS[weight.format.name]
     groups = _grouped(weight)  # [groups, 8 rows, blocks, block bytes]
-    lanes = torch.tensor(LANE_ROW)
     moved = []
     for part in parts:
         piece = groups[..., part.start : part.stop]
-        if part.lane_order:
-            piece = piece.index_select(1, lanes)
         moved.append(piece.permute(0, 2, 1, 3).reshape(groups.shape[0], groups.shape[2], -1))  # [g, blocks, 8 * bytes]
     stacked = torch.cat(moved, dim=-1)
     return GGMLTensor(stacked.reshape(weight.data.shape).contiguous(), fmt, weight.cols)
@@ -104,12 +91,10 @@ def plain(weight: GGMLTensor) -> GGMLTensor:
     rows, row_bytes = weight.data.shape
     blocks = row_bytes // weight.format.block_bytes
     stored = weight.data.reshape(rows // ROWS_PER_GROUP, blocks, ROWS_PER_GROUP * weight.format.block_bytes)
-    row_of_lane = torch.tensor([LANE_ROW.index(row) for row in range(ROWS_PER_GROUP)])
     pieces, at = [], 0
     for part in LAYOUTS[plain_format.name][1]:
         width = part.stop - part.start
-        piece = stored[..., at : at + width * ROWS_PER_GROUP].reshape(-1, blocks, ROWS_PER_GROUP, width)
-        pieces.append(piece.index_select(2, row_of_lane) if part.lane_order else piece)
+        pieces.append(stored[..., at : at + width * ROWS_PER_GROUP].reshape(-1, blocks, ROWS_PER_GROUP, width))
         at += width * ROWS_PER_GROUP
     rows_first = torch.cat(pieces, dim=-1).permute(0, 2, 1, 3)  # [groups, 8 rows, blocks, block bytes]
     return GGMLTensor(rows_first.reshape(rows, row_bytes).contiguous(), plain_format, weight.cols)

@@ -234,28 +234,25 @@ static int plain_type(int type) {
 static int x8_halves(int type) { return type == Q4_1_X8 || type == Q5_1_X8 ? 2 : 1; }
 static int x8_high_bytes(int type) { return type == Q5_0_X8 || type == Q5_1_X8 ? 4 : 0; }
 
-/* The row whose sum lands in each lane (0..7) of the eight-row sum vector: what a tree of three _mm256_hadd_epi32
- * over row pairs (r, r + 1) produces, so the fields multiplied lane by lane (scales, mins) are stored in this order. */
-static const int X8_LANE_ROW[8] = {0, 2, 4, 6, 1, 3, 5, 7};
-
-/* Bytes [start, stop) of a plain block, stored for the eight rows of a group side by side, in X8_LANE_ROW order
- * (lane_order) or row order. A group's block k is its layout's parts one after the other (ember/quant/ggml_interleave.py
- * describes the same tables). */
-typedef struct { int start, stop, lane_order; } x8_part;
-/* Q4 / Q5: every field in row order, the 16 code bytes in four 4-byte parts, so a 32-byte load holds four code bytes
- * of each of the eight rows, one row per 32-bit lane (x8_group_q4_q5_body); Q5's 32 fifth bits are one 4-byte part. */
-static const x8_part X8_Q4_0[] = {{0, 2, 0}, {2, 6, 0}, {6, 10, 0}, {10, 14, 0}, {14, 18, 0}};
-static const x8_part X8_Q4_1[] = {{0, 2, 0}, {2, 4, 0}, {4, 8, 0}, {8, 12, 0}, {12, 16, 0}, {16, 20, 0}};
-static const x8_part X8_Q5_0[] = {{0, 2, 0}, {2, 6, 0}, {6, 10, 0}, {10, 14, 0}, {14, 18, 0}, {18, 22, 0}};
-static const x8_part X8_Q5_1[] = {{0, 2, 0}, {2, 4, 0}, {4, 8, 0}, {8, 12, 0}, {12, 16, 0}, {16, 20, 0}, {20, 24, 0}};
-static const x8_part X8_Q8_0[] = {{0, 2, 0}, {2, 34, 0}}; /* its kernel reduces a row per vector: rows in order */
-/* Q4_K: d, dmin, the 12 scale bytes as three 32-bit words (one vector each), the 128 code bytes in 16-byte parts. */
-static const x8_part X8_Q4_K[] = {{0, 2, 1}, {2, 4, 1}, {4, 8, 1}, {8, 12, 1}, {12, 16, 1}, {16, 32, 0}, {32, 48, 0},
-                                  {48, 64, 0}, {64, 80, 0}, {80, 96, 0}, {96, 112, 0}, {112, 128, 0}, {128, 144, 0}};
-/* Q5_K: as Q4_K, with the 32 bytes of fifth bits (bit s of byte l: value l of sub-block s) in two 16-byte parts first. */
-static const x8_part X8_Q5_K[] = {{0, 2, 1}, {2, 4, 1}, {4, 8, 1}, {8, 12, 1}, {12, 16, 1}, {16, 32, 0}, {32, 48, 0},
-                                  {48, 64, 0}, {64, 80, 0}, {80, 96, 0}, {96, 112, 0}, {112, 128, 0}, {128, 144, 0},
-                                  {144, 160, 0}, {160, 176, 0}};
+/* Bytes [start, stop) of a plain block, stored for the eight rows of a group side by side, in row order. A group's
+ * block k is its layout's parts one after the other (ember/quant/ggml_interleave.py describes the same tables). */
+typedef struct { int start, stop; } x8_part;
+/* Q4 / Q5: the fields, then the 16 code bytes in four 4-byte parts, so a 32-byte load holds four code bytes of each of
+ * the eight rows, one row per 32-bit lane (x8_group_q4_q5_body); Q5's 32 fifth bits are one 4-byte part. */
+static const x8_part X8_Q4_0[] = {{0, 2}, {2, 6}, {6, 10}, {10, 14}, {14, 18}};
+static const x8_part X8_Q4_1[] = {{0, 2}, {2, 4}, {4, 8}, {8, 12}, {12, 16}, {16, 20}};
+static const x8_part X8_Q5_0[] = {{0, 2}, {2, 6}, {6, 10}, {10, 14}, {14, 18}, {18, 22}};
+static const x8_part X8_Q5_1[] = {{0, 2}, {2, 4}, {4, 8}, {8, 12}, {12, 16}, {16, 20}, {20, 24}};
+static const x8_part X8_Q8_0[] = {{0, 2}, {2, 34}}; /* its kernel reduces a row per vector */
+/* Eight 4-byte parts from byte a: 32 bytes. */
+#define X8_WORDS_32(a) {a, a + 4}, {a + 4, a + 8}, {a + 8, a + 12}, {a + 12, a + 16}, {a + 16, a + 20}, {a + 20, a + 24}, \
+    {a + 24, a + 28}, {a + 28, a + 32}
+/* Q4_K: d, dmin, the 12 scale bytes as three 32-bit words, the 128 code bytes in 4-byte parts; Q5_K: the same with
+ * its 32 bytes of fifth bits in eight 4-byte parts before the codes. */
+#define X8_K_FIELDS {0, 2}, {2, 4}, {4, 8}, {8, 12}, {12, 16}
+static const x8_part X8_Q4_K[] = {X8_K_FIELDS, X8_WORDS_32(16), X8_WORDS_32(48), X8_WORDS_32(80), X8_WORDS_32(112)};
+static const x8_part X8_Q5_K[] = {X8_K_FIELDS, X8_WORDS_32(16), X8_WORDS_32(48), X8_WORDS_32(80), X8_WORDS_32(112),
+                                  X8_WORDS_32(144)};
 
 static int x8_layout(int type, const x8_part **parts) {
     switch (type) {
@@ -264,8 +261,8 @@ static int x8_layout(int type, const x8_part **parts) {
     case Q5_0_X8: *parts = X8_Q5_0; return 6;
     case Q5_1_X8: *parts = X8_Q5_1; return 7;
     case Q8_0_X8: *parts = X8_Q8_0; return 2;
-    case Q4_K_X8: *parts = X8_Q4_K; return 13;
-    default: *parts = X8_Q5_K; return 15;
+    case Q4_K_X8: *parts = X8_Q4_K; return 5 + 32;
+    default: *parts = X8_Q5_K; return 5 + 8 + 32;
     }
 }
 
@@ -279,8 +276,7 @@ static void x8_to_plain_group(int type, const uint8_t *group, int64_t blocks, ui
         for (int p = 0; p < count; p++) {
             const int width = parts[p].stop - parts[p].start;
             for (int slot = 0; slot < 8; slot++) {
-                int row = parts[p].lane_order ? X8_LANE_ROW[slot] : slot;
-                memcpy(rows + (size_t)((row * blocks + k) * size + parts[p].start), b + width * slot, (size_t)width);
+                memcpy(rows + (size_t)((slot * blocks + k) * size + parts[p].start), b + width * slot, (size_t)width);
             }
             b += 8 * width;
         }
@@ -681,26 +677,6 @@ static inline __m256i dot_pair_u8_s8(__m256i lo, __m256i xlo, __m256i hi, __m256
  * a decode step's stream of small matrices ~10% slower (measured on a 2-core AMD EPYC, 512-4096 tried). */
 #define X8_PREFETCH_BYTES 1024
 
-/* One x8 block of eight rows . one activation block: lo / hi hold the four row pairs' codes of values 0-15 / 16-31 (a
- * 128-bit lane per row), dotted with the activations' halves broadcast to both lanes; three hadds reduce the pairs to
- * eight row sums (lanes in X8_LANE_ROW order), added to acc scaled by scale * a->d, and min * a->qsum to offset. */
-static inline __attribute__((always_inline)) void x8_accumulate(const __m256i *lo, const __m256i *hi, const act_block *a, __m256 scale,
-                                                                __m256 min, __m256 *acc, __m256 *offset) {
-    __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a->q));
-    __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->q + 16)));
-    __m256i p0 = dot_pair_u8_s8(lo[0], xlo, hi[0], xhi), p1 = dot_pair_u8_s8(lo[1], xlo, hi[1], xhi);
-    __m256i p2 = dot_pair_u8_s8(lo[2], xlo, hi[2], xhi), p3 = dot_pair_u8_s8(lo[3], xlo, hi[3], xhi);
-    __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scale, _mm256_set1_ps(a->d)), *acc);
-    *offset = _mm256_fmadd_ps(min, _mm256_set1_ps(a->qsum), *offset);
-}
-
-/* out[8 i + r] = row r's sum for activation row i: acc + offset with the lanes put back in row order. */
-static inline __attribute__((always_inline)) void x8_store_rows(const __m256 *acc, const __m256 *offset, int64_t m, float *out) {
-    const __m256i to_rows = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* lane of row r: the inverse of X8_LANE_ROW */
-    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, _mm256_permutevar8x32_ps(_mm256_add_ps(acc[i], offset[i]), to_rows));
-}
-
 /* acc (int32 per 4-byte lane) + the dot products of four unsigned codes (<= 31) with four int8 activations per lane. */
 static inline __m256i dot4_accumulate(__m256i acc, __m256i codes, __m256i activations) {
 #if defined(__AVXVNNI__)
@@ -710,6 +686,26 @@ static inline __m256i dot4_accumulate(__m256i acc, __m256i codes, __m256i activa
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, activations), _mm256_set1_epi16(1)));
 #endif
+}
+
+/* Eight rows' codes of one 32-value block . one activation block: codes[t] holds values 4t..4t+3 of row r in 32-bit lane
+ * r (t < 4), codes[4 + t] values 16+4t..16+4t+3; each meets its activation word broadcast to every lane. The eight
+ * dpbusd run as four chains of two (one chain of eight waited on its latency). acc += sums * scale * a->d and
+ * offset += min * a->qsum, lane r for row r. */
+static inline __attribute__((always_inline)) void x8_accumulate(const __m256i *codes, const act_block *a, __m256 scale, __m256 min,
+                                                                __m256 *acc, __m256 *offset) {
+    __m256i part[4];
+    for (int t = 0; t < 4; t++) { /* each activation word broadcast straight from memory */
+        part[t] = dot4_accumulate(_mm256_setzero_si256(), codes[t], _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 4 * t)));
+        part[t] = dot4_accumulate(part[t], codes[4 + t], _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 16 + 4 * t)));
+    }
+    __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3])));
+    *acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_set1_ps(a->d)), *acc);
+    *offset = _mm256_fmadd_ps(min, _mm256_set1_ps(a->qsum), *offset);
+}
+
+static inline __attribute__((always_inline)) void x8_store_rows(const __m256 *acc, const __m256 *offset, int64_t m, float *out) {
+    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(acc[i], offset[i]));
 }
 
 /* One Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. Load t of
@@ -737,36 +733,26 @@ static inline __attribute__((always_inline)) void x8_group_q4_q5_body(const int 
     for (int64_t k = 0; k < groups; k++) {
         const uint8_t *b = group + (size_t)(k * size);
         for (int line = 0; line < size; line += 64) _mm_prefetch((const char *)(b + X8_PREFETCH_BYTES + line), _MM_HINT_T0);
-        __m256i lo[4], hi[4];
+        __m256i codes[8]; /* codes[t]: values 4t..4t+3 (low nibbles), codes[4 + t]: values 16+4t.. (high nibbles) */
         const __m256i high = five_bits ? _mm256_loadu_si256((const __m256i *)(b + high_at)) : _mm256_setzero_si256();
         for (int t = 0; t < 4; t++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(b + codes_at + 32 * t));
-            lo[t] = _mm256_and_si256(v, low4);
-            hi[t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            codes[t] = _mm256_and_si256(v, low4);
+            codes[4 + t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             if (five_bits) {
                 __m256i shifted = _mm256_srli_epi32(high, 4 * t);
                 __m256i set_lo = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(shifted, byte0), bit_of_byte), bit_of_byte);
                 __m256i set_hi = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(shifted, byte2), bit_of_byte), bit_of_byte);
-                lo[t] = _mm256_or_si256(lo[t], _mm256_and_si256(set_lo, sixteen));
-                hi[t] = _mm256_or_si256(hi[t], _mm256_and_si256(set_hi, sixteen));
+                codes[t] = _mm256_or_si256(codes[t], _mm256_and_si256(set_lo, sixteen));
+                codes[4 + t] = _mm256_or_si256(codes[4 + t], _mm256_and_si256(set_hi, sixteen));
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
         const __m256 min = halves == 2 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)))
                                        : _mm256_mul_ps(d, _mm256_set1_ps(five_bits ? -16.0f : -8.0f)); /* d*(q-8), Q5_0 d*(q-16) */
-        for (int64_t i = 0; i < m; i++) {
-            const act_block *a = xq + i * groups + k;
-            __m256i part[4];
-            for (int t = 0; t < 4; t++) { /* each activation word broadcast straight from memory */
-                part[t] = dot4_accumulate(_mm256_setzero_si256(), lo[t], _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 4 * t)));
-                part[t] = dot4_accumulate(part[t], hi[t], _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 16 + 4 * t)));
-            }
-            __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3])));
-            acc[i] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(a->d)), acc[i]);
-            offset[i] = _mm256_fmadd_ps(min, _mm256_set1_ps(a->qsum), offset[i]);
-        }
+        for (int64_t i = 0; i < m; i++) x8_accumulate(codes, xq + i * groups + k, d, min, &acc[i], &offset[i]);
     }
-    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(acc[i], offset[i]));
+    x8_store_rows(acc, offset, m, out);
 }
 
 /* x8_group_int8_TYPE: BODY (an x8 group kernel taking the type) inlined for every m = 1..MAX_M (decode, verification
@@ -785,6 +771,7 @@ static inline __attribute__((always_inline)) void x8_group_q4_q5_body(const int 
         default: BODY(TYPE, group, xq, 8, cols, out); break; /* m == MAX_M */ \
         } \
     }
+
 X8_GROUP_INT8_FOR_TYPE(Q4_0_X8, x8_group_q4_q5_body)
 X8_GROUP_INT8_FOR_TYPE(Q4_1_X8, x8_group_q4_q5_body)
 X8_GROUP_INT8_FOR_TYPE(Q5_0_X8, x8_group_q4_q5_body)
@@ -832,12 +819,12 @@ static void x8_group_int8_Q8_0_X8(const uint8_t *group, const act_block *xq, int
     }
 }
 /* One Q4_K_X8 / Q5_K_X8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. A super-block of eight rows holds the
- * eight d and dmin (lane order), the rows' 12 scale bytes as three 32-bit words per lane (so the six-bit scales and
- * mins of all eight rows unpack in four vector operations, from GGUF's packing: scales 0-3 and mins 0-3 are words 0
- * and 1 masked to six bits, scales and mins 4-7 the low / high nibbles of word 2 with the top two bits of words 0 / 1),
- * then 128 code bytes per row in 16-byte parts, row order: part i holds bytes 16i..16i+15 of each row, so one
- * 32-byte load is two rows' codes of sub-blocks 2(i/2) (low nibbles) and 2(i/2)+1 (high), values 16(i%2)...+15. Q5_K
- * puts its fifth bits before the codes, in two such parts (values 0-15, 16-31): bit s of a byte is sub-block s's. */
+ * eight d and dmin, the rows' 12 scale bytes as three 32-bit words per lane (so the six-bit scales and mins of all eight
+ * rows unpack in four vector operations, from GGUF's packing: scales 0-3 and mins 0-3 are words 0 and 1 masked to six
+ * bits, scales and mins 4-7 the low / high nibbles of word 2 with the top two bits of words 0 / 1), then the 128 code
+ * bytes per row in 4-byte parts: load u (32 bytes) holds code bytes 4u..4u+3 of row r in lane r, i.e. values
+ * 4(u % 8)..+3 of sub-blocks 2(u / 8) (low nibbles) and 2(u / 8) + 1 (high); every field in row order. Q5_K puts its
+ * 32 bytes of fifth bits before the codes, in eight such parts: bit s of byte l is value l of sub-block s. */
 static inline __attribute__((always_inline)) void x8_group_k_body(const int type, const uint8_t *group, const act_block *xq,
                                                                  const int64_t m, int64_t cols, float *out) {
     const __m256i low4 = _mm256_set1_epi8(15), six = _mm256_set1_epi32(0x3F3F3F3F), nibble = _mm256_set1_epi32(0x0F0F0F0F);
@@ -859,27 +846,22 @@ static inline __attribute__((always_inline)) void x8_group_k_body(const int type
         const __m256i mins[2] = {_mm256_and_si256(w1, six),
                                  _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), nibble),
                                                  _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), top2), 4))};
-        const uint8_t *high = b + 128, *codes = b + (five_bits ? 384 : 128);
+        const uint8_t *high = b + 128, *code_bytes = b + (five_bits ? 384 : 128);
         for (int s = 0; s < 8; s++) {
             const int shift = 8 * (s % 4);
             const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(scales[s / 4], shift), byte)));
             const __m256 min = _mm256_mul_ps(minus_dmin, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(mins[s / 4], shift), byte)));
-            const uint8_t *part = codes + 256 * (s / 2); /* parts 2(s/2) and 2(s/2) + 1: values 0-15 and 16-31 */
-            __m256i lo[4], hi[4];
-            for (int p = 0; p < 4; p++) {
-                __m256i v0 = _mm256_loadu_si256((const __m256i *)(part + 32 * p));
-                __m256i v1 = _mm256_loadu_si256((const __m256i *)(part + 128 + 32 * p));
-                if (s & 1) { v0 = _mm256_srli_epi16(v0, 4); v1 = _mm256_srli_epi16(v1, 4); }
-                lo[p] = _mm256_and_si256(v0, low4);
-                hi[p] = _mm256_and_si256(v1, low4);
+            const uint8_t *pair = code_bytes + 256 * (s / 2); /* loads 8(s/2)..8(s/2)+7: sub-blocks 2(s/2), 2(s/2) + 1 */
+            __m256i codes[8];
+            for (int u = 0; u < 8; u++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(pair + 32 * u));
+                codes[u] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(v, 4) : v, low4);
                 if (five_bits) { /* bit s of each byte -> bit 4 (a 16-bit shift: the mask keeps the byte's own bit) */
-                    __m256i h0 = _mm256_loadu_si256((const __m256i *)(high + 32 * p));
-                    __m256i h1 = _mm256_loadu_si256((const __m256i *)(high + 128 + 32 * p));
-                    lo[p] = _mm256_or_si256(lo[p], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, s), one), 4));
-                    hi[p] = _mm256_or_si256(hi[p], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, s), one), 4));
+                    __m256i h = _mm256_loadu_si256((const __m256i *)(high + 32 * u));
+                    codes[u] = _mm256_or_si256(codes[u], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, s), one), 4));
                 }
             }
-            for (int64_t i = 0; i < m; i++) x8_accumulate(lo, hi, xq + i * groups + 8 * k + s, scale, min, &acc[i], &offset[i]);
+            for (int64_t i = 0; i < m; i++) x8_accumulate(codes, xq + i * groups + 8 * k + s, scale, min, &acc[i], &offset[i]);
         }
     }
     x8_store_rows(acc, offset, m, out);

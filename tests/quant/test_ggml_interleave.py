@@ -14,7 +14,6 @@ from tests.quant.ggml_factory import random_blocks
 from tests.quant.test_ggml_layers import RTOL, int8_rounded
 
 NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"]
-LANE_ROW = (0, 2, 4, 6, 1, 3, 5, 7)
 COLS = {"Q4_K": 256, "Q5_K": 256}  # one block per row
 
 
@@ -64,19 +63,19 @@ def test_the_first_q8_0_group_block_holds_eight_scales_then_eight_rows_codes_in_
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
-def test_a_k_quant_group_block_holds_d_dmin_scale_words_in_lane_order_then_16_byte_parts_in_row_order(name):
+def test_a_k_quant_group_block_holds_d_dmin_scale_words_then_four_bytes_per_row_at_a_time_in_row_order(name):
     weight = random_blocks(name, rows=8, cols=256, seed=2)
     stored = interleaved(weight).data.flatten()
     for field, (start, stop) in enumerate([(0, 2), (2, 4), (4, 8), (8, 12), (12, 16)]):  # d, dmin, three scale words
         width = stop - start
-        for lane, row in enumerate(LANE_ROW):
-            at = [0, 16, 32, 64, 96][field] + width * lane
-            assert torch.equal(stored[at : at + width], weight.data[row, start:stop])
-    parts = (weight.format.block_bytes - 16) // 16  # Q4_K: the codes' eight; Q5_K: its fifth bits' two, then those eight
-    for part in range(parts):  # block bytes 16 + 16 * part.. of each row, row order
         for row in range(8):
-            at = 128 + 128 * part + 16 * row
-            assert torch.equal(stored[at : at + 16], weight.data[row, 16 + 16 * part : 32 + 16 * part])
+            at = [0, 16, 32, 64, 96][field] + width * row
+            assert torch.equal(stored[at : at + width], weight.data[row, start:stop])
+    words = (weight.format.block_bytes - 16) // 4  # Q4_K: the codes' 32; Q5_K: its fifth bits' 8, then those 32
+    for word in range(words):  # block bytes 16 + 4 * word.. of row r in lane r of load `word`
+        for row in range(8):
+            at = 128 + 32 * word + 4 * row
+            assert torch.equal(stored[at : at + 4], weight.data[row, 16 + 4 * word : 20 + 4 * word])
 
 
 def test_only_weights_of_interleaved_formats_in_whole_groups_of_eight_rows_interleave():
