@@ -12,7 +12,7 @@ Q5_0: d | high bits | codes. Q5_1: d | m | high bits | codes. Q4_K: d | dmin | t
 4-byte words | the 128 code bytes. Q5_K: as Q4_K, with its 32 bytes of fifth bits before the codes. Codes and
 fifth bits go in 4-byte parts, so a 32-byte load holds four bytes of every row, one row per 32-bit lane, and
 the kernels' dot products leave each row's sum in its own lane with no reduction across lanes. Q8_0: d |
-codes (its kernel reduces a row per vector).
+codes, in 4-byte parts too.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ LAYOUTS: dict[str, tuple[GGMLFormat, tuple[Part, ...]]] = {
     "Q4_1": (GGMLFormat("Q4_1_X8", 103, 32, 20), _parts((0, 2), (2, 4), *_words(4, 20))),
     "Q5_0": (GGMLFormat("Q5_0_X8", 106, 32, 22), _parts((0, 2), *_words(2, 22))),
     "Q5_1": (GGMLFormat("Q5_1_X8", 107, 32, 24), _parts((0, 2), (2, 4), *_words(4, 24))),
-    "Q8_0": (GGMLFormat("Q8_0_X8", 108, 32, 34), _parts((0, 2), (2, 34))),
+    "Q8_0": (GGMLFormat("Q8_0_X8", 108, 32, 34), _parts((0, 2), *_words(2, 34))),
     "Q4_K": (GGMLFormat("Q4_K_X8", 112, 256, 144), _parts(*_K_FIELDS, *_words(16, 144))),
     "Q5_K": (GGMLFormat("Q5_K_X8", 113, 256, 176), _parts(*_K_FIELDS, *_words(16, 176))),
 }

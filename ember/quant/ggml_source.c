@@ -19,9 +19,11 @@
  * -march=native picks the instruction set at build time (#ifdef __AVX2__ / VNNI below).
  *
  * Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 / Q8_0_X8 / Q4_K_X8 / Q5_K_X8 are ember's own layouts of those GGML formats for these products
- * (the same bytes, moved): rows 8g..8g+7 are stored as one group, block k of all eight together (see x8_part).
- * One block of eight rows then reduces to one vector of eight sums, so the int8 path spends about a
- * quarter of the instructions per block that row-by-row needs (which made Q4 decode compute-bound). */
+ * (the same bytes, moved): rows 8g..8g+7 are stored as one group, block k of all eight together, the codes four
+ * bytes per row at a time (see x8_part). One 32-byte load then holds four codes of every row, one row per 32-bit
+ * lane, and a dpbusd against one broadcast activation word leaves each row's partial sum in its own lane: a block of
+ * eight rows costs eight dot-product instructions per activation row and no reduction across lanes (row by row, each
+ * row's block needed its own dot products and a horizontal sum, which made Q4 decode compute-bound). */
 #include <stdint.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -243,7 +245,7 @@ static const x8_part X8_Q4_0[] = {{0, 2}, {2, 6}, {6, 10}, {10, 14}, {14, 18}};
 static const x8_part X8_Q4_1[] = {{0, 2}, {2, 4}, {4, 8}, {8, 12}, {12, 16}, {16, 20}};
 static const x8_part X8_Q5_0[] = {{0, 2}, {2, 6}, {6, 10}, {10, 14}, {14, 18}, {18, 22}};
 static const x8_part X8_Q5_1[] = {{0, 2}, {2, 4}, {4, 8}, {8, 12}, {12, 16}, {16, 20}, {20, 24}};
-static const x8_part X8_Q8_0[] = {{0, 2}, {2, 34}}; /* its kernel reduces a row per vector */
+static const x8_part X8_Q8_0[] = {{0, 2}, {2, 6}, {6, 10}, {10, 14}, {14, 18}, {18, 22}, {22, 26}, {26, 30}, {30, 34}};
 /* Eight 4-byte parts from byte a: 32 bytes. */
 #define X8_WORDS_32(a) {a, a + 4}, {a + 4, a + 8}, {a + 8, a + 12}, {a + 12, a + 16}, {a + 16, a + 20}, {a + 20, a + 24}, \
     {a + 24, a + 28}, {a + 28, a + 32}
@@ -260,7 +262,7 @@ static int x8_layout(int type, const x8_part **parts) {
     case Q4_1_X8: *parts = X8_Q4_1; return 6;
     case Q5_0_X8: *parts = X8_Q5_0; return 6;
     case Q5_1_X8: *parts = X8_Q5_1; return 7;
-    case Q8_0_X8: *parts = X8_Q8_0; return 2;
+    case Q8_0_X8: *parts = X8_Q8_0; return 9;
     case Q4_K_X8: *parts = X8_Q4_K; return 5 + 32;
     default: *parts = X8_Q5_K; return 5 + 8 + 32;
     }
@@ -777,33 +779,47 @@ X8_GROUP_INT8_FOR_TYPE(Q4_1_X8, x8_group_q4_q5_body)
 X8_GROUP_INT8_FOR_TYPE(Q5_0_X8, x8_group_q4_q5_body)
 X8_GROUP_INT8_FOR_TYPE(Q5_1_X8, x8_group_q4_q5_body)
 
-/* x8_group_int8_body for Q8_0_X8: a block of eight rows is the eight fp16 scales (row order) and the eight rows'
- * 32 signed codes; each row's 32 bytes are one vector, dotted with the activations (sign trick of dot_s8_s8), and
- * a hadd tree plus one 128-bit swap reduce the eight rows to one vector in row order. */
+/* Eight rows' signed codes of one block . one activation block, where dpbusd's unsigned operand cannot take them as
+ * they are (no VNNI: maddubs would saturate at 255 * 127 * 2): |w| times the activations carrying w's sign, the
+ * dot_s8_s8 trick, per activation word. acc += sums * scale * a->d (row r in lane r). */
+static inline __attribute__((always_inline)) void x8_accumulate_signed(const __m256i *codes, const __m256i *magnitudes, const act_block *a,
+                                                                       __m256 scale, __m256 *acc) {
+    __m256i part[4];
+    for (int t = 0; t < 4; t++) {
+        __m256i x0 = _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 4 * t)), x1 = _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 16 + 4 * t));
+        part[t] = dot4_accumulate(_mm256_setzero_si256(), magnitudes[t], _mm256_sign_epi8(x0, codes[t]));
+        part[t] = dot4_accumulate(part[t], magnitudes[4 + t], _mm256_sign_epi8(x1, codes[4 + t]));
+    }
+    __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3])));
+    *acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_set1_ps(a->d)), *acc);
+}
+
+/* x8_group_q4_q5_body for Q8_0_X8: a block of eight rows is the eight fp16 scales, then the 32 signed codes of each row
+ * in 4-byte parts (load t: codes 4t..4t+3 of row r in lane r). With VNNI the codes are made unsigned, u = w + 128
+ * (one xor per load, shared by every activation row), and the sum corrected through the activations' sum, exactly:
+ * d * sum(w q) = d * sum(u q) - 128 d * sum(q), the Q4_0 form with min = -128 d. Without it, x8_accumulate_signed. */
 static inline __attribute__((always_inline)) void x8_group_q8_0_body(const uint8_t *group, const act_block *xq, const int64_t m,
                                                                     int64_t cols, float *out) {
     const int64_t groups = cols / 32, size = 8 * block_bytes(Q8_0_X8);
-    __m256 acc[MAX_M];
-    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+    __m256 acc[MAX_M], offset[MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = offset[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < groups; k++) {
         const uint8_t *b = group + (size_t)(k * size);
         for (int line = 0; line < size; line += 64) _mm_prefetch((const char *)(b + X8_PREFETCH_BYTES + line), _MM_HINT_T0);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
-        for (int64_t i = 0; i < m; i++) {
-            const act_block *a = xq + i * groups + k;
-            const __m256i x = load_act(a);
-            __m256i p[8];
-            for (int r = 0; r < 8; r++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * r));
-                p[r] = dot_s8_s8_i32(w, x);
-            }
-            __m256i low = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            __m256i high = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-            __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(a->d)), acc[i]);
-        }
+        __m256i codes[8];
+        for (int t = 0; t < 8; t++) codes[t] = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * t));
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+        for (int t = 0; t < 8; t++) codes[t] = _mm256_xor_si256(codes[t], _mm256_set1_epi8((char)0x80));
+        const __m256 min = _mm256_mul_ps(d, _mm256_set1_ps(-128.0f));
+        for (int64_t i = 0; i < m; i++) x8_accumulate(codes, xq + i * groups + k, d, min, &acc[i], &offset[i]);
+#else
+        __m256i magnitudes[8];
+        for (int t = 0; t < 8; t++) magnitudes[t] = _mm256_sign_epi8(codes[t], codes[t]);
+        for (int64_t i = 0; i < m; i++) x8_accumulate_signed(codes, magnitudes, xq + i * groups + k, d, &acc[i]);
+#endif
     }
-    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
+    x8_store_rows(acc, offset, m, out);
 }
 
 static void x8_group_int8_Q8_0_X8(const uint8_t *group, const act_block *xq, int64_t m, int64_t cols, float *out) {

@@ -54,12 +54,14 @@ def test_a_q4_q5_group_block_holds_the_rows_fields_then_their_codes_four_bytes_p
             assert torch.equal(stored[at : at + 4], weight.data[row, first : first + 4])
 
 
-def test_the_first_q8_0_group_block_holds_eight_scales_then_eight_rows_codes_in_row_order():
+def test_the_first_q8_0_group_block_holds_eight_scales_then_four_code_bytes_per_row_at_a_time():
     weight = random_blocks("Q8_0", rows=8, cols=32, seed=2)
     stored = interleaved(weight).data.flatten()
     for row in range(8):
         assert torch.equal(stored[2 * row : 2 * row + 2], weight.data[row, :2])
-        assert torch.equal(stored[16 + 32 * row : 48 + 32 * row], weight.data[row, 2:])
+        for t in range(8):
+            at = 16 + 32 * t + 4 * row
+            assert torch.equal(stored[at : at + 4], weight.data[row, 2 + 4 * t : 6 + 4 * t])
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
