@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from ember.native_build import build_shared_library, cpu_fingerprint, with_local_includes
 from ember.quant.ggml_blocks import dequantize_torch
 from ember.quant.ggml_interleave import can_interleave, interleaved, is_interleaved, plain
-from ember.quant.ggml_kernels import MAX_GEMV_ROWS, MAX_PASS_ROWS, load_kernels
+from ember.quant.ggml_kernels import MAX_GEMV_ROWS, MAX_PASS_ROWS, GGMLKernels, load_kernels
+from ember.quant.ggml_kernels import SOURCE_PATH as GGML_SOURCE_PATH
 from ember.quant.ggml_layers import GGMLLinear, ggml_linear, set_activations
 from tests.quant.ggml_factory import random_blocks
 from tests.quant.test_ggml_layers import RTOL, int8_rounded
@@ -148,3 +152,23 @@ def test_many_row_tiles_cut_whole_groups(kernels):
     x = torch.randn(MAX_PASS_ROWS + 1, 128, generator=torch.Generator().manual_seed(6))
     tiles = ggml_linear(x, interleaved(weight), None, tile_values=128 * 12)  # 12 rows asked: tiles of 8
     assert torch.equal(tiles, ggml_linear(x, weight, None, tile_values=128 * 12))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_avx2_build_without_vnni_computes_the_same_int8_products(kernels, name):
+    """CPUs without VNNI run the maddubs forms (Q8_0 through |w| and sign-carrying activations): built for plain AVX2
+    here and checked against the int8 reference, wherever this CPU has AVX2."""
+    cpu_flags = cpu_fingerprint()
+    if " avx2" not in cpu_flags or " f16c" not in cpu_flags or " fma" not in cpu_flags:
+        pytest.skip("this CPU cannot run an AVX2 + FMA + F16C build")
+    flags = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off")
+    path = build_shared_library("ember_ggml_avx2", with_local_includes(GGML_SOURCE_PATH), flags)
+    assert path is not None, "the GGML kernels no longer build for plain AVX2"
+    avx2 = GGMLKernels(ctypes.CDLL(str(path)))
+    cols = COLS.get(name, 96) * 2
+    weight = random_blocks(name, rows=48, cols=cols, seed=3)
+    for m in (1, 3, MAX_GEMV_ROWS + 3):
+        x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) * 3
+        expected = F.linear(int8_rounded(x)[0], weight.dequantize())
+        ours = avx2.gemv(x, interleaved(weight), None, "int8")
+        torch.testing.assert_close(ours, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
