@@ -11,6 +11,7 @@ from ember.bench.report import (
     fmt,
     fmt_ratio,
     fmt_spread,
+    roofline_percent,
 )
 
 
@@ -89,7 +90,7 @@ def _settings_lines(section: dict) -> list[str]:
 
 
 def _batch1(section: dict) -> Group:
-    title = f"batch1 (memory bandwidth probed beside ember's runs: median {section['bandwidth_gb_s']:.2f} GB/s)"
+    title = f"batch1 (memory bandwidth probed around ember's runs: median {section['bandwidth_gb_s']:.2f} GB/s)"
     if "ember_auto_vs_float32" in section:
         title += f"; ember auto (quantized) / float32 decode: {fmt_ratio(section['ember_auto_vs_float32'])}"
     table = Table(title=title)
@@ -101,7 +102,7 @@ def _batch1(section: dict) -> Group:
             if engine in entry:
                 decode = entry[engine]["decode_tok_s"]
                 table.add_row(dtype, LABELS[engine], fmt_spread(decode), fmt_spread(entry[engine]["tok_s"]),
-                              f"{100 * decode['median'] / entry['roofline_tok_s']:.0f}%")
+                              f"{roofline_percent(entry, engine):.0f}%")
         table.add_row(dtype, "memory roofline", fmt(entry["roofline_tok_s"]), "", "100%")
         if "ratio_kv_cache" in entry:
             notes.append(f"{dtype}: decode with {entry['ember_kv']['settings']['kv_cache_dtype']} KV cache / default cache: "

@@ -287,66 +287,82 @@ def decode_tok_s(run: RunResult) -> float:
 def bench_batch1(options: BenchOptions) -> dict:
     """One 128-token prompt, 128 tokens out: decode tok/s of each engine, and ember's against the roofline.
 
-    The roofline's bandwidth is probed right before each of ember's runs, not once for the section:
-    this machine's memory bandwidth moves by tens of percent within minutes, so a probe taken
-    elsewhere in the suite says little about the minute a decode ran in. Each dtype's roofline is
-    the median of the probes taken beside its own runs."""
-    from ember.bench.roofline import decode_bytes
-
+    This machine's memory bandwidth moves by tens of percent within seconds (a VM sharing its host),
+    so every comparison is paired in time: each repeat runs every dtype's engines one after the
+    other (the bfloat16 / float32 ratio compares runs minutes apart no more), and the bandwidth is
+    probed right before and right after each of ember's runs; ember's % of the roofline is the
+    median over its runs of that run's decode rate against the mean of its own two probes."""
     workload = make_workload(options, "batch1")
-    peers = active_peers(options)
     path = model_path(options.model)
+    probes: dict[str, list[tuple[float, float]]] = {dtype: [] for dtype in options.dtypes}
+    runners = {f"{dtype}/{name}": runner for dtype in options.dtypes
+               for name, runner in _batch1_runners(options, dtype, workload, path, probes[dtype]).items()}
+    runs = _interleave(options, "batch1", runners)
     section: dict = {"workload": workload.params, "dtype": {}}
-    probes: list[float] = []
     for dtype in options.dtypes:
-        dtype_probes: list[float] = []
-        runners: dict[str, Callable[[], RunResult]] = {
-            "ember": _probed(lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings(max_num_seqs=1)), dtype_probes),
-        }
-        if options.kv_cache_dtype != "auto":
-            settings = EmberSettings(label=f"ember ({options.kv_cache_dtype} KV cache)", max_num_seqs=1, kv_cache_dtype=options.kv_cache_dtype)
-            runners["ember_kv"] = lambda dtype=dtype, settings=settings: run_ember(options.model, dtype, workload, settings)
-        if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
-            runners["hf"] = _lazy_hf(path, dtype, 1, workload, batch1=True)
-        if "llamacpp" in peers:
-            runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, 1)
-        runs = _interleave(options, f"batch1 {dtype}", runners)
-        step_bytes = decode_bytes(path, dtype, batch1_mean_context(workload))
-        per_token = step_bytes.total
-        probes += dtype_probes
-        roofline_tok_s = median(dtype_probes) * 1e9 / per_token
-        entry = {
-            name: {"decode_tok_s": spread([decode_tok_s(r) for r in rs]).to_dict(), "tok_s": _tok_s(rs),
-                   "settings": rs[0].extra.get("settings"), "runs": [_run_record(r) for r in rs]}
-            for name, rs in runs.items()
-        }
-        ember = entry["ember"]["decode_tok_s"]["median"]
-        entry["bytes_per_token"] = per_token
-        entry["decode_bytes"] = step_bytes.to_dict()
-        entry["bandwidth_gb_s"] = spread(dtype_probes).to_dict()
-        entry["roofline_tok_s"] = roofline_tok_s
-        entry["roofline_pct"] = 100.0 * ember / roofline_tok_s
-        if "ember_kv" in entry:  # the same engine with the narrower KV cache, same run: decode speed-up
-            entry["ratio_kv_cache"] = ratio(entry["ember_kv"]["decode_tok_s"]["median"], ember)
-        for peer in ("hf", "llamacpp"):
-            if peer in entry:
-                entry[f"{peer}_roofline_pct"] = 100.0 * entry[peer]["decode_tok_s"]["median"] / roofline_tok_s
-                entry[f"ratio_{peer}"] = ratio(ember, entry[peer]["decode_tok_s"]["median"])
-        section["dtype"][dtype] = entry
-    section["bandwidth_gb_s"] = median(probes)
+        own = {key.split("/", 1)[1]: rs for key, rs in runs.items() if key.split("/", 1)[0] == dtype}
+        section["dtype"][dtype] = _batch1_entry(own, probes[dtype], path, dtype, workload)
+    section["bandwidth_gb_s"] = median(sum(probe) / 2 for dtype_probes in probes.values() for probe in dtype_probes)
     if "auto" in section["dtype"] and "float32" in section["dtype"]:
         medians = {d: section["dtype"][d]["ember"]["decode_tok_s"]["median"] for d in ("auto", "float32")}
         section["ember_auto_vs_float32"] = ratio(medians["auto"], medians["float32"])
     return section
 
 
-def _probed(runner: Callable[[], RunResult], probes: list[float]) -> Callable[[], RunResult]:
-    """`runner`, with the memory bandwidth (GB/s) probed right before each call and appended to `probes`."""
+def _batch1_runners(options: BenchOptions, dtype: str, workload: Workload, path: Path,
+                    probes: list[tuple[float, float]]) -> dict[str, Callable[[], RunResult]]:
+    """One dtype's batch1 engines: ember (its bandwidth probes appended to `probes`), its KV-cache variant, the peers."""
+    peers = active_peers(options)
+    runners: dict[str, Callable[[], RunResult]] = {
+        "ember": _probed(lambda: run_ember(options.model, dtype, workload, EmberSettings(max_num_seqs=1)), probes),
+    }
+    if options.kv_cache_dtype != "auto":
+        settings = EmberSettings(label=f"ember ({options.kv_cache_dtype} KV cache)", max_num_seqs=1, kv_cache_dtype=options.kv_cache_dtype)
+        runners["ember_kv"] = lambda: run_ember(options.model, dtype, workload, settings)
+    if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
+        runners["hf"] = _lazy_hf(path, dtype, 1, workload, batch1=True)
+    if "llamacpp" in peers:
+        runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, 1)
+    return runners
+
+
+def _batch1_entry(runs: dict[str, list[RunResult]], probes: list[tuple[float, float]], path: Path, dtype: str,
+                  workload: Workload) -> dict:
+    """One dtype's batch1 figures: every engine's decode rate, ember's against the roofline (paired per run), the ratios."""
+    from ember.bench.roofline import decode_bytes
+
+    step_bytes = decode_bytes(path, dtype, batch1_mean_context(workload))
+    per_token = step_bytes.total
+    bandwidths = [(before + after) / 2 for before, after in probes]
+    entry: dict = {
+        name: {"decode_tok_s": spread([decode_tok_s(r) for r in rs]).to_dict(), "tok_s": _tok_s(rs),
+               "settings": rs[0].extra.get("settings"), "runs": [_run_record(r) for r in rs]}
+        for name, rs in runs.items()
+    }
+    ember = entry["ember"]["decode_tok_s"]["median"]
+    roofline_tok_s = median(bandwidths) * 1e9 / per_token
+    paired = [100.0 * decode_tok_s(run) * per_token / (gb_s * 1e9) for run, gb_s in zip(runs["ember"], bandwidths, strict=True)]
+    entry.update(bytes_per_token=per_token, decode_bytes=step_bytes.to_dict(), bandwidth_gb_s=spread(bandwidths).to_dict(),
+                 probes_gb_s=[list(probe) for probe in probes], roofline_tok_s=roofline_tok_s,
+                 roofline_pct=median(paired), roofline_pct_runs=paired)
+    if "ember_kv" in entry:  # the same engine with the narrower KV cache, same run: decode speed-up
+        entry["ratio_kv_cache"] = ratio(entry["ember_kv"]["decode_tok_s"]["median"], ember)
+    for peer in ("hf", "llamacpp"):
+        if peer in entry:
+            entry[f"{peer}_roofline_pct"] = 100.0 * entry[peer]["decode_tok_s"]["median"] / roofline_tok_s
+            entry[f"ratio_{peer}"] = ratio(ember, entry[peer]["decode_tok_s"]["median"])
+    return entry
+
+
+def _probed(runner: Callable[[], RunResult], probes: list[tuple[float, float]]) -> Callable[[], RunResult]:
+    """`runner`, with the memory bandwidth (GB/s) probed right before and right after each call, appended to `probes`."""
     from ember.bench.roofline import measure_bandwidth
 
     def run() -> RunResult:
-        probes.append(measure_bandwidth().gb_per_s)
-        return runner()
+        before = measure_bandwidth().gb_per_s
+        result = runner()
+        probes.append((before, measure_bandwidth().gb_per_s))
+        return result
 
     return run
 

@@ -3,6 +3,8 @@ batching (or the row goes), and ember's engines share one load of the weights. T
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -68,3 +70,27 @@ def test_served_against_offline_is_the_ratio_of_medians_of_the_same_measures():
     assert compared["batch1_tpot_ratio"] == pytest.approx(1.1)
     assert compared["batch1_tpot_ms"]["served"]["median"] == pytest.approx(66.0)
     assert compared["offline_settings"] == {"max_num_seqs": 16}
+
+
+def test_batch1_roofline_percent_pairs_each_run_with_the_bandwidth_probed_around_it(tiny_model):
+    from ember.bench.results import RequestTiming, RunResult
+    from ember.bench.roofline import decode_bytes
+    from ember.bench.suite import _batch1_entry, batch1_mean_context
+
+    workload = tiny_workload(1)
+    path = Path(tiny_model)
+    per_token = decode_bytes(path, "float32", batch1_mean_context(workload)).total
+
+    def run(tok_s: float) -> RunResult:
+        timing = RequestTiming("r", "main", 128, 11, 0.0, first_token=1.0, finished=1.0 + 10 / tok_s)
+        return RunResult("ember", "batch1", 2.0, 11, [timing], {"settings": {}})
+
+    # Each run against the mean of the two probes around it: 50%, 100% and 60% of its own roofline.
+    probes = [(55.0, 65.0), (28.0, 32.0), (40.0, 40.0)]
+    rates = [fraction * (a + b) / 2 * 1e9 / per_token for fraction, (a, b) in zip((0.5, 1.0, 0.6), probes, strict=True)]
+    entry = _batch1_entry({"ember": [run(r) for r in rates]}, probes, path, "float32", workload)
+    assert entry["roofline_pct_runs"] == pytest.approx([50.0, 100.0, 60.0], rel=1e-3)
+    assert entry["roofline_pct"] == pytest.approx(60.0, rel=1e-3)
+    assert entry["roofline_tok_s"] == pytest.approx(40.0e9 / per_token)  # the median of the probes' means
+    # Unpaired (median rate over median roofline) the same runs would read 75%: the pairing is what the figure measures.
+    assert 100 * entry["ember"]["decode_tok_s"]["median"] / entry["roofline_tok_s"] == pytest.approx(75.0, rel=1e-3)

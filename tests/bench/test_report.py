@@ -41,7 +41,8 @@ def fake_results() -> dict:
                   "dtype": {"float32": mixed_entry}},
         "batch1": {"workload": {"prompt_len": 128, "output_len": 128}, "bandwidth_gb_s": 20.0,
                    "dtype": {"float32": {"ember": {"decode_tok_s": _spread(30.0), "tok_s": _spread(28.0)},
-                                         "bandwidth_gb_s": _spread(20.0), "roofline_tok_s": 40.0, "roofline_pct": 75.0, "bytes_per_token": 500e6,
+                                         "bandwidth_gb_s": _spread(20.0), "probes_gb_s": [[19.0, 21.0]], "roofline_tok_s": 40.0,
+                                         "roofline_pct": 75.0, "roofline_pct_runs": [75.0], "bytes_per_token": 500e6,
                                          "decode_bytes": {"weight_bytes": 499e6, "kv_bytes": 1e6, "context_len": 192,
                                                           "kv_bytes_per_token": 5208, "tied_embeddings": True, "total": 500e6}}}},
         "shared_prefix": {"workload": {"prefix_len": 1024, "question_len": 32, "output_len": 16}, "num_requests": 32, "dtype": "float32",
@@ -96,7 +97,7 @@ def test_markdown_shows_hf_padding_peer_settings_static_steps_and_served_vs_offl
     assert "static batches of 16" in text
     assert "| HF transformers, `mixed` float32 | attention_implementation: sdpa, kv_cache: dynamic |" in text
     assert "weights 499 MB (tied embedding read whole, as the LM head) + KV cache 1.0 MB at 192 cached tokens" in text
-    assert "the bandwidth is probed right before each of ember's runs" in text and "float32 20.00 (20.00–20.00) GB/s" in text
+    assert "probed right before and right after each of ember's runs" in text and "float32 20.00 (20.00–20.00) GB/s" in text
     assert "| TPOT (ms), one `batch1` request alone | 66.0 (66.0–66.0) | 60.0 (60.0–60.0) | 1.10x |" in text
     assert "| `serve` 16 streams: output tok/s served / offline (same requests) | >= 0.85x | 0.80x | **missed** |" in text
     assert "| `serve` batch 1: TPOT served / offline (same request) | <= 1.10x | 1.10x | met |" in text
