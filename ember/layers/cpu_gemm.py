@@ -96,6 +96,9 @@ class PackedWeight:
         if bias is not None:
             packed_bias = torch.zeros(num_panels * PANEL_WIDTH, dtype=torch.float32)
             packed_bias[:out_features] = bias.float()
+        if out is not None and (out.shape != panels.shape or out.dtype != panels.dtype):
+            raise ValueError(f"panels of {tuple(panels.shape)} {panels.dtype} cannot go into a {tuple(out.shape)} {out.dtype} tensor: "
+                             "reserve it with PackedWeight.panel_shape")
         return cls(panels.contiguous() if out is None else out.copy_(panels), out_features, in_features, packed_bias)
 
     @property

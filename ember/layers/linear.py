@@ -25,6 +25,7 @@ class Linear(nn.Linear):
         return weight is not None and weight.device.type == "cpu" and weight.dtype in cpu_gemm.PACKABLE_DTYPES and cpu_gemm.load_gemm() is not None
 
     def panel_shape(self) -> tuple[int, ...]:
+        """The shape of this layer's packed panels (what `pack_weights` takes from an arena)."""
         return cpu_gemm.PackedWeight.panel_shape(self.out_features, self.in_features, self.weight.dtype)
 
     def pack_weights(self, arena: WeightArena | None = None) -> bool:

@@ -62,3 +62,12 @@ def test_every_packed_panel_of_a_model_lies_in_one_arena_with_unchanged_products
             ours = cpu_gemm.load_gemm()(x, layer.packed)
             assert torch.equal(ours, cpu_gemm.load_gemm()(x, reference))
             x = ours.to(dtype).float()
+
+
+def test_packing_into_a_tensor_of_another_shape_is_refused():
+    if cpu_gemm.load_gemm() is None:
+        pytest.skip("no C compiler here (or EMBER_PURE_TORCH is set): nothing is packed")
+    weight = torch.randn(40, 24)
+    wrong = torch.empty(cpu_gemm.PackedWeight.panel_shape(40, 32, torch.float32))
+    with pytest.raises(ValueError, match="panel_shape"):
+        cpu_gemm.PackedWeight.from_dense(weight, out=wrong)
