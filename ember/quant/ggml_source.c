@@ -43,9 +43,10 @@ static const float NF4_LEVELS[16] = {
 #define MAX_M 8
 enum { PATH_INT8 = 0, PATH_FLOAT = 1, PATH_PORTABLE = 2 };
 
-/* 32 activations as int8: x ~= d * q; qsum = d * sum(q), the block's sum as the kernel sees it. */
+/* 32 activations as int8: x ~= d * q; qsum = d * sum(q), the block's sum as the kernel sees it; sum = sum(q). */
 typedef struct {
     float d, qsum;
+    int32_t sum;
     int8_t q[32];
 } act_block;
 
@@ -690,18 +691,22 @@ static inline __m256i dot4_accumulate(__m256i acc, __m256i codes, __m256i activa
 #endif
 }
 
-/* Eight rows' codes of one 32-value block . one activation block: codes[t] holds values 4t..4t+3 of row r in 32-bit lane
- * r (t < 4), codes[4 + t] values 16+4t..16+4t+3; each meets its activation word broadcast to every lane. The eight
- * dpbusd run as four chains of two (one chain of eight waited on its latency). acc += sums * scale * a->d and
- * offset += min * a->qsum, lane r for row r. */
-static inline __attribute__((always_inline)) void x8_accumulate(const __m256i *codes, const act_block *a, __m256 scale, __m256 min,
-                                                                __m256 *acc, __m256 *offset) {
+/* Eight rows' codes of one 32-value block . one activation block, as int32 per row (row r in lane r): codes[t] holds
+ * values 4t..4t+3 of row r in 32-bit lane r (t < 4), codes[4 + t] values 16+4t..16+4t+3; each meets its activation
+ * word broadcast to every lane. The eight dpbusd run as four chains of two (one chain of eight waited on its latency). */
+static inline __attribute__((always_inline)) __m256i x8_int_sums(const __m256i *codes, const act_block *a) {
     __m256i part[4];
     for (int t = 0; t < 4; t++) { /* each activation word broadcast straight from memory */
         part[t] = dot4_accumulate(_mm256_setzero_si256(), codes[t], _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 4 * t)));
         part[t] = dot4_accumulate(part[t], codes[4 + t], _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 16 + 4 * t)));
     }
-    __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3])));
+    return _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
+}
+
+/* acc += x8_int_sums * scale * a->d and offset += min * a->qsum, lane r for row r. */
+static inline __attribute__((always_inline)) void x8_accumulate(const __m256i *codes, const act_block *a, __m256 scale, __m256 min,
+                                                                __m256 *acc, __m256 *offset) {
+    __m256 sums = _mm256_cvtepi32_ps(x8_int_sums(codes, a));
     *acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_set1_ps(a->d)), *acc);
     *offset = _mm256_fmadd_ps(min, _mm256_set1_ps(a->qsum), *offset);
 }
@@ -795,9 +800,9 @@ static inline __attribute__((always_inline)) void x8_accumulate_signed(const __m
 }
 
 /* x8_group_q4_q5_body for Q8_0_X8: a block of eight rows is the eight fp16 scales, then the 32 signed codes of each row
- * in 4-byte parts (load t: codes 4t..4t+3 of row r in lane r). With VNNI the codes are made unsigned, u = w + 128
- * (one xor per load, shared by every activation row), and the sum corrected through the activations' sum, exactly:
- * d * sum(w q) = d * sum(u q) - 128 d * sum(q), the Q4_0 form with min = -128 d. Without it, x8_accumulate_signed. */
+ * in 4-byte parts (load t: codes 4t..4t+3 of row r in lane r). With VNNI the codes are made unsigned, u = w + 128 (one
+ * xor per load, shared by every activation row), and the integer sum corrected in integers, sum(w q) = sum(u q) -
+ * 128 sum(q): exact, so the float steps are the row-by-row kernel's. Without VNNI, x8_accumulate_signed. */
 static inline __attribute__((always_inline)) void x8_group_q8_0_body(const uint8_t *group, const act_block *xq, const int64_t m,
                                                                     int64_t cols, float *out) {
     const int64_t groups = cols / 32, size = 8 * block_bytes(Q8_0_X8);
@@ -811,8 +816,11 @@ static inline __attribute__((always_inline)) void x8_group_q8_0_body(const uint8
         for (int t = 0; t < 8; t++) codes[t] = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * t));
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
         for (int t = 0; t < 8; t++) codes[t] = _mm256_xor_si256(codes[t], _mm256_set1_epi8((char)0x80));
-        const __m256 min = _mm256_mul_ps(d, _mm256_set1_ps(-128.0f));
-        for (int64_t i = 0; i < m; i++) x8_accumulate(codes, xq + i * groups + k, d, min, &acc[i], &offset[i]);
+        for (int64_t i = 0; i < m; i++) {
+            const act_block *a = xq + i * groups + k;
+            __m256i sums = _mm256_sub_epi32(x8_int_sums(codes, a), _mm256_set1_epi32(128 * a->sum));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(a->d)), acc[i]);
+        }
 #else
         __m256i magnitudes[8];
         for (int t = 0; t < 8; t++) magnitudes[t] = _mm256_sign_epi8(codes[t], codes[t]);
@@ -940,6 +948,7 @@ static inline void quantize_act_block(const float *v, act_block *a) {
     }
 #endif
     a->d = d;
+    a->sum = sum;
     a->qsum = d * (float)sum;
 }
 
