@@ -302,7 +302,7 @@ def bench_batch1(options: BenchOptions) -> dict:
     for dtype in options.dtypes:
         own = {key.split("/", 1)[1]: rs for key, rs in runs.items() if key.split("/", 1)[0] == dtype}
         section["dtype"][dtype] = _batch1_entry(own, probes[dtype], path, dtype, workload)
-    section["bandwidth_gb_s"] = median(sum(probe) / 2 for dtype_probes in probes.values() for probe in dtype_probes)
+    section["bandwidth_gb_s"] = median(gb_s for entry in section["dtype"].values() for gb_s in entry["bandwidth_gb_s"]["values"])
     if "auto" in section["dtype"] and "float32" in section["dtype"]:
         medians = {d: section["dtype"][d]["ember"]["decode_tok_s"]["median"] for d in ("auto", "float32")}
         section["ember_auto_vs_float32"] = ratio(medians["auto"], medians["float32"])

@@ -525,17 +525,19 @@ static void row_dot_fast(int type, const uint8_t *row, const float *x, const flo
     }
 }
 
-/* 32 unsigned bytes u . 32 signed bytes s -> 8 int32 partial sums (lane j: bytes 4j..4j+3).
- * Callers keep u <= 128 and |s| <= 127, so maddubs's int16 pairs never saturate. */
-static inline __m256i dot_u8_s8_i32(__m256i u, __m256i s) {
+/* acc + 32 unsigned bytes u . 32 signed bytes s, as 8 int32 partial sums (lane j: bytes 4j..4j+3).
+ * Without VNNI, callers keep u <= 128 and |s| <= 127, so maddubs's int16 pairs never saturate. */
+static inline __m256i dot_u8_s8_accumulate(__m256i acc, __m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
 #elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+    return _mm256_dpbusd_epi32(acc, u, s);
 #else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
 }
+
+static inline __m256i dot_u8_s8_i32(__m256i u, __m256i s) { return dot_u8_s8_accumulate(_mm256_setzero_si256(), u, s); }
 
 /* dot_u8_s8_i32 as float. */
 static inline __m256 dot_u8_s8(__m256i u, __m256i s) { return _mm256_cvtepi32_ps(dot_u8_s8_i32(u, s)); }
@@ -663,43 +665,20 @@ static void row_dot_int8(int type, const uint8_t *row, const act_block *xq, int6
     }
 }
 
-/* Unsigned codes u (<= 31) . activations: lo . xlo + hi . xhi -> int32 per 4-byte lane group. Two maddubs
- * sums stay within int16 (2 * 2 * 31 * 127 < 32767). */
-static inline __m256i dot_pair_u8_s8(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
-#if defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, xlo), hi, xhi);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xlo), hi, xhi);
-#else
-    __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
-    return _mm256_madd_epi16(sum16, _mm256_set1_epi16(1));
-#endif
-}
-
 /* How far ahead of the block in use the x8 kernel asks for weight bytes: the hardware prefetcher alone left
  * a decode step's stream of small matrices ~10% slower (measured on a 2-core AMD EPYC, 512-4096 tried). */
 #define X8_PREFETCH_BYTES 1024
 
-/* acc (int32 per 4-byte lane) + the dot products of four unsigned codes (<= 31) with four int8 activations per lane. */
-static inline __m256i dot4_accumulate(__m256i acc, __m256i codes, __m256i activations) {
-#if defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(acc, codes, activations);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(acc, codes, activations);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, activations), _mm256_set1_epi16(1)));
-#endif
-}
+/* Activation word t of a block (its int8 values 4t..4t+3) in every 32-bit lane, straight from memory. */
+static inline __m256i act_word(const act_block *a, int t) { return _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 4 * t)); }
 
 /* Eight rows' codes of one 32-value block . one activation block, as int32 per row (row r in lane r): codes[t] holds
  * values 4t..4t+3 of row r in 32-bit lane r (t < 4), codes[4 + t] values 16+4t..16+4t+3; each meets its activation
  * word broadcast to every lane. The eight dpbusd run as four chains of two (one chain of eight waited on its latency). */
 static inline __attribute__((always_inline)) __m256i x8_int_sums(const __m256i *codes, const act_block *a) {
     __m256i part[4];
-    for (int t = 0; t < 4; t++) { /* each activation word broadcast straight from memory */
-        part[t] = dot4_accumulate(_mm256_setzero_si256(), codes[t], _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 4 * t)));
-        part[t] = dot4_accumulate(part[t], codes[4 + t], _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 16 + 4 * t)));
-    }
+    for (int t = 0; t < 4; t++)
+        part[t] = dot_u8_s8_accumulate(dot_u8_s8_i32(codes[t], act_word(a, t)), codes[4 + t], act_word(a, 4 + t));
     return _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
 }
 
@@ -784,30 +763,26 @@ X8_GROUP_INT8_FOR_TYPE(Q4_1_X8, x8_group_q4_q5_body)
 X8_GROUP_INT8_FOR_TYPE(Q5_0_X8, x8_group_q4_q5_body)
 X8_GROUP_INT8_FOR_TYPE(Q5_1_X8, x8_group_q4_q5_body)
 
-/* Eight rows' signed codes of one block . one activation block, where dpbusd's unsigned operand cannot take them as
- * they are (no VNNI: maddubs would saturate at 255 * 127 * 2): |w| times the activations carrying w's sign, the
- * dot_s8_s8 trick, per activation word. acc += sums * scale * a->d (row r in lane r). */
-static inline __attribute__((always_inline)) void x8_accumulate_signed(const __m256i *codes, const __m256i *magnitudes, const act_block *a,
-                                                                       __m256 scale, __m256 *acc) {
+/* x8_int_sums for signed codes where dpbusd's unsigned operand cannot take them as they are (no VNNI: maddubs would
+ * saturate at 255 * 127 * 2): |w| times the activations carrying w's sign (dot_s8_s8_i32's trick), per word. */
+static inline __attribute__((always_inline)) __m256i x8_int_sums_signed(const __m256i *codes, const __m256i *magnitudes,
+                                                                        const act_block *a) {
     __m256i part[4];
-    for (int t = 0; t < 4; t++) {
-        __m256i x0 = _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 4 * t)), x1 = _mm256_broadcastd_epi32(_mm_loadu_si32(a->q + 16 + 4 * t));
-        part[t] = dot4_accumulate(_mm256_setzero_si256(), magnitudes[t], _mm256_sign_epi8(x0, codes[t]));
-        part[t] = dot4_accumulate(part[t], magnitudes[4 + t], _mm256_sign_epi8(x1, codes[4 + t]));
-    }
-    __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3])));
-    *acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_set1_ps(a->d)), *acc);
+    for (int t = 0; t < 4; t++)
+        part[t] = dot_u8_s8_accumulate(dot_u8_s8_i32(magnitudes[t], _mm256_sign_epi8(act_word(a, t), codes[t])),
+                                       magnitudes[4 + t], _mm256_sign_epi8(act_word(a, 4 + t), codes[4 + t]));
+    return _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
 }
 
 /* x8_group_q4_q5_body for Q8_0_X8: a block of eight rows is the eight fp16 scales, then the 32 signed codes of each row
  * in 4-byte parts (load t: codes 4t..4t+3 of row r in lane r). With VNNI the codes are made unsigned, u = w + 128 (one
  * xor per load, shared by every activation row), and the integer sum corrected in integers, sum(w q) = sum(u q) -
- * 128 sum(q): exact, so the float steps are the row-by-row kernel's. Without VNNI, x8_accumulate_signed. */
+ * 128 sum(q): exact, so the float steps are the row-by-row kernel's. Without VNNI, x8_int_sums_signed. */
 static inline __attribute__((always_inline)) void x8_group_q8_0_body(const uint8_t *group, const act_block *xq, const int64_t m,
                                                                     int64_t cols, float *out) {
     const int64_t groups = cols / 32, size = 8 * block_bytes(Q8_0_X8);
-    __m256 acc[MAX_M], offset[MAX_M];
-    for (int64_t i = 0; i < m; i++) acc[i] = offset[i] = _mm256_setzero_ps();
+    __m256 acc[MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < groups; k++) {
         const uint8_t *b = group + (size_t)(k * size);
         for (int line = 0; line < size; line += 64) _mm_prefetch((const char *)(b + X8_PREFETCH_BYTES + line), _MM_HINT_T0);
@@ -816,18 +791,21 @@ static inline __attribute__((always_inline)) void x8_group_q8_0_body(const uint8
         for (int t = 0; t < 8; t++) codes[t] = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * t));
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
         for (int t = 0; t < 8; t++) codes[t] = _mm256_xor_si256(codes[t], _mm256_set1_epi8((char)0x80));
-        for (int64_t i = 0; i < m; i++) {
-            const act_block *a = xq + i * groups + k;
-            __m256i sums = _mm256_sub_epi32(x8_int_sums(codes, a), _mm256_set1_epi32(128 * a->sum));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(a->d)), acc[i]);
-        }
 #else
         __m256i magnitudes[8];
         for (int t = 0; t < 8; t++) magnitudes[t] = _mm256_sign_epi8(codes[t], codes[t]);
-        for (int64_t i = 0; i < m; i++) x8_accumulate_signed(codes, magnitudes, xq + i * groups + k, d, &acc[i]);
 #endif
+        for (int64_t i = 0; i < m; i++) {
+            const act_block *a = xq + i * groups + k;
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+            __m256i sums = _mm256_sub_epi32(x8_int_sums(codes, a), _mm256_set1_epi32(128 * a->sum));
+#else
+            __m256i sums = x8_int_sums_signed(codes, magnitudes, a);
+#endif
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(a->d)), acc[i]);
+        }
     }
-    x8_store_rows(acc, offset, m, out);
+    for (int64_t i = 0; i < m; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
 static void x8_group_int8_Q8_0_X8(const uint8_t *group, const act_block *xq, int64_t m, int64_t cols, float *out) {
@@ -911,7 +889,6 @@ static void row_dot_portable(int type, const uint8_t *row, const float *x, int64
     }
 }
 
-/* m rows of x [m, cols] -> m * cols/32 int8 blocks; round half to even, like torch.round. */
 /* One block of 32 activations -> int8 (the act_block comment). The scalar form is the reference; the AVX2 form
  * computes the same values: the max is exact, d and its inverse are the same two operations, and
  * _mm256_round_ps to nearest is nearbyintf's round-half-even (the default rounding mode). */
@@ -952,6 +929,7 @@ static inline void quantize_act_block(const float *v, act_block *a) {
     a->qsum = d * (float)sum;
 }
 
+/* m rows of x [m, cols] -> m * cols/32 int8 blocks; round half to even, like torch.round. */
 static void quantize_activations(const float *x, int64_t m, int64_t cols, act_block *out) {
     int64_t groups = cols / 32;
     for (int64_t i = 0; i < m; i++)
