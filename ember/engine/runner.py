@@ -216,30 +216,34 @@ class ModelRunner:
     def _prepare(self, scheduled: list[ScheduledSequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Token ids, their model positions, and the attention metadata. A tree's nodes sit in consecutive cache slots
         but take the position of their depth (siblings share one)."""
-        token_chunks, position_chunks, model_positions = [], [], []
+        token_ids: list[int] = []
+        model_positions: list[int] = []
+        spans: list[range] = []  # each sequence's cache positions this step
         for item in scheduled:
             first = item.seq.num_computed_tokens
-            token_chunks.append(item.new_token_ids)
-            slots = torch.arange(first, first + item.num_new_tokens)
-            position_chunks.append(slots)
+            token_ids.extend(item.new_token_ids)
+            span = range(first, first + item.num_new_tokens)
+            spans.append(span)
             if item.draft is not None and item.draft.is_tree:
                 own = item.num_new_tokens - item.num_draft_tokens
-                slots = torch.tensor([*range(first, first + own), *(first + own - 1 + d for d in item.draft.depths())])
-            model_positions.append(slots)
+                model_positions.extend([*range(first, first + own), *(first + own - 1 + d for d in item.draft.depths())])
+            else:
+                model_positions.extend(span)
         groups = [
-            self._group_metadata(scheduled, position_chunks, group, window)
+            self._group_metadata(scheduled, spans, group, window)
             for group, window in enumerate(self.layout.group_windows)
         ]
         metadata = groups[0]
         metadata.other_groups = tuple(groups[1:])
-        input_ids = torch.tensor([t for chunk in token_chunks for t in chunk], dtype=torch.long)
-        return input_ids, torch.cat(model_positions), metadata
+        return torch.tensor(token_ids, dtype=torch.long), torch.tensor(model_positions, dtype=torch.long), metadata
 
     def _group_metadata(
-        self, scheduled: list[ScheduledSequence], position_chunks: list[torch.Tensor], group: int, window: int | None
+        self, scheduled: list[ScheduledSequence], spans: list[range], group: int, window: int | None
     ) -> AttentionMetadata:
-        """Slots, prefill segments and the decode batch over one layer group's block tables."""
-        slot_chunks = []
+        """Slots, prefill segments and the decode batch over one layer group's block tables (built from Python
+        lists, a tensor each at the end: a decode step's metadata is a handful of numbers per sequence)."""
+        size = self.block_size
+        slots: list[int] = []
         prefills: list[PrefillSegment] = []
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
@@ -247,41 +251,40 @@ class ModelRunner:
         decode_first_blocks: list[int] = []
         tables: list[list[int]] = []
         start = 0
-        for item, positions in zip(scheduled, position_chunks, strict=True):
-            seq, count = item.seq, item.num_new_tokens
-            first = seq.num_computed_tokens
-            block_ids = self.kv.group_tables[group][seq.seq_id].block_ids
+        for item, span in zip(scheduled, spans, strict=True):
+            count, first = item.num_new_tokens, span.start
+            block_ids = self.kv.group_tables[group][item.seq.seq_id].block_ids
             tables.append(block_ids)
-            table = torch.tensor(block_ids, dtype=torch.long)
-            slot_chunks.append(table[positions // self.block_size] * self.block_size + positions % self.block_size)
+            slots.extend(block_ids[position // size] * size + position % size for position in span)
             if count == 1:
                 # A window only reaches back to the block holding position first - window + 1.
-                first_block = 0 if window is None else max(0, first - window + 1) // self.block_size
+                first_block = 0 if window is None else max(0, first - window + 1) // size
                 decode_rows.append(start)
                 decode_tables.append(block_ids[first_block:])
                 decode_lens.append(first + 1)
                 decode_first_blocks.append(first_block)
             else:
                 masks = _span_masks(item)
-                prefills.append(PrefillSegment(start, start + count, first + count, table,
+                prefills.append(PrefillSegment(start, start + count, first + count, torch.tensor(block_ids, dtype=torch.long),
                                                None if masks is None else torch.tensor(masks, dtype=torch.long)))
             start += count
         return AttentionMetadata(
-            slot_mapping=torch.cat(slot_chunks),
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
             prefills=prefills,
-            decode_rows=DecodeRows(decode_rows, decode_tables, decode_lens, decode_first_blocks, self.block_size, window)
+            decode_rows=DecodeRows(decode_rows, decode_tables, decode_lens, decode_first_blocks, size, window)
             if decode_rows else None,
             sliding_window=window,
             paged=_paged_batch(scheduled, tables),
         )
 
     def _sample(self, scheduled: list[ScheduledSequence], hidden: torch.Tensor) -> StepResult:
-        ends = torch.tensor([item.num_new_tokens for item in scheduled]).cumsum(0)
+        ends = list(itertools.accumulate(item.num_new_tokens for item in scheduled))
         sampling = [(i, item.seq) for i, item in enumerate(scheduled) if item.samples and item.draft is None]
         result = StepResult(sampled={}, prompt_logprobs={})
         if sampling:
-            rows = torch.tensor([int(ends[i]) - 1 for i, _ in sampling])
-            logits = self._logits(hidden[rows])
+            rows = [ends[i] - 1 for i, _ in sampling]
+            # distinct rows as many as the batch's are all of them, in order (every sequence decodes one token)
+            logits = self._logits(hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows)])
             tokens = self.sampler(logits, [self._sampling_row(seq) for _, seq in sampling])
             result.sampled = {seq.seq_id: [token] for (_, seq), token in zip(sampling, tokens, strict=True)}
             if self.keeps_last_hidden:
@@ -292,19 +295,19 @@ class ModelRunner:
         result.sampled.update(self._verify(scheduled, hidden, ends, result.last_hidden))
         for i, item in enumerate(scheduled):
             if item.seq.params.prompt_logprobs is not None and item.seq.index == 0:
-                start = int(ends[i]) - item.num_new_tokens
-                result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(item, hidden[start : int(ends[i])])
+                start = ends[i] - item.num_new_tokens
+                result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(item, hidden[start : ends[i]])
         return result
 
     def _verify(
-        self, scheduled: list[ScheduledSequence], hidden: torch.Tensor, ends: torch.Tensor, last_hidden: dict[str, LastHidden]
+        self, scheduled: list[ScheduledSequence], hidden: torch.Tensor, ends: list[int], last_hidden: dict[str, LastHidden]
     ) -> dict[str, list[SampledToken]]:
         """Score each drafted sequence's K+1 positions (its last token, then its drafts) and keep what the target agrees to.
 
         A tree of drafts is first narrowed to the path greedy decoding takes through it, which is then verified
         as a chain; the path's keys and values move to the slots its positions own. With `keeps_last_hidden`,
         `last_hidden` gets the hidden state at the position that drew each final token."""
-        verifying = [(int(ends[i]), item) for i, item in enumerate(scheduled) if item.draft is not None]
+        verifying = [(ends[i], item) for i, item in enumerate(scheduled) if item.draft is not None]
         if not verifying:
             return {}
         assert self.rejection_sampler is not None, "drafted tokens scheduled on a runner without a rejection sampler"
@@ -405,11 +408,13 @@ def _paged_batch(scheduled: list[ScheduledSequence], tables: list[list[int]]) ->
     starts = [0, *itertools.accumulate(counts)][:-1]
     width = max(len(table) for table in tables)
     masks = [_span_masks(item) for item in scheduled]
+    lens = [item.seq.num_computed_tokens + item.num_new_tokens for item in scheduled]
+    per_sequence = torch.tensor([starts, counts, lens], dtype=torch.int32)  # one tensor, three contiguous rows
     return PagedBatch(
         block_tables=torch.tensor([[*table, *[-1] * (width - len(table))] for table in tables], dtype=torch.int32),
-        query_starts=torch.tensor(starts, dtype=torch.int32),
-        query_counts=torch.tensor(counts, dtype=torch.int32),
-        context_lens=torch.tensor([item.seq.num_computed_tokens + item.num_new_tokens for item in scheduled], dtype=torch.int32),
+        query_starts=per_sequence[0],
+        query_counts=per_sequence[1],
+        context_lens=per_sequence[2],
         span_masks=None if all(m is None for m in masks) else torch.tensor(
             [bits for item, m in zip(scheduled, masks, strict=True) for bits in (m or [-1] * item.num_new_tokens)],
             dtype=torch.long,

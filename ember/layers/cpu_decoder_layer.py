@@ -113,6 +113,29 @@ class LayerWeights:
         return min(limits, default=None)
 
 
+@dataclass(frozen=True, eq=False)
+class FinalNorm:
+    """The model's RMSNorm after its last layer, folded into the stack call (one interpreter round trip less per
+    step, and the first one after the weights streamed through the caches is the dearest)."""
+
+    weight: torch.Tensor
+    eps: float
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, eps: float) -> FinalNorm | None:
+        """The norm if the compiled kernel takes its weight (dtype, layout), else None."""
+        if weight.dtype not in NORM_WEIGHT_DTYPES or not weight.is_contiguous() or weight.dim() != 1:
+            return None
+        return cls(weight, eps)
+
+    def same_as(self, other: FinalNorm | None) -> bool:
+        """The same weight memory (the kernel reads it in place) and eps."""
+        return (
+            other is not None and other.weight.data_ptr() == self.weight.data_ptr()
+            and other.weight.dtype == self.weight.dtype and other.eps == self.eps
+        )
+
+
 class DecoderLayerKernel:
     """The compiled layer function and the addresses of the kernels it calls besides the products."""
 
@@ -121,7 +144,8 @@ class DecoderLayerKernel:
         self._function.argtypes = [ctypes.POINTER(_Weights), ctypes.POINTER(_Step), ctypes.POINTER(_Kernels)]
         self._function.restype = ctypes.c_int
         self._stack_function = library.ember_decoder_stack
-        self._stack_function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.POINTER(_Step), ctypes.c_void_p]
+        self._stack_function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.POINTER(_Step), ctypes.c_void_p] + [
+            ctypes.c_void_p, ctypes.c_int, ctypes.c_float]
         self._stack_function.restype = ctypes.c_int
         self._shared_kernels = shared_kernels
 
@@ -132,10 +156,13 @@ class DecoderLayerKernel:
     def run(self, weights: _Weights, step: _Step, kernels: _Kernels) -> int:
         return self._function(ctypes.byref(weights), ctypes.byref(step), ctypes.byref(kernels))
 
-    def run_stack(self, tables: StackTables, step: _Step, spare: int) -> int:
-        """Every layer of `tables` in order (see ember_decoder_stack); 0 or the first failing status."""
+    def run_stack(self, tables: StackTables, step: _Step, spare: int, final_norm: FinalNorm | None) -> int:
+        """Every layer of `tables` in order, then `final_norm` if given (see ember_decoder_stack); 0 or the first
+        failing status."""
+        norm = (None, 0, 0.0) if final_norm is None else (
+            final_norm.weight.data_ptr(), int(final_norm.weight.dtype == torch.bfloat16), final_norm.eps)
         return self._stack_function(
-            tables.weights, tables.kernels, tables.keys, tables.values, tables.num_layers, ctypes.byref(step), spare
+            tables.weights, tables.kernels, tables.keys, tables.values, tables.num_layers, ctypes.byref(step), spare, *norm
         )
 
 
@@ -225,11 +252,14 @@ class CompiledDecoderStack:
     module dispatch): on a small model that is several percent of a batch-1 decode step. The
     stack checks the step's inputs once and lets C walk the layers; the bits are the per-layer
     path's (the same function runs each layer). It refers to its layers' `CompiledDecoderLayer`s,
-    so it must be rebuilt when any of them is (see `matches`).
+    so it must be rebuilt when any of them is (see `matches`). With a `final_norm` its output is
+    the model's final hidden states (`applies_final_norm`).
     """
 
-    def __init__(self, kernel: DecoderLayerKernel, layers: tuple[CompiledDecoderLayer, ...]) -> None:
+    def __init__(self, kernel: DecoderLayerKernel, layers: tuple[CompiledDecoderLayer, ...],
+                 final_norm: FinalNorm | None = None) -> None:
         self.layers = layers
+        self.final_norm = final_norm
         self._kernel = kernel
         self._tables = StackTables([layer._weights for layer in layers], [layer._kernels for layer in layers])
         self._hidden = layers[0]._hidden
@@ -240,22 +270,34 @@ class CompiledDecoderStack:
         self._step = _Step()
 
     @classmethod
-    def build(cls, layers: tuple[CompiledDecoderLayer | None, ...]) -> CompiledDecoderStack | None:
-        """The stack of `layers`, or None unless every one is compiled with the same width and scale."""
+    def build(cls, layers: tuple[CompiledDecoderLayer | None, ...], final_norm: FinalNorm | None = None
+              ) -> CompiledDecoderStack | None:
+        """The stack of `layers` (then `final_norm`, if of their width), or None unless every layer is compiled
+        with the same width and scale."""
         if not layers or any(layer is None for layer in layers):
             return None
         if len({(layer._hidden, layer._scale) for layer in layers}) != 1:
             return None
-        return cls(layers[0]._kernel, layers)
+        if final_norm is not None and final_norm.weight.shape[0] != layers[0]._hidden:
+            final_norm = None
+        return cls(layers[0]._kernel, layers, final_norm)
 
-    def matches(self, layers: tuple[CompiledDecoderLayer | None, ...]) -> bool:
-        """Whether this stack was built from exactly these compiled layers (same objects)."""
-        return len(layers) == len(self.layers) and all(a is b for a, b in zip(layers, self.layers, strict=True))
+    @property
+    def applies_final_norm(self) -> bool:
+        return self.final_norm is not None
+
+    def matches(self, layers: tuple[CompiledDecoderLayer | None, ...], final_norm: FinalNorm | None = None) -> bool:
+        """Whether this stack was built from exactly these compiled layers (same objects) and final norm."""
+        return (
+            len(layers) == len(self.layers) and all(a is b for a, b in zip(layers, self.layers, strict=True))
+            and (final_norm is None if self.final_norm is None else self.final_norm.same_as(final_norm))
+        )
 
     def __call__(
         self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
     ) -> torch.Tensor | None:
-        """The last layer's output for x [m, hidden]; None (nothing done) for inputs a layer would not take."""
+        """The last layer's output for x [m, hidden], normed if the stack `applies_final_norm`; None (nothing done)
+        for inputs a layer would not take."""
         first = kv_caches[0] if len(kv_caches) == len(self.layers) else None
         if first is None or not _fits(x, positions, first, metadata, self._hidden, self._max_rows):
             return None
@@ -264,7 +306,7 @@ class CompiledDecoderStack:
         out, _scratch = _start_step(self._step, x, positions, first, metadata, self._scale, self._scratch_per_token)
         spare = torch.empty_like(x)
         self._tables.set_caches(kv_caches)
-        _check_status(self._kernel.run_stack(self._tables, self._step, spare.data_ptr()))
+        _check_status(self._kernel.run_stack(self._tables, self._step, spare.data_ptr(), self.final_norm))
         return out
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from ember.kv.specs import KVCacheLayout, KVCacheSpec, kv_specs_for
 from ember.layers.attention import AttentionMetadata
-from ember.layers.cpu_decoder_layer import CompiledDecoderStack
+from ember.layers.cpu_decoder_layer import CompiledDecoderStack, FinalNorm
 from ember.layers.embedding import VocabEmbedding
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
@@ -50,13 +50,14 @@ class DecoderModel(nn.Module):
         if stack is not None:
             out = stack(h, positions, kv_caches, metadata.for_group(self.layer_groups[0]))
             if out is not None:
-                return self.norm(out)
+                return out if stack.applies_final_norm else self.norm(out)
         for layer, kv_cache, group in zip(self.layers, kv_caches, self.layer_groups, strict=True):
             h = layer(h, positions, kv_cache, metadata.for_group(group))
         return self.norm(h)
 
     def compiled_stack(self) -> CompiledDecoderStack | None:
-        """Every layer as one compiled call, when all are compiled and share one attention group.
+        """Every layer as one compiled call, when all are compiled and share one attention group; the final
+        RMSNorm runs inside it where the kernel takes its weight.
 
         Rebuilt whenever a layer's compiled form changes (quantized products swapped in, weights
         restored), so it never runs stale weights.
@@ -64,8 +65,10 @@ class DecoderModel(nn.Module):
         if len(set(self.layer_groups)) != 1:
             return None
         compiled = tuple(getattr(layer, "compiled", None) for layer in self.layers)
-        if self._stack is None or not self._stack.matches(compiled):
-            self._stack = CompiledDecoderStack.build(compiled)
+        norm = self.norm
+        final_norm = FinalNorm.of(norm.weight.detach(), norm.eps) if type(norm) is RMSNorm else None
+        if self._stack is None or not self._stack.matches(compiled, final_norm):
+            self._stack = CompiledDecoderStack.build(compiled, final_norm)
         return self._stack
 
 

@@ -125,9 +125,13 @@ def test_the_compiled_layers_run_as_one_stack_rebuilt_when_a_layer_changes(tmp_p
     engine = make_engine(save_tiny_model("llama", tmp_path / "llama"), "float32")
     decoder, layers = engine.runner.model.model, compiled_layers(engine)
     stack = decoder.compiled_stack()
-    assert stack is not None and stack.matches(tuple(layer.compiled for layer in layers))
+    assert stack is not None and stack.applies_final_norm
+    assert stack.matches(tuple(layer.compiled for layer in layers), stack.final_norm)
+    assert decoder.compiled_stack() is stack
     layers[1].drop_compiled()
     assert decoder.compiled_stack() is None  # one layer on the Python path: layer by layer
     layers[1].compile_for_cpu()
     rebuilt = decoder.compiled_stack()
     assert rebuilt is not None and rebuilt is not stack and rebuilt.layers[1] is layers[1].compiled
+    decoder.norm.weight = torch.nn.Parameter(decoder.norm.weight.detach().clone())  # new memory: the stack must not read the old
+    assert decoder.compiled_stack() is not rebuilt and decoder.compiled_stack().final_norm.weight.data_ptr() == decoder.norm.weight.data_ptr()

@@ -7,7 +7,8 @@
    step of a small model. The kernels come from their own libraries as function pointers
    (`kernels`), so each keeps one definition. Returns 0, -1 for a position outside the rotary
    tables (nothing written), or the attention kernel's nonzero status. `ember_decoder_stack` runs
-   consecutive layers in one call, for the one round trip per layer that remains otherwise. */
+   consecutive layers in one call (and the model's final norm after them), for the one round trip per
+   layer that remains otherwise. */
 #include <stdint.h>
 
 typedef void (*gemm_fn)(const float *x, const void *packed, const float *bias, float *y,
@@ -104,16 +105,19 @@ int ember_decoder_layer(const layer_weights *w, layer_step *s, const kernel_tabl
     return 0;
 }
 
-/* Layers 0..n-1 in order over s->x, the last one writing s->out: each layer's output is the next
-   one's input, alternating between s->out and `spare` ([m, hidden]) so the last lands in s->out.
-   keys[i] / values[i] are layer i's cache; every other step argument is shared. Returns the first
-   nonzero status (-1 comes from layer 0, before anything is written: the positions are shared). */
+/* Layers 0..n-1 in order over s->x, then (final_norm not NULL) the model's final RMSNorm, the last of these
+   writing s->out: each one's output is the next one's input, alternating between s->out and `spare`
+   ([m, hidden]) so the last lands in s->out. keys[i] / values[i] are layer i's cache; every other step
+   argument is shared. Returns the first nonzero status (-1 comes from layer 0, before anything is written:
+   the positions are shared). */
 int ember_decoder_stack(const layer_weights *const *w, const kernel_table *const *k, const void *const *keys,
-                        const void *const *values, int64_t n, layer_step *s, float *spare) {
+                        const void *const *values, int64_t n, layer_step *s, float *spare,
+                        const void *final_norm, int final_norm_bf16, float final_eps) {
     const float *x = s->x;
     float *final_out = s->out;
+    const int64_t passes = n + (final_norm != 0);
     for (int64_t i = 0; i < n; i++) {
-        float *out = (n - 1 - i) % 2 == 0 ? final_out : spare;
+        float *out = (passes - 1 - i) % 2 == 0 ? final_out : spare;
         s->x = x;
         s->out = out;
         s->attention.keys = keys[i];
@@ -122,5 +126,7 @@ int ember_decoder_stack(const layer_weights *const *w, const kernel_table *const
         if (status != 0) return status;
         x = out;
     }
+    if (final_norm != 0)
+        k[n - 1]->rms_norm(x, 0, 0, final_norm, final_norm_bf16, final_out, s->m, w[n - 1]->hidden, final_eps);
     return 0;
 }
