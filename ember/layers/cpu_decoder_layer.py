@@ -268,6 +268,7 @@ class CompiledDecoderStack:
         limits = [layer._max_rows for layer in layers if layer._max_rows is not None]
         self._max_rows = min(limits, default=None)
         self._step = _Step()
+        self._caches: tuple[torch.Tensor, ...] = ()  # the caches the tables point at (checked when they were set)
 
     @classmethod
     def build(cls, layers: tuple[CompiledDecoderLayer | None, ...], final_norm: FinalNorm | None = None
@@ -281,6 +282,11 @@ class CompiledDecoderStack:
         if final_norm is not None and final_norm.weight.shape[0] != layers[0]._hidden:
             final_norm = None
         return cls(layers[0]._kernel, layers, final_norm)
+
+    def _uses(self, kv_caches: list[torch.Tensor]) -> bool:
+        """Whether the tables already point at these cache tensors (the same objects: a tensor's memory and shape
+        stay its own, so the checks made when they were set still hold)."""
+        return len(kv_caches) == len(self._caches) and all(a is b for a, b in zip(kv_caches, self._caches, strict=True))
 
     @property
     def applies_final_norm(self) -> bool:
@@ -301,11 +307,13 @@ class CompiledDecoderStack:
         first = kv_caches[0] if len(kv_caches) == len(self.layers) else None
         if first is None or not _fits(x, positions, first, metadata, self._hidden, self._max_rows):
             return None
-        if any(c.dtype != first.dtype or c.shape != first.shape or not c.is_contiguous() for c in kv_caches):
-            return None
+        if not self._uses(kv_caches):
+            if any(c.dtype != first.dtype or c.shape != first.shape or not c.is_contiguous() for c in kv_caches):
+                return None
+            self._tables.set_caches(kv_caches)
+            self._caches = tuple(kv_caches)
         out, _scratch = _start_step(self._step, x, positions, first, metadata, self._scale, self._scratch_per_token)
         spare = torch.empty_like(x)
-        self._tables.set_caches(kv_caches)
         _check_status(self._kernel.run_stack(self._tables, self._step, spare.data_ptr(), self.final_norm))
         return out
 

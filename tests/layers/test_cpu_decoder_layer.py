@@ -135,3 +135,19 @@ def test_the_compiled_layers_run_as_one_stack_rebuilt_when_a_layer_changes(tmp_p
     assert rebuilt is not None and rebuilt is not stack and rebuilt.layers[1] is layers[1].compiled
     decoder.norm.weight = torch.nn.Parameter(decoder.norm.weight.detach().clone())  # new memory: the stack must not read the old
     assert decoder.compiled_stack() is not rebuilt and decoder.compiled_stack().final_norm.weight.data_ptr() == decoder.norm.weight.data_ptr()
+
+
+def test_the_stack_writes_into_whichever_caches_a_step_hands_it(tmp_path):
+    engine = make_engine(save_tiny_model("llama", tmp_path / "llama"), "float32")
+    engine.step()  # the stack has now pointed its tables at the runner's caches
+    plan = engine.scheduler.schedule()
+    input_ids, positions, metadata = engine.runner._prepare(plan.scheduled)
+    model, caches = engine.runner.model, engine.runner.kv_caches
+    copies = [cache.clone() for cache in caches]
+    with torch.inference_mode():
+        into_copies = model(input_ids, positions, copies, metadata)
+        unchanged = [cache.clone() for cache in caches]
+        into_runner = model(input_ids, positions, caches, metadata)
+    assert torch.equal(into_copies, into_runner)
+    assert all(torch.equal(a, b) for a, b in zip(copies, caches, strict=True))  # the same K/V went to each list
+    assert not all(torch.equal(a, b) for a, b in zip(unchanged, caches, strict=True))  # and the copies' step left the runner's alone
