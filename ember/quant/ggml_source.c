@@ -496,7 +496,10 @@ static inline __attribute__((always_inline)) void row_dot_avx2(const int type, c
         case 2: row_dot_avx2(TYPE, row, x, xsum, 2, cols, out); break; \
         case 3: row_dot_avx2(TYPE, row, x, xsum, 3, cols, out); break; \
         case 4: row_dot_avx2(TYPE, row, x, xsum, 4, cols, out); break; \
-        default: row_dot_avx2(TYPE, row, x, xsum, m, cols, out); break; \
+        case 5: row_dot_avx2(TYPE, row, x, xsum, 5, cols, out); break; \
+        case 6: row_dot_avx2(TYPE, row, x, xsum, 6, cols, out); break; \
+        case 7: row_dot_avx2(TYPE, row, x, xsum, 7, cols, out); break; \
+        default: row_dot_avx2(TYPE, row, x, xsum, 8, cols, out); break; /* m == MAX_M */ \
         } \
     }
 ROW_DOT_FOR_TYPE(Q4_0)

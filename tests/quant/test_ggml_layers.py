@@ -54,6 +54,15 @@ def test_float_gemv_matches_the_dequantized_product(kernels, name, m, path):
     torch.testing.assert_close(ours, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
 
 
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_a_float_gemv_row_has_the_same_bits_in_a_pass_of_any_size(kernels, name):
+    # each pass size runs its own compiled copy of the row walk: a row's arithmetic must not depend on it
+    weight, x, bias = _case(name, MAX_GEMV_ROWS)
+    alone = torch.cat([kernels.gemv(x[i : i + 1], weight, bias, "float32") for i in range(MAX_GEMV_ROWS)])
+    for m in range(2, MAX_GEMV_ROWS + 1):
+        assert torch.equal(kernels.gemv(x[:m], weight, bias, "float32"), alone[:m]), m
+
+
 @pytest.mark.parametrize("name", sorted(n for n, f in FORMATS.items() if f.has_int8_kernel))
 @pytest.mark.parametrize("m", [1, 2, 3, 5, MAX_GEMV_ROWS, 2 * MAX_GEMV_ROWS + 3])
 def test_int8_gemv_is_the_product_with_int8_rounded_activations(kernels, name, m):
