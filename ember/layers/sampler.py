@@ -52,8 +52,8 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
         if any(_changes_logits(row) for row in rows):
             logits = _apply_penalties(logits.clone(), rows)  # the clone keeps raw_logprobs' input as it was
-        token_ids = self._choose(logits, rows)
-        return [_describe(i, int(token_ids[i]), row, raw_logprobs) for i, row in enumerate(rows)]
+        token_ids = self._choose(logits, rows).tolist()
+        return [_describe(i, token_id, row, raw_logprobs) for i, (token_id, row) in enumerate(zip(token_ids, rows, strict=True))]
 
     def _choose(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         token_ids = logits.argmax(dim=-1)
