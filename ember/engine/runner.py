@@ -283,7 +283,7 @@ class ModelRunner:
         result = StepResult(sampled={}, prompt_logprobs={})
         if sampling:
             rows = [ends[i] - 1 for i, _ in sampling]
-            # distinct rows as many as the batch's are all of them, in order (every sequence decodes one token)
+            # the rows are distinct and ascending: as many as the batch has is every row, in order (a decode step)
             logits = self._logits(hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows)])
             tokens = self.sampler(logits, [self._sampling_row(seq) for _, seq in sampling])
             result.sampled = {seq.seq_id: [token] for (_, seq), token in zip(sampling, tokens, strict=True)}
