@@ -9,6 +9,7 @@ past a request's end are the price of static batching, not a gift to its through
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import time
 from dataclasses import dataclass
@@ -20,13 +21,22 @@ from ember.bench.workloads import Workload
 TORCH_DTYPES = ("float32", "bfloat16")
 
 
+# What HF transformers needs to load the models ember benchmarks: a GGUF file also takes accelerate and gguf
+# (without accelerate, loading fails partway through a bench section instead of leaving the peer out).
+HF_MODULES = ("transformers", "accelerate", "gguf")
+
+
 def hf_available() -> str | None:
-    """None if transformers can be used, else why not."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return "transformers is not installed (pip install transformers)"
+    """None if transformers can load the bench's models here, else why not."""
+    missing = first_missing(HF_MODULES)
+    if missing is not None:
+        return f"{missing} is not installed (the HF transformers peer loads GGUF files with {', '.join(HF_MODULES)}: pip install {missing})"
     return None
+
+
+def first_missing(modules: tuple[str, ...]) -> str | None:
+    """The first of `modules` Python cannot import here, or None."""
+    return next((name for name in modules if importlib.util.find_spec(name) is None), None)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ember.bench.hf_runner import HFRunner, PaddedWork
+from ember.bench.hf_runner import HFRunner, PaddedWork, first_missing
 from tests.bench.test_levers import tiny_workload
 from tests.model_factory import save_tiny_model
 
@@ -32,3 +32,8 @@ def test_hf_reports_useful_and_computed_tokens_and_how_it_ran(tmp_path):
     settings = result.extra["settings"]
     assert settings["attention_implementation"] == runner.model.config._attn_implementation
     assert settings["kv_cache"] and "static batches of 2" in settings["batching"]
+
+
+def test_a_peer_missing_one_of_its_modules_is_named():
+    assert first_missing(("json", "ember_no_such_module", "also_missing")) == "ember_no_such_module"
+    assert first_missing(("json", "torch")) is None
