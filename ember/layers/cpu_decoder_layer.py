@@ -273,14 +273,14 @@ class CompiledDecoderStack:
     @classmethod
     def build(cls, layers: tuple[CompiledDecoderLayer | None, ...], final_norm: FinalNorm | None = None
               ) -> CompiledDecoderStack | None:
-        """The stack of `layers` (then `final_norm`, if of their width), or None unless every layer is compiled
-        with the same width and scale."""
+        """The stack of `layers` (then `final_norm`), or None unless every layer is compiled with the same width and
+        scale. A final norm of another width is a broken model: ValueError (the kernel would read past its weight)."""
         if not layers or any(layer is None for layer in layers):
             return None
         if len({(layer._hidden, layer._scale) for layer in layers}) != 1:
             return None
         if final_norm is not None and final_norm.weight.shape[0] != layers[0]._hidden:
-            final_norm = None
+            raise ValueError(f"the final norm has {final_norm.weight.shape[0]} weights for hidden states of {layers[0]._hidden}")
         return cls(layers[0]._kernel, layers, final_norm)
 
     def _uses(self, kv_caches: list[torch.Tensor]) -> bool:

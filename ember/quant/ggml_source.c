@@ -419,7 +419,7 @@ static inline __attribute__((always_inline)) void row_dot_q8_0_avx512(const uint
     __m512 acc[MAX_M];
     for (int64_t i = 0; i < m; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < cols / 32; k++) {
-        const uint8_t *b = row + (size_t)(k * 34);
+        const uint8_t *b = row + (size_t)(k * block_bytes(Q8_0));
         __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2))));
         __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18))));
         __m512 d = _mm512_set1_ps(half_to_float(b));

@@ -13,7 +13,11 @@ import torch
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
-from ember.layers.cpu_decoder_layer import load_decoder_layer_kernel
+from ember.layers.cpu_decoder_layer import (
+    CompiledDecoderStack,
+    FinalNorm,
+    load_decoder_layer_kernel,
+)
 from ember.layers.cpu_prepare import restore_dense_weights
 from ember.models.llama import LlamaDecoderLayer
 from ember.quant.ggml_kernels import MAX_PASS_ROWS
@@ -151,3 +155,12 @@ def test_the_stack_writes_into_whichever_caches_a_step_hands_it(tmp_path):
     assert torch.equal(into_copies, into_runner)
     assert all(torch.equal(a, b) for a, b in zip(copies, caches, strict=True))  # the same K/V went to each list
     assert not all(torch.equal(a, b) for a, b in zip(unchanged, caches, strict=True))  # and the copies' step left the runner's alone
+
+
+def test_a_final_norm_of_another_width_is_refused(tmp_path):
+    engine = make_engine(save_tiny_model("llama", tmp_path / "llama"), "float32")
+    compiled = tuple(layer.compiled for layer in compiled_layers(engine))
+    hidden = engine.runner.model.model.norm.weight.shape[0]
+    assert CompiledDecoderStack.build(compiled, FinalNorm.of(torch.ones(hidden), 1e-6)).applies_final_norm
+    with pytest.raises(ValueError, match="final norm"):
+        CompiledDecoderStack.build(compiled, FinalNorm.of(torch.ones(hidden + 1), 1e-6))
