@@ -109,12 +109,29 @@ def test_any_valid_unicode_prompt_gets_no_5xx(server: ServeProcess, path: str, b
         assert all(isinstance(token, int) for token in response.json()["tokens"])
 
 
+# The long stream must outlast the grace period on any machine: 1500 tokens of the tiny model once took
+# only 2.3 s on a fast CI box, so it gets a context no CPU decodes within seconds.
+LONG_CONTEXT = 65536
+LONG_STREAM_TOKENS = 60000
+
+
+@pytest.fixture(scope="module")
+def long_context_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama with a context long enough that a stream over it cannot end within seconds."""
+    from tests.model_factory import save_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama-long-context")
+    return save_tiny_model("llama", folder, vocab_size=49152, max_position_embeddings=LONG_CONTEXT)
+
+
 def test_sigterm_drains_then_ends_the_streams_left_with_an_error_event(
-    tiny_model_dir: Path, smollm2_tokenizer_dir: Path, tmp_path: Path
+    long_context_model_dir: Path, smollm2_tokenizer_dir: Path, tmp_path: Path
 ) -> None:
-    process = tiny_server_process(tiny_model_dir, smollm2_tokenizer_dir, tmp_path / "serve.log", "--drain-timeout-s", "2")
+    process = tiny_server_process(
+        long_context_model_dir, smollm2_tokenizer_dir, tmp_path / "serve.log", "--drain-timeout-s", "2"
+    )
     with process:
-        long_stream = _StreamReader(process.base_url, max_tokens=1500)  # far longer than the grace period
+        long_stream = _StreamReader(process.base_url, max_tokens=LONG_STREAM_TOKENS)  # far longer than the grace period
         short_stream = _StreamReader(process.base_url, max_tokens=4)  # finishes within it, even on a busy machine
         long_stream.wait_started()
         short_stream.wait_started()
