@@ -277,18 +277,22 @@ def test_the_torch_path_masks_a_tree_as_the_op_does():
 
 
 @pytest.mark.parametrize("count", [5, 12, 40])
-def test_a_verification_row_gets_the_bits_of_the_decode_step_at_its_position(op, count):
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (37, None), (None, 20.0)])
+def test_a_verification_row_gets_the_bits_of_the_decode_step_at_its_position(op, count, window, softcap):
     """Rows of a run of up to SPAN_QUERIES queries (a verification) are read in spans as a decode step is, so each
     equals, bit for bit, the one-query run at its position: speculation cannot move a greedy choice through
-    attention's rounding (int8-rounded activations would magnify any last-bit difference), over several spans."""
+    attention's rounding (int8-rounded activations would magnify any last-bit difference), over several spans,
+    with a window that starts each row's keys elsewhere, and with soft-capping."""
     generator = torch.Generator().manual_seed(count)
     num_kv_heads, num_heads, head_dim, num_blocks, context = 3, 9, 64, 256, 300
-    batch = random_batch(generator, [context], [count], num_blocks, None)
+    batch = random_batch(generator, [context], [count], num_blocks, window)
     cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)
     query = torch.randn(count, num_heads, head_dim, generator=generator)
-    run = op(query, cache, batch, 0.125)
+    run = op(query, cache, batch, 0.125, window, softcap)
+    assert torch.allclose(run, reference(query, cache[0], cache[1], batch, 0.125, window, softcap, num_kv_heads),
+                          rtol=1e-4, atol=1e-5)
     for i in range(count):
         position = context - count + i
         one = replace(batch, query_starts=torch.zeros(1, dtype=torch.int32), query_counts=torch.ones(1, dtype=torch.int32),
                       context_lens=torch.tensor([position + 1], dtype=torch.int32))
-        assert torch.equal(run[i], op(query[i : i + 1], cache, one, 0.125)[0])
+        assert torch.equal(run[i], op(query[i : i + 1], cache, one, 0.125, window, softcap)[0])

@@ -11,7 +11,9 @@
    compute per byte, so its items are spans of SPAN_TOKENS keys over every kv head: each block's
    rows are read front to back once (a kv head's own part of each row, read alone, came from
    memory several times slower), and a long context spreads over the threads, its spans' states
-   merged in a fixed order.
+   merged in a fixed order. Where the CPU has AVX-512, a span item is walked by span_attention.h instead
+   (every score of the span first, then one softmax, then the values: 1.3-1.5x on 5-9 queries, measured
+   against this file's walk in one process; decode steps the same).
    The same code serves MLA's absorbed decode: one kv head whose key rows are the cached latent
    and rope key (dim_k wide) and whose values are the first dim_v entries of those rows.
    A tree of drafted tokens (Medusa verification) is a span whose queries see the context before
@@ -265,6 +267,24 @@ static void update_visible(const attention_args *a, const float *qr, const float
     }
 }
 
+#ifdef EMBER_AVX512
+#include "span_attention.h"
+#endif
+
+static int64_t sequence_spans(const attention_args *a, int64_t s);
+static int64_t span_blocks(const attention_args *a);
+
+/* Score floats a work item's buffer holds per query row: one block's (the portable walk), or a whole span's. */
+static int64_t score_floats_per_row(const attention_args *a) {
+    const int64_t block = a->block_size + SCORE_PADDING;
+#ifdef EMBER_AVX512
+    const int64_t whole_span = span_score_stride(span_blocks(a) * a->block_size + 15);
+    return whole_span > block ? whole_span : block;
+#else
+    return block;
+#endif
+}
+
 static void attend(const attention_args *a, const work_item *item, float *work) {
     const int64_t group = a->num_heads / a->num_kv_heads, dk = a->dim_k, dv = a->dim_v, bs = a->block_size;
     const int64_t count = a->query_counts[item->seq], nq = item->nq;
@@ -275,7 +295,7 @@ static void attend(const attention_args *a, const work_item *item, float *work) 
     /* the converted span of a row: from kv head h0's first element to the last head's last */
     const int64_t span = (heads - 1) * a->head_stride + (dk > dv ? dk : dv);
     float *acc = work, *row_max = acc + rows * dv, *row_sum = row_max + rows, *scores = row_sum + rows;
-    float *kbuf = scores + per_head * score_stride, *vbuf = kbuf + bs * a->token_stride;
+    float *kbuf = scores + rows * score_floats_per_row(a), *vbuf = kbuf + bs * a->token_stride;
 #ifdef EMBER_AVX2
     const int fast = dk % 8 == 0 && dv % VALUE_CHUNK == 0 && a->softcap <= 0.0f;
 #else
@@ -292,7 +312,15 @@ static void attend(const attention_args *a, const work_item *item, float *work) 
     if (lo < 0) lo = 0;
     const int32_t *table = a->block_tables + item->seq * a->max_blocks;
     const int64_t b_first = lo / bs > item->b0 ? lo / bs : item->b0, b_last = last_pos / bs < item->b1 - 1 ? last_pos / bs : item->b1 - 1;
-    for (int64_t b = b_first; b <= b_last; b++) {
+    int64_t b_last_walked = b_last;  /* the portable walk's last block (none where the span walk ran) */
+#ifdef EMBER_AVX512
+    if (sequence_spans(a, item->seq) > 0) {
+        const int64_t k_hi = last_pos < (b_last + 1) * bs - 1 ? last_pos : (b_last + 1) * bs - 1;
+        attend_span(a, item, q, b_first, b_last, k_hi, acc, row_max, row_sum, scores, kbuf, vbuf);
+        b_last_walked = -1;
+    }
+#endif
+    for (int64_t b = b_first; b <= b_last_walked; b++) {
         int32_t block = table[b];
         if (block < 0) continue;
         int64_t k_lo = b * bs > lo ? b * bs : lo, k_hi = b * bs + bs - 1 < last_pos ? b * bs + bs - 1 : last_pos;
@@ -454,7 +482,7 @@ int ember_paged_attention(const attention_args *a) {
     if (!items || !partials) { free(items); free(partials); return -2; }
     plan_items(a, items, partials, &rows, &partial_floats);
     const int64_t dmax = a->dim_k > a->dim_v ? a->dim_k : a->dim_v;
-    const int64_t work_floats = rows * (a->dim_v + 2 + a->block_size + SCORE_PADDING) + 2 * a->block_size * (a->token_stride + dmax);
+    const int64_t work_floats = rows * (a->dim_v + 2 + score_floats_per_row(a)) + 2 * a->block_size * (a->token_stride + dmax);
     int failed = 0;
     #pragma omp parallel
     {
