@@ -1,15 +1,16 @@
-/* The AVX-512 walk of a spanned work item (a decode step's or a verification's queries over one span of at
-   most SPAN_TOKENS keys, every kv head): included by paged_attention.c, which defines attention_args,
-   work_item, block_rows and output_row before it.
+/* The AVX-512 walk of a work item (a decode step's or a verification's queries over one span of keys, or a
+   prefill chunk's over its whole context): included by paged_attention.c, which defines attention_args,
+   work_item, span_blocks, block_rows and output_row before it.
 
-   A span is short, so its softmax needs no running rescale: the walk scores every (row, key) pair of the
-   span first (16 keys at a time per row: sixteen dot products summed across their lanes into one vector
-   of 16 scores, so no sum is reduced one key at a time), masks what a row may not see (later positions,
-   keys behind a window, a tree's non-ancestors, the block's missing keys) to minus infinity, takes each
-   row's maximum, sum and exponentials in 16-wide vectors, then adds the weighted value rows with up to
-   four rows sharing each value load. Each row's arithmetic depends only on its own query, its visible
-   keys and the span's bounds, never on the other rows of the item: a verification's rows get the bits the
-   same rows get as decode steps. The state it leaves (maximum, sum, weighted values per row) is what the
+   The keys go by windows on the span grid (one window for a span item). Within a window the softmax needs
+   no running rescale: the walk scores every (row, key) pair first (16 keys at a time per row: sixteen dot
+   products summed across their lanes into one vector of 16 scores, so no sum is reduced one key at a time),
+   masks what a row may not see (later positions, keys behind a window, a tree's non-ancestors, the block's
+   missing keys) to minus infinity, takes each row's maximum, sum and exponentials in 16-wide vectors
+   (rescaling what earlier windows added once, where the maximum grew), then adds the weighted value rows
+   with up to four rows sharing each value load. Each row's arithmetic depends only on its own query, its
+   visible keys and the span grid, never on the other rows of the item: a verification's rows get the bits
+   the same rows get as decode steps. The state it leaves (maximum, sum, weighted values per row) is what the
    portable walk leaves, so split sequences merge as before. */
 
 #define SPAN_ROW_GROUP 4  /* rows whose weighted sums share each value row's loads */
@@ -124,12 +125,13 @@ static inline __attribute__((always_inline)) void add_values(const float *values
     }
 }
 
-/* The span item's keys in blocks b_first..b_last of its table up to key k_hi, every kv head: maximum, sum and
-   weighted values of each of its `rows` rows into row_max / row_sum / acc (rows x dv). Scores sit at columns
-   key - base, base a multiple of 16: a key's lane never depends on where the item starts, so neither do the bits. */
-static void attend_span(const attention_args *a, const work_item *item, const float *const *q, int64_t b_first,
-                        int64_t b_last, int64_t k_hi, float *acc, float *row_max, float *row_sum,
-                        float *scores, float *kbuf, float *vbuf) {
+/* One window of an item's keys (blocks b_first..b_last of its table, up to key k_hi, at most one span's worth):
+   its scores, then each row's running maximum, sum and weighted values (row_max / row_sum / acc, rows x dv) move on
+   past it, the earlier windows' share rescaled once. Scores sit at columns key - base, base a multiple of 16: a
+   key's lane never depends on where the item starts, so neither do the bits. */
+static void attend_window(const attention_args *a, const work_item *item, const float *const *q, int64_t b_first,
+                          int64_t b_last, int64_t k_hi, float *acc, float *row_max, float *row_sum,
+                          float *scores, float *kbuf, float *vbuf) {
     const int64_t group = a->num_heads / a->num_kv_heads, dk = a->dim_k, dv = a->dim_v, bs = a->block_size;
     const int64_t heads = item->h1 - item->h0, per_head = item->nq * group, rows = per_head * heads;
     const int64_t count = a->query_counts[item->seq], first_pos = a->context_lens[item->seq] - count + item->q0;
@@ -138,11 +140,6 @@ static void attend_span(const attention_args *a, const work_item *item, const fl
     const int64_t *masks = a->span_masks ? a->span_masks + a->query_starts[item->seq] + item->q0 : NULL;
     const int64_t span = (heads - 1) * a->head_stride + (dk > dv ? dk : dv);
     const int32_t *table = a->block_tables + item->seq * a->max_blocks;
-    for (int64_t r = 0; r < rows * dv; r++) acc[r] = 0.0f;
-    if (b_first > b_last) {
-        for (int64_t r = 0; r < rows; r++) { row_max[r] = -INFINITY; row_sum[r] = 0.0f; }
-        return;
-    }
     for (int64_t r = 0; r < rows; r++)  /* the columns before the first block */
         for (int64_t t = 0; t < b_first * bs - base; t++) scores[r * stride + t] = -INFINITY;
     /* scores of every row, block by block (each block's rows read front to back, all heads at once) */
@@ -169,26 +166,33 @@ static void attend_span(const attention_args *a, const work_item *item, const fl
             }
         }
     }
-    /* each row's maximum, then its probabilities (masked keys exactly 0) and their sum */
+    /* each row's new maximum, then its probabilities (masked keys exactly 0) and their sum; what the earlier
+       windows added is rescaled to the new maximum (the first visible window finds nothing to rescale) */
     const __m512 minus_infinity = _mm512_set1_ps(-INFINITY);
     for (int64_t r = 0; r < rows; r++) {
         float *s = scores + r * stride;
         __m512 best = minus_infinity;
         for (int64_t t = 0; t < num_keys; t += 16)
             best = _mm512_max_ps(best, _mm512_mask_loadu_ps(minus_infinity, keys_left(num_keys - t), s + t));
-        const float row_best = _mm512_reduce_max_ps(best);
+        const float window_best = _mm512_reduce_max_ps(best), old_max = row_max[r];
+        const float new_max = window_best > old_max ? window_best : old_max;
         __m512 sum = _mm512_setzero_ps();
         for (int64_t t = 0; t < num_keys; t += 16) {
             const __mmask16 valid = keys_left(num_keys - t);
             const __m512 x = _mm512_mask_loadu_ps(minus_infinity, valid, s + t);
-            /* nothing visible (row_best -inf): x - row_best is NaN, and every lane is masked to 0 */
+            /* nothing visible yet (new_max -inf): x - new_max is NaN, and every lane is masked to 0 */
             const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, minus_infinity, _CMP_NEQ_OQ),
-                                                 exp16(_mm512_sub_ps(x, _mm512_set1_ps(row_best))));
+                                                 exp16(_mm512_sub_ps(x, _mm512_set1_ps(new_max))));
             _mm512_mask_storeu_ps(s + t, valid, e);
             sum = _mm512_add_ps(sum, e);
         }
-        row_max[r] = row_best;
-        row_sum[r] = _mm512_reduce_add_ps(sum);
+        if (old_max != -INFINITY && old_max != new_max) {
+            const float correction = expf(old_max - new_max);
+            row_sum[r] *= correction;
+            for (int64_t d = 0; d < dv; d++) acc[r * dv + d] *= correction;
+        }
+        row_max[r] = new_max;
+        row_sum[r] += _mm512_reduce_add_ps(sum);
     }
     /* the weighted value rows, block by block, SPAN_ROW_GROUP rows of a head at a time */
     for (int64_t b = b_first; b <= b_last; b++) {
@@ -209,5 +213,21 @@ static void attend_span(const attention_args *a, const work_item *item, const fl
             }
             r0 += R;
         }
+    }
+}
+
+/* Every key an item may see (blocks b_first..b_last of its table, up to key k_hi), every kv head of the item:
+   maximum, sum and weighted values of each row (row_max / row_sum / acc). Windows follow the span grid
+   (span_blocks), so a span item is one window and its bits never depend on the walk's other items. */
+static void attend_keys(const attention_args *a, const work_item *item, const float *const *q, int64_t b_first,
+                        int64_t b_last, int64_t k_hi, float *acc, float *row_max, float *row_sum,
+                        float *scores, float *kbuf, float *vbuf) {
+    const int64_t rows = item->nq * (a->num_heads / a->num_kv_heads) * (item->h1 - item->h0), width = span_blocks(a);
+    for (int64_t r = 0; r < rows * a->dim_v; r++) acc[r] = 0.0f;
+    for (int64_t r = 0; r < rows; r++) { row_max[r] = -INFINITY; row_sum[r] = 0.0f; }
+    for (int64_t first = b_first; first <= b_last; first = (first / width + 1) * width) {
+        const int64_t last = (first / width + 1) * width - 1 < b_last ? (first / width + 1) * width - 1 : b_last;
+        const int64_t last_key = (last + 1) * a->block_size - 1 < k_hi ? (last + 1) * a->block_size - 1 : k_hi;
+        attend_window(a, item, q, first, last, last_key, acc, row_max, row_sum, scores, kbuf, vbuf);
     }
 }
