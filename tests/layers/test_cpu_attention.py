@@ -9,6 +9,7 @@ float32 range (subnormals, ties, saturation), and its read over all 256 codes.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from ember.layers import attention, cpu_attention
 from ember.layers.attention import PrefillSegment
 from ember.layers.cpu_attention import PagedBatch
 from ember.layers.rejection_sampler import DraftRow
+from ember.native_build import build_shared_library, cpu_fingerprint, with_local_includes
 
 BLOCK_SIZE = 4
 CACHE_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn]
@@ -101,6 +103,28 @@ def test_fused_op_matches_plain_attention(op, cache_dtype, window, softcap, num_
     ours = op(query, cache, batch, 0.25, window, softcap)
     expected = reference(query, cache[0], cache[1], batch, 0.25, window, softcap, num_kv_heads)
     assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("build", "flags"), [("avx2", ("-O3", "-mavx2", "-mfma", "-fopenmp")), ("portable", ("-O3", "-fopenmp"))])
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (300, 20.0)])
+def test_builds_for_cpus_without_avx512_match_plain_attention(op, build, flags, window, softcap):
+    """A CPU without AVX-512 walks the keys another way (block by block, online softmax), one without AVX2 in plain C:
+    both built here and held to the reference on decode, verification and prefill rows over several spans."""
+    cpu_flags = cpu_fingerprint()
+    if build == "avx2" and not (" avx2" in cpu_flags and " fma" in cpu_flags):
+        pytest.skip("this CPU cannot run an AVX2 + FMA build")
+    path = build_shared_library(f"ember_paged_attention_{build}", with_local_includes(cpu_attention.SOURCE_PATH), flags)
+    assert path is not None, f"the attention op no longer builds for {build}"
+    other = cpu_attention.PagedAttention(ctypes.CDLL(str(path)))
+    generator = torch.Generator().manual_seed(13)
+    num_kv_heads, num_heads, head_dim, num_blocks = 2, 6, 64, 800
+    context_lens, query_counts = [700, 5, 257, 390], [1, 1, 9, 40]
+    batch = random_batch(generator, context_lens, query_counts, num_blocks, window)
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)
+    query = torch.randn(sum(query_counts), num_heads, head_dim, generator=generator)
+    expected = reference(query, cache[0], cache[1], batch, 0.125, window, softcap, num_kv_heads)
+    for attention_op in (other, op):
+        assert torch.allclose(attention_op(query, cache, batch, 0.125, window, softcap), expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)

@@ -204,8 +204,8 @@ static inline __attribute__((always_inline)) void NAME(const XTYPE *x, int64_t l
     for (int64_t p = 0; p < kc; p++)                                                          \
         for (int g = 0; g < groups; g++) {                                                    \
             row16 b = LOAD(panel + g * panel_stride + p * NR);                                \
-            if (PREFETCH && p * NR * sizeof(WTYPE) % 64 == 0) /* once per cache line */         \
-                _mm_prefetch((const char *)(panel + g * panel_stride + p * NR) + PREFETCH, _MM_HINT_T0); \
+            if ((PREFETCH) > 0 && p * NR * sizeof(WTYPE) % 64 == 0) /* once per cache line */   \
+                _mm_prefetch((const char *)(panel + g * panel_stride + p * NR) + (PREFETCH), _MM_HINT_T0); \
             for (int i = 0; i < rows; i++) c[i][g] = FMA(x + i * ldx + p, b, c[i][g]);        \
         }                                                                                     \
     for (int i = 0; i < rows; i++)                                                            \
