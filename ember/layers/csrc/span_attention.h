@@ -67,15 +67,20 @@ static inline __m512 scores16_any(const float *q, const float *keys, int64_t str
     return scores16(q, keys, stride, n, dk, scale, 0);
 }
 
+/* Lanes j >= first, and lanes j <= last, of a 16-key vector. */
+static inline __mmask16 lanes_from(int64_t first) { return first <= 0 ? 0xFFFF : first >= 16 ? 0 : (__mmask16)(0xFFFFu << first); }
+static inline __mmask16 lanes_to(int64_t last) { return last >= 15 ? 0xFFFF : last < 0 ? 0 : (__mmask16)((1u << (last + 1)) - 1); }
+
 /* Which of keys key0 + [0, 16) (n of them exist) a query at `pos` sees: none past it, none before its window,
    and, with a tree mask (not -1), of the span's keys (positions >= span_start) only those whose bit is set. */
 static inline __mmask16 visible16(const attention_args *a, int64_t key0, int64_t n, int64_t pos, int64_t span_start, int64_t mask) {
-    __mmask16 seen = 0;
-    for (int j = 0; j < 16 && j < n; j++) {
-        const int64_t key = key0 + j;
-        int ok = key <= pos && (a->window <= 0 || key > pos - a->window);
-        if (ok && mask != -1 && key >= span_start) ok = key - span_start < 64 && ((uint64_t)mask >> (key - span_start) & 1u);
-        seen |= (__mmask16)(ok << j);
+    __mmask16 seen = keys_left(n) & lanes_to(pos - key0);
+    if (a->window > 0) seen &= lanes_from(pos - a->window + 1 - key0);
+    const int64_t first = span_start - key0;  /* the lane of the span's first key */
+    if (mask != -1 && first < 16) {
+        /* lane j >= first sees key j when bit j - first of the mask is set (none past bit 63) */
+        const uint64_t bits = first >= 0 ? (uint64_t)mask << first : -first < 64 ? (uint64_t)mask >> -first : 0;
+        seen &= (__mmask16)((bits & lanes_from(first)) | (uint16_t)~lanes_from(first));
     }
     return seen;
 }
