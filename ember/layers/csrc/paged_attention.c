@@ -12,9 +12,10 @@
    rows are read front to back once (a kv head's own part of each row, read alone, came from
    memory several times slower), and a long context spreads over the threads, its spans' states
    merged in a fixed order. Where the CPU has AVX-512, every item is walked by span_attention.h instead, one
-   span-sized window of keys at a time (the window's scores first, then its softmax step, then its values:
-   1.3-1.5x on 5-9 queries and 1.3-1.5x on prefill, measured against this file's walk in one process; decode
-   steps within noise, 0.95-1.0x).
+   span-sized window of keys at a time (the window's scores first, then its softmax step, then its values;
+   against this file's block walk, one process: 9 queries over 450 keys 3.77 -> 2.73 ms for 30 layers, then
+   2.27 -> 1.88 ms with vector visibility masks; prefill of 376 keys 9.0 -> 5.9 ms for 6 layers, then 5.4 -> 4.1;
+   decode steps 0.95-1.02x, then 1.04-1.08x).
    The same code serves MLA's absorbed decode: one kv head whose key rows are the cached latent
    and rope key (dim_k wide) and whose values are the first dim_v entries of those rows.
    A tree of drafted tokens (Medusa verification) is a span whose queries see the context before
@@ -85,6 +86,7 @@ static const float *block_rows(const attention_args *a, const void *base, int64_
     return buf;
 }
 
+#ifndef EMBER_AVX512  /* the block walk's row updates (span_attention.h replaces them) */
 /* One query row's online-softmax step over keys [t0, t1) of a block (all visible): scores into s,
    then the running max, sum and weighted values (o, dv wide) move on. Portable: any widths. */
 static void update_row_portable(const attention_args *a, const float *qr, const float *keys, const float *values,
@@ -226,6 +228,7 @@ static void update_row_avx2(const attention_args *a, const float *values, int64_
     *row_max = new_max;
 }
 #endif
+#endif
 
 /* A work item: queries [q0, q0 + nq) of sequence seq (a spanned run's all, at most SPAN_QUERIES; a prefill
    chunk's at most QUERY_CHUNK), kv heads [h0, h1), key blocks [b0, b1) of its table. */
@@ -242,6 +245,7 @@ static int64_t output_row(const attention_args *a, const work_item *item, int64_
     return token * a->num_heads + (item->h0 + r / per_head) * group + i % group;
 }
 
+#ifndef EMBER_AVX512  /* the block walk, for CPUs without AVX-512 (span_attention.h replaces it) */
 /* One query row's online-softmax steps over the keys k_lo + [t0, t1) of a block it may see: all of them,
    or with a tree mask (not -1) those before the span (key position < span_start) and the span's keys
    whose bit is set, as runs of consecutive visible keys. */
@@ -267,6 +271,7 @@ static void update_visible(const attention_args *a, const float *qr, const float
         t = end;
     }
 }
+#endif
 
 static int64_t sequence_spans(const attention_args *a, int64_t s);
 static int64_t span_blocks(const attention_args *a);
@@ -275,14 +280,12 @@ static int64_t span_blocks(const attention_args *a);
 #include "span_attention.h"
 #endif
 
-/* Score floats a work item's buffer holds per query row: one block's (the portable walk), or a whole span's. */
+/* Score floats a work item's buffer holds per query row: a whole window's (AVX-512 walk), or one block's. */
 static int64_t score_floats_per_row(const attention_args *a) {
-    const int64_t block = a->block_size + SCORE_PADDING;
 #ifdef EMBER_AVX512
-    const int64_t whole_span = span_score_stride(span_blocks(a) * a->block_size + 15);
-    return whole_span > block ? whole_span : block;
+    return span_score_stride(span_blocks(a) * a->block_size + 15);
 #else
-    return block;
+    return a->block_size + SCORE_PADDING;
 #endif
 }
 
@@ -291,17 +294,8 @@ static void attend(const attention_args *a, const work_item *item, float *work) 
     const int64_t count = a->query_counts[item->seq], nq = item->nq;
     const int64_t per_head = nq * group, heads = item->h1 - item->h0, rows = per_head * heads;
     const int64_t first_pos = a->context_lens[item->seq] - count + item->q0, last_pos = first_pos + nq - 1;
-    const int64_t score_stride = bs + SCORE_PADDING, span_start = a->context_lens[item->seq] - count;
-    const int64_t *masks = a->span_masks ? a->span_masks + a->query_starts[item->seq] + item->q0 : NULL;
-    /* the converted span of a row: from kv head h0's first element to the last head's last */
-    const int64_t span = (heads - 1) * a->head_stride + (dk > dv ? dk : dv);
     float *acc = work, *row_max = acc + rows * dv, *row_sum = row_max + rows, *scores = row_sum + rows;
     float *kbuf = scores + rows * score_floats_per_row(a), *vbuf = kbuf + bs * a->token_stride;
-#ifdef EMBER_AVX2
-    const int fast = dk % 8 == 0 && dv % VALUE_CHUNK == 0 && a->softcap <= 0.0f;
-#else
-    const int fast = 0;
-#endif
     const float *q[MAX_ROWS];
     for (int64_t r = 0; r < rows; r++) {
         const int64_t row = output_row(a, item, r);
@@ -311,15 +305,23 @@ static void attend(const attention_args *a, const work_item *item, float *work) 
     }
     int64_t lo = a->window > 0 ? first_pos - a->window + 1 : 0;
     if (lo < 0) lo = 0;
-    const int32_t *table = a->block_tables + item->seq * a->max_blocks;
     const int64_t b_first = lo / bs > item->b0 ? lo / bs : item->b0, b_last = last_pos / bs < item->b1 - 1 ? last_pos / bs : item->b1 - 1;
-    int64_t b_last_walked = b_last;  /* the portable walk's last block (none where the span walk ran) */
 #ifdef EMBER_AVX512
-    const int64_t k_hi = last_pos < (b_last + 1) * bs - 1 ? last_pos : (b_last + 1) * bs - 1;
-    attend_keys(a, item, q, b_first, b_last, k_hi, acc, row_max, row_sum, scores, kbuf, vbuf);
-    b_last_walked = -1;
+    const int64_t last_key = last_pos < (b_last + 1) * bs - 1 ? last_pos : (b_last + 1) * bs - 1;
+    attend_keys(a, item, q, b_first, b_last, last_key, acc, row_max, row_sum, scores, kbuf, vbuf);
+#else
+    /* block by block, each row's online softmax moving on per block */
+    const int64_t score_stride = bs + SCORE_PADDING, span_start = a->context_lens[item->seq] - count;
+    const int64_t *masks = a->span_masks ? a->span_masks + a->query_starts[item->seq] + item->q0 : NULL;
+    /* the converted span of a row: from kv head h0's first element to the last head's last */
+    const int64_t span = (heads - 1) * a->head_stride + (dk > dv ? dk : dv);
+    const int32_t *table = a->block_tables + item->seq * a->max_blocks;
+#ifdef EMBER_AVX2
+    const int fast = dk % 8 == 0 && dv % VALUE_CHUNK == 0 && a->softcap <= 0.0f;
+#else
+    const int fast = 0;
 #endif
-    for (int64_t b = b_first; b <= b_last_walked; b++) {
+    for (int64_t b = b_first; b <= b_last; b++) {
         int32_t block = table[b];
         if (block < 0) continue;
         int64_t k_lo = b * bs > lo ? b * bs : lo, k_hi = b * bs + bs - 1 < last_pos ? b * bs + bs - 1 : last_pos;
@@ -347,6 +349,7 @@ static void attend(const attention_args *a, const work_item *item, float *work) 
             }
         }
     }
+#endif
     for (int64_t r = 0; r < rows; r++) {
         if (item->partial != NULL) {  /* a span of a split sequence: its state, merged later */
             float *state = item->partial + r * (dv + 2);

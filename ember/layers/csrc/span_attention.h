@@ -204,14 +204,13 @@ static void attend_window(const attention_args *a, const work_item *item, const 
 }
 
 /* Every key an item may see (blocks b_first..b_last of its table, up to key k_hi), every kv head of the item:
-   maximum, sum and weighted values of each row (row_max / row_sum / acc). Windows follow the span grid
-   (span_blocks), so a span item is one window and its bits never depend on the walk's other items. */
+   maximum, sum and weighted values of each row move on from their start (-inf, 0, zeros) in row_max / row_sum /
+   acc. Windows follow the span grid (span_blocks), so a span item is one window and its bits never depend on the
+   walk's other items. */
 static void attend_keys(const attention_args *a, const work_item *item, const float *const *q, int64_t b_first,
                         int64_t b_last, int64_t k_hi, float *acc, float *row_max, float *row_sum,
                         float *scores, float *kbuf, float *vbuf) {
-    const int64_t rows = item->nq * (a->num_heads / a->num_kv_heads) * (item->h1 - item->h0), width = span_blocks(a);
-    for (int64_t r = 0; r < rows * a->dim_v; r++) acc[r] = 0.0f;
-    for (int64_t r = 0; r < rows; r++) { row_max[r] = -INFINITY; row_sum[r] = 0.0f; }
+    const int64_t width = span_blocks(a);
     for (int64_t first = b_first; first <= b_last; first = (first / width + 1) * width) {
         const int64_t last = (first / width + 1) * width - 1 < b_last ? (first / width + 1) * width - 1 : b_last;
         const int64_t last_key = (last + 1) * a->block_size - 1 < k_hi ? (last + 1) * a->block_size - 1 : k_hi;
