@@ -149,6 +149,7 @@ def _step(engine, timings: dict[str, RequestTiming]) -> Iterator[str]:
         new_tokens = sum(len(c.token_ids) for c in output.outputs)
         if new_tokens:
             timing.output_tokens += new_tokens
+            timing.output_token_ids.extend(t for c in output.outputs if c.index == 0 for t in c.token_ids)
             timing.token_times.append(now)
             if timing.first_token is None:
                 timing.first_token = now

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ember.bench.feature_benches import PARALLEL_MODES
 from ember.bench.goals import quant_row
-from ember.bench.spec import acceptance_text
+from ember.bench.spec import acceptance_text, ceiling_text
 
 Table = Callable[[list[str], list[list[str]]], list[str]]
 Image = Callable[[list[str], str], None]
@@ -109,6 +109,7 @@ def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]
              f"{sizes_note(section.get('sizes'))}", ""]
     lines += ["Batch 1:", ""]
     lines += _batch1_table(section["batch1"], table)
+    lines += _ceilings(section["batch1"])
     lines += _sibling(section.get("sibling"), table)
     lines += _sweep(section, table)
     mixed = section.get("mixed")
@@ -134,12 +135,24 @@ def _batch1_table(batch1: dict, table: Table) -> list[str]:
                   "acceptance", "mean accepted length", "draft s", "verify s"], rows)
 
 
+def _ceilings(batch1: dict) -> list[str]:
+    """The prompt-lookup ceiling of each workload, where the run measured it."""
+    found = [f"{workload} {ceiling_text(entry)}" for workload, entry in batch1.items() if ceiling_text(entry)]
+    if not found:
+        return []
+    return ["", "Prompt-lookup ceiling: at each decode step of the plain run's own greedy output, an oracle drafts the "
+            "continuation of whichever earlier occurrence of the newest token the target then keeps longest; its tokens "
+            "per step bound any n-gram proposer's decode speed-up at that depth (a verification costs at least a decode "
+            "step), and applied to the plain run's decode share of its time, the output tok/s ratio: " + "; ".join(found) + "."]
+
+
 def _sibling(sibling: dict | None, table: Table) -> list[str]:
     if not sibling:
         return []
     return ["", f"Batch 1 with a larger target and its smaller sibling as draft model: target `{Path(sibling['target']).name}`, "
             f"draft `{Path(sibling['draft']).name}`, both at dtype {sibling['dtype']} (same workloads, rendered with the target's "
-            f"tokenizer and chat template; {sibling.get('repeats', '?')} interleaved repeats):", "", *_batch1_table(sibling["batch1"], table)]
+            f"tokenizer and chat template; {sibling.get('repeats', '?')} interleaved repeats):", "", *_batch1_table(sibling["batch1"], table),
+            *_ceilings(sibling["batch1"])]
 
 
 def _sweep(section: dict, table: Table) -> list[str]:

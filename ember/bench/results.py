@@ -20,6 +20,7 @@ class RequestTiming:
     finished: float | None = None
     token_times: list[float] = field(default_factory=list)  # one entry per delta that carried tokens
     num_cached_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)  # the first sample's tokens (what a text-level check reads)
 
     @property
     def ttft_s(self) -> float | None:

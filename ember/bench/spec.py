@@ -3,7 +3,8 @@
 Three parts, each reported as same-run ratios (median of interleaved repeats):
 - batch 1, greedy, on input-grounded workloads (code editing, quoting summaries) and a free-text
   control: output tok/s with each proposer over plain decoding, acceptance rate, mean accepted
-  length, draft and verify time, and the acceptance histogram (a PNG);
+  length, draft and verify time, and the acceptance histogram (a PNG); beside them, from the plain
+  run's own outputs, the most prompt lookup could buy on each workload (`lookup_ceiling`);
 - a batch sweep on the code-editing workload: where speculation stops paying as the batch grows;
 - the `mixed` workload (continuous batching, many sequences at once) with and without n-gram;
 - with a sibling pair (`SiblingPair`: a larger target and a smaller model of its family, same
@@ -18,16 +19,19 @@ head likewise (`--eagle-head DIR`, or trained here and cached under `$EMBER_HOME
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ember.bench.ember_runner import EmberSettings, run_ember
+from ember.bench.lookup_ceiling import LookupCeiling, lookup_ceiling, overall_ceiling
 from ember.bench.results import RunResult
 from ember.bench.spec_workloads import SPEC_WORKLOADS, build_spec_workload
 from ember.bench.stats import ratio, spread
 from ember.bench.suite import BenchOptions, _interleave, make_workload, model_path
 from ember.bench.workloads import Workload
+from ember.engine.config import MAX_SPECULATIVE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,30 @@ def decode_tok_s(run: RunResult) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
+def _lookup_ceiling(workload: Workload, plain: list[RunResult], depth: int) -> dict:
+    """What prompt lookup could at most buy on the plain run's greedy outputs (`ember.bench.lookup_ceiling`).
+
+    `decode`: the oracle's tokens per step, a bound on the decode speed-up; `overall`: that bound applied to
+    the plain runs' decode share of their time (median), a bound on the output tok/s ratio.
+    """
+    prompts = {r.request_id: r.prompt_token_ids for r in workload.requests}
+    timings = plain[0].requests  # greedy: every plain run produced the same tokens
+
+    def decode(k: int) -> float:
+        return sum((lookup_ceiling(prompts[t.request_id], t.output_token_ids, k) for t in timings), LookupCeiling(0, 0)).tokens_per_step
+
+    share = statistics.median(decode_share(run) for run in plain)
+    at_depth, deepest = decode(depth), decode(MAX_SPECULATIVE_TOKENS)
+    return {"depth": depth, "decode": at_depth, "overall": overall_ceiling(at_depth, share), "decode_share": share,
+            "max_depth": MAX_SPECULATIVE_TOKENS, "max_depth_decode": deepest, "max_depth_overall": overall_ceiling(deepest, share)}
+
+
+def decode_share(run: RunResult) -> float:
+    """The share of a run's wall time its requests spent after their first token (batch 1: one request at a time)."""
+    decoding = sum(t.finished - t.first_token for t in run.requests if t.first_token is not None and t.finished is not None)
+    return min(1.0, decoding / run.wall_s) if run.wall_s > 0 else 0.0
+
+
 def _entry(runs: dict[str, list[RunResult]]) -> dict:
     """Per engine: tok/s and decode tok/s spreads, speculation counters of its median run; ratios to plain."""
     entry: dict = {}
@@ -146,7 +174,8 @@ def bench_spec(options: BenchOptions, spec: SpecBenchOptions) -> dict:
     for name in SPEC_WORKLOADS:
         workload = build_spec_workload(name, tokenizer, options.seed, spec.num_prompts, spec.output_len)
         runs = _interleave(options, f"spec batch1 {name}", _runners(options, spec, workload, 1, spec.methods))
-        section["batch1"][name] = dict(_entry(runs), prompt_len=workload.params["prompt_len"], output_len=spec.output_len)
+        section["batch1"][name] = dict(_entry(runs), prompt_len=workload.params["prompt_len"], output_len=spec.output_len,
+                                       lookup_ceiling=_lookup_ceiling(workload, runs["plain"], spec.num_speculative_tokens))
     sweep_size = max(spec.batch_sizes, default=0)
     if sweep_size > 1:
         grounded = build_spec_workload("code-edit", tokenizer, options.seed + 1, sweep_size, spec.output_len)
@@ -183,7 +212,8 @@ def _bench_sibling(options: BenchOptions, spec: SpecBenchOptions, pair: SiblingP
     for name in SPEC_WORKLOADS:
         workload = build_spec_workload(name, tokenizer, options.seed, spec.num_prompts, spec.output_len)
         runs = _interleave(target_options, f"spec sibling {name}", _runners(target_options, pair_spec, workload, 1, SIBLING_METHODS))
-        batch1[name] = dict(_entry(runs), prompt_len=workload.params["prompt_len"], output_len=spec.output_len)
+        batch1[name] = dict(_entry(runs), prompt_len=workload.params["prompt_len"], output_len=spec.output_len,
+                            lookup_ceiling=_lookup_ceiling(workload, runs["plain"], spec.num_speculative_tokens))
     return {"target": pair.target, "draft": pair.draft, "dtype": pair.dtype, "repeats": repeats, "batch1": batch1}
 
 
@@ -310,9 +340,20 @@ def format_spec_section(section: dict) -> str:
     return "\n".join(lines)
 
 
+def ceiling_text(entry: dict) -> str:
+    """A workload's prompt-lookup ceiling as the reports show it ('' where the run predates it)."""
+    ceiling = entry.get("lookup_ceiling")
+    if not ceiling:
+        return ""
+    return (f"lookup ceiling x{ceiling['overall']:.2f} at K={ceiling['depth']} (decode x{ceiling['decode']:.2f}), "
+            f"x{ceiling['max_depth_overall']:.2f} at K={ceiling['max_depth']} (decode x{ceiling['max_depth_decode']:.2f})")
+
+
 def _batch1_lines(batch1: dict) -> list[str]:
     lines = []
     for name, entry in batch1.items():
+        if ceiling_text(entry):
+            lines.append(f"  {name:14s} {ceiling_text(entry)}")
         for method, data in entry.items():
             if isinstance(data, dict) and "tok_s" in data and method != "plain":
                 lines.append(

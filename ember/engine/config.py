@@ -61,6 +61,7 @@ class SchedulerConfig:
 
 
 SPECULATIVE_METHODS = ("ngram", "draft", "medusa", "eagle")
+MAX_SPECULATIVE_TOKENS = 16  # the deepest draft a sequence may verify in one step
 MAX_TREE_NODES = 62  # a tree's rows and their newest token fit the attention op's 64-bit masks
 DEFAULT_TREE_NODES = 7  # with the newest token, 8 rows: one query chunk of the attention op, as a decode row reads
 
@@ -102,8 +103,8 @@ class SpeculativeConfig:
             return
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative method {self.method!r} is unknown; choose one of {', '.join(SPECULATIVE_METHODS)}")
-        if not 1 <= self.num_speculative_tokens <= 16:
-            raise ValueError("num_speculative_tokens must be from 1 to 16")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be from 1 to {MAX_SPECULATIVE_TOKENS}")
         if self.method == "draft" and not self.draft_model:
             raise ValueError("speculative method 'draft' needs a draft model; pass draft_model=PATH (--draft-model)")
         if self.method != "draft" and self.draft_model:

@@ -244,3 +244,15 @@ def test_a_sibling_pair_gets_its_batch1_table_and_reported_goals_and_counts_for_
             "as draft model, output tok/s over plain | reported | 0.80x (acceptance 50%) | reported |") in text
     assert ("| 11 | `spec` batch 1: slowest workload and proposer over plain (adaptive K) | >= 0.9x "
             "| 0.80x (code-edit (qwen2.5-coder-1.5b.gguf), draft) | **missed** |") in text
+
+
+def test_a_workload_with_a_lookup_ceiling_shows_it_beside_its_ngram_goal_and_under_the_table():
+    results = feature_results()
+    results["spec"]["batch1"]["quote-summary"]["lookup_ceiling"] = {"depth": 4, "decode": 1.68, "overall": 1.55, "decode_share": 0.85,
+                                                                   "max_depth": 16, "max_depth_decode": 1.8, "max_depth_overall": 1.63}
+    text = report.render_markdown(results)
+    assert ("| 11 | `spec` batch 1 greedy, quote-summary: n-gram output tok/s over plain | >= 2x | 1.50x (acceptance 70%; "
+            "lookup ceiling x1.55 at K=4 (decode x1.68), x1.63 at K=16 (decode x1.80)) | **missed** |") in text
+    assert "bound any n-gram proposer's decode speed-up" in text
+    assert "quote-summary lookup ceiling x1.55 at K=4" in text
+    assert "code-edit lookup ceiling" not in text  # a run without the measure shows none
