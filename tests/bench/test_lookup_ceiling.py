@@ -63,3 +63,24 @@ def test_the_overall_ceiling_speeds_up_only_the_decode_share():
 def test_a_depth_below_one_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         lookup_ceiling([1, 2], [1, 2], depth=0)
+
+
+def test_the_spec_bench_bounds_each_workload_from_its_plain_runs_outputs_and_decode_share():
+    from ember.bench.results import RequestTiming, RunResult
+    from ember.bench.spec import _lookup_ceiling, decode_share
+    from ember.bench.workloads import BenchRequest, Workload
+
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    workload = Workload("copy", 0, [BenchRequest("r0", prompt, 11)], {}, "generated")
+
+    def plain(decode_s: float) -> RunResult:
+        timing = RequestTiming("r0", "main", len(prompt), 11, arrival=0.0, first_token=1.0, finished=1.0 + decode_s,
+                               output_token_ids=prompt[:11])
+        return RunResult("ember", "copy", 4.0, 11, [timing])
+
+    runs = [plain(3.0), plain(1.0), plain(2.0)]  # decode shares 0.75, 0.25, 0.5: the median is 0.5
+    assert decode_share(runs[0]) == pytest.approx(0.75)
+    ceiling = _lookup_ceiling(workload, runs, depth=4)
+    assert ceiling["decode"] == pytest.approx(5.0) and ceiling["decode_share"] == pytest.approx(0.5)
+    assert ceiling["overall"] == pytest.approx(overall_ceiling(5.0, 0.5))
+    assert ceiling["max_depth"] == 16 and ceiling["max_depth_decode"] == pytest.approx(10.0)  # the whole copy in one step
