@@ -256,3 +256,14 @@ def test_a_workload_with_a_lookup_ceiling_shows_it_beside_its_ngram_goal_and_und
     assert "bound any n-gram proposer's decode speed-up" in text
     assert "quote-summary lookup ceiling x1.55 at K=4" in text
     assert "code-edit lookup ceiling" not in text  # a run without the measure shows none
+
+
+def test_the_slowest_row_shows_each_repeats_own_ratio_and_whether_the_proposer_ever_drafted():
+    section = spec_section()
+    never = _engine(8.0, 0.8, 0.0, (0, 0, 0, 0, 0))
+    never["tok_s"]["values"] = [7.0, 9.5, 8.0]
+    section["batch1"]["free-story"] = {"plain": _engine(10.0), "draft": never, "prompt_len": [41], "output_len": 128}
+    section["batch1"]["free-story"]["plain"]["tok_s"]["values"] = [7.0, 10.0, 10.0]
+    text = report.render_markdown(dict(feature_results(), spec=section))
+    assert ("| 11 | `spec` batch 1: slowest workload and proposer over plain (adaptive K) | >= 0.9x | 0.80x (free-story, draft; "
+            "never drafted; per-repeat ratios 1.00, 0.95, 0.80: median 0.95x) | **missed** |") in text  # the verdict stays the medians'
