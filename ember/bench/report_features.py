@@ -137,7 +137,7 @@ def _batch1_table(batch1: dict, table: Table) -> list[str]:
 
 def _ceilings(batch1: dict) -> list[str]:
     """The prompt-lookup ceiling of each workload, where the run measured it."""
-    found = [f"{workload} {ceiling_text(entry)}" for workload, entry in batch1.items() if ceiling_text(entry)]
+    found = [f"{workload} {ceiling}" for workload, entry in batch1.items() if (ceiling := ceiling_text(entry))]
     if not found:
         return []
     return ["", "Prompt-lookup ceiling: at each decode step of the plain run's own greedy output, an oracle drafts the "

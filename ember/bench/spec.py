@@ -107,8 +107,13 @@ def _runners(options: BenchOptions, spec: SpecBenchOptions, workload: Workload, 
 def decode_tok_s(run: RunResult) -> float:
     """Tokens after each request's first, over the time after its first (prefill left out)."""
     tokens = sum(t.output_tokens - 1 for t in run.requests if t.first_token is not None and t.finished is not None)
-    seconds = sum(t.finished - t.first_token for t in run.requests if t.first_token is not None and t.finished is not None)
+    seconds = _decode_seconds(run)
     return tokens / seconds if seconds > 0 else 0.0
+
+
+def _decode_seconds(run: RunResult) -> float:
+    """The time a run's finished requests spent after their first token."""
+    return sum(t.finished - t.first_token for t in run.requests if t.first_token is not None and t.finished is not None)
 
 
 def _lookup_ceiling(workload: Workload, plain: list[RunResult], depth: int) -> dict:
@@ -131,8 +136,7 @@ def _lookup_ceiling(workload: Workload, plain: list[RunResult], depth: int) -> d
 
 def decode_share(run: RunResult) -> float:
     """The share of a run's wall time its requests spent after their first token (batch 1: one request at a time)."""
-    decoding = sum(t.finished - t.first_token for t in run.requests if t.first_token is not None and t.finished is not None)
-    return min(1.0, decoding / run.wall_s) if run.wall_s > 0 else 0.0
+    return min(1.0, _decode_seconds(run) / run.wall_s) if run.wall_s > 0 else 0.0
 
 
 def _entry(runs: dict[str, list[RunResult]]) -> dict:
@@ -352,8 +356,8 @@ def ceiling_text(entry: dict) -> str:
 def _batch1_lines(batch1: dict) -> list[str]:
     lines = []
     for name, entry in batch1.items():
-        if ceiling_text(entry):
-            lines.append(f"  {name:14s} {ceiling_text(entry)}")
+        if ceiling := ceiling_text(entry):
+            lines.append(f"  {name:14s} {ceiling}")
         for method, data in entry.items():
             if isinstance(data, dict) and "tok_s" in data and method != "plain":
                 lines.append(
