@@ -1,12 +1,14 @@
-"""Which layers a pipeline stage holds: contiguous ranges, as even as they go (earlier stages take the extra).
+"""Which layers a pipeline stage holds: contiguous ranges balanced by weight (ember.parallel.stage_split).
 
 Stage 0 (rank 0, the engine) also holds the embedding and the LM head (one copy of a tied table,
-and the logits stay where the sampler runs); the last stage holds the final norm. A stage reads
-only its tensors from the checkpoint and allocates KV cache only for its layers.
+and the logits stay where the sampler runs), so it takes fewer layers; the last stage holds the
+final norm. A stage reads only its tensors from the checkpoint and allocates KV cache only for its
+layers.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -16,7 +18,8 @@ from ember.layers.pipeline import PipelineStage
 from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderModel
 from ember.parallel.communicator import Communicator
-from ember.parallel.sharding import ModelShard, balanced_spans
+from ember.parallel.sharding import ModelShard
+from ember.parallel.stage_split import stage_spans
 
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
 _FIRST_STAGE = ("model.embed_tokens.", "lm_head.")
@@ -39,9 +42,9 @@ class PipelineShard(ModelShard):
                 "use a --pipeline-parallel-size of at most the number of layers"
             )
 
-    @property
+    @functools.cached_property
     def held_layers(self) -> range:
-        span = balanced_spans(self.config.num_layers, self.world_size)[self.rank]
+        span = stage_spans(self.config, self.world_size)[self.rank]
         return range(span.start, span.stop)
 
     def holds(self, name: str) -> bool:

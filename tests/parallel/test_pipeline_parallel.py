@@ -17,7 +17,8 @@ OPTIONS = dict(block_size=4, num_kv_blocks=200, max_num_batched_tokens=64, enabl
 
 
 def test_pp2_qwen2_hybrid_windows_three_layers_match_single_process_exactly(tmp_path, single_thread_torch):
-    """Layers 0-1 on rank 0 (with the embedding and head), layer 2 and the norm on rank 1; full and windowed groups."""
+    """Layer 0 on rank 0 (its embedding and head weigh about a layer), layers 1-2 and the norm on rank 1; full and
+    windowed groups."""
     folder = save_tiny_model(
         "qwen2", tmp_path / "qwen2", num_hidden_layers=3, use_sliding_window=True, sliding_window=8, max_window_layers=1
     )
@@ -28,8 +29,9 @@ def test_pp2_qwen2_hybrid_windows_three_layers_match_single_process_exactly(tmp_
         assert_volume_matches_formula(parallel, PROMPTS)
         memory = parallel.engine.workers.memory
         assert sum(memory.parameter_bytes) == parameter_bytes(single.engine.runner.model)
-        # Layer 0 (full) and 1 (windowed) share cache tensor 0, layer 2 has tensor 1: one tensor per stage.
-        assert memory.kv_cache_bytes == [single.engine.runner.kv_cache_bytes // 2] * 2
+        assert parallel.engine.workers.held_layers == range(0, 1)
+        # Layers 0 (full) and 1 (windowed) share cache tensor 0, layer 2 has tensor 1: rank 1 allocates both.
+        assert memory.kv_cache_bytes == [single.engine.runner.kv_cache_bytes // 2, single.engine.runner.kv_cache_bytes]
     finally:
         parallel.shutdown()
 
