@@ -53,19 +53,23 @@ def _prompts(vocab_size: int, count: int, length: int, seed: int) -> list[list[i
     return [torch.randint(0, vocab_size, (length,), generator=generator).tolist() for _ in range(count)]
 
 
-def _timed_runs(llm: LLM, prompts: list[list[int]], params: SamplingParams, repeats: int) -> tuple[list[float], int]:
-    """Seconds of each repeat and the tokens one repeat computes."""
+def _timed_runs(llm: LLM, prompts: list[list[int]], params: SamplingParams, repeats: int) -> tuple[list[float], list[int]]:
+    """Seconds of each repeat and the tokens of each forward pass (engine step) of the last one."""
     llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm up
     seconds = []
     for _ in range(repeats):
-        before = llm.engine.stats().computed_tokens_total
+        records = llm.engine.step_records()
+        first_step = records[-1].step_index + 1 if records else 0
         if llm.engine.workers is not None:
             llm.engine.workers.communicator.stats.reset()
         started = time.perf_counter()
         llm.generate(prompts, params)
         seconds.append(time.perf_counter() - started)
-        tokens = llm.engine.stats().computed_tokens_total - before
-    return seconds, tokens
+        after = llm.engine.step_records()
+        if after and after[0].step_index > first_step:
+            raise RuntimeError("the engine kept fewer step records than one repeat ran: use fewer prompts or tokens per repeat")
+        pass_tokens = [r.num_scheduled_tokens for r in after if r.step_index >= first_step]
+    return seconds, pass_tokens
 
 
 def run_parallel_bench(
@@ -76,17 +80,18 @@ def run_parallel_bench(
     options = dict(dtype="float32", enable_prefix_caching=False, max_num_seqs=num_prompts)
     single = LLM(model, **options)
     prompts = _prompts(single.engine.model_config.vocab_size, num_prompts, prompt_len, seed)
-    single_s, tokens = _timed_runs(single, prompts, params, repeats)
+    single_s, _ = _timed_runs(single, prompts, params, repeats)
     whole_bytes = parameter_bytes(single.engine.runner.model)
     del single
     parallel_llm = LLM(model, **options, **_parallel_options(parallel))
     try:
-        parallel_s, parallel_tokens = _timed_runs(parallel_llm, prompts, params, repeats)
+        parallel_s, parallel_passes = _timed_runs(parallel_llm, prompts, params, repeats)
         workers = parallel_llm.engine.workers
         stats = workers.communicator.stats  # of the last repeat
         config = parallel_llm.engine.model_config
         element_bytes = torch.empty((), dtype=compute_dtype(parallel_llm.engine.config.dtype)).element_size()
         volume = parallel_volume(config, parallel, element_bytes)
+        counted_tokens = volume.counted_tokens(parallel_passes, parallel.world_size)
         hardware = HardwareModel()
         modelled = None
         if parallel.mode == "tensor":
@@ -100,10 +105,11 @@ def run_parallel_bench(
             "workload": {"prompts": num_prompts, "prompt_len": prompt_len, "max_tokens": max_tokens, "repeats": repeats},
             "single_s": single_s,
             "parallel_s": parallel_s,
-            "tokens_per_run": tokens,
+            "tokens_per_run": sum(parallel_passes),
+            "counted_tokens_per_run": counted_tokens,  # what the formula is per (padded for a sequence split)
             "speedup": statistics.median(single_s) / statistics.median(parallel_s),
             "collective": " + ".join(volume.kinds),
-            "bytes_per_token_counted": sum(stats.bytes_sent[kind] for kind in volume.kinds) / parallel_tokens,
+            "bytes_per_token_counted": sum(stats.bytes_sent[kind] for kind in volume.kinds) / counted_tokens,
             "bytes_per_token_formula": volume.bytes_per_token,
             "formula": volume.formula,
             "calls_per_forward": volume.calls_per_forward,
@@ -143,6 +149,20 @@ def _parallel_options(parallel: ParallelConfig) -> dict:
     }
 
 
+def _token_unit(result: dict) -> str:
+    padded = result.get("counted_tokens_per_run", result["tokens_per_run"]) != result["tokens_per_run"]
+    return "padded token" if padded else "token"
+
+
+def _padding_rows(result: dict) -> list[str]:
+    """Where the formula counts padded tokens: how many the split padded, so the padding's cost stays visible."""
+    counted, tokens = result.get("counted_tokens_per_run"), result["tokens_per_run"]
+    if counted is None or counted == tokens:
+        return []
+    return [f"| tokens per run, computed / padded to a multiple of {result['world_size']} for the split | "
+            f"{tokens} / {counted} ({counted / tokens:.2f}x) |"]
+
+
 def markdown(result: dict) -> str:
     """The result as a short Markdown report."""
     mib = 2**20
@@ -157,8 +177,9 @@ def markdown(result: dict) -> str:
         f"| run time, 1 process (median s) | {statistics.median(result['single_s']):.2f} |",
         f"| run time, {mode} x{size} (median s) | {statistics.median(result['parallel_s']):.2f} |",
         f"| measured speedup (1 process / parallel) | {result['speedup']:.2f}x |",
-        f"| {result['collective']} bytes per token per rank, counted | {result['bytes_per_token_counted']:.1f} |",
+        f"| {result['collective']} bytes per {_token_unit(result)} per rank, counted | {result['bytes_per_token_counted']:.1f} |",
         f"| same, formula {result['formula']} | {result['bytes_per_token_formula']:.1f} |",
+        *_padding_rows(result),
         f"| {result['collective']} calls per forward pass | {result['calls_per_forward']} |",
         f"| logits gather bytes per sampled token, per worker (ceil(V/W) e) | {result['logits_gather_bytes_per_sampled_token']} |",
         f"| plan broadcast bytes (last run, control) | {result['broadcast_bytes_counted']:.0f} |",

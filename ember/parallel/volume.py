@@ -43,6 +43,13 @@ class ParallelVolume:
     bytes_per_token: float
     formula: str
     logits_gather_bytes_per_sampled_token: int = 0  # tensor parallel: sent by each worker rank to rank 0
+    per_padded_token: bool = False  # sequence parallel: per token of each forward pass padded to a multiple of W
+
+    def counted_tokens(self, pass_tokens: list[int], world_size: int) -> int:
+        """The tokens `bytes_per_token` is per, for forward passes of `pass_tokens` tokens each."""
+        if self.per_padded_token:
+            return sum(-(-tokens // world_size) * world_size for tokens in pass_tokens)
+        return sum(pass_tokens)
 
 
 def parallel_volume(config: ModelConfig, parallel: ParallelConfig, element_bytes: int) -> ParallelVolume:
@@ -57,7 +64,7 @@ def parallel_volume(config: ModelConfig, parallel: ParallelConfig, element_bytes
         if parallel.enable_sequence_parallel:
             return ParallelVolume(
                 ("reduce_scatter", "all_gather"), 2 * calls, calls * hidden * element_bytes * ring_share,
-                "(2L+1) H e 2(W-1)/W (reduce-scatter + all-gather, padded tokens)", gather,
+                "(2L+1) H e 2(W-1)/W (reduce-scatter + all-gather, padded tokens)", gather, per_padded_token=True,
             )  # fmt: skip
         return ParallelVolume(("all_reduce",), calls, calls * hidden * element_bytes * ring_share, "(2L+1) H e 2(W-1)/W", gather)
     if parallel.mode == "pipeline":

@@ -138,6 +138,16 @@ def test_a_failed_parallel_mode_is_shown_and_the_other_kept():
     assert "`parallel` tensor parallel x2: all_reduce bytes per token" in text and "`parallel` pipeline parallel x2" not in text
 
 
+def test_a_sequence_split_counts_bytes_per_padded_token_and_shows_the_padding():
+    results = feature_results()
+    results["parallel"]["modes"]["sequence"].update(tokens_per_run=95, counted_tokens_per_run=126)
+    text = report.render_markdown(results)
+    assert "| reduce_scatter + all_gather bytes per padded token per rank, counted | 140544.0 |" in text
+    assert "| tokens per run, computed / padded to a multiple of 2 for the split | 95 / 126 (1.33x) |" in text
+    assert "140,544 / 140,544 bytes per padded token (126 padded for 95 computed: 1.33x)" in text
+    assert "| all_reduce bytes per token per rank, counted | 140544.0 |" in text  # no split, no padding
+
+
 def test_from_results_redraws_the_feature_plots_next_to_their_tables(tmp_path):
     results_file = tmp_path / "results.json"
     results_file.write_text(json.dumps(feature_results()))

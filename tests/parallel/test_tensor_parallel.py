@@ -109,6 +109,7 @@ def test_tp2_sequence_parallel_adds_the_same_partial_sums_and_sends_the_same_byt
     try:
         assert_parallel_matches(single, parallel, PROMPTS)
         assert_volume_matches_formula(parallel, [*PROMPTS, [7]])  # 40 tokens: no padding
+        assert_volume_matches_formula(parallel, PROMPTS)  # 39 tokens: the formula's 40 padded ones
         _assert_only_the_all_reduce_reorders(single, parallel, PROMPTS, tolerance=1e-6)  # token-split norms meet SIMD tails differently: ulps, not order
     finally:
         parallel.shutdown()

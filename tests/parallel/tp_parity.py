@@ -48,15 +48,13 @@ def assert_parallel_matches(
 
 
 def assert_volume_matches_formula(parallel: LLM, prompts: list[list[int]]) -> None:
-    """Bytes rank 0 sent in one forward pass over `prompts`, as counted, equal the mode's formula per token.
-
-    Sequence parallelism splits the batch padded to a multiple of the world size: give the
-    prompts a token count that divides (the formula is per token of the split batch).
-    """
+    """Bytes rank 0 sent in one forward pass over `prompts`, as counted, equal the mode's formula per token
+    (per token of the batch padded to a multiple of the world size, for a sequence split)."""
     communicator = parallel.engine.workers.communicator
     communicator.stats.reset()
     prompt_logits(parallel, prompts)
-    num_tokens = sum(len(p) for p in prompts)
-    volume = parallel_volume(parallel.engine.model_config, parallel.engine.config.parallel, element_bytes=4)
+    parallel_config = parallel.engine.config.parallel
+    volume = parallel_volume(parallel.engine.model_config, parallel_config, element_bytes=4)
+    num_tokens = volume.counted_tokens([sum(len(p) for p in prompts)], parallel_config.world_size)
     assert sum(communicator.stats.bytes_sent[kind] for kind in volume.kinds) == num_tokens * volume.bytes_per_token
     assert sum(communicator.stats.calls[kind] for kind in volume.kinds) == volume.calls_per_forward
