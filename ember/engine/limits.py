@@ -42,6 +42,8 @@ class RequestLimits:
         """Raise RequestRejected, saying what to change, if this request could never run here."""
         num_prompt = len(prompt_token_ids)
         self._check_prompt(prompt_token_ids)
+        if any(token_id >= self.vocab_size for token_id in params.logit_bias):
+            raise RequestRejected(f"logit_bias token ids must lie in [0, {self.vocab_size})", "logit_bias")
         max_tokens = params.max_tokens or (self.max_model_len - num_prompt)
         if num_prompt + max_tokens > self.max_model_len:
             raise RequestRejected(

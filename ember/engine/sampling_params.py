@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 # A bound on a single request's output, so a typo cannot pin the engine for hours.
 MAX_TOKENS_LIMIT = 1_000_000
 MAX_LOGPROBS = 20
+LOGIT_BIAS_LIMIT = 100  # OpenAI's range for a logit_bias value
 
 
 @dataclass
@@ -19,6 +20,8 @@ class SamplingParams:
     Logprobs are those of the model's raw distribution, before penalties and filters.
     A `seed` makes the request's samples reproducible whatever else shares its batch.
     `allow_speculation=False` opts this request out of the engine's speculative decoding.
+    `logit_bias` adds its value to the logit of each token id before penalties, filters and the
+    choice (OpenAI's: -100 all but bans a token, +100 all but forces it).
     """
 
     n: int = 1
@@ -40,12 +43,14 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     allow_speculation: bool = True
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        self.logit_bias = dict(self.logit_bias)
         self._validate()
 
     @property
@@ -82,6 +87,10 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None:
                 _check(isinstance(value, int) and 0 <= value <= MAX_LOGPROBS, name, f"an integer from 0 to {MAX_LOGPROBS}")
+        _check(
+            all(isinstance(t, int) and t >= 0 and isinstance(b, int | float) and -LOGIT_BIAS_LIMIT <= b <= LOGIT_BIAS_LIMIT for t, b in self.logit_bias.items()),
+            "logit_bias", f"a map of non-negative token ids to numbers from {-LOGIT_BIAS_LIMIT} to {LOGIT_BIAS_LIMIT}",
+        )
         if self.seed is not None:
             _check(isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63, "seed", "a 64-bit integer")
 

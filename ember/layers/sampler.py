@@ -75,14 +75,17 @@ class Sampler:
 
 
 def _changes_logits(row: SamplingRow) -> bool:
-    """Whether penalties or banned tokens change this row's logits before the choice."""
+    """Whether penalties, a logit bias or banned tokens change this row's logits before the choice."""
     params = row.params
-    return params.repetition_penalty != 1.0 or bool(params.presence_penalty or params.frequency_penalty) or bool(row.banned_token_ids)
+    return params.has_penalties or bool(params.logit_bias) or bool(row.banned_token_ids)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     for i, row in enumerate(rows):
         params = row.params
+        if params.logit_bias:
+            ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+            logits[i, ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)
         if params.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long)
             if len(seen):

@@ -55,8 +55,6 @@ def _unsupported(param: str, what: str) -> ApiError:
 
 
 def _check_common(request: SamplingFields) -> None:
-    if request.logit_bias:
-        raise _unsupported("logit_bias", "logit_bias")
     if request.stream_options is not None and not request.stream:
         raise ApiError(
             "'stream_options' is only allowed when 'stream' is true.",
@@ -143,12 +141,27 @@ def sampling_params(request: SamplingFields, max_tokens: int | None, logprobs: i
             include_stop_str_in_output=given(request.include_stop_str_in_output, False),
             logprobs=logprobs,
             skip_special_tokens=given(request.skip_special_tokens, True),
+            logit_bias=_token_biases(request.logit_bias),
         )
     except ValueError as error:
         # SamplingParams names the field as "sampling parameter 'x' ..."; pass it on as `param`.
         named = re.search(r"parameter '(\w+)'", str(error))
         param = named.group(1) if named else None
         raise ApiError(f"Invalid value: {error}.", param=param, code="invalid_value") from error
+
+
+def _token_biases(logit_bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias (token ids as JSON object keys, so strings) with integer ids."""
+    biases = {}
+    for key, value in (logit_bias or {}).items():
+        if not (key.isascii() and key.isdigit()):
+            raise ApiError(
+                f"Invalid logit_bias key {key!r}: keys are token ids (non-negative integers as strings).",
+                param="logit_bias",
+                code="invalid_value",
+            )
+        biases[int(key)] = value
+    return biases
 
 
 def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:

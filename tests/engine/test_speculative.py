@@ -91,6 +91,25 @@ def test_a_stop_string_inside_kept_drafts_ends_the_sequence_there_as_without_spe
     assert spec.engine.kv.num_free_blocks == 128
 
 
+def test_logit_biased_requests_decode_as_without_speculation_beside_one_that_speculates(stories_dir):
+    plain = stories_llm(stories_dir, block_size=4, num_kv_blocks=256)
+    spec = stories_llm(stories_dir, block_size=4, num_kv_blocks=256, speculative_method="ngram", num_speculative_tokens=4)
+    prompt = plain.tokenizer.encode("The cat sat on the mat. The cat sat on the", add_special_tokens=True)
+    unbiased = run_to_completion(plain, {"a": (prompt, GREEDY)})["a"].outputs[0].token_ids
+    forced, banned = prompt[2], unbiased[0]  # a prompt token the lookup would draft after; the greedy choice
+    requests = {
+        "forced": (prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logit_bias={forced: 100.0})),
+        "banned": (prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logit_bias={banned: -100.0})),
+        "plain": (prompt, GREEDY),
+    }
+    expected = _token_ids(run_to_completion(plain, requests))
+    got = _token_ids(run_to_completion(spec, requests))
+    assert got == expected
+    assert got["forced"][0] == [forced] * 40 and banned not in got["banned"][0] and got["plain"][0] == unbiased
+    assert spec.engine.stats().spec_accepted_tokens_total > 0  # the unbiased request did speculate
+    assert spec.engine.kv.num_free_blocks == 256
+
+
 def test_seeded_sampling_with_speculation_repeats_whatever_shares_the_batch(stories_dir):
     spec = stories_llm(stories_dir, block_size=4, num_kv_blocks=256, speculative_method="ngram", num_speculative_tokens=4)
     prompt = spec.tokenizer.encode("Tom had a big red ball. Tom liked the big red ball. Tom", add_special_tokens=True)

@@ -75,6 +75,22 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     assert sampler(logits, [row])[0].token_id == 1
 
 
+def test_logit_bias_shifts_the_biased_logits_before_the_choice():
+    sampler = Sampler(torch.Generator())
+    assert sampler(LOGITS.unsqueeze(0), [_row(temperature=0, logit_bias={4: 100})])[0].token_id == 4
+    assert sampler(LOGITS.unsqueeze(0), [_row(temperature=0, logit_bias={0: -100})])[0].token_id == 1
+    # sampled: a bias of ln 2 on token 1 doubles its odds against every other token
+    observed = _frequencies(lambda: _row(temperature=1.0, logit_bias={1: float(torch.log(torch.tensor(2.0)))}))
+    expected = LOGITS.exp() * torch.tensor([1.0, 2.0, 1.0, 1.0, 1.0])
+    assert torch.allclose(observed, expected / expected.sum(), atol=0.03)
+
+
+def test_logit_bias_leaves_a_row_without_one_untouched():
+    sampler = Sampler(torch.Generator())
+    tokens = sampler(LOGITS.expand(2, -1), [_row(temperature=0, logit_bias={3: 100}), _row(temperature=0)])
+    assert [t.token_id for t in tokens] == [3, 0]
+
+
 def test_logprobs_are_of_the_raw_distribution_with_ranks():
     sampler = Sampler(torch.Generator())
     row = _row(temperature=0, logprobs=2, output=[0], presence_penalty=2.0)
@@ -88,7 +104,7 @@ def test_logprobs_are_of_the_raw_distribution_with_ranks():
 @pytest.mark.parametrize(
     "bad",
     [dict(temperature=-1), dict(top_p=0), dict(top_k=-5), dict(n=0), dict(max_tokens=0), dict(logprobs=50), dict(min_p=2),
-     dict(seed=2**63), dict(seed=-(2**63) - 1)],
+     dict(seed=2**63), dict(seed=-(2**63) - 1), dict(logit_bias={1: 101}), dict(logit_bias={-1: 1.0}), dict(logit_bias={"1": 1.0})],
 )
 def test_invalid_sampling_parameters_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from ember.engine.limits import RequestRejected
 from ember.engine.llm_engine import EngineStats
 from ember.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from ember.engine.sampling_params import SamplingParams
@@ -91,11 +92,14 @@ class FakeEngine:
         self.is_held = False
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """The real engine's up-front refusal: a set reason, an empty prompt, or no room to generate."""
+        """The real engine's up-front refusal: a set reason, an empty prompt, no room to generate, a biased id
+        outside the vocabulary."""
         if self.rejection is not None:
             raise self.rejection
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
+        if any(token_id >= self.tokenizer.vocab_size for token_id in params.logit_bias):
+            raise RequestRejected(f"logit_bias token ids must lie in [0, {self.tokenizer.vocab_size})", "logit_bias")
         budget = self.max_model_len - len(prompt_token_ids)
         if params.max_tokens is not None and params.max_tokens > budget:
             raise ValueError(f"prompt plus max_tokens exceeds {self.max_model_len}")

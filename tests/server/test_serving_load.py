@@ -149,3 +149,12 @@ def test_metrics_count_tokens_and_latencies(smollm2_server: ServeProcess) -> Non
     text = httpx.get(f"{base_url}/metrics").text
     assert re.search(r'ember:request_success_total\{finished_reason="(length|stop)"', text)
     assert "ember:num_preemptions_total" in text and "ember:num_requests_waiting" in text
+
+
+def test_logit_bias_reaches_the_sampler_through_the_openai_client(smollm2_server: ServeProcess) -> None:
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    forced = httpx.post(f"{smollm2_server.base_url}/tokenize", json={"prompt": " banana"}).json()["tokens"][-1]
+    reply = client.completions.create(
+        model=SERVED_MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logit_bias={str(forced): 100}
+    )
+    assert reply.choices[0].text == " banana" * 4

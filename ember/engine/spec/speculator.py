@@ -268,6 +268,7 @@ class Speculator:
             and not seq.fork_pending
             and seq.num_uncomputed_tokens == 1
             and not params.has_penalties  # penalties would need each drafted position's own history
+            and not params.logit_bias  # verification compares the proposers' and the target's unbiased logits
             and seq.num_output_tokens >= params.min_tokens  # banned stop tokens change inside the drafts
         )
 
