@@ -286,7 +286,7 @@ def _parallel_mode_goals(mode: str, run: dict, threads: int | None) -> list[Goal
         Goal(12, f"{name}: largest rank's weight bytes over whole model / {world}", f"<= {RANK_SHARE_SLACK:.2f}x (~1/T each)",
              share, lambda v: v <= RANK_SHARE_SLACK),
         Goal(12, f"{name} over one process, measured here", "reported", run["speedup"],
-             detail=f"{threads or '?'} torch threads per process, one shared CPU box"),
+             detail=f"torch threads per rank: {run.get('threads_per_rank', threads) or '?'}, one shared CPU box"),
         Goal(12, f"{name}: share of rank 0's run time inside collectives", "reported", 100.0 * run["communication_share"], unit="%"),
     ]
     if mode == "pipeline":

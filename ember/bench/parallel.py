@@ -81,6 +81,7 @@ def run_parallel_bench(
     single = LLM(model, **options)
     prompts = _prompts(single.engine.model_config.vocab_size, num_prompts, prompt_len, seed)
     single_s, _ = _timed_runs(single, prompts, params, repeats)
+    single_threads = torch.get_num_threads()
     whole_bytes = parameter_bytes(single.engine.runner.model)
     del single
     parallel_llm = LLM(model, **options, **_parallel_options(parallel))
@@ -104,6 +105,7 @@ def run_parallel_bench(
             "world_size": parallel.world_size,
             "workload": {"prompts": num_prompts, "prompt_len": prompt_len, "max_tokens": max_tokens, "repeats": repeats},
             "single_s": single_s,
+            "single_threads": single_threads,
             "parallel_s": parallel_s,
             "tokens_per_run": sum(parallel_passes),
             "counted_tokens_per_run": counted_tokens,  # what the formula is per (padded for a sequence split)
@@ -122,6 +124,7 @@ def run_parallel_bench(
             "rank0_idle_share": stats.seconds["receive"] / parallel_s[-1],
             "whole_weight_bytes": whole_bytes,
             "rank_weight_bytes": workers.memory.parameter_bytes,
+            "threads_per_rank": workers.threads_per_rank,
             "rank_kv_cache_bytes": workers.memory.kv_cache_bytes,
             "hardware_model": asdict(hardware),
             "modelled_speedup_batch1": modelled,
@@ -176,6 +179,8 @@ def markdown(result: dict) -> str:
         "|---|---|",
         f"| run time, 1 process (median s) | {statistics.median(result['single_s']):.2f} |",
         f"| run time, {mode} x{size} (median s) | {statistics.median(result['parallel_s']):.2f} |",
+        *([f"| torch threads per rank (one process: {result['single_threads']}) | {result['threads_per_rank']} |"]
+          if "threads_per_rank" in result else []),
         f"| measured speedup (1 process / parallel) | {result['speedup']:.2f}x |",
         f"| {result['collective']} bytes per {_token_unit(result)} per rank, counted | {result['bytes_per_token_counted']:.1f} |",
         f"| same, formula {result['formula']} | {result['bytes_per_token_formula']:.1f} |",

@@ -245,8 +245,8 @@ def parallel_markdown(section: dict | None, image: Image) -> list[str]:
                   "of each engine, float32 on both sides.", ""]  # fmt: skip
     for mode, error in section.get("errors", {}).items():
         lines += [f"- **{mode}** failed: `{error}`", ""]
-    lines.append(f"{section.get('torch_threads', '?')} torch threads per process on one shared CPU box: the ranks compete for the "
-                 "same cores, so parallel runs add work and cannot speed up here; the modelled row says what tensor parallel's "
+    lines.append(f"{section.get('torch_threads', '?')} torch threads on one shared CPU box, shared out over the ranks: they compete for "
+                 "the same cores, so parallel runs add work and cannot speed up here; the modelled row says what tensor parallel's "
                  "traffic would cost on fast links. "
                  f"{'' if 'expert' in section['modes'] else 'Expert parallel needs an MoE model: not run here. '}"
                  f"{sizes_note(section.get('sizes'))}")

@@ -62,10 +62,16 @@ class RankMemory:
 class WorkerGroup:
     """The worker processes of ranks 1..W-1 and rank 0's communicator with them."""
 
-    def __init__(self, communicator: Communicator, processes: list[subprocess.Popen], parallel: ParallelConfig) -> None:
+    def __init__(
+        self, communicator: Communicator, processes: list[subprocess.Popen], parallel: ParallelConfig, threads_per_rank: int,
+        caller_threads: int,
+    ) -> None:
+        """`caller_threads`: this process's torch threads before it became rank 0 (given back at shutdown)."""
         self.communicator = communicator
         self.processes = processes
         self.parallel = parallel
+        self.threads_per_rank = threads_per_rank
+        self.caller_threads = caller_threads
         self.held_layers: range | None = None  # rank 0's layers when they are a pipeline stage's
         self.memory = RankMemory([], [])
         self.failure: str | None = None
@@ -75,14 +81,21 @@ class WorkerGroup:
     def start(
         cls, model_path: Path, dtype: str, parallel: ParallelConfig, show_progress: bool = False
     ) -> tuple[WorkerGroup, LoadedModel]:
-        """Start the workers, join the group as rank 0 and load rank 0's shard."""
+        """Start the workers, join the group as rank 0 and load rank 0's shard.
+
+        This process's torch threads drop to rank 0's share of them (`ParallelConfig.threads_per_rank`) until `shutdown`.
+        """
         port = parallel.master_port or free_port(parallel.master_addr)
-        processes = [_spawn_worker(rank, model_path, dtype, parallel, port) for rank in parallel.node_ranks if rank != 0]
+        caller_threads = torch.get_num_threads()
+        threads = parallel.rank_threads(caller_threads)
+        processes = [_spawn_worker(rank, model_path, dtype, parallel, port, threads) for rank in parallel.node_ranks if rank != 0]
         try:
             communicator = connect(
                 0, parallel.world_size, parallel.master_addr, port, parallel.collective_timeout_s, parallel.startup_timeout_s
             )
-            group = cls(communicator, processes, parallel)
+            group = cls(communicator, processes, parallel, threads, caller_threads)
+            torch.set_num_threads(threads)
+            logger.info("%s parallel x%d: %d torch thread(s) per rank", parallel.mode, parallel.world_size, threads)
             loaded = load_model(model_path, dtype, show_progress, shard_factory(communicator, parallel))
             assert loaded.shard is not None
             group.held_layers = loaded.shard.held_layers
@@ -90,6 +103,7 @@ class WorkerGroup:
             group.memory = RankMemory(sizes, [])
         except BaseException:
             _stop_processes(processes)
+            torch.set_num_threads(caller_threads)
             raise
         return group, loaded
 
@@ -116,6 +130,7 @@ class WorkerGroup:
             with contextlib.suppress(CollectiveError):
                 self.communicator.broadcast_object(StopWorker())
         self._finalizer()
+        torch.set_num_threads(self.caller_threads)
 
     # -- health -------------------------------------------------------------------------------
 
@@ -159,7 +174,8 @@ def run_worker_node(model_path: Path, dtype: str, parallel: ParallelConfig) -> i
     """A node other than 0: start this node's ranks and wait for them; returns the first non-zero exit status."""
     if parallel.node_rank == 0 or parallel.master_port is None:
         raise ValueError("run_worker_node runs nodes 1.. of a multi-node group, with a fixed --master-port")
-    processes = [_spawn_worker(rank, model_path, dtype, parallel, parallel.master_port) for rank in parallel.node_ranks]
+    threads = parallel.rank_threads(torch.get_num_threads())
+    processes = [_spawn_worker(rank, model_path, dtype, parallel, parallel.master_port, threads) for rank in parallel.node_ranks]
     try:
         statuses = [process.wait() for process in processes]
     finally:
@@ -167,7 +183,7 @@ def run_worker_node(model_path: Path, dtype: str, parallel: ParallelConfig) -> i
     return next((status for status in statuses if status), 0)
 
 
-def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelConfig, port: int) -> subprocess.Popen:
+def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelConfig, port: int, threads: int) -> subprocess.Popen:
     command = [
         sys.executable, "-m", "ember.parallel.worker",
         "--model", str(model_path), "--dtype", dtype,
@@ -179,7 +195,7 @@ def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelCon
         "--master-addr", parallel.master_addr, "--master-port", str(port),
         "--collective-timeout", str(parallel.collective_timeout_s),
         "--startup-timeout", str(parallel.startup_timeout_s),
-        "--threads", str(torch.get_num_threads()),
+        "--threads", str(threads),
     ]  # fmt: skip
     # stdin is the worker's lifeline: only this process holds the write end.
     return subprocess.Popen(command, stdin=subprocess.PIPE)
