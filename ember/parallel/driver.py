@@ -91,7 +91,8 @@ class WorkerGroup:
         processes = [_spawn_worker(rank, model_path, dtype, parallel, port, threads) for rank in parallel.node_ranks if rank != 0]
         try:
             communicator = connect(
-                0, parallel.world_size, parallel.master_addr, port, parallel.collective_timeout_s, parallel.startup_timeout_s
+                0, parallel.world_size, parallel.master_addr, port, parallel.collective_timeout_s, parallel.startup_timeout_s,
+                peer_failure=lambda: _first_exit(processes),
             )
             group = cls(communicator, processes, parallel, threads, caller_threads)
             torch.set_num_threads(threads)
@@ -168,6 +169,14 @@ class WorkerGroup:
         sizes = self.communicator.gather_to_driver(torch.tensor([driver_value]), timeout_s)
         assert sizes is not None
         return [int(size.item()) for size in sizes]
+
+
+def _first_exit(processes: list[subprocess.Popen]) -> str | None:
+    """Which worker has exited, if any (rank order)."""
+    for rank, process in enumerate(processes, 1):
+        if process.poll() is not None:
+            return f"worker rank {rank} (pid {process.pid}) exited with status {process.returncode}"
+    return None
 
 
 def run_worker_node(model_path: Path, dtype: str, parallel: ParallelConfig) -> int:

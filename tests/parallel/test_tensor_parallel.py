@@ -41,6 +41,7 @@ def test_tp2_qwen2_hybrid_windows_uneven_heads_match_single_process(tmp_path, si
     )
     single, parallel = engines(folder)
     try:
+        assert parallel.engine.workers.communicator.exchange is not None  # one machine: sums through shared memory
         assert_parallel_matches(single, parallel, PROMPTS)
         memory = parallel.engine.workers.memory
         whole = parameter_bytes(single.engine.runner.model)
