@@ -125,10 +125,14 @@ class Communicator:
 
         `timeout_s` overrides the collective timeout (the ranks load at their own pace).
         """
+        tensor = tensor.contiguous()
+        if self._is_shared(tensor) and timeout_s is None:  # every rank sees every block; only rank 0 keeps them
+            sent = 0 if self.is_driver else _nbytes(tensor)
+            gathered = self._run_shared("gather", sent, lambda: self.exchange.all_gather(tensor, *self._shared_waits))
+            return list(gathered.chunk(self.world_size)) if self.is_driver else None
         options = dist.GatherOptions()
         options.rootRank = 0
         options.timeout = self.timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
-        tensor = tensor.contiguous()
         if self.is_driver:
             outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]
             self._run("gather", 0, lambda: self.group.gather([outputs], [tensor], options))
