@@ -46,3 +46,4 @@ def split_row_parallel_sums(model: nn.Module, world_size: int) -> None:
     for layer in model.model.layers:
         layer.self_attn.o_proj = SplitSumLinear(layer.self_attn.o_proj, [s.query_heads.scaled(config.head_dim) for s in shards])
         layer.mlp.down_proj = SplitSumLinear(layer.mlp.down_proj, [s.inner for s in shards])
+        layer.drop_compiled()  # the compiled layer would go on reading the whole products it was built from
