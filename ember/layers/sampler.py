@@ -36,7 +36,7 @@ class SampledToken:
 
 
 class Sampler:
-    """Greedy, temperature, top-k, top-p, min-p and penalties, one row per sequence.
+    """Greedy, temperature, top-k, top-p, min-p, logit bias and penalties, one row per sequence.
 
     Every random draw of a seeded row comes from that row's own generator, and the number of
     draws per step is fixed (one exponential per vocabulary entry), so a seeded request
@@ -51,7 +51,7 @@ class Sampler:
         wants_logprobs = any(row.params.logprobs is not None for row in rows)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
         if any(_changes_logits(row) for row in rows):
-            logits = _apply_penalties(logits.clone(), rows)  # the clone keeps raw_logprobs' input as it was
+            logits = _adjust_logits(logits.clone(), rows)  # the clone keeps raw_logprobs' input as it was
         token_ids = self._choose(logits, rows).tolist()
         return [_describe(i, token_id, row, raw_logprobs) for i, (token_id, row) in enumerate(zip(token_ids, rows, strict=True))]
 
@@ -80,7 +80,8 @@ def _changes_logits(row: SamplingRow) -> bool:
     return params.has_penalties or bool(params.logit_bias) or bool(row.banned_token_ids)
 
 
-def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+def _adjust_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Each row's logit bias, penalties and banned tokens applied to `logits`, in place (returned)."""
     for i, row in enumerate(rows):
         params = row.params
         if params.logit_bias:

@@ -68,6 +68,21 @@ class LogprobFormatter:
             )
         return ChatLogprobs(content=content)
 
+    def prompt(self, token_ids: list[int], positions: list[PositionLogprobs | None], num_top: int) -> CompletionLogprobs:
+        """The legacy format for the prompt's tokens (an echo): the first has no logprob, nothing came before it."""
+        result = CompletionLogprobs()
+        offset = 0
+        for token_id, position in zip(token_ids, positions, strict=False):
+            chosen = None if position is None else position.get(token_id)
+            text = self._text(token_id, None if chosen is None else chosen.decoded_token)
+            result.tokens.append(text)
+            result.token_logprobs.append(None if chosen is None else chosen.logprob)
+            top = None if position is None else {top_text: logprob for _, logprob, top_text in self._top(position, num_top)}
+            result.top_logprobs.append(top)
+            result.text_offset.append(offset)
+            offset += len(text)
+        return result
+
     def completion(self, part: CompletionOutput, num_top: int, text_offset: int) -> CompletionLogprobs | None:
         """The legacy `{tokens, token_logprobs, top_logprobs, text_offset}` for the new tokens."""
         if part.logprobs is None:

@@ -107,15 +107,15 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
 def check_completion_request(request: CompletionRequest) -> None:
     """Reject completion fields ember cannot honour, naming each."""
     _check_common(request)
-    if request.echo:
-        raise _unsupported("echo", "echoing the prompt")
     if request.suffix:
         raise _unsupported("suffix", "insertion with a suffix")
     if request.best_of is not None and request.best_of != (request.n or 1):
         raise _unsupported("best_of", "best_of other than n")
 
 
-def sampling_params(request: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def sampling_params(
+    request: SamplingFields, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+) -> SamplingParams:
     """SamplingParams of a request, with OpenAI's defaults (temperature 1, top_p 1)."""
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
 
@@ -140,6 +140,7 @@ def sampling_params(request: SamplingFields, max_tokens: int | None, logprobs: i
             ignore_eos=given(request.ignore_eos, False),
             include_stop_str_in_output=given(request.include_stop_str_in_output, False),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=given(request.skip_special_tokens, True),
             logit_bias=_token_biases(request.logit_bias),
         )
@@ -172,8 +173,9 @@ def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
 
 
 def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
-    """SamplingParams of a text completion request."""
-    return sampling_params(request, request.max_tokens, request.logprobs)
+    """SamplingParams of a text completion request; an echo with logprobs scores the prompt's tokens too."""
+    prompt_logprobs = request.logprobs if request.echo else None
+    return sampling_params(request, request.max_tokens, request.logprobs, prompt_logprobs)
 
 
 async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate | None, encoder: PromptEncoder) -> PreparedPrompt:

@@ -1,4 +1,9 @@
-"""`POST /v1/completions`: one engine request per prompt, answered whole or streamed."""
+"""`POST /v1/completions`: one engine request per prompt, answered whole or streamed.
+
+With `echo`, each choice's text starts with its prompt (as sent, or decoded from the ids given),
+and with `logprobs` too the prompt's tokens come first in the logprobs, scored by the model
+(the first has none): how evaluation harnesses read a text's log-likelihood.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +21,14 @@ from ember.server.context import ServingContext
 from ember.server.errors import ApiError
 from ember.server.formatting import LogprobFormatter, openai_finish_reason, usage_of
 from ember.server.generation import cancel_on_disconnect, collect, merge_streams, tracked_generate
-from ember.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from ember.server.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+)
 from ember.server.requests import (
+    PreparedPrompt,
     check_completion_request,
     check_engine_accepts,
     check_fits,
@@ -67,19 +78,20 @@ async def _run_completion(
         check_engine_accepts(context.engine, prompt, params, "prompt")
     request_id = f"cmpl-{uuid.uuid4().hex}"
     num_top = request.logprobs or 0
+    echoes = [_echo_text(prompt, context) for prompt in prompts] if request.echo else None
     streams = [
         tracked_generate(context, f"{request_id}-{index}", prompt, params, ticket)
         for index, prompt in enumerate(prompts)
     ]
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        chunks = _chunks(context, request_id, model, streams, params.n, num_top, include_usage)
+        chunks = _chunks(context, request_id, model, streams, params.n, num_top, include_usage, echoes)
         return sse_response(chunks, ticket.release, context.drain)
     try:
         outputs = await cancel_on_disconnect(context, raw_request, collect(streams, params.n))
     finally:
         ticket.release()
-    return model_response(_response(context, request_id, model, outputs, params.n, num_top))
+    return model_response(_response(context, request_id, model, outputs, params.n, num_top, echoes))
 
 
 def _response(
@@ -89,18 +101,21 @@ def _response(
     outputs: list[RequestOutput],
     n: int,
     num_top: int,
+    echoes: list[str] | None,
 ) -> CompletionResponse:
     formatter = LogprobFormatter(context.tokenizer)
     choices = []
     completion_tokens = 0
     for prompt_index, output in enumerate(outputs):
+        echo = "" if echoes is None else echoes[prompt_index]
         for completion in output.outputs:
             completion_tokens += len(completion.token_ids)
+            logprobs = formatter.completion(completion, num_top, len(echo))
             choices.append(
                 CompletionChoice(
                     index=prompt_index * n + completion.index,
-                    text=completion.text,
-                    logprobs=formatter.completion(completion, num_top, 0),
+                    text=echo + completion.text,
+                    logprobs=_with_prompt(formatter, output, num_top, logprobs) if echoes is not None else logprobs,
                     finish_reason=openai_finish_reason(completion.finish_reason),
                 )
             )
@@ -117,9 +132,10 @@ async def _chunks(
     n: int,
     num_top: int,
     include_usage: bool,
+    echoes: list[str] | None,
 ) -> AsyncIterator[str]:
-    """The SSE events of a streamed completion: one chunk per choice per engine step, then (if
-    asked) a usage chunk with no choices."""
+    """The SSE events of a streamed completion: one chunk per choice per engine step (an echo rides on
+    each choice's first), then (if asked) a usage chunk with no choices."""
     created = int(time.time())
     formatter = LogprobFormatter(context.tokenizer)
     text_offsets: dict[int, int] = {}
@@ -134,11 +150,13 @@ async def _chunks(
                 if not part.text and not part.token_ids and part.finish_reason is None:
                     continue
                 index = prompt_index * n + part.index
-                offset = text_offsets.get(index, 0)
+                echo = "" if echoes is None or index in text_offsets else echoes[prompt_index]
+                offset = text_offsets.get(index, len(echo))
+                logprobs = formatter.completion(part, num_top, offset)
                 choice = CompletionChoice(
                     index=index,
-                    text=part.text,
-                    logprobs=formatter.completion(part, num_top, offset),
+                    text=echo + part.text,
+                    logprobs=_with_prompt(formatter, delta, num_top, logprobs) if echo else logprobs,
                     finish_reason=openai_finish_reason(part.finish_reason),
                 )
                 text_offsets[index] = offset + len(part.text)
@@ -149,3 +167,23 @@ async def _chunks(
         outputs = [last_outputs[index] for index in sorted(last_outputs)]
         usage = usage_of(outputs, completion_tokens)
         yield event(CompletionResponse(id=request_id, created=created, model=model, choices=[], usage=usage))
+
+
+def _echo_text(prompt: PreparedPrompt, context: ServingContext) -> str:
+    """The prompt as the client sent it; token ids decoded."""
+    return prompt.text if prompt.text is not None else context.tokenizer.decode(prompt.token_ids)
+
+
+def _with_prompt(
+    formatter: LogprobFormatter, output: RequestOutput, num_top: int, completion: CompletionLogprobs | None
+) -> CompletionLogprobs | None:
+    """The prompt's token logprobs (when they were asked for) followed by the completion's."""
+    if completion is None or output.prompt_logprobs is None:
+        return completion
+    prompt = formatter.prompt(output.prompt_token_ids, output.prompt_logprobs, num_top)
+    return CompletionLogprobs(
+        tokens=prompt.tokens + completion.tokens,
+        token_logprobs=prompt.token_logprobs + completion.token_logprobs,
+        top_logprobs=prompt.top_logprobs + completion.top_logprobs,
+        text_offset=prompt.text_offset + completion.text_offset,
+    )

@@ -82,7 +82,6 @@ def bad_requests(model: str, max_model_len: int) -> list[BadRequest]:
         BadRequest("json response_format unsupported", "POST", chat, chat_with(response_format={"type": "json_object"}), param="response_format"),
         BadRequest("prompt longer than context", "POST", completions, completion_with(prompt=too_long_prompt), param="prompt"),
         BadRequest("chat longer than context", "POST", chat, chat_with(messages=[{"role": "user", "content": too_long_prompt}]), param="messages"),
-        BadRequest("echo unsupported", "POST", completions, completion_with(echo=True), param="echo", message_mentions="echo"),
         BadRequest("suffix unsupported", "POST", completions, completion_with(suffix="!"), param="suffix", message_mentions="suffix"),
         BadRequest("best_of above n", "POST", completions, completion_with(best_of=3), param="best_of"),
         BadRequest("prompt missing", "POST", completions, {"model": model}, param="prompt"),

@@ -135,6 +135,19 @@ def test_completions_accept_token_ids(client: OpenAI) -> None:
     assert response.usage.prompt_tokens == 2
 
 
+def test_echo_puts_each_prompt_before_every_choice_of_it_streamed_or_not(client: OpenAI) -> None:
+    response = client.completions.create(model=MODEL, prompt=["ab", "cd"], n=2, max_tokens=3, echo=True)
+    texts = {choice.index: choice.text for choice in response.choices}
+    assert texts == {0: "ab" + expected_text(3), 1: "ab" + expected_text(3), 2: "cd" + expected_text(3), 3: "cd" + expected_text(3)}
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(model=MODEL, prompt=["ab", "cd"], n=2, max_tokens=3, echo=True, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert streamed == texts
+    by_ids = client.completions.create(model=MODEL, prompt=[104, 105], max_tokens=2, echo=True)
+    assert by_ids.choices[0].text == "hi" + expected_text(2)  # token ids echo as their decoded text
+
+
 def test_stop_string_ends_with_finish_reason_stop(client: OpenAI) -> None:
     response = client.completions.create(model=MODEL, prompt="x", max_tokens=20, stop=["."])
     assert response.choices[0].text == "hello world"

@@ -158,3 +158,25 @@ def test_logit_bias_reaches_the_sampler_through_the_openai_client(smollm2_server
         model=SERVED_MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logit_bias={str(forced): 100}
     )
     assert reply.choices[0].text == " banana" * 4
+
+
+def test_echo_returns_the_prompt_and_scores_its_tokens_streamed_or_not(smollm2_server: ServeProcess) -> None:
+    """How evaluation harnesses read a text's log-likelihood: echo=True with logprobs over the /v1/completions API."""
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    prompt = "The capital of France is"
+    prompt_ids = httpx.post(f"{smollm2_server.base_url}/tokenize", json={"prompt": prompt}).json()["tokens"]
+    options = dict(model=SERVED_MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=2)
+    whole = client.completions.create(**options).choices[0]
+    plain = client.completions.create(**{**options, "echo": False}).choices[0]
+    assert whole.text == prompt + plain.text
+    logprobs = whole.logprobs
+    assert len(logprobs.tokens) == len(prompt_ids) + 3
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None  # nothing came before it
+    for position in range(1, len(prompt_ids) + 3):
+        chosen, top = logprobs.token_logprobs[position], logprobs.top_logprobs[position]
+        assert chosen <= 0.0 and len(top) == 2 and chosen <= max(top.values()) + 1e-6
+    assert logprobs.token_logprobs[len(prompt_ids):] == plain.logprobs.token_logprobs
+    assert logprobs.text_offset[len(prompt_ids)] == len(prompt)
+    streamed = list(client.completions.create(**options, stream=True))
+    assert "".join(chunk.choices[0].text for chunk in streamed) == whole.text
+    assert [t for chunk in streamed for t in chunk.choices[0].logprobs.token_logprobs] == logprobs.token_logprobs
