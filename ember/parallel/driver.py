@@ -143,11 +143,11 @@ class WorkerGroup:
 
     def _note_exits(self, wait_s: float = 0.0) -> None:
         deadline = time.monotonic() + wait_s
-        for rank, process in enumerate(self.processes, 1):
+        for process in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(max(0.0, deadline - time.monotonic()))
-            if process.poll() is not None and self.failure is None:
-                self.failure = f"worker rank {rank} (pid {process.pid}) exited with status {process.returncode}"
+        if self.failure is None:
+            self.failure = _first_exit(self.processes)
 
     @contextlib.contextmanager
     def failures(self) -> Iterator[None]:

@@ -9,6 +9,7 @@ map it and read rank 0's token from it (all ranks on this machine), and gloo alo
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import socket
 from collections.abc import Callable
@@ -66,7 +67,9 @@ def _shared_exchange(store: dist.Store, rank: int, world_size: int, timeout: dat
     return exchange if all(store.get(key) == b"1" for key in keys) else None
 
 
-def offer_segment(store: dist.Store, path: Path | None, world_size: int, library) -> SharedExchange | None:
+def offer_segment(
+    store: dist.Store, path: Path | None, world_size: int, library: ctypes.CDLL | None
+) -> SharedExchange | None:
     """Rank 0: create the segment at `path` with a fresh token in it, and tell the others where it is ("": nowhere)."""
     token = new_token()
     try:
@@ -80,7 +83,9 @@ def offer_segment(store: dist.Store, path: Path | None, world_size: int, library
     return exchange
 
 
-def map_offered_segment(store: dist.Store, rank: int, world_size: int, library) -> SharedExchange | None:
+def map_offered_segment(
+    store: dist.Store, rank: int, world_size: int, library: ctypes.CDLL | None
+) -> SharedExchange | None:
     """A worker: map the segment rank 0 offers, if it can and it holds rank 0's token (the same machine's)."""
     offered = store.get("ember/shared/path").decode()
     token = bytes.fromhex(store.get("ember/shared/token").decode())
