@@ -50,7 +50,7 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
-        self.logit_bias = dict(self.logit_bias)
+        self.logit_bias = dict(self.logit_bias or {})  # None: no bias
         self._validate()
 
     @property

@@ -85,6 +85,10 @@ def test_logit_bias_shifts_the_biased_logits_before_the_choice():
     assert torch.allclose(observed, expected / expected.sum(), atol=0.03)
 
 
+def test_no_logit_bias_may_be_given_as_none():
+    assert SamplingParams(logit_bias=None).logit_bias == {}
+
+
 def test_logit_bias_leaves_a_row_without_one_untouched():
     sampler = Sampler(torch.Generator())
     tokens = sampler(LOGITS.expand(2, -1), [_row(temperature=0, logit_bias={3: 100}), _row(temperature=0)])
