@@ -25,6 +25,13 @@ QUANT_CALIB_FILE = "tinyshakespeare.txt"  # calibrate on one corpus ...
 QUANT_EVAL_FILE = "botchan.txt"  # ... evaluate on another (issue 10)
 
 
+def padding(result: dict) -> tuple[int, int] | None:
+    """(tokens computed, tokens counted) of a run whose formula counts padded tokens and whose split padded some;
+    else None."""
+    counted, tokens = result.get("counted_tokens_per_run"), result["tokens_per_run"]
+    return None if counted is None or counted == tokens else (tokens, counted)
+
+
 @dataclass(frozen=True)
 class FeatureSizes:
     """How big `bench all` runs the three feature benches; the defaults are the full sizes (scale 1)."""

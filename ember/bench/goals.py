@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ember.bench.feature_benches import PARALLEL_MODES
+from ember.bench.feature_benches import PARALLEL_MODES, padding
 from ember.bench.spec import NEVER_DRAFTED, acceptance_text, ceiling_text
 from ember.bench.spec_workloads import CONTROL_WORKLOADS
 
@@ -268,9 +268,9 @@ def parallel_goals(results: dict) -> list[Goal]:
 
 def _padding_note(run: dict) -> str:
     """A sequence split's formula is per padded token: say how many tokens the padding added."""
-    counted, tokens = run.get("counted_tokens_per_run"), run["tokens_per_run"]
-    if counted is None or counted == tokens:
+    if (padded := padding(run)) is None:
         return ""
+    tokens, counted = padded
     return f" per padded token ({counted} padded for {tokens} computed: {counted / tokens:.2f}x)"
 
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ember.bench.feature_benches import padding
 from ember.engine.sampling_params import SamplingParams
 from ember.layers.expert_parallel import ExpertParallelMoE
 from ember.llm import LLM
@@ -153,15 +154,14 @@ def _parallel_options(parallel: ParallelConfig) -> dict:
 
 
 def _token_unit(result: dict) -> str:
-    padded = result.get("counted_tokens_per_run", result["tokens_per_run"]) != result["tokens_per_run"]
-    return "padded token" if padded else "token"
+    return "token" if padding(result) is None else "padded token"
 
 
 def _padding_rows(result: dict) -> list[str]:
     """Where the formula counts padded tokens: how many the split padded, so the padding's cost stays visible."""
-    counted, tokens = result.get("counted_tokens_per_run"), result["tokens_per_run"]
-    if counted is None or counted == tokens:
+    if (padded := padding(result)) is None:
         return []
+    tokens, counted = padded
     return [f"| tokens per run, computed / padded to a multiple of {result['world_size']} for the split | "
             f"{tokens} / {counted} ({counted / tokens:.2f}x) |"]
 

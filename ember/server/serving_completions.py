@@ -108,14 +108,14 @@ def _response(
     completion_tokens = 0
     for prompt_index, output in enumerate(outputs):
         echo = "" if echoes is None else echoes[prompt_index]
+        prompt_logprobs = None if echoes is None else _prompt_logprobs(formatter, output, num_top)  # shared by its choices
         for completion in output.outputs:
             completion_tokens += len(completion.token_ids)
-            logprobs = formatter.completion(completion, num_top, len(echo))
             choices.append(
                 CompletionChoice(
                     index=prompt_index * n + completion.index,
                     text=echo + completion.text,
-                    logprobs=_with_prompt(formatter, output, num_top, logprobs) if echoes is not None else logprobs,
+                    logprobs=_joined(prompt_logprobs, formatter.completion(completion, num_top, len(echo))),
                     finish_reason=openai_finish_reason(completion.finish_reason),
                 )
             )
@@ -150,13 +150,14 @@ async def _chunks(
                 if not part.text and not part.token_ids and part.finish_reason is None:
                     continue
                 index = prompt_index * n + part.index
-                echo = "" if echoes is None or index in text_offsets else echoes[prompt_index]
+                echoing = echoes is not None and index not in text_offsets  # this choice's first chunk
+                echo = echoes[prompt_index] if echoing else ""
                 offset = text_offsets.get(index, len(echo))
                 logprobs = formatter.completion(part, num_top, offset)
                 choice = CompletionChoice(
                     index=index,
                     text=echo + part.text,
-                    logprobs=_with_prompt(formatter, delta, num_top, logprobs) if echo else logprobs,
+                    logprobs=_joined(_prompt_logprobs(formatter, delta, num_top), logprobs) if echoing else logprobs,
                     finish_reason=openai_finish_reason(part.finish_reason),
                 )
                 text_offsets[index] = offset + len(part.text)
@@ -174,13 +175,17 @@ def _echo_text(prompt: PreparedPrompt, context: ServingContext) -> str:
     return prompt.text if prompt.text is not None else context.tokenizer.decode(prompt.token_ids)
 
 
-def _with_prompt(
-    formatter: LogprobFormatter, output: RequestOutput, num_top: int, completion: CompletionLogprobs | None
-) -> CompletionLogprobs | None:
-    """The prompt's token logprobs (when they were asked for) followed by the completion's."""
-    if completion is None or output.prompt_logprobs is None:
+def _prompt_logprobs(formatter: LogprobFormatter, output: RequestOutput, num_top: int) -> CompletionLogprobs | None:
+    """The prompt's token logprobs in the legacy format; None unless they were asked for."""
+    if output.prompt_logprobs is None:
+        return None
+    return formatter.prompt(output.prompt_token_ids, output.prompt_logprobs, num_top)
+
+
+def _joined(prompt: CompletionLogprobs | None, completion: CompletionLogprobs | None) -> CompletionLogprobs | None:
+    """The prompt's token logprobs followed by the completion's (the completion's alone without the prompt's)."""
+    if prompt is None or completion is None:
         return completion
-    prompt = formatter.prompt(output.prompt_token_ids, output.prompt_logprobs, num_top)
     return CompletionLogprobs(
         tokens=prompt.tokens + completion.tokens,
         token_logprobs=prompt.token_logprobs + completion.token_logprobs,
