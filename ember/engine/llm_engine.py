@@ -27,6 +27,7 @@ from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from ember.engine.spec.speculator import Speculator
 from ember.engine.stop_checker import StopChecker
+from ember.engine.structured.structured_outputs import StructuredOutputs
 from ember.kv.cache_manager import KVCacheManager
 from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import SampledToken, Sampler
@@ -146,6 +147,7 @@ class LLMEngine:
             self.kv_cache_dtype, keeps_last_hidden=self.speculator is not None and self.speculator.proposer.uses_last_hidden,
         )
         self.stop_checker = StopChecker(self.eos_ids, self.max_model_len)
+        self.structured_outputs = StructuredOutputs(self.tokenizer, loaded.config.vocab_size)
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
         self._aborted_outputs: list[RequestOutput] = []
@@ -169,7 +171,7 @@ class LLMEngine:
         request = Request(request_id, list(prompt_token_ids), params, prompt, priority, next(self._arrivals))
         forks = params.n > 1 and len(prompt_token_ids) > 1
         count = 1 if forks else params.n
-        request.sequences = [make_sequence(request, i, self.tokenizer, prompt_token_ids) for i in range(count)]
+        request.sequences = [self._new_sequence(request, i, prompt_token_ids) for i in range(count)]
         request.sequences[0].fork_pending = forks
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
@@ -249,10 +251,14 @@ class LLMEngine:
         self.speculator.record(item.seq, item.draft.depth, num_accepted)
         return item.num_draft_tokens - num_accepted
 
+    def _new_sequence(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
+        guide = self.structured_outputs.guide(request.params.response_format)
+        return make_sequence(request, index, self.tokenizer, token_ids, guide)
+
     def _fork(self, parent: Sequence) -> None:
         parent.fork_pending = False
         request = parent.request
-        children = [make_sequence(request, i, self.tokenizer, parent.token_ids) for i in range(1, request.params.n)]
+        children = [self._new_sequence(request, i, parent.token_ids) for i in range(1, request.params.n)]
         request.sequences.extend(children)
         self.scheduler.fork(parent, children)
 
@@ -463,6 +469,7 @@ class LLMEngine:
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestRejected (a ValueError saying what to change) if this request could never run here."""
         self.limits.validate(prompt_token_ids, params)
+        self.structured_outputs.check(params.response_format)
 
 
 def rounds_activations(model: torch.nn.Module, num_ggml_layers: int, quant_activations: str) -> bool:

@@ -10,6 +10,7 @@ import torch
 
 from ember.engine.outputs import PositionLogprobs, RequestMetrics
 from ember.engine.sampling_params import SamplingParams
+from ember.engine.structured.token_masks import JsonGuide
 from ember.tokenizers.base import IncrementalDecoder, Tokenizer
 
 
@@ -66,6 +67,7 @@ class Sequence:
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    guide: JsonGuide | None = None  # the output's JSON constraint, when the request has one
 
     @property
     def params(self) -> SamplingParams:
@@ -105,8 +107,10 @@ def make_generator(seed: int | None) -> torch.Generator | None:
     return generator
 
 
-def make_sequence(request: Request, index: int, tokenizer: Tokenizer | None, token_ids: list[int]) -> Sequence:
-    """Sequence `index` of a request, with its own seeded stream (seed + index) and decoder."""
+def make_sequence(
+    request: Request, index: int, tokenizer: Tokenizer | None, token_ids: list[int], guide: JsonGuide | None = None
+) -> Sequence:
+    """Sequence `index` of a request, with its own seeded stream (seed + index), decoder and JSON guide."""
     seed = request.params.seed
     decoder = None
     if tokenizer is not None:
@@ -121,4 +125,5 @@ def make_sequence(request: Request, index: int, tokenizer: Tokenizer | None, tok
         num_prompt_tokens=len(request.prompt_token_ids),
         generator=make_generator(None if seed is None else seed + index),
         decoder=decoder,
+        guide=guide,
     )

@@ -30,6 +30,10 @@ class StopChecker:
                 seq.text += seq.decoder.push(token_id)
             if params.stop and seq.num_output_tokens > params.min_tokens - 1:
                 self._check_stop_strings(seq, previous_length)
+        if seq.guide is not None and seq.finish_reason is None:
+            seq.guide.advance(token_id)
+            if seq.guide.is_finished:
+                self._finish(seq, "stop", None)  # the JSON value is complete: nothing more may follow it
         if seq.finish_reason is None and (
             (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens)
             or len(seq.token_ids) >= self.max_model_len
@@ -59,7 +63,7 @@ class StopChecker:
     def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None) -> None:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
-        if reason == "length" and seq.decoder is not None:
+        if seq.decoder is not None and (reason == "length" or seq.guide is not None):  # a JSON value keeps its last bytes
             seq.text += seq.decoder.flush()
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ember.engine.sampling_params import SamplingParams
+from ember.engine.structured.token_masks import TokenMask
 
 
 @dataclass
@@ -14,7 +15,8 @@ class SamplingRow:
     """What the sampler needs to know of one sequence: its rules, its history, its random stream.
 
     `generator` is the sequence's own seeded stream (None: the engine's shared stream);
-    `banned_token_ids` are ids that may not be sampled yet (EOS and stop ids before `min_tokens`).
+    `banned_token_ids` are ids that may not be sampled yet (EOS and stop ids before `min_tokens`);
+    `allowed_tokens` (when the output is held to JSON) are the only ids that may be sampled now.
     """
 
     params: SamplingParams
@@ -22,6 +24,7 @@ class SamplingRow:
     output_token_ids: list[int]
     generator: torch.Generator | None = None
     banned_token_ids: tuple[int, ...] = ()
+    allowed_tokens: TokenMask | None = None
 
 
 @dataclass
@@ -75,13 +78,13 @@ class Sampler:
 
 
 def _changes_logits(row: SamplingRow) -> bool:
-    """Whether penalties, a logit bias or banned tokens change this row's logits before the choice."""
+    """Whether penalties, a logit bias, banned tokens or a JSON constraint change this row's logits before the choice."""
     params = row.params
-    return params.has_penalties or bool(params.logit_bias) or bool(row.banned_token_ids)
+    return params.has_penalties or bool(params.logit_bias) or bool(row.banned_token_ids) or row.allowed_tokens is not None
 
 
 def _adjust_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Each row's logit bias, penalties and banned tokens applied to `logits`, in place (returned)."""
+    """Each row's logit bias, penalties, banned tokens and JSON constraint applied to `logits`, in place (returned)."""
     for i, row in enumerate(rows):
         params = row.params
         if params.logit_bias:
@@ -99,6 +102,8 @@ def _adjust_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
             logits[i] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
         if row.banned_token_ids:
             logits[i, list(row.banned_token_ids)] = float("-inf")
+        if row.allowed_tokens is not None:
+            row.allowed_tokens.apply(logits[i])
     return logits
 
 

@@ -83,6 +83,8 @@ class SamplingFields(StrictModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     logit_bias: dict[str, float] | None = None
+    # {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema", "strict"}}
+    response_format: dict[str, Any] | None = None
     # Accepted and ignored: bookkeeping fields with no effect on generation.
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -103,7 +105,6 @@ class ChatCompletionRequest(SamplingFields):
     functions: list[Any] | None = None
     function_call: Any | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
     audio: Any | None = None
     modalities: list[str] | None = None
     prediction: Any | None = None

@@ -15,6 +15,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from ember.engine.sampling_params import SamplingParams
+from ember.engine.structured import JsonFormat, SchemaError
 from ember.server.chat_template import ChatTemplate
 from ember.server.errors import ApiError, engine_unavailable, from_validation_error
 from ember.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -74,8 +75,6 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
         raise _unsupported("functions", "function calling")
     if request.function_call not in (None, "none"):
         raise _unsupported("function_call", "function calling")
-    if request.response_format is not None and request.response_format.get("type") != "text":
-        raise _unsupported("response_format", "structured output (only {'type': 'text'})")
     if request.audio is not None:
         raise _unsupported("audio", "audio output")
     if request.modalities not in (None, ["text"]):
@@ -143,12 +142,33 @@ def sampling_params(
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=given(request.skip_special_tokens, True),
             logit_bias=_token_biases(request.logit_bias),
+            response_format=json_format(request.response_format),
         )
     except ValueError as error:
         # SamplingParams names the field as "sampling parameter 'x' ..."; pass it on as `param`.
         named = re.search(r"parameter '(\w+)'", str(error))
         param = named.group(1) if named else None
         raise ApiError(f"Invalid value: {error}.", param=param, code="invalid_value") from error
+
+
+def json_format(response_format: dict | None) -> JsonFormat | None:
+    """OpenAI's response_format as the engine's JSON constraint (None for plain text)."""
+    kind = None if response_format is None else response_format.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind not in ("json_object", "json_schema"):
+        raise ApiError(f"Invalid response_format type {kind!r}: use 'text', 'json_object' or 'json_schema'.",
+                       param="response_format", code="invalid_value")  # fmt: skip
+    if kind == "json_object":
+        return JsonFormat()
+    described = response_format.get("json_schema")
+    if not isinstance(described, dict) or not isinstance(described.get("schema"), dict):
+        raise ApiError("response_format of type 'json_schema' needs 'json_schema': {'name': ..., 'schema': {...}}.",
+                       param="response_format.json_schema", code="invalid_value")  # fmt: skip
+    try:
+        return JsonFormat(described["schema"])
+    except SchemaError as error:
+        raise ApiError(f"Invalid response_format: {error}.", param="response_format", code="invalid_value") from error
 
 
 def _token_biases(logit_bias: dict[str, float] | None) -> dict[int, float]:

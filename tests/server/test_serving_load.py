@@ -7,10 +7,12 @@ malformed requests, then requests share engine steps, nothing leaks, and the ser
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 
 import httpx
+import jsonschema
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
@@ -180,3 +182,30 @@ def test_echo_returns_the_prompt_and_scores_its_tokens_streamed_or_not(smollm2_s
     streamed = list(client.completions.create(**options, stream=True))
     assert "".join(chunk.choices[0].text for chunk in streamed) == whole.text
     assert [t for chunk in streamed for t in chunk.choices[0].logprobs.token_logprobs] == logprobs.token_logprobs
+
+
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+    "required": ["name", "age", "languages"],
+    "additionalProperties": False,
+}  # fmt: skip
+
+
+def test_response_format_holds_the_reply_to_json_through_the_openai_client(smollm2_server: ServeProcess) -> None:
+    """OpenAI's structured outputs: a json_schema reply validates (jsonschema), a json_object reply streams as it returns."""
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "Describe a software engineer named Ada as JSON with fields name, age, languages."}]
+    schema_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True}}
+    reply = client.chat.completions.create(model=SERVED_MODEL, messages=messages, max_tokens=200, temperature=0,
+                                           response_format=schema_format).choices[0]  # fmt: skip
+    assert reply.finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.message.content), PERSON_SCHEMA)
+    options = dict(model=SERVED_MODEL, messages=[{"role": "user", "content": "Give me JSON about a cat."}], max_tokens=120,
+                   temperature=0.7, seed=5, response_format={"type": "json_object"})  # fmt: skip
+    whole = client.chat.completions.create(**options).choices[0]
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(**options, stream=True) if chunk.choices)
+    assert streamed == whole.message.content
+    assert whole.message.content.lstrip().startswith("{")
+    if whole.finish_reason == "stop":
+        assert isinstance(json.loads(whole.message.content), dict)

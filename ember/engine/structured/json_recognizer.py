@@ -1,0 +1,252 @@
+"""Byte-at-a-time recognition of JSON text conforming to a compiled schema, as immutable states.
+
+A state is `(stack, whitespace_run, broke_line)`. The stack holds frames (tuples, top last): a value still to
+start (`V`), an object walking its schema's properties in order (`O`), an object of any keys (`P`),
+an array (`A`), a string's body (`S`), a literal being spelled (`L`), a number (`N`). `step` returns
+every state a byte can lead to: more than one where `anyOf` alternatives or literals that prefix
+each other are still open, none where the byte is not allowed. The empty stack is a finished value.
+
+Whitespace is allowed between tokens where pretty-printed JSON has it: not between a key and its
+colon, and after a value only from a line break on (the one before a closing bracket); at most
+`MAX_WHITESPACE_RUN` bytes and one line break in a row. A small model would otherwise spend its
+tokens on blanks between every two tokens. A number ends at the first byte that cannot
+continue it, which is then read by the enclosing frame.
+"""
+
+from __future__ import annotations
+
+from ember.engine.structured.json_schema import ANY, ROOT, CompiledSchema, Node
+
+MAX_WHITESPACE_RUN = 20
+WHITESPACE = frozenset(b" \t\n\r")
+DIGITS = frozenset(b"0123456789")
+HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
+ESCAPES = frozenset(b'"\\/bfnrt')
+NUMBER_ENDS = frozenset({"zero", "int", "frac", "exp"})  # phases in which a number is complete
+KEY_PHASES = ("open", "key")  # an object expecting a key (after '{' or after ',')
+ANY_ARRAY = -1  # the items node of an array inside an unconstrained value: any value
+
+State = tuple[tuple, int, bool]
+GAP, LINE_FIRST = "gap", "line first"  # whitespace allowed here; allowed only from a line break on
+STRING_BODY = ("S", "body")
+
+
+class JsonRecognizer:
+    """Steps states of one compiled schema; the root value is node 0 of the schema's table."""
+
+    def __init__(self, schema: CompiledSchema) -> None:
+        self.nodes = schema.nodes
+        self.initial: frozenset[State] = frozenset({((("V", ROOT),), 0, None)})
+
+    def step(self, states: frozenset[State], byte: int) -> frozenset[State]:
+        """Every state reachable from one of `states` by reading `byte`."""
+        found = set()
+        is_line_break = byte == ord("\n")
+        for stack, run, broke_line in states:
+            for next_stack, whitespace in self._step(stack, byte):
+                if whitespace is None:
+                    found.add((next_stack, 0, None))
+                elif run < MAX_WHITESPACE_RUN and not (broke_line and is_line_break) and (run or is_line_break or whitespace == GAP):
+                    found.add((next_stack, run + 1, broke_line or is_line_break))
+        return frozenset(found)
+
+    def read(self, states: frozenset[State], data: bytes) -> frozenset[State]:
+        for byte in data:
+            if not states:
+                break
+            states = self.step(states, byte)
+        return states
+
+    @staticmethod
+    def is_complete(states: frozenset[State]) -> bool:
+        """Whether some state has finished the value (nothing more may follow)."""
+        return any(not stack for stack, _, _ in states)
+
+    @staticmethod
+    def may_end(states: frozenset[State]) -> bool:
+        """Whether the text read so far is a whole value (a top-level number may still go on)."""
+        return any(not stack or (len(stack) == 1 and stack[0][0] == "N" and stack[0][2] in NUMBER_ENDS) for stack, _, _ in states)
+
+    @staticmethod
+    def in_string_body(states: frozenset[State]) -> bool:
+        """Whether every state is inside a string's body, where any printable byte but '"' and '\\' keeps it there."""
+        return bool(states) and all(stack and stack[-1] == STRING_BODY for stack, _, _ in states)
+
+    # -- one frame ---------------------------------------------------------------------------
+
+    def _step(self, stack: tuple, byte: int) -> list[tuple[tuple, str | None]]:
+        if not stack:
+            return []
+        top, rest = stack[-1], stack[:-1]
+        kind = top[0]
+        if kind == "S":
+            return self._string(rest, top, byte)
+        if kind == "L":
+            return self._literal(rest, top, byte)
+        if kind == "N":
+            return self._number(rest, top, byte)
+        if byte in WHITESPACE:
+            phase = top[-1] if kind in "OPA" else None
+            if phase == "colon":
+                return []
+            return [(stack, LINE_FIRST if phase == "after" else GAP)]
+        if kind == "V":
+            return self._start(rest, top[1], byte)
+        if kind == "O":
+            return self._object(rest, top, byte)
+        if kind == "P":
+            return self._any_object(rest, top, byte)
+        return self._array(rest, top, byte)
+
+    def _start(self, rest: tuple, node_id: int, byte: int) -> list[tuple[tuple, str | None]]:
+        """A value of node `node_id` beginning with the non-blank `byte`."""
+        node = self._node(node_id)
+        kind = node.kind
+        if kind == "any_of":
+            return [found for alternative in node.alternatives for found in self._start(rest, alternative, byte)]
+        if kind == "literals":
+            return self._literal(rest, ("L", node.literals, 0, ()), byte)
+        if kind in ("any", "any_object") and byte == ord("{"):
+            return [(rest + (("P", "open"),), None)]
+        if kind == "object" and byte == ord("{"):
+            return [(rest + (("O", node_id, 0, "open"),), None)]
+        if kind in ("any", "array") and byte == ord("["):
+            return [(rest + (("A", ANY_ARRAY if kind == "any" else node_id, 0, "open"),), None)]
+        if kind in ("any", "string") and byte == ord('"'):
+            return [(rest + (STRING_BODY,), None)]
+        if kind in ("any", "number", "integer") and (byte == ord("-") or byte in DIGITS):
+            return self._number(rest, ("N", kind == "integer", "start"), byte)
+        if kind in ("any", "boolean") and byte in b"tf":
+            return self._literal(rest, ("L", (b"true", b"false"), 0, ()), byte)
+        if kind in ("any", "null") and byte == ord("n"):
+            return self._literal(rest, ("L", (b"null",), 0, ()), byte)
+        return []
+
+    def _node(self, node_id: int) -> Node:
+        return ANY_ARRAY_NODE if node_id == ANY_ARRAY else self.nodes[node_id]
+
+    def _string(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
+        phase = top[1]
+        if phase == "body":
+            if byte == ord('"'):
+                return [(_finish_value(rest), None)]
+            if byte < 0x20:
+                return []
+            return [(rest + (("S", "escape") if byte == ord("\\") else STRING_BODY,), None)]
+        if phase == "escape":
+            if byte == ord("u"):
+                return [(rest + (("S", 4),), None)]
+            return [(rest + (STRING_BODY,), None)] if byte in ESCAPES else []
+        if byte not in HEX_DIGITS:
+            return []
+        return [(rest + ((("S", phase - 1) if phase > 1 else STRING_BODY),), None)]
+
+    def _literal(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
+        """One more byte of one of the frame's literals; a literal spelled out whole finishes the value.
+
+        `tags` (beside the literals, or empty) tell an object which property's key was spelled."""
+        _, literals, position, tags = top
+        matching = [(literal, tag) for literal, tag in zip(literals, tags or (None,) * len(literals), strict=True)
+                    if literal[position] == byte]  # fmt: skip
+        found = [(_finish_value(rest, tag), None) for literal, tag in matching if len(literal) == position + 1]
+        longer = [(literal, tag) for literal, tag in matching if len(literal) > position + 1]
+        if longer:
+            frame = ("L", tuple(literal for literal, _ in longer), position + 1, tuple(tag for _, tag in longer) if tags else ())
+            found.append((rest + (frame,), None))
+        return found
+
+    def _number(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
+        _, is_integer, phase = top
+        following = _number_phase(phase, byte, is_integer)
+        if following is not None:
+            return [(rest + (("N", is_integer, following),), None)]
+        if phase in NUMBER_ENDS:
+            return self._step(_finish_value(rest), byte)  # the byte after a number belongs to what holds it
+        return []
+
+    def _object(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
+        _, node_id, index, phase = top
+        properties = self.nodes[node_id].properties
+        if phase in KEY_PHASES and byte == ord('"'):
+            offered = []
+            for j in range(index, len(properties)):
+                offered.append(j)
+                if properties[j].required:
+                    break  # a required property cannot be skipped
+            keys = tuple(properties[j].key_json for j in offered)
+            return self._literal(rest + (top,), ("L", keys, 0, tuple(offered)), byte)
+        if phase == "colon" and byte == ord(":"):
+            return [(rest + (("O", node_id, index + 1, "after"), ("V", properties[index].node)), None)]
+        if phase == "after" and byte == ord(",") and index < len(properties):
+            return [(rest + (("O", node_id, index, "key"),), None)]
+        closes = phase == "after" or phase == "open"
+        if closes and byte == ord("}") and not any(p.required for p in properties[index:]):
+            return [(_finish_value(rest), None)]
+        return []
+
+    def _any_object(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
+        phase = top[1]
+        if phase in KEY_PHASES and byte == ord('"'):
+            return [(rest + (top, STRING_BODY), None)]
+        if phase == "colon" and byte == ord(":"):
+            return [(rest + (("P", "after"), ("V", ANY)), None)]
+        if phase == "after" and byte == ord(","):
+            return [(rest + (("P", "key"),), None)]
+        if phase in ("open", "after") and byte == ord("}"):
+            return [(_finish_value(rest), None)]
+        return []
+
+    def _array(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
+        _, node_id, count, phase = top
+        node = self._node(node_id)
+        at_most = node.max_items is None or count < node.max_items
+        if byte == ord("]") and (phase == "after" or (phase == "open" and node.min_items == 0)) and count >= node.min_items:
+            return [(_finish_value(rest), None)]
+        if phase == "after" and byte == ord(",") and at_most:
+            return [(rest + (("A", node_id, self._counted(node, count + 1), "after"), ("V", node.items)), None)]
+        if phase == "open" and at_most:
+            return self._start(rest + (("A", node_id, self._counted(node, count + 1), "after"),), node.items, byte)
+        return []
+
+    @staticmethod
+    def _counted(node: Node, count: int) -> int:
+        """An item count kept only as far as the array's bounds need it, so unbounded arrays share states."""
+        return min(count, max(node.min_items, node.max_items or 0))
+
+
+ANY_ARRAY_NODE = Node("array", items=ANY)
+
+
+def _finish_value(rest: tuple, tag: int | None = None) -> tuple:
+    """The stack once the value on top of `rest` is complete: an object that was reading a key now wants ':'
+    (a schema'd object's key literal is tagged with its property's index, which the colon phase keeps)."""
+    if not rest:
+        return rest
+    parent = rest[-1]
+    if parent[0] == "O" and parent[3] in KEY_PHASES:
+        return rest[:-1] + (("O", parent[1], tag, "colon"),)
+    if parent[0] == "P" and parent[1] in KEY_PHASES:
+        return rest[:-1] + (("P", "colon"),)
+    return rest
+
+
+def _number_phase(phase: str, byte: int, is_integer: bool) -> str | None:
+    """The number's phase after `byte`, or None where `byte` cannot continue it."""
+    is_digit = byte in DIGITS
+    if phase in ("start", "minus"):
+        if phase == "start" and byte == ord("-"):
+            return "minus"
+        return "zero" if byte == ord("0") else "int" if is_digit else None
+    if phase in ("int", "frac", "exp") and is_digit:
+        return phase
+    if phase in ("dot", "exponent_sign", "e"):
+        if phase == "e" and byte in b"+-":
+            return "exponent_sign"
+        return ("frac" if phase == "dot" else "exp") if is_digit else None
+    if is_integer:
+        return None
+    if phase in ("zero", "int") and byte == ord("."):
+        return "dot"
+    if phase in ("zero", "int", "frac") and byte in b"eE":
+        return "e"
+    return None

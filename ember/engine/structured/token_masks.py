@@ -1,0 +1,177 @@
+"""Which tokens of a vocabulary may come next under a JSON constraint, and a per-sequence guide through it.
+
+A token is allowed when the recogniser can read all its bytes from the current states. The vocabulary
+is a byte trie walked once per distinct set of states (pruned at the first byte no state can read), and
+the answer is cached: a constrained generation revisits the same few states (inside a string, after a
+comma, ...) over and over. Inside a string's body every token without a quote, backslash or control
+byte is allowed whatever encloses the string, so those tokens come from one precomputed mask and only
+the others are walked.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from ember.engine.structured.json_recognizer import JsonRecognizer, State
+from ember.tokenizers.base import Tokenizer
+
+MASK_CACHE_ENTRIES = 512  # per constraint; a dense mask of a 150K vocabulary is 150 KB
+STEP_MEMO_ENTRIES = 200_000
+SPARSE_FRACTION = 8  # a mask allowing under 1/8 of the vocabulary is kept as token ids
+
+States = frozenset[State]
+
+
+@dataclass
+class TrieNode:
+    """Tokens whose bytes spell the path to this node (`token_ids`), and the longer ones below it."""
+
+    children: dict[int, TrieNode] = field(default_factory=dict)
+    token_ids: list[int] = field(default_factory=list)
+
+    def insert(self, data: bytes, token_id: int) -> None:
+        node = self
+        for byte in data:
+            node = node.children.setdefault(byte, TrieNode())
+        node.token_ids.append(token_id)
+
+
+def _is_plain_string_byte(byte: int) -> bool:
+    return byte >= 0x20 and byte not in b'"\\'
+
+
+class Vocabulary:
+    """A tokenizer's non-special tokens as bytes, in the tries the mask walks; built once per engine."""
+
+    def __init__(self, tokenizer: Tokenizer, size: int) -> None:
+        """`size`: the model's logit count (it may exceed the tokenizer's; those ids are never allowed)."""
+        self.size = size
+        self.eos_ids = tuple(sorted(t for t in tokenizer.eos_ids if t < size))
+        self.token_bytes: list[bytes | None] = [None] * size
+        self.trie = TrieNode()
+        self.escaping_trie = TrieNode()  # tokens that are not plain string text
+        plain = []
+        for token_id in range(min(size, tokenizer.vocab_size)):
+            if tokenizer.is_special(token_id):
+                continue
+            data = tokenizer.token_bytes(token_id)
+            if not data:
+                continue
+            self.token_bytes[token_id] = data
+            self.trie.insert(data, token_id)
+            if all(_is_plain_string_byte(byte) for byte in data):
+                plain.append(token_id)
+            else:
+                self.escaping_trie.insert(data, token_id)
+        self.plain_string_tokens = torch.zeros(size, dtype=torch.bool)
+        self.plain_string_tokens[plain] = True
+
+
+@dataclass(frozen=True)
+class TokenMask:
+    """The tokens allowed next: a boolean mask over the vocabulary, or (when few) their ids."""
+
+    allowed: torch.Tensor  # bool [vocab] or int64 ids
+
+    def apply(self, logits: torch.Tensor) -> None:
+        """Set every disallowed token's logit in the row `logits` to -inf, in place."""
+        if self.allowed.dtype == torch.bool:
+            logits.masked_fill_(~self.allowed, float("-inf"))
+            return
+        kept = logits[self.allowed]
+        logits.fill_(float("-inf"))
+        logits[self.allowed] = kept
+
+    def __contains__(self, token_id: int) -> bool:
+        if self.allowed.dtype == torch.bool:
+            return bool(self.allowed[token_id])
+        return bool((self.allowed == token_id).any())
+
+
+class TokenGrammar:
+    """One JSON constraint over one vocabulary: allowed-token masks per set of states, and token steps."""
+
+    def __init__(self, recognizer: JsonRecognizer, vocabulary: Vocabulary) -> None:
+        self.recognizer = recognizer
+        self.vocabulary = vocabulary
+        self._masks: OrderedDict[States, TokenMask] = OrderedDict()
+        self._steps: dict[tuple[States, int], States] = {}
+
+    def allowed(self, states: States) -> TokenMask:
+        """The tokens that may follow `states`; end-of-sequence where the value may end (or nothing else can follow)."""
+        mask = self._masks.get(states)
+        if mask is None:
+            mask = self._build(states)
+            self._masks[states] = mask
+            if len(self._masks) > MASK_CACHE_ENTRIES:
+                self._masks.popitem(last=False)
+        else:
+            self._masks.move_to_end(states)
+        return mask
+
+    def advance(self, states: States, token_id: int) -> States:
+        """The states after reading `token_id` (empty when it cannot follow, e.g. a special token)."""
+        data = self.vocabulary.token_bytes[token_id] if 0 <= token_id < self.vocabulary.size else None
+        if data is None:
+            return frozenset()
+        for byte in data:
+            states = self._step(states, byte)
+            if not states:
+                break
+        return states
+
+    def _build(self, states: States) -> TokenMask:
+        vocabulary = self.vocabulary
+        in_string = self.recognizer.in_string_body(states)
+        ids = self._walk(vocabulary.escaping_trie if in_string else vocabulary.trie, states)
+        if self.recognizer.may_end(states) or (not ids and not in_string):
+            ids.extend(vocabulary.eos_ids)
+        if not in_string and len(ids) * SPARSE_FRACTION < vocabulary.size:
+            return TokenMask(torch.tensor(sorted(ids), dtype=torch.long))
+        allowed = vocabulary.plain_string_tokens.clone() if in_string else torch.zeros(vocabulary.size, dtype=torch.bool)
+        allowed[ids] = True
+        return TokenMask(allowed)
+
+    def _walk(self, root: TrieNode, states: States) -> list[int]:
+        """Ids of every token in the trie under `root` whose bytes the recogniser reads from `states`."""
+        found: list[int] = []
+        pending = [(root, states)]
+        while pending:
+            node, at = pending.pop()
+            for byte, child in node.children.items():
+                following = self._step(at, byte)
+                if following:
+                    found.extend(child.token_ids)
+                    pending.append((child, following))
+        return found
+
+    def _step(self, states: States, byte: int) -> States:
+        key = (states, byte)
+        following = self._steps.get(key)
+        if following is None:
+            if len(self._steps) >= STEP_MEMO_ENTRIES:
+                self._steps.clear()
+            following = self._steps[key] = self.recognizer.step(states, byte)
+        return following
+
+
+class JsonGuide:
+    """One sequence's place in its JSON constraint: what may come next, and whether the value is finished."""
+
+    def __init__(self, grammar: TokenGrammar) -> None:
+        self.grammar = grammar
+        self.states = grammar.recognizer.initial
+
+    def allowed_tokens(self) -> TokenMask:
+        return self.grammar.allowed(self.states)
+
+    def advance(self, token_id: int) -> None:
+        self.states = self.grammar.advance(self.states, token_id)
+
+    @property
+    def is_finished(self) -> bool:
+        """The value is complete, or no token can continue it (an end-of-sequence or special token was read)."""
+        return not self.states or self.grammar.recognizer.is_complete(self.states)

@@ -1,0 +1,120 @@
+"""The byte-level JSON recogniser against Python's json module (the reference for JSON) and jsonschema.
+
+Given JSON text the reference writes, the recogniser reads it to a finished value; given text it
+accepts as finished, the reference parses it (and, with a schema, validates it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ember.engine.structured.json_recognizer import MAX_WHITESPACE_RUN, JsonRecognizer
+from ember.engine.structured.json_schema import compile_schema
+
+scalars = st.none() | st.booleans() | st.integers(-(10**12), 10**12) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "email": {"type": ["string", "null"]},
+        "role": {"enum": ["admin", "user", 7]},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2},
+        "home": {"$ref": "#/$defs/place"},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+    "$defs": {"place": {"type": "object", "properties": {"city": {"type": "string"}, "lat": {"type": "number"}}, "required": ["city"]}},
+}
+
+
+def finishes(schema: dict | None, text: str) -> bool:
+    recognizer = JsonRecognizer(compile_schema(schema))
+    return recognizer.may_end(recognizer.read(recognizer.initial, text.encode()))
+
+
+def readable_prefix(schema: dict | None, text: str) -> bool:
+    recognizer = JsonRecognizer(compile_schema(schema))
+    return bool(recognizer.read(recognizer.initial, text.encode()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), values, max_size=5), st.sampled_from([None, 1]), st.booleans())
+def test_every_object_the_reference_writes_is_read_to_the_end(document, indent, ensure_ascii):
+    text = json.dumps(document, indent=indent, ensure_ascii=ensure_ascii)
+    assert finishes(None, text), text
+    assert all(readable_prefix(None, text[:cut]) for cut in range(0, len(text), 7))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), values, max_size=4), st.data())
+def test_text_read_as_a_finished_value_parses_whatever_a_byte_was_changed_to(document, data):
+    text = json.dumps(document)
+    position = data.draw(st.integers(0, len(text) - 1))
+    replacement = data.draw(st.sampled_from(list('{}[]":,0123456789.eE-+ tfnul\\ax')))
+    mutated = text[:position] + replacement + text[position + 1 :]
+    if finishes(None, mutated):
+        assert isinstance(json.loads(mutated), dict)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"a"', "3", "{} {}", '{"a": 01}', '{"a": 1,}', '{"a" 1}', "{'a': 1}", '{"a": tru}',
+                                  '{"a": "line\nbreak"}', '{"a": "\\x"}', '{"a": 1.}', '{"a": -}', '{"a": 1e}', '{"a": NaN}'])  # fmt: skip
+def test_a_json_object_constraint_refuses_what_is_not_one_object(text):
+    assert not finishes(None, text)
+
+
+def test_whitespace_is_where_pretty_printing_puts_it_one_line_break_and_a_bounded_run_at_a_time():
+    assert finishes(None, "{" + " " * MAX_WHITESPACE_RUN + "}")
+    assert finishes(None, '{\n  "a": [\n    1\n  ]\n}')
+    assert not readable_prefix(None, "{" + " " * (MAX_WHITESPACE_RUN + 1))
+    assert not readable_prefix(None, "{\n\n")
+    assert not readable_prefix(None, '{"a" :')
+
+
+@pytest.mark.parametrize("instance", [
+    {"name": "Ada", "age": 36, "role": "admin"},
+    {"name": "Ada", "age": -1, "email": None, "role": 7, "tags": ["x"], "home": {"city": "London", "lat": 51.5}},
+    {"name": "", "age": 0, "email": "a@b", "role": "user", "home": {"city": "Paris"}},
+])  # fmt: skip
+@pytest.mark.parametrize("indent", [None, 2])
+def test_instances_of_the_schema_written_in_its_property_order_are_read(instance, indent):
+    jsonschema.validate(instance, PERSON)
+    assert finishes(PERSON, json.dumps(instance, indent=indent))
+
+
+@pytest.mark.parametrize("text", [
+    '{"age": 36, "role": "admin"}',  # a required property missing
+    '{"name": "Ada", "age": 36.5, "role": "admin"}',  # a number where an integer is asked for
+    '{"name": "Ada", "age": 36, "role": "root"}',  # not one of the enum's values
+    '{"name": "Ada", "age": 36, "role": "admin", "shoe": 42}',  # a property the schema does not name
+    '{"name": "Ada", "age": 36, "role": "admin", "tags": []}',  # fewer items than minItems
+    '{"name": "Ada", "age": 36, "role": "admin", "tags": ["a", "b", "c"]}',  # more than maxItems
+    '{"name": "Ada", "age": 36, "role": "admin", "home": {"lat": 1}}',  # the referenced schema's required city
+    '{"name": 5, "age": 36, "role": "admin"}',
+])  # fmt: skip
+def test_text_breaking_the_schema_is_refused_as_jsonschema_refuses_it(text):
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(text), PERSON)
+    assert not finishes(PERSON, text)
+
+
+def test_a_recursive_reference_nests_to_any_depth():
+    tree = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {
+        "value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["value"]}}}  # fmt: skip
+    text = json.dumps({"value": 1, "children": [{"value": 2, "children": [{"value": 3}]}, {"value": 4}]})
+    assert finishes(tree, text)
+    assert not finishes(tree, text.replace('"value": 3', '"value": "3"'))
+
+
+def test_a_top_level_number_may_end_or_go_on():
+    recognizer = JsonRecognizer(compile_schema({"type": "integer"}))
+    states = recognizer.read(recognizer.initial, b"12")
+    assert recognizer.may_end(states) and not recognizer.is_complete(states)
+    assert recognizer.may_end(recognizer.read(states, b"3"))

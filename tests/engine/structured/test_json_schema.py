@@ -1,0 +1,44 @@
+"""Schemas the recogniser cannot enforce are refused by name; annotations are not constraints."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ember.engine.structured import JsonFormat, SchemaError
+
+
+@pytest.mark.parametrize(("schema", "named"), [
+    ({"type": "string", "pattern": "^a+$"}, "pattern"),
+    ({"type": "string", "maxLength": 4}, "maxLength"),
+    ({"type": "string", "format": "date-time"}, "format"),
+    ({"type": "integer", "minimum": 0}, "minimum"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}, "b"),
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "additionalProperties"),
+    ({"type": "array", "prefixItems": [{"type": "string"}]}, "prefixItems"),
+    ({"type": "string", "items": {}}, "items"),
+    ({"type": "date"}, "date"),
+    ({"$ref": "https://example.com/schema"}, "$ref"),
+    ({"$ref": "#/$defs/missing"}, "missing"),
+    ({"allOf": [{"type": "string"}, {"type": "null"}]}, "allOf"),
+    ({"anyOf": [{"type": "string"}], "type": "string"}, "anyOf"),
+    ({"enum": []}, "enum"),
+])  # fmt: skip
+def test_a_keyword_ember_cannot_enforce_is_refused_by_name(schema, named):
+    with pytest.raises(SchemaError, match=re.escape(named)):
+        JsonFormat(schema)
+
+
+def test_annotations_and_a_pydantic_style_schema_are_accepted():
+    schema = {
+        "title": "Person", "description": "someone", "type": "object",
+        "properties": {"name": {"title": "Name", "type": "string"}, "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}], "default": None}},
+        "required": ["name"], "$defs": {"Pet": {"title": "Pet", "type": "object", "properties": {"kind": {"enum": ["cat", "dog"], "type": "string"}}, "required": ["kind"]}},
+    }  # fmt: skip
+    assert JsonFormat(schema).compile().nodes
+
+
+def test_a_schema_that_is_not_an_object_is_refused():
+    with pytest.raises(SchemaError, match="JSON object"):
+        JsonFormat(["type", "string"])

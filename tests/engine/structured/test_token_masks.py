@@ -1,0 +1,65 @@
+"""Allowed-token masks from the trie walk against a token-by-token check of the whole vocabulary.
+
+Given the SmolLM2 tokenizer and states reached by reading JSON prefixes, a token is in the mask
+exactly when the recogniser can read all of its bytes from those states; end-of-sequence exactly
+when the value may end; no other special token ever.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ember.engine.structured import JsonFormat
+from ember.engine.structured.structured_outputs import StructuredOutputs
+from ember.tokenizers import load
+from tests.engine.structured.test_json_recognizer import PERSON
+
+PREFIXES = {
+    None: ["", "{", '{"na', '{"name": "A', '{"a": [1, 2', '{"a": [1, {"b": "x\\', '{"a": tr', '{\n  "k": -0.5e', '{"x": {}'],
+    "person": ["", '{"name"', '{"name": "Ada", ', '{"name": "Ada", "age": 3', '{"name": "Ada", "age": 36, "role": "a',
+               '{"name": "Ada", "age": 36, "role": 7, "tags": [', '{"name": "Ada", "age": 36, "role": 7, "home": {"city": "Rome"}'],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tokenizer(shared_dir: Path):
+    return load(shared_dir / "tokenizers" / "smollm2")
+
+
+@pytest.mark.parametrize(("schema_name", "prefix"), [(name, prefix) for name, prefixes in PREFIXES.items() for prefix in prefixes])
+def test_the_mask_holds_exactly_the_tokens_the_recognizer_can_read(tokenizer, schema_name, prefix):
+    outputs = StructuredOutputs(tokenizer, tokenizer.vocab_size + 3)  # a model may have more logits than tokens
+    guide = outputs.guide(JsonFormat(PERSON if schema_name else None))
+    grammar = guide.grammar
+    states = grammar.recognizer.read(guide.states, prefix.encode())
+    assert states, prefix
+    logits = torch.zeros(tokenizer.vocab_size + 3)
+    grammar.allowed(states).apply(logits)
+    mask = logits > float("-inf")
+    may_end = grammar.recognizer.may_end(states)
+    for token_id in range(tokenizer.vocab_size + 3):
+        if token_id in tokenizer.eos_ids:
+            assert bool(mask[token_id]) == may_end, (prefix, token_id)
+        elif token_id >= tokenizer.vocab_size or tokenizer.is_special(token_id):
+            assert not mask[token_id], (prefix, token_id)
+        else:
+            assert bool(mask[token_id]) == bool(grammar.advance(states, token_id)), (prefix, tokenizer.token_bytes(token_id))
+
+
+def test_a_finished_value_finishes_the_guide_and_a_special_token_stops_it(tokenizer):
+    guide = StructuredOutputs(tokenizer, tokenizer.vocab_size).guide(JsonFormat())
+    for token_id in tokenizer.encode('{"a": [true]}'):
+        assert not guide.is_finished
+        guide.advance(token_id)
+    assert guide.is_finished
+    stuck = StructuredOutputs(tokenizer, tokenizer.vocab_size).guide(JsonFormat())
+    stuck.advance(next(iter(tokenizer.eos_ids)))
+    assert stuck.is_finished and not stuck.states
+
+
+def test_an_engine_without_a_tokenizer_refuses_a_json_constraint():
+    with pytest.raises(ValueError, match="tokenizer"):
+        StructuredOutputs(None, 100).check(JsonFormat())
