@@ -252,7 +252,7 @@ class LLMEngine:
         return item.num_draft_tokens - num_accepted
 
     def _new_sequence(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
-        guide = self.structured_outputs.guide(request.params.response_format)
+        guide = self.structured_outputs.guide(request.params.structured_output)
         return make_sequence(request, index, self.tokenizer, token_ids, guide)
 
     def _fork(self, parent: Sequence) -> None:
@@ -469,7 +469,7 @@ class LLMEngine:
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestRejected (a ValueError saying what to change) if this request could never run here."""
         self.limits.validate(prompt_token_ids, params)
-        self.structured_outputs.check(params.response_format)
+        self.structured_outputs.check(params.structured_output)
 
 
 def rounds_activations(model: torch.nn.Module, num_ggml_layers: int, quant_activations: str) -> bool:

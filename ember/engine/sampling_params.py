@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ember.engine.structured.json_format import JsonFormat
+from ember.engine.structured.structured_output import StructuredOutput
 
 # A bound on a single request's output, so a typo cannot pin the engine for hours.
 MAX_TOKENS_LIMIT = 1_000_000
@@ -24,8 +24,8 @@ class SamplingParams:
     `allow_speculation=False` opts this request out of the engine's speculative decoding.
     `logit_bias` adds its value to the logit of each token id before penalties, filters and the
     choice (OpenAI's: -100 all but bans a token, +100 all but forces it).
-    `response_format` holds the output to one JSON value (any object, or a schema's): only tokens that
-    keep it valid JSON may be drawn, and the sequence stops when the value is complete.
+    `structured_output` holds the output to a shape (a JSON object, a schema's value, one of fixed strings):
+    only tokens that keep it possible may be drawn, and the sequence stops when nothing more can follow.
     """
 
     n: int = 1
@@ -48,7 +48,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     allow_speculation: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)
-    response_format: JsonFormat | None = None
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -96,7 +96,7 @@ class SamplingParams:
             all(isinstance(t, int) and t >= 0 and isinstance(b, int | float) and -LOGIT_BIAS_LIMIT <= b <= LOGIT_BIAS_LIMIT for t, b in self.logit_bias.items()),
             "logit_bias", f"a map of non-negative token ids to numbers from {-LOGIT_BIAS_LIMIT} to {LOGIT_BIAS_LIMIT}",
         )
-        _check(self.response_format is None or isinstance(self.response_format, JsonFormat), "response_format", "a JsonFormat or None")
+        _check(self.structured_output is None or isinstance(self.structured_output, StructuredOutput), "structured_output", "a StructuredOutput or None")
         if self.seed is not None:
             _check(isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63, "seed", "a 64-bit integer")
 

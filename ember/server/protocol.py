@@ -85,6 +85,9 @@ class SamplingFields(StrictModel):
     logit_bias: dict[str, float] | None = None
     # {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema", "strict"}}
     response_format: dict[str, Any] | None = None
+    # vLLM's extensions for the same: a JSON schema (object or its JSON text), or a list of allowed replies.
+    guided_json: dict[str, Any] | str | None = None
+    guided_choice: list[str] | None = None
     # Accepted and ignored: bookkeeping fields with no effect on generation.
     metadata: dict[str, str] | None = None
     store: bool | None = None

@@ -6,6 +6,7 @@ only ever sees requests it can serve.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from ember.engine.sampling_params import SamplingParams
-from ember.engine.structured import JsonFormat, SchemaError
+from ember.engine.structured import SchemaError, StructuredOutput
 from ember.server.chat_template import ChatTemplate
 from ember.server.errors import ApiError, engine_unavailable, from_validation_error
 from ember.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -142,7 +143,7 @@ def sampling_params(
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=given(request.skip_special_tokens, True),
             logit_bias=_token_biases(request.logit_bias),
-            response_format=json_format(request.response_format),
+            structured_output=structured_output(request),
         )
     except ValueError as error:
         # SamplingParams names the field as "sampling parameter 'x' ..."; pass it on as `param`.
@@ -151,24 +152,50 @@ def sampling_params(
         raise ApiError(f"Invalid value: {error}.", param=param, code="invalid_value") from error
 
 
-def json_format(response_format: dict | None) -> JsonFormat | None:
-    """OpenAI's response_format as the engine's JSON constraint (None for plain text)."""
-    kind = None if response_format is None else response_format.get("type")
-    if kind in (None, "text"):
+def structured_output(request: SamplingFields) -> StructuredOutput | None:
+    """The engine's output constraint from OpenAI's response_format or vLLM's guided_json / guided_choice."""
+    given = [name for name in ("response_format", "guided_json", "guided_choice") if _constrains(name, getattr(request, name))]
+    if len(given) > 1:
+        raise ApiError(f"Set only one of {given}: each constrains the output on its own.", param=given[1], code="invalid_value")
+    if not given:
         return None
-    if kind not in ("json_object", "json_schema"):
+    try:
+        if given[0] == "guided_choice":
+            return StructuredOutput(choice=tuple(request.guided_choice))
+        if given[0] == "guided_json":
+            return StructuredOutput(json_schema=_schema_object(request.guided_json))
+        return _response_format(request.response_format)
+    except SchemaError as error:
+        raise ApiError(f"Invalid {given[0]}: {error}.", param=given[0], code="invalid_value") from error
+
+
+def _constrains(name: str, value: object) -> bool:
+    if name == "response_format":
+        return value is not None and value.get("type") not in (None, "text")
+    return value is not None
+
+
+def _schema_object(schema: dict | str) -> dict:
+    if isinstance(schema, dict):
+        return schema
+    try:
+        return json.loads(schema)
+    except json.JSONDecodeError as error:
+        raise SchemaError(f"the schema is not JSON text ({error})") from error
+
+
+def _response_format(response_format: dict) -> StructuredOutput:
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return StructuredOutput(json_object=True)
+    if kind != "json_schema":
         raise ApiError(f"Invalid response_format type {kind!r}: use 'text', 'json_object' or 'json_schema'.",
                        param="response_format", code="invalid_value")  # fmt: skip
-    if kind == "json_object":
-        return JsonFormat()
     described = response_format.get("json_schema")
     if not isinstance(described, dict) or not isinstance(described.get("schema"), dict):
         raise ApiError("response_format of type 'json_schema' needs 'json_schema': {'name': ..., 'schema': {...}}.",
                        param="response_format.json_schema", code="invalid_value")  # fmt: skip
-    try:
-        return JsonFormat(described["schema"])
-    except SchemaError as error:
-        raise ApiError(f"Invalid response_format: {error}.", param="response_format", code="invalid_value") from error
+    return StructuredOutput(json_schema=described["schema"])
 
 
 def _token_biases(logit_bias: dict[str, float] | None) -> dict[int, float]:

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from ember.engine.sampling_params import SamplingParams
-from ember.engine.structured import JsonFormat
+from ember.engine.structured import StructuredOutput
 from tests.engine.stories import run_to_completion, stories_llm
 
 SURVEY = {
@@ -28,6 +28,10 @@ SURVEY = {
     "required": ["ok", "pick", "flags"],
     "additionalProperties": False,
 }
+
+
+def _constraint(schema: dict | None) -> StructuredOutput:
+    return StructuredOutput(json_schema=schema) if schema is not None else StructuredOutput(json_object=True)
 
 
 def _prompt(llm, text: str) -> list[int]:
@@ -45,10 +49,10 @@ def _check(text: str, finish_reason: str, schema: dict | None, recognizer_prefix
 @pytest.mark.parametrize("schema", [SURVEY, None])
 def test_sampled_outputs_are_json_that_validates(stories_dir, schema):
     llm = stories_llm(stories_dir, block_size=4, num_kv_blocks=256)  # 9 sequences of up to 100 blocks: preempted
-    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=400, response_format=JsonFormat(schema))
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=400, structured_output=_constraint(schema))
     prompts = {str(i): (_prompt(llm, text), params) for i, text in enumerate(["Once upon a time", "The dog", "Lily said"])}
     results = run_to_completion(llm, prompts)
-    grammar = llm.engine.structured_outputs._grammar(JsonFormat(schema))
+    grammar = llm.engine.structured_outputs.grammar(_constraint(schema))
     recognizer = grammar.recognizer
 
     def readable(text: str) -> bool:
@@ -68,7 +72,7 @@ def test_a_constrained_request_beside_speculation_leaves_its_neighbours_unchange
     plain = stories_llm(stories_dir, block_size=16, num_kv_blocks=64)
     spec = stories_llm(stories_dir, block_size=16, num_kv_blocks=64, speculative_method="ngram", num_speculative_tokens=3)
     greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    constrained = SamplingParams(temperature=0, max_tokens=60, response_format=JsonFormat(SURVEY))
+    constrained = SamplingParams(temperature=0, max_tokens=60, structured_output=StructuredOutput(json_schema=SURVEY))
     prompt = _prompt(plain, "The cat sat on the mat. The cat sat on the")
     requests = {"free": (prompt, greedy), "json": (prompt, constrained)}
     expected = run_to_completion(plain, requests)
@@ -79,3 +83,13 @@ def test_a_constrained_request_beside_speculation_leaves_its_neighbours_unchange
     completion = got["json"].outputs[0]
     if completion.finish_reason == "stop":
         jsonschema.validate(json.loads(completion.text), SURVEY)
+
+
+def test_a_choice_constraint_samples_only_the_listed_replies(stories_dir):
+    llm = stories_llm(stories_dir, block_size=16, num_kv_blocks=64)
+    choices = ("happy", "sad", "a little sleepy")
+    params = SamplingParams(n=6, temperature=1.0, seed=2, max_tokens=20, structured_output=StructuredOutput(choice=choices))
+    result = run_to_completion(llm, {"feel": (_prompt(llm, "Lily felt very"), params)})["feel"]
+    assert {c.finish_reason for c in result.outputs} == {"stop"}
+    assert all(c.text in choices for c in result.outputs)
+    assert len({c.text for c in result.outputs}) > 1

@@ -209,3 +209,19 @@ def test_response_format_holds_the_reply_to_json_through_the_openai_client(smoll
     assert whole.message.content.lstrip().startswith("{")
     if whole.finish_reason == "stop":
         assert isinstance(json.loads(whole.message.content), dict)
+
+
+def test_vllm_guided_choice_and_guided_json_through_extra_body(smollm2_server: ServeProcess) -> None:
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    choices = ["positive", "negative", "neutral"]
+    messages = [{"role": "user", "content": "Classify the sentiment: 'I love this phone, it is wonderful.'"}]
+    for temperature in (0.0, 1.0):
+        reply = client.chat.completions.create(model=SERVED_MODEL, messages=messages, max_tokens=10, temperature=temperature,
+                                               extra_body={"guided_choice": choices}).choices[0]  # fmt: skip
+        assert reply.message.content in choices and reply.finish_reason == "stop"
+    schema = {"type": "object", "properties": {"sentiment": {"enum": choices}, "confidence": {"type": "number"}},
+              "required": ["sentiment", "confidence"], "additionalProperties": False}  # fmt: skip
+    reply = client.completions.create(model=SERVED_MODEL, prompt="Sentiment of 'great phone' as JSON:", max_tokens=40, temperature=0,
+                                      extra_body={"guided_json": json.dumps(schema)}).choices[0]  # fmt: skip
+    assert reply.finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.text), schema)

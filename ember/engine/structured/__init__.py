@@ -1,6 +1,6 @@
-"""Constrained outputs: a generation held to JSON, any object or a schema, token by token."""
+"""Constrained outputs: a generation held to JSON (any object or a schema's) or to one of fixed strings."""
 
-from ember.engine.structured.json_format import JsonFormat
 from ember.engine.structured.json_schema import SchemaError
+from ember.engine.structured.structured_output import StructuredOutput
 
-__all__ = ["JsonFormat", "SchemaError"]
+__all__ = ["SchemaError", "StructuredOutput"]

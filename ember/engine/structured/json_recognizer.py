@@ -5,6 +5,7 @@ start (`V`), an object walking its schema's properties in order (`O`), an object
 an array (`A`), a string's body (`S`), a literal being spelled (`L`), a number (`N`). `step` returns
 every state a byte can lead to: more than one where `anyOf` alternatives or literals that prefix
 each other are still open, none where the byte is not allowed. The empty stack is a finished value.
+A root of fixed texts (a list of choices) reads the raw bytes of one of them, blanks included.
 
 Whitespace is allowed between tokens where pretty-printed JSON has it: not between a key and its
 colon, and after a value only from a line break on (the one before a closing bracket); at most
@@ -59,8 +60,8 @@ class JsonRecognizer:
 
     @staticmethod
     def is_complete(states: frozenset[State]) -> bool:
-        """Whether some state has finished the value (nothing more may follow)."""
-        return any(not stack for stack, _, _ in states)
+        """Whether every state has finished the value, so nothing more may follow."""
+        return bool(states) and all(not stack for stack, _, _ in states)
 
     @staticmethod
     def may_end(states: frozenset[State]) -> bool:
@@ -79,6 +80,8 @@ class JsonRecognizer:
             return []
         top, rest = stack[-1], stack[:-1]
         kind = top[0]
+        if kind == "V" and self._node(top[1]).kind == "text":
+            return self._start(rest, top[1], byte)  # fixed text: its blanks are its own, not JSON's
         if kind == "S":
             return self._string(rest, top, byte)
         if kind == "L":
@@ -98,13 +101,17 @@ class JsonRecognizer:
             return self._any_object(rest, top, byte)
         return self._array(rest, top, byte)
 
-    def _start(self, rest: tuple, node_id: int, byte: int) -> list[tuple[tuple, str | None]]:
-        """A value of node `node_id` beginning with the non-blank `byte`."""
+    def _start(self, rest: tuple, node_id: int, byte: int, seen: frozenset[int] = frozenset()) -> list[tuple[tuple, str | None]]:
+        """A value of node `node_id` beginning with the non-blank `byte` (`seen`: the anyOf nodes already
+        expanded for this byte, so a schema whose alternatives refer back to it cannot loop)."""
         node = self._node(node_id)
         kind = node.kind
         if kind == "any_of":
-            return [found for alternative in node.alternatives for found in self._start(rest, alternative, byte)]
-        if kind == "literals":
+            if node_id in seen:
+                return []
+            seen = seen | {node_id}
+            return [found for alternative in node.alternatives for found in self._start(rest, alternative, byte, seen)]
+        if kind in ("literals", "text"):
             return self._literal(rest, ("L", node.literals, 0, ()), byte)
         if kind in ("any", "any_object") and byte == ord("{"):
             return [(rest + (("P", "open"),), None)]

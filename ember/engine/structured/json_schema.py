@@ -46,12 +46,12 @@ class Property:
 class Node:
     """What one JSON value may be; `kind` picks which of the other fields mean something."""
 
-    kind: str  # any, object, any_object, array, string, number, integer, boolean, null, literals, any_of
+    kind: str  # any, object, any_object, array, string, number, integer, boolean, null, literals, any_of, text
     properties: tuple[Property, ...] = ()
     items: int = 0
     min_items: int = 0
     max_items: int | None = None
-    literals: tuple[bytes, ...] = ()
+    literals: tuple[bytes, ...] = ()  # JSON texts (`literals`), or raw texts (`text`: a list of choices)
     alternatives: tuple[int, ...] = ()
 
 

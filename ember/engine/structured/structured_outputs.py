@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ember.engine.structured.json_format import JsonFormat
 from ember.engine.structured.json_recognizer import JsonRecognizer
+from ember.engine.structured.structured_output import StructuredOutput
 from ember.engine.structured.token_masks import JsonGuide, TokenGrammar, Vocabulary
 from ember.tokenizers.base import Tokenizer
 
-CACHED_CONSTRAINTS = 16  # distinct schemas whose masks are kept (each holds at most MASK_CACHE_ENTRIES masks)
+CACHED_CONSTRAINTS = 16  # distinct constraints whose masks are kept (each holds at most MASK_CACHE_ENTRIES masks)
 
 
 class StructuredOutputs:
-    """Makes a `JsonGuide` per constrained sequence; the vocabulary's tries are built at the first one."""
+    """Makes a `JsonGuide` per constrained sequence; the vocabulary's tries are built at the first one
+    (about a second for a 150K vocabulary), each constraint's masks as its states are first met."""
 
     def __init__(self, tokenizer: Tokenizer | None, vocab_size: int) -> None:
         self._tokenizer = tokenizer
@@ -21,24 +22,25 @@ class StructuredOutputs:
         self._vocabulary: Vocabulary | None = None
         self._grammars: OrderedDict[str, TokenGrammar] = OrderedDict()
 
-    def check(self, response_format: JsonFormat | None) -> None:
+    def check(self, constraint: StructuredOutput | None) -> None:
         """Raise ValueError when this engine cannot constrain outputs (it has no tokenizer)."""
-        if response_format is not None and self._tokenizer is None:
-            raise ValueError("response_format needs the model's tokenizer, and this engine has none; pass --tokenizer")
+        if constraint is not None and self._tokenizer is None:
+            raise ValueError("a structured output needs the model's tokenizer, and this engine has none; pass --tokenizer")
 
-    def guide(self, response_format: JsonFormat | None) -> JsonGuide | None:
-        if response_format is None:
+    def guide(self, constraint: StructuredOutput | None) -> JsonGuide | None:
+        if constraint is None:
             return None
-        self.check(response_format)
-        return JsonGuide(self._grammar(response_format))
+        self.check(constraint)
+        return JsonGuide(self.grammar(constraint))
 
-    def _grammar(self, response_format: JsonFormat) -> TokenGrammar:
-        key = response_format.key
+    def grammar(self, constraint: StructuredOutput) -> TokenGrammar:
+        """The compiled constraint over this engine's vocabulary (shared by every request asking for it)."""
+        key = constraint.key
         grammar = self._grammars.get(key)
         if grammar is None:
             if self._vocabulary is None:
                 self._vocabulary = Vocabulary(self._tokenizer, self._vocab_size)
-            grammar = self._grammars[key] = TokenGrammar(JsonRecognizer(response_format.compile()), self._vocabulary)
+            grammar = self._grammars[key] = TokenGrammar(JsonRecognizer(constraint.compile()), self._vocabulary)
             if len(self._grammars) > CACHED_CONSTRAINTS:
                 self._grammars.popitem(last=False)
         self._grammars.move_to_end(key)

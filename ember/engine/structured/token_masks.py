@@ -11,7 +11,7 @@ the others are walked.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -25,22 +25,18 @@ SPARSE_FRACTION = 8  # a mask allowing under 1/8 of the vocabulary is kept as to
 States = frozenset[State]
 
 
-@dataclass
-class TrieNode:
-    """Tokens whose bytes spell the path to this node (`token_ids`), and the longer ones below it."""
-
-    children: dict[int, TrieNode] = field(default_factory=dict)
-    token_ids: list[int] = field(default_factory=list)
-
-    def insert(self, data: bytes, token_id: int) -> None:
-        node = self
-        for byte in data:
-            node = node.children.setdefault(byte, TrieNode())
-        node.token_ids.append(token_id)
+# A trie node is a dict: byte -> child node, and TOKEN_IDS -> the ids of the tokens spelled by the path
+# to it (plain dicts: a 150K vocabulary's trie has about a million nodes, built at the first request).
+TrieNode = dict
+TOKEN_IDS = -1
+NOT_PLAIN_STRING_TEXT = bytes(range(0x20)) + b'"\\'  # bytes that end, escape or break a string's body
 
 
-def _is_plain_string_byte(byte: int) -> bool:
-    return byte >= 0x20 and byte not in b'"\\'
+def _insert(root: TrieNode, data: bytes, token_id: int) -> None:
+    node = root
+    for byte in data:
+        node = node.setdefault(byte, {})
+    node.setdefault(TOKEN_IDS, []).append(token_id)
 
 
 class Vocabulary:
@@ -51,8 +47,8 @@ class Vocabulary:
         self.size = size
         self.eos_ids = tuple(sorted(t for t in tokenizer.eos_ids if t < size))
         self.token_bytes: list[bytes | None] = [None] * size
-        self.trie = TrieNode()
-        self.escaping_trie = TrieNode()  # tokens that are not plain string text
+        self.trie: TrieNode = {}
+        self.escaping_trie: TrieNode = {}  # tokens that are not plain string text
         plain = []
         for token_id in range(min(size, tokenizer.vocab_size)):
             if tokenizer.is_special(token_id):
@@ -61,11 +57,11 @@ class Vocabulary:
             if not data:
                 continue
             self.token_bytes[token_id] = data
-            self.trie.insert(data, token_id)
-            if all(_is_plain_string_byte(byte) for byte in data):
+            _insert(self.trie, data, token_id)
+            if len(data.translate(None, NOT_PLAIN_STRING_TEXT)) == len(data):
                 plain.append(token_id)
             else:
-                self.escaping_trie.insert(data, token_id)
+                _insert(self.escaping_trie, data, token_id)
         self.plain_string_tokens = torch.zeros(size, dtype=torch.bool)
         self.plain_string_tokens[plain] = True
 
@@ -141,10 +137,12 @@ class TokenGrammar:
         pending = [(root, states)]
         while pending:
             node, at = pending.pop()
-            for byte, child in node.children.items():
+            for byte, child in node.items():
+                if byte == TOKEN_IDS:
+                    continue
                 following = self._step(at, byte)
                 if following:
-                    found.extend(child.token_ids)
+                    found.extend(child.get(TOKEN_IDS, ()))
                     pending.append((child, following))
         return found
 
@@ -173,5 +171,5 @@ class JsonGuide:
 
     @property
     def is_finished(self) -> bool:
-        """The value is complete, or no token can continue it (an end-of-sequence or special token was read)."""
+        """Nothing more may follow: the output is complete, or no token can continue it (a special token was read)."""
         return not self.states or self.grammar.recognizer.is_complete(self.states)

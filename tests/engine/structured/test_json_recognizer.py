@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ember.engine.structured import StructuredOutput
 from ember.engine.structured.json_recognizer import MAX_WHITESPACE_RUN, JsonRecognizer
 from ember.engine.structured.json_schema import compile_schema
 
@@ -118,3 +119,13 @@ def test_a_top_level_number_may_end_or_go_on():
     states = recognizer.read(recognizer.initial, b"12")
     assert recognizer.may_end(states) and not recognizer.is_complete(states)
     assert recognizer.may_end(recognizer.read(states, b"3"))
+
+
+def test_choices_are_read_as_raw_text_and_a_choice_that_others_extend_may_end_or_go_on():
+    recognizer = JsonRecognizer(StructuredOutput(choice=("yes", "yes!", "no way")).compile())
+    yes = recognizer.read(recognizer.initial, b"yes")
+    assert recognizer.may_end(yes) and not recognizer.is_complete(yes)
+    assert recognizer.is_complete(recognizer.read(yes, b"!"))
+    assert recognizer.is_complete(recognizer.read(recognizer.initial, b"no way"))
+    assert not recognizer.read(recognizer.initial, b" yes")
+    assert not recognizer.read(recognizer.initial, b'"no')

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ember.engine.structured import JsonFormat, SchemaError
+from ember.engine.structured import SchemaError, StructuredOutput
 
 
 @pytest.mark.parametrize(("schema", "named"), [
@@ -27,7 +27,7 @@ from ember.engine.structured import JsonFormat, SchemaError
 ])  # fmt: skip
 def test_a_keyword_ember_cannot_enforce_is_refused_by_name(schema, named):
     with pytest.raises(SchemaError, match=re.escape(named)):
-        JsonFormat(schema)
+        StructuredOutput(json_schema=schema)
 
 
 def test_annotations_and_a_pydantic_style_schema_are_accepted():
@@ -36,9 +36,35 @@ def test_annotations_and_a_pydantic_style_schema_are_accepted():
         "properties": {"name": {"title": "Name", "type": "string"}, "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}], "default": None}},
         "required": ["name"], "$defs": {"Pet": {"title": "Pet", "type": "object", "properties": {"kind": {"enum": ["cat", "dog"], "type": "string"}}, "required": ["kind"]}},
     }  # fmt: skip
-    assert JsonFormat(schema).compile().nodes
+    assert StructuredOutput(json_schema=schema).compile().nodes
 
 
 def test_a_schema_that_is_not_an_object_is_refused():
     with pytest.raises(SchemaError, match="JSON object"):
-        JsonFormat(["type", "string"])
+        StructuredOutput(json_schema=["type", "string"])
+
+
+def test_a_structured_output_sets_exactly_one_shape():
+    with pytest.raises(SchemaError, match="exactly one"):
+        StructuredOutput()
+    with pytest.raises(SchemaError, match="exactly one"):
+        StructuredOutput(json_object=True, choice=("a",))
+    with pytest.raises(SchemaError, match="non-empty strings"):
+        StructuredOutput(choice=("a", ""))
+
+
+def test_a_schema_referring_to_itself_through_anyof_alone_reads_nothing_and_does_not_loop():
+    from ember.engine.structured.json_recognizer import JsonRecognizer
+
+    looping = {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}}
+    recognizer = JsonRecognizer(StructuredOutput(json_schema=looping).compile())
+    assert recognizer.may_end(recognizer.read(recognizer.initial, b"null"))
+    assert not recognizer.read(recognizer.initial, b"1")
+
+
+def test_a_schema_nested_past_any_real_use_is_refused_not_crashed():
+    deep: dict = {"type": "string"}
+    for _ in range(2000):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(SchemaError, match="nests too deeply"):
+        StructuredOutput(json_schema=deep)

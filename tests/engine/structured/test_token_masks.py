@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ember.engine.structured import JsonFormat
+from ember.engine.structured import StructuredOutput
 from ember.engine.structured.structured_outputs import StructuredOutputs
 from ember.tokenizers import load
 from tests.engine.structured.test_json_recognizer import PERSON
@@ -32,7 +32,7 @@ def tokenizer(shared_dir: Path):
 @pytest.mark.parametrize(("schema_name", "prefix"), [(name, prefix) for name, prefixes in PREFIXES.items() for prefix in prefixes])
 def test_the_mask_holds_exactly_the_tokens_the_recognizer_can_read(tokenizer, schema_name, prefix):
     outputs = StructuredOutputs(tokenizer, tokenizer.vocab_size + 3)  # a model may have more logits than tokens
-    guide = outputs.guide(JsonFormat(PERSON if schema_name else None))
+    guide = outputs.guide(StructuredOutput(json_schema=PERSON) if schema_name else StructuredOutput(json_object=True))
     grammar = guide.grammar
     states = grammar.recognizer.read(guide.states, prefix.encode())
     assert states, prefix
@@ -50,16 +50,16 @@ def test_the_mask_holds_exactly_the_tokens_the_recognizer_can_read(tokenizer, sc
 
 
 def test_a_finished_value_finishes_the_guide_and_a_special_token_stops_it(tokenizer):
-    guide = StructuredOutputs(tokenizer, tokenizer.vocab_size).guide(JsonFormat())
+    guide = StructuredOutputs(tokenizer, tokenizer.vocab_size).guide(StructuredOutput(json_object=True))
     for token_id in tokenizer.encode('{"a": [true]}'):
         assert not guide.is_finished
         guide.advance(token_id)
     assert guide.is_finished
-    stuck = StructuredOutputs(tokenizer, tokenizer.vocab_size).guide(JsonFormat())
+    stuck = StructuredOutputs(tokenizer, tokenizer.vocab_size).guide(StructuredOutput(json_object=True))
     stuck.advance(next(iter(tokenizer.eos_ids)))
     assert stuck.is_finished and not stuck.states
 
 
 def test_an_engine_without_a_tokenizer_refuses_a_json_constraint():
     with pytest.raises(ValueError, match="tokenizer"):
-        StructuredOutputs(None, 100).check(JsonFormat())
+        StructuredOutputs(None, 100).check(StructuredOutput(json_object=True))

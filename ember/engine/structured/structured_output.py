@@ -1,0 +1,67 @@
+"""What a request asks of its output's shape: a JSON object, a value conforming to a JSON schema, or one
+string out of a fixed list."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ember.engine.structured.json_schema import (
+    ROOT,
+    CompiledSchema,
+    Node,
+    SchemaError,
+    compile_schema,
+)
+
+MAX_CHOICES = 4096
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Hold a generation to one shape; set exactly one of the three.
+
+    `json_object`: any JSON object (OpenAI's `response_format={"type": "json_object"}`).
+    `json_schema`: a value conforming to the schema (OpenAI's `json_schema`; vLLM's `guided_json`).
+    `choice`: exactly one of these strings, as written (vLLM's `guided_choice`).
+    Checked on construction: a schema keyword ember cannot enforce raises ValueError naming it.
+    """
+
+    json_object: bool = False
+    json_schema: dict[str, Any] | None = None
+    choice: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            object.__setattr__(self, "choice", tuple(self.choice))
+        given = [self.json_object, self.json_schema is not None, self.choice is not None]
+        if sum(given) != 1:
+            raise SchemaError("a structured output sets exactly one of json_object, json_schema and choice")
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise SchemaError(f"a JSON schema is a JSON object, not {type(self.json_schema).__name__}")
+        if self.choice is not None:
+            _check_choice(self.choice)
+        self.compile()
+
+    @property
+    def key(self) -> str:
+        """One spelling per distinct constraint (compiled constraints are shared by it)."""
+        if self.choice is not None:
+            return "choice " + json.dumps(self.choice)
+        return "object" if self.json_object else "schema " + json.dumps(self.json_schema, sort_keys=True)
+
+    def compile(self) -> CompiledSchema:
+        if self.choice is not None:
+            compiled = compile_schema({})
+            compiled.nodes[ROOT] = Node("text", literals=tuple(dict.fromkeys(c.encode() for c in self.choice)))
+            return compiled
+        try:
+            return compile_schema(None if self.json_object else self.json_schema)
+        except RecursionError as error:
+            raise SchemaError("the JSON schema nests too deeply to compile; flatten it or use $defs") from error
+
+
+def _check_choice(choice: tuple[str, ...]) -> None:
+    if not choice or len(choice) > MAX_CHOICES or not all(isinstance(c, str) and c for c in choice):
+        raise SchemaError(f"choice must be a list of 1 to {MAX_CHOICES} non-empty strings")
