@@ -90,6 +90,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       help="also run batch 1 with TARGET (dtype auto) plain, with n-gram and with DRAFT, a smaller model of its family, as draft model")
     spec.add_argument("--plot", type=Path, default=Path("benchmarks/plots/spec_acceptance.png"), help="acceptance histogram PNG")
     spec.set_defaults(func=_run_spec)
+    structured = commands.add_parser("structured", help="structured outputs: free text vs json_object vs json_schema, batch 1, same run")
+    _common(structured, peers=False)
+    structured.add_argument("--num-prompts", type=int, default=3, help="chat prompts asking for an item as JSON")
+    structured.add_argument("--output-len", type=int, default=128, help="most tokens per reply")
+    structured.set_defaults(func=_run_structured)
     soak = commands.add_parser("soak", help="many mixed requests against a real server: nothing lost, no 5xx, bounded memory")
     _common(soak, peers=False)
     soak.add_argument("--url", default=None, help="base URL of a running server (default: start `ember serve` with a small KV pool)")
@@ -111,7 +116,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     everything.add_argument("--report", type=Path, default=None, help="write the Markdown report here (BENCHMARKS.md)")
     everything.add_argument("--out-dir", type=Path, default=Path("benchmarks"), help="results/ and plots/ go under this folder")
     everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,soak,tokenizers,gateway,"
-                            "spec,quant,parallel (spec, quant and parallel are sized by --scale; see the report)")
+                            "spec,quant,parallel,structured (the last four are sized by --scale; see the report)")
     everything.add_argument("--chunk-tokens", type=int, default=256)
     everything.add_argument("--spec-sibling", default=None, metavar="TARGET,DRAFT",
                             help="spec section: also run batch 1 with TARGET (dtype auto) plain, with n-gram and with DRAFT, "
@@ -283,6 +288,18 @@ def _run_spec(args: argparse.Namespace) -> int:
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)
     return 0
+def _run_structured(args: argparse.Namespace) -> int:
+    from ember.bench.structured import bench_structured, format_structured_section
+
+    if args.num_prompts < 1 or args.output_len < 2:
+        raise ValueError("--num-prompts must be at least 1 and --output-len at least 2")
+    section = bench_structured(_options(args), args.num_prompts, args.output_len)
+    print(format_structured_section(section))
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, section)
+    return 0
+
+
 def _run_soak(args: argparse.Namespace) -> int:
     from ember.bench import printing, suite
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from ember.bench.results import RequestTiming, RunResult
 from ember.bench.workloads import BenchRequest, Workload
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from ember.engine.structured import StructuredOutput
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class EmberSettings:
     medusa_heads: str | None = None
     eagle_head: str | None = None
     adaptive_speculation: bool = True
+    structured_output: StructuredOutput | None = None  # every request's output constraint (None: free text)
 
     def config(self, model: str, dtype: str) -> EngineConfig:
         """The engine's defaults, except the levers and limits this variant sets."""
@@ -62,6 +64,10 @@ class EmberSettings:
                 adaptive=self.adaptive_speculation,
             ),
         )
+
+    def record(self) -> dict:
+        """The settings as JSON values (a structured output by its constraint's spelling)."""
+        return {**self.__dict__, "structured_output": None if self.structured_output is None else self.structured_output.key}
 
     def with_(self, **changes) -> EmberSettings:
         return replace(self, **changes)
@@ -101,13 +107,13 @@ def run_ember(model: str, dtype: str, workload: Workload, settings: EmberSetting
     """One timed pass of `workload` on a freshly built engine."""
     engine = make_engine(model, dtype, settings)
     if settings.static_batch_size:
-        timings, wall_s = _run_static(engine, workload.requests, settings.static_batch_size)
+        timings, wall_s = _run_static(engine, workload.requests, settings.static_batch_size, settings.structured_output)
     else:
-        timings, wall_s = _run_continuous(engine, workload.requests)
+        timings, wall_s = _run_continuous(engine, workload.requests, settings.structured_output)
     stats = engine.stats()
     extra = {
         "dtype": dtype,
-        "settings": settings.__dict__,
+        "settings": settings.record(),
         "prefix_cache_queries": stats.prefix_cache_queries,
         "prefix_cache_hits": stats.prefix_cache_hits,
         "num_preemptions": stats.num_preemptions,
@@ -126,16 +132,17 @@ def run_ember(model: str, dtype: str, workload: Workload, settings: EmberSetting
     return RunResult(settings.label, workload.name, wall_s, output_tokens, list(timings.values()), extra)
 
 
-def _sampling(request: BenchRequest):
+def _sampling(request: BenchRequest, structured_output: StructuredOutput | None):
     from ember.engine.sampling_params import SamplingParams
 
-    return SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
+    return SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True, structured_output=structured_output)
 
 
-def _add(engine, request: BenchRequest, timings: dict[str, RequestTiming], arrival: float | None = None) -> None:
+def _add(engine, request: BenchRequest, timings: dict[str, RequestTiming], constraint: StructuredOutput | None,
+         arrival: float | None = None) -> None:
     arrival = time.monotonic() if arrival is None else arrival
     timings[request.request_id] = RequestTiming(request.request_id, request.role, request.prompt_len, 0, arrival)
-    engine.add_request(request.request_id, request.prompt_token_ids, _sampling(request))
+    engine.add_request(request.request_id, request.prompt_token_ids, _sampling(request, constraint))
 
 
 def _step(engine, timings: dict[str, RequestTiming]) -> Iterator[str]:
@@ -159,7 +166,7 @@ def _step(engine, timings: dict[str, RequestTiming]) -> Iterator[str]:
             yield output.request_id
 
 
-def _run_continuous(engine, requests: list[BenchRequest]) -> tuple[dict[str, RequestTiming], float]:
+def _run_continuous(engine, requests: list[BenchRequest], constraint: StructuredOutput | None) -> tuple[dict[str, RequestTiming], float]:
     """Everything with after_tokens == 0 at t=0; the rest once the first request has made that many tokens."""
     timings: dict[str, RequestTiming] = {}
     held = sorted((r for r in requests if r.after_tokens > 0), key=lambda r: r.after_tokens)
@@ -167,23 +174,24 @@ def _run_continuous(engine, requests: list[BenchRequest]) -> tuple[dict[str, Req
     started = time.monotonic()
     for request in requests:
         if request.after_tokens == 0:
-            _add(engine, request, timings)
+            _add(engine, request, timings, constraint)
     remaining = len(requests)
     while remaining:
         produced = timings[leader].output_tokens if leader in timings else 0
         while held and (held[0].after_tokens <= produced or not engine.has_unfinished_requests()):
-            _add(engine, held.pop(0), timings)
+            _add(engine, held.pop(0), timings, constraint)
         remaining -= sum(1 for _ in _step(engine, timings))
     return timings, time.monotonic() - started
 
 
-def _run_static(engine, requests: list[BenchRequest], batch_size: int) -> tuple[dict[str, RequestTiming], float]:
+def _run_static(engine, requests: list[BenchRequest], batch_size: int,
+                constraint: StructuredOutput | None) -> tuple[dict[str, RequestTiming], float]:
     timings: dict[str, RequestTiming] = {}
     started = time.monotonic()
     for start in range(0, len(requests), batch_size):
         batch = requests[start : start + batch_size]
         for request in batch:
-            _add(engine, request, timings, arrival=started)  # every request arrived at t=0
+            _add(engine, request, timings, constraint, arrival=started)  # every request arrived at t=0
         remaining = len(batch)
         while remaining:
             remaining -= sum(1 for _ in _step(engine, timings))

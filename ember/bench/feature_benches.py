@@ -1,6 +1,6 @@
-"""`spec`, `quant` and `parallel` as sections of `ember bench all`, sized like the rest of the suite.
+"""`spec`, `quant`, `parallel` and `structured` as sections of `ember bench all`, sized like the rest of the suite.
 
-Each of these benches keeps its own subcommand (`ember bench spec|quant|parallel`) with its own
+Each of these benches keeps its own subcommand (`ember bench spec|quant|parallel|structured`) with its own
 defaults; here they run at sizes derived from `--scale` (counts scale, prompt and output lengths
 do not) and `--repeats`, and each section records the sizes it ran at next to the full ones, so
 the report can say what was scaled. The measurements themselves are the benches' own.
@@ -16,7 +16,7 @@ from ember.bench.quant_methods import DEFAULT_METHODS as DEFAULT_QUANT_METHODS
 if TYPE_CHECKING:  # the report imports this module's names; keep it free of the engine
     from ember.bench.suite import BenchOptions
 
-FEATURE_SECTIONS = ("spec", "quant", "parallel")
+FEATURE_SECTIONS = ("spec", "quant", "parallel", "structured")
 # What each parallel mode is called in the report; "sequence" is tensor parallel with sequence parallelism switched on.
 PARALLEL_MODES = {"tensor": "tensor parallel", "sequence": "tensor + sequence parallel", "pipeline": "pipeline parallel",
                   "expert": "expert parallel"}
@@ -54,6 +54,8 @@ class FeatureSizes:
     parallel_prompts: int = 4
     parallel_prompt_len: int = 64
     parallel_max_tokens: int = 32
+    structured_prompts: int = 3  # chat prompts asking for an item as JSON, batch 1 (never scaled: three is already few)
+    structured_output_len: int = 128
 
     def __post_init__(self) -> None:
         counts = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), int)}
@@ -114,12 +116,17 @@ def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
         return per_model * (1 + len(options.quant_also)) + times_w8a8_kernels(sizes.quant_methods)
     if name == "parallel":
         return len(sizes.parallel_modes)
+    if name == "structured":
+        from ember.bench.structured import VARIANTS
+
+        return len(VARIANTS) * options.repeats
     raise ValueError(f"{name!r} is not a feature section; choose from {', '.join(FEATURE_SECTIONS)}")
 
 
 def run_feature_section(name: str, options: BenchOptions, sizes: FeatureSizes) -> dict:
     """The section of `name`, as its bench returns it, with the sizes it ran at under 'sizes'."""
-    runners = {"spec": run_spec_section, "quant": run_quant_section, "parallel": run_parallel_section}
+    runners = {"spec": run_spec_section, "quant": run_quant_section, "parallel": run_parallel_section,
+               "structured": run_structured_section}
     if name not in runners:
         raise ValueError(f"{name!r} is not a feature section; choose from {', '.join(FEATURE_SECTIONS)}")
     return runners[name](options, sizes)
@@ -182,6 +189,14 @@ def run_parallel_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
     if not section["modes"]:
         raise RuntimeError("every parallel mode failed: " + "; ".join(f"{m}: {e}" for m, e in section["errors"].items()))
     return section
+
+
+def run_structured_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
+    """`ember bench structured`: free text, json_object and json_schema at batch 1, the first dtype asked for."""
+    from ember.bench.structured import bench_structured
+
+    section = bench_structured(options, sizes.structured_prompts, sizes.structured_output_len)
+    return dict(section, sizes=sizes.record("structured_"))
 
 
 def parallel_config(mode: str, world_size: int):

@@ -638,8 +638,13 @@ def _bottleneck(profile: dict) -> str:
 
 
 def _features(lines: list[str], results: dict, plots: dict, report_dir: Path | None) -> None:
-    """The spec, quant and parallel sections (ember.bench.report_features), each with its PNG."""
-    from ember.bench.report_features import parallel_markdown, quant_markdown, spec_markdown
+    """The spec, quant, parallel and structured sections (ember.bench.report_features), each with its PNG if it has one."""
+    from ember.bench.report_features import (
+        parallel_markdown,
+        quant_markdown,
+        spec_markdown,
+        structured_markdown,
+    )
 
     def image(section_lines: list[str], key: str) -> None:
         _img(section_lines, plots, key, report_dir)
@@ -647,6 +652,7 @@ def _features(lines: list[str], results: dict, plots: dict, report_dir: Path | N
     lines += spec_markdown(results.get("spec"), _table, image)
     lines += quant_markdown(results.get("quant"), _table, image)
     lines += parallel_markdown(results.get("parallel"), image)
+    lines += structured_markdown(results.get("structured"))
 
 
 def _closing(lines: list[str], results: dict) -> None:

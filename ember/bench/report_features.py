@@ -92,6 +92,22 @@ def _text(value) -> str:
 # -- spec ------------------------------------------------------------------------------------------
 
 
+def structured_markdown(section: dict | None) -> list[str]:
+    """The structured-outputs section: what holding replies to JSON costs, and whether the replies conform."""
+    if not section:
+        return []
+    from ember.bench.structured import format_structured_section
+
+    prompts = section["workload"]["num_requests"]
+    return ["## `structured`: structured outputs (`ember bench structured`)", "",
+            f"One engine, batch 1, greedy, dtype {section['dtype']}, {prompts} chat prompts asking for an item as JSON, "
+            f"at most {section['workload']['output_len']} tokens each: free text, `json_object` and a `json_schema` of the "
+            f"fields asked for, same run, interleaved repeats ({section['repeats']}). A fresh engine per run: the first "
+            "request's TTFT includes building the vocabulary's byte trie, the decode the masks of states met first. "
+            "Finished replies (ended before the token limit) are parsed and validated (jsonschema) from the last repeat.",
+            "", format_structured_section(section), ""]  # fmt: skip
+
+
 def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]:
     if not section:
         return []

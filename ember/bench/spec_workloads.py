@@ -82,14 +82,14 @@ def build_spec_workload(name: str, tokenizer, seed: int = 0, num_requests: int =
         "free-story": lambda: _free_story_prompt(rng),
     }
     requests = [
-        BenchRequest(f"{name}-{i}", _encode_chat(tokenizer, makers[name]()), output_len, role=name)
+        BenchRequest(f"{name}-{i}", encode_chat(tokenizer, makers[name]()), output_len, role=name)
         for i in range(num_requests)
     ]
     params = {"num_requests": num_requests, "output_len": output_len, "prompt_len": [r.prompt_len for r in requests]}
     return Workload(name, seed, requests, params, source)
 
 
-def _encode_chat(tokenizer, content: str) -> list[int]:
+def encode_chat(tokenizer, content: str) -> list[int]:
     """The user message rendered with the model's chat template (plain text if it has none)."""
     from ember.server.chat_template import load_chat_template
     from ember.server.protocol import ChatMessage
