@@ -40,6 +40,7 @@ class EmberSettings:
     eagle_head: str | None = None
     adaptive_speculation: bool = True
     structured_output: StructuredOutput | None = None  # every request's output constraint (None: free text)
+    untimed_passes: int = 0  # times the workload runs on the engine before the timed pass (a server that served it)
 
     def config(self, model: str, dtype: str) -> EngineConfig:
         """The engine's defaults, except the levers and limits this variant sets."""
@@ -106,6 +107,8 @@ def _warm_up(engine) -> None:
 def run_ember(model: str, dtype: str, workload: Workload, settings: EmberSettings = EmberSettings()) -> RunResult:
     """One timed pass of `workload` on a freshly built engine."""
     engine = make_engine(model, dtype, settings)
+    for _ in range(settings.untimed_passes):
+        _run_continuous(engine, workload.requests, settings.structured_output)
     if settings.static_batch_size:
         timings, wall_s = _run_static(engine, workload.requests, settings.static_batch_size, settings.structured_output)
     else:
