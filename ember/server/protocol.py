@@ -43,12 +43,57 @@ class TextContentPart(StrictModel):
     text: str
 
 
-class ChatMessage(StrictModel):
-    """One turn of a conversation; `developer` is treated as `system`."""
+class FunctionCall(StrictModel):
+    """A function a tool call names, with its arguments as JSON text."""
 
-    role: Literal["system", "developer", "user", "assistant"]
+    name: str
+    arguments: str
+
+
+class ToolCall(StrictModel):
+    """One tool call of an assistant turn (in a request's history, or in a reply)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(StrictModel):
+    """A function the model may call: its name, what it does, and its parameters as a JSON schema."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(StrictModel):
+    """`tools[i]`: a function tool."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    """`tool_choice` naming the one function the reply must call."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ChatMessage(StrictModel):
+    """One turn of a conversation; `developer` is treated as `system`. An assistant turn may carry the
+    tool calls it made, a `tool` turn the result of one (`tool_call_id`)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The message content as one string (text parts joined)."""
@@ -102,9 +147,9 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool | None = True
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     # OpenAI features ember does not implement; rejected unless absent or a no-op value.
-    tools: list[Any] | None = None
-    tool_choice: Any | None = None
     functions: list[Any] | None = None
     function_call: Any | None = None
     parallel_tool_calls: bool | None = None
@@ -193,10 +238,35 @@ class CompletionLogprobs(BaseModel):
 
 
 class AssistantMessage(BaseModel):
-    """The generated turn of a chat completion."""
+    """The generated turn of a chat completion: text, or the tools it calls (then `content` may be null)."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_tool_calls(self, handler):
+        return {key: value for key, value in handler(self).items() if key != "tool_calls" or value is not None}
+
+
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed tool call: its first chunk names it (`id`, `type`, `function.name`), the arguments follow."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler):
+        data = handler(self)
+        data["function"] = {key: value for key, value in data["function"].items() if value is not None}
+        return {key: value for key, value in data.items() if value is not None}
 
 
 class ChatChoice(BaseModel):
@@ -224,6 +294,7 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler):

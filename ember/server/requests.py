@@ -21,6 +21,7 @@ from ember.server.chat_template import ChatTemplate
 from ember.server.errors import ApiError, engine_unavailable, from_validation_error
 from ember.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ember.server.tokenization import PromptEncoder
+from ember.server.tool_calls import ToolPlan
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -68,10 +69,6 @@ def _check_common(request: SamplingFields) -> None:
 def check_chat_request(request: ChatCompletionRequest) -> None:
     """Reject chat fields ember cannot honour, naming each."""
     _check_common(request)
-    if request.tools:
-        raise _unsupported("tools", "tool calling")
-    if request.tool_choice not in (None, "none"):
-        raise _unsupported("tool_choice", "tool calling")
     if request.functions:
         raise _unsupported("functions", "function calling")
     if request.function_call not in (None, "none"):
@@ -96,6 +93,12 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
             code="invalid_value",
         )
     for index, message in enumerate(request.messages):
+        if message.tool_calls and message.role != "assistant":
+            raise ApiError(f"Message {index} ({message.role}) has tool_calls; only assistant messages make tool calls.",
+                           param=f"messages.{index}.tool_calls", code="invalid_value")  # fmt: skip
+        if message.role == "tool" and not message.tool_call_id:
+            raise ApiError(f"Message {index} (tool) needs the 'tool_call_id' of the call it answers.",
+                           param=f"messages.{index}.tool_call_id", code="invalid_value")  # fmt: skip
         if message.content is None and message.role != "assistant":
             raise ApiError(
                 f"Message {index} ({message.role}) has no content.",
@@ -114,9 +117,14 @@ def check_completion_request(request: CompletionRequest) -> None:
 
 
 def sampling_params(
-    request: SamplingFields, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    request: SamplingFields,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    tool_constraint: StructuredOutput | None = None,
 ) -> SamplingParams:
-    """SamplingParams of a request, with OpenAI's defaults (temperature 1, top_p 1)."""
+    """SamplingParams of a request, with OpenAI's defaults (temperature 1, top_p 1); `tool_constraint`
+    holds a forced tool call's reply to its JSON (and excludes every other output constraint)."""
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
 
     def given(value, default):
@@ -143,13 +151,21 @@ def sampling_params(
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=given(request.skip_special_tokens, True),
             logit_bias=_token_biases(request.logit_bias),
-            structured_output=structured_output(request),
+            structured_output=_output_constraint(request, tool_constraint),
         )
     except ValueError as error:
         # SamplingParams names the field as "sampling parameter 'x' ..."; pass it on as `param`.
         named = re.search(r"parameter '(\w+)'", str(error))
         param = named.group(1) if named else None
         raise ApiError(f"Invalid value: {error}.", param=param, code="invalid_value") from error
+
+
+def _output_constraint(request: SamplingFields, tool_constraint: StructuredOutput | None) -> StructuredOutput | None:
+    asked = structured_output(request)
+    if tool_constraint is not None and asked is not None:
+        raise ApiError("A forced tool call ('required' or a named tool_choice) already holds the reply to JSON; "
+                       "drop response_format / guided_json / guided_choice.", param="tool_choice", code="invalid_value")  # fmt: skip
+    return tool_constraint or asked
 
 
 def structured_output(request: SamplingFields) -> StructuredOutput | None:
@@ -212,11 +228,11 @@ def _token_biases(logit_bias: dict[str, float] | None) -> dict[int, float]:
     return biases
 
 
-def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+def chat_sampling_params(request: ChatCompletionRequest, tools: ToolPlan | None = None) -> SamplingParams:
     """SamplingParams of a chat request; no max tokens means up to the context window."""
     max_tokens = request.max_completion_tokens or request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return sampling_params(request, max_tokens, logprobs)
+    return sampling_params(request, max_tokens, logprobs, tool_constraint=None if tools is None else tools.constraint())
 
 
 def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
@@ -225,7 +241,8 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     return sampling_params(request, request.max_tokens, request.logprobs, prompt_logprobs)
 
 
-async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate | None, encoder: PromptEncoder) -> PreparedPrompt:
+async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate | None, encoder: PromptEncoder,
+                      tools: ToolPlan | None = None) -> PreparedPrompt:
     """The chat messages rendered by the model's template and tokenized (in the encoder's worker)."""
     if template is None:
         raise ApiError(
@@ -234,7 +251,7 @@ async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate | N
             code="no_chat_template",
         )
     add_generation_prompt = request.add_generation_prompt is not False
-    text = await encoder.render(template, request.messages, add_generation_prompt)
+    text = await encoder.render(template, request.messages, add_generation_prompt, None if tools is None else tools.tools)
     # The template already writes any BOS it wants; adding special tokens again would double it.
     return PreparedPrompt(await encoder.encode(text, add_special_tokens=False, param="messages"), text)
 

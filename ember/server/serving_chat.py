@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response
 
-from ember.engine.outputs import RequestOutput
+from ember.engine.outputs import CompletionOutput, RequestOutput
 from ember.engine.sampling_params import SamplingParams
 from ember.server.admission import AdmissionTicket
 from ember.server.context import ServingContext
@@ -22,7 +22,9 @@ from ember.server.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
 )
 from ember.server.requests import (
     chat_prompt,
@@ -34,6 +36,7 @@ from ember.server.requests import (
     resolve_model,
 )
 from ember.server.responses import event, model_response, sse_response
+from ember.server.tool_calls import ToolCallStream, ToolPlan, finish_reason_with_calls, plan_tools
 
 
 async def create_chat_completion(context: ServingContext, raw_request: Request) -> Response:
@@ -41,11 +44,12 @@ async def create_chat_completion(context: ServingContext, raw_request: Request) 
     request = parse_request(ChatCompletionRequest, await raw_request.body())
     model = resolve_model(request.model, context.model_names)
     check_chat_request(request)
-    params = chat_sampling_params(request)
+    tools = plan_tools(request)
+    params = chat_sampling_params(request, tools)
     # Admitted before rendering and tokenizing: a prompt being tokenized waits too.
     ticket = context.admission.admit(1)
     try:
-        return await _run_chat(context, raw_request, request, model, params, ticket)
+        return await _run_chat(context, raw_request, request, model, params, tools, ticket)
     except BaseException:
         ticket.release()
         raise
@@ -57,9 +61,10 @@ async def _run_chat(
     request: ChatCompletionRequest,
     model: str,
     params: SamplingParams,
+    tools: ToolPlan | None,
     ticket: AdmissionTicket,
 ) -> Response:
-    prompt = await chat_prompt(request, context.chat_template, context.encoder)
+    prompt = await chat_prompt(request, context.chat_template, context.encoder, tools)
     check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
     check_engine_accepts(context.engine, prompt, params, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -69,28 +74,28 @@ async def _run_chat(
         options = request.stream_options
         include_usage = bool(options and options.include_usage)
         continuous_usage = bool(include_usage and options.continuous_usage_stats)
-        chunks = _chunks(context, request_id, model, stream, params.n, num_top, include_usage, continuous_usage)
+        chunks = _chunks(context, request_id, model, stream, params.n, num_top, include_usage, continuous_usage, tools)
         return sse_response(chunks, ticket.release, context.drain)
     try:
         (output,) = await cancel_on_disconnect(context, raw_request, collect([stream], params.n))
     finally:
         ticket.release()
-    return model_response(_response(context, request_id, model, output, num_top))
+    return model_response(_response(context, request_id, model, output, num_top, tools))
 
 
 def _response(
-    context: ServingContext, request_id: str, model: str, output: RequestOutput, num_top: int
+    context: ServingContext, request_id: str, model: str, output: RequestOutput, num_top: int, tools: ToolPlan | None
 ) -> ChatCompletionResponse:
     formatter = LogprobFormatter(context.tokenizer)
-    choices = [
-        ChatChoice(
+    choices = []
+    for completion in output.outputs:
+        content, calls = (completion.text, []) if tools is None else tools.read(completion.text)
+        choices.append(ChatChoice(
             index=completion.index,
-            message=AssistantMessage(content=completion.text),
+            message=AssistantMessage(content=(content.strip() or None) if calls else content, tool_calls=calls or None),
             logprobs=formatter.chat(completion, num_top),
-            finish_reason=openai_finish_reason(completion.finish_reason),
-        )
-        for completion in output.outputs
-    ]
+            finish_reason=finish_reason_with_calls(openai_finish_reason(completion.finish_reason), calls),
+        ))  # fmt: skip
     completion_tokens = sum(len(completion.token_ids) for completion in output.outputs)
     return ChatCompletionResponse(
         id=request_id, model=model, choices=choices, usage=usage_of([output], completion_tokens)
@@ -106,11 +111,13 @@ async def _chunks(
     num_top: int,
     include_usage: bool,
     continuous_usage: bool = False,
+    tools: ToolPlan | None = None,
 ) -> AsyncIterator[str]:
     """The SSE events of a streamed chat completion: a role chunk per choice, then one chunk per
     choice per engine step, then (if asked) a usage chunk with no choices. With
     `continuous_usage` every token chunk also carries the usage so far (what a gateway bills
-    when the client cuts the stream)."""
+    when the client cuts the stream). With tools, a choice's calls come whole in one chunk before
+    its last (`ember.server.tool_calls.ToolCallStream` decides what text is content)."""
     created = int(time.time())
     formatter = LogprobFormatter(context.tokenizer)
 
@@ -121,6 +128,7 @@ async def _chunks(
         yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
     completion_tokens = 0
     last: RequestOutput | None = None
+    readers = {index: ToolCallStream(tools) for index in range(n)} if tools is not None else {}
     merged = merge_streams([stream])
     try:
         async for _, delta in merged:
@@ -129,14 +137,37 @@ async def _chunks(
                 completion_tokens += len(part.token_ids)
                 if not part.text and not part.token_ids and part.finish_reason is None:
                     continue
+                usage = usage_of([delta], completion_tokens) if continuous_usage else None
+                if readers:
+                    for choice in _tool_choices(readers[part.index], part):
+                        yield chunk([choice], usage)
+                    continue
                 choice = ChatChunkChoice(
                     index=part.index,
                     delta=DeltaMessage(content=part.text),
                     logprobs=formatter.chat(part, num_top),
                     finish_reason=openai_finish_reason(part.finish_reason),
                 )
-                yield chunk([choice], usage_of([delta], completion_tokens) if continuous_usage else None)
+                yield chunk([choice], usage)
     finally:
         await merged.aclose()
     if include_usage and last is not None:
         yield chunk([], usage=usage_of([last], completion_tokens))
+
+
+def _tool_choices(reader: ToolCallStream, part: CompletionOutput) -> list[ChatChunkChoice]:
+    """One streamed choice's chunks for this step under tools: content it may show, and once it has
+    finished the rest of its content, its calls, and its finish reason."""
+    content = reader.content(part.text)
+    if part.finish_reason is None:
+        return [ChatChunkChoice(index=part.index, delta=DeltaMessage(content=content))] if content else []
+    rest, calls = reader.finish()
+    choices = [ChatChunkChoice(index=part.index, delta=DeltaMessage(content=content + rest))] if content + rest else []
+    if calls:
+        deltas = [DeltaToolCall(index=i, id=call.id, type="function",
+                                function=DeltaFunctionCall(name=call.function.name, arguments=call.function.arguments))
+                  for i, call in enumerate(calls)]  # fmt: skip
+        choices.append(ChatChunkChoice(index=part.index, delta=DeltaMessage(tool_calls=deltas)))
+    reason = finish_reason_with_calls(openai_finish_reason(part.finish_reason), calls)
+    choices.append(ChatChunkChoice(index=part.index, delta=DeltaMessage(), finish_reason=reason))
+    return choices

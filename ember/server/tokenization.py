@@ -49,10 +49,11 @@ class PromptEncoder:
         ids = await self._run(self._tokenizer.encode, text, add_special_tokens, param=param, inline=is_short)
         return self._checked(ids, param)
 
-    async def render(self, template: ChatTemplate, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
-        """The chat template rendered for `messages` (template errors are 400s)."""
+    async def render(self, template: ChatTemplate, messages: Sequence[ChatMessage], add_generation_prompt: bool,
+                     tools: list[dict] | None = None) -> str:
+        """The chat template rendered for `messages` and `tools` (template errors are 400s)."""
         is_short = sum(len(message.text()) for message in messages) <= INLINE_MAX_CHARS
-        return await self._run(template.render, messages, add_generation_prompt, param="messages", inline=is_short)
+        return await self._run(template.render, messages, add_generation_prompt, tools, param="messages", inline=is_short)
 
     def refuse_if_too_long(self, text: str, param: str) -> None:
         """A 400 when `text` alone provably takes the whole context window (no tokenizing needed),

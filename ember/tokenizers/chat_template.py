@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -33,12 +34,15 @@ class ChatTemplate:
         self._bos_token = bos_token
         self._eos_token = eos_token
 
-    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages`, ending with the assistant header if asked."""
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text for `messages`, ending with the assistant header if asked; `tools` (function
+        definitions, as Hugging Face templates take them) for templates that render tools."""
         try:
             return self._template.render(
                 messages=[dict(message) for message in messages],
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 bos_token=self._bos_token,
                 eos_token=self._eos_token,
             )

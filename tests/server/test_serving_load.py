@@ -225,3 +225,30 @@ def test_vllm_guided_choice_and_guided_json_through_extra_body(smollm2_server: S
                                       extra_body={"guided_json": json.dumps(schema)}).choices[0]  # fmt: skip
     assert reply.finish_reason == "stop"
     jsonschema.validate(json.loads(reply.text), schema)
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                               "required": ["city", "unit"], "additionalProperties": False}}}  # fmt: skip
+
+
+def test_forced_tool_calls_come_back_as_openai_tool_calls_whole_or_streamed(smollm2_server: ServeProcess) -> None:
+    """A named tool_choice and "required" hold the reply to the calls' JSON, so even a 135M model calls correctly."""
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    parameters = WEATHER_TOOL["function"]["parameters"]
+    for tool_choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        options = dict(model=SERVED_MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice=tool_choice, max_tokens=80, temperature=0)
+        reply = client.chat.completions.create(**options).choices[0]
+        assert reply.finish_reason == "tool_calls", reply
+        call = reply.message.tool_calls[0]
+        assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), parameters)
+        streamed = [chunk.choices[0] for chunk in client.chat.completions.create(**options, stream=True) if chunk.choices]
+        deltas = [c.delta.tool_calls[0] for c in streamed if c.delta.tool_calls]
+        assert [d.function.arguments for d in deltas] == [call.function.arguments] and deltas[0].function.name == "get_weather"
+        assert streamed[-1].finish_reason == "tool_calls"
+    answered = messages + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                           {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}]  # fmt: skip
+    final = client.chat.completions.create(model=SERVED_MODEL, messages=answered, tools=[WEATHER_TOOL], max_tokens=20, temperature=0)
+    assert final.choices[0].message.content and final.choices[0].finish_reason in ("stop", "length")
