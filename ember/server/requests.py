@@ -122,9 +122,11 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     tool_constraint: StructuredOutput | None = None,
+    keeps_special_tokens: bool = False,
 ) -> SamplingParams:
     """SamplingParams of a request, with OpenAI's defaults (temperature 1, top_p 1); `tool_constraint`
-    holds a forced tool call's reply to its JSON (and excludes every other output constraint)."""
+    holds a forced tool call's reply to its JSON (and excludes every other output constraint);
+    `keeps_special_tokens` keeps special tokens in the text (where tool-call markers are special tokens)."""
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
 
     def given(value, default):
@@ -149,7 +151,7 @@ def sampling_params(
             include_stop_str_in_output=given(request.include_stop_str_in_output, False),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=given(request.skip_special_tokens, True),
+            skip_special_tokens=given(request.skip_special_tokens, True) and not keeps_special_tokens,
             logit_bias=_token_biases(request.logit_bias),
             structured_output=_output_constraint(request, tool_constraint),
         )
@@ -232,7 +234,10 @@ def chat_sampling_params(request: ChatCompletionRequest, tools: ToolPlan | None 
     """SamplingParams of a chat request; no max tokens means up to the context window."""
     max_tokens = request.max_completion_tokens or request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return sampling_params(request, max_tokens, logprobs, tool_constraint=None if tools is None else tools.constraint())
+    if tools is None:
+        return sampling_params(request, max_tokens, logprobs)
+    # Auto mode reads calls from the text, and templates such as Qwen2.5's mark them with special tokens.
+    return sampling_params(request, max_tokens, logprobs, tool_constraint=tools.constraint(), keeps_special_tokens=tools.mode == "auto")
 
 
 def completion_sampling_params(request: CompletionRequest) -> SamplingParams:

@@ -4,7 +4,8 @@ and the tool calls read back from what it generated.
 `tool_choice` "none" and "auto" (the default when tools are given) generate freely, the tools rendered
 into the prompt by the model's chat template; "auto" then reads the calls the model wrote in the Hermes
 format (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, what Qwen2.5, Hermes and other
-templates ask for). A named function, or "required", holds the reply to JSON token by token (a
+templates ask for; special tokens are kept in the text for it), or a reply that is nothing but one
+call's JSON naming a declared tool (Llama 3.1's JSON format). A named function, or "required", holds the reply to JSON token by token (a
 structured output), so the calls are valid whatever the model: the function's parameters schema, or a
 non-empty array of `{"name", "parameters"}` objects over every tool.
 """
@@ -57,7 +58,7 @@ class ToolPlan:
         if self.mode == "required":
             return _read_json_calls(text)
         if self.mode == "auto":
-            return _read_hermes_calls(text)
+            return _read_hermes_calls(text, {tool["function"]["name"] for tool in self.tools})
         return text, []
 
     def _parameters(self, name: str) -> dict[str, Any] | None:
@@ -111,10 +112,10 @@ def _read_json_calls(text: str) -> tuple[str, list[ToolCall]]:
         return text, []
 
 
-def _read_hermes_calls(text: str) -> tuple[str, list[ToolCall]]:
+def _read_hermes_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
     start = text.find(CALL_OPEN)
     if start < 0:
-        return text, []
+        return _read_bare_call(text, names)
     calls = []
     for match in HERMES_CALL.finditer(text, start):
         try:
@@ -124,6 +125,19 @@ def _read_hermes_calls(text: str) -> tuple[str, list[ToolCall]]:
         except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
             return text, []  # not a call after all: the text stands as written
     return text[:start], calls
+
+
+def _read_bare_call(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+    """A reply that is nothing but one call's JSON naming a declared tool (what Llama 3.1's JSON tool format
+    writes, and some models without their markers); any other text stands as written."""
+    try:
+        item = json.loads(text)
+        arguments = item.get("arguments", item.get("parameters"))
+        if item.get("name") in names and isinstance(arguments, dict):
+            return "", [_call(item["name"], json.dumps(arguments, ensure_ascii=False))]
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    return text, []
 
 
 def _prefixed_refs(schema: Any, prefix: str, definitions: dict[str, Any]) -> Any:

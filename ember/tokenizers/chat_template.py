@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,8 @@ class ChatTemplate:
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.globals["raise_exception"] = _raise_exception
+        # As Hugging Face renders templates: tojson keeps key order and does not HTML-escape (tool schemas).
+        environment.filters["tojson"] = _to_json
         try:
             self._template = environment.from_string(source)
         except jinja2.TemplateSyntaxError as error:
@@ -58,6 +61,11 @@ def load_chat_template(tokenizer, override: str | None = None) -> ChatTemplate |
     if not source:
         return None
     return ChatTemplate(source, *special_token_texts(tokenizer))
+
+
+def _to_json(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: tuple[str, str] | None = None,
+             sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def special_token_texts(tokenizer) -> tuple[str, str]:

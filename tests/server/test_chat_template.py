@@ -59,3 +59,24 @@ def test_the_sandbox_blocks_attribute_escapes() -> None:
     template = ChatTemplate("{{ messages.__class__.__mro__ }}")
     with pytest.raises(ApiError):
         template.render(messages(("user", "x")))
+
+
+def test_tools_and_a_tool_call_turn_render_as_transformers_renders_them(shared_dir: Path) -> None:
+    """Reference: transformers' apply_chat_template on Qwen2.5's template (tools in the system turn, calls and results)."""
+    from transformers import AutoTokenizer
+
+    folder = shared_file(shared_dir, "tokenizers/qwen2.5/tokenizer.json").parent
+    tool = {"type": "function", "function": {"name": "lookup", "description": "Find a <word> & its 'meaning'",
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}, "lang": {"enum": ["en", "fr"]}}, "required": ["word"]}}}  # fmt: skip
+    history = [
+        {"role": "user", "content": "What does 'ember' mean?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"word": "ember", "lang": "en"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a glowing coal"},
+    ]  # fmt: skip
+    reference = AutoTokenizer.from_pretrained(folder)
+    hf_history = [dict(m, tool_calls=[{"type": "function", "function": {"name": "lookup", "arguments": {"word": "ember", "lang": "en"}}}]) if m.get("tool_calls") else m
+                  for m in history]  # fmt: skip
+    expected = reference.apply_chat_template(hf_history, tools=[tool], add_generation_prompt=True, tokenize=False)
+    ours = ChatTemplate(reference.chat_template).render([ChatMessage.model_validate(m) for m in history], True, [tool])
+    assert ours == expected
+    assert "<word> & its 'meaning'" in ours

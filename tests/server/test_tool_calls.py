@@ -89,3 +89,10 @@ def test_a_stream_shows_text_until_a_call_may_begin_and_hands_the_calls_over_at_
     forced = ToolCallStream(plan("required"))
     assert forced.content('[{"name": "get_weather", "parameters": {"city": "X"}}]') == ""
     assert forced.finish()[1][0].function.name == "get_weather"
+
+
+def test_auto_reads_a_reply_that_is_only_a_declared_tool_s_json_and_nothing_else_bare():
+    _, calls = plan().read(' {"name": "get_weather", "parameters": {"city": "Bern"}}\n')
+    assert calls[0].function.name == "get_weather" and json.loads(calls[0].function.arguments) == {"city": "Bern"}
+    assert plan().read('{"name": "unknown_tool", "arguments": {}}')[1] == []
+    assert plan().read('{"name": "get_weather"}')[1] == []
