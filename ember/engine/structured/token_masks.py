@@ -18,9 +18,8 @@ import torch
 from ember.engine.structured.json_recognizer import JsonRecognizer, State
 from ember.tokenizers.base import Tokenizer
 
-MASK_CACHE_ENTRIES = 512  # per constraint; a dense mask of a 150K vocabulary is 150 KB
+MASK_CACHE_ENTRIES = 512  # per constraint
 STEP_MEMO_ENTRIES = 200_000
-SPARSE_FRACTION = 8  # a mask allowing under 1/8 of the vocabulary is kept as token ids
 
 States = frozenset[State]
 
@@ -68,23 +67,22 @@ class Vocabulary:
 
 @dataclass(frozen=True)
 class TokenMask:
-    """The tokens allowed next: a boolean mask over the vocabulary, or (when few) their ids."""
+    """The tokens allowed next: `token_ids`, plus (inside a string's body) every token of the vocabulary's
+    shared `base` mask. Only ids are kept per state, so a cache of masks stays small whatever the vocabulary."""
 
-    allowed: torch.Tensor  # bool [vocab] or int64 ids
+    token_ids: torch.Tensor  # int64
+    base: torch.Tensor | None = None  # bool [vocab], shared between masks
 
     def apply(self, logits: torch.Tensor) -> None:
         """Set every disallowed token's logit in the row `logits` to -inf, in place."""
-        if self.allowed.dtype == torch.bool:
-            logits.masked_fill_(~self.allowed, float("-inf"))
+        if self.base is not None:
+            allowed = self.base.clone()
+            allowed[self.token_ids] = True
+            logits.masked_fill_(~allowed, float("-inf"))
             return
-        kept = logits[self.allowed]
+        kept = logits[self.token_ids]
         logits.fill_(float("-inf"))
-        logits[self.allowed] = kept
-
-    def __contains__(self, token_id: int) -> bool:
-        if self.allowed.dtype == torch.bool:
-            return bool(self.allowed[token_id])
-        return bool((self.allowed == token_id).any())
+        logits[self.token_ids] = kept
 
 
 class TokenGrammar:
@@ -125,11 +123,7 @@ class TokenGrammar:
         ids = self._walk(vocabulary.escaping_trie if in_string else vocabulary.trie, states)
         if self.recognizer.may_end(states) or (not ids and not in_string):
             ids.extend(vocabulary.eos_ids)
-        if not in_string and len(ids) * SPARSE_FRACTION < vocabulary.size:
-            return TokenMask(torch.tensor(sorted(ids), dtype=torch.long))
-        allowed = vocabulary.plain_string_tokens.clone() if in_string else torch.zeros(vocabulary.size, dtype=torch.bool)
-        allowed[ids] = True
-        return TokenMask(allowed)
+        return TokenMask(torch.tensor(sorted(ids), dtype=torch.long), vocabulary.plain_string_tokens if in_string else None)
 
     def _walk(self, root: TrieNode, states: States) -> list[int]:
         """Ids of every token in the trie under `root` whose bytes the recogniser reads from `states`."""
