@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from ember.engine.config import EngineConfig, add_engine_arguments
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
+from ember.engine.structured import StructuredOutput
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sample-seed", type=int, default=None, dest="sample_seed", help="per-request sampling seed")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true")
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--json-object", action="store_true", help="hold the output to one JSON object")
+    shape.add_argument("--json-schema", type=Path, default=None, metavar="FILE", help="hold the output to a value of this JSON schema")
+    shape.add_argument("--choice", action="append", default=None, help="hold the output to one of these strings (repeatable)")
     parser.set_defaults(func=run)
 
 
@@ -39,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.sample_seed,
         stop=args.stop,
         ignore_eos=args.ignore_eos,
+        structured_output=structured_output(args),
     )
     engine.add_request("cli", prompt_ids, params, prompt=args.prompt)
     while engine.has_unfinished_requests():
@@ -48,6 +56,21 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
+
+
+def structured_output(args: argparse.Namespace) -> StructuredOutput | None:
+    """The output constraint the flags ask for (None: free text)."""
+    if args.json_object:
+        return StructuredOutput(json_object=True)
+    if args.choice:
+        return StructuredOutput(choice=tuple(args.choice))
+    if args.json_schema is None:
+        return None
+    try:
+        schema = json.loads(args.json_schema.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--json-schema {args.json_schema}: cannot read a JSON schema from it ({error})") from error
+    return StructuredOutput(json_schema=schema)
 
 
 def prompt_token_ids(engine: LLMEngine, prompt: str, chat: bool, system: str | None) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -39,6 +40,21 @@ def test_generate_with_an_fp8_kv_cache_prints_a_story(stories_dir):
     )
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.split()) > 10
+
+
+def test_generate_held_to_a_json_schema_prints_a_value_of_it_and_a_bad_schema_is_named(stories_dir, tmp_path):
+    schema = {"type": "object", "properties": {"happy": {"type": "boolean"}, "mood": {"enum": ["calm", "busy"]}},
+              "required": ["happy", "mood"], "additionalProperties": False}  # fmt: skip
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    model = ("--model", str(stories_dir / "stories260K.bin"), "--tokenizer", str(stories_dir / "tok512.bin"))
+    result = _ember("generate", *model, "--prompt", "Lily was", "--max-tokens", "200", "--temperature", "0", "--json-schema", str(path))
+    assert result.returncode == 0, result.stderr
+    value = json.loads(result.stdout)
+    assert isinstance(value["happy"], bool) and value["mood"] in ("calm", "busy")
+    path.write_text(json.dumps({"type": "string", "pattern": "a+"}))
+    refused = _ember("generate", *model, "--prompt", "Lily was", "--json-schema", str(path))
+    assert refused.returncode != 0 and "pattern" in refused.stderr
 
 
 def test_eval_perplexity_prints_the_figure_and_token_count(stories_dir, tmp_path):
