@@ -21,9 +21,9 @@ SURVEY = {
     "properties": {
         "ok": {"type": "boolean"},
         "pick": {"enum": ["cat", "dog", None]},
-        "score": {"type": "number"},
+        "score": {"type": "number", "minimum": 0, "exclusiveMaximum": 10},
         "flags": {"type": "array", "items": {"type": ["boolean", "null"]}, "maxItems": 3},
-        "note": {"type": "string"},
+        "note": {"type": "string", "minLength": 3, "maxLength": 40},
     },
     "required": ["ok", "pick", "flags"],
     "additionalProperties": False,

@@ -16,6 +16,9 @@ continue it, which is then read by the enclosing frame.
 
 from __future__ import annotations
 
+import sys
+
+from ember.engine.structured.json_bounds import counts_as_character, number_reachable, number_within
 from ember.engine.structured.json_schema import ANY, ROOT, CompiledSchema, Node
 
 MAX_WHITESPACE_RUN = 20
@@ -29,7 +32,10 @@ ANY_ARRAY = -1  # the items node of an array inside an unconstrained value: any 
 
 State = tuple[tuple, int, bool]
 GAP, LINE_FIRST = "gap", "line first"  # whitespace allowed here; allowed only from a line break on
-STRING_BODY = ("S", "body")
+# A string frame is ("S", phase, node, characters so far) and a number frame ("N", is_integer, phase, node,
+# text so far); both carry their node (and count or text) only when it bounds them, so unbounded strings and
+# numbers share their states.
+STRING_BODY = ("S", "body", None, 0)
 
 
 class JsonRecognizer:
@@ -63,15 +69,21 @@ class JsonRecognizer:
         """Whether every state has finished the value, so nothing more may follow."""
         return bool(states) and all(not stack for stack, _, _ in states)
 
-    @staticmethod
-    def may_end(states: frozenset[State]) -> bool:
+    def may_end(self, states: frozenset[State]) -> bool:
         """Whether the text read so far is a whole value (a top-level number may still go on)."""
-        return any(not stack or (len(stack) == 1 and stack[0][0] == "N" and stack[0][2] in NUMBER_ENDS) for stack, _, _ in states)
+        return any(not stack or (len(stack) == 1 and stack[0][0] == "N" and self._number_ends(stack[0])) for stack, _, _ in states)
 
-    @staticmethod
-    def in_string_body(states: frozenset[State]) -> bool:
-        """Whether every state is inside a string's body, where any printable byte but '"' and '\\' keeps it there."""
-        return bool(states) and all(stack and stack[-1] == STRING_BODY for stack, _, _ in states)
+    def string_body_room(self, states: frozenset[State]) -> int | None:
+        """How many more characters of plain text (no '"', '\\' or control bytes) every state can take inside
+        the same string's body (`sys.maxsize` when unbounded); None unless all states are in that body."""
+        frames = {stack[-1] if stack else None for stack, _, _ in states}
+        if len(frames) != 1:
+            return None
+        (frame,) = frames
+        if frame is None or frame[0] != "S" or frame[1] != "body":
+            return None
+        node = None if frame[2] is None else self.nodes[frame[2]]
+        return sys.maxsize if node is None or node.max_length is None else node.max_length - frame[3]
 
     # -- one frame ---------------------------------------------------------------------------
 
@@ -120,9 +132,9 @@ class JsonRecognizer:
         if kind in ("any", "array") and byte == ord("["):
             return [(rest + (("A", ANY_ARRAY if kind == "any" else node_id, 0, "open"),), None)]
         if kind in ("any", "string") and byte == ord('"'):
-            return [(rest + (STRING_BODY,), None)]
+            return [(rest + (("S", "body", node_id, 0) if node.is_bounded else STRING_BODY,), None)]
         if kind in ("any", "number", "integer") and (byte == ord("-") or byte in DIGITS):
-            return self._number(rest, ("N", kind == "integer", "start"), byte)
+            return self._number(rest, ("N", kind == "integer", "start", node_id if node.is_bounded else None, ""), byte)
         if kind in ("any", "boolean") and byte in b"tf":
             return self._literal(rest, ("L", (b"true", b"false"), 0, ()), byte)
         if kind in ("any", "null") and byte == ord("n"):
@@ -133,20 +145,25 @@ class JsonRecognizer:
         return ANY_ARRAY_NODE if node_id == ANY_ARRAY else self.nodes[node_id]
 
     def _string(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
-        phase = top[1]
+        _, phase, node_id, count = top
+        node = None if node_id is None else self.nodes[node_id]
         if phase == "body":
             if byte == ord('"'):
-                return [(_finish_value(rest), None)]
+                return [(_finish_value(rest), None)] if node is None or count >= node.min_length else []
             if byte < 0x20:
                 return []
-            return [(rest + (("S", "escape") if byte == ord("\\") else STRING_BODY,), None)]
+            if node is not None and counts_as_character(byte):  # an escape counts as one character, at its backslash
+                if node.max_length is not None and count >= node.max_length:
+                    return []
+                count += 1
+            return [(rest + (("S", "escape" if byte == ord("\\") else "body", node_id, count),), None)]
         if phase == "escape":
             if byte == ord("u"):
-                return [(rest + (("S", 4),), None)]
-            return [(rest + (STRING_BODY,), None)] if byte in ESCAPES else []
+                return [(rest + (("S", 4, node_id, count),), None)]
+            return [(rest + (("S", "body", node_id, count),), None)] if byte in ESCAPES else []
         if byte not in HEX_DIGITS:
             return []
-        return [(rest + ((("S", phase - 1) if phase > 1 else STRING_BODY),), None)]
+        return [(rest + (("S", phase - 1 if phase > 1 else "body", node_id, count),), None)]
 
     def _literal(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
         """One more byte of one of the frame's literals; a literal spelled out whole finishes the value.
@@ -163,13 +180,25 @@ class JsonRecognizer:
         return found
 
     def _number(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
-        _, is_integer, phase = top
-        following = _number_phase(phase, byte, is_integer)
+        _, is_integer, phase, node_id, text = top
+        following = _number_phase(phase, byte, is_integer, has_exponent=node_id is None)  # bounded: decimal notation
         if following is not None:
-            return [(rest + (("N", is_integer, following),), None)]
-        if phase in NUMBER_ENDS:
+            if node_id is None:
+                return [(rest + (("N", is_integer, following, None, ""),), None)]
+            node, text = self.nodes[node_id], text + chr(byte)
+            if not number_reachable(text, is_integer, node.lower, node.upper):
+                return []
+            return [(rest + (("N", is_integer, following, node_id, text),), None)]
+        if self._number_ends(top):
             return self._step(_finish_value(rest), byte)  # the byte after a number belongs to what holds it
         return []
+
+    def _number_ends(self, frame: tuple) -> bool:
+        """Whether the number read so far is whole (and, when bounded, inside its range)."""
+        _, is_integer, phase, node_id, text = frame
+        if phase not in NUMBER_ENDS:
+            return False
+        return node_id is None or number_within(text, is_integer, self.nodes[node_id].lower, self.nodes[node_id].upper)
 
     def _object(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
         _, node_id, index, phase = top
@@ -237,7 +266,7 @@ def _finish_value(rest: tuple, tag: int | None = None) -> tuple:
     return rest
 
 
-def _number_phase(phase: str, byte: int, is_integer: bool) -> str | None:
+def _number_phase(phase: str, byte: int, is_integer: bool, has_exponent: bool = True) -> str | None:
     """The number's phase after `byte`, or None where `byte` cannot continue it."""
     is_digit = byte in DIGITS
     if phase in ("start", "minus"):
@@ -254,6 +283,6 @@ def _number_phase(phase: str, byte: int, is_integer: bool) -> str | None:
         return None
     if phase in ("zero", "int") and byte == ord("."):
         return "dot"
-    if phase in ("zero", "int", "frac") and byte in b"eE":
+    if phase in ("zero", "int", "frac") and byte in b"eE" and has_exponent:
         return "e"
     return None

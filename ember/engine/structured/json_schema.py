@@ -1,27 +1,32 @@
 """A JSON Schema (the subset a recogniser can enforce token by token) compiled into a table of nodes.
 
 Each node says what one JSON value may be: anything, an object with its properties in the schema's
-order, an array of one item kind, a string, a number, an integer, a boolean, null, one of a fixed set of
-literal values (`enum` / `const`), or any of several nodes (`anyOf`, `oneOf`, a list of types). `$ref`
+order, an array of one item kind, a string (`minLength` / `maxLength`), a number or an integer
+(`minimum`, `maximum` and their exclusive forms), a boolean, null, one of a fixed set of literal values
+(`enum` / `const`), or any of several nodes (`anyOf`, `oneOf`, a list of types). `$ref`
 to `#/$defs/...` or `#/definitions/...` may recurse. A keyword that would constrain the value in a way
-the recogniser does not enforce (`pattern`, `minLength`, `format`, ...) is refused with its name, never
+the recogniser does not enforce (`pattern`, `format`, `multipleOf`, ...) is refused with its name, never
 silently ignored: an output the caller was promised conforms would not.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
+
+from ember.engine.structured.json_bounds import Bound
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                          "readOnly", "writeOnly", "$defs", "definitions", "strict"})  # fmt: skip
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
     "array": frozenset({"items", "minItems", "maxItems"}),
-    "string": frozenset(),
-    "number": frozenset(),
-    "integer": frozenset(),
+    "string": frozenset({"minLength", "maxLength"}),
+    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
+    "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
     "boolean": frozenset(),
     "null": frozenset(),
 }
@@ -53,6 +58,15 @@ class Node:
     max_items: int | None = None
     literals: tuple[bytes, ...] = ()  # JSON texts (`literals`), or raw texts (`text`: a list of choices)
     alternatives: tuple[int, ...] = ()
+    min_length: int = 0  # string, in characters
+    max_length: int | None = None
+    lower: Bound | None = None  # number, integer
+    upper: Bound | None = None
+
+    @property
+    def is_bounded(self) -> bool:
+        """Whether its strings or numbers are checked as they are written (so their frames carry the node)."""
+        return self.min_length > 0 or self.max_length is not None or self.lower is not None or self.upper is not None
 
 
 @dataclass
@@ -166,7 +180,34 @@ class _Compiler:
             return self._object(schema, where)
         if kind == "array":
             return self._array(schema, where)
+        if kind == "string":
+            return self._string(schema, where)
+        if kind in ("number", "integer"):
+            return self._number(kind, schema, where)
         return Node(kind)
+
+    def _string(self, schema: dict, where: str) -> Node:
+        min_length, max_length = schema.get("minLength", 0), schema.get("maxLength")
+        if not _is_count(min_length) or (max_length is not None and (not _is_count(max_length) or max_length < min_length)):
+            raise SchemaError(f"{where}: minLength / maxLength must be integers with 0 <= minLength <= maxLength")
+        return Node("string", min_length=min_length, max_length=max_length)
+
+    def _number(self, kind: str, schema: dict, where: str) -> Node:
+        def bound(inclusive: str, exclusive: str) -> Bound | None:
+            given = [(schema[name], name == exclusive) for name in (inclusive, exclusive) if name in schema]
+            if len(given) > 1:
+                raise SchemaError(f"{where}: give one of {inclusive} and {exclusive}")
+            if not given:
+                return None
+            value, is_exclusive = given[0]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise SchemaError(f"{where}.{exclusive if is_exclusive else inclusive} must be a finite number")
+            return Bound(Fraction(repr(value)), is_exclusive)
+
+        lower, upper = bound("minimum", "exclusiveMinimum"), bound("maximum", "exclusiveMaximum")
+        if lower is not None and upper is not None and lower.value > upper.value:
+            raise SchemaError(f"{where}: the minimum is above the maximum")
+        return Node(kind, lower=lower, upper=upper)
 
     def _object(self, schema: dict, where: str) -> Node:
         properties = schema.get("properties", {})
@@ -211,6 +252,10 @@ class _Compiler:
         self.refs[ref] = node_id  # before compiling the target, so a recursive reference finds it
         self.compiled.nodes[node_id] = self.node_for(target, ref)
         return node_id
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _refuse_unknown(schema: dict, where: str) -> None:

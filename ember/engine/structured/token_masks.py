@@ -10,16 +10,20 @@ the others are walked.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
+from ember.engine.structured.json_bounds import counts_as_character
 from ember.engine.structured.json_recognizer import JsonRecognizer, State
 from ember.tokenizers.base import Tokenizer
 
 MASK_CACHE_ENTRIES = 512  # per constraint
 STEP_MEMO_ENTRIES = 200_000
+MAX_TOKEN_CHARACTERS = 4096  # room at least this large: every plain token fits
+BOUNDED_ROOM_MASKS = 64  # plain-token masks kept per vocabulary for strings with a maxLength
 
 States = frozenset[State]
 
@@ -48,7 +52,7 @@ class Vocabulary:
         self.token_bytes: list[bytes | None] = [None] * size
         self.trie: TrieNode = {}
         self.escaping_trie: TrieNode = {}  # tokens that are not plain string text
-        plain = []
+        plain, characters = [], []
         for token_id in range(min(size, tokenizer.vocab_size)):
             if tokenizer.is_special(token_id):
                 continue
@@ -59,10 +63,25 @@ class Vocabulary:
             _insert(self.trie, data, token_id)
             if len(data.translate(None, NOT_PLAIN_STRING_TEXT)) == len(data):
                 plain.append(token_id)
+                characters.append(sum(map(counts_as_character, data)))
             else:
                 _insert(self.escaping_trie, data, token_id)
         self.plain_string_tokens = torch.zeros(size, dtype=torch.bool)
         self.plain_string_tokens[plain] = True
+        self._plain_characters = torch.full((size,), sys.maxsize, dtype=torch.long)
+        self._plain_characters[plain] = torch.tensor(characters, dtype=torch.long)
+        self._plain_within: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    def plain_string_tokens_within(self, room: int) -> torch.Tensor:
+        """The plain-text tokens of at most `room` characters (all of them for an unbounded string)."""
+        if room >= MAX_TOKEN_CHARACTERS:
+            return self.plain_string_tokens
+        mask = self._plain_within.get(room)
+        if mask is None:
+            mask = self._plain_within[room] = self._plain_characters <= room
+            if len(self._plain_within) > BOUNDED_ROOM_MASKS:
+                self._plain_within.popitem(last=False)
+        return mask
 
 
 @dataclass(frozen=True)
@@ -119,11 +138,13 @@ class TokenGrammar:
 
     def _build(self, states: States) -> TokenMask:
         vocabulary = self.vocabulary
-        in_string = self.recognizer.in_string_body(states)
+        room = self.recognizer.string_body_room(states)
+        in_string = room is not None
         ids = self._walk(vocabulary.escaping_trie if in_string else vocabulary.trie, states)
         if self.recognizer.may_end(states) or (not ids and not in_string):
             ids.extend(vocabulary.eos_ids)
-        return TokenMask(torch.tensor(sorted(ids), dtype=torch.long), vocabulary.plain_string_tokens if in_string else None)
+        base = vocabulary.plain_string_tokens_within(room) if in_string else None
+        return TokenMask(torch.tensor(sorted(ids), dtype=torch.long), base)
 
     def _walk(self, root: TrieNode, states: States) -> list[int]:
         """Ids of every token in the trie under `root` whose bytes the recogniser reads from `states`."""

@@ -129,3 +129,36 @@ def test_choices_are_read_as_raw_text_and_a_choice_that_others_extend_may_end_or
     assert recognizer.is_complete(recognizer.read(recognizer.initial, b"no way"))
     assert not recognizer.read(recognizer.initial, b" yes")
     assert not recognizer.read(recognizer.initial, b'"no')
+
+
+BOUNDED = {"type": "object", "properties": {
+    "code": {"type": "string", "minLength": 2, "maxLength": 4},
+    "count": {"type": "integer", "minimum": -5, "exclusiveMaximum": 250},
+    "ratio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1.5},
+}, "required": ["code", "count", "ratio"], "additionalProperties": False}  # fmt: skip
+
+
+@pytest.mark.parametrize("code", ["ab", "abcd", "é\\u00e9", "日本語", 'a\\"b', "a", "abcde", "日本語です", ""])
+def test_string_lengths_count_characters_as_jsonschema_does(code):
+    text = json.dumps({"code": json.loads(f'"{code}"'), "count": 1, "ratio": 1}, ensure_ascii=False)
+    assert finishes(BOUNDED, text) == jsonschema.Draft202012Validator(BOUNDED).is_valid(json.loads(text)), text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-40, 400), st.decimals(min_value=-1, max_value=3, places=3, allow_nan=False, allow_infinity=False))
+def test_number_ranges_hold_as_jsonschema_holds_them_and_a_prefix_lives_while_it_can_still_land_inside(count, ratio):
+    value = {"code": "xyz", "count": count, "ratio": float(ratio)}
+    text = f'{{"code": "xyz", "count": {count}, "ratio": {ratio:f}}}'
+    assert finishes(BOUNDED, text) == jsonschema.Draft202012Validator(BOUNDED).is_valid(value), text
+    cut = text[: text.index('"ratio"')]  # up to the count's comma: still readable exactly when the count fits
+    assert readable_prefix(BOUNDED, cut) == (-5 <= count < 250)
+
+
+def test_a_bounded_number_is_refused_as_soon_as_no_digit_can_bring_it_inside():
+    assert readable_prefix(BOUNDED, '{"code": "xy", "count": 24')  # 24, or 240-249
+    assert not readable_prefix(BOUNDED, '{"code": "xy", "count": 250')  # 250 and every longer number are out
+    assert not readable_prefix(BOUNDED, '{"code": "xy", "count": 00')
+    assert readable_prefix(BOUNDED, '{"code": "xy", "count": 0,')
+    assert not readable_prefix(BOUNDED, '{"code": "xy", "count": -6')
+    assert not readable_prefix(BOUNDED, '{"code": "xy", "count": 1, "ratio": 1.6')
+    assert not readable_prefix(BOUNDED, '{"code": "xy", "count": 1, "ratio": 1e')  # decimal notation only

@@ -11,9 +11,12 @@ from ember.engine.structured import SchemaError, StructuredOutput
 
 @pytest.mark.parametrize(("schema", "named"), [
     ({"type": "string", "pattern": "^a+$"}, "pattern"),
-    ({"type": "string", "maxLength": 4}, "maxLength"),
+    ({"type": "number", "multipleOf": 2}, "multipleOf"),
     ({"type": "string", "format": "date-time"}, "format"),
-    ({"type": "integer", "minimum": 0}, "minimum"),
+    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+    ({"type": "integer", "minimum": 5, "maximum": 1}, "above the maximum"),
+    ({"type": "integer", "minimum": 1, "exclusiveMinimum": 0}, "one of minimum and exclusiveMinimum"),
+    ({"type": "string", "minLength": 3, "maxLength": 2}, "minLength"),
     ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}, "b"),
     ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "additionalProperties"),
     ({"type": "array", "prefixItems": [{"type": "string"}]}, "prefixItems"),

@@ -15,13 +15,16 @@ import torch
 from ember.engine.structured import StructuredOutput
 from ember.engine.structured.structured_outputs import StructuredOutputs
 from ember.tokenizers import load
-from tests.engine.structured.test_json_recognizer import PERSON
+from tests.engine.structured.test_json_recognizer import BOUNDED, PERSON
 
 PREFIXES = {
     None: ["", "{", '{"na', '{"name": "A', '{"a": [1, 2', '{"a": [1, {"b": "x\\', '{"a": tr', '{\n  "k": -0.5e', '{"x": {}'],
     "person": ["", '{"name"', '{"name": "Ada", ', '{"name": "Ada", "age": 3', '{"name": "Ada", "age": 36, "role": "a',
                '{"name": "Ada", "age": 36, "role": 7, "tags": [', '{"name": "Ada", "age": 36, "role": 7, "home": {"city": "Rome"}'],
+    "bounded": ['{"code": "', '{"code": "a', '{"code": "abc', '{"code": "abcd', '{"code": "ab", "count": 2', '{"code": "ab", "count": -',
+                '{"code": "ab", "count": 3, "ratio": 1.'],
 }  # fmt: skip
+SCHEMAS = {"person": PERSON, "bounded": BOUNDED}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ def tokenizer(shared_dir: Path):
 @pytest.mark.parametrize(("schema_name", "prefix"), [(name, prefix) for name, prefixes in PREFIXES.items() for prefix in prefixes])
 def test_the_mask_holds_exactly_the_tokens_the_recognizer_can_read(tokenizer, schema_name, prefix):
     outputs = StructuredOutputs(tokenizer, tokenizer.vocab_size + 3)  # a model may have more logits than tokens
-    guide = outputs.guide(StructuredOutput(json_schema=PERSON) if schema_name else StructuredOutput(json_object=True))
+    guide = outputs.guide(StructuredOutput(json_schema=SCHEMAS[schema_name]) if schema_name else StructuredOutput(json_object=True))
     grammar = guide.grammar
     states = grammar.recognizer.read(guide.states, prefix.encode())
     assert states, prefix
