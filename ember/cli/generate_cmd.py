@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shape.add_argument("--json-object", action="store_true", help="hold the output to one JSON object")
     shape.add_argument("--json-schema", type=Path, default=None, metavar="FILE", help="hold the output to a value of this JSON schema")
     shape.add_argument("--choice", action="append", default=None, help="hold the output to one of these strings (repeatable)")
+    shape.add_argument("--regex", default=None, help="hold the output to text this regular expression matches whole")
     parser.set_defaults(func=run)
 
 
@@ -64,6 +65,8 @@ def structured_output(args: argparse.Namespace) -> StructuredOutput | None:
         return StructuredOutput(json_object=True)
     if args.choice:
         return StructuredOutput(choice=tuple(args.choice))
+    if args.regex is not None:
+        return StructuredOutput(regex=args.regex)
     if args.json_schema is None:
         return None
     try:

@@ -133,6 +133,7 @@ class SamplingFields(StrictModel):
     # vLLM's extensions for the same: a JSON schema (object or its JSON text), or a list of allowed replies.
     guided_json: dict[str, Any] | str | None = None
     guided_choice: list[str] | None = None
+    guided_regex: str | None = None
     # Accepted and ignored: bookkeeping fields with no effect on generation.
     metadata: dict[str, str] | None = None
     store: bool | None = None

@@ -171,8 +171,8 @@ def _output_constraint(request: SamplingFields, tool_constraint: StructuredOutpu
 
 
 def structured_output(request: SamplingFields) -> StructuredOutput | None:
-    """The engine's output constraint from OpenAI's response_format or vLLM's guided_json / guided_choice."""
-    given = [name for name in ("response_format", "guided_json", "guided_choice") if _constrains(name, getattr(request, name))]
+    """The engine's output constraint from OpenAI's response_format or vLLM's guided_json / guided_choice / guided_regex."""
+    given = [name for name in ("response_format", "guided_json", "guided_choice", "guided_regex") if _constrains(name, getattr(request, name))]
     if len(given) > 1:
         raise ApiError(f"Set only one of {given}: each constrains the output on its own.", param=given[1], code="invalid_value")
     if not given:
@@ -180,6 +180,8 @@ def structured_output(request: SamplingFields) -> StructuredOutput | None:
     try:
         if given[0] == "guided_choice":
             return StructuredOutput(choice=tuple(request.guided_choice))
+        if given[0] == "guided_regex":
+            return StructuredOutput(regex=request.guided_regex)
         if given[0] == "guided_json":
             return StructuredOutput(json_schema=_schema_object(request.guided_json))
         return _response_format(request.response_format)

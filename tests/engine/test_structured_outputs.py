@@ -93,3 +93,23 @@ def test_a_choice_constraint_samples_only_the_listed_replies(stories_dir):
     assert {c.finish_reason for c in result.outputs} == {"stop"}
     assert all(c.text in choices for c in result.outputs)
     assert len({c.text for c in result.outputs}) > 1
+
+
+def test_a_regex_constraint_and_formatted_strings_hold_whatever_the_model_samples(stories_dir):
+    import re
+
+    llm = stories_llm(stories_dir, block_size=16, num_kv_blocks=256)
+    pattern = r"[A-Z][a-z]{1,8}( [a-z]{1,8}){2,4}\."
+    params = SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=60, structured_output=StructuredOutput(regex=pattern))
+    dated = {"type": "object", "properties": {"day": {"type": "string", "format": "date"}, "tag": {"type": "string", "pattern": "^[a-z]{2,6}$"}},
+             "required": ["day", "tag"], "additionalProperties": False}  # fmt: skip
+    schema_params = SamplingParams(n=3, temperature=1.0, seed=6, max_tokens=120, structured_output=StructuredOutput(json_schema=dated))
+    prompt = _prompt(llm, "Once upon a time")
+    results = run_to_completion(llm, {"regex": (prompt, params), "dated": (prompt, schema_params)})
+    for completion in results["regex"].outputs:
+        assert completion.finish_reason == "stop" and re.fullmatch(pattern, completion.text), completion.text
+    for completion in results["dated"].outputs:
+        assert completion.finish_reason == "stop", completion.text
+        value = json.loads(completion.text)
+        jsonschema.validate(value, dated)
+        assert re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])", value["day"])

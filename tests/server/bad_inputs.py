@@ -89,6 +89,7 @@ def bad_requests(model: str, max_model_len: int) -> list[BadRequest]:
         BadRequest("two output constraints", "POST", chat, chat_with(response_format={"type": "json_object"}, guided_choice=["a"]), param="guided_choice"),
         BadRequest("guided_json not JSON", "POST", completions, completion_with(guided_json="{not json"), param="guided_json"),
         BadRequest("guided_choice empty", "POST", chat, chat_with(guided_choice=[]), param="guided_choice"),
+        BadRequest("guided_regex that does not compile", "POST", completions, completion_with(guided_regex="(a"), param="guided_regex"),
         BadRequest("prompt longer than context", "POST", completions, completion_with(prompt=too_long_prompt), param="prompt"),
         BadRequest("chat longer than context", "POST", chat, chat_with(messages=[{"role": "user", "content": too_long_prompt}]), param="messages"),
         BadRequest("suffix unsupported", "POST", completions, completion_with(suffix="!"), param="suffix", message_mentions="suffix"),

@@ -211,7 +211,7 @@ def test_response_format_holds_the_reply_to_json_through_the_openai_client(smoll
         assert isinstance(json.loads(whole.message.content), dict)
 
 
-def test_vllm_guided_choice_and_guided_json_through_extra_body(smollm2_server: ServeProcess) -> None:
+def test_vllm_guided_choice_json_and_regex_through_extra_body(smollm2_server: ServeProcess) -> None:
     client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
     choices = ["positive", "negative", "neutral"]
     messages = [{"role": "user", "content": "Classify the sentiment: 'I love this phone, it is wonderful.'"}]
@@ -225,6 +225,10 @@ def test_vllm_guided_choice_and_guided_json_through_extra_body(smollm2_server: S
                                       extra_body={"guided_json": json.dumps(schema)}).choices[0]  # fmt: skip
     assert reply.finish_reason == "stop"
     jsonschema.validate(json.loads(reply.text), schema)
+    pattern = r"\d{3}-\d{3}-\d{4}"
+    reply = client.completions.create(model=SERVED_MODEL, prompt="A phone number:", max_tokens=20, temperature=0.8, seed=1,
+                                      extra_body={"guided_regex": pattern}).choices[0]  # fmt: skip
+    assert reply.finish_reason == "stop" and re.fullmatch(pattern, reply.text), reply.text
 
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",

@@ -26,6 +26,8 @@ WHITESPACE = frozenset(b" \t\n\r")
 DIGITS = frozenset(b"0123456789")
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 ESCAPES = frozenset(b'"\\/bfnrt')
+JSON_ESCAPES = {ord('"'): '"', ord("\\"): "\\", ord("/"): "/", ord("b"): "\b", ord("f"): "\f", ord("n"): "\n", ord("r"): "\r",
+                ord("t"): "\t"}  # fmt: skip
 NUMBER_ENDS = frozenset({"zero", "int", "frac", "exp"})  # phases in which a number is complete
 KEY_PHASES = ("open", "key")  # an object expecting a key (after '{' or after ',')
 ANY_ARRAY = -1  # the items node of an array inside an unconstrained value: any value
@@ -71,7 +73,13 @@ class JsonRecognizer:
 
     def may_end(self, states: frozenset[State]) -> bool:
         """Whether the text read so far is a whole value (a top-level number may still go on)."""
-        return any(not stack or (len(stack) == 1 and stack[0][0] == "N" and self._number_ends(stack[0])) for stack, _, _ in states)
+        return any(not stack or (len(stack) == 1 and self._ends_here(stack[0])) for stack, _, _ in states)
+
+    def _ends_here(self, frame: tuple) -> bool:
+        """Whether a value that is the whole output (a number, raw text) may end after what it has read."""
+        if frame[0] == "N":
+            return self._number_ends(frame)
+        return frame[0] == "R" and not frame[4] and self.nodes[frame[2]].pattern.accepts(frame[3])
 
     def string_body_room(self, states: frozenset[State]) -> int | None:
         """How many more characters of plain text (no '"', '\\' or control bytes) every state can take inside
@@ -92,8 +100,10 @@ class JsonRecognizer:
             return []
         top, rest = stack[-1], stack[:-1]
         kind = top[0]
-        if kind == "V" and self._node(top[1]).kind == "text":
-            return self._start(rest, top[1], byte)  # fixed text: its blanks are its own, not JSON's
+        if kind == "V" and self._node(top[1]).kind in ("text", "regex"):
+            return self._start(rest, top[1], byte)  # raw text: its blanks are its own, not JSON's
+        if kind in ("Q", "R"):
+            return self._pattern_text(rest, top, byte)
         if kind == "S":
             return self._string(rest, top, byte)
         if kind == "L":
@@ -125,6 +135,10 @@ class JsonRecognizer:
             return [found for alternative in node.alternatives for found in self._start(rest, alternative, byte, seen)]
         if kind in ("literals", "text"):
             return self._literal(rest, ("L", node.literals, 0, ()), byte)
+        if kind == "regex":
+            return self._pattern_text(rest, ("R", "body", node_id, node.pattern.initial(), b""), byte)
+        if kind == "string" and node.pattern is not None and byte == ord('"'):
+            return [(rest + (("Q", "body", node_id, node.pattern.initial(), b""),), None)]
         if kind in ("any", "any_object") and byte == ord("{"):
             return [(rest + (("P", "open"),), None)]
         if kind == "object" and byte == ord("{"):
@@ -164,6 +178,44 @@ class JsonRecognizer:
         if byte not in HEX_DIGITS:
             return []
         return [(rest + (("S", phase - 1 if phase > 1 else "body", node_id, count),), None)]
+
+    def _pattern_text(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
+        """One byte of text matched by a regular expression: raw (`R`, the whole output) or a JSON string's
+        body (`Q`, escapes read as the characters they stand for). `pending` holds a character's bytes (or an
+        escape's hex digits) until it is whole."""
+        kind, phase, node_id, states, pending = top
+        pattern = self.nodes[node_id].pattern
+        if kind == "Q" and phase == "body" and not pending:
+            if byte == ord('"'):
+                return [(_finish_value(rest), None)] if pattern.accepts(states) else []
+            if byte == ord("\\"):
+                return [(rest + (("Q", "escape", node_id, states, b""),), None)]
+            if byte < 0x20:
+                return []
+        if phase == "escape":
+            if byte == ord("u"):
+                return [(rest + (("Q", "hex", node_id, states, b""),), None)]
+            return self._pattern_char(rest, top, JSON_ESCAPES[byte]) if byte in JSON_ESCAPES else []
+        if phase == "hex":
+            if byte not in HEX_DIGITS:
+                return []
+            if len(pending) < 3:
+                return [(rest + (("Q", "hex", node_id, states, pending + bytes([byte])),), None)]
+            return self._pattern_char(rest, top, chr(int(pending + bytes([byte]), 16)))
+        whole, character = _utf8_character(pending + bytes([byte]))
+        if not whole:
+            return [(rest + ((kind, phase, node_id, states, pending + bytes([byte])),), None)] if character is None else []
+        return self._pattern_char(rest, top, character)
+
+    def _pattern_char(self, rest: tuple, top: tuple, character: str) -> list[tuple[tuple, str | None]]:
+        kind, _, node_id, states, _ = top
+        pattern = self.nodes[node_id].pattern
+        following = pattern.step(states, character)
+        if not following:
+            return []
+        if kind == "R" and pattern.accepts(following) and pattern.is_dead_end(following):
+            return [(_finish_value(rest), None)]  # nothing can follow: the output is complete
+        return [(rest + ((kind, "body", node_id, following, b""),), None)]
 
     def _literal(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
         """One more byte of one of the frame's literals; a literal spelled out whole finishes the value.
@@ -286,3 +338,18 @@ def _number_phase(phase: str, byte: int, is_integer: bool, has_exponent: bool = 
     if phase in ("zero", "int", "frac") and byte in b"eE" and has_exponent:
         return "e"
     return None
+
+
+def _utf8_character(data: bytes) -> tuple[bool, str | None]:
+    """(whole, character) of a character's UTF-8 bytes so far: (True, it), (False, None) while more bytes
+    may come, (False, "") when they can never form one."""
+    lead = data[0]
+    length = 1 if lead < 0x80 else 2 if 0xC2 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if 0xF0 <= lead < 0xF5 else 0
+    if not length or any(not 0x80 <= b < 0xC0 for b in data[1:]):
+        return False, ""
+    if len(data) < length:
+        return False, None
+    try:
+        return True, data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False, ""

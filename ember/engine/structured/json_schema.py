@@ -1,11 +1,12 @@
 """A JSON Schema (the subset a recogniser can enforce token by token) compiled into a table of nodes.
 
 Each node says what one JSON value may be: anything, an object with its properties in the schema's
-order, an array of one item kind, a string (`minLength` / `maxLength`), a number or an integer
+order, an array of one item kind, a string (`minLength` / `maxLength`, or `pattern`, or a `format`
+of `regex_nfa.FORMATS`), a number or an integer
 (`minimum`, `maximum` and their exclusive forms), a boolean, null, one of a fixed set of literal values
 (`enum` / `const`), or any of several nodes (`anyOf`, `oneOf`, a list of types). `$ref`
 to `#/$defs/...` or `#/definitions/...` may recurse. A keyword that would constrain the value in a way
-the recogniser does not enforce (`pattern`, `format`, `multipleOf`, ...) is refused with its name, never
+the recogniser does not enforce (`multipleOf`, `uniqueItems`, an unknown `format`, ...) is refused with its name, never
 silently ignored: an output the caller was promised conforms would not.
 """
 
@@ -17,14 +18,16 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from ember.engine.structured.errors import SchemaError
 from ember.engine.structured.json_bounds import Bound
+from ember.engine.structured.regex_nfa import Nfa, compile_regex, format_regex
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                          "readOnly", "writeOnly", "$defs", "definitions", "strict"})  # fmt: skip
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
     "array": frozenset({"items", "minItems", "maxItems"}),
-    "string": frozenset({"minLength", "maxLength"}),
+    "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
     "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
     "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
     "boolean": frozenset(),
@@ -32,10 +35,6 @@ TYPE_KEYWORDS = {
 }
 COMBINATORS = frozenset({"anyOf", "oneOf", "allOf", "enum", "const", "$ref", "type"})
 MAX_SCHEMA_NODES = 4096
-
-
-class SchemaError(ValueError):
-    """A schema ember cannot enforce; the message names the keyword and what to do."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class Property:
 class Node:
     """What one JSON value may be; `kind` picks which of the other fields mean something."""
 
-    kind: str  # any, object, any_object, array, string, number, integer, boolean, null, literals, any_of, text
+    kind: str  # any, object, any_object, array, string, number, integer, boolean, null, literals, any_of, text, regex
     properties: tuple[Property, ...] = ()
     items: int = 0
     min_items: int = 0
@@ -62,11 +61,13 @@ class Node:
     max_length: int | None = None
     lower: Bound | None = None  # number, integer
     upper: Bound | None = None
+    pattern: Nfa | None = None  # string (its characters, unescaped), regex (raw text)
 
     @property
     def is_bounded(self) -> bool:
         """Whether its strings or numbers are checked as they are written (so their frames carry the node)."""
-        return self.min_length > 0 or self.max_length is not None or self.lower is not None or self.upper is not None
+        return (self.min_length > 0 or self.max_length is not None or self.lower is not None or self.upper is not None
+                or self.pattern is not None)
 
 
 @dataclass
@@ -187,10 +188,24 @@ class _Compiler:
         return Node(kind)
 
     def _string(self, schema: dict, where: str) -> Node:
+        if "pattern" in schema or "format" in schema:
+            return self._pattern_string(schema, where)
         min_length, max_length = schema.get("minLength", 0), schema.get("maxLength")
         if not _is_count(min_length) or (max_length is not None and (not _is_count(max_length) or max_length < min_length)):
             raise SchemaError(f"{where}: minLength / maxLength must be integers with 0 <= minLength <= maxLength")
         return Node("string", min_length=min_length, max_length=max_length)
+
+    def _pattern_string(self, schema: dict, where: str) -> Node:
+        """A string matching `pattern` (anywhere, unless anchored) or a `format` (whole)."""
+        given = [name for name in ("pattern", "format", "minLength", "maxLength") if name in schema]
+        if len(given) > 1:
+            raise SchemaError(f"{where}: {given} together are not supported; keep one (a pattern can bound the length)")
+        if "format" in schema:
+            return Node("string", pattern=compile_regex(format_regex(schema["format"])))
+        try:
+            return Node("string", pattern=compile_regex(schema["pattern"], search=True))
+        except SchemaError as error:
+            raise SchemaError(f"{where}.pattern: {error}") from error
 
     def _number(self, kind: str, schema: dict, where: str) -> Node:
         def bound(inclusive: str, exclusive: str) -> Bound | None:

@@ -1,5 +1,5 @@
-"""What a request asks of its output's shape: a JSON object, a value conforming to a JSON schema, or one
-string out of a fixed list."""
+"""What a request asks of its output's shape: a JSON object, a value conforming to a JSON schema, one
+string out of a fixed list, or text a regular expression matches."""
 
 from __future__ import annotations
 
@@ -14,30 +14,33 @@ from ember.engine.structured.json_schema import (
     SchemaError,
     compile_schema,
 )
+from ember.engine.structured.regex_nfa import compile_regex
 
 MAX_CHOICES = 4096
 
 
 @dataclass(frozen=True)
 class StructuredOutput:
-    """Hold a generation to one shape; set exactly one of the three.
+    """Hold a generation to one shape; set exactly one of the four.
 
     `json_object`: any JSON object (OpenAI's `response_format={"type": "json_object"}`).
     `json_schema`: a value conforming to the schema (OpenAI's `json_schema`; vLLM's `guided_json`).
     `choice`: exactly one of these strings, as written (vLLM's `guided_choice`).
+    `regex`: text the regular expression matches whole (vLLM's `guided_regex`).
     Checked on construction: a schema keyword ember cannot enforce raises ValueError naming it.
     """
 
     json_object: bool = False
     json_schema: dict[str, Any] | None = None
     choice: tuple[str, ...] | None = None
+    regex: str | None = None
 
     def __post_init__(self) -> None:
         if self.choice is not None:
             object.__setattr__(self, "choice", tuple(self.choice))
-        given = [self.json_object, self.json_schema is not None, self.choice is not None]
+        given = [self.json_object, self.json_schema is not None, self.choice is not None, self.regex is not None]
         if sum(given) != 1:
-            raise SchemaError("a structured output sets exactly one of json_object, json_schema and choice")
+            raise SchemaError("a structured output sets exactly one of json_object, json_schema, choice and regex")
         if self.json_schema is not None and not isinstance(self.json_schema, dict):
             raise SchemaError(f"a JSON schema is a JSON object, not {type(self.json_schema).__name__}")
         if self.choice is not None:
@@ -49,12 +52,18 @@ class StructuredOutput:
         """One spelling per distinct constraint (compiled constraints are shared by it)."""
         if self.choice is not None:
             return "choice " + json.dumps(self.choice)
+        if self.regex is not None:
+            return "regex " + self.regex
         return "object" if self.json_object else "schema " + json.dumps(self.json_schema, sort_keys=True)
 
     def compile(self) -> CompiledSchema:
         if self.choice is not None:
             compiled = compile_schema({})
             compiled.nodes[ROOT] = Node("text", literals=tuple(dict.fromkeys(c.encode() for c in self.choice)))
+            return compiled
+        if self.regex is not None:
+            compiled = compile_schema({})
+            compiled.nodes[ROOT] = Node("regex", pattern=compile_regex(self.regex))
             return compiled
         try:
             return compile_schema(None if self.json_object else self.json_schema)

@@ -9,7 +9,7 @@ from ember.engine.structured.structured_output import StructuredOutput
 from ember.engine.structured.token_masks import JsonGuide, TokenGrammar, Vocabulary
 from ember.tokenizers.base import Tokenizer
 
-CACHED_CONSTRAINTS = 16  # distinct constraints whose masks are kept (each holds at most MASK_CACHE_ENTRIES masks)
+CACHED_CONSTRAINTS = 8  # distinct constraints whose masks are kept (each holds at most MASK_CACHE_ENTRIES masks)
 
 
 class StructuredOutputs:

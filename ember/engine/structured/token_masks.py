@@ -20,7 +20,8 @@ from ember.engine.structured.json_bounds import counts_as_character
 from ember.engine.structured.json_recognizer import JsonRecognizer, State
 from ember.tokenizers.base import Tokenizer
 
-MASK_CACHE_ENTRIES = 512  # per constraint
+MASK_CACHE_ENTRIES = 256  # per constraint; at most a vocabulary's bytes each (dense) and mostly a few hundred ids
+DENSE_FRACTION = 8  # a state allowing over 1/8 of the vocabulary keeps a boolean mask instead of ids
 STEP_MEMO_ENTRIES = 200_000
 MAX_TOKEN_CHARACTERS = 4096  # room at least this large: every plain token fits
 BOUNDED_ROOM_MASKS = 64  # plain-token masks kept per vocabulary for strings with a maxLength
@@ -86,8 +87,8 @@ class Vocabulary:
 
 @dataclass(frozen=True)
 class TokenMask:
-    """The tokens allowed next: `token_ids`, plus (inside a string's body) every token of the vocabulary's
-    shared `base` mask. Only ids are kept per state, so a cache of masks stays small whatever the vocabulary."""
+    """The tokens allowed next: `token_ids`, plus every token of `base` (inside a string's body, the
+    vocabulary's shared mask of plain-text tokens; for a state allowing many tokens, its own mask)."""
 
     token_ids: torch.Tensor  # int64
     base: torch.Tensor | None = None  # bool [vocab], shared between masks
@@ -144,6 +145,10 @@ class TokenGrammar:
         if self.recognizer.may_end(states) or (not ids and not in_string):
             ids.extend(vocabulary.eos_ids)
         base = vocabulary.plain_string_tokens_within(room) if in_string else None
+        if len(ids) * DENSE_FRACTION > vocabulary.size:  # many ids (a pattern's string): a mask is smaller
+            base = torch.zeros(vocabulary.size, dtype=torch.bool) if base is None else base.clone()
+            base[ids] = True
+            ids = []
         return TokenMask(torch.tensor(sorted(ids), dtype=torch.long), base)
 
     def _walk(self, root: TrieNode, states: States) -> list[int]:

@@ -162,3 +162,37 @@ def test_a_bounded_number_is_refused_as_soon_as_no_digit_can_bring_it_inside():
     assert not readable_prefix(BOUNDED, '{"code": "xy", "count": -6')
     assert not readable_prefix(BOUNDED, '{"code": "xy", "count": 1, "ratio": 1.6')
     assert not readable_prefix(BOUNDED, '{"code": "xy", "count": 1, "ratio": 1e')  # decimal notation only
+
+
+PATTERNED = {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[A-Z]{2}\\d{3}$"},
+             "note": {"type": "string", "pattern": "ok"}, "day": {"type": "string", "format": "date"}},
+             "required": ["id", "note", "day"], "additionalProperties": False}  # fmt: skip
+
+
+@pytest.mark.parametrize("value", [
+    {"id": "AB123", "note": "it is ok", "day": "2024-05-01"},
+    {"id": "AB123", "note": "o\nk ok\"", "day": "2024-05-01"},  # escapes are read as the characters they stand for
+    {"id": "AB1234", "note": "ok", "day": "2024-05-01"},
+    {"id": "AB123", "note": "o k", "day": "2024-05-01"},
+    {"id": "AB123", "note": "ok", "day": "2024-5-1"},
+    {"id": "ÀB123", "note": "ok", "day": "2024-05-01"},
+])  # fmt: skip
+@pytest.mark.parametrize("ensure_ascii", [True, False])
+def test_patterned_strings_hold_as_jsonschema_holds_them(value, ensure_ascii):
+    import re
+
+    text = json.dumps(value, ensure_ascii=ensure_ascii)
+    conforms = jsonschema.Draft202012Validator(PATTERNED).is_valid(value) and bool(re.fullmatch(r"\d{4}-\d{2}-\d{2}", value["day"]))
+    assert finishes(PATTERNED, text) == conforms, text
+
+
+def test_a_regex_output_may_end_when_it_matches_and_is_finished_when_nothing_can_follow():
+    recognizer = JsonRecognizer(StructuredOutput(regex=r"(yes|no)|\d{2,3}").compile())
+    states = recognizer.read(recognizer.initial, b"12")
+    assert recognizer.may_end(states) and not recognizer.is_complete(states)
+    assert recognizer.is_complete(recognizer.read(states, b"3"))
+    assert recognizer.is_complete(recognizer.read(recognizer.initial, b"yes"))
+    assert not recognizer.read(recognizer.initial, b"ye ")
+    utf8 = JsonRecognizer(StructuredOutput(regex="caf[eé]").compile())
+    assert utf8.is_complete(utf8.read(utf8.initial, "café".encode()))
+    assert not utf8.read(utf8.initial, b"caf\xc3\x28")  # not UTF-8

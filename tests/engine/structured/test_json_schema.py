@@ -10,9 +10,11 @@ from ember.engine.structured import SchemaError, StructuredOutput
 
 
 @pytest.mark.parametrize(("schema", "named"), [
-    ({"type": "string", "pattern": "^a+$"}, "pattern"),
+    ({"type": "string", "pattern": "(a)\\1"}, "back-references"),
+    ({"type": "string", "pattern": "(?=a)a"}, "look-arounds"),
+    ({"type": "string", "pattern": "a", "maxLength": 3}, "together"),
     ({"type": "number", "multipleOf": 2}, "multipleOf"),
-    ({"type": "string", "format": "date-time"}, "format"),
+    ({"type": "string", "format": "hostname"}, "hostname"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems"),
     ({"type": "integer", "minimum": 5, "maximum": 1}, "above the maximum"),
     ({"type": "integer", "minimum": 1, "exclusiveMinimum": 0}, "one of minimum and exclusiveMinimum"),

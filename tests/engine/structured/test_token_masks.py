@@ -15,7 +15,7 @@ import torch
 from ember.engine.structured import StructuredOutput
 from ember.engine.structured.structured_outputs import StructuredOutputs
 from ember.tokenizers import load
-from tests.engine.structured.test_json_recognizer import BOUNDED, PERSON
+from tests.engine.structured.test_json_recognizer import BOUNDED, PATTERNED, PERSON
 
 PREFIXES = {
     None: ["", "{", '{"na', '{"name": "A', '{"a": [1, 2', '{"a": [1, {"b": "x\\', '{"a": tr', '{\n  "k": -0.5e', '{"x": {}'],
@@ -23,8 +23,10 @@ PREFIXES = {
                '{"name": "Ada", "age": 36, "role": 7, "tags": [', '{"name": "Ada", "age": 36, "role": 7, "home": {"city": "Rome"}'],
     "bounded": ['{"code": "', '{"code": "a', '{"code": "abc', '{"code": "abcd', '{"code": "ab", "count": 2', '{"code": "ab", "count": -',
                 '{"code": "ab", "count": 3, "ratio": 1.'],
+    "patterned": ['{"id": "', '{"id": "AB1', '{"id": "AB123", "note": "', '{"id": "AB123", "note": "o\\', '{"id": "AB123", "note": "xok',
+                  '{"id": "AB123", "note": "ok", "day": "2024-1'],
 }  # fmt: skip
-SCHEMAS = {"person": PERSON, "bounded": BOUNDED}
+SCHEMAS = {"person": PERSON, "bounded": BOUNDED, "patterned": PATTERNED}
 
 
 @pytest.fixture(scope="module")
