@@ -2,7 +2,8 @@
 
 A state is `(stack, whitespace_run, broke_line)`. The stack holds frames (tuples, top last): a value still to
 start (`V`), an object walking its schema's properties in order (`O`), an object of any keys (`P`),
-an array (`A`), a string's body (`S`), a literal being spelled (`L`), a number (`N`). `step` returns
+an array (`A`), a string's body (`S`; `Q` when a pattern or format matches its characters), a literal
+being spelled (`L`), a number (`N`), raw text a regular expression matches (`R`). `step` returns
 every state a byte can lead to: more than one where `anyOf` alternatives or literals that prefix
 each other are still open, none where the byte is not allowed. The empty stack is a finished value.
 A root of fixed texts (a list of choices) reads the raw bytes of one of them, blanks included.
