@@ -67,19 +67,19 @@ class Vocabulary:
                 characters.append(sum(map(counts_as_character, data)))
             else:
                 _insert(self.escaping_trie, data, token_id)
-        self.plain_string_tokens = torch.zeros(size, dtype=torch.bool)
-        self.plain_string_tokens[plain] = True
+        self.not_plain_string_tokens = torch.ones(size, dtype=torch.bool)
+        self.not_plain_string_tokens[plain] = False
         self._plain_characters = torch.full((size,), sys.maxsize, dtype=torch.long)
         self._plain_characters[plain] = torch.tensor(characters, dtype=torch.long)
         self._plain_within: OrderedDict[int, torch.Tensor] = OrderedDict()
 
-    def plain_string_tokens_within(self, room: int) -> torch.Tensor:
-        """The plain-text tokens of at most `room` characters (all of them for an unbounded string)."""
+    def blocked_in_string_body(self, room: int) -> torch.Tensor:
+        """Every token but the plain-text ones of at most `room` characters (all of them: an unbounded string)."""
         if room >= MAX_TOKEN_CHARACTERS:
-            return self.plain_string_tokens
+            return self.not_plain_string_tokens
         mask = self._plain_within.get(room)
         if mask is None:
-            mask = self._plain_within[room] = self._plain_characters <= room
+            mask = self._plain_within[room] = self._plain_characters > room
             if len(self._plain_within) > BOUNDED_ROOM_MASKS:
                 self._plain_within.popitem(last=False)
         return mask
@@ -87,21 +87,20 @@ class Vocabulary:
 
 @dataclass(frozen=True)
 class TokenMask:
-    """The tokens allowed next: `token_ids`, plus every token of `base` (inside a string's body, the
-    vocabulary's shared mask of plain-text tokens; for a state allowing many tokens, its own mask)."""
+    """The tokens allowed next: `token_ids`, plus every token `blocked` leaves out (inside a string's body
+    the vocabulary's shared mask of non-plain-text tokens; a state allowing many tokens has its own; None:
+    every token is blocked but `token_ids`)."""
 
     token_ids: torch.Tensor  # int64
-    base: torch.Tensor | None = None  # bool [vocab], shared between masks
+    blocked: torch.Tensor | None = None  # bool [vocab]
 
     def apply(self, logits: torch.Tensor) -> None:
         """Set every disallowed token's logit in the row `logits` to -inf, in place."""
-        if self.base is not None:
-            allowed = self.base.clone()
-            allowed[self.token_ids] = True
-            logits.masked_fill_(~allowed, float("-inf"))
-            return
         kept = logits[self.token_ids]
-        logits.fill_(float("-inf"))
+        if self.blocked is None:
+            logits.fill_(float("-inf"))
+        else:
+            logits.masked_fill_(self.blocked, float("-inf"))
         logits[self.token_ids] = kept
 
 
@@ -144,12 +143,12 @@ class TokenGrammar:
         ids = self._walk(vocabulary.escaping_trie if in_string else vocabulary.trie, states)
         if self.recognizer.may_end(states) or (not ids and not in_string):
             ids.extend(vocabulary.eos_ids)
-        base = vocabulary.plain_string_tokens_within(room) if in_string else None
+        blocked = vocabulary.blocked_in_string_body(room) if in_string else None
         if len(ids) * DENSE_FRACTION > vocabulary.size:  # many ids (a pattern's string): a mask is smaller
-            base = torch.zeros(vocabulary.size, dtype=torch.bool) if base is None else base.clone()
-            base[ids] = True
+            blocked = torch.ones(vocabulary.size, dtype=torch.bool) if blocked is None else blocked.clone()
+            blocked[ids] = False
             ids = []
-        return TokenMask(torch.tensor(sorted(ids), dtype=torch.long), base)
+        return TokenMask(torch.tensor(sorted(ids), dtype=torch.long), blocked)
 
     def _walk(self, root: TrieNode, states: States) -> list[int]:
         """Ids of every token in the trie under `root` whose bytes the recogniser reads from `states`."""
