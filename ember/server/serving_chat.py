@@ -94,7 +94,7 @@ def _response(
             index=completion.index,
             message=AssistantMessage(content=(content.strip() or None) if calls else content, tool_calls=calls or None),
             logprobs=formatter.chat(completion, num_top),
-            finish_reason=finish_reason_with_calls(openai_finish_reason(completion.finish_reason), calls),
+            finish_reason=finish_reason_with_calls(openai_finish_reason(completion.finish_reason), bool(calls)),
         ))  # fmt: skip
     completion_tokens = sum(len(completion.token_ids) for completion in output.outputs)
     return ChatCompletionResponse(
@@ -156,8 +156,15 @@ async def _chunks(
 
 
 def _tool_choices(reader: ToolCallStream, part: CompletionOutput) -> list[ChatChunkChoice]:
-    """One streamed choice's chunks for this step under tools: content it may show, and once it has
-    finished the rest of its content, its calls, and its finish reason."""
+    """One streamed choice's chunks for this step under tools: a named call's next arguments; or content it
+    may show, and once it has finished the rest of its content, its calls, and its finish reason."""
+    if reader.streams_arguments:
+        delta = reader.named_call_delta(part.text)
+        choices = [ChatChunkChoice(index=part.index, delta=DeltaMessage(tool_calls=[delta]))] if delta else []
+        if part.finish_reason is not None:
+            reason = finish_reason_with_calls(openai_finish_reason(part.finish_reason), True)
+            choices.append(ChatChunkChoice(index=part.index, delta=DeltaMessage(), finish_reason=reason))
+        return choices
     content = reader.content(part.text)
     if part.finish_reason is None:
         return [ChatChunkChoice(index=part.index, delta=DeltaMessage(content=content))] if content else []
@@ -168,6 +175,6 @@ def _tool_choices(reader: ToolCallStream, part: CompletionOutput) -> list[ChatCh
                                 function=DeltaFunctionCall(name=call.function.name, arguments=call.function.arguments))
                   for i, call in enumerate(calls)]  # fmt: skip
         choices.append(ChatChunkChoice(index=part.index, delta=DeltaMessage(tool_calls=deltas)))
-    reason = finish_reason_with_calls(openai_finish_reason(part.finish_reason), calls)
+    reason = finish_reason_with_calls(openai_finish_reason(part.finish_reason), bool(calls))
     choices.append(ChatChunkChoice(index=part.index, delta=DeltaMessage(), finish_reason=reason))
     return choices

@@ -4,8 +4,8 @@ and the tool calls read back from what it generated.
 `tool_choice` "none" and "auto" (the default when tools are given) generate freely, the tools rendered
 into the prompt by the model's chat template; "auto" then reads the calls the model wrote in the Hermes
 format (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, what Qwen2.5, Hermes and other
-templates ask for; special tokens are kept in the text for it), or a reply that is nothing but one
-call's JSON naming a declared tool (Llama 3.1's JSON format). A named function, or "required", holds the reply to JSON token by token (a
+templates ask for; special tokens are kept in the text for it), Mistral's (`[TOOL_CALLS][{...}, ...]`),
+or a reply that is nothing but one call's JSON naming a declared tool (Llama 3.1's JSON format). A named function, or "required", holds the reply to JSON token by token (a
 structured output), so the calls are valid whatever the model: the function's parameters schema, or a
 non-empty array of `{"name", "parameters"}` objects over every tool.
 """
@@ -20,9 +20,18 @@ from typing import Any
 
 from ember.engine.structured import SchemaError, StructuredOutput
 from ember.server.errors import ApiError
-from ember.server.protocol import ChatCompletionRequest, FunctionCall, NamedToolChoice, ToolCall
+from ember.server.protocol import (
+    ChatCompletionRequest,
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
+    NamedToolChoice,
+    ToolCall,
+)
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+CALLS_LIST = "[TOOL_CALLS]"  # Mistral's: a JSON list of calls follows
+CALL_MARKERS = (CALL_OPEN, CALLS_LIST)
 HERMES_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLOSE) + r"|$)", re.DOTALL)
 
 
@@ -58,7 +67,7 @@ class ToolPlan:
         if self.mode == "required":
             return _read_json_calls(text)
         if self.mode == "auto":
-            return _read_hermes_calls(text, {tool["function"]["name"] for tool in self.tools})
+            return _read_marked_calls(text, {tool["function"]["name"] for tool in self.tools})
         return text, []
 
     def _parameters(self, name: str) -> dict[str, Any] | None:
@@ -95,9 +104,9 @@ def plan_tools(request: ChatCompletionRequest) -> ToolPlan | None:
     return ToolPlan(tools, choice or "auto")
 
 
-def finish_reason_with_calls(finish_reason: str | None, calls: list[ToolCall]) -> str | None:
+def finish_reason_with_calls(finish_reason: str | None, has_calls: bool) -> str | None:
     """OpenAI's `tool_calls` when a finished reply called tools (a reply cut by the token limit stays `length`)."""
-    return "tool_calls" if calls and finish_reason == "stop" else finish_reason
+    return "tool_calls" if has_calls and finish_reason == "stop" else finish_reason
 
 
 def _call(name: str, arguments: str) -> ToolCall:
@@ -112,10 +121,13 @@ def _read_json_calls(text: str) -> tuple[str, list[ToolCall]]:
         return text, []
 
 
-def _read_hermes_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
-    start = text.find(CALL_OPEN)
+def _read_marked_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+    """Calls after the first marker (Hermes blocks or Mistral's list), or a bare call's JSON; else none."""
+    start = _first_marker(text)
     if start < 0:
         return _read_bare_call(text, names)
+    if text.startswith(CALLS_LIST, start):
+        return _read_call_list(text, start)
     calls = []
     for match in HERMES_CALL.finditer(text, start):
         try:
@@ -125,6 +137,23 @@ def _read_hermes_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]
         except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
             return text, []  # not a call after all: the text stands as written
     return text[:start], calls
+
+
+def _first_marker(text: str) -> int:
+    found = [index for index in (text.find(marker) for marker in CALL_MARKERS) if index >= 0]
+    return min(found, default=-1)
+
+
+def _read_call_list(text: str, start: int) -> tuple[str, list[ToolCall]]:
+    try:
+        items, _ = json.JSONDecoder().raw_decode(text[start + len(CALLS_LIST) :].lstrip())
+        calls = []
+        for item in items:
+            arguments = item.get("arguments", item.get("parameters", {}))
+            calls.append(_call(item["name"], arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)))
+        return text[:start], calls
+    except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
+        return text, []
 
 
 def _read_bare_call(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
@@ -161,12 +190,27 @@ def _prefixed_refs(schema: Any, prefix: str, definitions: dict[str, Any]) -> Any
 class ToolCallStream:
     """One streamed choice under a ToolPlan: the content it may show as it comes, and at the end the rest
     and its calls. Auto mode holds back what could be the start of a `<tool_call>`; a forced call's JSON is
-    never content."""
+    never content. A named function's arguments stream as they are generated (`named_call_delta`)."""
 
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
         self.text = ""
         self.shown = 0
+        self.call_id = f"call_{uuid.uuid4().hex[:24]}"
+
+    @property
+    def streams_arguments(self) -> bool:
+        return self.plan.mode == "named"
+
+    def named_call_delta(self, delta: str) -> DeltaToolCall | None:
+        """The named call's next piece: the first names it (id, function), each carries its arguments so far."""
+        is_first = not self.text
+        self.text += delta
+        piece = delta.lstrip() if is_first else delta
+        if not piece and not is_first:
+            return None
+        return DeltaToolCall(index=0, id=self.call_id if is_first else None, type="function" if is_first else None,
+                             function=DeltaFunctionCall(name=self.plan.function if is_first else None, arguments=piece))  # fmt: skip
 
     def content(self, delta: str) -> str:
         self.text += delta
@@ -185,8 +229,10 @@ class ToolCallStream:
             return 0
         if self.plan.mode == "none":
             return len(self.text)
-        start = self.text.find(CALL_OPEN)
+        start = _first_marker(self.text)
         if start >= 0:
             return start
-        held = next((n for n in range(min(len(CALL_OPEN) - 1, len(self.text)), 0, -1) if self.text.endswith(CALL_OPEN[:n])), 0)
+        longest = max(len(marker) for marker in CALL_MARKERS) - 1
+        held = next((n for n in range(min(longest, len(self.text)), 0, -1)
+                     if any(marker.startswith(self.text[-n:]) for marker in CALL_MARKERS)), 0)  # fmt: skip
         return len(self.text) - held

@@ -250,7 +250,8 @@ def test_forced_tool_calls_come_back_as_openai_tool_calls_whole_or_streamed(smol
         jsonschema.validate(json.loads(call.function.arguments), parameters)
         streamed = [chunk.choices[0] for chunk in client.chat.completions.create(**options, stream=True) if chunk.choices]
         deltas = [c.delta.tool_calls[0] for c in streamed if c.delta.tool_calls]
-        assert [d.function.arguments for d in deltas] == [call.function.arguments] and deltas[0].function.name == "get_weather"
+        assert "".join(d.function.arguments for d in deltas) == call.function.arguments  # named: piece by piece
+        assert deltas[0].function.name == "get_weather" and deltas[0].id and all(d.id is None for d in deltas[1:])
         assert streamed[-1].finish_reason == "tool_calls"
     answered = messages + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}]  # fmt: skip

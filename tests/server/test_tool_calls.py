@@ -36,7 +36,7 @@ def test_auto_reads_hermes_calls_and_keeps_the_text_before_them():
     before, calls = plan().read(text)
     assert before == "Let me check.\n"
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}), ("book", {"guest": {"name": "Ada"}})]
-    assert len({c.id for c in calls}) == 2 and finish_reason_with_calls("stop", calls) == "tool_calls"
+    assert len({c.id for c in calls}) == 2 and finish_reason_with_calls("stop", bool(calls)) == "tool_calls"
 
 
 @pytest.mark.parametrize("text", ["No tools needed: 42.", "<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>'])
@@ -96,3 +96,13 @@ def test_auto_reads_a_reply_that_is_only_a_declared_tool_s_json_and_nothing_else
     assert calls[0].function.name == "get_weather" and json.loads(calls[0].function.arguments) == {"city": "Bern"}
     assert plan().read('{"name": "unknown_tool", "arguments": {}}')[1] == []
     assert plan().read('{"name": "get_weather"}')[1] == []
+
+
+def test_auto_reads_mistral_s_list_of_calls_and_a_stream_holds_back_its_marker():
+    text = 'Checking.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "book", "arguments": {"guest": {"name": "B"}}}]'
+    before, calls = plan().read(text)
+    assert before == "Checking." and [c.function.name for c in calls] == ["get_weather", "book"]
+    reader = ToolCallStream(plan())
+    assert [reader.content(d) for d in ["Checking.", "[TOOL", "_CALLS]", text[len("Checking.[TOOL_CALLS]"):]]] == ["Checking.", "", "", ""]
+    assert reader.finish()[1][1].function.name == "book"
+    assert ToolCallStream(plan()).content("a [TOO") == "a "
