@@ -313,7 +313,7 @@ class ModelRunner:
         assert self.rejection_sampler is not None, "drafted tokens scheduled on a runner without a rejection sampler"
         rows = torch.cat([torch.arange(end - item.num_draft_tokens - 1, end) for end, item in verifying])
         logits = self._logits(hidden[rows]).split([item.num_draft_tokens + 1 for _, item in verifying])
-        chains = [_as_chain(item.draft, row_logits) for (_, item), row_logits in zip(verifying, logits, strict=True)]
+        chains = [_held_to_guide(item.seq, *_as_chain(item.draft, row_logits)) for (_, item), row_logits in zip(verifying, logits, strict=True)]
         tokens = self.rejection_sampler(
             [chain_logits for _, chain_logits, _ in chains], [self._sampling_row(item.seq) for _, item in verifying],
             [chain for _, _, chain in chains],
@@ -390,6 +390,11 @@ def _as_chain(draft: DraftRow, logits: torch.Tensor) -> tuple[list[int], torch.T
         return list(range(len(draft.token_ids))), logits, draft
     path = greedy_tree_path(logits.argmax(dim=-1).tolist(), draft)
     return path, logits[[0, *(j + 1 for j in path)]], DraftRow([draft.token_ids[j] for j in path])
+
+
+def _held_to_guide(seq: Sequence, nodes: list[int], logits: torch.Tensor, chain: DraftRow) -> tuple[list[int], torch.Tensor, DraftRow]:
+    """A chain's scoring logits held, row by row, to the sequence's output constraint (when it has one)."""
+    return nodes, logits if seq.guide is None else seq.guide.hold_drafts(logits, chain.token_ids), chain
 
 
 def _span_masks(item: ScheduledSequence) -> list[int] | None:

@@ -113,3 +113,25 @@ def test_a_regex_constraint_and_formatted_strings_hold_whatever_the_model_sample
         value = json.loads(completion.text)
         jsonschema.validate(value, dated)
         assert re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])", value["day"])
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_constrained_requests_speculate_and_decode_what_they_decode_without(stories_dir, method):
+    """Drafts are verified against the target's logits held to the constraint at each drafted position."""
+    options = dict(speculative_method=method, num_speculative_tokens=4, adaptive=False)
+    if method == "draft":
+        options["draft_model"] = str(stories_dir / "stories260K.bin")
+    plain = stories_llm(stories_dir, block_size=16, num_kv_blocks=128)
+    spec = stories_llm(stories_dir, block_size=16, num_kv_blocks=128, **options)
+    constraint = StructuredOutput(json_schema=SURVEY)
+    greedy = SamplingParams(temperature=0, max_tokens=400, structured_output=constraint)
+    sampled = SamplingParams(temperature=0.9, seed=4, max_tokens=400, structured_output=constraint)
+    prompt = _prompt(plain, "The cat sat on the mat. The cat sat on the")
+    expected = run_to_completion(plain, {"greedy": (prompt, greedy)})["greedy"].outputs[0]
+    got = run_to_completion(spec, {"greedy": (prompt, greedy), "sampled": (prompt, sampled)})
+    assert got["greedy"].outputs[0].token_ids == expected.token_ids
+    assert spec.engine.stats().spec_accepted_tokens_total > 0
+    for result in got.values():
+        completion = result.outputs[0]
+        assert completion.finish_reason == "stop", completion.text
+        jsonschema.validate(json.loads(completion.text), SURVEY)

@@ -269,7 +269,7 @@ class Speculator:
             and seq.num_uncomputed_tokens == 1
             and not params.has_penalties  # penalties would need each drafted position's own history
             and not params.logit_bias  # verification compares the proposers' and the target's unbiased logits
-            and params.structured_output is None  # nor does it hold drafts to a JSON constraint
+            # (a JSON constraint is applied to the target's logits at every drafted position: see JsonGuide.hold_drafts)
             and seq.num_output_tokens >= params.min_tokens  # banned stop tokens change inside the drafts
         )
 

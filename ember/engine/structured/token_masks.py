@@ -188,6 +188,21 @@ class JsonGuide:
     def advance(self, token_id: int) -> None:
         self.states = self.grammar.advance(self.states, token_id)
 
+    def hold_drafts(self, logits: torch.Tensor, draft_ids: list[int]) -> torch.Tensor:
+        """`logits` [len(draft_ids) + 1, vocab] with row i held to the state after the first i drafts, for
+        verification. Rows after a draft the constraint cannot read stay as they are: verification rejects
+        that draft (its target probability is 0), so they are never used."""
+        held = logits.float().clone()
+        states = self.states
+        for row, draft in enumerate([*draft_ids, None]):
+            self.grammar.allowed(states).apply(held[row])
+            if draft is None:
+                break
+            states = self.grammar.advance(states, draft)
+            if not states:
+                break
+        return held
+
     @property
     def is_finished(self) -> bool:
         """Nothing more may follow: the output is complete, or no token can continue it (a special token was read)."""
