@@ -103,7 +103,8 @@ def structured_markdown(section: dict | None) -> list[str]:
             f"One engine, batch 1, greedy, dtype {section['dtype']}, {prompts} chat prompts asking for an item as JSON, "
             f"at most {section['workload']['output_len']} tokens each: free text, `json_object`, a `json_schema` of the "
             f"fields asked for, and the schema on an engine that ran the workload once untimed (served before: its "
-            f"prompts come from the prefix cache, only its decode compares), same run, interleaved repeats "
+            f"prompts come from the prefix cache, only its decode compares), without and with n-gram speculation, "
+            f"same run, interleaved repeats "
             f"({section['repeats']}). A fresh engine per run: a cold first request's TTFT includes building the "
             "vocabulary's byte trie, its decode the masks of states met first. "
             "Finished replies (ended before the token limit) are parsed and validated (jsonschema) from the last repeat.",

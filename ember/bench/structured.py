@@ -1,9 +1,10 @@
 """`ember bench structured`: what holding the output to JSON costs, against free text, same run.
 
-Batch 1, greedy, chat prompts that ask for a JSON description of an item. Four variants of one
+Batch 1, greedy, chat prompts that ask for a JSON description of an item. Five variants of one
 engine, interleaved per repeat: free text, `json_object`, a `json_schema` of the fields the prompt
 names, and that schema again on an engine that has run the workload once untimed (a server that has
-served the schema before; its prompts also come from the prefix cache, so only its decode compares).
+served the schema before; its prompts also come from the prefix cache, so only its decode compares),
+without and with n-gram speculation (K=4, adaptive: the keys the prompt names can be copied).
 Each run builds a fresh engine, so the first request of a cold run pays for the vocabulary's byte
 trie (in its TTFT, reported for that request: the later ones queue behind it at batch 1) and for the
 masks of the recogniser states it meets first (in its decode). Each constrained output is checked:
@@ -42,12 +43,13 @@ ITEM_SCHEMA = {
     "additionalProperties": False,
 }
 SCHEMA = StructuredOutput(json_schema=ITEM_SCHEMA)
-# name: (constraint, untimed passes of the workload first: a server that has served the schema before)
+# name: (constraint, untimed passes of the workload first: a server that has served the schema before, speculation)
 VARIANTS = {
-    "free text": (None, 0),
-    "json_object": (StructuredOutput(json_object=True), 0),
-    "json_schema": (SCHEMA, 0),
-    "json_schema, served before": (SCHEMA, 1),
+    "free text": (None, 0, None),
+    "json_object": (StructuredOutput(json_object=True), 0, None),
+    "json_schema": (SCHEMA, 0, None),
+    "json_schema, served before": (SCHEMA, 1, None),
+    "json_schema, served before, n-gram": (SCHEMA, 1, "ngram"),
 }
 
 
@@ -73,9 +75,10 @@ def bench_structured(options: BenchOptions, num_prompts: int = 3, output_len: in
     workload = build_structured_workload(tokenizer, options.seed, num_prompts, output_len)
     dtype = options.dtypes[0]
     runners: dict[str, Callable[[], RunResult]] = {
-        name: lambda settings=EmberSettings(max_num_seqs=1, structured_output=constraint, untimed_passes=passes):
+        name: lambda settings=EmberSettings(max_num_seqs=1, structured_output=constraint, untimed_passes=passes,
+                                            speculative_method=method):
             run_ember(options.model, dtype, workload, settings)
-        for name, (constraint, passes) in VARIANTS.items()
+        for name, (constraint, passes, method) in VARIANTS.items()
     }  # fmt: skip
     runs = _interleave(options, "structured", runners)
     variants = {name: _variant(runs[name], tokenizer, VARIANTS[name][0], output_len) for name in VARIANTS}
