@@ -394,7 +394,7 @@ def _as_chain(draft: DraftRow, logits: torch.Tensor) -> tuple[list[int], torch.T
 
 def _held_to_guide(seq: Sequence, nodes: list[int], logits: torch.Tensor, chain: DraftRow) -> tuple[list[int], torch.Tensor, DraftRow]:
     """A chain's scoring logits held, row by row, to the sequence's output constraint (when it has one)."""
-    return nodes, logits if seq.guide is None else seq.guide.hold_drafts(logits, chain.token_ids), chain
+    return nodes, logits if seq.guide is None else seq.guide.hold_drafts(logits, chain.token_ids, seq.params.is_greedy), chain
 
 
 def _span_masks(item: ScheduledSequence) -> list[int] | None:

@@ -269,7 +269,9 @@ class Speculator:
             and seq.num_uncomputed_tokens == 1
             and not params.has_penalties  # penalties would need each drafted position's own history
             and not params.logit_bias  # verification compares the proposers' and the target's unbiased logits
-            # (a JSON constraint is applied to the target's logits at every drafted position: see JsonGuide.hold_drafts)
+            # (a constraint is applied to the target's logits at every drafted position, JsonGuide.hold_drafts: the
+            # logprobs verification reports would be the held ones, so a constrained request asking for them does not draft)
+            and (params.structured_output is None or params.logprobs is None)
             and seq.num_output_tokens >= params.min_tokens  # banned stop tokens change inside the drafts
         )
 

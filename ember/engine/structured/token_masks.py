@@ -125,6 +125,12 @@ class TokenGrammar:
             self._masks.move_to_end(states)
         return mask
 
+    def allows(self, states: States, token_id: int) -> bool:
+        """Whether `token_id` may follow `states` (as `allowed` would say, without building the mask)."""
+        if token_id in self.vocabulary.eos_ids:
+            return self.recognizer.may_end(states)
+        return bool(self.advance(states, token_id))
+
     def advance(self, states: States, token_id: int) -> States:
         """The states after reading `token_id` (empty when it cannot follow, e.g. a special token)."""
         data = self.vocabulary.token_bytes[token_id] if 0 <= token_id < self.vocabulary.size else None
@@ -188,14 +194,17 @@ class JsonGuide:
     def advance(self, token_id: int) -> None:
         self.states = self.grammar.advance(self.states, token_id)
 
-    def hold_drafts(self, logits: torch.Tensor, draft_ids: list[int]) -> torch.Tensor:
+    def hold_drafts(self, logits: torch.Tensor, draft_ids: list[int], is_greedy: bool) -> torch.Tensor:
         """`logits` [len(draft_ids) + 1, vocab] with row i held to the state after the first i drafts, for
         verification. Rows after a draft the constraint cannot read stay as they are: verification rejects
-        that draft (its target probability is 0), so they are never used."""
+        that draft (its target probability is 0), so they are never used. Greedy rows whose best token the
+        constraint allows are left alone (holding them would not change their argmax), so drafts into
+        states not met before cost no mask."""
         held = logits.float().clone()
         states = self.states
         for row, draft in enumerate([*draft_ids, None]):
-            self.grammar.allowed(states).apply(held[row])
+            if not (is_greedy and self.grammar.allows(states, int(held[row].argmax()))):
+                self.grammar.allowed(states).apply(held[row])
             if draft is None:
                 break
             states = self.grammar.advance(states, draft)

@@ -52,6 +52,8 @@ def test_the_mask_holds_exactly_the_tokens_the_recognizer_can_read(tokenizer, sc
             assert not mask[token_id], (prefix, token_id)
         else:
             assert bool(mask[token_id]) == bool(grammar.advance(states, token_id)), (prefix, tokenizer.token_bytes(token_id))
+        if token_id < tokenizer.vocab_size:
+            assert grammar.allows(states, token_id) == bool(mask[token_id]), (prefix, token_id)
 
 
 def test_a_finished_value_finishes_the_guide_and_a_special_token_stops_it(tokenizer):
