@@ -61,6 +61,7 @@ class JsonRecognizer:
         return frozenset(found)
 
     def read(self, states: frozenset[State], data: bytes) -> frozenset[State]:
+        """The states after reading all of `data` (empty from the first byte refused on)."""
         for byte in data:
             if not states:
                 break
