@@ -292,16 +292,17 @@ class JsonRecognizer:
         at_most = node.max_items is None or count < node.max_items
         if byte == ord("]") and (phase == "after" or (phase == "open" and node.min_items == 0)) and count >= node.min_items:
             return [(_finish_value(rest), None)]
+        item = node.prefix_items[count] if count < len(node.prefix_items) else node.items
         if phase == "after" and byte == ord(",") and at_most:
-            return [(rest + (("A", node_id, self._counted(node, count + 1), "after"), ("V", node.items)), None)]
+            return [(rest + (("A", node_id, self._counted(node, count + 1), "after"), ("V", item)), None)]
         if phase == "open" and at_most:
-            return self._start(rest + (("A", node_id, self._counted(node, count + 1), "after"),), node.items, byte)
+            return self._start(rest + (("A", node_id, self._counted(node, count + 1), "after"),), item, byte)
         return []
 
     @staticmethod
     def _counted(node: Node, count: int) -> int:
-        """An item count kept only as far as the array's bounds need it, so unbounded arrays share states."""
-        return min(count, max(node.min_items, node.max_items or 0))
+        """An item count kept only as far as the array's bounds and prefix need it, so unbounded arrays share states."""
+        return min(count, max(node.min_items, node.max_items or 0, len(node.prefix_items)))
 
 
 ANY_ARRAY_NODE = Node("array", items=ANY)

@@ -1,7 +1,7 @@
 """A JSON Schema (the subset a recogniser can enforce token by token) compiled into a table of nodes.
 
 Each node says what one JSON value may be: anything, an object with its properties in the schema's
-order, an array of one item kind, a string (`minLength` / `maxLength`, or `pattern`, or a `format`
+order, an array of one item kind (after a `prefixItems` tuple), a string (`minLength` / `maxLength`, or `pattern`, or a `format`
 of `regex_nfa.FORMATS`), a number or an integer
 (`minimum`, `maximum` and their exclusive forms), a boolean, null, one of a fixed set of literal values
 (`enum` / `const`), or any of several nodes (`anyOf`, `oneOf`, a list of types). `$ref`
@@ -26,7 +26,7 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
                          "readOnly", "writeOnly", "$defs", "definitions", "strict"})  # fmt: skip
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
-    "array": frozenset({"items", "minItems", "maxItems"}),
+    "array": frozenset({"items", "prefixItems", "minItems", "maxItems"}),
     "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
     "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
     "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
@@ -53,6 +53,7 @@ class Node:
     kind: str  # any, object, any_object, array, string, number, integer, boolean, null, literals, any_of, text, regex
     properties: tuple[Property, ...] = ()
     items: int = 0
+    prefix_items: tuple[int, ...] = ()  # array: the first items' own nodes (a tuple), `items` after them
     min_items: int = 0
     max_items: int | None = None
     literals: tuple[bytes, ...] = ()  # JSON texts (`literals`), or raw texts (`text`: a list of choices)
@@ -250,8 +251,18 @@ class _Compiler:
         max_items = schema.get("maxItems")
         if not isinstance(min_items, int) or min_items < 0 or (max_items is not None and (not isinstance(max_items, int) or max_items < min_items)):
             raise SchemaError(f"{where}: minItems / maxItems must be integers with 0 <= minItems <= maxItems")
-        items = self.add(schema["items"], f"{where}.items") if "items" in schema else ANY
-        return Node("array", items=items, min_items=min_items, max_items=max_items)
+        prefix = schema.get("prefixItems", [])
+        if not isinstance(prefix, list):
+            raise SchemaError(f"{where}.prefixItems must be a list of schemas")
+        prefix_items = tuple(self.add(item, f"{where}.prefixItems[{i}]") for i, item in enumerate(prefix))
+        if schema.get("items", True) is False:  # nothing after the prefix
+            max_items = len(prefix_items) if max_items is None else min(max_items, len(prefix_items))
+            if max_items < min_items:
+                raise SchemaError(f"{where}: minItems is above the {len(prefix_items)} items prefixItems allows")
+            items = ANY
+        else:
+            items = self.add(schema["items"], f"{where}.items") if "items" in schema else ANY
+        return Node("array", items=items, prefix_items=prefix_items, min_items=min_items, max_items=max_items)
 
     def _ref(self, ref: Any, where: str) -> int:
         if ref in self.refs:

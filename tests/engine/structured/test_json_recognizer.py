@@ -196,3 +196,11 @@ def test_a_regex_output_may_end_when_it_matches_and_is_finished_when_nothing_can
     utf8 = JsonRecognizer(StructuredOutput(regex="caf[eé]").compile())
     assert utf8.is_complete(utf8.read(utf8.initial, "café".encode()))
     assert not utf8.read(utf8.initial, b"caf\xc3\x28")  # not UTF-8
+
+
+@pytest.mark.parametrize("items", [False, {"type": "boolean"}, None])
+@pytest.mark.parametrize("value", [[1, "a"], [1, "a", True], [1, "a", True, False], [1], ["a", 1], [], [1, "a", 3]])
+def test_a_tuple_of_prefix_items_holds_as_jsonschema_holds_it(items, value):
+    schema = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "minItems": 1,
+              **({} if items is None else {"items": items})}  # fmt: skip
+    assert finishes(schema, json.dumps(value)) == jsonschema.Draft202012Validator(schema).is_valid(value), (schema, value)

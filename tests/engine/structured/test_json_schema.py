@@ -21,7 +21,7 @@ from ember.engine.structured import SchemaError, StructuredOutput
     ({"type": "string", "minLength": 3, "maxLength": 2}, "minLength"),
     ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}, "b"),
     ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "additionalProperties"),
-    ({"type": "array", "prefixItems": [{"type": "string"}]}, "prefixItems"),
+    ({"type": "array", "prefixItems": [{"type": "string"}], "items": False, "minItems": 2}, "prefixItems allows"),
     ({"type": "string", "items": {}}, "items"),
     ({"type": "date"}, "date"),
     ({"$ref": "https://example.com/schema"}, "$ref"),
