@@ -1,7 +1,8 @@
 """Byte-at-a-time recognition of JSON text conforming to a compiled schema, as immutable states.
 
 A state is `(stack, whitespace_run, broke_line)`. The stack holds frames (tuples, top last): a value still to
-start (`V`), an object walking its schema's properties in order (`O`), an object of any keys (`P`),
+start (`V`), an object walking its schema's properties in order (`O`), an object of any keys (`P`, its
+values of one node),
 an array (`A`), a string's body (`S`; `Q` when a pattern or format matches its characters), a literal
 being spelled (`L`), a number (`N`), raw text a regular expression matches (`R`). `step` returns
 every state a byte can lead to: more than one where `anyOf` alternatives or literals that prefix
@@ -113,7 +114,7 @@ class JsonRecognizer:
         if kind == "N":
             return self._number(rest, top, byte)
         if byte in WHITESPACE:
-            phase = top[-1] if kind in "OPA" else None
+            phase = top[1] if kind == "P" else top[-1] if kind in "OA" else None
             if phase == "colon":
                 return []
             return [(stack, LINE_FIRST if phase == "after" else GAP)]
@@ -142,7 +143,7 @@ class JsonRecognizer:
         if kind == "string" and node.pattern is not None and byte == ord('"'):
             return [(rest + (("Q", "body", node_id, node.pattern.initial(), b""),), None)]
         if kind in ("any", "any_object") and byte == ord("{"):
-            return [(rest + (("P", "open"),), None)]
+            return [(rest + (("P", "open", node.items if kind == "any_object" else ANY),), None)]
         if kind == "object" and byte == ord("{"):
             return [(rest + (("O", node_id, 0, "open"),), None)]
         if kind in ("any", "array") and byte == ord("["):
@@ -275,13 +276,13 @@ class JsonRecognizer:
         return []
 
     def _any_object(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
-        phase = top[1]
+        _, phase, values = top
         if phase in KEY_PHASES and byte == ord('"'):
             return [(rest + (top, STRING_BODY), None)]
         if phase == "colon" and byte == ord(":"):
-            return [(rest + (("P", "after"), ("V", ANY)), None)]
+            return [(rest + (("P", "after", values), ("V", values)), None)]
         if phase == "after" and byte == ord(","):
-            return [(rest + (("P", "key"),), None)]
+            return [(rest + (("P", "key", values),), None)]
         if phase in ("open", "after") and byte == ord("}"):
             return [(_finish_value(rest), None)]
         return []
@@ -317,7 +318,7 @@ def _finish_value(rest: tuple, tag: int | None = None) -> tuple:
     if parent[0] == "O" and parent[3] in KEY_PHASES:
         return rest[:-1] + (("O", parent[1], tag, "colon"),)
     if parent[0] == "P" and parent[1] in KEY_PHASES:
-        return rest[:-1] + (("P", "colon"),)
+        return rest[:-1] + (("P", "colon", parent[2]),)
     return rest
 
 

@@ -52,7 +52,7 @@ class Node:
 
     kind: str  # any, object, any_object, array, string, number, integer, boolean, null, literals, any_of, text, regex
     properties: tuple[Property, ...] = ()
-    items: int = 0
+    items: int = 0  # array: its items' node; any_object: its values' node
     prefix_items: tuple[int, ...] = ()  # array: the first items' own nodes (a tuple), `items` after them
     min_items: int = 0
     max_items: int | None = None
@@ -88,7 +88,7 @@ def compile_schema(schema: dict | bool | None) -> CompiledSchema:
     any_node = compiler.new_node()
     compiler.compiled.nodes[any_node] = Node("any")
     if schema is None:
-        compiler.compiled.nodes[root] = Node("any_object")
+        compiler.compiled.nodes[root] = Node("any_object", items=ANY)
     else:
         compiler.compiled.nodes[root] = compiler.node_for(schema, "schema")
     return compiler.compiled
@@ -234,10 +234,11 @@ class _Compiler:
         if missing:
             raise SchemaError(f"{where}: required {missing} are not among the properties; declare them in 'properties'")
         extra = schema.get("additionalProperties")
-        if extra not in (None, True, False, {}):
-            raise SchemaError(f"{where}.additionalProperties: only true or false is supported")
-        if not properties:
-            return Node("literals", literals=(b"{}",)) if extra is False else Node("any_object")
+        if not properties:  # a map: any keys, each value of `additionalProperties` (a schema, or anything)
+            if extra is False:
+                return Node("literals", literals=(b"{}",))
+            values = self.add(extra, f"{where}.additionalProperties") if isinstance(extra, dict) and extra else ANY
+            return Node("any_object", items=values)
         if extra is not None and extra is not False:
             raise SchemaError(f"{where}: additionalProperties beside named properties is not supported; "
                               "set it to false (outputs then hold the named properties, in order)")  # fmt: skip

@@ -204,3 +204,9 @@ def test_a_tuple_of_prefix_items_holds_as_jsonschema_holds_it(items, value):
     schema = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "minItems": 1,
               **({} if items is None else {"items": items})}  # fmt: skip
     assert finishes(schema, json.dumps(value)) == jsonschema.Draft202012Validator(schema).is_valid(value), (schema, value)
+
+
+@pytest.mark.parametrize("value", [{}, {"a": 1, "b": 2}, {"a": 1, "b": "2"}, {"a": {"c": 1}}, {"x": -3}])
+def test_a_map_holds_every_value_to_its_additional_properties_schema(value):
+    schema = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+    assert finishes(schema, json.dumps(value)) == jsonschema.Draft202012Validator(schema).is_valid(value), value
