@@ -73,3 +73,42 @@ def test_a_schema_nested_past_any_real_use_is_refused_not_crashed():
         deep = {"type": "array", "items": deep}
     with pytest.raises(SchemaError, match="nests too deeply"):
         StructuredOutput(json_schema=deep)
+
+
+def test_a_pydantic_model_s_schema_compiles_and_its_own_json_is_read_whole():
+    """Reference: pydantic writes both the schema and an instance's JSON; the recogniser must read the instance."""
+    import datetime
+    import enum
+    import uuid
+
+    from pydantic import BaseModel, Field
+
+    from ember.engine.structured.json_recognizer import JsonRecognizer
+
+    class Color(enum.Enum):
+        RED = "red"
+        BLUE = "blue"
+
+    class Pet(BaseModel):
+        name: str = Field(min_length=1, max_length=20)
+        age: int = Field(ge=0, le=40)
+
+    class Owner(BaseModel):
+        id: uuid.UUID
+        email: str = Field(pattern=r"^[a-z.]+@[a-z]+\.[a-z]{2,}$")
+        born: datetime.date
+        seen: datetime.datetime
+        color: Color
+        score: float = Field(gt=0, lt=100)
+        pets: list[Pet]
+        point: tuple[int, int]
+        tags: dict[str, int]
+        nickname: str | None = None
+
+    owner = Owner(id=uuid.UUID(int=7), email="ada.l@math.org", born=datetime.date(1815, 12, 10),
+                  seen=datetime.datetime(2024, 5, 1, 12, 30, tzinfo=datetime.timezone.utc), color=Color.BLUE, score=99.5,
+                  pets=[Pet(name="Rex", age=3)], point=(1, -2), tags={"a": 1})  # fmt: skip
+    recognizer = JsonRecognizer(StructuredOutput(json_schema=Owner.model_json_schema()).compile())
+    text = owner.model_dump_json(indent=2).replace("+00:00", "Z")
+    assert recognizer.may_end(recognizer.read(recognizer.initial, text.encode())), text
+    assert not recognizer.read(recognizer.initial, text.replace('"age": 3', '"age": 41').encode())

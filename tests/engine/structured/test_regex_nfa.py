@@ -36,6 +36,7 @@ def test_whole_match_agrees_with_python_re(pattern, texts):
     ("date", "2024-02-29", "2024-13-01"), ("time", "23:59:59Z", "24:00:00Z"),
     ("date-time", "2024-01-01T10:00:00.5+02:00", "2024-01-01 10:00:00"), ("uuid", "123e4567-e89b-12d3-a456-426614174000", "123e4567"),
     ("email", "ada.l@math.example.org", "ada@localhost"), ("ipv4", "192.168.0.1", "256.1.1.1"),
+    ("hostname", "api.example-1.com", "-bad.example"), ("uri", "https://example.org/a/b?q=1#top", "example.org/a"),
 ])  # fmt: skip
 def test_formats_match_what_they_name(name, good, bad):
     assert full_match(FORMATS[name], good) and not full_match(FORMATS[name], bad)
