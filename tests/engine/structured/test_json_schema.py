@@ -14,7 +14,7 @@ from ember.engine.structured import SchemaError, StructuredOutput
     ({"type": "string", "pattern": "(?=a)a"}, "look-arounds"),
     ({"type": "string", "pattern": "a", "maxLength": 3}, "together"),
     ({"type": "number", "multipleOf": 2}, "multipleOf"),
-    ({"type": "string", "format": "hostname"}, "hostname"),
+    ({"type": "string", "format": "ipv6"}, "ipv6"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems"),
     ({"type": "integer", "minimum": 5, "maximum": 1}, "above the maximum"),
     ({"type": "integer", "minimum": 1, "exclusiveMinimum": 0}, "one of minimum and exclusiveMinimum"),
