@@ -355,8 +355,7 @@ class ModelRunner:
         if seq.num_output_tokens < params.min_tokens:
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
             banned = tuple(sorted(stops))
-        allowed = None if seq.guide is None else seq.guide.allowed_tokens()
-        return SamplingRow(params, seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids, seq.generator, banned, allowed)
+        return SamplingRow(params, seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids, seq.generator, banned, seq.guide)
 
     def _prompt_logprobs(self, item: ScheduledSequence, hidden: torch.Tensor) -> list[SampledToken]:
         """Logprob, rank and top alternatives of each next prompt token predicted inside this chunk."""

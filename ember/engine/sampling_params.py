@@ -24,7 +24,8 @@ class SamplingParams:
     `allow_speculation=False` opts this request out of the engine's speculative decoding.
     `logit_bias` adds its value to the logit of each token id before penalties, filters and the
     choice (OpenAI's: -100 all but bans a token, +100 all but forces it).
-    `structured_output` holds the output to a shape (a JSON object, a schema's value, one of fixed strings):
+    `structured_output` holds the output to a shape (a JSON object, a schema's value, one of fixed strings,
+    text a regular expression matches):
     only tokens that keep it possible may be drawn, and the sequence stops when nothing more can follow.
     """
 

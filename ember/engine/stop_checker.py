@@ -33,7 +33,7 @@ class StopChecker:
         if seq.guide is not None and seq.finish_reason is None:
             seq.guide.advance(token_id)
             if seq.guide.is_finished:
-                self._finish(seq, "stop", None)  # the JSON value is complete: nothing more may follow it
+                self._finish(seq, "stop", None)  # the output is complete: nothing more may follow it
         if seq.finish_reason is None and (
             (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens)
             or len(seq.token_ids) >= self.max_model_len

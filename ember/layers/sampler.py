@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ember.engine.sampling_params import SamplingParams
-from ember.engine.structured.token_masks import TokenMask
+from ember.engine.structured.token_masks import JsonGuide
 
 
 @dataclass
@@ -16,7 +16,7 @@ class SamplingRow:
 
     `generator` is the sequence's own seeded stream (None: the engine's shared stream);
     `banned_token_ids` are ids that may not be sampled yet (EOS and stop ids before `min_tokens`);
-    `allowed_tokens` (when the output is held to JSON) are the only ids that may be sampled now.
+    `guide` (when the output is held to a shape) says which ids may be sampled now.
     """
 
     params: SamplingParams
@@ -24,7 +24,7 @@ class SamplingRow:
     output_token_ids: list[int]
     generator: torch.Generator | None = None
     banned_token_ids: tuple[int, ...] = ()
-    allowed_tokens: TokenMask | None = None
+    guide: JsonGuide | None = None
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Sampler:
 def _changes_logits(row: SamplingRow) -> bool:
     """Whether penalties, a logit bias, banned tokens or a JSON constraint change this row's logits before the choice."""
     params = row.params
-    return params.has_penalties or bool(params.logit_bias) or bool(row.banned_token_ids) or row.allowed_tokens is not None
+    return params.has_penalties or bool(params.logit_bias) or bool(row.banned_token_ids) or row.guide is not None
 
 
 def _adjust_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -102,8 +102,8 @@ def _adjust_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
             logits[i] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
         if row.banned_token_ids:
             logits[i, list(row.banned_token_ids)] = float("-inf")
-        if row.allowed_tokens is not None:
-            row.allowed_tokens.apply(logits[i])
+        if row.guide is not None:
+            row.guide.hold(logits[i], params.is_greedy)
     return logits
 
 

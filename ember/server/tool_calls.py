@@ -113,11 +113,19 @@ def _call(name: str, arguments: str) -> ToolCall:
     return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=name, arguments=arguments))
 
 
+def _item_call(item: dict[str, Any]) -> ToolCall:
+    """A call written as `{"name", "arguments" (or "parameters"): object or JSON text}` (KeyError/TypeError if not)."""
+    arguments = item["arguments"] if "arguments" in item else item["parameters"]
+    return _call(item["name"], arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
+
+
+NOT_A_CALL = (json.JSONDecodeError, AttributeError, KeyError, TypeError)
+
+
 def _read_json_calls(text: str) -> tuple[str, list[ToolCall]]:
     try:
-        items = json.loads(text)
-        return "", [_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
-    except (json.JSONDecodeError, TypeError, KeyError):  # cut short by the token limit
+        return "", [_item_call(item) for item in json.loads(text)]
+    except NOT_A_CALL:  # cut short by the token limit
         return text, []
 
 
@@ -128,15 +136,10 @@ def _read_marked_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]
         return _read_bare_call(text, names)
     if text.startswith(CALLS_LIST, start):
         return _read_call_list(text, start)
-    calls = []
-    for match in HERMES_CALL.finditer(text, start):
-        try:
-            item = json.loads(match.group(1))
-            arguments = item.get("arguments", item.get("parameters", {}))
-            calls.append(_call(item["name"], arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)))
-        except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
-            return text, []  # not a call after all: the text stands as written
-    return text[:start], calls
+    try:
+        return text[:start], [_item_call(json.loads(match.group(1))) for match in HERMES_CALL.finditer(text, start)]
+    except NOT_A_CALL:
+        return text, []  # not a call after all: the text stands as written
 
 
 def _first_marker(text: str) -> int:
@@ -147,12 +150,8 @@ def _first_marker(text: str) -> int:
 def _read_call_list(text: str, start: int) -> tuple[str, list[ToolCall]]:
     try:
         items, _ = json.JSONDecoder().raw_decode(text[start + len(CALLS_LIST) :].lstrip())
-        calls = []
-        for item in items:
-            arguments = item.get("arguments", item.get("parameters", {}))
-            calls.append(_call(item["name"], arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)))
-        return text[:start], calls
-    except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
+        return text[:start], [_item_call(item) for item in items]
+    except NOT_A_CALL:
         return text, []
 
 
@@ -161,10 +160,9 @@ def _read_bare_call(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
     writes, and some models without their markers); any other text stands as written."""
     try:
         item = json.loads(text)
-        arguments = item.get("arguments", item.get("parameters"))
-        if item.get("name") in names and isinstance(arguments, dict):
-            return "", [_call(item["name"], json.dumps(arguments, ensure_ascii=False))]
-    except (json.JSONDecodeError, AttributeError):
+        if item.get("name") in names and isinstance(item.get("arguments", item.get("parameters")), dict):
+            return "", [_item_call(item)]
+    except NOT_A_CALL:
         pass
     return text, []
 

@@ -125,6 +125,13 @@ class TokenGrammar:
             self._masks.move_to_end(states)
         return mask
 
+    def hold(self, logits: torch.Tensor, states: States, is_greedy: bool) -> None:
+        """Set the logits of tokens that may not follow `states` to -inf, in the row `logits`, in place. A greedy
+        row whose best token may follow is left alone: holding it would not change its argmax, and states met
+        for the first time then build no mask."""
+        if not (is_greedy and self.allows(states, int(logits.argmax()))):
+            self.allowed(states).apply(logits)
+
     def allows(self, states: States, token_id: int) -> bool:
         """Whether `token_id` may follow `states` (as `allowed` would say, without building the mask)."""
         if token_id in self.vocabulary.eos_ids:
@@ -188,8 +195,9 @@ class JsonGuide:
         self.grammar = grammar
         self.states = grammar.recognizer.initial
 
-    def allowed_tokens(self) -> TokenMask:
-        return self.grammar.allowed(self.states)
+    def hold(self, logits: torch.Tensor, is_greedy: bool) -> None:
+        """The row `logits` held to what may come next (`TokenGrammar.hold`)."""
+        self.grammar.hold(logits, self.states, is_greedy)
 
     def advance(self, token_id: int) -> None:
         self.states = self.grammar.advance(self.states, token_id)
@@ -197,14 +205,11 @@ class JsonGuide:
     def hold_drafts(self, logits: torch.Tensor, draft_ids: list[int], is_greedy: bool) -> torch.Tensor:
         """`logits` [len(draft_ids) + 1, vocab] with row i held to the state after the first i drafts, for
         verification. Rows after a draft the constraint cannot read stay as they are: verification rejects
-        that draft (its target probability is 0), so they are never used. Greedy rows whose best token the
-        constraint allows are left alone (holding them would not change their argmax), so drafts into
-        states not met before cost no mask."""
+        that draft (its target probability is 0), so they are never used."""
         held = logits.float().clone()
         states = self.states
         for row, draft in enumerate([*draft_ids, None]):
-            if not (is_greedy and self.grammar.allows(states, int(held[row].argmax()))):
-                self.grammar.allowed(states).apply(held[row])
+            self.grammar.hold(held[row], states, is_greedy)
             if draft is None:
                 break
             states = self.grammar.advance(states, draft)

@@ -70,3 +70,17 @@ def test_a_finished_value_finishes_the_guide_and_a_special_token_stops_it(tokeni
 def test_an_engine_without_a_tokenizer_refuses_a_json_constraint():
     with pytest.raises(ValueError, match="tokenizer"):
         StructuredOutputs(None, 100).check(StructuredOutput(json_object=True))
+
+
+def test_holding_a_greedy_row_keeps_an_allowed_best_token_and_masks_otherwise_as_a_sampled_row_always_is(tokenizer):
+    grammar = StructuredOutputs(tokenizer, tokenizer.vocab_size).grammar(StructuredOutput(json_object=True))
+    states = grammar.recognizer.read(grammar.recognizer.initial, b'{"a": ')
+    allowed, refused = tokenizer.encode("1")[0], tokenizer.encode("}")[0]
+    for best, is_greedy, untouched in ((allowed, True, True), (refused, True, False), (allowed, False, False)):
+        logits = torch.zeros(tokenizer.vocab_size)
+        logits[best] = 5.0
+        grammar.hold(logits, states, is_greedy)
+        assert bool((logits > float("-inf")).all()) == untouched
+        masked = torch.zeros(tokenizer.vocab_size)
+        grammar.allowed(states).apply(masked)
+        assert int(logits.argmax()) == int((masked + torch.where(torch.arange(tokenizer.vocab_size) == best, 5.0, 0.0)).argmax())
