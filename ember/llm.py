@@ -101,11 +101,17 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         show_progress: bool = False,
+        *,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: Mapping[str, object] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a batch of them, rendered with the model's chat template.
 
         A conversation is a list of `{"role": ..., "content": ...}`; `chat_template` (template
-        text) overrides the model's own.
+        text) overrides the model's own. As vLLM's `LLM.chat`: `continue_final_message` goes on
+        writing a last assistant turn (with `add_generation_prompt=False`), `tools` are function
+        definitions the template renders, `chat_template_kwargs` more template variables.
         """
         from ember.tokenizers.chat_template import load_chat_template
 
@@ -116,7 +122,8 @@ class LLM:
             raise ValueError("this model has no chat template; pass chat_template=TEXT or use generate()")
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         prompts = [
-            self.tokenizer.encode(template.render(conversation, add_generation_prompt), add_special_tokens=False)
+            self.tokenizer.encode(template.render(conversation, add_generation_prompt, tools, variables=chat_template_kwargs,
+                                                  continue_final_message=continue_final_message), add_special_tokens=False)
             for conversation in conversations
         ]
         return self.generate(prompts, sampling_params, show_progress)

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ember.server.admission import AdmissionGate
 from ember.server.body_limit import BodyLimits
-from ember.server.chat_template import load_chat_template
+from ember.server.chat_template import load_chat_template, request_templates
 from ember.server.config import ServerConfig
 from ember.server.context import ServingContext
 from ember.server.drain import Drain
@@ -35,7 +35,13 @@ from ember.server.protocol import (
     TokenizeResponse,
 )
 from ember.server.request_log import RequestLogger
-from ember.server.requests import parse_request, resolve_model
+from ember.server.requests import (
+    chat_template_for,
+    check_rendering,
+    parse_request,
+    render_request,
+    resolve_model,
+)
 from ember.server.serving_chat import create_chat_completion
 from ember.server.serving_completions import create_completion
 from ember.server.tokenization import PromptEncoder
@@ -57,6 +63,7 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
         config=config,
         model_names=model_names,
         chat_template=load_chat_template(engine.tokenizer, config.chat_template),
+        request_templates=request_templates(engine.tokenizer, config.trust_request_chat_template),
         encoder=PromptEncoder(engine.tokenizer, engine.max_model_len),
         admission=admission,
         drain=Drain(admission, config.drain_timeout_s, config.retry_after_s),
@@ -171,11 +178,10 @@ async def _tokenize(context: ServingContext, body: TokenizeRequest) -> list[int]
         raise ApiError("Send exactly one of 'prompt' and 'messages'.", param="prompt", code="invalid_value")
     if body.prompt is not None:
         return await context.encoder.encode(body.prompt, add_special_tokens=body.add_special_tokens, param="prompt")
-    if context.chat_template is None:
-        raise ApiError(
-            "This model has no chat template to render 'messages' with.", param="messages", code="no_chat_template"
-        )
-    text = await context.encoder.render(context.chat_template, body.messages, body.add_generation_prompt)
+    check_rendering(body, body.messages)
+    template = chat_template_for(body, context.chat_template, context.request_templates)
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+    text = await context.encoder.render(template, body.messages, render_request(body, tools))
     return await context.encoder.encode(text, add_special_tokens=False, param="messages")
 
 

@@ -36,6 +36,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="model id(s) clients send as 'model' (default: the model's registered name)",
     )
     group.add_argument("--chat-template", type=Path, default=None, help="Jinja file overriding the model's chat template")
+    group.add_argument("--trust-request-chat-template", action="store_true",
+                       help="let chat requests bring their own Jinja template ('chat_template'); off: refused with 400")
     group.add_argument("--log-prompts", action="store_true", help="include prompt text in the per-request log lines")
     group.add_argument("--no-debug-endpoints", action="store_true", help="do not expose GET /debug/engine")
     group.add_argument(
@@ -75,6 +77,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
             served_model_names=args.served_model_names or [],
             log_prompts=args.log_prompts,
             chat_template=chat_template,
+            trust_request_chat_template=args.trust_request_chat_template,
             enable_debug_endpoints=not args.no_debug_endpoints,
             header_timeout_s=args.header_timeout_s,
             body_timeout_s=args.body_timeout_s,

@@ -15,6 +15,7 @@ class ServerConfig:
     one more is answered 503 with `Retry-After: retry_after_s`. `served_model_names`
     are the ids clients may send as `model` (empty: the engine's own model name).
     `log_prompts` adds prompt text to the per-request log line (off: ids and counts only).
+    `trust_request_chat_template` lets a chat request bring its own template (`chat_template`).
 
     Slow clients: a connection has `header_timeout_s` to send a request's headers (from when it
     opens, or from the end of its previous response) and `body_timeout_s` from then to send the
@@ -30,6 +31,7 @@ class ServerConfig:
     retry_after_s: int = 1
     log_prompts: bool = False
     chat_template: str | None = None
+    trust_request_chat_template: bool = False
     enable_debug_endpoints: bool = True
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0

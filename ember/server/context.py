@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ember.server.admission import AdmissionGate
-from ember.server.chat_template import ChatTemplate
+from ember.server.chat_template import ChatTemplate, RequestTemplates
 from ember.server.config import ServerConfig
 from ember.server.drain import Drain
 from ember.server.metrics import ServerMetrics
@@ -15,13 +15,14 @@ from ember.server.tokenization import PromptEncoder
 
 @dataclass
 class ServingContext:
-    """One server's engine, settings, model ids, chat template, prompt encoder, admission gate,
-    shutdown drain, metrics and log."""
+    """One server's engine, settings, model ids, chat template (and those requests bring), prompt encoder,
+    admission gate, shutdown drain, metrics and log."""
 
     engine: object
     config: ServerConfig
     model_names: list[str]
     chat_template: ChatTemplate | None
+    request_templates: RequestTemplates
     encoder: PromptEncoder
     admission: AdmissionGate
     drain: Drain

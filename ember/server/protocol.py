@@ -104,6 +104,24 @@ class ChatMessage(StrictModel):
         return "".join(part.text for part in self.content)
 
 
+class StructuredOutputsParams(StrictModel):
+    """vLLM's `structured_outputs`: one of json (a schema, or its JSON text), regex, choice, json_object;
+    `disable_any_whitespace` asks for compact JSON. `grammar`, `structural_tag` and `whitespace_pattern`
+    are declared only to be refused by name."""
+
+    json_schema: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = None
+    grammar: str | None = None
+    structural_tag: str | None = None
+    whitespace_pattern: str | None = None
+    disable_any_whitespace: bool | None = False
+    # No effect here: ember has no fallback backend, and generates only the properties a schema names.
+    disable_fallback: bool | None = False
+    disable_additional_properties: bool | None = False
+
+
 class SamplingFields(StrictModel):
     """Sampling and stopping fields shared by chat and text completions (OpenAI plus vLLM extras)."""
 
@@ -134,26 +152,38 @@ class SamplingFields(StrictModel):
     guided_json: dict[str, Any] | str | None = None
     guided_choice: list[str] | None = None
     guided_regex: str | None = None
+    # vLLM's newer spelling of the guided_* fields.
+    structured_outputs: StructuredOutputsParams | None = None
     # Accepted and ignored: bookkeeping fields with no effect on generation.
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatRenderFields(StrictModel):
+    """How chat messages are rendered (chat completions and /tokenize): end with the assistant header
+    (default), or (vLLM's extras) go on writing the last assistant message; more variables for the
+    template (such as enable_thinking); a Jinja template to use instead of the model's."""
+
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields, ChatRenderFields):
     """`POST /v1/chat/completions`."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    add_generation_prompt: bool | None = True
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     # OpenAI features ember does not implement; rejected unless absent or a no-op value.
     functions: list[Any] | None = None
     function_call: Any | None = None
-    parallel_tool_calls: bool | None = None
     audio: Any | None = None
     modalities: list[str] | None = None
     prediction: Any | None = None
@@ -174,14 +204,15 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
 
 
-class TokenizeRequest(StrictModel):
-    """`POST /tokenize`: a text prompt, or chat messages rendered through the chat template."""
+class TokenizeRequest(ChatRenderFields):
+    """`POST /tokenize`: a text prompt, or chat messages rendered through the chat template (as a chat
+    completion renders them; `tools` as the template is given them)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[ToolDefinition] | None = None
     add_special_tokens: bool = True
-    add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(StrictModel):

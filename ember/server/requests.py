@@ -17,11 +17,19 @@ from pydantic import BaseModel, ValidationError
 
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.structured import SchemaError, StructuredOutput
-from ember.server.chat_template import ChatTemplate
+from ember.server.chat_template import ChatTemplate, RenderRequest, RequestTemplates
 from ember.server.errors import ApiError, engine_unavailable, from_validation_error
-from ember.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from ember.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ChatRenderFields,
+    CompletionRequest,
+    SamplingFields,
+    StructuredOutputsParams,
+)
 from ember.server.tokenization import PromptEncoder
 from ember.server.tool_calls import ToolPlan
+from ember.tokenizers.chat_template import RESERVED_VARIABLES
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -92,6 +100,7 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
             param="max_completion_tokens",
             code="invalid_value",
         )
+    check_rendering(request, request.messages)
     for index, message in enumerate(request.messages):
         if message.tool_calls and message.role != "assistant":
             raise ApiError(f"Message {index} ({message.role}) has tool_calls; only assistant messages make tool calls.",
@@ -105,6 +114,23 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
                 param=f"messages.{index}.content",
                 code="invalid_value",
             )
+
+
+def check_rendering(request: ChatRenderFields, messages: list[ChatMessage]) -> None:
+    """Reject rendering fields that contradict each other or the messages, naming each."""
+    taken = sorted(RESERVED_VARIABLES & set(request.chat_template_kwargs or ()))
+    if taken:
+        raise ApiError(f"chat_template_kwargs may not set {taken}: the server sets them from the request's own fields.",
+                       param="chat_template_kwargs", code="invalid_value")  # fmt: skip
+    if not request.continue_final_message:
+        return
+    if request.add_generation_prompt:
+        raise ApiError("Set only one of 'continue_final_message' and 'add_generation_prompt': the first goes on writing "
+                       "the last message, the second starts a new one.", param="continue_final_message", code="invalid_value")  # fmt: skip
+    last = messages[-1] if messages else None
+    if last is None or last.role != "assistant" or not last.text():
+        raise ApiError("'continue_final_message' needs the last message to be an assistant turn with content to continue.",
+                       param="continue_final_message", code="invalid_value")  # fmt: skip
 
 
 def check_completion_request(request: CompletionRequest) -> None:
@@ -170,9 +196,13 @@ def _output_constraint(request: SamplingFields, tool_constraint: StructuredOutpu
     return tool_constraint or asked
 
 
+GUIDED_FIELDS = ("response_format", "guided_json", "guided_choice", "guided_regex", "structured_outputs")
+
+
 def structured_output(request: SamplingFields) -> StructuredOutput | None:
-    """The engine's output constraint from OpenAI's response_format or vLLM's guided_json / guided_choice / guided_regex."""
-    given = [name for name in ("response_format", "guided_json", "guided_choice", "guided_regex") if _constrains(name, getattr(request, name))]
+    """The engine's output constraint from OpenAI's response_format, vLLM's guided_json / guided_choice /
+    guided_regex, or vLLM's structured_outputs (its newer spelling of the same)."""
+    given = [name for name in GUIDED_FIELDS if _constrains(name, getattr(request, name))]
     if len(given) > 1:
         raise ApiError(f"Set only one of {given}: each constrains the output on its own.", param=given[1], code="invalid_value")
     if not given:
@@ -184,9 +214,32 @@ def structured_output(request: SamplingFields) -> StructuredOutput | None:
             return StructuredOutput(regex=request.guided_regex)
         if given[0] == "guided_json":
             return StructuredOutput(json_schema=_schema_object(request.guided_json))
+        if given[0] == "structured_outputs":
+            return _structured_outputs(request.structured_outputs)
         return _response_format(request.response_format)
     except SchemaError as error:
         raise ApiError(f"Invalid {given[0]}: {error}.", param=given[0], code="invalid_value") from error
+
+
+def _structured_outputs(asked: StructuredOutputsParams) -> StructuredOutput:
+    """vLLM's `structured_outputs` object: exactly one of json, regex, choice, json_object."""
+    for name, what in (("grammar", "grammars (EBNF / Lark)"), ("structural_tag", "structural tags"),
+                       ("whitespace_pattern", "a custom whitespace pattern")):  # fmt: skip
+        if getattr(asked, name) is not None:
+            raise _unsupported(f"structured_outputs.{name}", what)
+    kinds = {"json": asked.json_schema is not None, "regex": asked.regex is not None, "choice": asked.choice is not None,
+             "json_object": bool(asked.json_object)}  # fmt: skip
+    if sum(kinds.values()) != 1:
+        raise ApiError(f"structured_outputs sets exactly one of {list(kinds)}; got {[k for k, v in kinds.items() if v]}.",
+                       param="structured_outputs", code="invalid_value")  # fmt: skip
+    compact = bool(asked.disable_any_whitespace)
+    if asked.json_schema is not None:
+        return StructuredOutput(json_schema=_schema_object(asked.json_schema), compact_whitespace=compact)
+    if asked.regex is not None:
+        return StructuredOutput(regex=asked.regex)
+    if asked.choice is not None:
+        return StructuredOutput(choice=tuple(asked.choice))
+    return StructuredOutput(json_object=True, compact_whitespace=compact)
 
 
 def _constrains(name: str, value: object) -> bool:
@@ -248,17 +301,30 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     return sampling_params(request, request.max_tokens, request.logprobs, prompt_logprobs)
 
 
-async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate | None, encoder: PromptEncoder,
-                      tools: ToolPlan | None = None) -> PreparedPrompt:
-    """The chat messages rendered by the model's template and tokenized (in the encoder's worker)."""
-    if template is None:
+def chat_template_for(request: ChatRenderFields, served: ChatTemplate | None, brought: RequestTemplates) -> ChatTemplate:
+    """The template a request renders messages with: the one it brings (where trusted), else the server's; 400 if none."""
+    if request.chat_template is not None:
+        return brought.get(request.chat_template)
+    if served is None:
         raise ApiError(
             "This model has no chat template; use /v1/completions or start the server with a chat template.",
             param="messages",
             code="no_chat_template",
         )
-    add_generation_prompt = request.add_generation_prompt is not False
-    text = await encoder.render(template, request.messages, add_generation_prompt, None if tools is None else tools.tools)
+    return served
+
+
+def render_request(request: ChatRenderFields, tools: list[dict] | None) -> RenderRequest:
+    """What the request's fields ask of the rendering (a continued message has no generation prompt)."""
+    continues = bool(request.continue_final_message)
+    return RenderRequest(add_generation_prompt=not continues and request.add_generation_prompt is not False, tools=tools,
+                         continue_final_message=continues, variables=request.chat_template_kwargs or {})  # fmt: skip
+
+
+async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate, encoder: PromptEncoder,
+                      tools: ToolPlan | None = None) -> PreparedPrompt:
+    """The chat messages rendered by `template` and tokenized (in the encoder's worker)."""
+    text = await encoder.render(template, request.messages, render_request(request, None if tools is None else tools.tools))
     # The template already writes any BOS it wants; adding special tokens again would double it.
     return PreparedPrompt(await encoder.encode(text, add_special_tokens=False, param="messages"), text)
 

@@ -29,6 +29,7 @@ from ember.server.protocol import (
 from ember.server.requests import (
     chat_prompt,
     chat_sampling_params,
+    chat_template_for,
     check_chat_request,
     check_engine_accepts,
     check_fits,
@@ -64,7 +65,8 @@ async def _run_chat(
     tools: ToolPlan | None,
     ticket: AdmissionTicket,
 ) -> Response:
-    prompt = await chat_prompt(request, context.chat_template, context.encoder, tools)
+    template = chat_template_for(request, context.chat_template, context.request_templates)
+    prompt = await chat_prompt(request, template, context.encoder, tools)
     check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
     check_engine_accepts(context.engine, prompt, params, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from ember.server.chat_template import ChatTemplate
+from ember.server.chat_template import ChatTemplate, RenderRequest
 from ember.server.errors import ApiError
 from ember.server.protocol import ChatMessage
 
@@ -49,11 +49,10 @@ class PromptEncoder:
         ids = await self._run(self._tokenizer.encode, text, add_special_tokens, param=param, inline=is_short)
         return self._checked(ids, param)
 
-    async def render(self, template: ChatTemplate, messages: Sequence[ChatMessage], add_generation_prompt: bool,
-                     tools: list[dict] | None = None) -> str:
-        """The chat template rendered for `messages` and `tools` (template errors are 400s)."""
+    async def render(self, template: ChatTemplate, messages: Sequence[ChatMessage], how: RenderRequest) -> str:
+        """The chat template rendered for `messages` as `how` asks (template errors are 400s)."""
         is_short = sum(len(message.text()) for message in messages) <= INLINE_MAX_CHARS
-        return await self._run(template.render, messages, add_generation_prompt, tools, param="messages", inline=is_short)
+        return await self._run(template.render, messages, how, param="messages", inline=is_short)
 
     def refuse_if_too_long(self, text: str, param: str) -> None:
         """A 400 when `text` alone provably takes the whole context window (no tokenizing needed),

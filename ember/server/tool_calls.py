@@ -38,11 +38,13 @@ HERMES_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLO
 @dataclass(frozen=True)
 class ToolPlan:
     """A request's tools (as the chat template takes them) and how the reply may call them:
-    `mode` is none, auto, required or named (then `function` is the name)."""
+    `mode` is none, auto, required or named (then `function` is the name); `parallel` False (OpenAI's
+    `parallel_tool_calls`) allows one call per reply: "required" generates one, "auto" keeps the first."""
 
     tools: list[dict[str, Any]]
     mode: str
     function: str | None = None
+    parallel: bool = True
 
     @property
     def is_constrained(self) -> bool:
@@ -67,7 +69,8 @@ class ToolPlan:
         if self.mode == "required":
             return _read_json_calls(text)
         if self.mode == "auto":
-            return _read_marked_calls(text, {tool["function"]["name"] for tool in self.tools})
+            before, calls = _read_marked_calls(text, {tool["function"]["name"] for tool in self.tools})
+            return before, calls if self.parallel else calls[:1]
         return text, []
 
     def _parameters(self, name: str) -> dict[str, Any] | None:
@@ -81,7 +84,8 @@ class ToolPlan:
             parameters = _prefixed_refs(dict(tool["function"].get("parameters") or {"type": "object"}), name, definitions)
             options.append({"type": "object", "properties": {"name": {"const": name}, "parameters": parameters},
                             "required": ["name", "parameters"], "additionalProperties": False})  # fmt: skip
-        return {"type": "array", "minItems": 1, "items": {"anyOf": options}, **({"$defs": definitions} if definitions else {})}
+        most = {} if self.parallel else {"maxItems": 1}
+        return {"type": "array", "minItems": 1, **most, "items": {"anyOf": options}, **({"$defs": definitions} if definitions else {})}
 
 
 def plan_tools(request: ChatCompletionRequest) -> ToolPlan | None:
@@ -101,7 +105,7 @@ def plan_tools(request: ChatCompletionRequest) -> ToolPlan | None:
             raise ApiError(f"tool_choice names {choice.function.name!r}, which is not among the tools {names}.",
                            param="tool_choice", code="invalid_value")  # fmt: skip
         return ToolPlan(tools, "named", choice.function.name)
-    return ToolPlan(tools, choice or "auto")
+    return ToolPlan(tools, choice or "auto", parallel=request.parallel_tool_calls is not False)
 
 
 def finish_reason_with_calls(finish_reason: str | None, has_calls: bool) -> str | None:

@@ -9,6 +9,9 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+# Variables the renderer sets itself: template kwargs may not replace them.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"})
+
 
 class ChatTemplateError(ValueError):
     """The template refused these messages (its `raise_exception`) or could not render them."""
@@ -38,11 +41,23 @@ class ChatTemplate:
         self._eos_token = eos_token
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> str:
+               tools: list[dict[str, Any]] | None = None, *, continue_final_message: bool = False,
+               variables: Mapping[str, Any] | None = None) -> str:
         """The prompt text for `messages`, ending with the assistant header if asked; `tools` (function
-        definitions, as Hugging Face templates take them) for templates that render tools."""
+        definitions, as Hugging Face templates take them) for templates that render tools.
+
+        `continue_final_message`: the text stops right after the last message's content (an assistant
+        turn the model goes on writing) instead of closing it. `variables`: more names for the template
+        (such as Qwen3's `enable_thinking`); none may be one the renderer sets (RESERVED_VARIABLES).
+        """
+        taken = sorted(RESERVED_VARIABLES & set(variables or ()))
+        if taken:
+            raise ValueError(f"template variables {taken} are set by the renderer; pass them as arguments")
+        if continue_final_message:
+            _check_continuable(messages, add_generation_prompt)
         try:
-            return self._template.render(
+            text = self._template.render(
+                **dict(variables or {}),
                 messages=[dict(message) for message in messages],
                 add_generation_prompt=add_generation_prompt,
                 tools=tools,
@@ -53,6 +68,25 @@ class ChatTemplate:
             raise ChatTemplateError(f"the model's chat template rejected these messages: {error}") from error
         except jinja2.TemplateError as error:
             raise ChatTemplateError(f"the model's chat template could not render these messages: {error}") from error
+        return _cut_after_final(text, messages[-1]["content"]) if continue_final_message else text
+
+
+def _check_continuable(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> None:
+    if add_generation_prompt:
+        raise ValueError("continue_final_message goes on writing the last message; it cannot also add a generation "
+                         "prompt (set add_generation_prompt to false)")  # fmt: skip
+    if not messages or messages[-1].get("role") != "assistant" or not messages[-1].get("content"):
+        raise ValueError("continue_final_message needs the last message to be an assistant turn with content to continue")
+
+
+def _cut_after_final(text: str, content: str) -> str:
+    """`text` up to the end of the last place it writes `content` (or, for templates that trim it, its stripped form)."""
+    for written in (content, content.strip()):
+        end = text.rfind(written)
+        if written and end >= 0:
+            return text[: end + len(written)]
+    raise ChatTemplateError("the model's chat template does not write the final message's content as given, "
+                            "so it cannot be continued")  # fmt: skip
 
 
 def load_chat_template(tokenizer, override: str | None = None) -> ChatTemplate | None:

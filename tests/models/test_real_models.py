@@ -48,6 +48,20 @@ def test_chat_renders_with_a_template_given_in_place_of_the_models(stories_dir):
         llm.chat([{"role": "user", "content": "hi"}])
 
 
+def test_chat_continues_a_final_assistant_turn_and_passes_template_variables(stories_dir):
+    """As vLLM's LLM.chat: `continue_final_message` stops the prompt after the last turn's text; `chat_template_kwargs` reach the template."""
+    llm = LLM(str(stories_dir / "stories260K.bin"), tokenizer=str(stories_dir / "tok512.bin"))
+    template = "{% for m in messages %}{{ m['content'] }}{% if not loop.last %} and {% endif %}{% endfor %}{% if add_generation_prompt %}.{% endif %}{{ tail }}"
+    history = [{"role": "user", "content": "Once upon a time"}, {"role": "assistant", "content": "there was a cat"}]
+    params = SamplingParams(temperature=0, max_tokens=4)
+    continued = llm.chat(history, params, chat_template=template, add_generation_prompt=False, continue_final_message=True)
+    assert continued[0].prompt_token_ids == llm.tokenizer.encode("Once upon a time and there was a cat", add_special_tokens=False)
+    opened = llm.chat(history, params, chat_template=template, chat_template_kwargs={"tail": " The end"})
+    assert opened[0].prompt_token_ids == llm.tokenizer.encode("Once upon a time and there was a cat. The end", add_special_tokens=False)
+    with pytest.raises(ValueError, match="add_generation_prompt"):
+        llm.chat(history, params, chat_template=template, continue_final_message=True)
+
+
 def test_smollm2_perplexity_on_tinyshakespeare_matches_the_reference(smollm2_engine, shared_dir):
     text = (shared_dir / "corpus" / "tinyshakespeare.txt").read_text(encoding="utf-8")
     result = perplexity(smollm2_engine, text, max_tokens=1024)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.server.chat_template import ChatTemplate
+from ember.server.chat_template import ChatTemplate, RenderRequest
 from ember.server.errors import ApiError
 from ember.server.protocol import ChatMessage
 from tests.shared_assets import shared_file
@@ -32,7 +32,7 @@ def test_smollm2_adds_its_default_system_turn_and_the_assistant_header(smollm2_t
 
 
 def test_developer_role_is_rendered_as_system(smollm2_template: ChatTemplate) -> None:
-    prompt = smollm2_template.render(messages(("developer", "Be brief."), ("user", "Hi")), add_generation_prompt=False)
+    prompt = smollm2_template.render(messages(("developer", "Be brief."), ("user", "Hi")), RenderRequest(add_generation_prompt=False))
     assert prompt == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
 
 
@@ -77,6 +77,36 @@ def test_tools_and_a_tool_call_turn_render_as_transformers_renders_them(shared_d
     hf_history = [dict(m, tool_calls=[{"type": "function", "function": {"name": "lookup", "arguments": {"word": "ember", "lang": "en"}}}]) if m.get("tool_calls") else m
                   for m in history]  # fmt: skip
     expected = reference.apply_chat_template(hf_history, tools=[tool], add_generation_prompt=True, tokenize=False)
-    ours = ChatTemplate(reference.chat_template).render([ChatMessage.model_validate(m) for m in history], True, [tool])
+    ours = ChatTemplate(reference.chat_template).render([ChatMessage.model_validate(m) for m in history], RenderRequest(tools=[tool]))
     assert ours == expected
     assert "<word> & its 'meaning'" in ours
+
+
+@pytest.mark.parametrize("name", ["qwen2.5", "smollm2"])
+def test_continue_final_message_renders_as_transformers_renders_it(shared_dir: Path, name: str) -> None:
+    """Reference: apply_chat_template(continue_final_message=True): the prompt stops right after the last turn's text."""
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(shared_file(shared_dir, f"tokenizers/{name}/tokenizer.json").parent)
+    history = [{"role": "user", "content": "Name three colours."}, {"role": "assistant", "content": "Red, green and "}]
+    expected = reference.apply_chat_template(history, continue_final_message=True, tokenize=False)
+    ours = ChatTemplate(reference.chat_template).render([ChatMessage.model_validate(m) for m in history],
+                                                        RenderRequest(add_generation_prompt=False, continue_final_message=True))  # fmt: skip
+    assert ours == expected and ours.endswith("Red, green and ")
+
+
+def test_template_variables_reach_the_template_as_transformers_passes_them(shared_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(shared_file(shared_dir, "tokenizers/smollm2/tokenizer.json").parent)
+    source = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if enable_thinking %}<think>{% else %}<answer>{% endif %}"
+    history = [{"role": "user", "content": "Hi"}]
+    for variables in ({"enable_thinking": True}, {"enable_thinking": False}, {}):
+        expected = reference.apply_chat_template(history, chat_template=source, tokenize=False, **variables)
+        assert ChatTemplate(source).render(messages(("user", "Hi")), RenderRequest(variables=variables)) == expected
+
+
+def test_a_continued_turn_the_template_rewrites_is_refused() -> None:
+    template = ChatTemplate("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}")
+    with pytest.raises(ApiError, match="cannot be continued"):
+        template.render(messages(("user", "a"), ("assistant", "b")), RenderRequest(add_generation_prompt=False, continue_final_message=True))

@@ -182,6 +182,34 @@ def test_tokenize_and_detokenize_round_trip(http: httpx.Client) -> None:
     assert chat["count"] == len("<|user|>Hi\n<|assistant|>")
 
 
+def rendered(http: httpx.Client, **body) -> str:
+    """The prompt /tokenize renders for a chat body (the fake tokenizer's ids are the text's bytes)."""
+    answer = http.post("/tokenize", json=body)
+    assert answer.status_code == 200, answer.text
+    return bytes(answer.json()["tokens"]).decode()
+
+
+def test_vllm_rendering_fields_continue_the_last_turn_and_reach_the_template(http: httpx.Client) -> None:
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]
+    assert rendered(http, messages=history, continue_final_message=True) == "<|user|>Hi\n<|assistant|>Hel"
+    assert rendered(http, messages=history) == "<|user|>Hi\n<|assistant|>Hel\n<|assistant|>"
+    assert rendered(http, messages=history, add_generation_prompt=False) == "<|user|>Hi\n<|assistant|>Hel\n"
+    reply = http.post("/v1/chat/completions", json={"messages": history, "max_tokens": 3, "continue_final_message": True})
+    assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == len("<|user|>Hi\n<|assistant|>Hel")
+
+
+def test_a_trusted_server_renders_with_the_template_a_request_brings(engine: FakeEngine) -> None:
+    source = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}{% if shout %}!{% endif %}"
+    app = build_app(engine, ServerConfig(trust_request_chat_template=True))
+    with ThreadedServer(app) as trusted, httpx.Client(base_url=trusted.base_url, timeout=30) as http:
+        hello = [{"role": "user", "content": "Hi"}]
+        assert rendered(http, messages=hello, chat_template=source) == "[Hi]"
+        assert rendered(http, messages=hello, chat_template=source, chat_template_kwargs={"shout": True}) == "[Hi]!"
+        assert rendered(http, messages=hello) == "<|user|>Hi\n<|assistant|>"  # the server's own otherwise
+        broken = http.post("/v1/chat/completions", json={"messages": hello, "chat_template": "{% for %}"})
+        assert assert_openai_error(broken, 400)["param"] == "chat_template"
+
+
 def test_health_and_version(http: httpx.Client) -> None:
     assert http.get("/health").status_code == 200
     assert http.get("/version").json()["version"]

@@ -231,6 +231,34 @@ def test_vllm_guided_choice_json_and_regex_through_extra_body(smollm2_server: Se
     assert reply.finish_reason == "stop" and re.fullmatch(pattern, reply.text), reply.text
 
 
+def test_vllm_structured_outputs_field_holds_the_reply_as_the_guided_fields_do(smollm2_server: ServeProcess) -> None:
+    """vLLM's newer spelling (`structured_outputs`): a choice, and compact JSON (disable_any_whitespace) of a schema."""
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    choices = ["yes", "no"]
+    reply = client.chat.completions.create(model=SERVED_MODEL, messages=[{"role": "user", "content": "Is Paris in France?"}],
+                                           max_tokens=5, temperature=0, extra_body={"structured_outputs": {"choice": choices}}).choices[0]  # fmt: skip
+    assert reply.message.content in choices and reply.finish_reason == "stop"
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "facts": {"type": "array", "items": {"type": "string"}, "maxItems": 2}},
+              "required": ["city", "facts"], "additionalProperties": False}  # fmt: skip
+    compact = {"structured_outputs": {"json": schema, "disable_any_whitespace": True}}
+    reply = client.chat.completions.create(model=SERVED_MODEL, messages=[{"role": "user", "content": "Two facts about Paris, as JSON."}],
+                                           max_tokens=120, temperature=0.8, seed=3, extra_body=compact).choices[0]  # fmt: skip
+    assert reply.finish_reason == "stop", reply
+    jsonschema.validate(json.loads(reply.message.content), schema)
+    assert not re.search(r"\s", re.sub(r'"(\\.|[^"\\])*"', "", reply.message.content)), reply.message.content
+
+
+def test_continue_final_message_goes_on_writing_the_assistant_turn(smollm2_server: ServeProcess) -> None:
+    """The reply continues the given text exactly as a completion of the prompt /tokenize renders for it."""
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    history = [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "The capital of France is"}]
+    continued = client.chat.completions.create(model=SERVED_MODEL, messages=history, max_tokens=6, temperature=0,
+                                               extra_body={"continue_final_message": True}).choices[0]  # fmt: skip
+    prompt = httpx.post(f"{smollm2_server.base_url}/tokenize", json={"messages": history, "continue_final_message": True}).json()
+    completed = client.completions.create(model=SERVED_MODEL, prompt=prompt["tokens"], max_tokens=6, temperature=0).choices[0]
+    assert continued.message.content == completed.text and "Paris" in continued.message.content
+
+
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
                                "required": ["city", "unit"], "additionalProperties": False}}}  # fmt: skip

@@ -20,9 +20,9 @@ BOOKING = {"type": "function", "function": {"name": "book", "parameters": {
     "$defs": {"Guest": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"], "additionalProperties": False}}}}}  # fmt: skip
 
 
-def plan(tool_choice=None, tools=(WEATHER, BOOKING)):
+def plan(tool_choice=None, tools=(WEATHER, BOOKING), parallel_tool_calls=None):
     request = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": list(tools),
-                                                    "tool_choice": tool_choice})  # fmt: skip
+                                                    "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls})  # fmt: skip
     return plan_tools(request)
 
 
@@ -64,6 +64,17 @@ def test_required_holds_the_reply_to_a_list_of_calls_over_every_tool_with_their_
     _, calls = required.read(text)
     assert [c.function.name for c in calls] == ["book", "get_weather"]
     assert json.loads(calls[0].function.arguments) == {"guest": {"name": "Ada"}}
+
+
+def test_without_parallel_calls_required_holds_the_reply_to_one_call_and_auto_keeps_the_first():
+    two = '[{"name": "book", "parameters": {"guest": {"name": "Ada"}}}, {"name": "get_weather", "parameters": {"city": "Rome"}}]'
+    one = '[{"name": "get_weather", "parameters": {"city": "Rome"}}]'
+    single = plan("required", parallel_tool_calls=False).constraint()
+    assert readable(single, one) and not readable(single, two)
+    assert readable(plan("required", parallel_tool_calls=True).constraint(), two)
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call><tool_call>{"name": "book", "arguments": {"guest": {"name": "Ada"}}}</tool_call>'
+    assert [c.function.name for c in plan(parallel_tool_calls=False).read(text)[1]] == ["get_weather"]
+    assert [c.function.name for c in plan().read(text)[1]] == ["get_weather", "book"]
 
 
 @pytest.mark.parametrize(("body", "param"), [

@@ -11,7 +11,7 @@ A root of fixed texts (a list of choices) reads the raw bytes of one of them, bl
 
 Whitespace is allowed between tokens where pretty-printed JSON has it: not between a key and its
 colon, and after a value only from a line break on (the one before a closing bracket); at most
-`MAX_WHITESPACE_RUN` bytes and one line break in a row. A small model would otherwise spend its
+`MAX_WHITESPACE_RUN` bytes (or none: compact JSON) and one line break in a row. A small model would otherwise spend its
 tokens on blanks between every two tokens. A number ends at the first byte that cannot
 continue it, which is then read by the enclosing frame.
 """
@@ -45,8 +45,10 @@ STRING_BODY = ("S", "body", None, 0)
 class JsonRecognizer:
     """Steps states of one compiled schema; the root value is node 0 of the schema's table."""
 
-    def __init__(self, schema: CompiledSchema) -> None:
+    def __init__(self, schema: CompiledSchema, max_whitespace_run: int = MAX_WHITESPACE_RUN) -> None:
+        """`max_whitespace_run` 0: compact JSON, no whitespace between its tokens (vLLM's disable_any_whitespace)."""
         self.nodes = schema.nodes
+        self.max_whitespace_run = max_whitespace_run
         self.initial: frozenset[State] = frozenset({((("V", ROOT),), 0, None)})
 
     def step(self, states: frozenset[State], byte: int) -> frozenset[State]:
@@ -57,7 +59,7 @@ class JsonRecognizer:
             for next_stack, whitespace in self._step(stack, byte):
                 if whitespace is None:
                     found.add((next_stack, 0, None))
-                elif run < MAX_WHITESPACE_RUN and not (broke_line and is_line_break) and (run or is_line_break or whitespace == GAP):
+                elif run < self.max_whitespace_run and not (broke_line and is_line_break) and (run or is_line_break or whitespace == GAP):
                     found.add((next_stack, run + 1, broke_line or is_line_break))
         return frozenset(found)
 

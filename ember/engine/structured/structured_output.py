@@ -27,6 +27,8 @@ class StructuredOutput:
     `json_schema`: a value conforming to the schema (OpenAI's `json_schema`; vLLM's `guided_json`).
     `choice`: exactly one of these strings, as written (vLLM's `guided_choice`).
     `regex`: text the regular expression matches whole (vLLM's `guided_regex`).
+    `compact_whitespace`: JSON without whitespace between its tokens (vLLM's `disable_any_whitespace`);
+    else blanks are allowed where pretty-printed JSON has them.
     Checked on construction: a schema keyword ember cannot enforce raises ValueError naming it.
     """
 
@@ -34,6 +36,7 @@ class StructuredOutput:
     json_schema: dict[str, Any] | None = None
     choice: tuple[str, ...] | None = None
     regex: str | None = None
+    compact_whitespace: bool = False
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -54,7 +57,8 @@ class StructuredOutput:
             return "choice " + json.dumps(self.choice)
         if self.regex is not None:
             return "regex " + self.regex
-        return "object" if self.json_object else "schema " + json.dumps(self.json_schema, sort_keys=True)
+        shape = "object" if self.json_object else "schema " + json.dumps(self.json_schema, sort_keys=True)
+        return "compact " + shape if self.compact_whitespace else shape
 
     def compile(self) -> CompiledSchema:
         if self.choice is not None:

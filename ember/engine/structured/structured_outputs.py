@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ember.engine.structured.json_recognizer import JsonRecognizer
+from ember.engine.structured.json_recognizer import MAX_WHITESPACE_RUN, JsonRecognizer
 from ember.engine.structured.structured_output import StructuredOutput
 from ember.engine.structured.token_masks import JsonGuide, TokenGrammar, Vocabulary
 from ember.tokenizers.base import Tokenizer
@@ -40,7 +40,8 @@ class StructuredOutputs:
         if grammar is None:
             if self._vocabulary is None:
                 self._vocabulary = Vocabulary(self._tokenizer, self._vocab_size)
-            grammar = self._grammars[key] = TokenGrammar(JsonRecognizer(constraint.compile()), self._vocabulary)
+            blanks = 0 if constraint.compact_whitespace else MAX_WHITESPACE_RUN
+            grammar = self._grammars[key] = TokenGrammar(JsonRecognizer(constraint.compile(), blanks), self._vocabulary)
             if len(self._grammars) > CACHED_CONSTRAINTS:
                 self._grammars.popitem(last=False)
         self._grammars.move_to_end(key)

@@ -79,6 +79,31 @@ def test_whitespace_is_where_pretty_printing_puts_it_one_line_break_and_a_bounde
     assert not readable_prefix(None, '{"a" :')
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), values, max_size=4))
+def test_compact_json_reads_what_the_reference_writes_without_blanks_and_refuses_a_blank_between_tokens(document):
+    compact = JsonRecognizer(compile_schema(None), max_whitespace_run=0)
+    text = json.dumps(document, separators=(",", ":"))
+    assert compact.may_end(compact.read(compact.initial, text.encode()))
+    for position in _structural_positions(text):
+        spaced = text[: position + 1] + " " + text[position + 1 :]
+        assert not compact.read(compact.initial, spaced.encode()), spaced
+    assert not compact.read(compact.initial, b"\n")
+
+
+def _structural_positions(text: str) -> list[int]:
+    """Where JSON text has a bracket, comma or colon outside its strings (a blank may follow in pretty JSON)."""
+    found, in_string, escaped = [], False, False
+    for position, char in enumerate(text):
+        if in_string:
+            in_string, escaped = (escaped or char != '"'), (not escaped and char == "\\")
+        elif char == '"':
+            in_string = True
+        elif char in ",:{}[]":
+            found.append(position)
+    return found[:-1]  # not after the closing brace: the value has ended, nothing may follow anyway
+
+
 @pytest.mark.parametrize("instance", [
     {"name": "Ada", "age": 36, "role": "admin"},
     {"name": "Ada", "age": -1, "email": None, "role": 7, "tags": ["x"], "home": {"city": "London", "lat": 51.5}},
