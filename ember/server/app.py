@@ -42,8 +42,10 @@ from ember.server.requests import (
     render_request,
     resolve_model,
 )
+from ember.server.responses_api import ResponseObject, ResponsesRequest
 from ember.server.serving_chat import create_chat_completion
 from ember.server.serving_completions import create_completion
+from ember.server.serving_responses import create_response
 from ember.server.tokenization import PromptEncoder
 
 DEBUG_STEP_RECORDS = 1024
@@ -121,6 +123,10 @@ def _add_openai_routes(app: FastAPI, context: ServingContext) -> None:
     )
     async def completions(request: Request) -> Response:
         return await create_completion(context, request)
+
+    @app.post("/v1/responses", openapi_extra=body_of(ResponsesRequest), responses=answers(ResponseObject, streams=True))
+    async def responses(request: Request) -> Response:
+        return await create_response(context, request)
 
 
 def _add_service_routes(app: FastAPI, context: ServingContext) -> None:

@@ -26,12 +26,14 @@ from ember.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from ember.server.responses_api import ResponseObject, ResponsesRequest
 
 REF_TEMPLATE = "#/components/schemas/{model}"
-REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest)
 RESPONSE_MODELS = (
     ChatCompletionResponse,
     CompletionResponse,
+    ResponseObject,
     TokenizeResponse,
     DetokenizeResponse,
     ModelList,

@@ -65,13 +65,9 @@ async def _run_chat(
     tools: ToolPlan | None,
     ticket: AdmissionTicket,
 ) -> Response:
-    template = chat_template_for(request, context.chat_template, context.request_templates)
-    prompt = await chat_prompt(request, template, context.encoder, tools)
-    check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
-    check_engine_accepts(context.engine, prompt, params, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     num_top = request.top_logprobs or 0
-    stream = tracked_generate(context, request_id, prompt, params, ticket)
+    stream = await start_chat(context, request_id, request, params, tools, ticket)
     if request.stream:
         options = request.stream_options
         include_usage = bool(options and options.include_usage)
@@ -83,6 +79,17 @@ async def _run_chat(
     finally:
         ticket.release()
     return model_response(_response(context, request_id, model, output, num_top, tools))
+
+
+async def start_chat(context: ServingContext, request_id: str, request: ChatCompletionRequest, params: SamplingParams,
+                     tools: ToolPlan | None, ticket: AdmissionTicket) -> AsyncIterator[RequestOutput]:
+    """Render and tokenize the conversation, check that it fits and that the engine takes it, and start
+    generating (the deltas; `ticket` is released when they end)."""
+    template = chat_template_for(request, context.chat_template, context.request_templates)
+    prompt = await chat_prompt(request, template, context.encoder, tools)
+    check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
+    check_engine_accepts(context.engine, prompt, params, "messages")
+    return tracked_generate(context, request_id, prompt, params, ticket)
 
 
 def _response(

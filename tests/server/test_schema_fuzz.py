@@ -26,7 +26,7 @@ LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")
 def test_no_generated_request_gets_a_5xx(tiny_server: ServeProcess) -> None:
     api = schemathesis.openapi.from_url(f"{tiny_server.base_url}/openapi.json")
     operations = [result.ok() for result in api.get_all_operations()]
-    assert {"POST /v1/chat/completions", "POST /v1/completions", "POST /tokenize"} <= {op.label for op in operations}
+    assert {"POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "POST /tokenize"} <= {op.label for op in operations}
     statuses: Counter[int] = Counter()
     for operation in operations:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):

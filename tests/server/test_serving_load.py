@@ -285,3 +285,32 @@ def test_forced_tool_calls_come_back_as_openai_tool_calls_whole_or_streamed(smol
                            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}]  # fmt: skip
     final = client.chat.completions.create(model=SERVED_MODEL, messages=answered, tools=[WEATHER_TOOL], max_tokens=20, temperature=0)
     assert final.choices[0].message.content and final.choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_responses_api_answers_text_json_and_tool_calls_through_the_openai_client(smollm2_server: ServeProcess) -> None:
+    """OpenAI's Responses API on the real model: plain text (whole, and streamed with the client's helper), a
+    `text.format` JSON schema held token by token, and a forced call returned as a function_call item."""
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    options = dict(model=SERVED_MODEL, input="What is the capital of France?", max_output_tokens=40, temperature=0)
+    whole = client.responses.create(**options)
+    assert whole.status == "completed" and "Paris" in whole.output_text
+    with client.responses.stream(**options) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == whole.output_text
+    schema = PERSON_SCHEMA
+    text_format = {"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}}
+    person = client.responses.create(model=SERVED_MODEL, input="Describe a software engineer named Ada as JSON.", max_output_tokens=200,
+                                      temperature=0, text=text_format)  # fmt: skip
+    assert person.status == "completed"
+    jsonschema.validate(json.loads(person.output_text), schema)
+    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    called = client.responses.create(model=SERVED_MODEL, input="What is the weather in Paris?", tools=[tool], tool_choice="required",
+                                      max_output_tokens=80, temperature=0)  # fmt: skip
+    calls = [item for item in called.output if item.type == "function_call"]
+    assert calls and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_")
+    jsonschema.validate(json.loads(calls[0].arguments), tool["parameters"])
+    answered = client.responses.create(model=SERVED_MODEL, tools=[tool], max_output_tokens=20, temperature=0, input=[
+        {"role": "user", "content": "What is the weather in Paris?"}, calls[0].model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": '{"temperature": 18}'}])  # fmt: skip
+    assert answered.output_text

@@ -1,0 +1,237 @@
+"""`POST /v1/responses`: OpenAI's Responses API over the chat path, answered whole or as its stream of
+typed events (response.created ... response.output_text.delta ... response.completed)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from ember.engine.outputs import RequestOutput
+from ember.server.context import ServingContext
+from ember.server.errors import ApiError
+from ember.server.generation import cancel_on_disconnect, collect, merge_streams
+from ember.server.protocol import ChatCompletionRequest, ToolCall
+from ember.server.requests import (
+    chat_sampling_params,
+    check_chat_request,
+    parse_request,
+    resolve_model,
+)
+from ember.server.responses import model_response, sse_response
+from ember.server.responses_api import (
+    IncompleteDetails,
+    InputTokensDetails,
+    OutputFunctionCall,
+    OutputItem,
+    OutputMessage,
+    OutputText,
+    ResponseObject,
+    ResponsesRequest,
+    ResponseUsage,
+)
+from ember.server.responses_conversion import as_chat_request, check_responses_request
+from ember.server.serving_chat import start_chat
+from ember.server.tool_calls import ToolCallStream, ToolPlan, plan_tools
+
+# Chat fields a converted request may fail on, as the Responses API names them.
+RESPONSES_PARAMS = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens",
+                    "max_tokens": "max_output_tokens"}
+
+
+async def create_response(context: ServingContext, raw_request: Request) -> Response:
+    """Validate, admit and run one response."""
+    request = parse_request(ResponsesRequest, await raw_request.body())
+    model = resolve_model(request.model, context.model_names)
+    check_responses_request(request)
+    with _named_for_responses():
+        chat = as_chat_request(request)
+        check_chat_request(chat)
+        tools = plan_tools(chat)
+        params = chat_sampling_params(chat, tools)
+    shell = _shell(request, chat, model, tools)
+    ticket = context.admission.admit(1)
+    try:
+        with _named_for_responses():
+            stream = await start_chat(context, shell.id, chat, params, tools, ticket)
+        if request.stream:
+            return sse_response(ResponseEvents(shell, tools).events(stream), ticket.release, context.drain)
+        try:
+            (output,) = await cancel_on_disconnect(context, raw_request, collect([stream], 1))
+        finally:
+            ticket.release()
+        return model_response(_finished(shell, output, tools))
+    except BaseException:
+        ticket.release()
+        raise
+
+
+@contextlib.contextmanager
+def _named_for_responses() -> Iterator[None]:
+    """Renames the `param` of a chat-path error to the Responses field it came from."""
+    try:
+        yield
+    except ApiError as error:
+        head, _, rest = (error.param or "").partition(".")
+        if head in RESPONSES_PARAMS:
+            error.param = RESPONSES_PARAMS[head] + (f".{rest}" if rest and head != "messages" else "")
+        raise
+
+
+def _shell(request: ResponsesRequest, chat: ChatCompletionRequest, model: str, tools: ToolPlan | None) -> ResponseObject:
+    """The response as it starts: no output yet, the settings it runs with."""
+    text_format = request.text.format if request.text is not None and request.text.format is not None else None
+    return ResponseObject(
+        id=f"resp_{uuid.uuid4().hex}",
+        created_at=int(time.time()),
+        status="in_progress",
+        model=model,
+        output=[],
+        instructions=request.instructions,
+        max_output_tokens=request.max_output_tokens,
+        temperature=1.0 if chat.temperature is None else chat.temperature,
+        top_p=1.0 if chat.top_p is None else chat.top_p,
+        tools=[tool.model_dump(exclude_none=True) for tool in request.tools or []],
+        tool_choice=_tool_choice(request, tools),
+        parallel_tool_calls=request.parallel_tool_calls is not False,
+        text={"format": text_format.model_dump(exclude_none=True, by_alias=True) if text_format else {"type": "text"}},
+        metadata=request.metadata or {},
+        user=request.user,
+    )
+
+
+def _tool_choice(request: ResponsesRequest, tools: ToolPlan | None) -> str | dict:
+    if request.tool_choice is not None and not isinstance(request.tool_choice, str):
+        return request.tool_choice.model_dump()
+    return request.tool_choice or ("auto" if tools is not None else "none")
+
+
+def _finished(shell: ResponseObject, output: RequestOutput, tools: ToolPlan | None) -> ResponseObject:
+    """The whole response once generation has ended."""
+    completion = output.outputs[0]
+    text, calls = (completion.text, []) if tools is None else tools.read(completion.text)
+    is_cut = completion.finish_reason == "length"
+    items: list[OutputItem] = []
+    shown = text.strip() if calls else text
+    if shown or not calls:
+        items.append(_message(f"msg_{uuid.uuid4().hex}", shown, "incomplete" if is_cut else "completed"))
+    items.extend(_function_call(call, "completed") for call in calls)
+    return _ended(shell, output, items, len(completion.token_ids), is_cut)
+
+
+def _ended(shell: ResponseObject, output: RequestOutput, items: list[OutputItem], num_output: int, is_cut: bool) -> ResponseObject:
+    num_input = len(output.prompt_token_ids)
+    usage = ResponseUsage(input_tokens=num_input, input_tokens_details=InputTokensDetails(cached_tokens=output.num_cached_tokens),
+                          output_tokens=num_output, total_tokens=num_input + num_output)  # fmt: skip
+    return shell.model_copy(update={
+        "status": "incomplete" if is_cut else "completed", "output": items, "usage": usage,
+        "incomplete_details": IncompleteDetails(reason="max_output_tokens") if is_cut else None,
+    })  # fmt: skip
+
+
+def _message(item_id: str, text: str, status: str) -> OutputMessage:
+    return OutputMessage(id=item_id, status=status, content=[OutputText(text=text)] if status != "in_progress" else [])
+
+
+def _function_call(call: ToolCall, status: str) -> OutputFunctionCall:
+    arguments = call.function.arguments if status != "in_progress" else ""
+    return OutputFunctionCall(id=f"fc_{call.id.removeprefix('call_')}", call_id=call.id, name=call.function.name,
+                              arguments=arguments, status=status)  # fmt: skip
+
+
+class ResponseEvents:
+    """One streamed response as the Responses API's typed events, numbered in order. The text comes as
+    `response.output_text.delta` events of one message item (opened at its first text); calls, read when
+    generation ends, as function_call items with their arguments; then `response.completed` (or
+    `response.incomplete` when cut by max_output_tokens) carrying the whole response."""
+
+    def __init__(self, shell: ResponseObject, tools: ToolPlan | None) -> None:
+        self.shell = shell
+        self.reader = ToolCallStream(tools) if tools is not None else None
+        self.sequence = 0
+        self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.text: str | None = None  # None until the message item opens
+
+    async def events(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
+        yield self._event("response.created", response=self.shell)
+        yield self._event("response.in_progress", response=self.shell)
+        num_output, last = 0, None
+        merged = merge_streams([stream])
+        try:
+            async for _, delta in merged:
+                last, part = delta, delta.outputs[0]
+                num_output += len(part.token_ids)
+                for event in self._text(self.reader.content(part.text) if self.reader else part.text):
+                    yield event
+        finally:
+            await merged.aclose()
+        if last is None:
+            return
+        for event in self._ending(last, num_output):
+            yield event
+
+    def _ending(self, last: RequestOutput, num_output: int) -> list[str]:
+        rest, calls = self.reader.finish() if self.reader else ("", [])
+        is_cut = last.outputs[0].finish_reason == "length"
+        events = self._text(rest)
+        items: list[OutputItem] = []
+        if self.text is not None or not calls:
+            events.extend(self._text_done(is_cut))
+            items.append(_message(self.message_id, self.text, "incomplete" if is_cut else "completed"))
+        for call in calls:
+            events.extend(self._call(len(items), call))
+            items.append(_function_call(call, "completed"))
+        response = _ended(self.shell, last, items, num_output, is_cut)
+        events.append(self._event("response.incomplete" if is_cut else "response.completed", response=response))
+        return events
+
+    def _text(self, piece: str) -> list[str]:
+        if not piece:
+            return []
+        events = [] if self.text is not None else self._open_message()
+        self.text += piece
+        events.append(self._event("response.output_text.delta", item_id=self.message_id, output_index=0, content_index=0,
+                                  delta=piece, logprobs=[]))  # fmt: skip
+        return events
+
+    def _open_message(self) -> list[str]:
+        self.text = ""
+        return [
+            self._event("response.output_item.added", output_index=0, item=_message(self.message_id, "", "in_progress")),
+            self._event("response.content_part.added", item_id=self.message_id, output_index=0, content_index=0,
+                        part=OutputText(text="")),  # fmt: skip
+        ]
+
+    def _text_done(self, is_cut: bool) -> list[str]:
+        events = [] if self.text is not None else self._open_message()
+        part = OutputText(text=self.text)
+        return [
+            *events,
+            self._event("response.output_text.done", item_id=self.message_id, output_index=0, content_index=0, text=self.text,
+                        logprobs=[]),  # fmt: skip
+            self._event("response.content_part.done", item_id=self.message_id, output_index=0, content_index=0, part=part),
+            self._event("response.output_item.done", output_index=0,
+                        item=_message(self.message_id, self.text, "incomplete" if is_cut else "completed")),  # fmt: skip
+        ]
+
+    def _call(self, index: int, call: ToolCall) -> list[str]:
+        opened, done = _function_call(call, "in_progress"), _function_call(call, "completed")
+        return [
+            self._event("response.output_item.added", output_index=index, item=opened),
+            self._event("response.function_call_arguments.delta", item_id=done.id, output_index=index, delta=done.arguments),
+            self._event("response.function_call_arguments.done", item_id=done.id, output_index=index, name=done.name,
+                        arguments=done.arguments),  # fmt: skip
+            self._event("response.output_item.done", output_index=index, item=done),
+        ]
+
+    def _event(self, kind: str, **fields) -> str:
+        payload = {"type": kind, "sequence_number": self.sequence}
+        payload.update({name: value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+                        for name, value in fields.items()})  # fmt: skip
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
