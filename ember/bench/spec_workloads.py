@@ -91,11 +91,10 @@ def build_spec_workload(name: str, tokenizer, seed: int = 0, num_requests: int =
 
 def encode_chat(tokenizer, content: str) -> list[int]:
     """The user message rendered with the model's chat template (plain text if it has none)."""
-    from ember.server.chat_template import load_chat_template
-    from ember.server.protocol import ChatMessage
+    from ember.tokenizers.chat_template import load_chat_template
 
     template = load_chat_template(tokenizer)
     if template is None:
         return tokenizer.encode(content, add_special_tokens=True)
-    rendered = template.render([ChatMessage(role="user", content=content)], add_generation_prompt=True)
+    rendered = template.render([{"role": "user", "content": content}], add_generation_prompt=True)
     return tokenizer.encode(rendered, add_special_tokens=False)
