@@ -141,9 +141,9 @@ class JsonRecognizer:
         if kind in ("literals", "text"):
             return self._literal(rest, ("L", node.literals, 0, ()), byte)
         if kind == "regex":
-            return self._pattern_text(rest, ("R", "body", node_id, node.pattern.initial(), b""), byte)
+            return self._pattern_text(rest, ("R", "body", node_id, node.pattern.initial(), b"", 0), byte)
         if kind == "string" and node.pattern is not None and byte == ord('"'):
-            return [(rest + (("Q", "body", node_id, node.pattern.initial(), b""),), None)]
+            return [(rest + (("Q", "body", node_id, node.pattern.initial(), b"", 0),), None)]
         if kind in ("any", "any_object") and byte == ord("{"):
             return [(rest + (("P", "open", node.items if kind == "any_object" else ANY),), None)]
         if kind == "object" and byte == ord("{"):
@@ -188,39 +188,44 @@ class JsonRecognizer:
         """One byte of text matched by a regular expression: raw (`R`, the whole output) or a JSON string's
         body (`Q`, escapes read as the characters they stand for). `pending` holds a character's bytes (or an
         escape's hex digits) until it is whole."""
-        kind, phase, node_id, states, pending = top
-        pattern = self.nodes[node_id].pattern
+        kind, phase, node_id, states, pending, count = top
+        node = self.nodes[node_id]
         if kind == "Q" and phase == "body" and not pending:
             if byte == ord('"'):
-                return [(_finish_value(rest), None)] if pattern.accepts(states) else []
+                return [(_finish_value(rest), None)] if node.pattern.accepts(states) and node.length_fits(count) else []
             if byte == ord("\\"):
-                return [(rest + (("Q", "escape", node_id, states, b""),), None)]
+                return [(rest + (("Q", "escape", node_id, states, b"", count),), None)]
             if byte < 0x20:
                 return []
         if phase == "escape":
             if byte == ord("u"):
-                return [(rest + (("Q", "hex", node_id, states, b""),), None)]
+                return [(rest + (("Q", "hex", node_id, states, b"", count),), None)]
             return self._pattern_char(rest, top, JSON_ESCAPES[byte]) if byte in JSON_ESCAPES else []
         if phase == "hex":
             if byte not in HEX_DIGITS:
                 return []
             if len(pending) < 3:
-                return [(rest + (("Q", "hex", node_id, states, pending + bytes([byte])),), None)]
+                return [(rest + (("Q", "hex", node_id, states, pending + bytes([byte]), count),), None)]
             return self._pattern_char(rest, top, chr(int(pending + bytes([byte]), 16)))
         whole, character = _utf8_character(pending + bytes([byte]))
         if not whole:
-            return [(rest + ((kind, phase, node_id, states, pending + bytes([byte])),), None)] if character is None else []
+            return [(rest + ((kind, phase, node_id, states, pending + bytes([byte]), count),), None)] if character is None else []
         return self._pattern_char(rest, top, character)
 
     def _pattern_char(self, rest: tuple, top: tuple, character: str) -> list[tuple[tuple, str | None]]:
-        kind, _, node_id, states, _ = top
-        pattern = self.nodes[node_id].pattern
-        following = pattern.step(states, character)
+        kind, _, node_id, states, _, count = top
+        node = self.nodes[node_id]
+        following = node.pattern.step(states, character)
+        if node.lengths is not None:  # counted: the characters so far must leave a match within the lengths
+            count += 1
+            window = node.length_window(count)
+            if not any(node.lengths[state] & window for state in following):
+                return []
         if not following:
             return []
-        if kind == "R" and pattern.accepts(following) and pattern.is_dead_end(following):
+        if kind == "R" and node.pattern.accepts(following) and node.pattern.is_dead_end(following):
             return [(_finish_value(rest), None)]  # nothing can follow: the output is complete
-        return [(rest + ((kind, "body", node_id, following, b""),), None)]
+        return [(rest + ((kind, "body", node_id, following, b"", count),), None)]
 
     def _literal(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
         """One more byte of one of the frame's literals; a literal spelled out whole finishes the value.

@@ -7,7 +7,9 @@ of `regex_nfa.FORMATS`), a number or an integer
 (`enum` / `const`), or any of several nodes (`anyOf`, `oneOf`, a list of types). `$ref`
 to `#/$defs/...` or `#/definitions/...` may recurse. A keyword that would constrain the value in a way
 the recogniser does not enforce (`multipleOf`, `uniqueItems`, an unknown `format`, ...) is refused with its name, never
-silently ignored: an output the caller was promised conforms would not.
+silently ignored: an output the caller was promised conforms would not. Keywords that only permit (additionalProperties
+beside named properties) or describe (titles, `discriminator`, formats that name no syntax such as `binary`) are read as
+such.
 """
 
 from __future__ import annotations
@@ -22,14 +24,21 @@ from ember.engine.structured.errors import SchemaError
 from ember.engine.structured.json_bounds import Bound
 from ember.engine.structured.regex_nfa import Nfa, compile_regex, format_regex
 
+# Keywords that describe without constraining. `discriminator` (OpenAPI, pydantic's tagged unions) names the property
+# that tells a oneOf's alternatives apart; the alternatives themselves hold that property to its value.
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-                         "readOnly", "writeOnly", "$defs", "definitions", "strict"})  # fmt: skip
+                         "readOnly", "writeOnly", "$defs", "definitions", "strict", "discriminator"})  # fmt: skip
+# Formats that name what a string is for, not a syntax (OpenAPI, pydantic's bytes, secrets and paths): any string.
+PLAIN_STRING_FORMATS = frozenset({"binary", "password", "path"})
+# OpenAPI's number formats: the integer ones bound the value, the float ones say nothing JSON can check.
+INTEGER_FORMATS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+NUMBER_FORMATS = frozenset({"float", "double", *INTEGER_FORMATS})
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
     "array": frozenset({"items", "prefixItems", "minItems", "maxItems"}),
     "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
-    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
-    "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
+    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format"}),
+    "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format"}),
     "boolean": frozenset(),
     "null": frozenset(),
 }
@@ -63,6 +72,19 @@ class Node:
     lower: Bound | None = None  # number, integer
     upper: Bound | None = None
     pattern: Nfa | None = None  # string (its characters, unescaped), regex (raw text)
+    # A pattern string whose lengths bound it beyond what the pattern does: per pattern state, the remaining
+    # lengths that reach a match (Nfa.remaining_lengths, capped at max_length + 1, or at min_length).
+    lengths: tuple[int, ...] | None = None
+
+    def length_window(self, count: int) -> int:
+        """The remaining lengths (as `lengths` bits) that keep a string of `count` characters within its bounds."""
+        low = max(0, self.min_length - count)
+        high = self.min_length if self.max_length is None else self.max_length - count
+        return 0 if high < low else ((1 << (high + 1)) - 1) >> low << low
+
+    def length_fits(self, count: int) -> bool:
+        """Whether a pattern string of `count` characters may end (always, where its lengths are not counted)."""
+        return self.lengths is None or (count >= self.min_length and (self.max_length is None or count <= self.max_length))
 
     @property
     def is_bounded(self) -> bool:
@@ -127,10 +149,8 @@ class _Compiler:
         _refuse_unknown(schema, where)
         if "$ref" in schema:
             return self._only(schema, "$ref", where, Node("any_of", alternatives=(self._ref(schema["$ref"], where),)))
-        if "const" in schema:
-            return self._only(schema, "const", where, Node("literals", literals=(literal_json(schema["const"]),)))
-        if "enum" in schema:
-            return self._enum(schema, where)
+        if "const" in schema or "enum" in schema:
+            return self._literals(schema, where)
         for keyword in ("anyOf", "oneOf"):
             if keyword in schema:
                 return self._only(schema, keyword, where, self._any_of(schema[keyword], f"{where}.{keyword}"))
@@ -149,13 +169,21 @@ class _Compiler:
                               f"use {keyword!r} alone or move the other keywords inside it")  # fmt: skip
         return node
 
-    def _enum(self, schema: dict, where: str) -> Node:
-        values = schema["enum"]
+    def _literals(self, schema: dict, where: str) -> Node:
+        """`const` or `enum`: the values of the schema's `type` (if given) among them; a `type` only filters."""
+        keyword = "const" if "const" in schema else "enum"
+        values = [schema["const"]] if keyword == "const" else schema["enum"]
         if not isinstance(values, list) or not values:
             raise SchemaError(f"{where}.enum must be a non-empty list of values")
-        others = set(schema) - ANNOTATIONS - {"enum", "type"}  # a "type" beside an enum only repeats what it says
+        others = set(schema) - ANNOTATIONS - {keyword, "type"}
         if others:
-            raise SchemaError(f"{where}: 'enum' combined with {sorted(others)} is not supported; use 'enum' alone")
+            raise SchemaError(f"{where}: {keyword!r} combined with {sorted(others)} is not supported; use {keyword!r} alone")
+        kinds = schema.get("type")
+        if kinds is not None:
+            kinds = {kinds} if isinstance(kinds, str) else set(kinds)
+            values = [value for value in values if _json_types(value) & kinds]
+            if not values:
+                raise SchemaError(f"{where}: no value of {keyword!r} is of type {schema['type']!r}")
         return Node("literals", literals=tuple(dict.fromkeys(literal_json(value) for value in values)))
 
     def _any_of(self, options: Any, where: str) -> Node:
@@ -189,24 +217,36 @@ class _Compiler:
         return Node(kind)
 
     def _string(self, schema: dict, where: str) -> Node:
-        if "pattern" in schema or "format" in schema:
-            return self._pattern_string(schema, where)
         min_length, max_length = schema.get("minLength", 0), schema.get("maxLength")
         if not _is_count(min_length) or (max_length is not None and (not _is_count(max_length) or max_length < min_length)):
             raise SchemaError(f"{where}: minLength / maxLength must be integers with 0 <= minLength <= maxLength")
+        if schema.get("format") in PLAIN_STRING_FORMATS:
+            schema = {key: value for key, value in schema.items() if key != "format"}
+        if "pattern" in schema or "format" in schema:
+            return self._pattern_string(schema, min_length, max_length, where)
         return Node("string", min_length=min_length, max_length=max_length)
 
-    def _pattern_string(self, schema: dict, where: str) -> Node:
-        """A string matching `pattern` (anywhere, unless anchored) or a `format` (whole)."""
-        given = [name for name in ("pattern", "format", "minLength", "maxLength") if name in schema]
-        if len(given) > 1:
-            raise SchemaError(f"{where}: {given} together are not supported; keep one (a pattern can bound the length)")
-        if "format" in schema:
-            return Node("string", pattern=compile_regex(format_regex(schema["format"])))
+    def _pattern_string(self, schema: dict, min_length: int, max_length: int | None, where: str) -> Node:
+        """A string matching `pattern` (anywhere, unless anchored) or a `format` (whole), within the lengths given."""
+        if "pattern" in schema and "format" in schema:
+            raise SchemaError(f"{where}: 'pattern' and 'format' together are not supported; keep one")
         try:
-            return Node("string", pattern=compile_regex(schema["pattern"], search=True))
+            nfa = compile_regex(format_regex(schema["format"])) if "format" in schema else compile_regex(schema["pattern"], search=True)
         except SchemaError as error:
-            raise SchemaError(f"{where}.pattern: {error}") from error
+            raise SchemaError(f"{where}.{'format' if 'format' in schema else 'pattern'}: {error}") from error
+        if min_length == 0 and max_length is None:
+            return Node("string", pattern=nfa)
+        lengths = nfa.remaining_lengths(min_length if max_length is None else max_length + 1)
+        possible = 0
+        for state in nfa.initial():
+            possible |= lengths[state]
+        within = Node("string", min_length=min_length, max_length=max_length).length_window(0)
+        if not possible & within:
+            raise SchemaError(f"{where}: no string matching the {'format' if 'format' in schema else 'pattern'} has a length "
+                              f"from {min_length} to {max_length if max_length is not None else 'any'}")  # fmt: skip
+        if not possible & ~within:  # the pattern's own lengths keep within the bounds: nothing to count
+            return Node("string", pattern=nfa)
+        return Node("string", pattern=nfa, min_length=min_length, max_length=max_length, lengths=lengths)
 
     def _number(self, kind: str, schema: dict, where: str) -> Node:
         def bound(inclusive: str, exclusive: str) -> Bound | None:
@@ -221,6 +261,14 @@ class _Compiler:
             return Bound(Fraction(repr(value)), is_exclusive)
 
         lower, upper = bound("minimum", "exclusiveMinimum"), bound("maximum", "exclusiveMaximum")
+        text_format = schema.get("format")
+        if text_format is not None and (text_format not in NUMBER_FORMATS or (text_format in INTEGER_FORMATS) != (kind == "integer")):
+            raise SchemaError(f"{where}: format {text_format!r} is not enforced on a {kind}; use int32 / int64 on integers, "
+                              "float / double on numbers, or remove it")  # fmt: skip
+        if text_format in INTEGER_FORMATS:
+            least, most = INTEGER_FORMATS[text_format]
+            lower = _tighter(lower, Bound(Fraction(least), False), max)
+            upper = _tighter(upper, Bound(Fraction(most), False), min)
         if lower is not None and upper is not None and lower.value > upper.value:
             raise SchemaError(f"{where}: the minimum is above the maximum")
         return Node(kind, lower=lower, upper=upper)
@@ -239,9 +287,8 @@ class _Compiler:
                 return Node("literals", literals=(b"{}",))
             values = self.add(extra, f"{where}.additionalProperties") if isinstance(extra, dict) and extra else ANY
             return Node("any_object", items=values)
-        if extra is not None and extra is not False:
-            raise SchemaError(f"{where}: additionalProperties beside named properties is not supported; "
-                              "set it to false (outputs then hold the named properties, in order)")  # fmt: skip
+        # Beside named properties, additionalProperties (absent, true, or a schema) only permits more keys: outputs hold
+        # the named ones, in order, which every form of it allows.
         return Node("object", properties=tuple(
             Property(literal_json(name), self.add(value, f"{where}.properties.{name}"), name in required)
             for name, value in properties.items()
@@ -279,6 +326,23 @@ class _Compiler:
         self.refs[ref] = node_id  # before compiling the target, so a recursive reference finds it
         self.compiled.nodes[node_id] = self.node_for(target, ref)
         return node_id
+
+
+def _tighter(given: Bound | None, implied: Bound, pick) -> Bound:
+    """The tighter of a schema's bound and the one its format implies (`pick`: max for lower bounds, min for upper)."""
+    if given is None or given.value == implied.value:
+        return implied if given is None else given
+    return given if pick(given.value, implied.value) == given.value else implied
+
+
+def _json_types(value: Any) -> set[str]:
+    """The JSON Schema types a JSON value is of (an integral number is both an integer and a number)."""
+    if isinstance(value, bool):
+        return {"boolean"}
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return {"integer", "number"}
+    kinds = {float: "number", str: "string", type(None): "null", list: "array", dict: "object"}
+    return {kinds[type(value)]} if type(value) in kinds else set()
 
 
 def _is_count(value: Any) -> bool:

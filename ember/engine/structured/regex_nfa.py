@@ -29,6 +29,14 @@ FORMATS = {
     "email": r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){1,8}",
     "ipv4": r"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)",
     "hostname": r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?){0,8}",
+    "ipv6": ("([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|([0-9a-fA-F]{1,4}:){1,7}:|([0-9a-fA-F]{1,4}:){1,6}:[0-9a-fA-F]{1,4}"
+             "|([0-9a-fA-F]{1,4}:){1,5}(:[0-9a-fA-F]{1,4}){1,2}|([0-9a-fA-F]{1,4}:){1,4}(:[0-9a-fA-F]{1,4}){1,3}"
+             "|([0-9a-fA-F]{1,4}:){1,3}(:[0-9a-fA-F]{1,4}){1,4}|([0-9a-fA-F]{1,4}:){1,2}(:[0-9a-fA-F]{1,4}){1,5}"
+             "|[0-9a-fA-F]{1,4}:(:[0-9a-fA-F]{1,4}){1,6}|:((:[0-9a-fA-F]{1,4}){1,7}|:)"),
+    # ISO 8601 durations as RFC 3339's appendix A writes them: years, months, days, then a time; or weeks (at most
+    # 4 digits a field, so every one fits a timedelta).
+    "duration": (r"P((\d{1,4}Y(\d{1,4}M(\d{1,4}D)?)?|\d{1,4}M(\d{1,4}D)?|\d{1,4}D)(T(\d{1,4}H(\d{1,4}M(\d{1,4}S)?)?|\d{1,4}M(\d{1,4}S)?|\d{1,4}S))?"
+                 r"|T(\d{1,4}H(\d{1,4}M(\d{1,4}S)?)?|\d{1,4}M(\d{1,4}S)?|\d{1,4}S)|\d{1,4}W)"),
     "uri": r"[A-Za-z][A-Za-z0-9+.-]{0,15}://[A-Za-z0-9._~%!$&'()*+,;=:@-]{1,253}(/[A-Za-z0-9._~%!$&'()*+,;=:@/-]{0,200})?(\?[^\s#]{0,200})?(#[^\s]{0,100})?",
 }
 
@@ -66,6 +74,29 @@ class Nfa:
     def is_dead_end(self, states: frozenset[int]) -> bool:
         """Whether no character can follow (the match can only end here)."""
         return not any(self.edges[s] for s in states)
+
+    def remaining_lengths(self, cap: int) -> tuple[int, ...]:
+        """Per state, a bit mask of how many more characters can take it to the accept state: bit l for l < cap,
+        bit `cap` for any number from `cap` on. A fixed point over the edges taken backwards."""
+        everything = (1 << (cap + 1)) - 1
+        predecessors: list[list[tuple[int, bool]]] = [[] for _ in self.edges]
+        for state, (edges, empty) in enumerate(zip(self.edges, self.empty, strict=True)):
+            for _, target in edges:
+                predecessors[target].append((state, True))
+            for target in empty:
+                predecessors[target].append((state, False))
+        masks = [0] * len(self.edges)
+        masks[self.accept] = 1
+        pending = [self.accept]
+        while pending:
+            target = pending.pop()
+            for state, reads in predecessors[target]:
+                shifted = masks[target] << 1 if reads else masks[target]
+                grown = masks[state] | (shifted & everything) | (1 << cap if shifted >> cap else 0)
+                if grown != masks[state]:
+                    masks[state] = grown
+                    pending.append(state)
+        return tuple(masks)
 
     def _closure(self, states: set[int]) -> frozenset[int]:
         pending = list(states)
