@@ -28,6 +28,7 @@ WHITESPACE = frozenset(b" \t\n\r")
 DIGITS = frozenset(b"0123456789")
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 ESCAPES = frozenset(b'"\\/bfnrt')
+MAX_CODE_POINT = 0x10FFFF
 JSON_ESCAPES = {ord('"'): '"', ord("\\"): "\\", ord("/"): "/", ord("b"): "\b", ord("f"): "\f", ord("n"): "\n", ord("r"): "\r",
                 ord("t"): "\t"}  # fmt: skip
 NUMBER_ENDS = frozenset({"zero", "int", "frac", "exp"})  # phases in which a number is complete
@@ -193,8 +194,8 @@ class JsonRecognizer:
         if kind == "Q" and phase == "body" and not pending:
             if byte == ord('"'):
                 return [(_finish_value(rest), None)] if node.pattern.accepts(states) and node.length_fits(count) else []
-            if byte == ord("\\"):
-                return [(rest + (("Q", "escape", node_id, states, b"", count),), None)]
+            if byte == ord("\\"):  # an escape can stand for any character: refused only where none may come
+                return [(rest + (("Q", "escape", node_id, states, b"", count),), None)] if self._may_read(node, states, count, 0, MAX_CODE_POINT) else []
             if byte < 0x20:
                 return []
         if phase == "escape":
@@ -205,12 +206,26 @@ class JsonRecognizer:
             if byte not in HEX_DIGITS:
                 return []
             if len(pending) < 3:
-                return [(rest + (("Q", "hex", node_id, states, pending + bytes([byte]), count),), None)]
+                digits = pending + bytes([byte])
+                first, last = int(digits + b"0" * (4 - len(digits)), 16), int(digits + b"f" * (4 - len(digits)), 16)
+                return [(rest + (("Q", "hex", node_id, states, digits, count),), None)] if self._may_read(node, states, count, first, last) else []
             return self._pattern_char(rest, top, chr(int(pending + bytes([byte]), 16)))
         whole, character = _utf8_character(pending + bytes([byte]))
         if not whole:
-            return [(rest + ((kind, phase, node_id, states, pending + bytes([byte]), count),), None)] if character is None else []
+            if character is not None or not self._may_read(node, states, count, *_utf8_span(pending + bytes([byte]))):
+                return []
+            return [(rest + ((kind, phase, node_id, states, pending + bytes([byte]), count),), None)]
         return self._pattern_char(rest, top, character)
+
+    @staticmethod
+    def _may_read(node: Node, states: frozenset[int], count: int, first: int, last: int) -> bool:
+        """Whether the character being read (one from code point `first` to `last`) can still keep a match alive
+        (within the lengths, where they are counted): a partial character nothing could complete is refused."""
+        following = node.pattern.step_any(states, first, last)
+        if node.lengths is None:
+            return bool(following)
+        window = node.length_window(count + 1)
+        return any(node.lengths[state] & window for state in following)
 
     def _pattern_char(self, rest: tuple, top: tuple, character: str) -> list[tuple[tuple, str | None]]:
         kind, _, node_id, states, _, count = top
@@ -349,6 +364,18 @@ def _number_phase(phase: str, byte: int, is_integer: bool, has_exponent: bool = 
     if phase in ("zero", "int", "frac") and byte in b"eE" and has_exponent:
         return "e"
     return None
+
+
+def _utf8_span(data: bytes) -> tuple[int, int]:
+    """The lowest and highest code points whose UTF-8 encoding starts with `data` (a lead byte and some
+    continuation bytes, checked by _utf8_character); first above last where none does."""
+    length = 2 if data[0] < 0xE0 else 3 if data[0] < 0xF0 else 4
+    value = data[0] & (0x7F >> length)
+    for byte in data[1:]:
+        value = value << 6 | (byte & 0x3F)
+    missing = 6 * (length - len(data))
+    least = (0x80, 0x800, 0x10000)[length - 2]  # shorter encodings of lower code points are not UTF-8
+    return max(value << missing, least), min((value << missing) | ((1 << missing) - 1), MAX_CODE_POINT)
 
 
 def _utf8_character(data: bytes) -> tuple[bool, str | None]:

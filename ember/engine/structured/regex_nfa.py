@@ -51,6 +51,19 @@ class CharSet:
     def matches(self, code: int) -> bool:
         return any(low <= code <= high for low, high in self.ranges) != self.negated
 
+    def meets(self, first: int, last: int) -> bool:
+        """Whether some code point from `first` to `last` matches."""
+        if first > last:
+            return False
+        if not self.negated:
+            return any(low <= last and first <= high for low, high in self.ranges)
+        uncovered = first  # the lowest code point of the span not yet inside a range
+        for low, high in sorted(self.ranges):
+            if low > uncovered:
+                break
+            uncovered = max(uncovered, high + 1)
+        return uncovered <= last
+
 
 @dataclass(frozen=True)
 class Nfa:
@@ -67,6 +80,10 @@ class Nfa:
     def step(self, states: frozenset[int], character: str) -> frozenset[int]:
         code = ord(character)
         return self._closure({target for s in states for chars, target in self.edges[s] if chars.matches(code)})
+
+    def step_any(self, states: frozenset[int], first: int, last: int) -> frozenset[int]:
+        """The states some character from code point `first` to `last` leads to (a character still being read)."""
+        return self._closure({target for s in states for chars, target in self.edges[s] if chars.meets(first, last)})
 
     def accepts(self, states: frozenset[int]) -> bool:
         return self.accept in states

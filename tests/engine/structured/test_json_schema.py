@@ -180,3 +180,17 @@ def _finishes_within(recognizer, states, budget):
             following = recognizer.step(states, letter)
             if following:
                 yield from _finishes_within(recognizer, following, budget - 1)
+
+
+def test_a_character_being_read_is_refused_as_soon_as_nothing_could_complete_it_within_the_pattern_and_lengths():
+    """A sampler must never reach a state no token continues: a partial UTF-8 character or escape the pattern (or the
+    length) cannot take is refused at its first byte, not after it."""
+    recognizer = JsonRecognizer(StructuredOutput(json_schema={"type": "string", "pattern": "^[a-zé]+$", "maxLength": 3}).compile())
+
+    def readable(text: bytes) -> bool:
+        return bool(recognizer.read(recognizer.initial, text))
+
+    assert readable('"é'.encode()) and readable(b'"\\u00e9') and readable(b'"\\u0061')
+    assert not readable('"€'.encode()[:2]) and not readable("\"😀".encode()[:2])  # their lead bytes already doom them
+    assert not readable(b'"\\u00f') and not readable(b'"\\u2')  # no character of [a-zé] starts so
+    assert readable(b'"abc') and not readable(b'"abc\\') and not readable('"abcé'.encode()[:5])  # a fourth character
