@@ -29,6 +29,20 @@ DIGITS = frozenset(b"0123456789")
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 ESCAPES = frozenset(b'"\\/bfnrt')
 MAX_CODE_POINT = 0x10FFFF
+
+
+def _utf8_leads() -> dict[int, tuple]:
+    """A string body's phase after each lead byte of a multi-byte character: how many continuation bytes follow and the
+    range the first of them may take (narrower after E0, ED, F0 and F4: no overlong forms, surrogates or code points past
+    U+10FFFF, as Python's decoder requires)."""
+    leads = {byte: ("utf8", 1, 0x80, 0xBF) for byte in range(0xC2, 0xE0)}
+    leads |= {byte: ("utf8", 2, 0x80, 0xBF) for byte in range(0xE1, 0xF0)}
+    leads |= {byte: ("utf8", 3, 0x80, 0xBF) for byte in range(0xF1, 0xF4)}
+    leads |= {0xE0: ("utf8", 2, 0xA0, 0xBF), 0xED: ("utf8", 2, 0x80, 0x9F), 0xF0: ("utf8", 3, 0x90, 0xBF), 0xF4: ("utf8", 3, 0x80, 0x8F)}
+    return leads
+
+
+UTF8_LEADS = _utf8_leads()
 JSON_ESCAPES = {ord('"'): '"', ord("\\"): "\\", ord("/"): "/", ord("b"): "\b", ord("f"): "\f", ord("n"): "\n", ord("r"): "\r",
                 ord("t"): "\t"}  # fmt: skip
 NUMBER_ENDS = frozenset({"zero", "int", "frac", "exp"})  # phases in which a number is complete
@@ -172,11 +186,19 @@ class JsonRecognizer:
                 return [(_finish_value(rest), None)] if node is None or count >= node.min_length else []
             if byte < 0x20:
                 return []
+            following = "escape" if byte == ord("\\") else "body" if byte < 0x80 else UTF8_LEADS.get(byte)
+            if following is None:  # a continuation byte with no lead, or a byte UTF-8 never uses
+                return []
             if node is not None and counts_as_character(byte):  # an escape counts as one character, at its backslash
                 if node.max_length is not None and count >= node.max_length:
                     return []
                 count += 1
-            return [(rest + (("S", "escape" if byte == ord("\\") else "body", node_id, count),), None)]
+            return [(rest + (("S", following, node_id, count),), None)]
+        if isinstance(phase, tuple):  # inside a multi-byte character: ("utf8", bytes still to come, their first's range)
+            _, remaining, low, high = phase
+            if not low <= byte <= high:
+                return []
+            return [(rest + (("S", ("utf8", remaining - 1, 0x80, 0xBF) if remaining > 1 else "body", node_id, count),), None)]
         if phase == "escape":
             if byte == ord("u"):
                 return [(rest + (("S", 4, node_id, count),), None)]

@@ -3,9 +3,9 @@
 A token is allowed when the recogniser can read all its bytes from the current states. The vocabulary
 is a byte trie walked once per distinct set of states (pruned at the first byte no state can read), and
 the answer is cached: a constrained generation revisits the same few states (inside a string, after a
-comma, ...) over and over. Inside a string's body every token without a quote, backslash or control
-byte is allowed whatever encloses the string, so those tokens come from one precomputed mask and only
-the others are walked.
+comma, ...) over and over. Inside a string's body (between characters) every token without a quote,
+backslash or control byte that is valid UTF-8 from a character's start is allowed whatever encloses the
+string, so those tokens come from one precomputed mask and only the others are walked.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ember.engine.structured.json_bounds import counts_as_character
-from ember.engine.structured.json_recognizer import JsonRecognizer, State
+from ember.engine.structured.json_recognizer import UTF8_LEADS, JsonRecognizer, State
 from ember.tokenizers.base import Tokenizer
 
 MASK_CACHE_ENTRIES = 256  # per constraint; at most a vocabulary's bytes each (dense) and mostly a few hundred ids
@@ -43,6 +43,28 @@ def _insert(root: TrieNode, data: bytes, token_id: int) -> None:
     node.setdefault(TOKEN_IDS, []).append(token_id)
 
 
+def _is_utf8_from_a_boundary(data: bytes) -> bool:
+    """Whether `data` is whole UTF-8 characters, perhaps ending in the start of one: what a string's body may take
+    anywhere between characters (a token that starts mid-character is read byte by byte instead)."""
+    for cut in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        tail = data[cut:]
+        return not tail or _is_character_start(tail)
+    return False
+
+
+def _is_character_start(tail: bytes) -> bool:
+    """Whether `tail` (1-3 bytes) begins some UTF-8 character without completing it."""
+    lead = UTF8_LEADS.get(tail[0])
+    if lead is None or len(tail) > lead[1]:
+        return False
+    _, _, low, high = lead
+    return all(low <= byte <= high if i == 0 else 0x80 <= byte <= 0xBF for i, byte in enumerate(tail[1:]))
+
+
 class Vocabulary:
     """A tokenizer's non-special tokens as bytes, in the tries the mask walks; built once per engine."""
 
@@ -62,7 +84,7 @@ class Vocabulary:
                 continue
             self.token_bytes[token_id] = data
             _insert(self.trie, data, token_id)
-            if len(data.translate(None, NOT_PLAIN_STRING_TEXT)) == len(data):
+            if len(data.translate(None, NOT_PLAIN_STRING_TEXT)) == len(data) and _is_utf8_from_a_boundary(data):
                 plain.append(token_id)
                 characters.append(sum(map(counts_as_character, data)))
             else:

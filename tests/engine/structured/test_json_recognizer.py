@@ -235,3 +235,15 @@ def test_a_tuple_of_prefix_items_holds_as_jsonschema_holds_it(items, value):
 def test_a_map_holds_every_value_to_its_additional_properties_schema(value):
     schema = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
     assert finishes(schema, json.dumps(value)) == jsonschema.Draft202012Validator(schema).is_valid(value), value
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=10).filter(lambda data: not set(data) & set(b'"\\') and all(b >= 0x20 for b in data)))
+def test_a_string_body_is_read_whole_exactly_when_the_reference_decodes_its_bytes_as_utf8(data):
+    recognizer = JsonRecognizer(compile_schema({"type": "string"}))
+    try:
+        data.decode("utf-8")
+        decodes = True
+    except UnicodeDecodeError:
+        decodes = False
+    assert recognizer.may_end(recognizer.read(recognizer.initial, b'"' + data + b'"')) == decodes
