@@ -18,7 +18,9 @@ continue it, which is then read by the enclosing frame.
 
 from __future__ import annotations
 
+import json
 import sys
+from fractions import Fraction
 
 from ember.engine.structured.json_bounds import counts_as_character, number_reachable, number_within
 from ember.engine.structured.json_schema import ANY, ROOT, CompiledSchema, Node
@@ -136,16 +138,18 @@ class JsonRecognizer:
                 return []
             return [(stack, LINE_FIRST if phase == "after" else GAP)]
         if kind == "V":
-            return self._start(rest, top[1], byte)
+            return self._start(rest, top[1], byte, unique=len(top) > 2)
         if kind == "O":
             return self._object(rest, top, byte)
         if kind == "P":
             return self._any_object(rest, top, byte)
         return self._array(rest, top, byte)
 
-    def _start(self, rest: tuple, node_id: int, byte: int, seen: frozenset[int] = frozenset()) -> list[tuple[tuple, str | None]]:
+    def _start(self, rest: tuple, node_id: int, byte: int, seen: frozenset[int] = frozenset(),
+               unique: bool = False) -> list[tuple[tuple, str | None]]:
         """A value of node `node_id` beginning with the non-blank `byte` (`seen`: the anyOf nodes already
-        expanded for this byte, so a schema whose alternatives refer back to it cannot loop)."""
+        expanded for this byte, so a schema whose alternatives refer back to it cannot loop; `unique`: an item of
+        an array whose items must differ, which `rest[-1]` holds the items of so far)."""
         node = self._node(node_id)
         kind = node.kind
         if kind == "any_of":
@@ -154,7 +158,8 @@ class JsonRecognizer:
             seen = seen | {node_id}
             return [found for alternative in node.alternatives for found in self._start(rest, alternative, byte, seen)]
         if kind in ("literals", "text"):
-            return self._literal(rest, ("L", node.literals, 0, ()), byte)
+            literals = tuple(literal for literal in node.literals if literal not in rest[-1][4]) if unique else node.literals
+            return self._literal(rest, ("L", literals, 0, ()), byte) if literals else []
         if kind == "regex":
             return self._pattern_text(rest, ("R", "body", node_id, node.pattern.initial(), b"", 0), byte)
         if kind == "string" and node.pattern is not None and byte == ord('"'):
@@ -164,11 +169,15 @@ class JsonRecognizer:
         if kind == "object" and byte == ord("{"):
             return [(rest + (("O", node_id, 0, "open"),), None)]
         if kind in ("any", "array") and byte == ord("["):
-            return [(rest + (("A", ANY_ARRAY if kind == "any" else node_id, 0, "open"),), None)]
+            items_so_far = (frozenset(),) if node.unique else ()
+            return [(rest + (("A", ANY_ARRAY if kind == "any" else node_id, 0, "open", *items_so_far),), None)]
         if kind in ("any", "string") and byte == ord('"'):
+            if unique:  # its text is kept, to tell it from the items before it
+                return [(rest + (("S", "body", node_id, 0, b""),), None)]
             return [(rest + (("S", "body", node_id, 0) if node.is_bounded else STRING_BODY,), None)]
         if kind in ("any", "number", "integer") and (byte == ord("-") or byte in DIGITS):
-            return self._number(rest, ("N", kind == "integer", "start", node_id if node.is_bounded else None, ""), byte)
+            kept = node_id if node.is_bounded or unique else None  # a frame with its node keeps its text
+            return self._number(rest, ("N", kind == "integer", "start", kept, ""), byte)
         if kind in ("any", "boolean") and byte in b"tf":
             return self._literal(rest, ("L", (b"true", b"false"), 0, ()), byte)
         if kind in ("any", "null") and byte == ord("n"):
@@ -179,8 +188,17 @@ class JsonRecognizer:
         return ANY_ARRAY_NODE if node_id == ANY_ARRAY else self.nodes[node_id]
 
     def _string(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
-        _, phase, node_id, count = top
+        """One byte of a string's body. A unique array's item keeps its text (a fifth field) until its closing
+        quote, which is refused when an earlier item has the same value."""
+        _, phase, node_id, count = top[:4]
         node = None if node_id is None else self.nodes[node_id]
+        if len(top) > 4:  # an item of a unique array: its text is kept
+            text = top[4]
+            if phase == "body" and byte == ord('"'):
+                key = json.loads(b'"' + text + b'"')
+                return [] if key in rest[-1][4] else [(_finish_value(rest, item=key), None)]
+            return [(stack[:-1] + (stack[-1] + (text + bytes([byte]),),), whitespace)
+                    for stack, whitespace in self._string(rest, top[:4], byte)]  # fmt: skip
         if phase == "body":
             if byte == ord('"'):
                 return [(_finish_value(rest), None)] if node is None or count >= node.min_length else []
@@ -271,7 +289,7 @@ class JsonRecognizer:
         _, literals, position, tags = top
         matching = [(literal, tag) for literal, tag in zip(literals, tags or (None,) * len(literals), strict=True)
                     if literal[position] == byte]  # fmt: skip
-        found = [(_finish_value(rest, tag), None) for literal, tag in matching if len(literal) == position + 1]
+        found = [(_finish_value(rest, tag, item=literal), None) for literal, tag in matching if len(literal) == position + 1]
         longer = [(literal, tag) for literal, tag in matching if len(literal) > position + 1]
         if longer:
             frame = ("L", tuple(literal for literal, _ in longer), position + 1, tuple(tag for _, tag in longer) if tags else ())
@@ -279,7 +297,10 @@ class JsonRecognizer:
         return found
 
     def _number(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
+        """One byte of a number. An item of a unique array ends only as a value no earlier item has (an integer
+        item does not even start as a 0 that is taken: nothing could follow it)."""
         _, is_integer, phase, node_id, text = top
+        items_so_far = rest[-1][4] if _holds_unique_items(rest) else None
         following = _number_phase(phase, byte, is_integer, has_exponent=node_id is None)  # bounded: decimal notation
         if following is not None:
             if node_id is None:
@@ -287,10 +308,15 @@ class JsonRecognizer:
             node, text = self.nodes[node_id], text + chr(byte)
             if not number_reachable(text, is_integer, node.lower, node.upper):
                 return []
+            if following == "zero" and is_integer and items_so_far is not None and Fraction(0) in items_so_far:
+                return []
             return [(rest + (("N", is_integer, following, node_id, text),), None)]
-        if self._number_ends(top):
+        if not self._number_ends(top):
+            return []
+        if items_so_far is None:
             return self._step(_finish_value(rest), byte)  # the byte after a number belongs to what holds it
-        return []
+        key = Fraction(text)
+        return [] if key in items_so_far else self._step(_finish_value(rest, item=key), byte)
 
     def _number_ends(self, frame: tuple) -> bool:
         """Whether the number read so far is whole (and, when bounded, inside its range)."""
@@ -332,17 +358,25 @@ class JsonRecognizer:
         return []
 
     def _array(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
-        _, node_id, count, phase = top
+        """One byte of an array between its items. A unique array (a fifth field: its items so far) takes another
+        item only while one differing from them can still come."""
+        _, node_id, count, phase = top[:4]
         node = self._node(node_id)
-        at_most = node.max_items is None or count < node.max_items
+        at_most = (node.max_items is None or count < node.max_items) and self._has_new_item(node, top)
         if byte == ord("]") and (phase == "after" or (phase == "open" and node.min_items == 0)) and count >= node.min_items:
             return [(_finish_value(rest), None)]
         item = node.prefix_items[count] if count < len(node.prefix_items) else node.items
+        advanced = ("A", node_id, self._counted(node, count + 1), "after", *top[4:])
         if phase == "after" and byte == ord(",") and at_most:
-            return [(rest + (("A", node_id, self._counted(node, count + 1), "after"), ("V", item)), None)]
+            return [(rest + (advanced, ("V", item, "unique") if node.unique else ("V", item)), None)]
         if phase == "open" and at_most:
-            return self._start(rest + (("A", node_id, self._counted(node, count + 1), "after"),), item, byte)
+            return self._start(rest + (advanced,), item, byte, unique=node.unique)
         return []
+
+    def _has_new_item(self, node: Node, top: tuple) -> bool:
+        """Whether an item unlike every one so far can come (always, unless the items are a few fixed values)."""
+        items = self.nodes[node.items]
+        return not node.unique or items.kind != "literals" or any(literal not in top[4] for literal in items.literals)
 
     @staticmethod
     def _counted(node: Node, count: int) -> int:
@@ -353,17 +387,25 @@ class JsonRecognizer:
 ANY_ARRAY_NODE = Node("array", items=ANY)
 
 
-def _finish_value(rest: tuple, tag: int | None = None) -> tuple:
+def _finish_value(rest: tuple, tag: int | None = None, item: object = None) -> tuple:
     """The stack once the value on top of `rest` is complete: an object that was reading a key now wants ':'
-    (a schema'd object's key literal is tagged with its property's index, which the colon phase keeps)."""
+    (a schema'd object's key literal is tagged with its property's index, which the colon phase keeps); a unique
+    array adds `item` (the value's key: its literal JSON, its string, its number) to its items so far."""
     if not rest:
         return rest
     parent = rest[-1]
+    if _holds_unique_items(rest):
+        return rest[:-1] + (parent[:4] + (parent[4] | {item},),)
     if parent[0] == "O" and parent[3] in KEY_PHASES:
         return rest[:-1] + (("O", parent[1], tag, "colon"),)
     if parent[0] == "P" and parent[1] in KEY_PHASES:
         return rest[:-1] + (("P", "colon", parent[2]),)
     return rest
+
+
+def _holds_unique_items(rest: tuple) -> bool:
+    """Whether the value above `rest` is an item of an array whose items must differ."""
+    return bool(rest) and rest[-1][0] == "A" and len(rest[-1]) > 4
 
 
 def _number_phase(phase: str, byte: int, is_integer: bool, has_exponent: bool = True) -> str | None:

@@ -6,7 +6,8 @@ of `regex_nfa.FORMATS`), a number or an integer
 (`minimum`, `maximum` and their exclusive forms), a boolean, null, one of a fixed set of literal values
 (`enum` / `const`), or any of several nodes (`anyOf`, `oneOf`, a list of types). `$ref`
 to `#/$defs/...` or `#/definitions/...` may recurse. A keyword that would constrain the value in a way
-the recogniser does not enforce (`multipleOf`, `uniqueItems`, an unknown `format`, ...) is refused with its name, never
+the recogniser does not enforce (`multipleOf`, `uniqueItems` beyond enum values, plain strings and unbounded numbers, an
+unknown `format`, ...) is refused with its name, never
 silently ignored: an output the caller was promised conforms would not. Keywords that only permit (additionalProperties
 beside named properties) or describe (titles, `discriminator`, formats that name no syntax such as `binary`) are read as
 such.
@@ -35,7 +36,7 @@ INTEGER_FORMATS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1
 NUMBER_FORMATS = frozenset({"float", "double", *INTEGER_FORMATS})
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
-    "array": frozenset({"items", "prefixItems", "minItems", "maxItems"}),
+    "array": frozenset({"items", "prefixItems", "minItems", "maxItems", "uniqueItems"}),
     "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
     "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format"}),
     "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format"}),
@@ -65,6 +66,7 @@ class Node:
     prefix_items: tuple[int, ...] = ()  # array: the first items' own nodes (a tuple), `items` after them
     min_items: int = 0
     max_items: int | None = None
+    unique: bool = False  # array: no two items equal (items of fixed values, plain strings or unbounded numbers)
     literals: tuple[bytes, ...] = ()  # JSON texts (`literals`), or raw texts (`text`: a list of choices)
     alternatives: tuple[int, ...] = ()
     min_length: int = 0  # string, in characters
@@ -310,7 +312,24 @@ class _Compiler:
             items = ANY
         else:
             items = self.add(schema["items"], f"{where}.items") if "items" in schema else ANY
-        return Node("array", items=items, prefix_items=prefix_items, min_items=min_items, max_items=max_items)
+        unique = schema.get("uniqueItems", False)
+        if unique is not False:
+            self._check_unique(unique, items, prefix_items, min_items, where)
+        return Node("array", items=items, prefix_items=prefix_items, min_items=min_items, max_items=max_items,
+                    unique=bool(unique))
+
+    def _check_unique(self, unique: Any, items: int, prefix_items: tuple[int, ...], min_items: int, where: str) -> None:
+        """uniqueItems is enforced where a repeated item can always be avoided: items of fixed values (enough of
+        them for minItems), plain strings, numbers without bounds."""
+        if unique is not True:
+            raise SchemaError(f"{where}.uniqueItems must be true or false")
+        node = self.compiled.nodes[items]
+        plain = node.kind == "string" and not node.is_bounded or node.kind in ("number", "integer") and not node.is_bounded
+        if prefix_items or not (plain or node.kind == "literals"):
+            raise SchemaError(f"{where}: uniqueItems is enforced on arrays whose items are enum values, plain strings or "
+                              "numbers without bounds (and no prefixItems); remove it or loosen the items")  # fmt: skip
+        if node.kind == "literals" and len(node.literals) < min_items:
+            raise SchemaError(f"{where}: minItems {min_items} unique items, but the items take only {len(node.literals)} values")
 
     def _ref(self, ref: Any, where: str) -> int:
         if ref in self.refs:

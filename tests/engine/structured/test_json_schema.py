@@ -8,7 +8,10 @@ import itertools
 import json
 import re
 
+import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ember.engine.structured import SchemaError, StructuredOutput
 from ember.engine.structured.json_recognizer import JsonRecognizer
@@ -24,6 +27,7 @@ from ember.engine.structured.json_recognizer import JsonRecognizer
     ({"type": "number", "multipleOf": 2}, "multipleOf"),
     ({"type": "string", "format": "idn-email"}, "idn-email"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+    ({"type": "array", "items": {"type": "object"}, "uniqueItems": True}, "uniqueItems"),
     ({"type": "integer", "minimum": 5, "maximum": 1}, "above the maximum"),
     ({"type": "integer", "minimum": 1, "exclusiveMinimum": 0}, "one of minimum and exclusiveMinimum"),
     ({"type": "string", "minLength": 3, "maxLength": 2}, "minLength"),
@@ -194,3 +198,33 @@ def test_a_character_being_read_is_refused_as_soon_as_nothing_could_complete_it_
     assert not readable('"€'.encode()[:2]) and not readable("\"😀".encode()[:2])  # their lead bytes already doom them
     assert not readable(b'"\\u00f') and not readable(b'"\\u2')  # no character of [a-zé] starts so
     assert readable(b'"abc') and not readable(b'"abc\\') and not readable('"abcé'.encode()[:5])  # a fourth character
+
+
+@pytest.mark.parametrize("items", [{"type": "string"}, {"type": "integer"}, {"type": "number"}, {"enum": ["a", "b", 3]}])
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_unique_items_are_read_exactly_when_the_reference_finds_no_two_equal(items, data):
+    values = {"string": st.text(alphabet="ab\u00e9", max_size=2), "integer": st.integers(-3, 3),
+              "number": st.integers(-3, 3) | st.sampled_from([0.5, 1.0, -0.0, 2.50])}.get(items.get("type"), st.sampled_from(["a", "b", 3]))  # fmt: skip
+    schema = {"type": "array", "items": items, "uniqueItems": True}
+    document = data.draw(st.lists(values, max_size=4))
+    text = json.dumps(document, ensure_ascii=data.draw(st.booleans()))
+    recognizer = JsonRecognizer(StructuredOutput(json_schema=schema).compile())
+    expected = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    assert recognizer.may_end(recognizer.read(recognizer.initial, text.encode())) == expected, text
+
+
+def test_unique_items_never_strand_a_prefix_taken_values_are_refused_where_they_start_or_end():
+    def readable(schema, text):
+        recognizer = JsonRecognizer(StructuredOutput(json_schema={"type": "array", "uniqueItems": True, **schema}).compile())
+        return bool(recognizer.read(recognizer.initial, text.encode()))
+
+    enum = {"items": {"enum": ["a", "b"]}}
+    assert readable(enum, '["a", "b"]') and not readable(enum, '["a", "a') and not readable(enum, '["a", "b",')
+    assert not readable({"items": {"type": "integer"}}, "[0, 0") and not readable({"items": {"type": "integer"}}, "[0, -0")
+    assert readable({"items": {"type": "integer"}}, "[1, 1") and not readable({"items": {"type": "integer"}}, "[1, 1,")
+    assert readable({"items": {"type": "string"}}, '["x", "x') and not readable({"items": {"type": "string"}}, '["a", "\\u0061"')
+    with pytest.raises(SchemaError, match="only 2 values"):
+        StructuredOutput(json_schema={"type": "array", "uniqueItems": True, "minItems": 3, **enum})
+    with pytest.raises(SchemaError, match="uniqueItems"):
+        StructuredOutput(json_schema={"type": "array", "uniqueItems": True, "items": {"type": "string", "maxLength": 1}})
