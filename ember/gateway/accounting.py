@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ember.gateway.config import AccountingConfig
+from ember.gateway.responses import DELTA_EVENTS, RESPONSES_ENDPOINT, event_type, final_usage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,9 +25,13 @@ class TokenUsage:
 
     @staticmethod
     def from_openai(usage: dict | None) -> TokenUsage | None:
-        """The usage object of an OpenAI response or chunk, or None if it has none."""
+        """The usage object of an OpenAI response or chunk, or None if it has none. Chat and
+        completions name the counts prompt/completion tokens, the Responses API input/output tokens."""
         if not isinstance(usage, dict):
             return None
+        if "input_tokens" in usage:
+            details = usage.get("input_tokens_details") or {}
+            return TokenUsage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0), int(details.get("cached_tokens") or 0))
         details = usage.get("prompt_tokens_details") or {}
         return TokenUsage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), int(details.get("cached_tokens") or 0))
 
@@ -35,10 +40,36 @@ def prompt_text(endpoint: str, body: dict) -> str:
     """The prompt's text, for prefix routing, the cache and the token bound."""
     if endpoint == "/chat/completions":
         return "".join(f"{message.get('role', '')}\n{content_text(message.get('content'))}\n" for message in body.get("messages") or ())
+    if endpoint == RESPONSES_ENDPOINT:
+        return "".join(f"{role}\n{text}\n" for role, text in response_turns(body))
     prompt = body.get("prompt", "")
     if isinstance(prompt, str):
         return prompt
     return "\n".join(item if isinstance(item, str) else " ".join(map(str, item)) if isinstance(item, list) else str(item) for item in prompt)
+
+
+def response_turns(body: dict) -> list[tuple[str, str]]:
+    """A Responses API request as the (role, text) turns of the conversation it amounts to, as
+    ember's server renders it: `instructions` a system turn, a text `input` a user turn, input
+    messages as they are, earlier function calls assistant turns (name and arguments), their
+    outputs tool turns. A chat request with the same conversation has the same prompt text, so
+    both route to the replica that holds its prefix."""
+    instructions = body.get("instructions")
+    turns = [("system", instructions)] if isinstance(instructions, str) and instructions else []
+    items = body.get("input")
+    if isinstance(items, str):
+        return [*turns, ("user", items)]
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type") or "message"
+        if kind == "function_call":
+            turns.append(("assistant", f"{item.get('name', '')}({item.get('arguments', '')})"))
+        elif kind == "function_call_output":
+            turns.append(("tool", content_text(item.get("output"))))
+        else:
+            turns.append((str(item.get("role", "")), content_text(item.get("content"))))
+    return turns
 
 
 def content_text(content) -> str:
@@ -57,6 +88,10 @@ def prompt_token_bound(endpoint: str, body: dict, config: AccountingConfig) -> i
         messages = body.get("messages") or ()
         text_bytes = sum(len(content_text(message.get("content")).encode("utf-8")) for message in messages)
         return text_bytes + config.template_tokens_per_message * (len(messages) + 1)
+    if endpoint == RESPONSES_ENDPOINT:
+        turns = response_turns(body)
+        text_bytes = sum(len(text.encode("utf-8")) for _, text in turns)
+        return text_bytes + config.template_tokens_per_message * (len(turns) + 1)
     prompt = body.get("prompt", "")
     prompts = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
     bound = 0
@@ -66,9 +101,26 @@ def prompt_token_bound(endpoint: str, body: dict, config: AccountingConfig) -> i
     return bound
 
 
-def completion_token_bound(body: dict, config: AccountingConfig) -> int:
-    """max_tokens (or max_completion_tokens) times the number of choices and prompts."""
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or config.default_max_tokens
+def completion_limit(endpoint: str, body: dict) -> int | None:
+    """The cap on the completion the request names: max_output_tokens in the Responses API (whose
+    servers refuse max_tokens), max_completion_tokens or max_tokens elsewhere."""
+    if endpoint == RESPONSES_ENDPOINT:
+        return body.get("max_output_tokens")
+    return body.get("max_completion_tokens") or body.get("max_tokens")
+
+
+def with_completion_limit(endpoint: str, body: dict, config: AccountingConfig) -> dict:
+    """The body, capped at `default_max_tokens` if it names no cap: the reservation needs a bound,
+    and the backend must not generate past it."""
+    if completion_limit(endpoint, body):
+        return body
+    field = "max_output_tokens" if endpoint == RESPONSES_ENDPOINT else "max_tokens"
+    return {**body, field: config.default_max_tokens}
+
+
+def completion_token_bound(endpoint: str, body: dict, config: AccountingConfig) -> int:
+    """The completion cap times the number of choices and prompts."""
+    max_tokens = completion_limit(endpoint, body) or config.default_max_tokens
     choices = int(body.get("n") or 1)
     prompt = body.get("prompt")
     prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
@@ -121,3 +173,27 @@ class StreamMeter:
 
     def text(self) -> str:
         return "".join(self._text_parts)
+
+
+class ResponseStreamMeter(StreamMeter):
+    """A StreamMeter for the Responses API's typed events. Usage comes only with the final event
+    (inside its `response`), so a stream cut before it is counted one token per text or arguments
+    delta the client received, with the prompt bound for the prompt. It keeps no text and never
+    reads as `finished`: a streamed response is not stored in the cache (`serving.is_cacheable`)."""
+
+    def note_upstream(self, chunk: dict) -> None:
+        reported = TokenUsage.from_openai(final_usage(chunk))
+        if reported is not None:
+            self._upstream_prompt_tokens = reported.prompt_tokens
+
+    def observe(self, chunk: dict) -> None:
+        reported = TokenUsage.from_openai(final_usage(chunk))
+        if reported is not None:
+            self._reported = reported
+        if event_type(chunk) in DELTA_EVENTS:
+            self._token_chunks += 1
+
+
+def stream_meter(endpoint: str, prompt_bound: int) -> StreamMeter:
+    """The meter that reads this endpoint's stream chunks."""
+    return ResponseStreamMeter(prompt_bound) if endpoint == RESPONSES_ENDPOINT else StreamMeter(prompt_bound)

@@ -104,8 +104,12 @@ class AnthropicUpstream:
         self._url = config.url.rstrip("/") + "/messages"
         self._headers = {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": config.api_key} if config.api_key else {})}
 
+    def serves(self, endpoint: str) -> bool:
+        """Only chat completions have a Messages translation (/v1/messages clients arrive as chat)."""
+        return endpoint == "/chat/completions"
+
     async def complete(self, endpoint: str, body: dict) -> dict:
-        _check_endpoint(endpoint)
+        self._check_endpoint(endpoint)
         try:
             response = await self._client.post(self._url, json=to_messages_request(body), headers=self._headers, timeout=backend_timeout(self.config))
         except httpx.HTTPError as error:
@@ -115,7 +119,7 @@ class AnthropicUpstream:
         return to_chat_completion(response.json())
 
     async def stream(self, endpoint: str, body: dict) -> AsyncIterator[dict]:
-        _check_endpoint(endpoint)
+        self._check_endpoint(endpoint)
         request = self._client.build_request(
             "POST", self._url, json=to_messages_request({**body, "stream": True}), headers=self._headers, timeout=backend_timeout(self.config)
         )
@@ -154,7 +158,8 @@ class AnthropicUpstream:
             body=body,
         )
 
-
-def _check_endpoint(endpoint: str) -> None:
-    if endpoint != "/chat/completions":
-        raise UpstreamError(f"anthropic backends serve chat completions only, not {endpoint}", is_retryable=False, status_code=400, body=error_body(f"this model serves /v1/chat/completions only, not {endpoint}", "invalid_request_error"))
+    def _check_endpoint(self, endpoint: str) -> None:
+        """Routing never sends this backend an endpoint it does not serve; refuse one if it does."""
+        if not self.serves(endpoint):
+            message = f"backend {self.config.name} speaks Anthropic's Messages API: it serves /v1/chat/completions only, not /v1{endpoint}"
+            raise UpstreamError(message, is_retryable=False, status_code=400, body=error_body(message, "invalid_request_error"))

@@ -18,6 +18,7 @@ from ember.gateway.errors import GatewayError, install_error_handlers
 from ember.gateway.keys import KeyRing
 from ember.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from ember.gateway.request_log import RequestLogger
+from ember.gateway.responses import RESPONSES_ENDPOINT
 from ember.gateway.serving import GatewayState, handle_generation, read_json_body
 from ember.gateway.store import open_store
 from ember.gateway.tracing import GatewayTracing
@@ -86,6 +87,10 @@ def _add_openai_routes(app: FastAPI, state: GatewayState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await handle_generation(state, request, "/completions")
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await handle_generation(state, request, RESPONSES_ENDPOINT)
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:

@@ -22,7 +22,9 @@ import numpy as np
 from ember.gateway.config import CacheConfig
 from ember.gateway.embedding import embed
 
-PROMPT_FIELDS = frozenset({"messages", "prompt", "stream", "stream_options", "user"})
+# Fields the prompt text stands for (the Responses API's `instructions` and `input` included) or
+# that do not change the answer; every other field is part of the scope.
+PROMPT_FIELDS = frozenset({"messages", "prompt", "instructions", "input", "stream", "stream_options", "user"})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 Guarantees:
 - Attempts go through the model's routed backends, then each fallback model's, skipping
-  backends whose breaker is open, at most `retry.max_attempts` in all, with exponential
+  backends whose breaker is open and backends that do not serve the endpoint (Anthropic
+  Messages backends serve chat only), at most `retry.max_attempts` in all, with exponential
   backoff between attempts.
 - Only failures another backend might not have are retried: connection errors, timeouts,
   429 and 5xx. A 4xx about the request itself goes back to the client unchanged.
 - A stream is retried only until its first token: `open_stream` returns once a chunk with
-  content (or a finish, or usage) has arrived, and everything after that belongs to that backend.
+  content (or a finish, or usage; in the Responses API any event past the openings) has
+  arrived, and everything after that belongs to that backend.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 from ember.gateway.backend_state import BackendState, CircuitBreaker
 from ember.gateway.config import GatewayConfig, ModelConfig
+from ember.gateway.responses import RESPONSES_ENDPOINT, carries_output
 from ember.gateway.routing import RoutingPolicy, make_policy
 from ember.gateway.upstream import Upstream, UpstreamError
 
@@ -92,7 +95,13 @@ class Dispatcher:
             model.name: make_policy(model.routing, config.prefix_routing) for model in config.models
         }
 
-    def plan(self, model: ModelConfig, prompt_text: str) -> list[Attempt]:
+    def serves(self, model: ModelConfig, endpoint: str) -> bool:
+        """Whether any backend of the model or its fallbacks has `endpoint`, cooling down or not."""
+        return any(
+            self._upstreams[deployment.backend].serves(endpoint) for chain_model in self._chain(model) for deployment in chain_model.deployments
+        )
+
+    def plan(self, model: ModelConfig, prompt_text: str, endpoint: str) -> list[Attempt]:
         """The attempts to make, in order, before the attempt budget cuts the list."""
         attempts = []
         for chain_model in self._chain(model):
@@ -100,7 +109,7 @@ class Dispatcher:
             candidates = [
                 self.states[deployment.backend]
                 for deployment in chain_model.deployments
-                if not self.states[deployment.backend].breaker.is_open(now)
+                if not self.states[deployment.backend].breaker.is_open(now) and self._upstreams[deployment.backend].serves(endpoint)
             ]
             if not candidates:
                 continue
@@ -118,7 +127,7 @@ class Dispatcher:
             upstream = self._upstreams[attempt.backend.name]
             return await upstream.complete(endpoint, {**body, "model": attempt.upstream_model}), attempt
 
-        return await self._with_retries(model, prompt_text, observer, try_one, release_on_success=True)
+        return await self._with_retries(model, prompt_text, endpoint, observer, try_one, release_on_success=True)
 
     async def open_stream(
         self, endpoint: str, body: dict, model: ModelConfig, prompt_text: str, observer: AttemptObserver
@@ -130,7 +139,7 @@ class Dispatcher:
             iterator = upstream.stream(endpoint, {**body, "model": attempt.upstream_model})
             timeout_s = self._config.backend(attempt.backend.name).first_token_timeout_s
             try:
-                first_chunks = await asyncio.wait_for(_until_first_token(iterator), timeout_s)
+                first_chunks = await asyncio.wait_for(_until_first_token(iterator, endpoint), timeout_s)
             except asyncio.TimeoutError:
                 await iterator.aclose()
                 raise UpstreamError(
@@ -141,12 +150,12 @@ class Dispatcher:
                 raise
             return OpenedStream(attempt, first_chunks, iterator, release=lambda error: None)
 
-        opened, handle = await self._with_retries(model, prompt_text, observer, try_one, release_on_success=False)
+        opened, handle = await self._with_retries(model, prompt_text, endpoint, observer, try_one, release_on_success=False)
         opened.release = lambda error: self._finish(opened.attempt, handle, observer, error)
         return opened
 
-    async def _with_retries(self, model, prompt_text, observer, try_one, release_on_success: bool):
-        attempts = self.plan(model, prompt_text)[: self._config.retry.max_attempts]
+    async def _with_retries(self, model, prompt_text, endpoint, observer, try_one, release_on_success: bool):
+        attempts = self.plan(model, prompt_text, endpoint)[: self._config.retry.max_attempts]
         if not attempts:
             raise UpstreamError(
                 f"no backend of model {model.name!r} (or its fallbacks) is available: all are cooling down after failures",
@@ -206,12 +215,13 @@ class Dispatcher:
         return chain
 
 
-async def _until_first_token(iterator: AsyncIterator[dict]) -> list[dict]:
+async def _until_first_token(iterator: AsyncIterator[dict], endpoint: str) -> list[dict]:
     """Chunks up to and including the first that carries a token, a finish or usage."""
+    is_past_openings = carries_output if endpoint == RESPONSES_ENDPOINT else carries_token
     chunks = []
     async for chunk in iterator:
         chunks.append(chunk)
-        if carries_token(chunk):
+        if is_past_openings(chunk):
             return chunks
     return chunks
 

@@ -1,8 +1,9 @@
 """The path of one generation request through the gateway.
 
-authenticate -> resolve the model (aliases, allow list) -> semantic cache -> reserve the
-request's upper-bound tokens and cost in the store -> dispatch (routing, retries, fallbacks)
--> settle the reservation to the usage received -> metrics, trace, JSON log line.
+authenticate -> resolve the model (aliases, allow list, a backend that has the endpoint) ->
+semantic cache -> reserve the request's upper-bound tokens and cost in the store -> dispatch
+(routing, retries, fallbacks) -> settle the reservation to the usage received -> metrics,
+trace, JSON log line.
 
 Every reservation is settled exactly once, whatever happens: success, backend failure, or a
 client that goes away mid-stream (settlement then runs as a detached task, so cancellation of
@@ -29,6 +30,8 @@ from ember.gateway.accounting import (
     completion_token_bound,
     prompt_text,
     prompt_token_bound,
+    stream_meter,
+    with_completion_limit,
 )
 from ember.gateway.cache import SemanticCache
 from ember.gateway.config import GatewayConfig, KeyConfig, ModelConfig
@@ -37,6 +40,7 @@ from ember.gateway.errors import GatewayError, error_body
 from ember.gateway.keys import KeyRing
 from ember.gateway.metrics import GatewayMetrics
 from ember.gateway.request_log import RequestLogger
+from ember.gateway.responses import RESPONSES_ENDPOINT, event_type
 from ember.gateway.store import Denial, LedgerRow, Reservation, Store, window_of
 from ember.gateway.tracing import GatewayTracing
 from ember.gateway.upstream import UpstreamError
@@ -119,11 +123,12 @@ class RequestObserver(AttemptObserver):
 
 
 async def handle_generation(state: GatewayState, request: Request, endpoint: str, body: dict | None = None) -> Response:
-    """Serve /v1/chat/completions, /v1/completions or /v1/embeddings (`body`: already parsed
-    and translated, for the Anthropic front)."""
+    """Serve /v1/chat/completions, /v1/completions, /v1/responses or /v1/embeddings (`body`:
+    already parsed and translated, for the Anthropic front)."""
     body = await read_json_body(request) if body is None else body
     key = await state.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
     model = resolve_model(state.config, body, key)
+    check_endpoint(state.dispatcher, model, endpoint)
     call = new_call(state, request, endpoint, key, model, body)
     try:
         cached = cached_response(state, call)
@@ -170,10 +175,21 @@ def resolve_model(config: GatewayConfig, body: dict, key: KeyConfig) -> ModelCon
     return model
 
 
+def check_endpoint(dispatcher: Dispatcher, model: ModelConfig, endpoint: str) -> None:
+    """Refuse, before anything is reserved, a request that no backend of the model's chain can
+    take at all, rather than send a backend a request it cannot read."""
+    if not dispatcher.serves(model, endpoint):
+        raise GatewayError(
+            f"model {model.name!r} cannot serve /v1{endpoint}: its backends (and its fallbacks') speak only Anthropic's "
+            "Messages API, which has no such endpoint; use /v1/chat/completions or /v1/messages with this model",
+            param="model", code="unsupported_endpoint",
+        )  # fmt: skip
+
+
 def new_call(state: GatewayState, request: Request, endpoint: str, key: KeyConfig, model: ModelConfig, body: dict) -> Call:
     accounting = state.config.accounting
-    if endpoint != "/embeddings" and not (body.get("max_tokens") or body.get("max_completion_tokens")):
-        body = {**body, "max_tokens": accounting.default_max_tokens}  # the reservation needs a bound
+    if endpoint != "/embeddings":
+        body = with_completion_limit(endpoint, body, accounting)
     text = prompt_text(endpoint, body)
     opted_in = request.headers.get(CACHE_OPT_IN_HEADER, "").lower() == "on"
     span = state.tracing.tracer.start_span(
@@ -187,12 +203,20 @@ def new_call(state: GatewayState, request: Request, endpoint: str, key: KeyConfi
         body=body,
         prompt_text=text,
         prompt_bound=prompt_token_bound(endpoint, body, accounting),
-        completion_bound=0 if endpoint == "/embeddings" else completion_token_bound(body, accounting),
+        completion_bound=0 if endpoint == "/embeddings" else completion_token_bound(endpoint, body, accounting),
         started_s=time.monotonic(),
         span=span,
-        is_cacheable=endpoint != "/embeddings" and state.cache.is_eligible(body, opted_in),
+        is_cacheable=is_cacheable(endpoint, body) and state.cache.is_eligible(body, opted_in),
         cache_scope=SemanticCache.scope(key.tenant, model.name, endpoint, body),
     )
+
+
+def is_cacheable(endpoint: str, body: dict) -> bool:
+    """Embeddings are never cached. Responses API answers are cached and replayed only whole: a
+    streamed response neither reads nor fills the cache (its events are not rebuilt from a body)."""
+    if endpoint == RESPONSES_ENDPOINT:
+        return body.get("stream") is not True
+    return endpoint != "/embeddings"
 
 
 def cached_response(state: GatewayState, call: Call) -> Response | None:
@@ -280,7 +304,7 @@ class StreamRelay:
 
     def __init__(self, state: GatewayState, call: Call, reservation: Reservation, opened: OpenedStream) -> None:
         self._state, self._call, self._reservation, self._opened = state, call, reservation, opened
-        self._meter = StreamMeter(call.prompt_bound)
+        self._meter = stream_meter(call.endpoint, call.prompt_bound)
         self._status = "cancelled"
         self._is_finished = False
 
@@ -289,9 +313,9 @@ class StreamRelay:
         try:
             async for chunk in self._opened.chunks():
                 self._meter.note_upstream(chunk)
-                visible = client_view(chunk, self._call.client_stream_options)
+                visible = client_view(self._call.endpoint, chunk, self._call.client_stream_options)
                 if visible is not None:
-                    yield sse(visible)
+                    yield sse(visible, event_type(visible) if self._call.endpoint == RESPONSES_ENDPOINT else "")
                 self._meter.observe(chunk)  # after the yield: only what was handed to the client
             self._status = "ok"
             yield "data: [DONE]\n\n"
@@ -335,9 +359,11 @@ class RelayResponse(StreamingResponse):
             await self._relay.finish()
 
 
-def client_view(chunk: dict, options: dict) -> dict | None:
+def client_view(endpoint: str, chunk: dict, options: dict) -> dict | None:
     """The chunk as this client asked for it: the usage-only chunk only with include_usage,
-    usage on content chunks only with continuous_usage_stats."""
+    usage on content chunks only with continuous_usage_stats. Responses API events pass as they are."""
+    if endpoint == RESPONSES_ENDPOINT:
+        return chunk
     if not chunk.get("choices") and "usage" in chunk and not chunk.get("error"):
         return chunk if options.get("include_usage") else None
     if "usage" in chunk and not options.get("continuous_usage_stats"):
@@ -420,5 +446,7 @@ def finish_span(span: Span, error: str | None = None) -> None:
     span.end()
 
 
-def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+def sse(payload: dict, event: str = "") -> str:
+    """One SSE event; `event` names its type on an `event:` line (as the Responses API does)."""
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(payload, separators=(',', ':'))}\n\n"

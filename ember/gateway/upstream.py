@@ -14,6 +14,7 @@ from typing import Protocol
 import httpx
 
 from ember.gateway.config import BackendConfig
+from ember.gateway.responses import RESPONSES_ENDPOINT, is_final_event
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
@@ -33,11 +34,14 @@ class Upstream(Protocol):
 
     config: BackendConfig
 
+    def serves(self, endpoint: str) -> bool:
+        """Whether this backend has `endpoint` at all (routing passes over those that have not)."""
+
     async def complete(self, endpoint: str, body: dict) -> dict:
         """The JSON response to a non-streamed request, in OpenAI format."""
 
     def stream(self, endpoint: str, body: dict) -> AsyncIterator[dict]:
-        """The OpenAI-format chunks of a streamed request."""
+        """The OpenAI-format chunks (Responses API events for /responses) of a streamed request."""
 
 
 def backend_timeout(config: BackendConfig) -> httpx.Timeout:
@@ -83,6 +87,9 @@ class OpenAIUpstream:
         self._base = config.url.rstrip("/")
         self._headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
 
+    def serves(self, endpoint: str) -> bool:
+        return True
+
     async def complete(self, endpoint: str, body: dict) -> dict:
         try:
             response = await self._client.post(
@@ -95,10 +102,9 @@ class OpenAIUpstream:
         return response.json()
 
     async def stream(self, endpoint: str, body: dict) -> AsyncIterator[dict]:
-        options = {"include_usage": True}
-        if self.config.continuous_usage:
-            options["continuous_usage_stats"] = True
-        body = {**body, "stream": True, "stream_options": options}
+        """The stream's chunks up to `[DONE]`, or to the end of the body after a Responses API
+        final event (OpenAI sends no `[DONE]` there); any other end is a failure."""
+        body = self._stream_body(endpoint, body)
         request = self._client.build_request(
             "POST", self._base + endpoint, json=body, headers=self._headers, timeout=backend_timeout(self.config)
         )
@@ -110,12 +116,27 @@ class OpenAIUpstream:
             if response.status_code != 200:
                 await response.aread()
                 raise error_from_response(self.config.name, response.status_code, response.text)
+            has_ended = False
             async for data in sse_data(response):
                 if data == "[DONE]":
                     return
-                yield json.loads(data)
-            raise UpstreamError(f"backend {self.config.name} ended its stream before [DONE]", is_retryable=True)
+                chunk = json.loads(data)
+                has_ended = is_final_event(chunk)
+                yield chunk
+            if not has_ended:
+                raise UpstreamError(f"backend {self.config.name} ended its stream before [DONE]", is_retryable=True)
         except httpx.HTTPError as error:
             raise transport_error(self.config.name, error) from error
         finally:
             await response.aclose()
+
+    def _stream_body(self, endpoint: str, body: dict) -> dict:
+        """Streams always ask for usage: on the last chunk, and with `continuous_usage` on every
+        chunk. The Responses API's final event carries usage anyway, and its servers refuse
+        `stream_options`."""
+        if endpoint == RESPONSES_ENDPOINT:
+            return {**body, "stream": True}
+        options = {"include_usage": True}
+        if self.config.continuous_usage:
+            options["continuous_usage_stats"] = True
+        return {**body, "stream": True, "stream_options": options}

@@ -2,8 +2,10 @@
 chosen per instance (answer, fail, stall, die mid-stream) and an Anthropic Messages server.
 
 They answer deterministically: the reply to a prompt is `"<name> says: " + the last user
-message`, one word per token and per stream chunk; prompt tokens are the words of all
-messages. Each server counts the requests it received, so tests can tell where requests went.
+message`, one word per token and per stream chunk (per `response.output_text.delta` event on
+/v1/responses); prompt tokens are the words of all messages. Each server counts the requests it
+received, so tests can tell where requests went. /v1/responses refuses fields ember's server
+does not know (`max_tokens`, `stream_options`), as ember's does.
 """
 
 from __future__ import annotations
@@ -51,8 +53,81 @@ def reply_words(name: str, body: dict) -> list[str]:
     return words[: int(body.get("max_tokens") or 16)]
 
 
+RESPONSES_FIELDS = frozenset({"model", "input", "instructions", "max_output_tokens", "stream", "temperature", "top_p", "text", "user"})
+
+
+def response_turns(body: dict) -> list[tuple[str, str]]:
+    """(role, text) of each turn of a Responses request: instructions, then the input items."""
+    items = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
+    turns = [("system", body["instructions"])] if body.get("instructions") else []
+    for item in items:
+        content = item.get("content", item.get("output", ""))
+        turns.append((item.get("role", "tool"), content if isinstance(content, str) else "".join(part["text"] for part in content)))
+    return turns
+
+
+def response_events(name: str, body: dict, behaviour: Behaviour):
+    """The Responses API stream, as ember's server sends it: numbered typed events, then [DONE]."""
+    turns = response_turns(body)
+    last = next((text for role, text in reversed(turns) if role == "user"), "")
+    words = [name, "says:", *last.split()][: int(body.get("max_output_tokens") or 16)]
+    usage = {"input_tokens": len(" ".join(text for _, text in turns).split()), "input_tokens_details": {"cached_tokens": 1},
+             "output_tokens": len(words), "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
+    usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+    is_cut = len(words) == body.get("max_output_tokens")
+    text = " ".join(words)
+    message = {"type": "message", "id": "msg_1", "status": "incomplete" if is_cut else "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}  # fmt: skip
+    shell = {"id": f"resp_{name}", "object": "response", "created_at": 0, "status": "in_progress", "model": body["model"], "output": [],
+             "error": None, "incomplete_details": None, "instructions": body.get("instructions"), "tools": [], "tool_choice": "auto",
+             "parallel_tool_calls": True, "temperature": 1.0, "top_p": 1.0, "metadata": {}, "usage": None}  # fmt: skip
+    final = {**shell, "status": message["status"], "output": [message], "usage": usage,
+             "incomplete_details": {"reason": "max_output_tokens"} if is_cut else None}  # fmt: skip
+    yield "response.created", {"response": shell}
+    yield "response.in_progress", {"response": shell}
+    yield "response.output_item.added", {"output_index": 0, "item": {**message, "status": "in_progress", "content": []}}
+    yield "response.content_part.added", {"item_id": "msg_1", "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": ""}}
+    for index, word in enumerate(words):
+        if behaviour.mode in ("die_mid_stream", "stall_mid_stream") and index == behaviour.tokens_before_stall:
+            yield behaviour.mode, {}
+        yield "response.output_text.delta", {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": word if index == 0 else " " + word}
+    yield "response.output_text.done", {"item_id": "msg_1", "output_index": 0, "content_index": 0, "text": text}
+    yield "response.output_item.done", {"output_index": 0, "item": message}
+    yield "response.incomplete" if is_cut else "response.completed", {"response": final}
+
+
+def responses_route(app: FastAPI, name: str, behaviour: Behaviour, record: BackendRecord) -> None:
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        body = await request.json()
+        record.requests += 1
+        record.bodies.append(body)
+        if behaviour.mode == "fail":
+            return JSONResponse({"error": {"message": "boom", "type": "server_error", "param": None, "code": None}}, status_code=500)
+        unknown = sorted(set(body) - RESPONSES_FIELDS)
+        if unknown:
+            error = {"message": f"Unknown field {unknown[0]!r}", "type": "invalid_request_error", "param": unknown[0], "code": "unknown_field"}
+            return JSONResponse({"error": error}, status_code=400)
+        events = list(response_events(name, body, behaviour))
+        if not body.get("stream"):
+            return JSONResponse(events[-1][1]["response"])
+        return StreamingResponse(sse_events(events, behaviour), media_type="text/event-stream")
+
+    async def sse_events(events: list[tuple[str, dict]], behaviour: Behaviour):
+        for number, (kind, fields) in enumerate(events):
+            if kind == "stall_mid_stream":
+                await asyncio.sleep(3600)
+            if kind == "die_mid_stream":
+                raise ConnectionError("backend dies mid-stream")
+            if behaviour.token_delay_s:
+                await asyncio.sleep(behaviour.token_delay_s)
+            yield f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': number, **fields})}\n\n"
+        yield "data: [DONE]\n\n"
+
+
 def openai_backend(name: str, behaviour: Behaviour, record: BackendRecord) -> FastAPI:
     app = FastAPI()
+    responses_route(app, name, behaviour, record)
 
     async def generate(request: Request, endpoint: str):
         body = await request.json()
