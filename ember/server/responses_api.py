@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ember.server.protocol import StrictModel
+from ember.server.protocol import FunctionDefinition, StrictModel
 
 
 class InputText(StrictModel):
@@ -60,14 +60,10 @@ class FunctionCallOutputItem(StrictModel):
 InputItem = InputMessage | FunctionCallItem | FunctionCallOutputItem
 
 
-class FunctionTool(StrictModel):
-    """`tools[i]`: a function the model may call (the Responses API's flat form)."""
+class FunctionTool(FunctionDefinition):
+    """`tools[i]`: a function the model may call (the Responses API's flat form: the definition beside its type)."""
 
     type: Literal["function"]
-    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
 
 
 class NamedFunctionChoice(StrictModel):
