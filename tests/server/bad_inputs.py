@@ -85,7 +85,7 @@ def bad_requests(model: str, max_model_len: int) -> list[BadRequest]:
         BadRequest("logit_bias id out of vocabulary", "POST", completions, completion_with(logit_bias={str(10**9): 1}), param="logit_bias"),
         BadRequest("response_format of unknown type", "POST", chat, chat_with(response_format={"type": "yaml"}), param="response_format"),
         BadRequest("json_schema without a schema", "POST", chat, chat_with(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), param="response_format.json_schema"),
-        BadRequest("json_schema keyword not enforced", "POST", completions, completion_with(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "multipleOf": 3}}}), param="response_format", message_mentions="multipleOf"),
+        BadRequest("json_schema keyword not enforced", "POST", completions, completion_with(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "items": {"type": "object"}, "uniqueItems": True}}}), param="response_format", message_mentions="uniqueItems"),
         BadRequest("two output constraints", "POST", chat, chat_with(response_format={"type": "json_object"}, guided_choice=["a"]), param="guided_choice"),
         BadRequest("guided_json not JSON", "POST", completions, completion_with(guided_json="{not json"), param="guided_json"),
         BadRequest("guided_choice empty", "POST", chat, chat_with(guided_choice=[]), param="guided_choice"),

@@ -28,15 +28,18 @@ def counts_as_character(byte: int) -> bool:
     return not 0x80 <= byte <= 0xBF
 
 
-def number_within(text: str, is_integer: bool, lower: Bound | None, upper: Bound | None) -> bool:
-    """Whether the finished number `text` lies inside the bounds."""
+def number_within(text: str, is_integer: bool, lower: Bound | None, upper: Bound | None, multiple_of: Fraction | None = None) -> bool:
+    """Whether the finished number `text` lies inside the bounds (and is a multiple of `multiple_of`)."""
     low, high = _range(is_integer, lower, upper)
     value = Fraction(text)
+    if multiple_of is not None and value % multiple_of:
+        return False
     return low <= value <= high if is_integer else _inside(value, lower, upper)
 
 
-def number_reachable(text: str, is_integer: bool, lower: Bound | None, upper: Bound | None) -> bool:
-    """Whether some number that starts with `text` ("-", "12", "-0.5", "3.") lies inside the bounds."""
+def number_reachable(text: str, is_integer: bool, lower: Bound | None, upper: Bound | None, multiple_of: Fraction | None = None) -> bool:
+    """Whether some number that starts with `text` ("-", "12", "-0.5", "3.") lies inside the bounds (and is a
+    multiple of `multiple_of`: a decimal step, so its multiples are all written in finitely many digits)."""
     negative = text.startswith("-")
     digits = text[1:] if negative else text
     whole, dot, fraction = digits.partition(".")
@@ -44,7 +47,9 @@ def number_reachable(text: str, is_integer: bool, lower: Bound | None, upper: Bo
         return False
     for start, end in _magnitudes(whole, dot, fraction, is_integer):  # [start, end) of |value|
         span = (-end, -start) if negative else (start, end)  # the open end is the one away from zero
-        if _meets(span, negative, is_integer, lower, upper):
+        if multiple_of is None and _meets(span, negative, is_integer, lower, upper):
+            return True
+        if multiple_of is not None and _meets_multiple(span, negative, is_integer, lower, upper, multiple_of):
             return True
     return False
 
@@ -77,6 +82,32 @@ def _meets(span: tuple[Fraction, Fraction], negative: bool, is_integer: bool, lo
     if negative:  # (start, end]
         return max(start, low) < min(end, high) or (_inside(end, lower, upper) and start < end)
     return max(start, low) < min(end, high) or (_inside(start, lower, upper) and start < end)
+
+
+def _meets_multiple(span: tuple[Fraction, Fraction], negative: bool, is_integer: bool, lower: Bound | None,
+                    upper: Bound | None, step: Fraction) -> bool:
+    """Whether the bounds hold a multiple of `step` in `span` (open at its end away from zero)."""
+    start, end = span
+    if is_integer:  # the integers among the multiples of p/q (lowest terms) are the multiples of p
+        low, high = _range(True, lower, upper)
+        first, last = max(start + 1 if negative else start, low), min(end if negative else end - 1, high)
+        return _has_multiple(first, False, last, False, Fraction(step.numerator))
+    low_end = (start, negative)  # (value, open): [start, end) above zero, (start, end] below
+    high_end = (end, not negative)
+    if lower is not None and (lower.value, lower.exclusive) > low_end:
+        low_end = (lower.value, lower.exclusive)
+    if upper is not None and (upper.value, not upper.exclusive) < (high_end[0], not high_end[1]):
+        high_end = (upper.value, upper.exclusive)
+    return _has_multiple(low_end[0], low_end[1], high_end[0], high_end[1], step)
+
+
+def _has_multiple(low: Fraction, low_open: bool, high: Fraction, high_open: bool, step: Fraction) -> bool:
+    """Whether a multiple of `step` lies between `low` and `high` (each end excluded when open)."""
+    k = math.ceil(Fraction(low) / step)
+    if low_open and k * step == low:
+        k += 1
+    value = k * step
+    return value < high or (value == high and not high_open)
 
 
 def _inside(value: Fraction, lower: Bound | None, upper: Bound | None) -> bool:

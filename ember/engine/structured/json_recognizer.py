@@ -306,7 +306,7 @@ class JsonRecognizer:
             if node_id is None:
                 return [(rest + (("N", is_integer, following, None, ""),), None)]
             node, text = self.nodes[node_id], text + chr(byte)
-            if not number_reachable(text, is_integer, node.lower, node.upper):
+            if not number_reachable(text, is_integer, node.lower, node.upper, node.multiple_of):
                 return []
             if following == "zero" and is_integer and items_so_far is not None and Fraction(0) in items_so_far:
                 return []
@@ -323,7 +323,8 @@ class JsonRecognizer:
         _, is_integer, phase, node_id, text = frame
         if phase not in NUMBER_ENDS:
             return False
-        return node_id is None or number_within(text, is_integer, self.nodes[node_id].lower, self.nodes[node_id].upper)
+        node = None if node_id is None else self.nodes[node_id]
+        return node is None or number_within(text, is_integer, node.lower, node.upper, node.multiple_of)
 
     def _object(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
         _, node_id, index, phase = top

@@ -1,16 +1,15 @@
 """A JSON Schema (the subset a recogniser can enforce token by token) compiled into a table of nodes.
 
-Each node says what one JSON value may be: anything, an object with its properties in the schema's
-order, an array of one item kind (after a `prefixItems` tuple), a string (`minLength` / `maxLength`, or `pattern`, or a `format`
-of `regex_nfa.FORMATS`), a number or an integer
-(`minimum`, `maximum` and their exclusive forms), a boolean, null, one of a fixed set of literal values
-(`enum` / `const`), or any of several nodes (`anyOf`, `oneOf`, a list of types). `$ref`
-to `#/$defs/...` or `#/definitions/...` may recurse. A keyword that would constrain the value in a way
-the recogniser does not enforce (`multipleOf`, `uniqueItems` beyond enum values, plain strings and unbounded numbers, an
-unknown `format`, ...) is refused with its name, never
-silently ignored: an output the caller was promised conforms would not. Keywords that only permit (additionalProperties
-beside named properties) or describe (titles, `discriminator`, formats that name no syntax such as `binary`) are read as
-such.
+Each node says what one JSON value may be: anything, an object with its properties in the schema's order, an
+array of one item kind (after a `prefixItems` tuple; `uniqueItems` over enum values, plain strings or unbounded
+numbers), a string (`minLength` / `maxLength`, `pattern` or a `format` of `regex_nfa.FORMATS`, or both), a number
+or an integer (`minimum`, `maximum`, their exclusive forms, `multipleOf`), a boolean, null, one of a fixed set of
+literal values (`enum` / `const`), or any of several nodes (`anyOf`, `oneOf`, a list of types). `$ref` to
+`#/$defs/...` or `#/definitions/...` may recurse. A keyword that would constrain the value in a way the recogniser
+does not enforce (`uniqueItems` over other items, an unknown `format`, `if` / `then`, ...) is refused with its
+name, never silently ignored: an output the caller was promised conforms would not. Keywords that only permit
+(additionalProperties beside named properties) or describe (titles, `discriminator`, formats that name no syntax
+such as `binary`) are read as such.
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
     "array": frozenset({"items", "prefixItems", "minItems", "maxItems", "uniqueItems"}),
     "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
-    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format"}),
-    "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format"}),
+    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format", "multipleOf"}),
+    "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format", "multipleOf"}),
     "boolean": frozenset(),
     "null": frozenset(),
 }
@@ -73,6 +72,7 @@ class Node:
     max_length: int | None = None
     lower: Bound | None = None  # number, integer
     upper: Bound | None = None
+    multiple_of: Fraction | None = None  # number, integer: a positive decimal step
     pattern: Nfa | None = None  # string (its characters, unescaped), regex (raw text)
     # A pattern string whose lengths bound it beyond what the pattern does: per pattern state, the remaining
     # lengths that reach a match (Nfa.remaining_lengths, capped at max_length + 1, or at min_length).
@@ -92,7 +92,7 @@ class Node:
     def is_bounded(self) -> bool:
         """Whether its strings or numbers are checked as they are written (so their frames carry the node)."""
         return (self.min_length > 0 or self.max_length is not None or self.lower is not None or self.upper is not None
-                or self.pattern is not None)
+                or self.pattern is not None or self.multiple_of is not None)
 
 
 @dataclass
@@ -273,7 +273,7 @@ class _Compiler:
             upper = _tighter(upper, Bound(Fraction(most), False), min)
         if lower is not None and upper is not None and lower.value > upper.value:
             raise SchemaError(f"{where}: the minimum is above the maximum")
-        return Node(kind, lower=lower, upper=upper)
+        return Node(kind, lower=lower, upper=upper, multiple_of=_multiple_of(schema, lower, upper, where))
 
     def _object(self, schema: dict, where: str) -> Node:
         properties = schema.get("properties", {})
@@ -345,6 +345,21 @@ class _Compiler:
         self.refs[ref] = node_id  # before compiling the target, so a recursive reference finds it
         self.compiled.nodes[node_id] = self.node_for(target, ref)
         return node_id
+
+
+def _multiple_of(schema: dict, lower: Bound | None, upper: Bound | None, where: str) -> Fraction | None:
+    """`multipleOf` as an exact step (a JSON number is a finite decimal); SchemaError when no multiple fits the range."""
+    if "multipleOf" not in schema:
+        return None
+    value = schema["multipleOf"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise SchemaError(f"{where}.multipleOf must be a positive number")
+    step = Fraction(repr(value))
+    if lower is not None and upper is not None:
+        low = math.ceil(lower.value / step) + (lower.exclusive and lower.value % step == 0)
+        if low * step > upper.value or (upper.exclusive and low * step == upper.value):
+            raise SchemaError(f"{where}: no multiple of {value} lies between the minimum and the maximum")
+    return step
 
 
 def _tighter(given: Bound | None, implied: Bound, pick) -> Bound:

@@ -7,6 +7,7 @@ import ipaddress
 import itertools
 import json
 import re
+from fractions import Fraction
 
 import jsonschema
 import pytest
@@ -24,7 +25,8 @@ from ember.engine.structured.json_recognizer import JsonRecognizer
     ({"type": "string", "pattern": "^a{5}$", "maxLength": 3}, "no string matching"),
     ({"type": "number", "format": "int32"}, "int32"),
     ({"const": 1, "type": "string"}, "no value"),
-    ({"type": "number", "multipleOf": 2}, "multipleOf"),
+    ({"type": "number", "multipleOf": 0}, "multipleOf"),
+    ({"type": "integer", "multipleOf": 5, "minimum": 1, "maximum": 4}, "no multiple"),
     ({"type": "string", "format": "idn-email"}, "idn-email"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems"),
     ({"type": "array", "items": {"type": "object"}, "uniqueItems": True}, "uniqueItems"),
@@ -228,3 +230,42 @@ def test_unique_items_never_strand_a_prefix_taken_values_are_refused_where_they_
         StructuredOutput(json_schema={"type": "array", "uniqueItems": True, "minItems": 3, **enum})
     with pytest.raises(SchemaError, match="uniqueItems"):
         StructuredOutput(json_schema={"type": "array", "uniqueItems": True, "items": {"type": "string", "maxLength": 1}})
+
+
+MULTIPLES = [{"type": "integer", "multipleOf": 7}, {"type": "integer", "multipleOf": 3, "minimum": -10, "exclusiveMaximum": 12},
+             {"type": "number", "multipleOf": 0.25, "maximum": 2}, {"type": "number", "multipleOf": 0.05, "exclusiveMinimum": -1, "maximum": 1},
+             {"type": "integer", "multipleOf": 2.5}]  # fmt: skip
+
+
+@pytest.mark.parametrize("schema", MULTIPLES)
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_multiple_of_reads_a_number_exactly_when_the_reference_validates_it(schema, data):
+    """Reference: jsonschema for the range, exact decimal division for the step (jsonschema divides floats, so it finds
+    0.15 no multiple of 0.05; the spec's multipleOf is exact, as pydantic's tolerant check agrees). Integers are written
+    without a fraction."""
+    decimals = st.decimals(-3, 3, places=2, allow_nan=False, allow_infinity=False)
+    text = str(data.draw(st.integers(-30, 30) if schema["type"] == "integer" else st.integers(-30, 30) | decimals))
+    recognizer = JsonRecognizer(StructuredOutput(json_schema=schema).compile())
+    in_range = jsonschema.Draft202012Validator({k: v for k, v in schema.items() if k != "multipleOf"}).is_valid(json.loads(text))
+    expected = in_range and Fraction(text) % Fraction(repr(schema["multipleOf"])) == 0
+    assert recognizer.may_end(recognizer.read(recognizer.initial, text.encode())) == expected, text
+
+
+@pytest.mark.parametrize("schema", MULTIPLES)
+def test_every_number_prefix_multiple_of_keeps_has_an_ending_it_accepts(schema):
+    recognizer = JsonRecognizer(StructuredOutput(json_schema=schema).compile())
+    for text in ["-", "0", "1", "2", "-1", "1.", "0.2", "1.7", "-0.9", "12", "-10", "11"]:
+        states = recognizer.read(recognizer.initial, text.encode())
+        if states:
+            assert any(_number_finishes(recognizer, states, 4)), text
+
+
+def _number_finishes(recognizer, states, budget):
+    if recognizer.may_end(states):
+        yield True
+    if budget > 0:
+        for byte in b"0123456789.":
+            following = recognizer.step(states, byte)
+            if following:
+                yield from _number_finishes(recognizer, following, budget - 1)
