@@ -84,3 +84,42 @@ def test_holding_a_greedy_row_keeps_an_allowed_best_token_and_masks_otherwise_as
         masked = torch.zeros(tokenizer.vocab_size)
         grammar.allowed(states).apply(masked)
         assert int(logits.argmax()) == int((masked + torch.where(torch.arange(tokenizer.vocab_size) == best, 5.0, 0.0)).argmax())
+
+
+WALKED = [
+    {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[A-Z][a-z]{1,5}$", "minLength": 3},
+                                      "b": {"type": "integer", "minimum": -5, "maximum": 50, "multipleOf": 5}}, "required": ["a", "b"]},
+    {"type": "object", "properties": {"ip": {"type": "string", "format": "ipv6"}, "e": {"type": "string", "format": "email", "maxLength": 12}},
+     "required": ["ip", "e"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
+                                      "c": {"type": "array", "items": {"enum": ["x", "y"]}, "uniqueItems": True}}, "required": ["tags", "c"]},
+    {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 3},
+                                      "x": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "multipleOf": 0.125}}, "required": ["s", "x"]},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("schema", WALKED)
+def test_random_walks_over_the_vocabulary_never_reach_a_state_no_token_continues(tokenizer, schema):
+    """Tokens drawn uniformly from each mask (odd multi-byte pieces and escapes included): the guide always offers a
+    token that keeps the value possible until the value may end, and what it finishes is valid JSON of the schema."""
+    import json
+    import random
+
+    import jsonschema
+
+    outputs, rng, eos = StructuredOutputs(tokenizer, tokenizer.vocab_size), random.Random(7), set(tokenizer.eos_ids)
+    for _ in range(6):
+        guide, text = outputs.guide(StructuredOutput(json_schema=schema)), b""
+        while not guide.is_finished and len(text) < 400:
+            logits = torch.zeros(tokenizer.vocab_size)
+            guide.hold(logits, is_greedy=False)
+            offered = [t for t in torch.nonzero(torch.isfinite(logits)).flatten().tolist() if t not in eos]
+            may_end = guide.grammar.recognizer.may_end(guide.states)
+            assert offered or may_end, text
+            if may_end and (not offered or rng.random() < 0.2):
+                break
+            token = rng.choice(offered)
+            text += tokenizer.token_bytes(token)
+            guide.advance(token)
+        if guide.grammar.recognizer.may_end(guide.states):
+            jsonschema.validate(json.loads(text.decode("utf-8")), schema)
