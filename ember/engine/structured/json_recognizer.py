@@ -57,6 +57,9 @@ GAP, LINE_FIRST = "gap", "line first"  # whitespace allowed here; allowed only f
 # text so far); both carry their node (and count or text) only when it bounds them, so unbounded strings and
 # numbers share their states.
 STRING_BODY = ("S", "body", None, 0)
+# A string's body between characters: "high" right after a high surrogate's \u escape (a counted string's next
+# escape may be its low half, which does not count again).
+BODY_PHASES = ("body", "high")
 
 
 class JsonRecognizer:
@@ -194,17 +197,17 @@ class JsonRecognizer:
         node = None if node_id is None else self.nodes[node_id]
         if len(top) > 4:  # an item of a unique array: its text is kept
             text = top[4]
-            if phase == "body" and byte == ord('"'):
+            if phase in BODY_PHASES and byte == ord('"'):
                 key = json.loads(b'"' + text + b'"')
                 return [] if key in rest[-1][4] else [(_finish_value(rest, item=key), None)]
             return [(stack[:-1] + (stack[-1] + (text + bytes([byte]),),), whitespace)
                     for stack, whitespace in self._string(rest, top[:4], byte)]  # fmt: skip
-        if phase == "body":
+        if phase in BODY_PHASES:
             if byte == ord('"'):
                 return [(_finish_value(rest), None)] if node is None or count >= node.min_length else []
             if byte < 0x20:
                 return []
-            following = "escape" if byte == ord("\\") else "body" if byte < 0x80 else UTF8_LEADS.get(byte)
+            following = ("escape_high" if phase == "high" else "escape") if byte == ord("\\") else "body" if byte < 0x80 else UTF8_LEADS.get(byte)
             if following is None:  # a continuation byte with no lead, or a byte UTF-8 never uses
                 return []
             if node is not None and counts_as_character(byte):  # an escape counts as one character, at its backslash
@@ -212,18 +215,22 @@ class JsonRecognizer:
                     return []
                 count += 1
             return [(rest + (("S", following, node_id, count),), None)]
-        if isinstance(phase, tuple):  # inside a multi-byte character: ("utf8", bytes still to come, their first's range)
+        if isinstance(phase, tuple) and phase[0] == "utf8":  # inside a multi-byte character: bytes still to come, their first's range
             _, remaining, low, high = phase
             if not low <= byte <= high:
                 return []
             return [(rest + (("S", ("utf8", remaining - 1, 0x80, 0xBF) if remaining > 1 else "body", node_id, count),), None)]
-        if phase == "escape":
+        if phase in ("escape", "escape_high"):
             if byte == ord("u"):
-                return [(rest + (("S", 4, node_id, count),), None)]
+                digits = 4 if node is None else ("hex", 4, phase == "escape_high", None)  # a counted string tracks surrogates
+                return [(rest + (("S", digits, node_id, count),), None)]
             return [(rest + (("S", "body", node_id, count),), None)] if byte in ESCAPES else []
         if byte not in HEX_DIGITS:
             return []
-        return [(rest + (("S", phase - 1 if phase > 1 else "body", node_id, count),), None)]
+        if isinstance(phase, int):  # an uncounted string's \u escape
+            return [(rest + (("S", phase - 1 if phase > 1 else "body", node_id, count),), None)]
+        following, count = _escape_digit(phase, byte, count)
+        return [(rest + (("S", following, node_id, count),), None)]
 
     def _pattern_text(self, rest: tuple, top: tuple, byte: int) -> list[tuple[tuple, str | None]]:
         """One byte of text matched by a regular expression: raw (`R`, the whole output) or a JSON string's
@@ -402,6 +409,23 @@ def _finish_value(rest: tuple, tag: int | None = None, item: object = None) -> t
     if parent[0] == "P" and parent[1] in KEY_PHASES:
         return rest[:-1] + (("P", "colon", parent[2]),)
     return rest
+
+
+def _escape_digit(phase: tuple, byte: int, count: int) -> tuple[object, int]:
+    """A counted string's phase and character count after one more hex digit of a \\u escape. `phase` is ("hex",
+    digits left, whether a high surrogate escape came just before, what the digits so far make: None, "D" (a first
+    digit d), "high" (d8-db), "low" (dc-df) or "other"). A low surrogate right after a high one is the same character:
+    it gives back the count its backslash took, as JSON Schema counts code points."""
+    _, remaining, after_high, shape = phase
+    if remaining == 4:
+        shape = "D" if byte in b"dD" else "other"
+    elif remaining == 3 and shape == "D":
+        shape = "high" if byte in b"89abAB" else "low"
+    if remaining > 1:
+        return ("hex", remaining - 1, after_high, shape), count
+    if shape == "high":
+        return "high", count
+    return "body", count - 1 if shape == "low" and after_high else count
 
 
 def _holds_unique_items(rest: tuple) -> bool:

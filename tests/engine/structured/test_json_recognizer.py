@@ -247,3 +247,21 @@ def test_a_string_body_is_read_whole_exactly_when_the_reference_decodes_its_byte
     except UnicodeDecodeError:
         decodes = False
     assert recognizer.may_end(recognizer.read(recognizer.initial, b'"' + data + b'"')) == decodes
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "\\ud83d\\ude00", "\\ud83d", "\\ude00", "\\u00e9", "\u00e9", "\\n"]), max_size=4),
+       st.integers(0, 3), st.integers(0, 3))
+def test_a_counted_string_counts_code_points_a_surrogate_pair_of_escapes_is_one(pieces, low, extra):
+    """Whatever the recogniser reads whole validates (jsonschema counts code points: a pair of \\u escapes is one); a
+    string within the bounds is read unless it ends at maxLength on a pair (then its low half's backslash is refused)."""
+    schema = {"type": "string", "minLength": low, "maxLength": low + extra}
+    text = '"' + "".join(pieces) + '"'
+    recognizer = JsonRecognizer(compile_schema(schema))
+    read = recognizer.may_end(recognizer.read(recognizer.initial, text.encode()))
+    valid = low <= len(json.loads(text)) <= low + extra
+    assert not read or valid, text
+    if valid and "\\ud83d\\ude00" not in text:
+        assert read, text
+    pair_read = recognizer.may_end(recognizer.read(recognizer.initial, b'"x\\ud83d\\ude00"'))
+    assert pair_read == (low <= 2 < low + extra)  # x, then the pair: two code points, its low half needs room to start
