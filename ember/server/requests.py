@@ -29,7 +29,7 @@ from ember.server.protocol import (
 )
 from ember.server.tokenization import PromptEncoder
 from ember.server.tool_calls import ToolPlan
-from ember.tokenizers.chat_template import RESERVED_VARIABLES
+from ember.tokenizers import chat_template as templates
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -118,19 +118,13 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
 
 def check_rendering(request: ChatRenderFields, messages: list[ChatMessage]) -> None:
     """Reject rendering fields that contradict each other or the messages, naming each."""
-    taken = sorted(RESERVED_VARIABLES & set(request.chat_template_kwargs or ()))
-    if taken:
-        raise ApiError(f"chat_template_kwargs may not set {taken}: the server sets them from the request's own fields.",
-                       param="chat_template_kwargs", code="invalid_value")  # fmt: skip
-    if not request.continue_final_message:
-        return
-    if request.add_generation_prompt:
-        raise ApiError("Set only one of 'continue_final_message' and 'add_generation_prompt': the first goes on writing "
-                       "the last message, the second starts a new one.", param="continue_final_message", code="invalid_value")  # fmt: skip
-    last = messages[-1] if messages else None
-    if last is None or last.role != "assistant" or not last.text():
-        raise ApiError("'continue_final_message' needs the last message to be an assistant turn with content to continue.",
-                       param="continue_final_message", code="invalid_value")  # fmt: skip
+    last = {"role": messages[-1].role, "content": messages[-1].text()} if messages else None
+    try:
+        templates.check_rendering(last, bool(request.add_generation_prompt), bool(request.continue_final_message),
+                                  request.chat_template_kwargs)  # fmt: skip
+    except templates.RenderingError as error:
+        param = "chat_template_kwargs" if error.argument == "variables" else error.argument
+        raise ApiError(f"Invalid {param}: {error}.", param=param, code="invalid_value") from error
 
 
 def check_completion_request(request: CompletionRequest) -> None:
@@ -222,24 +216,15 @@ def structured_output(request: SamplingFields) -> StructuredOutput | None:
 
 
 def _structured_outputs(asked: StructuredOutputsParams) -> StructuredOutput:
-    """vLLM's `structured_outputs` object: exactly one of json, regex, choice, json_object."""
+    """vLLM's `structured_outputs` object: exactly one of json, regex, choice, json_object (compact JSON on asking)."""
     for name, what in (("grammar", "grammars (EBNF / Lark)"), ("structural_tag", "structural tags"),
                        ("whitespace_pattern", "a custom whitespace pattern")):  # fmt: skip
         if getattr(asked, name) is not None:
             raise _unsupported(f"structured_outputs.{name}", what)
-    kinds = {"json": asked.json_schema is not None, "regex": asked.regex is not None, "choice": asked.choice is not None,
-             "json_object": bool(asked.json_object)}  # fmt: skip
-    if sum(kinds.values()) != 1:
-        raise ApiError(f"structured_outputs sets exactly one of {list(kinds)}; got {[k for k, v in kinds.items() if v]}.",
-                       param="structured_outputs", code="invalid_value")  # fmt: skip
-    compact = bool(asked.disable_any_whitespace)
-    if asked.json_schema is not None:
-        return StructuredOutput(json_schema=_schema_object(asked.json_schema), compact_whitespace=compact)
-    if asked.regex is not None:
-        return StructuredOutput(regex=asked.regex)
-    if asked.choice is not None:
-        return StructuredOutput(choice=tuple(asked.choice))
-    return StructuredOutput(json_object=True, compact_whitespace=compact)
+    # StructuredOutput itself refuses none or several of them
+    schema = None if asked.json_schema is None else _schema_object(asked.json_schema)
+    return StructuredOutput(json_object=bool(asked.json_object), json_schema=schema, choice=asked.choice, regex=asked.regex,
+                            compact_whitespace=bool(asked.disable_any_whitespace))  # fmt: skip
 
 
 def _constrains(name: str, value: object) -> bool:

@@ -50,11 +50,7 @@ class ChatTemplate:
         turn the model goes on writing) instead of closing it. `variables`: more names for the template
         (such as Qwen3's `enable_thinking`); none may be one the renderer sets (RESERVED_VARIABLES).
         """
-        taken = sorted(RESERVED_VARIABLES & set(variables or ()))
-        if taken:
-            raise ValueError(f"template variables {taken} are set by the renderer; pass them as arguments")
-        if continue_final_message:
-            _check_continuable(messages, add_generation_prompt)
+        check_rendering(messages[-1] if messages else None, add_generation_prompt, continue_final_message, variables)
         try:
             text = self._template.render(
                 **dict(variables or {}),
@@ -71,12 +67,31 @@ class ChatTemplate:
         return _cut_after_final(text, messages[-1]["content"]) if continue_final_message else text
 
 
-def _check_continuable(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> None:
+class RenderingError(ValueError):
+    """Rendering arguments that contradict each other or the messages; `argument` names the one at fault
+    ("variables" or "continue_final_message")."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+def check_rendering(last: Mapping[str, Any] | None, add_generation_prompt: bool, continue_final_message: bool,
+                    variables: Mapping[str, Any] | None) -> None:
+    """Raise RenderingError unless a conversation whose last message is `last` can be rendered so: template variables
+    that do not replace the renderer's own, and a continued last message that is an assistant turn with content and
+    gets no generation prompt after it."""
+    taken = sorted(RESERVED_VARIABLES & set(variables or ()))
+    if taken:
+        raise RenderingError("variables", f"template variables may not set {taken}: the renderer sets them from its own arguments")
+    if not continue_final_message:
+        return
     if add_generation_prompt:
-        raise ValueError("continue_final_message goes on writing the last message; it cannot also add a generation "
-                         "prompt (set add_generation_prompt to false)")  # fmt: skip
-    if not messages or messages[-1].get("role") != "assistant" or not messages[-1].get("content"):
-        raise ValueError("continue_final_message needs the last message to be an assistant turn with content to continue")
+        raise RenderingError("continue_final_message", "continue_final_message goes on writing the last message; it cannot "
+                             "also add a generation prompt (set add_generation_prompt to false)")  # fmt: skip
+    if last is None or last.get("role") != "assistant" or not last.get("content"):
+        raise RenderingError("continue_final_message",
+                             "continue_final_message needs the last message to be an assistant turn with content to continue")
 
 
 def _cut_after_final(text: str, content: str) -> str:

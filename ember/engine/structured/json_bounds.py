@@ -47,9 +47,7 @@ def number_reachable(text: str, is_integer: bool, lower: Bound | None, upper: Bo
         return False
     for start, end in _magnitudes(whole, dot, fraction, is_integer):  # [start, end) of |value|
         span = (-end, -start) if negative else (start, end)  # the open end is the one away from zero
-        if multiple_of is None and _meets(span, negative, is_integer, lower, upper):
-            return True
-        if multiple_of is not None and _meets_multiple(span, negative, is_integer, lower, upper, multiple_of):
+        if _meets(span, negative, is_integer, lower, upper, multiple_of):
             return True
     return False
 
@@ -69,35 +67,23 @@ def _magnitudes(whole: str, dot: str, fraction: str, is_integer: bool) -> list[t
     return spans
 
 
-def _meets(span: tuple[Fraction, Fraction], negative: bool, is_integer: bool, lower: Bound | None, upper: Bound | None) -> bool:
-    """Whether the bounds hold some value of `span` (open at its end away from zero)."""
+def _meets(span: tuple[Fraction, Fraction], negative: bool, is_integer: bool, lower: Bound | None, upper: Bound | None,
+           step: Fraction | None) -> bool:
+    """Whether the bounds hold some value of `span` (open at its end away from zero), a multiple of `step` if given."""
     start, end = span
-    if is_integer:
-        low, high = _range(True, lower, upper)
-        first = start + 1 if negative else start  # integers of (start, end] or [start, end)
-        last = end if negative else end - 1
-        return max(first, low) <= min(last, high)
-    low = lower.value if lower else -math.inf
-    high = upper.value if upper else math.inf
-    if negative:  # (start, end]
-        return max(start, low) < min(end, high) or (_inside(end, lower, upper) and start < end)
-    return max(start, low) < min(end, high) or (_inside(start, lower, upper) and start < end)
-
-
-def _meets_multiple(span: tuple[Fraction, Fraction], negative: bool, is_integer: bool, lower: Bound | None,
-                    upper: Bound | None, step: Fraction) -> bool:
-    """Whether the bounds hold a multiple of `step` in `span` (open at its end away from zero)."""
-    start, end = span
-    if is_integer:  # the integers among the multiples of p/q (lowest terms) are the multiples of p
+    if is_integer:  # integers of (start, end] or [start, end), within the bounds
         low, high = _range(True, lower, upper)
         first, last = max(start + 1 if negative else start, low), min(end if negative else end - 1, high)
-        return _has_multiple(first, False, last, False, Fraction(step.numerator))
+        # the integers among the multiples of p/q (lowest terms) are the multiples of p
+        return first <= last if step is None else _has_multiple(first, False, last, False, Fraction(step.numerator))
     low_end = (start, negative)  # (value, open): [start, end) above zero, (start, end] below
     high_end = (end, not negative)
     if lower is not None and (lower.value, lower.exclusive) > low_end:
         low_end = (lower.value, lower.exclusive)
     if upper is not None and (upper.value, not upper.exclusive) < (high_end[0], not high_end[1]):
         high_end = (upper.value, upper.exclusive)
+    if step is None:
+        return low_end[0] < high_end[0] or (low_end[0] == high_end[0] and not low_end[1] and not high_end[1])
     return _has_multiple(low_end[0], low_end[1], high_end[0], high_end[1], step)
 
 

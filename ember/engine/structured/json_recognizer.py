@@ -383,8 +383,10 @@ class JsonRecognizer:
 
     def _has_new_item(self, node: Node, top: tuple) -> bool:
         """Whether an item unlike every one so far can come (always, unless the items are a few fixed values)."""
+        if not node.unique:
+            return True
         items = self.nodes[node.items]
-        return not node.unique or items.kind != "literals" or any(literal not in top[4] for literal in items.literals)
+        return items.kind != "literals" or any(literal not in top[4] for literal in items.literals)
 
     @staticmethod
     def _counted(node: Node, count: int) -> int:

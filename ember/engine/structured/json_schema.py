@@ -238,17 +238,17 @@ class _Compiler:
             raise SchemaError(f"{where}.{'format' if 'format' in schema else 'pattern'}: {error}") from error
         if min_length == 0 and max_length is None:
             return Node("string", pattern=nfa)
-        lengths = nfa.remaining_lengths(min_length if max_length is None else max_length + 1)
+        counted = Node("string", pattern=nfa, min_length=min_length, max_length=max_length,
+                       lengths=nfa.remaining_lengths(min_length if max_length is None else max_length + 1))
         possible = 0
         for state in nfa.initial():
-            possible |= lengths[state]
-        within = Node("string", min_length=min_length, max_length=max_length).length_window(0)
+            possible |= counted.lengths[state]
+        within = counted.length_window(0)
         if not possible & within:
             raise SchemaError(f"{where}: no string matching the {'format' if 'format' in schema else 'pattern'} has a length "
                               f"from {min_length} to {max_length if max_length is not None else 'any'}")  # fmt: skip
-        if not possible & ~within:  # the pattern's own lengths keep within the bounds: nothing to count
-            return Node("string", pattern=nfa)
-        return Node("string", pattern=nfa, min_length=min_length, max_length=max_length, lengths=lengths)
+        # the pattern's own lengths keep within the bounds: nothing to count
+        return Node("string", pattern=nfa) if not possible & ~within else counted
 
     def _number(self, kind: str, schema: dict, where: str) -> Node:
         def bound(inclusive: str, exclusive: str) -> Bound | None:

@@ -175,17 +175,18 @@ def test_a_pattern_with_lengths_reads_exactly_the_strings_the_reference_accepts_
             # a prefix the recogniser keeps always has an ending it accepts (no dead end for a sampler to meet)
             states = recognizer.read(recognizer.initial, ('"' + text).encode())
             if states:
-                assert any(_finishes_within(recognizer, states, 9 - length))
+                assert any(_endings(recognizer, states, b'abc"', 10 - length))
 
 
-def _finishes_within(recognizer, states, budget):
-    if recognizer.may_end(recognizer.step(states, ord('"'))):
+def _endings(recognizer, states, alphabet: bytes, budget: int):
+    """True for each way of finishing from `states` in at most `budget` bytes of `alphabet` (lazily)."""
+    if recognizer.may_end(states):
         yield True
     if budget > 0:
-        for letter in b"abc":
-            following = recognizer.step(states, letter)
+        for byte in alphabet:
+            following = recognizer.step(states, byte)
             if following:
-                yield from _finishes_within(recognizer, following, budget - 1)
+                yield from _endings(recognizer, following, alphabet, budget - 1)
 
 
 def test_a_character_being_read_is_refused_as_soon_as_nothing_could_complete_it_within_the_pattern_and_lengths():
@@ -258,14 +259,4 @@ def test_every_number_prefix_multiple_of_keeps_has_an_ending_it_accepts(schema):
     for text in ["-", "0", "1", "2", "-1", "1.", "0.2", "1.7", "-0.9", "12", "-10", "11"]:
         states = recognizer.read(recognizer.initial, text.encode())
         if states:
-            assert any(_number_finishes(recognizer, states, 4)), text
-
-
-def _number_finishes(recognizer, states, budget):
-    if recognizer.may_end(states):
-        yield True
-    if budget > 0:
-        for byte in b"0123456789.":
-            following = recognizer.step(states, byte)
-            if following:
-                yield from _number_finishes(recognizer, following, budget - 1)
+            assert any(_endings(recognizer, states, b"0123456789.", 4)), text
