@@ -5,10 +5,12 @@ default where the kernels have the int8 path; each value moves by at most max|x_
 leaves it (`"float32"`: exact up to float32 summation order, e.g. to hold the quantized model to
 its dequantized float copy token for token). Products with up to MAX_PASS_ROWS rows (decode
 batches) go through the compiled GEMV, which dequantizes in registers and, for int8, runs integer
-dot products, MAX_GEMV_ROWS rows per pass over the weight. More rows (prefill) round x the same way, then dequantize the weight a tile of rows at a time to float32
-and use ember's packed GEMM (torch's without it), where the product is compute-bound and the
-dequantization and packing cost is shared by every row. Both paths round x the same way, so they agree up to float32 summation order; bit for bit
-a row's result depends only on its own values within one path: a step of more than MAX_PASS_ROWS rows
+dot products, MAX_GEMV_ROWS rows per pass over the weight; so do int8 products of any size where the CPU
+has VNNI (`GGMLKernels.runs_in_passes`: the passes win at every size there). Otherwise more rows (prefill) round x
+the same way, then dequantize the weight a tile of rows at a time to float32 and use ember's packed GEMM (torch's
+without it), where the product is compute-bound and the dequantization and packing cost is shared by every row.
+Both paths round x the same way, so they agree up to float32 summation order; bit for bit
+a row's result depends only on its own values within one path: a step that takes the tiles
 gives its rows other last bits than a small step does, which later layers' int8 rounding can grow
 into a different greedy choice. Without the compiled kernels everything falls back
 to the plain-torch decoder, float32 activations and `F.linear`.
@@ -38,7 +40,10 @@ from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.w8a8_layers import W8A8Linear
 from ember.quant.zero_point import ZeroPointTensor
 
-TILE_VALUES = 1 << 22  # dequantize at most 4M values (16 MB of float32) at a time in the many-row path
+# The many-row path dequantizes at most this many values (1 MB of float32) at a time: the tile is still in L2 when it
+# is packed and multiplied. Measured at 128 and 512 rows on Q4_1 / Q5_0 / Q4_K / Q8_0 layer shapes of SmolLM2 and
+# Qwen2.5: 1.1-4.6x faster than 4M-value tiles, whose fresh 16 MB buffers cost more than the product.
+TILE_VALUES = 1 << 18
 ACTIVATIONS = QUANT_ACTIVATIONS  # "int8", "float32": EngineConfig.quant_activations picks one per engine
 # The output projection (named so by every ember family, as in transformers) keeps float32 activations:
 # int8 rounding of its input moves logits by ~0.1 nat, enough to flip the near-ties a small model's
@@ -48,18 +53,21 @@ LOGITS_MODULE = "lm_head"
 
 
 def ggml_linear(
-    x: torch.Tensor, weight: GGMLTensor, bias: torch.Tensor | None, tile_values: int = TILE_VALUES, activations: str = "int8"
+    x: torch.Tensor, weight: GGMLTensor, bias: torch.Tensor | None, tile_values: int = TILE_VALUES, activations: str = "int8",
+    tiles: bool | None = None,
 ) -> torch.Tensor:
     """r(x) [m, cols] @ weight.T + bias in float32, the weight dequantized on the fly (`tile_values` at a time for many rows).
 
-    `activations`: "int8" (r rounds per 32 values where the kernels have that path) or "float32" (r is the identity)."""
+    `activations`: "int8" (r rounds per 32 values where the kernels have that path) or "float32" (r is the identity).
+    `tiles`: True takes the dequantized tiles, False the GEMV passes; None whichever this CPU runs faster at x's rows."""
     kernels = load_kernels()
     x = x.float()
     if kernels is None:
         return F.linear(x, dequantize_torch(weight.data, weight.format).reshape(weight.shape), bias)
     rows, cols = weight.shape
     path = kernels.path_for(activations if weight.format.has_int8_kernel else "float32")
-    if x.shape[0] <= MAX_PASS_ROWS:
+    use_tiles = not kernels.runs_in_passes(path, x.shape[0]) if tiles is None else tiles
+    if not use_tiles:
         return kernels.gemv_blocks(x, weight.data, weight.format.type_id, bias, rows, cols, path)
     if path == GEMV_PATHS.index("int8"):
         x = round_to_int8_blocks(x)
@@ -119,14 +127,17 @@ class GGMLLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         kernels = load_kernels()
-        if kernels is not None and flat.shape[0] <= MAX_PASS_ROWS:  # decode: straight to the kernel (per-call cost matters)
-            activations = self.activations if self.format.has_int8_kernel else "float32"
-            out = kernels.gemv_blocks(flat, self.qweight, self.format.type_id, self.bias, self.out_features, self.in_features,
-                                      kernels.path_for(activations))
+        path = None if kernels is None else self._path(kernels)
+        if path is not None and kernels.runs_in_passes(path, flat.shape[0]):  # decode: straight to the kernel (per-call cost matters)
+            out = kernels.gemv_blocks(flat, self.qweight, self.format.type_id, self.bias, self.out_features, self.in_features, path)
         else:
             out = ggml_linear(flat, self.stored_blocks, self.bias, activations=self.activations)
         out = out.view(*x.shape[:-1], self.out_features)
         return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def _path(self, kernels) -> int:
+        """The kernels' path index for this layer's activations (float32 where its format has no int8 kernel)."""
+        return kernels.path_for(self.activations if self.format.has_int8_kernel else "float32")
 
     def compiled_product(self) -> CompiledProduct | None:
         """This layer's product for C callers such as the compiled decoder layer: up to MAX_PASS_ROWS rows,
@@ -136,8 +147,7 @@ class GGMLLinear(nn.Module):
         kernels = load_kernels()
         if kernels is None:
             return None
-        path = kernels.path_for(self.activations if self.format.has_int8_kernel else "float32")
-        weight = GGMLWeightPointer(self.format.type_id, path, self.qweight.data_ptr())
+        weight = GGMLWeightPointer(self.format.type_id, self._path(kernels), self.qweight.data_ptr())
         bias = None if self.bias is None else self.bias.detach().float().contiguous()
         return CompiledProduct(
             kernels.linear_address, ctypes.addressof(weight), None if bias is None else bias.data_ptr(),
@@ -173,7 +183,7 @@ class ZeroPointLinear(GGMLLinear):
         flat = x.reshape(-1, self.in_features).float()
         kernels = load_kernels()
         bias = None if self.bias is None else self.bias.float()
-        if kernels is not None and flat.shape[0] <= MAX_PASS_ROWS:
+        if kernels is not None and kernels.runs_in_passes(self._path(kernels), flat.shape[0]):
             out = kernels.linear(flat.contiguous(), self._weight_pointer(kernels), bias, self.out_features)
         else:
             out = self._forward_torch(flat, bias)
@@ -190,9 +200,8 @@ class ZeroPointLinear(GGMLLinear):
         return out + group_sums @ self.offsets_by_group
 
     def _weight_pointer(self, kernels) -> GGMLWeightPointer:
-        path = kernels.path_for(self.activations if self.format.has_int8_kernel else "float32")
         return GGMLWeightPointer(
-            self.format.type_id, path, self.qweight.data_ptr(),
+            self.format.type_id, self._path(kernels), self.qweight.data_ptr(),
             None if self.input_order is None else self.input_order.data_ptr(),
             None if self.offsets_by_group is None else self.offsets_by_group.data_ptr(),
             self.column_groups.data_ptr(), self.num_groups,

@@ -139,7 +139,7 @@ def test_int8_layers_hold_q4_interleaved_and_give_the_gguf_blocks_back(kernels):
     x = torch.randn(MAX_PASS_ROWS + 7, 256, generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         expected = F.linear(int8_rounded(x)[0], weight.dequantize())
-        for rows in (x[:1], x[:MAX_GEMV_ROWS], x):  # the kernel, and the dequantized tiles beyond MAX_PASS_ROWS
+        for rows in (x[:1], x[:MAX_GEMV_ROWS], x):  # the kernel, and many rows (passes or tiles, whichever this CPU runs)
             ours = layer(rows)
             torch.testing.assert_close(ours, expected[: rows.shape[0]], rtol=RTOL, atol=RTOL * expected.abs().max().item())
         # Switched to float32 activations, the interleaved layer computes what the GGUF-layout layer does, bit for bit.
@@ -150,8 +150,8 @@ def test_int8_layers_hold_q4_interleaved_and_give_the_gguf_blocks_back(kernels):
 def test_many_row_tiles_cut_whole_groups(kernels):
     weight = random_blocks("Q4_0", rows=72, cols=128, seed=6)
     x = torch.randn(MAX_PASS_ROWS + 1, 128, generator=torch.Generator().manual_seed(6))
-    tiles = ggml_linear(x, interleaved(weight), None, tile_values=128 * 12)  # 12 rows asked: tiles of 8
-    assert torch.equal(tiles, ggml_linear(x, weight, None, tile_values=128 * 12))
+    tiles = ggml_linear(x, interleaved(weight), None, tile_values=128 * 12, tiles=True)  # 12 rows asked: tiles of 8
+    assert torch.equal(tiles, ggml_linear(x, weight, None, tile_values=128 * 12, tiles=True))
 
 
 @pytest.mark.parametrize("name", NAMES)

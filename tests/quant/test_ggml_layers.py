@@ -7,7 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from ember.quant.ggml_blocks import FORMATS, GGMLRowParts
-from ember.quant.ggml_kernels import MAX_GEMV_ROWS, MAX_PASS_ROWS, load_kernels
+from ember.quant.ggml_kernels import (
+    INT8_PASSES_AT_ANY_ROWS,
+    MAX_GEMV_ROWS,
+    MAX_PASS_ROWS,
+    load_kernels,
+)
 from ember.quant.ggml_layers import (
     GGMLEmbedding,
     GGMLLinear,
@@ -89,12 +94,27 @@ def test_many_rows_use_dequantized_tiles_and_agree_with_the_few_row_kernel(kerne
     x = torch.randn(MAX_PASS_ROWS + 5, 512, generator=torch.Generator().manual_seed(5))
     rounded = int8_rounded(x)[0] if activations == "int8" and "int8" in kernels.paths else x
     expected = F.linear(rounded, weight.dequantize())
-    ours = ggml_linear(x, weight, None, tile_values=512 * 64, activations=activations)  # 5 tiles of 64 rows, the last partial
+    ours = ggml_linear(x, weight, None, tile_values=512 * 64, activations=activations, tiles=True)  # 5 tiles of 64 rows
     atol = RTOL * expected.abs().max().item()
     torch.testing.assert_close(ours, expected, rtol=RTOL, atol=atol)
     # A row's result does not depend on how many rows share the call (the kernel's path or the tiles').
     one_by_one = torch.cat([ggml_linear(row[None], weight, None, activations=activations) for row in x])
     torch.testing.assert_close(ours, one_by_one, rtol=RTOL, atol=atol)
+
+
+def test_products_run_as_passes_up_to_max_pass_rows_and_int8_ones_beyond_where_the_cpu_has_vnni(kernels):
+    int8, float32 = kernels.path_for("int8"), kernels.path_for("float32")
+    assert kernels.runs_in_passes(float32, MAX_PASS_ROWS) and not kernels.runs_in_passes(float32, MAX_PASS_ROWS + 1)
+    assert kernels.runs_in_passes(int8, 4096) == (kernels.int8_dot_kind in INT8_PASSES_AT_ANY_ROWS)
+
+
+def test_a_prefill_through_int8_passes_gives_every_row_its_one_row_bits(kernels):
+    if kernels.int8_dot_kind not in INT8_PASSES_AT_ANY_ROWS:
+        pytest.skip("without VNNI many int8 rows take the dequantized tiles (test_many_rows_use_dequantized_tiles...)")
+    layer = GGMLLinear(random_blocks("Q4_K", rows=64, cols=256, seed=12))
+    x = torch.randn(3 * MAX_PASS_ROWS + 5, 256, generator=torch.Generator().manual_seed(12))
+    with torch.inference_mode():
+        assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
 
 
 def test_linear_layer_keeps_the_blocks_and_maps_leading_dimensions():
