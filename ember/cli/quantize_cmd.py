@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
                             calib_tokens=args.calib_tokens, seq_len=args.seq_len, alpha=args.alpha)
     result = quantize_checkpoint(config)
     print(f"wrote {result.out}: {result.bytes_per_parameter:.3f} bytes/parameter over {result.num_parameters:,} parameters"
-          f" ({result.calib_tokens} calibration tokens)")
+          f" ({result.calib_tokens} calibration tokens); run it with `ember serve --model {result.out}`")
     return 0
 
 

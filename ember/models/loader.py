@@ -16,7 +16,12 @@ from torch import nn
 from ember.gguf_file import GGUFFile
 from ember.layers.cpu_prepare import prepare_for_cpu_kernels
 from ember.models.config import ModelConfig
-from ember.models.gguf_loader import is_gguf_file, iter_gguf_tensors, read_gguf_config
+from ember.models.gguf_loader import (
+    is_gguf_file,
+    iter_gguf_tensors,
+    read_gguf_config,
+    single_gguf_in,
+)
 from ember.models.hf_loader import find_hf_tokenizer, is_hf_folder, iter_hf_tensors, read_hf_config
 from ember.models.llama import LlamaForCausalLM
 from ember.models.llama2c_loader import (
@@ -75,6 +80,7 @@ def load_model(
         raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(LOAD_DTYPES)}")
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist; give a file, a folder or a registered name")
+    path = single_gguf_in(path) or path  # e.g. `ember quantize`'s --out folder of a GGUF source
     if is_hf_folder(path):
         config = read_hf_config(path)
         layout = hf_quantization(path)  # GPTQ / AWQ: quantization_config in config.json
@@ -103,8 +109,8 @@ def load_model(
         tensors = _sliced(iter_llama2c_tensors(path, header), shard)
         return _build(config, tensors, dtype, None, "llama2c", show_progress, shard=shard)
     raise ValueError(
-        f"{path} is not a model ember can read: expected a GGUF file, a folder with config.json and "
-        "*.safetensors, or a llama2.c .bin checkpoint"
+        f"{path} is not a model ember can read: expected a GGUF file (or a folder holding one), a folder "
+        "with config.json and *.safetensors, or a llama2.c .bin checkpoint"
     )
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from ember.models.gguf_loader import single_gguf_in
+
 
 @dataclass(frozen=True)
 class WheelMember:
@@ -86,10 +88,11 @@ def registered_path(model: RegisteredModel) -> Path:
 
 
 def resolve_model(name_or_path: str) -> Path:
-    """A path as given, or a registered model's pulled file; says how to pull it when missing."""
+    """A path as given (a folder holding one GGUF file stands for that file), or a registered model's pulled file;
+    says how to pull it when missing."""
     path = Path(name_or_path).expanduser()
     if path.exists():
-        return path
+        return single_gguf_in(path) or path
     model = REGISTERED_MODELS.get(name_or_path)
     if model is None:
         known = ", ".join(sorted(REGISTERED_MODELS))

@@ -88,3 +88,18 @@ def test_every_registered_model_names_its_pieces_distinctly():
 def test_a_registered_model_not_yet_pulled_says_how_to_pull_it(home):
     with pytest.raises(FileNotFoundError, match="ember pull smollm2-135m-instruct"):
         resolve_model("smollm2-135m-instruct")
+
+
+def test_a_folder_holding_one_gguf_stands_for_it_while_hf_folders_and_ambiguous_ones_stay_folders(tmp_path):
+    quantized = tmp_path / "quantized"  # what `ember quantize --out DIR` writes from a GGUF source
+    quantized.mkdir()
+    (quantized / "model.gguf").write_bytes(PAYLOAD)
+    (quantized / "ember_quantization.json").write_text("{}")
+    assert resolve_model(str(quantized)) == quantized / "model.gguf"
+    (quantized / "other.gguf").write_bytes(PAYLOAD)
+    assert resolve_model(str(quantized)) == quantized
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.gguf").write_bytes(PAYLOAD)
+    assert resolve_model(str(hf)) == hf

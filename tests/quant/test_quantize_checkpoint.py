@@ -123,9 +123,9 @@ def test_float_code_checkpoints_load_in_their_blocks_and_run_like_their_float_co
         write_gguf(tiny_folder, source, GGMLQuantizationType.F32, np.random.default_rng(0))
     out = tmp_path / method
     assert main(["quantize", "--model", str(source), "--method", method, "--out", str(out)]) == 0
-    checkpoint = out / "model.gguf" if source_kind == "gguf" else out
+    checkpoint = out  # the --out folder loads as it is (a GGUF inside it stands for the folder)
     if source_kind == "gguf":  # ember's formats travel as raw I8 rows of blocks, listed under ember.block_formats
-        reader = GGUFReader(str(checkpoint))
+        reader = GGUFReader(str(out / "model.gguf"))
         assert json.loads(reader.fields["ember.block_formats"].contents())["blk.0.attn_q.weight"] == "NF4"
     layers = [m for m in load_model(checkpoint).model.modules() if isinstance(m, GGMLLinear)]
     assert {m.format.name for m in layers} == {method.upper(), "Q8_0"}  # the LM head is Q8_0 like the table
