@@ -25,7 +25,7 @@ from ember.quant.ggml_blocks import FORMATS, GGMLTensor
 from ember.quant.int8_channel import FORMAT_NAME as INT8_ROWS_FORMAT
 from ember.quant.int8_channel import Int8ChannelTensor
 
-# Tensor types ember reads: those in FORMATS run in their blocks, the others are dequantized at load.
+# Tensor types ember reads: those in FORMATS (every quantized type here) run in their blocks, the float ones load as floats.
 SUPPORTED_TYPES = {
     GGMLQuantizationType.F32,
     GGMLQuantizationType.F16,

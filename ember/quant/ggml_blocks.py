@@ -1,6 +1,6 @@
 """GGML block formats kept as they are in the file: a weight is rows of blocks, dequantized on use.
 
-ember executes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K without a float copy of the model. A
+ember executes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K without a float copy of the model. A
 `GGMLTensor` holds the raw bytes of a 2-D weight as a uint8 tensor [rows, bytes_per_row]:
 each row is a run of whole blocks, so stacking parts of a fused projection (q, k, v) is a
 concatenation of rows, and llama.cpp's row permutation of q/k is a row reindexing.
@@ -40,6 +40,8 @@ FORMATS: dict[str, GGMLFormat] = {
         GGMLFormat("Q5_0", 6, 32, 22),  # fp16 d, 32 high bits, 16 bytes of low nibbles: d * (q - 16)
         GGMLFormat("Q5_1", 7, 32, 24),  # fp16 d and m, the same 5-bit codes: d * q + m
         GGMLFormat("Q8_0", 8, 32, 34),
+        GGMLFormat("Q2_K", 10, 256, 84),  # 16 scale/min nibble pairs, 64 bytes of 2-bit codes, fp16 d and dmin
+        GGMLFormat("Q3_K", 11, 256, 110),  # 32 bytes of high bits, 64 bytes of low 2 bits, 12 bytes of 6-bit scales, fp16 d
         GGMLFormat("Q4_K", 12, 256, 144),
         GGMLFormat("Q5_K", 13, 256, 176),
         GGMLFormat("Q6_K", 14, 256, 210),
@@ -48,7 +50,7 @@ FORMATS: dict[str, GGMLFormat] = {
         GGMLFormat("FP8", 201, 32, 33, has_int8_kernel=False),  # E8M0 scale + 32 e4m3 codes (OCP MXFP8's block)
     )
 }
-GGUF_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the formats GGML itself defines
+GGUF_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # the formats GGML itself defines
 # QLoRA's NormalFloat-4 levels (the bitsandbytes constants), code 0..15.
 NF4_LEVELS = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635, -0.18477343022823334,
@@ -207,8 +209,33 @@ def _dequantize_32(blocks: torch.Tensor, name: str) -> torch.Tensor:
     return d * codes.float() + _half(blocks, 2)  # Q4_1, Q5_1
 
 
+def _low2(qs: torch.Tensor) -> torch.Tensor:
+    """Q2_K / Q3_K: 64 code bytes -> 256 values' low 2 bits [n, 16 groups, 16] (value 128h + 32j + l: byte 32h + l >> 2j)."""
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+    return ((qs.reshape(-1, 2, 1, 32) >> shifts) & 3).reshape(-1, 16, 16)
+
+
+def _dequantize_k_low_bits(blocks: torch.Tensor, name: str) -> torch.Tensor:
+    n = blocks.shape[0]
+    if name == "Q2_K":
+        scales = blocks[:, :16]
+        dl = (_half(blocks, 80) * (scales & 15).float()).reshape(n, 16, 1)
+        ml = (_half(blocks, 82) * (scales >> 4).float()).reshape(n, 16, 1)
+        return (dl * _low2(blocks[:, 16:80]).float() - ml).reshape(n, 256)
+    packed = blocks[:, 96:108]
+    low = (packed[:, :8].reshape(n, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 2, 1)).reshape(n, 16)
+    high = (packed[:, 8:].reshape(n, 1, 4) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 4, 1)).reshape(n, 16)
+    scales = (((low & 0x0F) | ((high & 3) << 4)).to(torch.int8) - 32).float()
+    dl = (_half(blocks, 108) * scales).reshape(n, 16, 1)
+    hbits = (blocks[:, :32].reshape(n, 1, 32) >> torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)).reshape(n, 16, 16) & 1
+    q = _low2(blocks[:, 32:96]).to(torch.int8) - ((hbits ^ 1) << 2).to(torch.int8)  # a clear high bit means minus 4
+    return (dl * q.float()).reshape(n, 256)
+
+
 def _dequantize_k(blocks: torch.Tensor, name: str) -> torch.Tensor:
     n = blocks.shape[0]
+    if name in ("Q2_K", "Q3_K"):
+        return _dequantize_k_low_bits(blocks, name)
     if name == "Q6_K":
         low, high = _nibbles(blocks[:, :128].reshape(n, 2, 1, 64))
         ql = torch.cat([low, high], dim=2).reshape(n, 8, 32)

@@ -1,4 +1,4 @@
-/* ember's kernels for GGML block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, and ember's own
+/* ember's kernels for GGML block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and ember's own
  * NF4 (64 values: fp16 absmax scale, 4-bit codes into the NormalFloat table) and FP8 (32 values:
  * an E8M0 power-of-two scale, e4m3 codes: OCP MXFP8's block). The last two have no int8 path.
  *
@@ -33,7 +33,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, Q4_K_X8 = 112, Q5_K_X8 = 113, NF4 = 200, FP8 = 201 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, Q4_K_X8 = 112, Q5_K_X8 = 113, NF4 = 200, FP8 = 201 };
 
 /* QLoRA's NormalFloat-4 levels (the bitsandbytes constants). */
 static const float NF4_LEVELS[16] = {
@@ -77,7 +77,7 @@ static inline float half_to_float(const uint8_t *p) {
 }
 
 static int64_t block_values(int type) {
-    if (type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8 || type == Q5_K_X8) return 256;
+    if (type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8 || type == Q5_K_X8) return 256;
     return type == NF4 ? 64 : 32;
 }
 
@@ -105,6 +105,8 @@ static int64_t block_bytes(int type) {
     case Q5_0: case Q5_0_X8: return 22;
     case Q5_1: case Q5_1_X8: return 24;
     case Q8_0: case Q8_0_X8: return 34;
+    case Q2_K: return 84;
+    case Q3_K: return 110;
     case Q4_K: case Q4_K_X8: return 144;
     case Q5_K: case Q5_K_X8: return 176;
     case Q6_K: return 210;
@@ -123,6 +125,17 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *scale, int *min) {
         *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+
+/* Q2_K / Q3_K: value v of a super-block takes its 2 low bits from byte 32 * (v / 128) + v % 32 of the codes, shifted
+ * by 2 * (v / 32 % 4) (four values per byte, a 32-byte run per 128 values), and its scale from group v / 16. */
+static inline int k_low2(const uint8_t *qs, int v) { return (qs[32 * (v / 128) + v % 32] >> (2 * (v / 32 % 4))) & 3; }
+
+/* Q3_K's scale of 16-value group i (0..15): 4 low bits from byte i % 8 (high nibble for i >= 8), 2 high bits from
+ * byte 8 + i % 4 at bit 2 * (i / 4), minus 32. */
+static inline int q3_k_scale(const uint8_t *scales, int i) {
+    int low = i < 8 ? scales[i] & 15 : scales[i - 8] >> 4;
+    return (low | (((scales[8 + i % 4] >> (2 * (i / 4))) & 3) << 4)) - 32;
 }
 
 /* One block -> float32, operation for operation as gguf.quants computes it. */
@@ -194,6 +207,22 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
     case FP8: {
         float scale = e8m0_to_float(b[0]);
         for (int l = 0; l < 32; l++) out[l] = e4m3_to_float(b[1 + l]) * scale;
+        break;
+    }
+    case Q2_K: { /* scales[16] (low nibble scale, high nibble min), 64 code bytes, fp16 d, fp16 dmin: dl * q - ml */
+        float d = half_to_float(b + 80), dmin = half_to_float(b + 82);
+        for (int v = 0; v < 256; v++) {
+            float dl = d * (float)(b[v / 16] & 15), ml = dmin * (float)(b[v / 16] >> 4);
+            out[v] = dl * (float)k_low2(b + 16, v) - ml;
+        }
+        break;
+    }
+    case Q3_K: { /* 32 bytes of high bits (bit v / 32 of byte v % 32; clear means minus 4), 64 code bytes, 12 scale bytes, fp16 d */
+        float d = half_to_float(b + 108);
+        for (int v = 0; v < 256; v++) {
+            int q = k_low2(b + 32, v) - (((b[v % 32] >> (v / 32)) & 1) ? 0 : 4);
+            out[v] = (d * (float)q3_k_scale(b + 96, v / 16)) * (float)q;
+        }
         break;
     }
     case Q6_K: {
@@ -475,6 +504,13 @@ static inline __attribute__((always_inline)) void row_dot_avx2(const int type, c
         } else if (type == FP8) {
             e4m3_widen32(_mm256_loadu_si256((const __m256i *)(b + 1)), w);
             accumulate32(w, e8m0_to_float(b[0]) * 256.0f, 0.0f, x, xsum, m, cols, k, groups, 32 * k, acc, offset);
+        } else if (type == Q2_K || type == Q3_K) { /* the block dequantized first: float32 activations are rare here */
+            float values[256];
+            dequantize_block(type, b, values);
+            for (int c = 0; c < 8; c++) {
+                for (int v = 0; v < 4; v++) w[v] = _mm256_loadu_ps(values + 32 * c + 8 * v);
+                accumulate32(w, 1.0f, 0.0f, x, xsum, m, cols, 8 * k + c, groups, 256 * k + 32 * c, acc, offset);
+            }
         } else if (type == Q4_K || type == Q5_K) {
             float d = half_to_float(b), dmin = half_to_float(b + 2);
             const uint8_t *qs = type == Q4_K ? b + 16 : b + 48;
@@ -533,6 +569,8 @@ ROW_DOT_FOR_TYPE(Q4_1)
 ROW_DOT_FOR_TYPE(Q5_0)
 ROW_DOT_FOR_TYPE(Q5_1)
 ROW_DOT_FOR_TYPE(Q8_0)
+ROW_DOT_FOR_TYPE(Q2_K)
+ROW_DOT_FOR_TYPE(Q3_K)
 ROW_DOT_FOR_TYPE(Q4_K)
 ROW_DOT_FOR_TYPE(Q5_K)
 ROW_DOT_FOR_TYPE(Q6_K)
@@ -546,6 +584,8 @@ static void row_dot_fast(int type, const uint8_t *row, const float *x, const flo
     case Q5_0: row_dot_Q5_0(row, x, xsum, m, cols, out); break;
     case Q5_1: row_dot_Q5_1(row, x, xsum, m, cols, out); break;
     case Q8_0: row_dot_Q8_0(row, x, xsum, m, cols, out); break;
+    case Q2_K: row_dot_Q2_K(row, x, xsum, m, cols, out); break;
+    case Q3_K: row_dot_Q3_K(row, x, xsum, m, cols, out); break;
     case Q4_K: row_dot_Q4_K(row, x, xsum, m, cols, out); break;
     case Q5_K: row_dot_Q5_K(row, x, xsum, m, cols, out); break;
     case NF4: row_dot_NF4(row, x, xsum, m, cols, out); break;
@@ -617,6 +657,40 @@ static inline __attribute__((always_inline)) void row_dot_int8_body(const int ty
                 const act_block *a = xq + i * groups + k;
                 acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), dot_s8_s8(q, load_act(a)), acc[i]);
             }
+        } else if (type == Q2_K || type == Q3_K) {
+            /* 32 values (run h, shift j) span two 16-value groups: lanes 0-3 of a dot hold the first, 4-7 the second,
+             * so each half gets its group's scale (and Q2_K's min, times the activations' sum from a dot with ones). */
+            const __m256i codes_hi = _mm256_loadu_si256((const __m256i *)b); /* Q3_K's high bits */
+            float d = half_to_float(b + (type == Q2_K ? 80 : 108)), dmin = type == Q2_K ? half_to_float(b + 82) : 0.0f;
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(b + (type == Q2_K ? 16 : 32) + 32 * h));
+                for (int j = 0; j < 4; j++) {
+                    const int g = 8 * h + 2 * j;
+                    __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), three);
+                    float scale_a, scale_b, min_a = 0.0f, min_b = 0.0f;
+                    if (type == Q2_K) {
+                        scale_a = d * (float)(b[g] & 15), scale_b = d * (float)(b[g + 1] & 15);
+                        min_a = dmin * (float)(b[g] >> 4), min_b = dmin * (float)(b[g + 1] >> 4);
+                    } else {
+                        __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(codes_hi, 4 * h + j), one), 2);
+                        q = _mm256_sub_epi8(_mm256_or_si256(q, high), _mm256_set1_epi8(4));
+                        scale_a = d * (float)q3_k_scale(b + 96, g), scale_b = d * (float)q3_k_scale(b + 96, g + 1);
+                    }
+                    const __m256 scale = _mm256_set_m128(_mm_set1_ps(scale_b), _mm_set1_ps(scale_a));
+                    const __m256 mins = _mm256_set_m128(_mm_set1_ps(min_b), _mm_set1_ps(min_a));
+                    for (int64_t i = 0; i < m; i++) {
+                        const act_block *a = xq + i * groups + 8 * k + 4 * h + j;
+                        const __m256i act = load_act(a);
+                        const __m256 ad = _mm256_set1_ps(a->d);
+                        if (type == Q2_K) {
+                            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, ad), dot_u8_s8(q, act), acc[i]);
+                            acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(mins, ad), dot_u8_s8(one, act), acc[i]);
+                        } else {
+                            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, ad), dot_s8_s8(q, act), acc[i]);
+                        }
+                    }
+                }
+            }
         } else if (type == Q4_K || type == Q5_K) {
             float d = half_to_float(b), dmin = half_to_float(b + 2);
             const uint8_t *qs = type == Q4_K ? b + 16 : b + 48;
@@ -677,6 +751,8 @@ ROW_DOT_INT8_FOR_TYPE(Q4_1)
 ROW_DOT_INT8_FOR_TYPE(Q5_0)
 ROW_DOT_INT8_FOR_TYPE(Q5_1)
 ROW_DOT_INT8_FOR_TYPE(Q8_0)
+ROW_DOT_INT8_FOR_TYPE(Q2_K)
+ROW_DOT_INT8_FOR_TYPE(Q3_K)
 ROW_DOT_INT8_FOR_TYPE(Q4_K)
 ROW_DOT_INT8_FOR_TYPE(Q5_K)
 ROW_DOT_INT8_FOR_TYPE(Q6_K)
@@ -688,6 +764,8 @@ static void row_dot_int8(int type, const uint8_t *row, const act_block *xq, int6
     case Q5_0: row_dot_int8_Q5_0(row, xq, m, cols, out); break;
     case Q5_1: row_dot_int8_Q5_1(row, xq, m, cols, out); break;
     case Q8_0: row_dot_int8_Q8_0(row, xq, m, cols, out); break;
+    case Q2_K: row_dot_int8_Q2_K(row, xq, m, cols, out); break;
+    case Q3_K: row_dot_int8_Q3_K(row, xq, m, cols, out); break;
     case Q4_K: row_dot_int8_Q4_K(row, xq, m, cols, out); break;
     case Q5_K: row_dot_int8_Q5_K(row, xq, m, cols, out); break;
     default: row_dot_int8_Q6_K(row, xq, m, cols, out); break;
