@@ -1,4 +1,4 @@
-"""GGML weights moved into ember's eight-row interleaved layouts (Q4_0_X8, ..., Q5_K_X8) and back.
+"""GGML weights moved into ember's eight-row interleaved layouts (Q4_0_X8, ..., Q6_K_X8) and back.
 
 The few-row int8 product over plain GGML rows is compute-bound on CPUs without wide integer units: each
 block of each row costs its own decode, dot product, reduction and scale. Stored eight rows at a time,
@@ -9,7 +9,8 @@ size, exact both ways, so a layer can hold the interleaved form and give the GGU
 A plain block is cut into parts (`Part`: a byte range of the block); one group's block k stores part after
 part, each part's bytes for the eight rows side by side, in row order. Q4_0: d | codes. Q4_1: d | m | codes.
 Q5_0: d | high bits | codes. Q5_1: d | m | high bits | codes. Q4_K: d | dmin | the 12 scale bytes as three
-4-byte words | the 128 code bytes. Q5_K: as Q4_K, with its 32 bytes of fifth bits before the codes. Codes and
+4-byte words | the 128 code bytes. Q5_K: as Q4_K, with its 32 bytes of fifth bits before the codes. Q6_K: its
+low nibbles, high bit pairs and int8 scales (bytes 0-207) in 4-byte words | d. Codes and
 fifth bits go in 4-byte parts, so a 32-byte load holds four bytes of every row, one row per 32-bit lane, and
 the kernels' dot products leave each row's sum in its own lane with no reduction across lanes. Q8_0: d |
 codes, in 4-byte parts too.
@@ -53,6 +54,7 @@ LAYOUTS: dict[str, tuple[GGMLFormat, tuple[Part, ...]]] = {
     "Q8_0": (GGMLFormat("Q8_0_X8", 108, 32, 34), _parts((0, 2), *_words(2, 34))),
     "Q4_K": (GGMLFormat("Q4_K_X8", 112, 256, 144), _parts(*_K_FIELDS, *_words(16, 144))),
     "Q5_K": (GGMLFormat("Q5_K_X8", 113, 256, 176), _parts(*_K_FIELDS, *_words(16, 176))),
+    "Q6_K": (GGMLFormat("Q6_K_X8", 114, 256, 210), _parts(*_words(0, 208), (208, 210))),
 }
 INTERLEAVED_FORMATS: dict[str, GGMLFormat] = {name: fmt for name, (fmt, _) in LAYOUTS.items()}
 PLAIN_FORMATS: dict[str, GGMLFormat] = {f.name: FORMATS[name] for name, f in INTERLEAVED_FORMATS.items()}

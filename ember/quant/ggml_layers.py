@@ -101,7 +101,7 @@ class GGMLLinear(nn.Module):
     """`y = x W^T + b` with W in GGML blocks (a non-persistent buffer: state dicts never carry it).
 
     `activations` ("int8" or "float32") is the precision the few-row kernel rounds x to. A Q4_0 / Q4_1 / Q5_0 / Q5_1 /
-    Q8_0 / Q4_K / Q5_K weight of a layer built for int8 activations is held in its eight-row interleaved layout (ember.quant.ggml_interleave:
+    Q8_0 / Q4_K / Q5_K / Q6_K weight of a layer built for int8 activations is held in its eight-row interleaved layout (ember.quant.ggml_interleave:
     the same bytes moved, ~3x fewer instructions per block in the int8 product); `weight_blocks` gives the GGUF
     layout back."""
 
@@ -278,7 +278,7 @@ class GGMLEmbedding(nn.Module):
 
 def _kernel_layout(weight: GGMLTensor, activations: str) -> GGMLTensor:
     """`weight` interleaved where the int8 kernel runs it (built with that path, int8 activations, Q4 / Q5 / Q8_0 /
-    Q4_K / Q5_K in groups of eight rows); as it is otherwise. The LM head (float32 activations) stays in the GGUF layout, so a
+    Q4_K / Q5_K / Q6_K in groups of eight rows); as it is otherwise. The LM head (float32 activations) stays in the GGUF layout, so a
     tied embedding keeps sharing its blocks."""
     kernels = load_kernels()
     if kernels is None or "int8" not in kernels.paths or activations != "int8" or not can_interleave(weight):

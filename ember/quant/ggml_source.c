@@ -33,7 +33,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, Q4_K_X8 = 112, Q5_K_X8 = 113, NF4 = 200, FP8 = 201 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, Q4_K_X8 = 112, Q5_K_X8 = 113, Q6_K_X8 = 114, NF4 = 200, FP8 = 201 };
 
 /* QLoRA's NormalFloat-4 levels (the bitsandbytes constants). */
 static const float NF4_LEVELS[16] = {
@@ -46,7 +46,7 @@ enum { PATH_INT8 = 0, PATH_FLOAT = 1, PATH_PORTABLE = 2 };
 /* 32 activations as int8: x ~= d * q; qsum = d * sum(q), the block's sum as the kernel sees it; sum = sum(q). */
 typedef struct {
     float d, qsum;
-    int32_t sum;
+    int32_t sum, half_sum[2]; /* half_sum: sum(q) over values 0-15 and 16-31 (Q6_K_X8's 16-value scale groups) */
     int8_t q[32];
 } act_block;
 
@@ -77,7 +77,9 @@ static inline float half_to_float(const uint8_t *p) {
 }
 
 static int64_t block_values(int type) {
-    if (type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8 || type == Q5_K_X8) return 256;
+    if (type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8 || type == Q5_K_X8 ||
+        type == Q6_K_X8)
+        return 256;
     return type == NF4 ? 64 : 32;
 }
 
@@ -109,7 +111,7 @@ static int64_t block_bytes(int type) {
     case Q3_K: return 110;
     case Q4_K: case Q4_K_X8: return 144;
     case Q5_K: case Q5_K_X8: return 176;
-    case Q6_K: return 210;
+    case Q6_K: case Q6_K_X8: return 210;
     case NF4: return 34;
     case FP8: return 33;
     default: return 0;
@@ -245,7 +247,7 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
 
 static int is_x8(int type) {
     return type == Q4_0_X8 || type == Q4_1_X8 || type == Q5_0_X8 || type == Q5_1_X8 || type == Q8_0_X8 || type == Q4_K_X8 ||
-           type == Q5_K_X8;
+           type == Q5_K_X8 || type == Q6_K_X8;
 }
 
 /* The plain format an x8 layout moves (Q4_0_X8 -> Q4_0); other types are their own. */
@@ -258,6 +260,7 @@ static int plain_type(int type) {
     case Q8_0_X8: return Q8_0;
     case Q4_K_X8: return Q4_K;
     case Q5_K_X8: return Q5_K;
+    case Q6_K_X8: return Q6_K;
     default: return type;
     }
 }
@@ -285,6 +288,9 @@ static const x8_part X8_Q8_0[] = {{0, 2}, {2, 6}, {6, 10}, {10, 14}, {14, 18}, {
 static const x8_part X8_Q4_K[] = {X8_K_FIELDS, X8_WORDS_32(16), X8_WORDS_32(48), X8_WORDS_32(80), X8_WORDS_32(112)};
 static const x8_part X8_Q5_K[] = {X8_K_FIELDS, X8_WORDS_32(16), X8_WORDS_32(48), X8_WORDS_32(80), X8_WORDS_32(112),
                                   X8_WORDS_32(144)};
+/* Q6_K: its 128 bytes of low nibbles, 64 bytes of high bit pairs and 16 int8 scales in 4-byte parts, then d. */
+static const x8_part X8_Q6_K[] = {X8_WORDS_32(0), X8_WORDS_32(32), X8_WORDS_32(64), X8_WORDS_32(96), X8_WORDS_32(128),
+                                  X8_WORDS_32(160), {192, 196}, {196, 200}, {200, 204}, {204, 208}, {208, 210}};
 
 static int x8_layout(int type, const x8_part **parts) {
     switch (type) {
@@ -294,6 +300,7 @@ static int x8_layout(int type, const x8_part **parts) {
     case Q5_1_X8: *parts = X8_Q5_1; return 7;
     case Q8_0_X8: *parts = X8_Q8_0; return 9;
     case Q4_K_X8: *parts = X8_Q4_K; return 5 + 32;
+    case Q6_K_X8: *parts = X8_Q6_K; return 48 + 4 + 1;
     default: *parts = X8_Q5_K; return 5 + 8 + 32;
     }
 }
@@ -1049,6 +1056,64 @@ static inline __attribute__((always_inline)) void x8_group_k_body(const int type
 
 X8_GROUP_INT8_FOR_TYPE(Q4_K_X8, x8_group_k_body)
 X8_GROUP_INT8_FOR_TYPE(Q5_K_X8, x8_group_k_body)
+
+/* One Q6_K_X8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. A super-block of eight rows holds the
+ * rows' low nibbles (32 loads: load w has bytes 4w..4w+3 of each row's 128, row r in lane r), their high bit pairs (16
+ * loads over the 64 bytes), their 16 int8 scales (4 loads) and the eight d. The 32 values of activation block (h, part)
+ * are low bytes 64h + 32(part & 1) + l (high nibbles for part >= 2) with bits 2part..2part+1 of high byte 32h + l on top:
+ * codes 0..63, unsigned for dpbusd, q - 32 restored through the activations' sum per 16-value half (each half has its
+ * own scale, so its four dot products sum apart). Per activation row the arithmetic does not depend on m. */
+static inline __attribute__((always_inline)) void x8_group_q6_k_body(const int type, const uint8_t *group, const act_block *xq,
+                                                                    const int64_t m, int64_t cols, float *out) {
+    (void)type;
+    const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
+    const int64_t groups = cols / 32, blocks = cols / 256, size = 8 * block_bytes(Q6_K_X8);
+    __m256 acc[MAX_M], offset[MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = offset[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < blocks; k++) {
+        const uint8_t *b = group + (size_t)(k * size);
+        for (int line = 0; line < size; line += 64) _mm_prefetch((const char *)(b + size + line), _MM_HINT_T0);
+        const uint8_t *low_words = b, *high_words = b + 1024, *scale_words = b + 1536;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 1664)));
+        __m256 scale[16]; /* scale[g]: d * scales[g] of every row, sign-extended from byte g % 4 of word g / 4 */
+        for (int u = 0; u < 4; u++) {
+            const __m256i word = _mm256_loadu_si256((const __m256i *)(scale_words + 32 * u));
+            for (int j = 0; j < 4; j++)
+                scale[4 * u + j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(word, 24 - 8 * j), 24)));
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256i high[8];
+            for (int t = 0; t < 8; t++) high[t] = _mm256_loadu_si256((const __m256i *)(high_words + 32 * (8 * h + t)));
+            for (int part = 0; part < 4; part++) {
+                __m256i codes[8]; /* codes[t]: values 4t..4t+3 of the block's 32, row r in lane r */
+                const uint8_t *low = low_words + 32 * (16 * h + 8 * (part & 1));
+                for (int t = 0; t < 8; t++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(low + 32 * t));
+                    v = _mm256_and_si256(part < 2 ? v : _mm256_srli_epi16(v, 4), low4);
+                    codes[t] = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high[t], 2 * part), three), 4));
+                }
+                const int g = 8 * h + 2 * part;
+                for (int64_t i = 0; i < m; i++) {
+                    const act_block *a = xq + i * groups + 8 * k + 4 * h + part;
+                    __m256i half[2];
+                    for (int e = 0; e < 2; e++)
+                        half[e] = _mm256_add_epi32(
+                            dot_u8_s8_accumulate(dot_u8_s8_i32(codes[4 * e], act_word(a, 4 * e)), codes[4 * e + 1], act_word(a, 4 * e + 1)),
+                            dot_u8_s8_accumulate(dot_u8_s8_i32(codes[4 * e + 2], act_word(a, 4 * e + 2)), codes[4 * e + 3], act_word(a, 4 * e + 3)));
+                    const __m256 ad = _mm256_set1_ps(a->d);
+                    for (int e = 0; e < 2; e++) {
+                        const __m256 scaled = _mm256_mul_ps(scale[g + e], ad);
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half[e]), scaled, acc[i]);
+                        offset[i] = _mm256_fmadd_ps(scaled, _mm256_set1_ps(-32.0f * (float)a->half_sum[e]), offset[i]);
+                    }
+                }
+            }
+        }
+    }
+    x8_store_rows(acc, offset, m, out);
+}
+
+X8_GROUP_INT8_FOR_TYPE(Q6_K_X8, x8_group_q6_k_body)
 #endif
 
 /* Portable path: one block dequantized to the stack, then dotted with each row of x. */
@@ -1105,6 +1170,8 @@ static inline void quantize_act_block(const float *v, act_block *a) {
     a->d = d;
     a->sum = sum;
     a->qsum = d * (float)sum;
+    a->half_sum[0] = a->half_sum[1] = 0;
+    for (int l = 0; l < 32; l++) a->half_sum[l / 16] += a->q[l];
 }
 
 /* m rows of x [m, cols] -> m * cols/32 int8 blocks; round half to even, like torch.round. */
@@ -1138,6 +1205,7 @@ static void x8_group_rows(int type, int path, const uint8_t *group, const float 
         case Q5_1_X8: x8_group_int8_Q5_1_X8(group, xq, m, cols, out); break;
         case Q4_K_X8: x8_group_int8_Q4_K_X8(group, xq, m, cols, out); break;
         case Q5_K_X8: x8_group_int8_Q5_K_X8(group, xq, m, cols, out); break;
+        case Q6_K_X8: x8_group_int8_Q6_K_X8(group, xq, m, cols, out); break;
         default: x8_group_int8_Q8_0_X8(group, xq, m, cols, out); break;
         }
         return;
