@@ -10,7 +10,8 @@ A plain block is cut into parts (`Part`: a byte range of the block); one group's
 part, each part's bytes for the eight rows side by side, in row order. Q4_0: d | codes. Q4_1: d | m | codes.
 Q5_0: d | high bits | codes. Q5_1: d | m | high bits | codes. Q4_K: d | dmin | the 12 scale bytes as three
 4-byte words | the 128 code bytes. Q5_K: as Q4_K, with its 32 bytes of fifth bits before the codes. Q6_K: its
-low nibbles, high bit pairs and int8 scales (bytes 0-207) in 4-byte words | d. Codes and
+low nibbles, high bit pairs and int8 scales (bytes 0-207) in 4-byte words | d. Q2_K: scale/min nibbles and codes
+(bytes 0-79) in words | d | dmin. Q3_K: high bits, codes and scales (bytes 0-107) in words | d. Codes and
 fifth bits go in 4-byte parts, so a 32-byte load holds four bytes of every row, one row per 32-bit lane, and
 the kernels' dot products leave each row's sum in its own lane with no reduction across lanes. Q8_0: d |
 codes, in 4-byte parts too.
@@ -55,6 +56,8 @@ LAYOUTS: dict[str, tuple[GGMLFormat, tuple[Part, ...]]] = {
     "Q4_K": (GGMLFormat("Q4_K_X8", 112, 256, 144), _parts(*_K_FIELDS, *_words(16, 144))),
     "Q5_K": (GGMLFormat("Q5_K_X8", 113, 256, 176), _parts(*_K_FIELDS, *_words(16, 176))),
     "Q6_K": (GGMLFormat("Q6_K_X8", 114, 256, 210), _parts(*_words(0, 208), (208, 210))),
+    "Q2_K": (GGMLFormat("Q2_K_X8", 110, 256, 84), _parts(*_words(0, 80), (80, 82), (82, 84))),
+    "Q3_K": (GGMLFormat("Q3_K_X8", 111, 256, 110), _parts(*_words(0, 108), (108, 110))),
 }
 INTERLEAVED_FORMATS: dict[str, GGMLFormat] = {name: fmt for name, (fmt, _) in LAYOUTS.items()}
 PLAIN_FORMATS: dict[str, GGMLFormat] = {f.name: FORMATS[name] for name, f in INTERLEAVED_FORMATS.items()}

@@ -33,7 +33,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, Q4_K_X8 = 112, Q5_K_X8 = 113, Q6_K_X8 = 114, NF4 = 200, FP8 = 201 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_0_X8 = 102, Q4_1_X8 = 103, Q5_0_X8 = 106, Q5_1_X8 = 107, Q8_0_X8 = 108, Q4_K_X8 = 112, Q5_K_X8 = 113, Q6_K_X8 = 114, Q2_K_X8 = 110, Q3_K_X8 = 111, NF4 = 200, FP8 = 201 };
 
 /* QLoRA's NormalFloat-4 levels (the bitsandbytes constants). */
 static const float NF4_LEVELS[16] = {
@@ -77,8 +77,8 @@ static inline float half_to_float(const uint8_t *p) {
 }
 
 static int64_t block_values(int type) {
-    if (type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8 || type == Q5_K_X8 ||
-        type == Q6_K_X8)
+    if (type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == Q2_K_X8 || type == Q3_K_X8 ||
+        type == Q4_K_X8 || type == Q5_K_X8 || type == Q6_K_X8)
         return 256;
     return type == NF4 ? 64 : 32;
 }
@@ -107,8 +107,8 @@ static int64_t block_bytes(int type) {
     case Q5_0: case Q5_0_X8: return 22;
     case Q5_1: case Q5_1_X8: return 24;
     case Q8_0: case Q8_0_X8: return 34;
-    case Q2_K: return 84;
-    case Q3_K: return 110;
+    case Q2_K: case Q2_K_X8: return 84;
+    case Q3_K: case Q3_K_X8: return 110;
     case Q4_K: case Q4_K_X8: return 144;
     case Q5_K: case Q5_K_X8: return 176;
     case Q6_K: case Q6_K_X8: return 210;
@@ -247,7 +247,7 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
 
 static int is_x8(int type) {
     return type == Q4_0_X8 || type == Q4_1_X8 || type == Q5_0_X8 || type == Q5_1_X8 || type == Q8_0_X8 || type == Q4_K_X8 ||
-           type == Q5_K_X8 || type == Q6_K_X8;
+           type == Q5_K_X8 || type == Q6_K_X8 || type == Q2_K_X8 || type == Q3_K_X8;
 }
 
 /* The plain format an x8 layout moves (Q4_0_X8 -> Q4_0); other types are their own. */
@@ -261,6 +261,8 @@ static int plain_type(int type) {
     case Q4_K_X8: return Q4_K;
     case Q5_K_X8: return Q5_K;
     case Q6_K_X8: return Q6_K;
+    case Q2_K_X8: return Q2_K;
+    case Q3_K_X8: return Q3_K;
     default: return type;
     }
 }
@@ -291,6 +293,10 @@ static const x8_part X8_Q5_K[] = {X8_K_FIELDS, X8_WORDS_32(16), X8_WORDS_32(48),
 /* Q6_K: its 128 bytes of low nibbles, 64 bytes of high bit pairs and 16 int8 scales in 4-byte parts, then d. */
 static const x8_part X8_Q6_K[] = {X8_WORDS_32(0), X8_WORDS_32(32), X8_WORDS_32(64), X8_WORDS_32(96), X8_WORDS_32(128),
                                   X8_WORDS_32(160), {192, 196}, {196, 200}, {200, 204}, {204, 208}, {208, 210}};
+/* Q2_K: its 16 scale/min bytes and 64 code bytes in 4-byte parts, then d and dmin. Q3_K: its 32 bytes of high bits, 64
+ * code bytes and 12 scale bytes in 4-byte parts, then d. */
+static const x8_part X8_Q2_K[] = {{0, 4}, {4, 8}, {8, 12}, {12, 16}, X8_WORDS_32(16), X8_WORDS_32(48), {80, 82}, {82, 84}};
+static const x8_part X8_Q3_K[] = {X8_WORDS_32(0), X8_WORDS_32(32), X8_WORDS_32(64), {96, 100}, {100, 104}, {104, 108}, {108, 110}};
 
 static int x8_layout(int type, const x8_part **parts) {
     switch (type) {
@@ -301,6 +307,8 @@ static int x8_layout(int type, const x8_part **parts) {
     case Q8_0_X8: *parts = X8_Q8_0; return 9;
     case Q4_K_X8: *parts = X8_Q4_K; return 5 + 32;
     case Q6_K_X8: *parts = X8_Q6_K; return 48 + 4 + 1;
+    case Q2_K_X8: *parts = X8_Q2_K; return 4 + 16 + 2;
+    case Q3_K_X8: *parts = X8_Q3_K; return 8 + 16 + 3 + 1;
     default: *parts = X8_Q5_K; return 5 + 8 + 32;
     }
 }
@@ -1057,63 +1065,111 @@ static inline __attribute__((always_inline)) void x8_group_k_body(const int type
 X8_GROUP_INT8_FOR_TYPE(Q4_K_X8, x8_group_k_body)
 X8_GROUP_INT8_FOR_TYPE(Q5_K_X8, x8_group_k_body)
 
-/* One Q6_K_X8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. A super-block of eight rows holds the
- * rows' low nibbles (32 loads: load w has bytes 4w..4w+3 of each row's 128, row r in lane r), their high bit pairs (16
- * loads over the 64 bytes), their 16 int8 scales (4 loads) and the eight d. The 32 values of activation block (h, part)
- * are low bytes 64h + 32(part & 1) + l (high nibbles for part >= 2) with bits 2part..2part+1 of high byte 32h + l on top:
- * codes 0..63, unsigned for dpbusd, q - 32 restored through the activations' sum per 16-value half (each half has its
- * own scale, so its four dot products sum apart). Per activation row the arithmetic does not depend on m. */
-static inline __attribute__((always_inline)) void x8_group_q6_k_body(const int type, const uint8_t *group, const act_block *xq,
-                                                                    const int64_t m, int64_t cols, float *out) {
-    (void)type;
-    const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
-    const int64_t groups = cols / 32, blocks = cols / 256, size = 8 * block_bytes(Q6_K_X8);
+/* Q2_K_X8 / Q3_K_X8 / Q6_K_X8: each 16 values of a block have their own scale, so the four dot products of each half of
+ * an activation block (codes[t]: values 4t..4t+3, row r in lane r) sum apart. The codes go in unsigned (dpbusd's
+ * operand) and each half's constant part returns through the activations' sum over it: acc += half sum * scale[e] *
+ * a->d, offset += bias[e] * a->d * half_sum[e], bias[e] the row's value for code 0. */
+static inline __attribute__((always_inline)) void x8_accumulate_halves(const __m256i *codes, const act_block *a, const __m256 *scale,
+                                                                       const __m256 *bias, __m256 *acc, __m256 *offset) {
+    const __m256 ad = _mm256_set1_ps(a->d);
+    for (int e = 0; e < 2; e++) {
+        __m256i sums = _mm256_add_epi32(
+            dot_u8_s8_accumulate(dot_u8_s8_i32(codes[4 * e], act_word(a, 4 * e)), codes[4 * e + 1], act_word(a, 4 * e + 1)),
+            dot_u8_s8_accumulate(dot_u8_s8_i32(codes[4 * e + 2], act_word(a, 4 * e + 2)), codes[4 * e + 3], act_word(a, 4 * e + 3)));
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scale[e], ad), *acc);
+        *offset = _mm256_fmadd_ps(bias[e], _mm256_set1_ps(a->d * (float)a->half_sum[e]), *offset);
+    }
+}
+
+/* Byte j (0..3) of each 32-bit lane, as float (sign-extended when `is_signed`). */
+static inline __m256 lane_byte(__m256i word, int j, int is_signed) {
+    __m256i up = _mm256_slli_epi32(word, 24 - 8 * j);
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_srai_epi32(up, 24) : _mm256_srli_epi32(up, 24));
+}
+
+/* One Q2_K_X8 / Q3_K_X8 / Q6_K_X8 group (eight weight rows) . m activation rows -> out[i * 8 + r]. Value l of the
+ * block's 32-value run (h, j) (values 128h + 32j + l) takes its low bits from code byte 32h + l (Q2_K / Q3_K: bits 2j,
+ * 2j + 1; Q6_K: low nibble of byte 64h + 32(j % 2) + l for j < 2, high nibble for j >= 2, bits 2j, 2j + 1 of byte 32h + l
+ * of the high pairs on top) and, for Q3_K, bit 4h + j of high byte l as bit 2. Codes: Q2_K 0..3 (value d*sc*q -
+ * dmin*m), Q3_K 0..7 (d*sc*(q - 4)), Q6_K 0..63 (d*sc*(q - 32)). The fields of all eight rows lie in 4-byte parts
+ * (load w: bytes 4w..4w+3 of each row), fp16 fields last. Per activation row the arithmetic does not depend on m. */
+static inline __attribute__((always_inline)) void x8_group_k16_body(const int type, const uint8_t *group, const act_block *xq,
+                                                                   const int64_t m, int64_t cols, float *out) {
+    const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const int64_t groups = cols / 32, blocks = cols / 256, size = 8 * block_bytes(type);
+    /* Where the parts lie in a super-block of eight rows (X8_Q2_K, X8_Q3_K, X8_Q6_K). */
+    const int codes_at = type == Q2_K_X8 ? 128 : type == Q3_K_X8 ? 256 : 0, high_at = type == Q3_K_X8 ? 0 : 1024;
+    const int scales_at = type == Q2_K_X8 ? 0 : type == Q3_K_X8 ? 768 : 1536, d_at = type == Q2_K_X8 ? 640 : type == Q3_K_X8 ? 864 : 1664;
     __m256 acc[MAX_M], offset[MAX_M];
     for (int64_t i = 0; i < m; i++) acc[i] = offset[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < blocks; k++) {
         const uint8_t *b = group + (size_t)(k * size);
         for (int line = 0; line < size; line += 64) _mm_prefetch((const char *)(b + size + line), _MM_HINT_T0);
-        const uint8_t *low_words = b, *high_words = b + 1024, *scale_words = b + 1536;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 1664)));
-        __m256 scale[16]; /* scale[g]: d * scales[g] of every row, sign-extended from byte g % 4 of word g / 4 */
-        for (int u = 0; u < 4; u++) {
-            const __m256i word = _mm256_loadu_si256((const __m256i *)(scale_words + 32 * u));
-            for (int j = 0; j < 4; j++)
-                scale[4 * u + j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(word, 24 - 8 * j), 24)));
-        }
-        for (int h = 0; h < 2; h++) {
-            __m256i high[8];
-            for (int t = 0; t < 8; t++) high[t] = _mm256_loadu_si256((const __m256i *)(high_words + 32 * (8 * h + t)));
-            for (int part = 0; part < 4; part++) {
-                __m256i codes[8]; /* codes[t]: values 4t..4t+3 of the block's 32, row r in lane r */
-                const uint8_t *low = low_words + 32 * (16 * h + 8 * (part & 1));
-                for (int t = 0; t < 8; t++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(low + 32 * t));
-                    v = _mm256_and_si256(part < 2 ? v : _mm256_srli_epi16(v, 4), low4);
-                    codes[t] = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high[t], 2 * part), three), 4));
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + d_at)));
+        __m256 scale[16], bias[16]; /* per 16-value group: every row's scale and its value for code 0 */
+        if (type == Q2_K_X8) {
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + d_at + 16)));
+            for (int u = 0; u < 4; u++) {
+                const __m256i word = _mm256_loadu_si256((const __m256i *)(b + 32 * u));
+                const __m256i low = _mm256_and_si256(word, low4), high = _mm256_and_si256(_mm256_srli_epi16(word, 4), low4);
+                for (int j = 0; j < 4; j++) {
+                    scale[4 * u + j] = _mm256_mul_ps(d, lane_byte(low, j, 0));
+                    bias[4 * u + j] = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, lane_byte(high, j, 0)));
                 }
-                const int g = 8 * h + 2 * part;
-                for (int64_t i = 0; i < m; i++) {
-                    const act_block *a = xq + i * groups + 8 * k + 4 * h + part;
-                    __m256i half[2];
-                    for (int e = 0; e < 2; e++)
-                        half[e] = _mm256_add_epi32(
-                            dot_u8_s8_accumulate(dot_u8_s8_i32(codes[4 * e], act_word(a, 4 * e)), codes[4 * e + 1], act_word(a, 4 * e + 1)),
-                            dot_u8_s8_accumulate(dot_u8_s8_i32(codes[4 * e + 2], act_word(a, 4 * e + 2)), codes[4 * e + 3], act_word(a, 4 * e + 3)));
-                    const __m256 ad = _mm256_set1_ps(a->d);
-                    for (int e = 0; e < 2; e++) {
-                        const __m256 scaled = _mm256_mul_ps(scale[g + e], ad);
-                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half[e]), scaled, acc[i]);
-                        offset[i] = _mm256_fmadd_ps(scaled, _mm256_set1_ps(-32.0f * (float)a->half_sum[e]), offset[i]);
+            }
+        } else if (type == Q3_K_X8) {
+            const __m256i s01[2] = {_mm256_loadu_si256((const __m256i *)(b + scales_at)), _mm256_loadu_si256((const __m256i *)(b + scales_at + 32))};
+            const __m256i s2 = _mm256_loadu_si256((const __m256i *)(b + scales_at + 64));
+            for (int g = 0; g < 16; g++) { /* 4 low bits: byte g % 8 (high nibble for g >= 8); 2 high: byte 8 + g % 4 >> 2(g / 4) */
+                __m256i word = s01[(g % 8) / 4];
+                __m256i low = _mm256_and_si256(g < 8 ? word : _mm256_srli_epi16(word, 4), low4);
+                __m256i high = _mm256_and_si256(_mm256_srli_epi16(s2, 2 * (g / 4)), three);
+                __m256 sc = _mm256_sub_ps(lane_byte(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), g % 4, 0), _mm256_set1_ps(32.0f));
+                scale[g] = _mm256_mul_ps(d, sc);
+                bias[g] = _mm256_mul_ps(scale[g], _mm256_set1_ps(-4.0f));
+            }
+        } else {
+            for (int u = 0; u < 4; u++) {
+                const __m256i word = _mm256_loadu_si256((const __m256i *)(b + scales_at + 32 * u));
+                for (int j = 0; j < 4; j++) {
+                    scale[4 * u + j] = _mm256_mul_ps(d, lane_byte(word, j, 1));
+                    bias[4 * u + j] = _mm256_mul_ps(scale[4 * u + j], _mm256_set1_ps(-32.0f));
+                }
+            }
+        }
+        __m256i hmask[8]; /* Q3_K's high bits: load t holds high bytes 4t..4t+3 of each row */
+        if (type == Q3_K_X8)
+            for (int t = 0; t < 8; t++) hmask[t] = _mm256_loadu_si256((const __m256i *)(b + high_at + 32 * t));
+        for (int h = 0; h < 2; h++) {
+            __m256i pairs[8]; /* Q6_K's high bit pairs of this half */
+            if (type == Q6_K_X8)
+                for (int t = 0; t < 8; t++) pairs[t] = _mm256_loadu_si256((const __m256i *)(b + high_at + 32 * (8 * h + t)));
+            for (int j = 0; j < 4; j++) {
+                __m256i codes[8];
+                const uint8_t *code_words = b + codes_at + 32 * (type == Q6_K_X8 ? 16 * h + 8 * (j & 1) : 8 * h);
+                for (int t = 0; t < 8; t++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(code_words + 32 * t));
+                    if (type == Q6_K_X8) {
+                        v = _mm256_and_si256(j < 2 ? v : _mm256_srli_epi16(v, 4), low4);
+                        codes[t] = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(pairs[t], 2 * j), three), 4));
+                    } else {
+                        codes[t] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), three);
+                        if (type == Q3_K_X8)
+                            codes[t] = _mm256_or_si256(codes[t], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hmask[t], 4 * h + j), one), 2));
                     }
                 }
+                const int g = 8 * h + 2 * j;
+                for (int64_t i = 0; i < m; i++)
+                    x8_accumulate_halves(codes, xq + i * groups + 8 * k + 4 * h + j, scale + g, bias + g, &acc[i], &offset[i]);
             }
         }
     }
     x8_store_rows(acc, offset, m, out);
 }
 
-X8_GROUP_INT8_FOR_TYPE(Q6_K_X8, x8_group_q6_k_body)
+X8_GROUP_INT8_FOR_TYPE(Q2_K_X8, x8_group_k16_body)
+X8_GROUP_INT8_FOR_TYPE(Q3_K_X8, x8_group_k16_body)
+X8_GROUP_INT8_FOR_TYPE(Q6_K_X8, x8_group_k16_body)
 #endif
 
 /* Portable path: one block dequantized to the stack, then dotted with each row of x. */
@@ -1206,6 +1262,8 @@ static void x8_group_rows(int type, int path, const uint8_t *group, const float 
         case Q4_K_X8: x8_group_int8_Q4_K_X8(group, xq, m, cols, out); break;
         case Q5_K_X8: x8_group_int8_Q5_K_X8(group, xq, m, cols, out); break;
         case Q6_K_X8: x8_group_int8_Q6_K_X8(group, xq, m, cols, out); break;
+        case Q2_K_X8: x8_group_int8_Q2_K_X8(group, xq, m, cols, out); break;
+        case Q3_K_X8: x8_group_int8_Q3_K_X8(group, xq, m, cols, out); break;
         default: x8_group_int8_Q8_0_X8(group, xq, m, cols, out); break;
         }
         return;

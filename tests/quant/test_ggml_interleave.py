@@ -17,7 +17,7 @@ from ember.quant.ggml_layers import GGMLLinear, ggml_linear, set_activations
 from tests.quant.ggml_factory import random_blocks
 from tests.quant.test_ggml_layers import RTOL, int8_rounded
 
-NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 COLS = {"Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # one block per row
 
 
@@ -87,7 +87,7 @@ def test_a_k_quant_group_block_holds_d_dmin_scale_words_then_four_bytes_per_row_
 def test_only_weights_of_interleaved_formats_in_whole_groups_of_eight_rows_interleave():
     assert can_interleave(random_blocks("Q4_1", rows=16, cols=32))
     assert not can_interleave(random_blocks("Q4_1", rows=12, cols=32))
-    assert not can_interleave(random_blocks("Q3_K", rows=16, cols=256))
+    assert not can_interleave(random_blocks("NF4", rows=16, cols=64))
     with pytest.raises(ValueError, match="multiple of 8 rows"):
         interleaved(random_blocks("Q4_0", rows=12, cols=32))
 
@@ -154,7 +154,7 @@ def test_many_row_tiles_cut_whole_groups(kernels):
     assert torch.equal(tiles, ggml_linear(x, weight, None, tile_values=128 * 12, tiles=True))
 
 
-@pytest.mark.parametrize("name", [*NAMES, "Q2_K", "Q3_K"])  # the interleaved layouts and the plain-only formats
+@pytest.mark.parametrize("name", NAMES)
 def test_an_avx2_build_without_vnni_computes_the_same_int8_products(kernels, name):
     """CPUs without VNNI run the maddubs forms (Q8_0 through |w| and sign-carrying activations): built for plain AVX2
     here and checked against the int8 reference, wherever this CPU has AVX2."""
@@ -170,5 +170,5 @@ def test_an_avx2_build_without_vnni_computes_the_same_int8_products(kernels, nam
     for m in (1, 3, MAX_GEMV_ROWS + 3):
         x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) * 3
         expected = F.linear(int8_rounded(x)[0], weight.dequantize())
-        ours = avx2.gemv(x, interleaved(weight) if can_interleave(weight) else weight, None, "int8")
+        ours = avx2.gemv(x, interleaved(weight), None, "int8")
         torch.testing.assert_close(ours, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
