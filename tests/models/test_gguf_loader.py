@@ -56,11 +56,15 @@ def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 def _random_k_quant(rows: int, cols: int, qtype: GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
     """Valid raw k-quant blocks: random quants and scales, finite fp16 super-block scales."""
-    block_bytes = {T.Q4_K: 144, T.Q6_K: 210}[qtype]
+    block_bytes = {T.Q2_K: 84, T.Q3_K: 110, T.Q4_K: 144, T.Q6_K: 210}[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
     small = np.frombuffer(np.float16([0.01, 0.002]).tobytes(), dtype=np.uint8)
     if qtype == T.Q4_K:
         raw[..., 0:4] = small  # d, dmin
+    elif qtype == T.Q2_K:
+        raw[..., 80:84] = small  # d, dmin are the last fields
+    elif qtype == T.Q3_K:
+        raw[..., 108:110] = small[:2]  # d is the last field
     else:
         raw[..., 208:210] = small[:2]  # d is the last field
         raw[..., 192:208] = raw[..., 192:208] % 64  # int8 scales, kept small
@@ -95,7 +99,7 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
         if values.ndim == 1 or tensor_type == T.F32:
             writer.add_tensor(name, values)
             decoded = values
-        elif tensor_type in (T.Q4_K, T.Q6_K):
+        elif tensor_type in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K):
             raw = _random_k_quant(*values.shape, tensor_type, rng)
             writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=tensor_type)
             decoded = dequantize(raw, tensor_type)
@@ -146,7 +150,8 @@ def _loaded_weight(model, hf_name: str) -> torch.Tensor:
     return fused_weight.split(sizes)[index]
 
 
-@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", ["auto", "float32"])
 def test_every_tensor_type_loads_to_what_the_gguf_package_dequantizes(tiny_folder, tmp_path, qtype, dtype):
     expected = write_gguf(tiny_folder, tmp_path / "model.gguf", qtype, np.random.default_rng(0))
@@ -257,3 +262,26 @@ def test_a_fused_projection_mixing_k_quants_keeps_each_part_in_its_blocks(tiny_f
 
 def plain_name(name: str) -> str:
     return name.removesuffix("_X8")
+
+
+def _greedy_tokens(gguf_path: Path, dtype: str, activations: str) -> list[int]:
+    from ember.engine.config import CacheConfig, EngineConfig
+    from ember.engine.llm_engine import LLMEngine
+    from ember.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=str(gguf_path), tokenizer=None, dtype=dtype, quant_activations=activations,
+                                    cache=CacheConfig(num_kv_blocks=16)))
+    engine.add_request("r", list(range(3, 40)), SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():  # step deltas: each holds the tokens new since the last
+            tokens.extend(output.outputs[0].token_ids)
+    return tokens
+
+
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.Q6_K], ids=lambda t: t.name)
+def test_a_k_quant_gguf_generates_in_its_blocks_what_its_float_copy_generates(tiny_folder, tmp_path, qtype):
+    path = tmp_path / "model.gguf"
+    write_gguf(tiny_folder, path, qtype, np.random.default_rng(2))
+    in_blocks = _greedy_tokens(path, "auto", "float32")  # float32 activations: the products' bits up to summation order
+    assert len(in_blocks) == 10 and in_blocks == _greedy_tokens(path, "float32", "float32")

@@ -46,8 +46,9 @@ def _greedy(model: str, dtype: str, activations: str = "int8") -> list[int]:
     engine.add_request("r", list(range(5, 40)), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     tokens: list[int] = []
     while engine.has_unfinished_requests():
-        for output in engine.step():
-            tokens = output.outputs[0].token_ids
+        for output in engine.step():  # step deltas: each holds the tokens new since the last
+            tokens.extend(output.outputs[0].token_ids)
+    assert len(tokens) == 12
     return tokens
 
 
