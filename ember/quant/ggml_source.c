@@ -485,8 +485,8 @@ static inline __attribute__((always_inline)) void widen32_avx512(__m256i q, __m5
 }
 
 /* Q4_K / Q5_K / Q6_K . float32 x in 512-bit vectors: 16 codes widen in two instructions, a Q6_K 16-value group is one
- * vector with one scale, and each row keeps two sums (even and odd 32-value runs) so one row's chain of dependent adds
- * does not set the pace. The 256-bit walk below held a float32-activation LM head (a Q4_K_M file's Q6_K output) to
+ * vector with one scale (the scale goes into the weights once, for every row), and each row keeps two sums (values
+ * 0-15 and 16-31 of each run) so one row's chain of dependent FMAs does not set the pace. The 256-bit walk below held a float32-activation LM head (a Q4_K_M file's Q6_K output) to
  * 17 GB/s, a Q4_K one to 8. Each row's sum has one order whatever m. */
 static inline __attribute__((always_inline)) void row_dot_k_avx512(const int type, const uint8_t *row, const float *x,
                                                                   const float *xsum, const int64_t m, int64_t cols, float *out) {
@@ -516,8 +516,8 @@ static inline __attribute__((always_inline)) void row_dot_k_avx512(const int typ
                     const int64_t at = 256 * k + 128 * h + 32 * part;
                     for (int64_t i = 0; i < m; i++) {
                         const float *xi = x + i * cols + at;
-                        __m512 p = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xi + 16), _mm512_mul_ps(w[0], _mm512_loadu_ps(xi)));
-                        acc[i][part & 1] = _mm512_add_ps(acc[i][part & 1], p);
+                        acc[i][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xi), acc[i][0]);
+                        acc[i][1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xi + 16), acc[i][1]);
                     }
                 }
             }
@@ -533,11 +533,13 @@ static inline __attribute__((always_inline)) void row_dot_k_avx512(const int typ
                 if (type == Q5_K) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), one), 4));
                 widen32_avx512(q, w);
                 const __m512 ds = _mm512_set1_ps(d * (float)scale);
+                w[0] = _mm512_mul_ps(w[0], ds);
+                w[1] = _mm512_mul_ps(w[1], ds);
                 const float dm = dmin * (float)min;
                 for (int64_t i = 0; i < m; i++) {
                     const float *xi = x + i * cols + 256 * k + 32 * s;
-                    __m512 p = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xi + 16), _mm512_mul_ps(w[0], _mm512_loadu_ps(xi)));
-                    acc[i][s & 1] = _mm512_fmadd_ps(ds, p, acc[i][s & 1]);
+                    acc[i][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xi), acc[i][0]);
+                    acc[i][1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xi + 16), acc[i][1]);
                     offset[i] -= dm * xsum[i * groups + 8 * k + s];
                 }
             }
