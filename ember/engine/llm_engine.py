@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,7 +117,7 @@ class LLMEngine:
         num_ggml_layers = set_activations(loaded.model, config.quant_activations)  # 0 without GGML layers
         self.rounds_activations = rounds_activations(loaded.model, num_ggml_layers, config.quant_activations)
         self.model_config: ModelConfig = loaded.config
-        self.model_name = config.served_model_name or _model_name(config.model, model_path)
+        self.model_name = config.served_model_name or default_model_name(config.model)
         self.tokenizer_source = _tokenizer_source(config, loaded)
         self.tokenizer = load_tokenizer_from(self.tokenizer_source)
         self.max_model_len = min(config.max_model_len or loaded.config.max_position_embeddings, loaded.config.max_position_embeddings)
@@ -481,8 +482,9 @@ def rounds_activations(model: torch.nn.Module, num_ggml_layers: int, quant_activ
     return any(isinstance(module, W8A8Linear) for module in model.modules())
 
 
-def _model_name(given: str, path: Path) -> str:
-    return given if not Path(given).exists() else path.stem
+def default_model_name(given: str) -> str:
+    """A registered name as it is; a path by its file or folder name (a folder holding one GGUF: the folder's)."""
+    return given if not Path(given).exists() else Path(os.path.abspath(Path(given).expanduser())).stem
 
 
 def _tokenizer_source(config: EngineConfig, loaded: LoadedModel) -> Path | None:

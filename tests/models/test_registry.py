@@ -103,3 +103,16 @@ def test_a_folder_holding_one_gguf_stands_for_it_while_hf_folders_and_ambiguous_
     (hf / "config.json").write_text("{}")
     (hf / "model.gguf").write_bytes(PAYLOAD)
     assert resolve_model(str(hf)) == hf
+
+
+def test_a_model_path_is_served_under_its_file_or_folder_name(tmp_path, monkeypatch):
+    from ember.engine.llm_engine import default_model_name
+
+    quantized = tmp_path / "smol-q4"  # `ember quantize --out` folder: served as the folder, not as its model.gguf
+    quantized.mkdir()
+    (quantized / "model.gguf").write_bytes(PAYLOAD)
+    assert default_model_name(str(quantized)) == default_model_name(f"{quantized}/") == "smol-q4"
+    assert default_model_name(str(quantized / "model.gguf")) == "model"
+    monkeypatch.chdir(quantized)
+    assert default_model_name(".") == "smol-q4"
+    assert default_model_name("smollm2-135m-instruct") == "smollm2-135m-instruct"  # a registered name as given
