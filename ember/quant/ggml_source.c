@@ -363,6 +363,24 @@ void ember_ggml_dequantize(int type, const uint8_t *w, float *out, int64_t rows,
 }
 
 #ifdef __AVX2__
+/* The 32 codes of run (h, part) of a Q6_K super-block (values 128h + 32part + l), minus 32: -32..31. */
+static inline __attribute__((always_inline)) __m256i q6_k_codes32(const uint8_t *b, int h, int part) {
+    __m256i low = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (part & 1)));
+    low = _mm256_and_si256(part < 2 ? low : _mm256_srli_epi16(low, 4), _mm256_set1_epi8(15));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), _mm256_set1_epi8(3)), 4);
+    return _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+}
+
+/* The 32 codes of sub-block s of a Q4_K (0..15) or Q5_K (0..31, its fifth bit added) super-block. */
+static inline __attribute__((always_inline)) __m256i k4_codes32(int type, const uint8_t *b, int s) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)((type == Q4_K ? b + 16 : b + 48) + 32 * (s / 2)));
+    __m256i q = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+    if (type != Q5_K) return q;
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+    return _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), _mm256_set1_epi8(1)), 4));
+}
+
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -492,7 +510,6 @@ static inline __attribute__((always_inline)) void row_dot_k_avx512(const int typ
                                                                   const float *xsum, const int64_t m, int64_t cols, float *out) {
     __m512 acc[MAX_M][2];
     float offset[MAX_M];
-    const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
     const int64_t groups = cols / 32, size = block_bytes(type);
     for (int64_t i = 0; i < m; i++) { acc[i][0] = acc[i][1] = _mm512_setzero_ps(); offset[i] = 0.0f; }
     for (int64_t k = 0; k < cols / 256; k++) {
@@ -502,14 +519,8 @@ static inline __attribute__((always_inline)) void row_dot_k_avx512(const int typ
             const int8_t *scales = (const int8_t *)(b + 192);
             const float d = half_to_float(b + 208);
             for (int h = 0; h < 2; h++) {
-                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
                 for (int part = 0; part < 4; part++) {
-                    __m256i low = (part & 1) ? ql1 : ql0;
-                    low = _mm256_and_si256(part < 2 ? low : _mm256_srli_epi16(low, 4), low4);
-                    __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), three), 4);
-                    widen32_avx512(_mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32)), w);
+                    widen32_avx512(q6_k_codes32(b, h, part), w);
                     const int index = 8 * h + 2 * part;
                     w[0] = _mm512_mul_ps(w[0], _mm512_set1_ps(d * (float)scales[index]));
                     w[1] = _mm512_mul_ps(w[1], _mm512_set1_ps(d * (float)scales[index + 1]));
@@ -523,15 +534,10 @@ static inline __attribute__((always_inline)) void row_dot_k_avx512(const int typ
             }
         } else { /* Q4_K, Q5_K: ds * (q . x) - dm * sum(x) per 32-value sub-block */
             const float d = half_to_float(b), dmin = half_to_float(b + 2);
-            const uint8_t *qs = type == Q4_K ? b + 16 : b + 48;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
             for (int s = 0; s < 8; s++) {
                 int scale, min;
                 scale_min_k4(s, b + 4, &scale, &min);
-                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 2)));
-                __m256i q = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(v, 4) : v, low4);
-                if (type == Q5_K) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), one), 4));
-                widen32_avx512(q, w);
+                widen32_avx512(k4_codes32(type, b, s), w);
                 const __m512 ds = _mm512_set1_ps(d * (float)scale);
                 w[0] = _mm512_mul_ps(w[0], ds);
                 w[1] = _mm512_mul_ps(w[1], ds);
@@ -560,7 +566,7 @@ static inline __attribute__((always_inline)) void row_dot_avx2(const int type, c
     float offset[MAX_M];
     __m256 w[4];
     const __m128i low4 = _mm_set1_epi8(15);
-    const __m256i low4x2 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
+    const __m256i low4x2 = _mm256_set1_epi8(15);
     int64_t groups = cols / 32, blocks = cols / block_values(type), size = block_bytes(type);
     for (int64_t i = 0; i < m; i++) { acc[i] = _mm256_setzero_ps(); offset[i] = 0.0f; }
     for (int64_t k = 0; k < blocks; k++) {
@@ -601,29 +607,18 @@ static inline __attribute__((always_inline)) void row_dot_avx2(const int type, c
             }
         } else if (type == Q4_K || type == Q5_K) {
             float d = half_to_float(b), dmin = half_to_float(b + 2);
-            const uint8_t *qs = type == Q4_K ? b + 16 : b + 48;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
             for (int s = 0; s < 8; s++) {
                 int scale, min;
                 scale_min_k4(s, b + 4, &scale, &min);
-                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 2)));
-                __m256i q = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(v, 4) : v, low4x2);
-                if (type == Q5_K) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), one), 4));
-                widen32(q, w);
+                widen32(k4_codes32(type, b, s), w);
                 accumulate32(w, d * (float)scale, -dmin * (float)min, x, xsum, m, cols, 8 * k + s, groups, 256 * k + 32 * s, acc, offset);
             }
         } else { /* Q6_K */
             const int8_t *scales = (const int8_t *)(b + 192);
             float d = half_to_float(b + 208);
             for (int h = 0; h < 2; h++) {
-                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
                 for (int part = 0; part < 4; part++) {
-                    __m256i low = (part & 1) ? ql1 : ql0;
-                    low = _mm256_and_si256(part < 2 ? low : _mm256_srli_epi16(low, 4), low4x2);
-                    __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), three), 4);
-                    widen32(_mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32)), w);
+                    widen32(q6_k_codes32(b, h, part), w);
                     int index = 8 * h + 2 * part;
                     __m256 scale_a = _mm256_set1_ps(d * (float)scales[index]), scale_b = _mm256_set1_ps(d * (float)scales[index + 1]);
                     int64_t at = 256 * k + 128 * h + 32 * part;
@@ -716,7 +711,7 @@ static inline __attribute__((always_inline)) void row_dot_int8_body(const int ty
                                                                    const int64_t m, int64_t cols, float *out) {
     __m256 acc[MAX_M];
     float offset[MAX_M];
-    const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
+    const __m256i one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
     int64_t groups = cols / 32, blocks = cols / block_values(type), size = block_bytes(type);
     for (int64_t i = 0; i < m; i++) { acc[i] = _mm256_setzero_ps(); offset[i] = 0.0f; }
     for (int64_t k = 0; k < blocks; k++) {
@@ -781,14 +776,10 @@ static inline __attribute__((always_inline)) void row_dot_int8_body(const int ty
             }
         } else if (type == Q4_K || type == Q5_K) {
             float d = half_to_float(b), dmin = half_to_float(b + 2);
-            const uint8_t *qs = type == Q4_K ? b + 16 : b + 48;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
             for (int s = 0; s < 8; s++) {
                 int scale, min;
                 scale_min_k4(s, b + 4, &scale, &min);
-                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 2)));
-                __m256i q = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(v, 4) : v, low4);
-                if (type == Q5_K) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), one), 4));
+                const __m256i q = k4_codes32(type, b, s);
                 float ds = d * (float)scale, dm = dmin * (float)min;
                 for (int64_t i = 0; i < m; i++) {
                     const act_block *a = xq + i * groups + 8 * k + s;
@@ -800,14 +791,8 @@ static inline __attribute__((always_inline)) void row_dot_int8_body(const int ty
             const int8_t *scales = (const int8_t *)(b + 192);
             float d = half_to_float(b + 208);
             for (int h = 0; h < 2; h++) {
-                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
                 for (int part = 0; part < 4; part++) {
-                    __m256i low = (part & 1) ? ql1 : ql0;
-                    low = _mm256_and_si256(part < 2 ? low : _mm256_srli_epi16(low, 4), low4);
-                    __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), three), 4);
-                    __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+                    const __m256i q = q6_k_codes32(b, h, part);
                     int index = 8 * h + 2 * part;
                     __m256 scale = _mm256_set_m128(_mm_set1_ps(d * (float)scales[index + 1]), _mm_set1_ps(d * (float)scales[index]));
                     for (int64_t i = 0; i < m; i++) {
