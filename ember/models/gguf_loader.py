@@ -70,14 +70,6 @@ def is_gguf_file(path: Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
-def single_gguf_in(path: Path) -> Path | None:
-    """The one GGUF file of a folder that is not an HF checkpoint (what `ember quantize` writes from a GGUF source), else None."""
-    if not path.is_dir() or (path / "config.json").exists():
-        return None
-    files = list(path.glob("*.gguf"))
-    return files[0] if len(files) == 1 else None
-
-
 def read_gguf_config(file: GGUFFile) -> ModelConfig:
     """The model's configuration from the file's metadata (and its tensors, where they are the better source)."""
     metadata = {name: value for name, value in file.metadata.items() if not name.startswith("tokenizer.ggml.")}

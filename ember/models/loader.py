@@ -16,12 +16,7 @@ from torch import nn
 from ember.gguf_file import GGUFFile
 from ember.layers.cpu_prepare import prepare_for_cpu_kernels
 from ember.models.config import ModelConfig
-from ember.models.gguf_loader import (
-    is_gguf_file,
-    iter_gguf_tensors,
-    read_gguf_config,
-    single_gguf_in,
-)
+from ember.models.gguf_loader import is_gguf_file, iter_gguf_tensors, read_gguf_config
 from ember.models.hf_loader import find_hf_tokenizer, is_hf_folder, iter_hf_tensors, read_hf_config
 from ember.models.llama import LlamaForCausalLM
 from ember.models.llama2c_loader import (
@@ -31,6 +26,7 @@ from ember.models.llama2c_loader import (
     read_llama2c_header,
 )
 from ember.models.packing import PackingPlan
+from ember.models.registry import single_gguf_in
 from ember.quant.checkpoint import read_block_tensors
 from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers

