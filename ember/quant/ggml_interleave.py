@@ -19,6 +19,7 @@ codes, in 4-byte parts too.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -103,6 +104,33 @@ def plain(weight: GGMLTensor) -> GGMLTensor:
         at += width * ROWS_PER_GROUP
     rows_first = torch.cat(pieces, dim=-1).permute(0, 2, 1, 3)  # [groups, 8 rows, blocks, block bytes]
     return GGMLTensor(rows_first.reshape(rows, row_bytes).contiguous(), plain_format, weight.cols)
+
+
+def rows_of(weight: GGMLTensor, index: torch.Tensor) -> GGMLTensor:
+    """The rows at `index` in the GGUF layout, whichever layout `weight` is held in: a tied embedding's lookup and the
+    LM head's exact recomputation read interleaved blocks (each row's bytes gathered out of its group's blocks)."""
+    if not is_interleaved(weight):
+        return weight.rows(index)
+    rows, row_bytes = weight.data.shape
+    chunk = ROWS_PER_GROUP * weight.format.block_bytes  # one block of a group's eight rows
+    groups = weight.data.view(rows // ROWS_PER_GROUP, row_bytes // weight.format.block_bytes, chunk)
+    lanes = _lane_bytes(weight.format.name)[index % ROWS_PER_GROUP]  # [n, block bytes]
+    picked = groups[index // ROWS_PER_GROUP].gather(2, lanes[:, None, :].expand(-1, groups.shape[1], -1))
+    return GGMLTensor(picked.reshape(index.numel(), row_bytes), PLAIN_FORMATS[weight.format.name], weight.cols)
+
+
+@functools.cache
+def _lane_bytes(interleaved_name: str) -> torch.Tensor:
+    """[8, block bytes]: where byte b of row r's block sits in its group's interleaved block (int64, for gather)."""
+    plain_format = PLAIN_FORMATS[interleaved_name]
+    where = torch.empty(ROWS_PER_GROUP, plain_format.block_bytes, dtype=torch.int64)
+    at = 0
+    for part in LAYOUTS[plain_format.name][1]:
+        width = part.stop - part.start
+        for row in range(ROWS_PER_GROUP):
+            where[row, part.start : part.stop] = torch.arange(at + row * width, at + (row + 1) * width)
+        at += width * ROWS_PER_GROUP
+    return where
 
 
 def _grouped(weight: GGMLTensor) -> torch.Tensor:

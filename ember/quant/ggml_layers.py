@@ -27,8 +27,9 @@ from torch import nn
 from ember.engine.config import QUANT_ACTIVATIONS
 from ember.layers.cpu_decoder_layer import CompilableLayer
 from ember.layers.cpu_gemm import CompiledProduct, PackedWeight, load_gemm
+from ember.quant.exact_top_logits import refine_near_top, row_norms
 from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor, dequantize_torch
-from ember.quant.ggml_interleave import ROWS_PER_GROUP, can_interleave, interleaved, plain
+from ember.quant.ggml_interleave import ROWS_PER_GROUP, can_interleave, interleaved, plain, rows_of
 from ember.quant.ggml_kernels import (
     GEMV_PATHS,
     MAX_PASS_ROWS,
@@ -45,10 +46,10 @@ from ember.quant.zero_point import ZeroPointTensor
 # Qwen2.5: 1.1-4.6x faster than 4M-value tiles, whose fresh 16 MB buffers cost more than the product.
 TILE_VALUES = 1 << 18
 ACTIVATIONS = QUANT_ACTIVATIONS  # "int8", "float32": EngineConfig.quant_activations picks one per engine
-# The output projection (named so by every ember family, as in transformers) keeps float32 activations:
-# int8 rounding of its input moves logits by ~0.1 nat, enough to flip the near-ties a small model's
-# greedy choice often rests on (measured on SmolLM2: "What is the capital of France?" answered
-# "L'Étoile..." instead of "The capital of France is Paris."), while it is 1 of ~120 products a step.
+# The output projection (named so by every ember family, as in transformers). Over plain GGML blocks it is a
+# `GGMLLogitsLinear`: int8 activations, float32-exact where a logit could be its row's largest (int8 rounding of its
+# input moves logits by up to ~0.5 on SmolLM2, enough to flip near-ties a small model's greedy choice rests on). Its
+# other kinds (GPTQ / AWQ offsets, row parts) keep float32 activations.
 LOGITS_MODULE = "lm_head"
 
 
@@ -153,6 +154,33 @@ class GGMLLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format.name}, "
                 f"activations={self.activations}, bias={self.bias is not None}")
+
+
+class GGMLLogitsLinear(GGMLLinear):
+    """The LM head over GGML blocks: with int8 activations, every logit that could be its row's largest is recomputed
+    with float32 activations (ember.quant.exact_top_logits), so greedy choices are the float32 product's while the
+    whole product runs at int8 speed. `row_norms` (||w_j||, float32) bound each logit's rounding error."""
+
+    def __init__(self, weight: GGMLTensor, bias: nn.Parameter | None = None, activations: str = "int8") -> None:
+        super().__init__(weight, bias, activations)
+        norms = row_norms(lambda start, stop: GGMLTensor(weight.data[start:stop], weight.format, weight.cols).dequantize(),
+                          weight.shape[0])
+        self.register_buffer("row_norms", norms, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)
+        kernels = load_kernels()
+        if kernels is None or kernels.format_path(self.format, self.activations) != GEMV_PATHS.index("int8"):
+            return logits  # the product had float32 activations: nothing to refine
+        flat = x.reshape(-1, self.in_features).float()
+        refine_near_top(logits.view(-1, self.out_features), flat, round_to_int8_blocks(flat), self.row_norms, self._exact)
+        return logits
+
+    def _exact(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [m, len(ids)] of tokens `ids` for x [m, cols] with float32 activations, as the float32 head computes
+        them (GEMV passes: each output's bits depend only on its own row and x's)."""
+        bias = None if self.bias is None else self.bias.detach().float()[ids]
+        return ggml_linear(x, rows_of(self.stored_blocks, ids), bias, activations="float32", tiles=False)
 
 
 class ZeroPointLinear(GGMLLinear):
@@ -262,10 +290,22 @@ class GGMLEmbedding(nn.Module):
 
     @property
     def weight_blocks(self) -> GGMLTensor:
+        """The table in its GGUF layout (a copy when it is held interleaved)."""
+        return plain(self.stored_blocks)
+
+    @property
+    def stored_blocks(self) -> GGMLTensor:
         return GGMLTensor(self.qweight, self.format, self.embedding_dim)
 
+    def share_blocks(self, blocks: GGMLTensor) -> None:
+        """Read the table from `blocks` (the same table in either layout, e.g. a tied LM head's) instead of its own copy."""
+        if blocks.shape != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(f"an embedding of {self.num_embeddings} x {self.embedding_dim} cannot read a {list(blocks.shape)} table")
+        self.qweight = blocks.data
+        self.format = blocks.format
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        rows = self.weight_blocks.rows(input_ids.reshape(-1)).dequantize()
+        rows = rows_of(self.stored_blocks, input_ids.reshape(-1)).dequantize()
         return rows.reshape(*input_ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
@@ -274,8 +314,7 @@ class GGMLEmbedding(nn.Module):
 
 def _kernel_layout(weight: GGMLTensor, activations: str) -> GGMLTensor:
     """`weight` interleaved where the int8 kernel runs it (built with that path, int8 activations, Q4 / Q5 / Q8_0 /
-    Q4_K / Q5_K / Q6_K in groups of eight rows); as it is otherwise. The LM head (float32 activations) stays in the GGUF layout, so a
-    tied embedding keeps sharing its blocks."""
+    Q4_K / Q5_K / Q6_K in groups of eight rows); as it is otherwise."""
     kernels = load_kernels()
     if kernels is None or "int8" not in kernels.paths or activations != "int8" or not can_interleave(weight):
         return weight
@@ -288,19 +327,20 @@ def _checked_activations(activations: str) -> str:
     return activations
 
 
-def activations_for(module_path: str, activations: str) -> str:
-    """The precision the layer at `module_path` uses under the model-wide `activations`: the LM head stays float32."""
-    return "float32" if module_path == LOGITS_MODULE else _checked_activations(activations)
+def activations_for(module_path: str, activations: str, exact_top: bool = False) -> str:
+    """The precision the layer at `module_path` uses under the model-wide `activations`: an LM head that does not make
+    its top logits exact (`exact_top`: a `GGMLLogitsLinear` does) stays float32."""
+    return "float32" if module_path == LOGITS_MODULE and not exact_top else _checked_activations(activations)
 
 
 def set_activations(model: nn.Module, activations: str) -> int:
-    """Set the GGML linear layers of `model` to `activations` (the LM head stays float32); returns how many layers.
+    """Set the GGML linear layers of `model` to `activations` (see `activations_for`); returns how many layers.
 
     Compiled decoder layers hold their products' activation setting: they are rebuilt when it changes."""
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, GGMLLinear)]
     changed = False
     for name, layer in layers:
-        wanted = activations_for(name, activations)
+        wanted = activations_for(name, activations, isinstance(layer, GGMLLogitsLinear))
         changed |= layer.activations != wanted
         layer.activations = wanted
     if changed:
@@ -317,8 +357,10 @@ def can_hold_blocks(module: nn.Module) -> bool:
 
 def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor]) -> None:
     """Swap each `<module>.weight` named in `weights` for a layer over its blocks (or W8A8 int8 rows, or GPTQ / AWQ
-    groups with zero points); a linear keeps its bias."""
+    groups with zero points); a linear keeps its bias. Layers given one tensor (a tied table) share one copy of it."""
+    built_from: dict[int, list[nn.Module]] = {}
     for name, weight in weights.items():
+        built_from.setdefault(id(weight), [])
         module_path = name.removesuffix(".weight")
         parent_path, _, child = module_path.rpartition(".")
         old = model.get_submodule(module_path)
@@ -337,9 +379,22 @@ def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | GGMLRo
                 raise ValueError(f"{module_path} is a {type(old).__name__}; GGML row parts run only in linear layers: load with --dtype float32")
             new = GGMLRowPartsLinear(weight, old.bias, activations=activations_for(module_path, "int8"))
         elif isinstance(old, nn.Linear):
-            new = GGMLLinear(weight, old.bias, activations=activations_for(module_path, "int8"))
+            kind = GGMLLogitsLinear if module_path == LOGITS_MODULE else GGMLLinear
+            new = kind(weight, old.bias, activations=activations_for(module_path, "int8", kind is GGMLLogitsLinear))
         elif isinstance(old, nn.Embedding):
             new = GGMLEmbedding(weight)
         else:
             raise ValueError(f"{module_path} is a {type(old).__name__}, which cannot run GGML blocks; load with --dtype float32")
         setattr(model.get_submodule(parent_path), child, new)
+        built_from[id(weights[name])].append(new)
+    for layers in built_from.values():
+        _share_tied_table(layers)
+
+
+def _share_tied_table(layers: list[nn.Module]) -> None:
+    """Layers built from one tied table: the embedding reads the LM head's blocks in the layout the head keeps them
+    (interleaved for its int8 product), so the table is in memory once."""
+    heads = [layer for layer in layers if type(layer) in (GGMLLinear, GGMLLogitsLinear)]
+    for embedding in (layer for layer in layers if isinstance(layer, GGMLEmbedding)):
+        if heads:
+            embedding.share_blocks(heads[0].stored_blocks)

@@ -14,6 +14,7 @@ from ember.engine.sampling_params import SamplingParams
 from ember.engine.spec.eagle_head import CONFIG_FILE, draft_lm_rows, load_eagle_head
 from ember.engine.spec.eagle_training import EagleTrainingConfig, draft_vocabulary, train_eagle_head
 from ember.models.loader import load_model
+from ember.quant.ggml_layers import GGMLLogitsLinear
 from tests.engine.stories import (
     STORY_PROMPTS,
     assert_mixed_batch_matches_plain,
@@ -53,6 +54,14 @@ def test_training_lowers_the_loss_and_the_saved_head_reloads_identically(trained
     # the draft vocabulary's rows are the LM head's own: their logits are the full logits at those ids
     rows = draft_lm_rows(target, first.vocab_ids)
     assert torch.allclose(feature @ rows.t(), target.compute_logits(feature)[:, first.vocab_ids], rtol=1e-5, atol=1e-5)
+
+
+def test_a_quantized_heads_rows_are_read_through_its_int8_activations(smollm2_gguf: Path):
+    # the GGUF's LM head rounds its input to int8 per 32 values: the linearity probe is one that rounding keeps
+    target = load_model(smollm2_gguf, "auto").model
+    assert isinstance(target.lm_head, GGMLLogitsLinear) and target.lm_head.activations == "int8"
+    ids = torch.tensor([0, 17, 49151])
+    assert torch.equal(draft_lm_rows(target, ids), target.lm_head.weight_blocks.dequantize()[ids])
 
 
 def test_the_draft_vocabulary_takes_the_most_frequent_tokens_then_the_lowest_ids():

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from ember.native_build import build_shared_library, cpu_fingerprint, with_local_includes
 from ember.quant.ggml_blocks import dequantize_torch
-from ember.quant.ggml_interleave import can_interleave, interleaved, is_interleaved, plain
-from ember.quant.ggml_kernels import MAX_GEMV_ROWS, MAX_PASS_ROWS, GGMLKernels, load_kernels
+from ember.quant.ggml_interleave import can_interleave, interleaved, is_interleaved, plain, rows_of
+from ember.quant.ggml_kernels import MAX_GEMV_ROWS, MAX_PASS_ROWS, GGMLKernels
 from ember.quant.ggml_kernels import SOURCE_PATH as GGML_SOURCE_PATH
 from ember.quant.ggml_layers import GGMLLinear, ggml_linear, set_activations
 from tests.quant.ggml_factory import random_blocks
@@ -19,14 +19,6 @@ from tests.quant.test_ggml_layers import RTOL, int8_rounded
 
 NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 COLS = {"Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # one block per row
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    loaded = load_kernels()
-    if loaded is None or "int8" not in loaded.paths:
-        pytest.skip("no compiled int8 path here (no C compiler, no AVX2, or EMBER_PURE_TORCH is set)")
-    return loaded
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -93,6 +85,15 @@ def test_only_weights_of_interleaved_formats_in_whole_groups_of_eight_rows_inter
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_rows_read_out_of_the_interleaved_layout_are_the_gguf_rows(name):
+    weight = random_blocks(name, rows=24, cols=COLS.get(name, 96), seed=3)
+    index = torch.tensor([0, 7, 8, 23, 9, 9, 15])
+    read = rows_of(interleaved(weight), index)
+    assert read.format == weight.format and torch.equal(read.data, weight.data[index])
+    assert torch.equal(rows_of(weight, index).data, weight.data[index])
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_row_per_row_readers_refuse_the_interleaved_layout(name):
     moved = interleaved(random_blocks(name, rows=8, cols=COLS.get(name, 32)))
     with pytest.raises(ValueError, match="ggml_interleave.plain"):
@@ -102,36 +103,36 @@ def test_row_per_row_readers_refuse_the_interleaved_layout(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_compiled_dequantization_of_the_interleaved_layout_is_the_gguf_one(kernels, name):
+def test_compiled_dequantization_of_the_interleaved_layout_is_the_gguf_one(int8_kernels, name):
     weight = random_blocks(name, rows=40, cols=256, seed=3)
-    assert torch.equal(kernels.dequantize(interleaved(weight)), kernels.dequantize(weight))
+    assert torch.equal(int8_kernels.dequantize(interleaved(weight)), int8_kernels.dequantize(weight))
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("m", [1, 2, 3, 5, MAX_GEMV_ROWS, 2 * MAX_GEMV_ROWS + 3])
-def test_interleaved_products_equal_the_gguf_layout_products(kernels, name, m):
+def test_interleaved_products_equal_the_gguf_layout_products(int8_kernels, name, m):
     weight = random_blocks(name, rows=48, cols=768, seed=m)
     moved = interleaved(weight)
     generator = torch.Generator().manual_seed(m)
     x, bias = torch.randn(m, 768, generator=generator) * 3, torch.randn(48, generator=generator)
     for path in ("float32", "portable"):  # these paths run the group's rows as GGUF rows: the same bits
-        assert torch.equal(kernels.gemv(x, moved, bias, path), kernels.gemv(x, weight, bias, path))
+        assert torch.equal(int8_kernels.gemv(x, moved, bias, path), int8_kernels.gemv(x, weight, bias, path))
     # int8: the same integer dot products, scaled and summed in another order.
     expected = F.linear(int8_rounded(x)[0], weight.dequantize(), bias)
-    ours = kernels.gemv(x, moved, bias, "int8")
+    ours = int8_kernels.gemv(x, moved, bias, "int8")
     torch.testing.assert_close(ours, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
     # A row's bits do not depend on the rows sharing its pass.
-    one_by_one = torch.cat([kernels.gemv(row[None], moved, bias, "int8") for row in x])
+    one_by_one = torch.cat([int8_kernels.gemv(row[None], moved, bias, "int8") for row in x])
     assert torch.equal(ours, one_by_one)
 
 
-def test_an_interleaved_weight_with_rows_not_in_groups_of_eight_is_refused(kernels):
+def test_an_interleaved_weight_with_rows_not_in_groups_of_eight_is_refused(int8_kernels):
     moved = interleaved(random_blocks("Q4_1", rows=16, cols=64))
     with pytest.raises(ValueError, match="status -5"):
-        kernels.gemv_blocks(torch.randn(1, 64), moved.data[:12], moved.format.type_id, None, 12, 64, 0)
+        int8_kernels.gemv_blocks(torch.randn(1, 64), moved.data[:12], moved.format.type_id, None, 12, 64, 0)
 
 
-def test_int8_layers_hold_q4_interleaved_and_give_the_gguf_blocks_back(kernels):
+def test_int8_layers_hold_q4_interleaved_and_give_the_gguf_blocks_back(int8_kernels):
     weight = random_blocks("Q4_1", rows=64, cols=256, seed=4)
     layer, float_layer = GGMLLinear(weight), GGMLLinear(weight, activations="float32")
     assert layer.format.name == "Q4_1_X8" and float_layer.format.name == "Q4_1"
@@ -147,7 +148,7 @@ def test_int8_layers_hold_q4_interleaved_and_give_the_gguf_blocks_back(kernels):
         assert torch.equal(layer(x[:5]), float_layer(x[:5]))
 
 
-def test_many_row_tiles_cut_whole_groups(kernels):
+def test_many_row_tiles_cut_whole_groups(int8_kernels):
     weight = random_blocks("Q4_0", rows=72, cols=128, seed=6)
     x = torch.randn(MAX_PASS_ROWS + 1, 128, generator=torch.Generator().manual_seed(6))
     tiles = ggml_linear(x, interleaved(weight), None, tile_values=128 * 12, tiles=True)  # 12 rows asked: tiles of 8
@@ -155,7 +156,7 @@ def test_many_row_tiles_cut_whole_groups(kernels):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_an_avx2_build_without_vnni_computes_the_same_int8_products(kernels, name):
+def test_an_avx2_build_without_vnni_computes_the_same_int8_products(int8_kernels, name):
     """CPUs without VNNI run the maddubs forms (Q8_0 through |w| and sign-carrying activations): built for plain AVX2
     here and checked against the int8 reference, wherever this CPU has AVX2."""
     cpu_flags = cpu_fingerprint()

@@ -129,7 +129,7 @@ def test_float_code_checkpoints_load_in_their_blocks_and_run_like_their_float_co
         reader = GGUFReader(str(out / "model.gguf"))
         assert json.loads(reader.fields["ember.block_formats"].contents())["blk.0.attn_q.weight"] == "NF4"
     layers = [m for m in load_model(checkpoint).model.modules() if isinstance(m, GGMLLinear)]
-    assert {m.format.name for m in layers} == {method.upper(), "Q8_0"}  # the LM head is Q8_0 like the table
+    assert {m.weight_blocks.format.name for m in layers} == {method.upper(), "Q8_0"}  # the LM head is Q8_0 like the table
     float_weights = load_model(source, dtype="float32").model.state_dict()
     ours = load_model(checkpoint, dtype="float32").model.state_dict()
     name = "model.layers.0.self_attn.qkv_proj.weight"  # q/k rows come back in place: the error stays small

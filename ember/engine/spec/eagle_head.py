@@ -93,12 +93,20 @@ def draft_lm_rows(target: nn.Module, vocab_ids: torch.Tensor) -> torch.Tensor:
     dtype = next(target.parameters()).dtype
     with torch.inference_mode():
         columns = target.compute_logits(torch.eye(config.hidden_size, dtype=dtype)).float()  # [hidden, vocab] = W^T
-        probe = torch.sin(torch.arange(config.hidden_size, dtype=torch.float32) * 0.61 + 0.3).to(dtype).unsqueeze(0)
+        probe = _unrounded_probe(config.hidden_size).to(dtype).unsqueeze(0)
         expected = target.compute_logits(probe).float()[0]
     product = probe.float()[0] @ columns
     if (product - expected).abs().max() > LINEARITY_TOLERANCE * (expected.abs().max() + 1.0):
         raise ValueError(f"{type(target).__name__}'s logits are not a plain LM head product; an EAGLE head cannot draft for it")
     return columns[:, vocab_ids].t().contiguous()
+
+
+def _unrounded_probe(size: int) -> torch.Tensor:
+    """A probe input a quantized head's int8 activations hold exactly (multiples of 1/127, every 32 values reaching
+    1): the linearity check then sees the head's function, not its input rounding."""
+    probe = torch.round(torch.sin(torch.arange(size, dtype=torch.float32) * 0.61 + 0.3) * 127) / 127
+    probe[::32] = 1.0
+    return probe
 
 
 def load_eagle_head(folder: Path | str, target: nn.Module | None = None) -> EagleHead:

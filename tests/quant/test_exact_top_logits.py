@@ -1,0 +1,94 @@
+"""The LM head over GGML blocks: int8 activations, float32-exact wherever a logit could be its row's largest."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.quant.exact_top_logits import refine_near_top, row_norms
+from ember.quant.ggml_interleave import is_interleaved
+from ember.quant.ggml_kernels import GEMV_PATHS
+from ember.quant.ggml_layers import (
+    GGMLEmbedding,
+    GGMLLinear,
+    GGMLLogitsLinear,
+    install_ggml_layers,
+    round_to_int8_blocks,
+)
+from tests.quant.ggml_factory import random_blocks
+
+VOCAB, HIDDEN = 512, 256
+
+
+def _near_ties(name: str, seed: int) -> tuple:
+    """A random head and 32 inputs, each tying two of its rows' float logits at the top (x has equal dot products
+    with both rows): which one wins is left to the last bits, so the int8 product's rounding decides many of them."""
+    weight = random_blocks(name, rows=VOCAB, cols=HIDDEN, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    dense = weight.dequantize()
+    pairs = torch.randperm(VOCAB, generator=generator)[:64].view(32, 2)
+    a, b = dense[pairs[:, 0]], dense[pairs[:, 1]]
+    u = (a + b) / (a + b).norm(dim=1, keepdim=True) * 30
+    difference = a - b
+    x = u - ((difference * u).sum(1, keepdim=True) / (difference * difference).sum(1, keepdim=True)) * difference
+    return weight, x
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K"])
+def test_greedy_choices_are_the_float32_heads_where_int8_alone_flips_them(int8_kernels, name):
+    flipped = 0
+    for seed in range(3):
+        weight, x = _near_ties(name, seed)
+        head = GGMLLogitsLinear(weight, activations="int8")
+        float_head = GGMLLinear(weight, activations="float32")
+        int8_head = GGMLLinear(weight, activations="int8")
+        assert is_interleaved(head.stored_blocks)
+        ours, reference, int8_only = head(x), float_head(x), int8_head(x)
+        flipped += int((int8_only.argmax(1) != reference.argmax(1)).sum())
+        assert torch.equal(ours.argmax(1), reference.argmax(1))
+        top = reference.argmax(1, keepdim=True)
+        assert torch.equal(ours.gather(1, top), reference.gather(1, top))  # recomputed with float32 activations
+    assert flipped > 0  # the test would fail without the recomputation
+
+
+def test_every_int8_logit_lies_within_its_bound_and_only_candidates_are_recomputed(int8_kernels):
+    weight, x = _near_ties("Q8_0", seed=5)
+    norms = row_norms(lambda start, stop: weight.dequantize()[start:stop], VOCAB, chunk_rows=100)
+    assert torch.all(norms >= weight.dequantize().norm(dim=1))
+    int8 = GGMLLinear(weight, activations="int8")(x)
+    reference = GGMLLinear(weight, activations="float32")(x)
+    error = (x - round_to_int8_blocks(x)).norm(dim=1, keepdim=True)
+    assert torch.all((int8 - reference).abs() <= norms * error * 1.01)
+    calls = []
+
+    def exact(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        calls.append(ids)
+        return reference[:, ids]
+
+    refined = int8.clone()
+    replaced = refine_near_top(refined, x, round_to_int8_blocks(x), norms, exact)
+    assert replaced == calls[0].numel() < VOCAB // 4  # a few per row, not the vocabulary
+    untouched = torch.ones(VOCAB, dtype=torch.bool)
+    untouched[calls[0]] = False
+    assert torch.equal(refined[:, untouched], int8[:, untouched])
+    assert torch.equal(refined.argmax(1), reference.argmax(1))
+
+
+def test_float32_activations_skip_the_recomputation(int8_kernels):
+    weight, x = _near_ties("Q8_0", seed=6)
+    head = GGMLLogitsLinear(weight, activations="float32")
+    assert int8_kernels.format_path(head.format, head.activations) != GEMV_PATHS.index("int8")
+    assert torch.equal(head(x), GGMLLinear(weight, activations="float32")(x))
+
+
+def test_a_tied_table_is_held_once_and_the_embedding_reads_the_heads_interleaved_blocks(int8_kernels):
+    table = random_blocks("Q8_0", rows=VOCAB, cols=HIDDEN, seed=7)
+    model = torch.nn.Module()
+    model.embed_tokens = torch.nn.Embedding(VOCAB, HIDDEN, device="meta")
+    model.lm_head = torch.nn.Linear(HIDDEN, VOCAB, bias=False, device="meta")
+    install_ggml_layers(model, {"embed_tokens.weight": table, "lm_head.weight": table})
+    assert isinstance(model.lm_head, GGMLLogitsLinear) and isinstance(model.embed_tokens, GGMLEmbedding)
+    assert model.embed_tokens.qweight.data_ptr() == model.lm_head.qweight.data_ptr()
+    ids = torch.tensor([[0, 3, 511], [8, 8, 100]])
+    assert torch.equal(model.embed_tokens(ids), table.dequantize()[ids])
+    assert torch.equal(model.embed_tokens.weight_blocks.data, table.data)
