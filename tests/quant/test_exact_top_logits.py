@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ember.quant.exact_top_logits import refine_near_top, row_norms
+from ember.quant.exact_top_logits import ROWS_PER_RECOMPUTATION, refine_near_top, row_norms
 from ember.quant.ggml_interleave import is_interleaved
 from ember.quant.ggml_kernels import GEMV_PATHS
 from ember.quant.ggml_layers import (
@@ -60,17 +60,22 @@ def test_every_int8_logit_lies_within_its_bound_and_only_candidates_are_recomput
     error = (x - round_to_int8_blocks(x)).norm(dim=1, keepdim=True)
     assert torch.all((int8 - reference).abs() <= norms * error * 1.01)
     calls = []
+    head = GGMLLogitsLinear(weight)
 
     def exact(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        calls.append(ids)
-        return reference[:, ids]
+        calls.append((rows.shape[0], ids))
+        return head._exact(rows, ids)
 
     refined = int8.clone()
     replaced = refine_near_top(refined, x, round_to_int8_blocks(x), norms, exact)
-    assert replaced == calls[0].numel() < VOCAB // 4  # a few per row, not the vocabulary
-    untouched = torch.ones(VOCAB, dtype=torch.bool)
-    untouched[calls[0]] = False
-    assert torch.equal(refined[:, untouched], int8[:, untouched])
+    assert [rows for rows, _ in calls] == [ROWS_PER_RECOMPUTATION] * (len(x) // ROWS_PER_RECOMPUTATION)
+    assert replaced == sum(ids.numel() for _, ids in calls) < len(calls) * VOCAB // 8  # a few per row, not the vocabulary
+    for block, (rows, ids) in enumerate(calls):
+        block_rows = slice(block * rows, (block + 1) * rows)
+        untouched = torch.ones(VOCAB, dtype=torch.bool)
+        untouched[ids] = False
+        assert torch.equal(refined[block_rows][:, untouched], int8[block_rows][:, untouched])
+        assert torch.equal(refined[block_rows][:, ids], reference[block_rows][:, ids])
     assert torch.equal(refined.argmax(1), reference.argmax(1))
 
 
