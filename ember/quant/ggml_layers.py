@@ -168,13 +168,13 @@ class GGMLLogitsLinear(GGMLLinear):
         self.register_buffer("row_norms", norms, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = super().forward(x)
-        kernels = load_kernels()
-        if kernels is None or kernels.format_path(self.format, self.activations) != GEMV_PATHS.index("int8"):
-            return logits  # the product had float32 activations: nothing to refine
         flat = x.reshape(-1, self.in_features).float()
-        refine_near_top(logits.view(-1, self.out_features), flat, round_to_int8_blocks(flat), self.row_norms, self._exact)
-        return logits
+        logits = super().forward(flat)  # float32 [rows, vocab], refined in place
+        kernels = load_kernels()
+        if kernels is not None and kernels.format_path(self.format, self.activations) == GEMV_PATHS.index("int8"):
+            refine_near_top(logits, flat, round_to_int8_blocks(flat), self.row_norms, self._exact)
+        logits = logits.view(*x.shape[:-1], self.out_features)
+        return logits if logits.dtype == x.dtype else logits.to(x.dtype)
 
     def _exact(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Logits [m, len(ids)] of tokens `ids` for x [m, cols] with float32 activations, as the float32 head computes

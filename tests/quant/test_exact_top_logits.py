@@ -97,3 +97,11 @@ def test_a_tied_table_is_held_once_and_the_embedding_reads_the_heads_interleaved
     ids = torch.tensor([[0, 3, 511], [8, 8, 100]])
     assert torch.equal(model.embed_tokens(ids), table.dequantize()[ids])
     assert torch.equal(model.embed_tokens.weight_blocks.data, table.data)
+
+
+def test_the_head_keeps_its_inputs_shape_and_dtype(int8_kernels):
+    weight, x = _near_ties("Q8_0", seed=8)
+    head = GGMLLogitsLinear(weight)
+    batched = head(x.view(4, 8, HIDDEN))
+    assert batched.shape == (4, 8, VOCAB) and torch.equal(batched.view(32, VOCAB), head(x))
+    assert head(x.bfloat16()).dtype == torch.bfloat16
