@@ -9,8 +9,8 @@ every logit with int8 activations and then recomputes in float32 the few logits 
     |w . x - w . r(x)| = |w . (x - r(x))| <= ||w|| ||x - r(x)||    (Cauchy-Schwarz; r rounds x per 32 values)
 
 plus the two products' float32 summation slack. A token whose upper bound stays under the row's best lower bound is
-not the float32 argmax; every other one (a median of 11 of SmolLM2's 49,152 on text, 251 at most in that sample) is
-recomputed, so a greedy choice is the float32 product's. The other logits keep int8's values.
+not the float32 argmax; every other one (measured on 78 decode rows of text: a median of 1 per row on SmolLM2 and
+Qwen2.5-1.5B, at most ~20) is recomputed, so a greedy choice is the float32 product's. The other logits keep int8's values.
 """
 
 from __future__ import annotations
