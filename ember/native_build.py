@@ -79,16 +79,17 @@ CPU_KERNEL_FLAGS = ("-O3", "-march=native", "-fopenmp")
 EXACT_CPU_KERNEL_FLAGS = (*CPU_KERNEL_FLAGS, "-ffp-contract=off")
 
 
-LOCAL_INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', re.MULTILINE)
+LOCAL_INCLUDE = re.compile(r'^#include "([\w./]+)"[ \t]*$', re.MULTILINE)
 
 
 def with_local_includes(source_path: Path) -> str:
-    """`source_path`'s text with each `#include "name.h"` replaced by that file from the same folder.
+    """`source_path`'s text with each `#include "path.h"` replaced by that file's (a path relative to
+    `source_path`'s folder), the included files' own local includes spliced in the same way.
 
     The source is compiled from a scratch copy and cached by its text, so a shared header must be
     part of that text: the cache then rebuilds when the header changes too."""
     folder = source_path.parent
-    return LOCAL_INCLUDE.sub(lambda match: (folder / match.group(1)).read_text(), source_path.read_text())
+    return LOCAL_INCLUDE.sub(lambda match: with_local_includes(folder / match.group(1)), source_path.read_text())
 
 
 def load_cpu_kernels(name: str, source_path: Path, flags: tuple[str, ...] = CPU_KERNEL_FLAGS) -> ctypes.CDLL | None:

@@ -8,7 +8,8 @@ every logit with int8 activations and then recomputes in float32 the few logits 
 
     |w . x - w . r(x)| = |w . (x - r(x))| <= ||w|| ||x - r(x)||    (Cauchy-Schwarz; r rounds x per 32 values)
 
-plus the two products' float32 summation slack. A token whose upper bound stays under the row's best lower bound is
+plus the two products' float32 summation slack (a product of many rows on AMX tiles rounds x and w to bfloat16
+instead: the bound then adds the weights' rounding, see `refine_near_top`). A token whose upper bound stays under the row's best lower bound is
 not the float32 argmax; every other one (measured on 78 decode rows of text: a median of 1 per row on SmolLM2 and
 Qwen2.5-1.5B, at most ~20) is recomputed, so a greedy choice is the float32 product's. The other logits keep int8's values.
 """
@@ -23,6 +24,7 @@ import torch
 # Float32 summation error of an n-term dot product is at most about n * 2^-24 * ||w|| ||x||; two products (int8 and
 # float32) each contribute it, and the scales and rounded values add their own last-bit errors: 4 covers them.
 SUMMATION_SLACK_PER_TERM = 4 * 2.0**-24
+BFLOAT16_UNIT_ROUNDOFF = 2.0**-8  # |v - bfloat16(v)| <= 2^-8 |v|: round to nearest with 8 significant bits
 # Rows whose candidate tokens are recomputed together (each for all of them): a decode batch in one call; a whole
 # prompt's rows (perplexity) in blocks, so the recomputed columns stay those of a few rows.
 ROWS_PER_RECOMPUTATION = 16
@@ -46,15 +48,20 @@ def refine_near_top(
     rounded_x: torch.Tensor,
     norms: torch.Tensor,
     exact_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    weight_rounding: float = 0.0,
 ) -> int:
     """Replace, in place, the int8-activation `logits` [m, vocab] of every token that could be its row's float32
     argmax by `exact_logits(x_rows, token_ids)` ([rows, len(token_ids)], float32 activations); returns how many
     (row-block, token) pairs were recomputed.
 
-    `x` [m, cols] is the head's float32 input, `rounded_x` the values the int8 product used, `norms` the rows' ||w||.
+    `x` [m, cols] is the head's float32 input, `rounded_x` the values the product used, `norms` the rows' ||w||;
+    `weight_rounding` bounds the relative rounding of the weights the product used (0: exact; a many-row product on
+    AMX tiles rounds them to bfloat16: |w - w~| <= 2^-8 |w|, so |w.x - w~.x~| <= ||w|| (||x - x~|| + 2^-8 ||x~||)).
     Rows go ROWS_PER_RECOMPUTATION at a time (a whole prompt's logits, as perplexity asks for, stays a few small
     recomputations instead of every row times every row's candidates)."""
     c = torch.linalg.vector_norm(x - rounded_x, dim=1) + SUMMATION_SLACK_PER_TERM * x.shape[1] * torch.linalg.vector_norm(x, dim=1)
+    if weight_rounding:
+        c += weight_rounding * torch.linalg.vector_norm(rounded_x, dim=1)
     largest_norm = float(norms.max())
     replaced = 0
     for start in range(0, logits.shape[0], ROWS_PER_RECOMPUTATION):

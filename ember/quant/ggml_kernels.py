@@ -74,6 +74,9 @@ class GGMLKernels:
         self._dequantize = library.ember_ggml_dequantize
         self._dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
         self._dequantize.restype = None
+        library.ember_ggml_tile_rows.restype = ctypes.c_int
+        # From this many rows an int8-path product runs on AMX tiles (None: never): x and the weights rounded to bfloat16.
+        self.tile_rows = library.ember_ggml_tile_rows() or None
         mask = library.ember_ggml_paths()
         self.paths = tuple(path for bit, path in enumerate(GEMV_PATHS) if mask >> bit & 1)
         self.int8_dot_kind = INT8_DOT_KINDS[library.ember_ggml_int8_dot_kind()] if "int8" in self.paths else None
@@ -105,6 +108,10 @@ class GGMLKernels:
         return num_rows <= MAX_PASS_ROWS or (
             path_index == GEMV_PATHS.index("int8") and self.int8_dot_kind in INT8_PASSES_AT_ANY_ROWS
         )
+
+    def on_tiles(self, path_index: int, num_rows: int) -> bool:
+        """Whether a product of `num_rows` rows on `path_index` runs on AMX tiles (bfloat16 x and weights)."""
+        return path_index == GEMV_PATHS.index("int8") and self.tile_rows is not None and num_rows >= self.tile_rows
 
     def path_for(self, activations: str) -> int:
         """The C path index for activations "int8" (falls back to float32) or "float32" (falls back to portable)."""

@@ -27,7 +27,7 @@ from torch import nn
 from ember.engine.config import QUANT_ACTIVATIONS
 from ember.layers.cpu_decoder_layer import CompilableLayer
 from ember.layers.cpu_gemm import CompiledProduct, PackedWeight, load_gemm
-from ember.quant.exact_top_logits import refine_near_top, row_norms
+from ember.quant.exact_top_logits import BFLOAT16_UNIT_ROUNDOFF, refine_near_top, row_norms
 from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor, dequantize_torch
 from ember.quant.ggml_interleave import ROWS_PER_GROUP, can_interleave, interleaved, plain, rows_of
 from ember.quant.ggml_kernels import (
@@ -171,7 +171,10 @@ class GGMLLogitsLinear(GGMLLinear):
         flat = x.reshape(-1, self.in_features).float()
         logits = super().forward(flat)  # float32 [rows, vocab], refined in place
         kernels = load_kernels()
-        if kernels is not None and kernels.format_path(self.format, self.activations) == GEMV_PATHS.index("int8"):
+        path = None if kernels is None else kernels.format_path(self.format, self.activations)
+        if path == GEMV_PATHS.index("int8") and kernels.on_tiles(path, flat.shape[0]):  # bfloat16 x and w (AMX)
+            refine_near_top(logits, flat, flat.bfloat16().float(), self.row_norms, self._exact, BFLOAT16_UNIT_ROUNDOFF)
+        elif path == GEMV_PATHS.index("int8"):
             refine_near_top(logits, flat, round_to_int8_blocks(flat), self.row_norms, self._exact)
         logits = logits.view(*x.shape[:-1], self.out_features)
         return logits if logits.dtype == x.dtype else logits.to(x.dtype)

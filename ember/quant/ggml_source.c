@@ -16,7 +16,11 @@
  *     PATH_FLOAT: the weights are widened to float32 and dotted with x in FMA: exact up to
  *       float32 summation order, and compute-bound (the reason PATH_INT8 exists).
  *     PATH_PORTABLE: plain C, one block dequantized at a time; the fallback without AVX2.
- * -march=native picks the instruction set at build time (#ifdef __AVX2__ / VNNI below).
+ *     Where the CPU has AMX, PATH_INT8 products of many rows (prefill) run on tiles instead: each 32 weight rows are
+ *     dequantized (exactly, then rounded to bfloat16) once per call and multiplied with x rounded to bfloat16 by
+ *     tdpbf16ps, 8,192 multiply-adds an instruction (amx_linear; its error is below the int8 path's: x keeps 8
+ *     significant bits per value instead of 8 per 32-value block).
+ * -march=native picks the instruction set at build time (#ifdef __AVX2__ / VNNI / AMX below).
  *
  * Q4_0_X8 / Q4_1_X8 / Q5_0_X8 / Q5_1_X8 / Q8_0_X8 / Q4_K_X8 / Q5_K_X8 are ember's own layouts of those GGML formats for these products
  * (the same bytes, moved): rows 8g..8g+7 are stored as one group, block k of all eight together, the codes four
@@ -183,18 +187,18 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
         break;
     }
     case Q4_K:
-    case Q5_K: {
+    case Q5_K: { /* the two formats' inner loops kept apart: each then vectorizes */
         float d = half_to_float(b), dmin = half_to_float(b + 2);
         const uint8_t *scales = b + 4, *qh = b + 16, *qs = type == Q4_K ? b + 16 : b + 48;
         for (int s = 0; s < 8; s++) {
-            int scale, min;
+            int scale, min, shift = 4 * (s & 1);
             scale_min_k4(s, scales, &scale, &min);
             float ds = d * (float)scale, dm = dmin * (float)min;
-            for (int l = 0; l < 32; l++) {
-                int q = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
-                if (type == Q5_K) q |= ((qh[l] >> s) & 1) << 4;
-                out[32 * s + l] = ds * (float)q - dm;
-            }
+            const uint8_t *codes = qs + 32 * (s / 2);
+            if (type == Q4_K)
+                for (int l = 0; l < 32; l++) out[32 * s + l] = ds * (float)((codes[l] >> shift) & 15) - dm;
+            else
+                for (int l = 0; l < 32; l++) out[32 * s + l] = ds * (float)(((codes[l] >> shift) & 15) | (((qh[l] >> s) & 1) << 4)) - dm;
         }
         break;
     }
@@ -232,14 +236,16 @@ static void dequantize_block(int type, const uint8_t *b, float *out) {
         const int8_t *scales = (const int8_t *)(b + 192);
         float d = half_to_float(b + 208);
         for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 4; k++)
-                for (int l = 0; l < 32; l++) {
-                    int index = 128 * h + 32 * k + l;
-                    int low = ql[64 * h + 32 * (k & 1) + l];
-                    low = k < 2 ? low & 15 : low >> 4;
-                    int q = (low | (((qh[32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
-                    out[index] = (d * (float)scales[index / 16]) * (float)q;
+            for (int k = 0; k < 4; k++) { /* 32 values: low nibbles (or high, k >= 2) of ql, 2 bits of qh, one scale per 16 */
+                const uint8_t *low = ql + 64 * h + 32 * (k & 1), *high = qh + 32 * h;
+                const int low_shift = k < 2 ? 0 : 4, high_shift = 2 * k;
+                for (int half = 0; half < 2; half++) {
+                    const int first = 16 * half, index = 128 * h + 32 * k + first;
+                    const float scale = d * (float)scales[index / 16];
+                    for (int l = first; l < first + 16; l++)
+                        out[index - first + l] = scale * (float)((((low[l] >> low_shift) & 15) | (((high[l] >> high_shift) & 3) << 4)) - 32);
                 }
+            }
         break;
     }
     }
@@ -323,7 +329,11 @@ static void x8_to_plain_group(int type, const uint8_t *group, int64_t blocks, ui
         for (int p = 0; p < count; p++) {
             const int width = parts[p].stop - parts[p].start;
             for (int slot = 0; slot < 8; slot++) {
-                memcpy(rows + (size_t)((slot * blocks + k) * size + parts[p].start), b + width * slot, (size_t)width);
+                uint8_t *to = rows + (size_t)((slot * blocks + k) * size + parts[p].start);
+                if (width == 4) /* most parts: a constant-size copy the compiler inlines (a call per word cost more than the copy) */
+                    memcpy(to, b + 4 * slot, 4);
+                else
+                    memcpy(to, b + width * slot, (size_t)width);
             }
             b += 8 * width;
         }
@@ -1335,13 +1345,145 @@ static int gemv_pass(int type, const float *x, const uint8_t *w, const float *bi
     return status;
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include "../layers/csrc/amx_tiles.h"
+#define EMBER_GGML_AMX 1
+/* From this many rows an int8-path product runs on AMX tiles (amx_linear) instead of int8 passes: measured on a Xeon
+ * with AMX against the passes, per call, at 64 / 128 / 512 rows: Qwen2.5-Coder-1.5B's Q4_K 17920 x 1536 1.4x / 2.0x /
+ * 3.3x, Q6_K 1536 x 8960 1.3x / 2.2x / 4.0x, SmolLM2's Q4_1 3072 x 576 1.0x / 1.8x / 2.6x (the dequantization, once
+ * per call, is what fewer rows cannot pay back). */
+#define AMX_GGML_MIN_ROWS 64
+#define AMX_WEIGHT_ROWS 32 /* weight rows dequantized at a time: two 16-row tiles */
+
+/* x [m, cols] rounded to bfloat16 as the weight-side tiles read it: 16-row blocks, each cols / 2 pair rows of 16
+   words (word i of pair row q: x[16 b + i, 2q .. 2q + 1]); rows past m (to `blocks` x 16) are zero. */
+static void activation_pair_tiles(const float *x, int64_t m, int64_t cols, int64_t blocks, uint32_t *tiles) {
+    int64_t pairs = cols / 2;
+    memset(tiles, 0, (size_t)(blocks * TILE_ROWS * pairs) * sizeof(uint32_t));
+    #pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < m; r++) {
+        uint32_t *block = tiles + (r / TILE_ROWS) * TILE_ROWS * pairs + r % TILE_ROWS;
+        for (int64_t c = 0; c < cols; c += 32) {
+            __m512bh rounded = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + r * cols + c + 16), _mm512_loadu_ps(x + r * cols + c));
+            uint32_t words[16];
+            _mm512_storeu_si512(words, (__m512i)rounded);
+            for (int j = 0; j < 16; j++) block[(c / 2 + j) * TILE_ROWS] = words[j];
+        }
+    }
+}
+
+/* Weight rows first .. first + 31 as bfloat16 [32, cols] (rows past `rows` zero), through their exact float32 values. */
+static void weight_rows_bf16(int type, const uint8_t *w, int64_t rows, int64_t cols, int64_t first, uint8_t *plain,
+                             float *values, uint16_t *out) {
+    int64_t size = block_bytes(type), blocks = cols / block_values(type), row_bytes = blocks * size;
+    for (int64_t g = first; g < first + AMX_WEIGHT_ROWS; g += 8) {
+        int64_t count = rows - g < 8 ? (rows - g > 0 ? rows - g : 0) : 8;
+        const uint8_t *source = w + (size_t)(g * row_bytes);
+        if (is_x8(type) && count > 0) {
+            x8_to_plain_group(type, source, blocks, plain);
+            source = plain;
+        }
+        for (int64_t r = 0; r < count; r++)
+            for (int64_t k = 0; k < blocks; k++)
+                dequantize_block(plain_type(type), source + (size_t)((r * blocks + k) * size), values + r * cols + block_values(type) * k);
+        for (int64_t r = 0; r < 8; r++)
+            for (int64_t c = 0; c < cols; c += 32) {
+                __m512bh rounded = r < count ? _mm512_cvtne2ps_pbh(_mm512_loadu_ps(values + r * cols + c + 16), _mm512_loadu_ps(values + r * cols + c))
+                                             : (__m512bh)_mm512_setzero_si512();
+                _mm512_storeu_si512(out + (g - first + r) * cols + c, (__m512i)rounded);
+            }
+    }
+}
+
+/* y rows a0 .. a0 + 15 (those below m), weight rows w0 .. w0 + 15 (those below `rows`), from a sum tile
+   stored as sums[weight row][activation row] (+ bias). */
+static void store_transposed(const float *sums, float *y, const float *bias, int64_t a0, int64_t m, int64_t w0, int64_t rows) {
+    for (int64_t i = 0; i < TILE_ROWS && a0 + i < m; i++)
+        for (int64_t o = 0; o < TILE_ROWS && w0 + o < rows; o++)
+            y[(a0 + i) * rows + w0 + o] = sums[o * TILE_ROWS + i] + (bias ? bias[w0 + o] : 0.0f);
+}
+
+/* 32 dequantized weight rows (w0 ..) times activation blocks b and b + 1 (32 rows), all of k. */
+static void amx_weight_block(const uint16_t *weights, const uint32_t *tiles, int64_t cols, const float *bias, float *y,
+                             int64_t m, int64_t rows, int64_t w0, int64_t b) {
+    int64_t pairs = cols / 2;
+    const uint32_t *b0 = tiles + b * TILE_ROWS * pairs, *b1 = b0 + TILE_ROWS * pairs;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t q0 = 0; q0 < pairs; q0 += TILE_PAIRS) {
+        _tile_loadd(4, weights + 2 * q0, cols * sizeof(uint16_t));
+        _tile_loadd(5, weights + TILE_ROWS * cols + 2 * q0, cols * sizeof(uint16_t));
+        _tile_loadd(6, b0 + q0 * TILE_ROWS, TILE_ROWS * sizeof(uint32_t));
+        _tile_loadd(7, b1 + q0 * TILE_ROWS, TILE_ROWS * sizeof(uint32_t));
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    float sums[TILE_ROWS * TILE_ROWS];
+    int64_t a0 = b * TILE_ROWS;
+    _tile_stored(0, sums, TILE_ROWS * sizeof(float));
+    store_transposed(sums, y, bias, a0, m, w0, rows);
+    _tile_stored(1, sums, TILE_ROWS * sizeof(float));
+    store_transposed(sums, y, bias, a0 + TILE_ROWS, m, w0, rows);
+    _tile_stored(2, sums, TILE_ROWS * sizeof(float));
+    store_transposed(sums, y, bias, a0, m, w0 + TILE_ROWS, rows);
+    _tile_stored(3, sums, TILE_ROWS * sizeof(float));
+    store_transposed(sums, y, bias, a0 + TILE_ROWS, m, w0 + TILE_ROWS, rows);
+}
+
+/* y[m, rows] = x . w^T (+ bias) on AMX tiles: x rounded to bfloat16, each 32 weight rows dequantized exactly and
+   rounded to bfloat16 once per call (in the thread's L2), then run against every activation row. The weights are
+   the tiles' A side, row-major as they dequantize; the sums come out transposed. Returns -2 when memory ran out. */
+static int amx_linear(int type, const float *x, const uint8_t *w, const float *bias, float *y, int64_t m, int64_t rows, int64_t cols) {
+    int64_t act_blocks = (m + 2 * TILE_ROWS - 1) / (2 * TILE_ROWS) * 2, weight_blocks = (rows + AMX_WEIGHT_ROWS - 1) / AMX_WEIGHT_ROWS;
+    uint32_t *tiles = (uint32_t *)malloc((size_t)(act_blocks * TILE_ROWS * cols / 2) * sizeof(uint32_t));
+    if (tiles == NULL) return -2;
+    activation_pair_tiles(x, m, cols, act_blocks, tiles);
+    int failed = 0;
+    #pragma omp parallel
+    {
+        uint16_t *weights = (uint16_t *)malloc((size_t)(AMX_WEIGHT_ROWS * cols) * sizeof(uint16_t));
+        float *values = (float *)malloc((size_t)(8 * cols) * sizeof(float));
+        uint8_t *plain = (uint8_t *)malloc((size_t)(8 * cols / block_values(type) * block_bytes(type)));
+        if (weights == NULL || values == NULL || plain == NULL) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp barrier
+        if (!failed) { /* every thread or none reaches the loop below (a worksharing loop needs the whole team) */
+            configure_tiles();
+            #pragma omp for schedule(static)
+            for (int64_t item = 0; item < weight_blocks; item++) {
+                weight_rows_bf16(type, w, rows, cols, item * AMX_WEIGHT_ROWS, plain, values, weights);
+                for (int64_t b = 0; b < act_blocks; b += 2)
+                    amx_weight_block(weights, tiles, cols, bias, y, m, rows, item * AMX_WEIGHT_ROWS, b);
+            }
+            _tile_release();
+        }
+        free(weights);
+        free(values);
+        free(plain);
+    }
+    free(tiles);
+    return failed ? -2 : 0;
+}
+#endif
+
 /* y[m, rows] = x[m, cols] . w[rows, cols]^T (+ bias) on `path`, any m >= 1: MAX_M rows per pass over the
  * weight, so every row gets the arithmetic of a decode step whatever the batch (the int8 path rounds each
- * row on its own). Returns 0; -1 if m < 1, -2 if memory ran out, -3 if this build lacks the path, -4 if
+ * row on its own); where AMX tiles run the int8 path's products of AMX_GGML_MIN_ROWS rows or more, those
+ * rows get the tiles' arithmetic instead (bfloat16 x and weights, float32 sums). Returns 0; -1 if m < 1, -2 if memory ran out, -3 if this build lacks the path, -4 if
  * the type lacks it, -5 if an x8 weight's rows are not a multiple of 8. */
 int ember_ggml_gemv(int type, const float *x, const uint8_t *w, const float *bias, float *y, int64_t m, int64_t rows,
                     int64_t cols, int path) {
     if (m < 1) return -1;
+#ifdef EMBER_GGML_AMX
+    if (path == PATH_INT8 && m >= AMX_GGML_MIN_ROWS && type != NF4 && type != FP8 && !(is_x8(type) && rows % 8 != 0) && amx_ready())
+        return amx_linear(type, x, w, bias, y, m, rows, cols);
+#endif
     for (int64_t start = 0; start < m; start += MAX_M) {
         int64_t count = m - start < MAX_M ? m - start : MAX_M;
         int status = gemv_pass(type, x + start * cols, w, bias, y + start * rows, count, rows, cols, path);
@@ -1434,6 +1576,16 @@ void ember_ggml_linear(const float *x, const void *weight, const float *bias, fl
                                                                   : zero_point_linear(x, w, bias, y, m, n, k);
     if (status != 0)
         for (int64_t i = 0; i < m * n; i++) y[i] = NAN;
+}
+
+/* The row count from which int8-path products run on AMX tiles here (x and the weights rounded to bfloat16); 0 where
+ * they never do (not built for them, or Linux refused the tile state). */
+int ember_ggml_tile_rows(void) {
+#ifdef EMBER_GGML_AMX
+    return amx_ready() ? AMX_GGML_MIN_ROWS : 0;
+#else
+    return 0;
+#endif
 }
 
 /* Bit mask of the paths this build has: 1 << PATH_INT8 | 1 << PATH_FLOAT | 1 << PATH_PORTABLE. */

@@ -5,13 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ember.quant.exact_top_logits import ROWS_PER_RECOMPUTATION, refine_near_top, row_norms
+from ember.quant.exact_top_logits import (
+    BFLOAT16_UNIT_ROUNDOFF,
+    ROWS_PER_RECOMPUTATION,
+    refine_near_top,
+    row_norms,
+)
 from ember.quant.ggml_interleave import is_interleaved
 from ember.quant.ggml_kernels import GEMV_PATHS
 from ember.quant.ggml_layers import (
     GGMLEmbedding,
     GGMLLinear,
     GGMLLogitsLinear,
+    ggml_linear,
     install_ggml_layers,
     round_to_int8_blocks,
 )
@@ -20,13 +26,13 @@ from tests.quant.ggml_factory import random_blocks
 VOCAB, HIDDEN = 512, 256
 
 
-def _near_ties(name: str, seed: int) -> tuple:
-    """A random head and 32 inputs, each tying two of its rows' float logits at the top (x has equal dot products
+def _near_ties(name: str, seed: int, count: int = 32) -> tuple:
+    """A random head and `count` inputs, each tying two of its rows' float logits at the top (x has equal dot products
     with both rows): which one wins is left to the last bits, so the int8 product's rounding decides many of them."""
     weight = random_blocks(name, rows=VOCAB, cols=HIDDEN, seed=seed)
     generator = torch.Generator().manual_seed(seed)
     dense = weight.dequantize()
-    pairs = torch.randperm(VOCAB, generator=generator)[:64].view(32, 2)
+    pairs = torch.randperm(VOCAB, generator=generator)[: 2 * count].view(count, 2)
     a, b = dense[pairs[:, 0]], dense[pairs[:, 1]]
     u = (a + b) / (a + b).norm(dim=1, keepdim=True) * 30
     difference = a - b
@@ -49,6 +55,23 @@ def test_greedy_choices_are_the_float32_heads_where_int8_alone_flips_them(int8_k
         top = reference.argmax(1, keepdim=True)
         assert torch.equal(ours.gather(1, top), reference.gather(1, top))  # recomputed with float32 activations
     assert flipped > 0  # the test would fail without the recomputation
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K"])
+def test_a_many_row_head_on_amx_tiles_still_picks_the_float32_argmax(int8_kernels, name):
+    """Where AMX runs many-row products on tiles (x and w rounded to bfloat16), the bound adds the weights' rounding:
+    every tile logit lies within it, and the refined argmax is the float32 head's where the tiles alone flip some."""
+    if int8_kernels.tile_rows is None:
+        pytest.skip("this CPU (or its kernel build) has no AMX tiles")
+    weight, x = _near_ties(name, seed=9, count=int8_kernels.tile_rows + 32)
+    tiles = GGMLLinear(weight, activations="int8")(x)
+    reference = ggml_linear(x, weight, None, activations="float32", tiles=False)  # the float32 head's passes, any rows
+    norms = row_norms(lambda start, stop: weight.dequantize()[start:stop], VOCAB)
+    rounded = x.bfloat16().float()
+    radius = (x - rounded).norm(dim=1, keepdim=True) + BFLOAT16_UNIT_ROUNDOFF * rounded.norm(dim=1, keepdim=True)
+    assert torch.all((tiles - reference).abs() <= norms * radius * 1.01)
+    assert not torch.equal(tiles.argmax(1), reference.argmax(1))  # the tiles' rounding flips near ties
+    assert torch.equal(GGMLLogitsLinear(weight)(x).argmax(1), reference.argmax(1))
 
 
 def test_every_int8_logit_lies_within_its_bound_and_only_candidates_are_recomputed(int8_kernels):

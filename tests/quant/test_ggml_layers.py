@@ -112,9 +112,31 @@ def test_a_prefill_through_int8_passes_gives_every_row_its_one_row_bits(kernels)
     if kernels.int8_dot_kind not in INT8_PASSES_AT_ANY_ROWS:
         pytest.skip("without VNNI many int8 rows take the dequantized tiles (test_many_rows_use_dequantized_tiles...)")
     layer = GGMLLinear(random_blocks("Q4_K", rows=64, cols=256, seed=12))
-    x = torch.randn(3 * MAX_PASS_ROWS + 5, 256, generator=torch.Generator().manual_seed(12))
+    rows = 3 * MAX_PASS_ROWS + 5 if kernels.tile_rows is None else kernels.tile_rows - 1  # below AMX tiles where they run
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(12))
     with torch.inference_mode():
         assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"])
+def test_many_rows_on_amx_tiles_give_the_bfloat16_product(kernels, name):
+    """Where AMX runs the int8 path's many-row products on tiles, the result is the product of x and the exact
+    weights both rounded to bfloat16 (float32 sums), for every format, a partial 32-row weight block and rows past
+    a 32-row activation block; a row's bits do not depend on the other rows on the tiles."""
+    if kernels.tile_rows is None:
+        pytest.skip("this CPU (or its kernel build) has no AMX tiles")
+    layer = GGMLLinear(random_blocks(name, rows=72, cols=512, seed=13))
+    generator = torch.Generator().manual_seed(13)
+    x, bias = torch.randn(kernels.tile_rows + 37, 512, generator=generator), torch.randn(72, generator=generator)
+    layer.bias = torch.nn.Parameter(bias, requires_grad=False)
+    with torch.inference_mode():
+        ours = layer(x)
+        shifted = layer(x[5 : 5 + kernels.tile_rows])
+    exact = layer.weight_blocks.dequantize()
+    reference = F.linear(x.bfloat16().double(), exact.bfloat16().double(), bias.double()).float()
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())
+    assert not torch.allclose(ours, F.linear(x, exact, bias), rtol=1e-5, atol=1e-5 * reference.abs().max().item())
+    assert torch.equal(shifted, ours[5 : 5 + kernels.tile_rows])
 
 
 def test_linear_layer_keeps_the_blocks_and_maps_leading_dimensions():

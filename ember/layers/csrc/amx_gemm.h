@@ -8,53 +8,16 @@
    zero-padded to a multiple of 32), so both paths see the same rounded inputs and each output is
    the exact products summed in float32 (in another order: the results agree to float32 rounding).
    A block of 32 rows x 32 outputs keeps four sum tiles; a panel's last k pairs are read through a
-   zero-padded copy so no tile reads past the weights. Linux hands a process the tile state only
-   when asked (arch_prctl), once per process; where it refuses, the vdpbf16ps kernel runs instead. */
-#include <pthread.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+   zero-padded copy so no tile reads past the weights. Where Linux refuses the tile state
+   (amx_tiles.h), the vdpbf16ps kernel runs instead. */
+#include "amx_tiles.h"
 
 /* From this many rows the tiles win: measured on a Xeon with AMX (bfloat16 weights 8960 x 1536, 576 x 576,
    3072 x 576, 49152 x 576), the vdpbf16ps walk is compute bound from 4 rows (time doubling with the rows),
    tiles stay at memory speed: 1.0x at 4 rows, 1.8x at 8, 3.5x at 16, 7-10x at 32 to 512; at 1 or 2 rows the
-   walk is 1.2-2.6x faster (no tile setup, no 16-row tile for one row). */
+   walk is 1.2-2.6x faster (no tile setup, no 16-row tile for one row). Tiles 0-3 hold sums, 4-5 activations
+   (16 rows x 32 bfloat16), 6-7 weights (16 k pairs x 16 outputs x 2). */
 #define AMX_MIN_ROWS 4
-#define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux's arch_prctl code asking for an extended state component */
-#define XFEATURE_XTILEDATA 18      /* ... the AMX tile data */
-#define TILE_ROWS 16
-#define TILE_PAIRS 16              /* k pairs per weight tile: 32 values of k */
-
-typedef struct __attribute__((packed)) {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
-} tile_config;
-
-static pthread_once_t amx_permission_once = PTHREAD_ONCE_INIT;
-static int amx_permitted; /* written once, under amx_permission_once */
-
-static void request_amx_permission(void) {
-    amx_permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-static int amx_ready(void) {
-    pthread_once(&amx_permission_once, request_amx_permission);
-    return amx_permitted;
-}
-
-/* Tiles 0-3: float32 sums (16 x 16); 4-5: activations (16 rows x 32 bfloat16); 6-7: weights
-   (16 k pairs x 16 outputs x 2). Every tile is 16 rows of 64 bytes. Per thread: tile state is. */
-static void configure_tiles(void) {
-    tile_config config;
-    memset(&config, 0, sizeof config);
-    config.palette_id = 1;
-    for (int t = 0; t < 8; t++) {
-        config.rows[t] = TILE_ROWS;
-        config.bytes_per_row[t] = 64;
-    }
-    _tile_loadconfig(&config);
-}
 
 /* Panel t's pair rows q0 .. q0 + 15: in place, or copied into `tail` with zeros past the panel's last pair. */
 static inline const uint32_t *weight_tile(const uint32_t *packed, int64_t k_pairs, int64_t t, int64_t q0, uint32_t *tail) {
