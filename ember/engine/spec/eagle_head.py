@@ -38,6 +38,9 @@ from ember.engine.spec.medusa_heads import (
 HEAD_FILE = "eagle.safetensors"
 CONFIG_FILE = "eagle_config.json"
 LINEARITY_TOLERANCE = 1e-3  # relative: the LM head's rows must reproduce its logits
+# The head's rows are read through products of this many rows, as a decode step runs them: a product of many rows
+# may take another path (AMX tiles round GGML weights to bfloat16) and give rounded rows.
+DECODE_ROWS = 16
 
 
 class EagleHead(nn.Module):
@@ -91,8 +94,10 @@ def draft_lm_rows(target: nn.Module, vocab_ids: torch.Tensor) -> torch.Tensor:
     own `compute_logits` (so a quantized head gives its dequantized rows); refused unless the logits are that product."""
     config = target.config
     dtype = next(target.parameters()).dtype
-    with torch.inference_mode():
-        columns = target.compute_logits(torch.eye(config.hidden_size, dtype=dtype)).float()  # [hidden, vocab] = W^T
+    identity = torch.eye(config.hidden_size, dtype=dtype)
+    with torch.inference_mode():  # W^T [hidden, vocab], read in decode-sized products (a many-row one may round W)
+        columns = torch.cat([target.compute_logits(identity[start : start + DECODE_ROWS]).float()
+                             for start in range(0, config.hidden_size, DECODE_ROWS)])
         probe = _unrounded_probe(config.hidden_size).to(dtype).unsqueeze(0)
         expected = target.compute_logits(probe).float()[0]
     product = probe.float()[0] @ columns
