@@ -5,8 +5,8 @@ cache); each step decodes one token for every generating slot plus prompt tokens
 still in prefill, up to `n_batch`; a slot that finishes takes the next waiting request. Greedy
 (argmax) and no stop on EOS, so every request makes exactly its target number of tokens.
 The model is an F32/BF16 GGUF of ember's very weights (ember.bench.gguf_export).
-On this CPU the model must be loaded with `use_extra_bufts = False`: with weight repacking on,
-llama_decode crashes on batches of more than one token.
+The model is loaded with `use_extra_bufts = False`: with weight repacking on, llama_decode crashed on batches of
+more than one token on every CPU tried (NO_EXTRA_BUFTS_REASON; the bench records it with the peer's settings).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class _Slot:
 
 
 # Why weight repacking is off (see the module docstring): a measured crash, not a preference.
-NO_EXTRA_BUFTS_REASON = "weight repacking (use_extra_bufts) makes llama_decode crash on batches of more than one token on this CPU"
+NO_EXTRA_BUFTS_REASON = ("weight repacking (use_extra_bufts) makes llama_decode crash (segfault) on batches of more than one "
+                         "token on the CPUs tried: an AMD EPYC (Zen 5) and an Intel Xeon with AMX (llama-cpp-python 0.3.36)")
 
 
 def _context_settings(context_params, n_batch: int, slots: int) -> dict:
