@@ -10,6 +10,7 @@ It exits when told to, or when its client goes away (the pipe closes): never an 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import signal
 from multiprocessing.connection import Connection
@@ -47,6 +48,10 @@ def run_engine_process(config: EngineConfig, connection: Connection, show_progre
         connection.send(EngineFailed(_picklable(error)))
         connection.close()
         return
+    # The engine lives as long as this process: what it loaded (modules, tokenizer tables) leaves the collector's
+    # generations, so a step's garbage collections stop walking it (measured 2-3% of a SmolLM2 bfloat16 mixed run's
+    # wall time). Only here: frozen objects are never collected, which an in-process engine that is dropped would leak.
+    gc.freeze()
     connection.send(
         EngineReady(engine.model_name, engine.max_model_len, engine.tokenizer_source, engine.limits, engine.stats())
     )
