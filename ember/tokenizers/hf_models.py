@@ -120,7 +120,7 @@ class UnigramJSONModel:
         self.vocab = {piece: token_id for token_id, (piece, _) in enumerate(entries)}
         self.unk_id = spec.get("unk_id")
         self.byte_fallback = bool(spec.get("byte_fallback"))
-        self._model = UnigramModel([piece for piece, _ in entries], [score for _, score in entries])
+        self._model = UnigramModel([piece for piece, _ in entries], [score for _, score in entries], float32_sums=False)
         self._byte_ids = [self.vocab.get(f"<0x{byte:02X}>") for byte in range(256)]
         self._cache: PieceCache[list[int]] = PieceCache()
 

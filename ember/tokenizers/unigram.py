@@ -43,7 +43,11 @@ class UnigramModel:
         pieces: Sequence[str],
         scores: Sequence[float],
         kinds: Sequence[PieceKind] | None = None,
+        float32_sums: bool = True,
     ) -> None:
+        # Viterbi path scores summed in float32 (sentencepiece) or float64 (HF tokenizers): on equal-looking paths
+        # the rounding of the sums decides, so each library's parity needs its arithmetic.
+        self.float32_sums = float32_sums
         kinds = kinds if kinds is not None else [PieceKind.NORMAL] * len(pieces)
         normal_scores = [
             score for score, kind in zip(scores, kinds, strict=True) if kind == PieceKind.NORMAL
@@ -95,12 +99,14 @@ class UnigramModel:
     def viterbi(self, text: str) -> list[LatticeNode]:
         """The best segmentation; on equal scores the path whose last piece starts earliest.
 
-        Path scores are summed in float32, as sentencepiece does: which of two equal-looking
-        paths wins depends on the rounding of the sums, so parity needs the same arithmetic.
+        Path scores are summed in float32 as sentencepiece does (float64 as HF tokenizers does, with
+        `float32_sums` off): which of two equal-looking paths wins depends on the rounding of the
+        sums, so parity needs the same arithmetic.
         """
         size = len(text)
-        best = array("f", [-math.inf]) * (size + 1)
-        rounded = array("f", [0.0])  # storing into a float32 array rounds like C's float
+        # Storing into a float32 array rounds like C's float; a float64 one keeps Python's sums.
+        best = array("f" if self.float32_sums else "d", [-math.inf]) * (size + 1)
+        rounded = array("f" if self.float32_sums else "d", [0.0])
         back: list[LatticeNode | None] = [None] * (size + 1)
         best[0] = 0.0
         for nodes in self.lattice(text):

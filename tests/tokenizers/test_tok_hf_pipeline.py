@@ -17,6 +17,7 @@ from tok_corpus import SCRIPTS, build_corpus
 
 from ember.tokenizers import load
 from ember.tokenizers.hf_pipeline import PipelineTokenizer
+from ember.tokenizers.unigram import UnigramModel
 
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import (  # noqa: E402
@@ -156,6 +157,20 @@ def test_unigram_matches_tokenizers(training_texts, corpus, tmp_path):
     reference.train_from_iterator(training_texts[:400] + SCRIPTS, trainer)
     reference.add_special_tokens(SPECIAL)
     assert_parity(reference, save_and_load(reference, tmp_path), corpus)
+
+
+def test_unigram_sums_path_scores_in_float64_as_tokenizers_does(tmp_path):
+    """Two segmentations of "abcd" whose scores tie up to rounding: float32 sums (sentencepiece's) pick a | bcd,
+    HF tokenizers' float64 sums ab | cd; a tokenizer.json must give tokenizers' answer (a trained vocabulary's
+    many equal rare-piece scores make such near ties)."""
+    scores = {"a": -1.3, "b": -4.8999999999999995, "c": -0.3, "d": -8.7, "ab": -1.3, "bc": -0.30000000000000004,
+              "cd": -7.699999999999999, "abc": -4.8999999999999995, "bcd": -7.700000000000001}
+    reference = Tokenizer(models.Unigram([("<unk>", 0.0), *scores.items()], unk_id=0))
+    expected = reference.encode("abcd", add_special_tokens=False).ids
+    assert [reference.id_to_token(i) for i in expected] == ["ab", "cd"]
+    assert save_and_load(reference, tmp_path).encode("abcd", add_special_tokens=False) == expected
+    float32 = UnigramModel(list(scores), list(scores.values()))
+    assert ["abcd"[n.start : n.end] for n in float32.viterbi("abcd")] == ["a", "bcd"]  # the rounding decides
 
 
 def test_wordpiece_with_normalizer_and_pre_tokenizer_sequences_and_added_flags(
