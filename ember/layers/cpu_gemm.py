@@ -9,7 +9,7 @@ uses. Where the CPU has AVX512-BF16, bfloat16 weights take its dot-product instr
 (vdpbf16ps: 32 weights per instruction): the activations are then rounded to bfloat16 first, as
 transformers and llama.cpp do for a bfloat16 model, and the sums stay float32. Where it also has
 AMX, products of 4 rows or more run on tiles (csrc/amx_gemm.h: 7-10x the vdpbf16ps walk on a
-prefill chunk, 2-4x on a batched decode step). It is built on
+prefill chunk, 1.8-3.5x on an 8-16-row decode step). It is built on
 first use with -march=native (ember.native_build); where no compiler exists, or with
 EMBER_PURE_TORCH=1, `load_gemm()` returns None and torch does the work.
 """

@@ -172,10 +172,10 @@ class GGMLLogitsLinear(GGMLLinear):
         logits = super().forward(flat)  # float32 [rows, vocab], refined in place
         kernels = load_kernels()
         path = None if kernels is None else kernels.format_path(self.format, self.activations)
-        if path == GEMV_PATHS.index("int8") and kernels.on_tiles(path, flat.shape[0]):  # bfloat16 x and w (AMX)
-            refine_near_top(logits, flat, flat.bfloat16().float(), self.row_norms, self._exact, BFLOAT16_UNIT_ROUNDOFF)
-        elif path == GEMV_PATHS.index("int8"):
-            refine_near_top(logits, flat, round_to_int8_blocks(flat), self.row_norms, self._exact)
+        if path == GEMV_PATHS.index("int8"):
+            on_tiles = kernels.on_tiles(path, flat.shape[0])  # AMX: x and the weights rounded to bfloat16
+            rounded = flat.bfloat16().float() if on_tiles else round_to_int8_blocks(flat)
+            refine_near_top(logits, flat, rounded, self.row_norms, self._exact, BFLOAT16_UNIT_ROUNDOFF if on_tiles else 0.0)
         logits = logits.view(*x.shape[:-1], self.out_features)
         return logits if logits.dtype == x.dtype else logits.to(x.dtype)
 
