@@ -80,3 +80,29 @@ def test_requests_are_validated_on_the_client_side_with_the_engines_limits(stori
     finally:
         client.shutdown()
     assert client.dead_reason == "the engine was shut down"
+
+
+def test_an_engine_that_dies_while_idle_is_reported_without_a_request(stories_dir):
+    client = EngineProcessClient(_config(stories_dir), show_progress=False)
+    os.kill(client.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while client.dead_reason is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.dead_reason is not None and "exit code -9" in client.dead_reason
+    client.shutdown()
+    assert "exit code -9" in client.dead_reason  # the first reason stands
+
+
+def test_one_client_serves_successive_event_loops_and_shuts_down_promptly(stories_dir):
+    client = EngineProcessClient(_config(stories_dir), show_progress=False)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompt = client.tokenizer.encode("Once upon a time", add_special_tokens=True)
+
+    async def tokens(request_id: str) -> list[int]:
+        return [t async for delta in client.generate(request_id, prompt, params) for t in delta.outputs[0].token_ids]
+
+    first, second = asyncio.run(tokens("a")), asyncio.run(tokens("b"))
+    started = time.monotonic()
+    client.shutdown()
+    assert first == second and len(first) == 8
+    assert time.monotonic() - started < 10
