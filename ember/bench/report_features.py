@@ -226,6 +226,21 @@ def quant_markdown(section: dict | None, table: Table, image: Image) -> list[str
     return lines
 
 
+# A checkpoint held in fewer bytes per parameter than this is quantized (bfloat16 holds 2).
+QUANTIZED_BYTES_PER_PARAMETER = 1.5
+
+
+def _requantization_note(section: dict) -> str:
+    """Where the checkpoint is itself quantized, what its float32 model is, and what that does to the methods' rows."""
+    stored = quant_row(section, "checkpoint as stored")
+    if stored is None or stored["bytes_per_parameter"] >= QUANTIZED_BYTES_PER_PARAMETER:
+        return ""
+    return (f"The checkpoint is quantized ({stored['bytes_per_parameter']:.3f} bytes/param as stored), so the float32 model "
+            "is its blocks dequantized and every method re-quantizes weights that already sit on the checkpoint's own "
+            "grid: a method whose grid differs (other groups, other levels) adds its rounding to the checkpoint's, "
+            "which float weights would not show. ")
+
+
 def _quant_table(section: dict, table: Table) -> list[str]:
     from ember.bench.quant import change_cell
 
@@ -235,7 +250,7 @@ def _quant_table(section: dict, table: Table) -> list[str]:
              f"calibrated on `{Path(section['calib']).name}` ({section['calib_tokens']} tokens); perplexity on "
              f"`{Path(section['eval']).name}` ({_windows(section)}). Bytes per parameter: the weights as "
              "held in memory (nominal: each group's scales counted once, as the format defines them). Decode tok/s: median single-stream step rate after a 64-token prompt (one run per row). "
-             f"{sizes_note(section.get('sizes'))}", ""]
+             f"{_requantization_note(section)}{sizes_note(section.get('sizes'))}", ""]
     rows = []
     for row in section["rows"]:
         speed = row["decode_tok_s"] / float_row["decode_tok_s"] if float_row and float_row["decode_tok_s"] else None

@@ -278,3 +278,11 @@ def test_the_slowest_row_shows_each_repeats_own_ratio_and_whether_the_proposer_e
     text = report.render_markdown(dict(feature_results(), spec=section))
     assert ("| 11 | `spec` batch 1: slowest workload and proposer over plain (adaptive K) | >= 0.9x | 0.80x (free-story, draft; "
             "never drafted; per-repeat ratios 1.00, 0.95, 0.80: median 0.95x) | **missed** |") in text  # the verdict stays the medians'
+
+
+def test_a_quantized_checkpoint_is_said_to_be_re_quantized_by_every_method_and_a_float_one_is_not():
+    text = report.render_markdown(feature_results())
+    assert "The checkpoint is quantized (0.700 bytes/param as stored), so the float32 model is its blocks dequantized" in text
+    section = quant_section()
+    section["rows"][1]["bytes_per_parameter"] = 2.0  # a bfloat16 checkpoint
+    assert "The checkpoint is quantized" not in report.render_markdown(dict(feature_results(), quant=section))
