@@ -103,7 +103,7 @@ class _EngineLoop:
                 self.connection.send(RequestFailed(command.request_id, _picklable(error)))
 
     def _step(self) -> None:
-        steps_before = self.engine.stats().num_steps
+        steps_before = self.engine.num_steps
         try:
             outputs = self.engine.step()
         except WorkerFailedError as error:  # the ranks cannot step again: fail the requests as 503s, then exit
@@ -113,12 +113,12 @@ class _EngineLoop:
             logger.exception("engine step failed")
             self._fail_all(RuntimeError(f"the engine failed while running this request: {error}"))
             return
-        if not outputs and self.engine.stats().num_steps == steps_before:
+        ran_model = self.engine.num_steps != steps_before
+        if not outputs and not ran_model:
             return
-        stats = self.engine.stats()
         record = self.engine.latest_step_record()
-        records = [record] if record is not None and stats.num_steps != steps_before else []
-        self.connection.send(StepOutputs([_without_prompt(o) for o in outputs], stats, records))
+        records = [record] if record is not None and ran_model else []
+        self.connection.send(StepOutputs([_without_prompt(o) for o in outputs], self.engine.stats(), records))
 
     def _fail_all(self, failure: Exception) -> None:
         for request_id in list(self.engine.requests):

@@ -194,6 +194,11 @@ class LLMEngine:
             self.speculator.retain(self.scheduler.running)
         self._aborted_outputs.append(self._delta(request, request.sequences))
 
+    @property
+    def num_steps(self) -> int:
+        """Steps that ran the model so far (what `stats().num_steps` says, without building the snapshot)."""
+        return self._counters["steps"]
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or bool(self._aborted_outputs)
 

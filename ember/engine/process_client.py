@@ -21,7 +21,7 @@ import multiprocessing.connection
 import queue
 import threading
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ember.engine.client import EngineDeadError
 from ember.engine.config import EngineConfig
@@ -245,8 +245,9 @@ class EngineProcessClient:
             stream = self._streams.get(request_id)
         if stream is None:
             return
-        if isinstance(item, RequestOutput):
-            item = replace(item, prompt_token_ids=stream.prompt_token_ids, prompt=stream.prompt)
+        if isinstance(item, RequestOutput):  # unpickled here, so ours to complete in place
+            item.prompt_token_ids = stream.prompt_token_ids
+            item.prompt = stream.prompt
         if stream.loop is self._reader_loop:  # delivering on the reading loop: no thread hop
             stream.queue.put_nowait(item)
         else:
