@@ -3,7 +3,7 @@
 Why a process: measured on CPU, the same step loop on a secondary thread decodes at about half
 the speed (the OpenMP runtime behind torch and ember's kernels), and an HTTP event loop sharing
 the GIL with the step loop adds latency under load. The process reads commands between steps
-and sends each step's deltas to its client (ember.engine.process_client) over one pipe.
+and sends each step's deltas to its client (ember.engine.process_client) over a pipe of their own.
 It exits when told to, or when its client goes away (the pipe closes): never an orphan.
 """
 
@@ -36,8 +36,10 @@ logger = logging.getLogger(__name__)
 WORKER_CHECK_INTERVAL_S = 1.0
 
 
-def run_engine_process(config: EngineConfig, connection: Connection, show_progress: bool = True) -> None:
-    """Entry point of the engine process: load, announce, then step until shut down or orphaned."""
+def run_engine_process(config: EngineConfig, commands: Connection, outputs: Connection, show_progress: bool = True) -> None:
+    """Entry point of the engine process: load, announce, then step until shut down or orphaned.
+
+    `commands` comes from the client, `outputs` goes to it (one pipe each way)."""
     # Ctrl-C or a SIGTERM to the whole process group would kill the engine in the middle of the
     # server's drain: the client ends this process (Shutdown, or its pipe closing), not a signal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -45,18 +47,18 @@ def run_engine_process(config: EngineConfig, connection: Connection, show_progre
     try:
         engine = LLMEngine(config, show_progress=show_progress)
     except Exception as error:  # a bad model path or config: the client re-raises it
-        connection.send(EngineFailed(_picklable(error)))
-        connection.close()
+        outputs.send(EngineFailed(_picklable(error)))
+        outputs.close()
         return
     # The engine lives as long as this process: what it loaded (modules, tokenizer tables) leaves the collector's
     # generations, so a step's garbage collections stop walking it (measured 2-3% of a SmolLM2 bfloat16 mixed run's
     # wall time). Only here: frozen objects are never collected, which an in-process engine that is dropped would leak.
     gc.freeze()
-    connection.send(
+    outputs.send(
         EngineReady(engine.model_name, engine.max_model_len, engine.tokenizer_source, engine.limits, engine.stats())
     )
     try:
-        _EngineLoop(engine, connection).run()
+        _EngineLoop(engine, commands, outputs).run()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         logger.info("the engine's client went away; the engine process exits")
     except WorkerFailedError as error:
@@ -64,15 +66,17 @@ def run_engine_process(config: EngineConfig, connection: Connection, show_progre
         raise SystemExit(1) from error
     finally:
         engine.shutdown()
-        connection.close()
+        commands.close()
+        outputs.close()
 
 
 class _EngineLoop:
     """Commands in between steps, deltas out after each step."""
 
-    def __init__(self, engine: LLMEngine, connection: Connection) -> None:
+    def __init__(self, engine: LLMEngine, commands: Connection, outputs: Connection) -> None:
         self.engine = engine
-        self.connection = connection
+        self.commands = commands
+        self.outputs = outputs
         self.is_stopping = False
         # Idle, a tensor-parallel engine still wakes to check its workers (a death shows in /health).
         self.idle_wait_s = WORKER_CHECK_INTERVAL_S if engine.workers is not None else None
@@ -81,8 +85,8 @@ class _EngineLoop:
         while not self.is_stopping:
             # Idle: sleep in the kernel until a command comes; busy: only take what is there.
             wait_s = 0.0 if self.engine.has_unfinished_requests() else self.idle_wait_s
-            while self.connection.poll(wait_s):
-                self._apply(self.connection.recv())
+            while self.commands.poll(wait_s):
+                self._apply(self.commands.recv())
                 wait_s = 0.0
             if self.is_stopping:
                 return
@@ -100,7 +104,7 @@ class _EngineLoop:
                     command.request_id, command.prompt_token_ids, command.params, command.prompt, command.priority
                 )
             except ValueError as error:
-                self.connection.send(RequestFailed(command.request_id, _picklable(error)))
+                self.outputs.send(RequestFailed(command.request_id, _picklable(error)))
 
     def _step(self) -> None:
         steps_before = self.engine.num_steps
@@ -118,12 +122,12 @@ class _EngineLoop:
             return
         record = self.engine.latest_step_record()
         records = [record] if record is not None and ran_model else []
-        self.connection.send(StepOutputs([_without_prompt(o) for o in outputs], self.engine.stats(), records))
+        self.outputs.send(StepOutputs([_without_prompt(o) for o in outputs], self.engine.stats(), records))
 
     def _fail_all(self, failure: Exception) -> None:
         for request_id in list(self.engine.requests):
             self.engine.abort_request(request_id)
-            self.connection.send(RequestFailed(request_id, failure))
+            self.outputs.send(RequestFailed(request_id, failure))
         self.engine.step()  # drain the abort outputs so nothing lingers
 
 

@@ -4,7 +4,7 @@ The client starts the engine process (spawned: a fresh interpreter, its own Open
 waits until it has loaded, and loads the same tokenizer on this side, so prompts are tokenized
 and validated here while the engine only steps. A daemon thread sends commands (so the event loop
 never blocks on a full pipe); the callers' event loop reads the step outputs itself (a reader on
-the pipe) and puts each delta straight into its request's asyncio queue: no thread hop and no
+their own pipe, cut into messages by `FrameReader`) and puts each delta straight into its request's asyncio queue: no thread hop and no
 loop wake-up in between, which on a 2-core machine cost the engine's threads measurable time per
 token. A second daemon thread waits for the engine process to exit: when it dies, every open stream
 ends with EngineDeadError (after the deltas it sent before dying), new requests get it at once,
@@ -18,6 +18,7 @@ import collections
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from ember.engine.client import EngineDeadError
 from ember.engine.config import EngineConfig
 from ember.engine.engine_process import run_engine_process
+from ember.engine.frames import FrameReader
 from ember.engine.llm_engine import EngineStats, StepRecord, load_tokenizer_from
 from ember.engine.messages import (
     AbortRequest,
@@ -66,13 +68,18 @@ class EngineProcessClient:
 
     def __init__(self, config: EngineConfig, show_progress: bool = True, startup_timeout_s: float | None = None) -> None:
         context = multiprocessing.get_context("spawn")
-        self._connection, child_end = context.Pipe(duplex=True)
+        # One pipe each way: the outputs' read end is non-blocking (the loop reads it), the commands' stays blocking.
+        commands_in, self._commands = context.Pipe(duplex=False)
+        self._outputs, outputs_out = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=run_engine_process, args=(config, child_end, show_progress), name="ember-engine", daemon=True
+            target=run_engine_process, args=(config, commands_in, outputs_out, show_progress), name="ember-engine", daemon=True
         )
         self._process.start()
-        child_end.close()  # only the child holds its end now, so its death reads as end-of-file here
+        commands_in.close()  # only the child holds these ends now, so its death reads as end-of-file here
+        outputs_out.close()
         ready = self._wait_until_ready(startup_timeout_s)
+        os.set_blocking(self._outputs.fileno(), False)
+        self._frames = FrameReader(self._outputs.fileno())
         self.model_name = ready.model_name
         self.max_model_len = ready.max_model_len
         self.limits = ready.limits
@@ -156,16 +163,17 @@ class EngineProcessClient:
             self._watcher.join()
         self._outbox.put(None)
         self._stop_reading()
-        self._connection.close()
+        self._outputs.close()
+        self._commands.close()
 
     # -- threads ----------------------------------------------------------------------------
 
     def _wait_until_ready(self, timeout_s: float | None) -> EngineReady:
-        if not self._connection.poll(timeout_s):
+        if not self._outputs.poll(timeout_s):
             self._process.kill()
             raise TimeoutError(f"the engine process did not load within {timeout_s} s")
         try:
-            message = self._connection.recv()
+            message = self._outputs.recv()
         except EOFError:
             self._process.join()
             raise RuntimeError(f"the engine process died while loading (exit code {self._process.exitcode})") from None
@@ -177,7 +185,7 @@ class EngineProcessClient:
     def _send_loop(self) -> None:
         while (command := self._outbox.get()) is not None:
             try:
-                self._connection.send(command)
+                self._commands.send(command)
             except (OSError, ValueError):  # the engine is gone; the receiver reports it
                 return
 
@@ -189,26 +197,27 @@ class EngineProcessClient:
         if previous is not None and not previous.is_closed():
             if previous.is_running():
                 raise RuntimeError("an EngineProcessClient serves one event loop at a time; this one is in use by another")
-            previous.remove_reader(self._connection.fileno())
-        loop.add_reader(self._connection.fileno(), self._read_one)
+            previous.remove_reader(self._frames.fd)
+        loop.add_reader(self._frames.fd, self._read_available)
         self._reader_loop = loop
 
     def _stop_reading(self) -> None:
         loop = self._reader_loop
         if loop is not None and not loop.is_closed() and not self._pipe_closed:
-            loop.remove_reader(self._connection.fileno())
+            loop.remove_reader(self._frames.fd)
         self._reader_loop = None
 
-    def _read_one(self) -> None:
-        """On the reading loop, when the pipe is readable: dispatch the engine's next message.
-
-        One message a call: the loop calls again while more is waiting (`poll` would cost a selector per call).
-        """
+    def _read_available(self) -> bool:
+        """On the reading loop, when the pipe is readable: dispatch the messages it completes; False at its end."""
         try:
-            self._dispatch(self._connection.recv())
+            messages = self._frames.read_available()
         except (EOFError, OSError):  # the engine is gone; the watcher reports it once the process has exited
             self._stop_reading()
             self._pipe_closed = True
+            return False
+        for message in messages:
+            self._dispatch(message)
+        return True
 
     def _watch_process(self) -> None:
         multiprocessing.connection.wait([self._process.sentinel])
@@ -227,8 +236,9 @@ class EngineProcessClient:
         self._mark_dead(reason)
 
     def _read_then_mark_dead(self, reason: str) -> None:
-        while not self._pipe_closed:  # the process has exited: what it sent is all there, then end-of-file
-            self._read_one()
+        # The process has exited: what it sent is all there, then end-of-file.
+        while not self._pipe_closed and self._read_available():
+            pass
         self._mark_dead(reason)
 
     def _dispatch(self, message: FromEngine) -> None:

@@ -106,3 +106,21 @@ def test_one_client_serves_successive_event_loops_and_shuts_down_promptly(storie
     client.shutdown()
     assert first == second and len(first) == 8
     assert time.monotonic() - started < 10
+
+
+def test_a_step_message_larger_than_the_pipe_arrives_whole(stories_dir):
+    client = EngineProcessClient(_config(stories_dir), show_progress=False)
+    prompt = [1] + [(7 * i) % 500 + 3 for i in range(230)]
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=20, logprobs=20)
+
+    async def outputs():
+        return [delta async for delta in client.generate("big", prompt, params)]
+
+    try:
+        deltas = asyncio.run(asyncio.wait_for(outputs(), timeout=60))
+    finally:
+        client.shutdown()
+    prompt_logprobs = next(d.prompt_logprobs for d in deltas if d.prompt_logprobs)
+    assert len(prompt_logprobs) == len(prompt) and prompt_logprobs[0] is None
+    assert all(len(position) >= 20 for position in prompt_logprobs[1:])
+    assert sum(len(d.outputs[0].token_ids) for d in deltas if d.outputs) == 2
