@@ -4,9 +4,9 @@ The client starts the engine process (spawned: a fresh interpreter, its own Open
 waits until it has loaded, and loads the same tokenizer on this side, so prompts are tokenized
 and validated here while the engine only steps. A daemon thread sends commands (so the event loop
 never blocks on a full pipe); the callers' event loop reads the step outputs itself (a reader on
-their own pipe, cut into messages by `FrameReader`) and puts each delta straight into its request's asyncio queue: no thread hop and no
-loop wake-up in between, which on a 2-core machine cost the engine's threads measurable time per
-token. A second daemon thread waits for the engine process to exit: when it dies, every open stream
+their own pipe, cut into messages by `FrameReader`) and puts each delta straight into its
+request's asyncio queue: no thread hop and no loop wake-up in between, which on a 2-core machine
+cost the engine's threads measurable time per token. A second daemon thread waits for the engine process to exit: when it dies, every open stream
 ends with EngineDeadError (after the deltas it sent before dying), new requests get it at once,
 and `dead_reason` says why, whether or not a request was running.
 """
@@ -186,7 +186,7 @@ class EngineProcessClient:
         while (command := self._outbox.get()) is not None:
             try:
                 self._commands.send(command)
-            except (OSError, ValueError):  # the engine is gone; the receiver reports it
+            except (OSError, ValueError):  # the engine is gone; the watcher reports it
                 return
 
     def _read_on(self, loop: asyncio.AbstractEventLoop) -> None:
