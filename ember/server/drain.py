@@ -106,7 +106,7 @@ class Drain:
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if task in self._cancelled and task.uncancel() == 0:  # only the grace period's cancellation
+                if task in self._cancelled and _uncancel(task) == 0:  # only the grace period's cancellation
                     raise self.shutdown_error() from None
                 raise
             finally:
@@ -132,3 +132,9 @@ class Drain:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+
+
+def _uncancel(task: asyncio.Task) -> int:
+    """Withdraw one cancellation request of `task`; the requests left (Python 3.10 does not count them: 0)."""
+    withdraw = getattr(task, "uncancel", None)  # added in Python 3.11
+    return withdraw() if withdraw is not None else 0
