@@ -36,9 +36,7 @@ class Drain:
         self._grace_s = grace_s
         self._retry_after_s = retry_after_s
         self._expired: asyncio.Event | None = None
-        # Streams waiting for their next item, and those of them the end of the grace period cancelled.
-        self._waiting: set[asyncio.Task] = set()
-        self._cancelled: set[asyncio.Task] = set()
+        self._waiting: set[asyncio.Task] = set()  # streams waiting for their next item
 
     @property
     def is_draining(self) -> bool:
@@ -87,7 +85,6 @@ class Drain:
         self._expired_event().set()
         for task in self._waiting:
             task.cancel()
-            self._cancelled.add(task)
 
     async def until_expired(self, events: AsyncIterator[T]) -> AsyncIterator[T]:
         """The items of `events`, until the grace period ends (then the shutdown ApiError is raised).
@@ -106,12 +103,13 @@ class Drain:
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if task in self._cancelled and _uncancel(task) == 0:  # only the grace period's cancellation
+                # A stream cancelled while waiting after the grace period ended was waiting when it ended, so
+                # `_expire` cancelled it too: withdraw that, and if nothing else asked, end with the shutdown error.
+                if self._expired_event().is_set() and _uncancel(task) == 0:
                     raise self.shutdown_error() from None
                 raise
             finally:
                 self._waiting.discard(task)
-                self._cancelled.discard(task)
             yield item
 
     async def run_until_expired(self, work: Awaitable[T], on_tick: Callable[[], Awaitable[None]], tick_s: float) -> T:
