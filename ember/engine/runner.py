@@ -16,7 +16,7 @@ from ember.kv.specs import FullAttentionSpec, KVCacheLayout, LatentAttentionSpec
 from ember.layers.attention import AttentionMetadata, DecodeRows, PrefillSegment
 from ember.layers.cpu_attention import PagedBatch
 from ember.layers.rejection_sampler import DraftRow, RejectionSampler, greedy_tree_path
-from ember.layers.sampler import SampledToken, Sampler, SamplingRow
+from ember.layers.sampler import SampledToken, Sampler, SamplingRow, row_argmax
 from ember.models.config import ModelConfig
 from ember.models.llama import LlamaForCausalLM
 
@@ -387,7 +387,7 @@ def _as_chain(draft: DraftRow, logits: torch.Tensor) -> tuple[list[int], torch.T
     it (the sequence's newest token's first) and the chain of its tokens. A chain stays as it is."""
     if not draft.is_tree:
         return list(range(len(draft.token_ids))), logits, draft
-    path = greedy_tree_path(logits.argmax(dim=-1).tolist(), draft)
+    path = greedy_tree_path(row_argmax(logits), draft)
     return path, logits[[0, *(j + 1 for j in path)]], DraftRow([draft.token_ids[j] for j in path])
 
 

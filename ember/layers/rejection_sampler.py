@@ -22,7 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from ember.engine.config import MAX_TREE_NODES
-from ember.layers.sampler import SampledToken, SamplingRow, describe_position, filtered_probs
+from ember.layers.sampler import (
+    SampledToken,
+    SamplingRow,
+    describe_position,
+    filtered_probs,
+    row_argmax,
+)
 
 
 @dataclass
@@ -125,7 +131,7 @@ def verify_greedy(logits: torch.Tensor, draft_token_ids: list[int]) -> tuple[int
 
     Drafts are kept while they equal the argmax; the final token is the argmax after the last kept one.
     """
-    argmax = logits.argmax(dim=-1).tolist()
+    argmax = row_argmax(logits)
     num_accepted = 0
     while num_accepted < len(draft_token_ids) and draft_token_ids[num_accepted] == argmax[num_accepted]:
         num_accepted += 1

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ember.engine.sampling_params import SamplingParams
-from ember.layers.sampler import Sampler, SamplingRow
+from ember.layers.sampler import Sampler, SamplingRow, row_argmax
 
 LOGITS = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03]))
 
@@ -128,3 +128,16 @@ def test_a_top_k_beyond_any_vocabulary_keeps_every_token():
     huge = filtered_probs(logits, [SamplingParams(temperature=0.8, top_k=2**63), SamplingParams(temperature=0.8, top_k=50)])
     off = filtered_probs(logits, [SamplingParams(temperature=0.8)] * 2)
     assert torch.equal(huge, off)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_argmax_is_torch_argmax_with_ties_and_nans(dtype):
+    logits = torch.randn(6, 1000, generator=torch.Generator().manual_seed(3)).to(dtype)
+    logits[1, [10, 700]] = 50.0  # a tie: the first index wins
+    logits[2, 400] = float("nan")  # a NaN counts as the largest
+    logits[3] = float("-inf")
+    logits[3, 999] = 0.0
+    logits[4] = 1.0  # every entry equal
+    assert row_argmax(logits) == logits.argmax(dim=-1).tolist()
+    assert row_argmax(logits)[1:5] == [10, 400, 999, 0]
+    assert row_argmax(logits[:, ::2]) == logits[:, ::2].argmax(dim=-1).tolist()  # a strided view
