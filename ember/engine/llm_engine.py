@@ -414,7 +414,8 @@ class LLMEngine:
             )
         # An explicit cache dtype holds for the draft's cache too (same block count); "auto" follows the draft's dtype.
         cache_dtype = kv_cache_torch_dtype(self.config.cache.kv_cache_dtype)
-        proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, self._proposer_generator(), cache_dtype)
+        proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, self._proposer_generator(),
+                                      draft.config.max_position_embeddings, cache_dtype)
         return Speculator(spec, proposer)
 
     def _eagle_speculator(self, target: torch.nn.Module) -> Speculator:

@@ -174,3 +174,13 @@ def test_the_step_fit_predicts_unseen_sizes_only_once_it_knows_a_slope() -> None
     fit.add(1, 0.02)
     fit.add(1, 0.02)
     assert fit.predict_s(5) == pytest.approx(0.024, rel=1e-6)  # 20 ms + 1 ms per token beyond the first
+
+
+def test_a_fit_told_to_trust_two_timings_predicts_between_and_beyond_them() -> None:
+    """A draft model's catch-up line from its calibration: 64 tokens in 55 ms, 256 in 125 ms (a fixed 31 ms + 0.37 ms a
+    token), where 64 tokens' rate alone would put 376 tokens at 321 ms."""
+    fit = StepTimeFit(min_weight=1.5)
+    fit.add(64, 0.055)
+    fit.add(256, 0.125)
+    assert fit.predict_s(376) == pytest.approx(0.125 + 120 * 0.070 / 192, rel=1e-3)
+    assert StepTimeFit().predict_s(376) is None  # the default asks for more timings first

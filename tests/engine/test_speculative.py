@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from ember.engine.config import EngineConfig, SpeculativeConfig
+from ember.engine.request import Request, Sequence
 from ember.engine.sampling_params import SamplingParams
+from ember.engine.spec.draft_model import DraftModelProposer
 from ember.llm import LLM
+from ember.models.loader import load_model
 from tests.engine.stories import run_to_completion, stories_llm
 from tests.model_factory import save_tiny_model
 
@@ -129,8 +132,9 @@ def test_draft_model_greedy_outputs_equal_plain_decoding_and_both_caches_empty(t
     spec = LLM(str(target), block_size=4, num_kv_blocks=128, speculative_method="draft", draft_model=str(draft_path),
                num_speculative_tokens=3, kv_cache_dtype=kv_cache_dtype)
     proposer = spec.engine.speculator.proposer
-    assert proposer.draft_token_cost_s() > 0  # timed on a throwaway sequence at start ...
+    assert proposer.draft_token_cost_s() > 0  # timed on throwaway sequences at start ...
     assert proposer.kv.num_free_blocks == 128  # ... which left nothing behind
+    assert proposer.catch_up_cost_s(_fresh_sequence(300)) > 0  # catch-ups of two lengths: a line, any length
     prompts = {"a": [1, 5, 9, 13, 200, 17], "b": [3, 4, 5, 6, 7, 8, 9, 10, 11], "c": [100, 20, 30]}
     requests = {name: (p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)) for name, p in prompts.items()}
     requests["sampled"] = ([7, 8, 9], SamplingParams(temperature=0.9, seed=1, max_tokens=20, ignore_eos=True))
@@ -159,3 +163,18 @@ def test_speculative_config_names_the_fix_for_bad_settings():
         EngineConfig(model="m", speculative=SpeculativeConfig(method="eagle"))
     with pytest.raises(ValueError, match="drop eagle_head"):
         SpeculativeConfig(method="ngram", eagle_head="heads")
+
+
+def _fresh_sequence(prompt_len: int) -> Sequence:
+    params = SamplingParams(temperature=0, max_tokens=8)
+    prompt = [1] * prompt_len
+    return Sequence("fresh", Request("fresh", prompt, params), 0, list(prompt), prompt_len)
+
+
+def test_a_draft_model_shorter_than_the_calibration_prompts_calibrates_within_its_length(tiny_models):
+    target, _ = tiny_models
+    loaded = load_model(target, "float32")
+    proposer = DraftModelProposer(loaded.model, num_blocks=64, block_size=4, generator=torch.Generator(), max_model_len=40)
+    assert proposer.draft_token_cost_s() > 0
+    assert proposer.catch_up_cost_s(_fresh_sequence(30)) > 0  # catch-ups of 8 and 35 tokens timed: a line
+    assert proposer.kv.num_free_blocks == 64

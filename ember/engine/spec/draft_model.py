@@ -10,9 +10,12 @@ token, and K - 1 single-token forwards yield the rest, every drafting sequence b
 Two costs are measured, so the speculator can tell whether drafting pays: a drafted token costs
 a decode-shaped forward (at most `DECODE_SHAPED_TOKENS` new tokens per sequence: after a
 verification the draft catches up on one or two); a longer catch-up (the prompt, or the tokens
-decoded while a sequence did not draft) costs per token caught up, once, before any draft. Both
-are timed on a throwaway sequence when the proposer is built, so even the first request is judged
-on measured costs, and follow the real forwards afterwards.
+decoded while a sequence did not draft) costs a fixed part plus a part per token caught up, once,
+before any draft (a line fitted to the catch-ups' times: per token, a 64-token catch-up of SmolLM2
+in its 4-bit blocks measured 0.86 ms and a 376-token one 0.45, so one length's rate extrapolated
+to a long prompt doubled its cost and kept a self-draft at 98% acceptance from ever drafting).
+Both are timed on throwaway sequences when the proposer is built (catch-ups of two lengths), so
+even the first request is judged on measured costs, and follow the real forwards afterwards.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ from ember.engine.request import Request, Sequence
 from ember.engine.runner import LastHidden, ModelRunner
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
+from ember.engine.spec.speculator import StepTimeFit
 from ember.kv.cache_manager import KVCacheManager
 from ember.layers.rejection_sampler import DraftRow
 from ember.layers.sampler import Sampler, draw_proposals
 
 DECODE_SHAPED_TOKENS = 2  # new tokens per sequence after a verification kept every draft (the last draft and the bonus)
 COST_SMOOTHING = 0.2  # weight of the newest forward in the running cost estimates
-CALIBRATION_TOKENS = 64  # prompt of the throwaway sequence timed at start
+CALIBRATION_PROMPTS = (64, 256)  # catch-ups timed at start (a short model: a quarter of its length and all of it)
 CALIBRATION_DRAFTS = 4  # decode-shaped forwards timed after it
 
 
@@ -55,9 +59,11 @@ class DraftModelProposer:
         num_blocks: int,
         block_size: int,
         generator: torch.Generator,
+        max_model_len: int,
         cache_dtype: torch.dtype | None = None,
     ) -> None:
-        """`cache_dtype` None: the draft's KV cache takes the draft model's dtype."""
+        """`max_model_len`: the draft's longest sequence (bounds the calibration's); `cache_dtype` None: the draft's KV
+        cache takes the draft model's dtype."""
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(
             model, num_blocks, block_size, self.kv, Sampler(generator), frozenset(), cache_dtype=cache_dtype
@@ -65,8 +71,8 @@ class DraftModelProposer:
         self._generator = generator
         self._states: dict[str, DraftState] = {}
         self._forward_s: float | None = None
-        self._catch_up_s_per_token: float | None = None
-        self._calibrate()
+        self._catch_up_fit = StepTimeFit()  # seconds of a catch-up forward against the tokens it computes (set by _calibrate)
+        self._calibrate(min(max_model_len, num_blocks * block_size) - CALIBRATION_DRAFTS - 1)
 
     def scored_tokens(self, seq: Sequence, num_drafts: int) -> int:
         """A chain: one scored position per drafted token."""
@@ -81,9 +87,9 @@ class DraftModelProposer:
         state = self._states.get(seq.seq_id)
         valid = 0 if state is None else min(state.shadow.num_computed_tokens, state.num_real)
         pending = len(seq.token_ids) - valid
-        if pending <= DECODE_SHAPED_TOKENS or self._catch_up_s_per_token is None:
+        if pending <= DECODE_SHAPED_TOKENS:
             return 0.0
-        return pending * self._catch_up_s_per_token
+        return self._catch_up_fit.predict_s(pending) or 0.0
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:
         active = {seq: k for seq, k in wanted.items() if self._catch_up(seq)}
@@ -150,22 +156,30 @@ class DraftModelProposer:
         if max(item.num_new_tokens for item in plan.scheduled) <= DECODE_SHAPED_TOKENS:
             self._forward_s = _smoothed(self._forward_s, seconds)
         else:
-            self._catch_up_s_per_token = _smoothed(self._catch_up_s_per_token, seconds / plan.num_batched_tokens)
+            self._catch_up_fit.add(plan.num_batched_tokens, seconds)
 
-    def _calibrate(self) -> None:
-        """Time a catch-up and a few drafts on a throwaway sequence, twice (the first pass warms up), then forget it."""
+    def _calibrate(self, longest_prompt: int) -> None:
+        """Time catch-ups of two lengths (the longest at most `longest_prompt`), which give the catch-up line its fixed part
+        and its slope, and a few drafts after each, after one untimed round that warms the same shapes up."""
+        short, long = CALIBRATION_PROMPTS
+        lengths = sorted({max(1, min(short, longest_prompt // 4)), max(1, min(long, longest_prompt))})
         for _ in range(2):
-            self._forward_s = self._catch_up_s_per_token = None
-            params = SamplingParams(temperature=0.0, max_tokens=CALIBRATION_DRAFTS)
-            prompt = [0] * CALIBRATION_TOKENS
-            seq = Sequence("draft-calibration", Request("draft-calibration", prompt, params), 0, list(prompt), len(prompt))
-            self._catch_up(seq)
-            tokens: dict[str, list[int]] = {seq.seq_id: []}
-            for _ in range(1 + CALIBRATION_DRAFTS):
-                if not self._allocate(seq):
-                    break
-                self._draft_step([seq], tokens, {seq.seq_id: []})
-            self.retain(set())
+            self._forward_s, self._catch_up_fit = None, StepTimeFit(min_weight=len(lengths) - 0.5)
+            for length in lengths:
+                self._draft_throwaway(length)
+
+    def _draft_throwaway(self, prompt_len: int) -> None:
+        """Catch up on a throwaway prompt and draft after it (the forwards are timed as real ones), then forget it."""
+        params = SamplingParams(temperature=0.0, max_tokens=CALIBRATION_DRAFTS)
+        prompt = [0] * prompt_len
+        seq = Sequence("draft-calibration", Request("draft-calibration", prompt, params), 0, list(prompt), len(prompt))
+        self._catch_up(seq)
+        tokens: dict[str, list[int]] = {seq.seq_id: []}
+        for _ in range(1 + CALIBRATION_DRAFTS):
+            if not self._allocate(seq):
+                break
+            self._draft_step([seq], tokens, {seq.seq_id: []})
+        self.retain(set())
 
     def _sample(self, logits: torch.Tensor, seq: Sequence) -> tuple[int, torch.Tensor | None]:
         """The draft's token and the distribution q it came from (None for greedy: only argmax agreement counts)."""

@@ -105,8 +105,11 @@ class Acceptance:
 
 @dataclass
 class StepTimeFit:
-    """Exponentially weighted least squares of step time against scheduled tokens: time = base + per_token * n."""
+    """Exponentially weighted least squares of step time against scheduled tokens: time = base + per_token * n.
 
+    `min_weight`: how many (discounted) timings it needs before it trusts a slope."""
+
+    min_weight: float = 4.0
     weight: float = 0.0
     n: float = 0.0
     t: float = 0.0
@@ -121,7 +124,7 @@ class StepTimeFit:
         self.nt = decay * self.nt + num_tokens * duration_s
 
     def per_token_s(self) -> float | None:
-        if self.weight < 4:
+        if self.weight < self.min_weight:
             return None
         mean_n, mean_t = self.n / self.weight, self.t / self.weight
         variance = self.nn / self.weight - mean_n**2
