@@ -184,3 +184,16 @@ def test_a_fit_told_to_trust_two_timings_predicts_between_and_beyond_them() -> N
     fit.add(256, 0.125)
     assert fit.predict_s(376) == pytest.approx(0.125 + 120 * 0.070 / 192, rel=1e-3)
     assert StepTimeFit().predict_s(376) is None  # the default asks for more timings first
+
+
+def test_a_new_sequence_starts_from_what_every_sequence_has_been_accepting() -> None:
+    """A draft costing 0.7 of a step per token pays at full acceptance, not at the fixed prior's 3 of 4: a new sequence
+    drafts at once where earlier sequences kept every draft, and not on an engine with no track record."""
+    proven = _timed_speculator(PricedProposer(draft_s=0.013, catch_up_s=0.0))
+    earlier = _decoding(max_tokens=100_000)
+    earlier.seq_id = "earlier"
+    for _ in range(30):
+        proven.record(earlier, 4, 4)
+    fresh = _timed_speculator(PricedProposer(draft_s=0.013, catch_up_s=0.0))
+    assert proven.propose([_decoding(max_tokens=100_000)])["s"].token_ids == [7, 7, 7, 7]
+    assert fresh.propose([_decoding(max_tokens=100_000)]) == {}

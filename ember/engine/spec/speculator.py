@@ -8,7 +8,10 @@ tokens per step, and cost 1 + n(K) * c steps' worth of time (n(K) = K scored pos
 (and, for a draft model, drafted) token costs relative to a step. The speculator estimates a per
 sequence (discounted counts of kept vs tried drafts) and c from the decode steps it has seen (a linear
 fit of step time against scheduled tokens, plus what the proposer says a drafted position costs),
-then picks the K that gives most tokens per unit time. When no K > 0 pays, the sequence stops
+then picks the K that gives most tokens per unit time. A new sequence's estimate starts from the
+engine's pooled acceptance (every sequence's verifications, discounted alike; 3 of 4 before any):
+a self-draft keeping 98% of its drafts, judged at a fixed 3 of 4, did not pay for a long prompt's
+catch-up and never drafted. When no K > 0 pays, the sequence stops
 drafting and probes with one draft token after `PROBE_INTERVAL` steps, so a change in the text can
 bring it back. A draft model first has to catch up on the tokens it has not seen (the whole
 prompt for a new sequence, the tokens decoded while it did not draft): a sequence drafts or
@@ -151,6 +154,7 @@ class Speculator:
         self.proposer = proposer
         self.stats = SpeculationStats(accepted_histogram=[0] * (config.num_speculative_tokens + 1))
         self._acceptance: dict[str, Acceptance] = {}
+        self._pooled = Acceptance()  # every sequence's verifications: what a new sequence can expect
         self._step_fit = StepTimeFit()
 
     def propose(self, running: list[Sequence]) -> dict[str, DraftRow]:
@@ -194,7 +198,15 @@ class Speculator:
         self.stats.accepted_tokens += num_accepted
         self.stats.verifications += 1
         self.stats.accepted_histogram[num_accepted] += 1
-        self._acceptance.setdefault(seq.seq_id, Acceptance()).record(num_drafted, num_accepted)
+        self._sequence_acceptance(seq).record(num_drafted, num_accepted)
+        self._pooled.record(num_drafted, num_accepted)
+
+    def _sequence_acceptance(self, seq: Sequence) -> Acceptance:
+        """`seq`'s acceptance estimate; a new one starts at the pooled rate, as strong a prior as the fixed one."""
+        acceptance = self._acceptance.get(seq.seq_id)
+        if acceptance is None:
+            acceptance = self._acceptance[seq.seq_id] = Acceptance(kept=PRIOR_TRIED * self._pooled.rate, tried=PRIOR_TRIED)
+        return acceptance
 
     def _draft_length(self, seq: Sequence, batch_size: int) -> int:
         if not self._may_speculate(seq):
@@ -208,7 +220,7 @@ class Speculator:
             # A seeded sample depends on its drafts; a draft length that followed measured step
             # times would make it depend on what shares the batch.
             return k_max
-        acceptance = self._acceptance.setdefault(seq.seq_id, Acceptance())
+        acceptance = self._sequence_acceptance(seq)
         cost = self.extra_token_cost(batch_size)
         if cost is None:
             return 0  # drafting has a price and the target's step time is not known yet
