@@ -70,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     spec.add_argument("--methods", default="ngram", help="comma-separated proposers to compare: ngram, draft, medusa, eagle")
     spec.add_argument("--num-speculative-tokens", type=int, default=4)
     spec.add_argument("--draft-model", default=None, help="draft model for the 'draft' proposer (default: the target itself)")
-    spec.add_argument("--draft-dtype", default=None, choices=("float32", "bfloat16"), help="draft dtype (default: bfloat16 for a self-draft)")
+    spec.add_argument("--draft-dtype", default=None, choices=("float32", "bfloat16", "auto"),
+                      help="draft dtype (default: auto for a self-draft, as `ember bench all` runs it: a quantized GGUF in its blocks)")
     spec.add_argument("--medusa-heads", default=None,
                       help="Medusa heads folder for the 'medusa' proposer (default: trained here on the shared corpus, cached)")
     spec.add_argument("--medusa-train-steps", type=int, default=160,
@@ -270,7 +271,7 @@ def _run_spec(args: argparse.Namespace) -> int:
     draft_dtype = args.draft_dtype
     if "draft" in methods and draft_model is None:
         draft_model = args.model  # self-draft: the target at a cheaper precision
-        draft_dtype = draft_dtype or "bfloat16"
+        draft_dtype = draft_dtype or "auto"
     try:
         batch_sizes = tuple(int(b) for b in args.batch_sizes.split(",") if b.strip())
     except ValueError:
