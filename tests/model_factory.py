@@ -18,12 +18,13 @@ TINY_SHAPE = dict(
 
 
 def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Path:
-    """A random `family` ("llama", "qwen2", "mistral") model in `folder`; returns the folder."""
+    """A random `family` ("llama", "qwen2", "qwen3", "mistral") model in `folder`; returns the folder."""
     import transformers
 
     config_classes = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     }
     config_class, model_class = config_classes[family]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma2", "falcon")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma2", "falcon")
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
+    qk_norm: bool = False  # Qwen3: an RMSNorm over head_dim on every query and key head, before the rotation
     output_bias: bool = False
     mlp_bias: bool = False
     # Per-layer sliding window in tokens (None: the layer sees every token); None: no windows.
@@ -169,8 +171,8 @@ class ModelConfig:
     def from_gguf(cls, metadata: dict[str, Any], has_output_tensor: bool) -> ModelConfig:
         """From GGUF key-value metadata (`{arch}.block_count` and friends)."""
         arch = metadata["general.architecture"]
-        if arch not in ("llama", "qwen2", "mistral"):
-            raise ValueError(f"GGUF architecture {arch!r} is not supported; ember loads llama and qwen2")
+        if arch not in GGUF_ARCHITECTURES:
+            raise ValueError(f"GGUF architecture {arch!r} is not supported; ember loads {', '.join(GGUF_ARCHITECTURES)}")
 
         def key(name: str, default: Any = None) -> Any:
             return metadata.get(f"{arch}.{name}", default)
@@ -183,7 +185,7 @@ class ModelConfig:
         if key("rope.scaling.type") == "linear":
             scaling = RopeScaling(kind="linear", factor=float(key("rope.scaling.factor", 1.0)))
         return cls(
-            architecture="qwen2" if arch == "qwen2" else "llama",
+            architecture=arch if arch in ("qwen2", "qwen3") else "llama",
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=key("feed_forward_length"),
@@ -197,6 +199,7 @@ class ModelConfig:
             rope_scaling=scaling,
             tie_word_embeddings=not has_output_tensor,
             qkv_bias=arch == "qwen2",
+            qk_norm=arch == "qwen3",
         )
 
 
@@ -232,13 +235,13 @@ def _hf_layer_windows(config: dict[str, Any]) -> tuple[int | None, ...] | None:
     window = config.get("sliding_window")
     num_layers = config["num_hidden_layers"]
     model_type = config["model_type"]
-    if model_type in ("qwen2", "qwen2_moe") and not config.get("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3", "qwen2_moe") and not config.get("use_sliding_window", False):
         window = None
     if not window:
         return None
     layer_types = config.get("layer_types")
     if layer_types is None:
-        if model_type in ("qwen2", "qwen2_moe"):
+        if model_type in ("qwen2", "qwen3", "qwen2_moe"):
             first = config.get("max_window_layers", num_layers)
             layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
         elif model_type == "gemma2":
@@ -350,6 +353,7 @@ def _gemma2_extras(config: dict[str, Any]) -> dict[str, Any]:
 
 
 _FAMILY_EXTRAS = {
+    "qwen3": lambda config: {"qk_norm": True},
     "mixtral": _mixtral_extras,
     "qwen2_moe": _qwen2_moe_extras,
     "deepseek_v2": _deepseek_v2_extras,

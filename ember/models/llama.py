@@ -1,4 +1,4 @@
-"""The Llama family (Llama 2/3, Mistral, Qwen2, SmolLM2) over a paged KV cache."""
+"""The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2) over a paged KV cache."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ from ember.layers.rotary import RotaryEmbedding
 from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
 
+LLAMA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")  # the architectures these blocks run
+
 
 class LlamaAttention(nn.Module):
     """Grouped-query self-attention with rotary positions; K/V live in the layer's cache.
 
     Q, K and V come from one fused projection (`qkv_proj`, packed from the checkpoint's
-    q_proj / k_proj / v_proj at load): one matrix product instead of three.
+    q_proj / k_proj / v_proj at load): one matrix product instead of three. With `qk_norm` (Qwen3)
+    every query and key head is RMS-normed over head_dim (`q_norm`, `k_norm`) before the rotation.
     """
 
     packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
@@ -36,17 +39,27 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = Linear(self.q_size, hidden, bias=config.output_bias)
         self.rotary = rotary
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         heads = self.qkv_proj(x).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            self._norm_heads(heads)
         # Queries and keys are adjacent heads of the fused output: one rotation, in place, covers both.
         self.rotary.rotate_(positions, heads[:, : self.num_heads + self.num_kv_heads])
         q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         out = paged_attention(q, k, v, kv_cache, metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+    def _norm_heads(self, heads: torch.Tensor) -> None:
+        """q_norm over every query head and k_norm over every key head of heads [tokens, heads, head_dim], in place."""
+        queries, keys = heads[:, : self.num_heads], heads[:, self.num_heads : self.num_heads + self.num_kv_heads]
+        queries.copy_(self.q_norm(queries.reshape(-1, self.head_dim)).view_as(queries))
+        keys.copy_(self.k_norm(keys.reshape(-1, self.head_dim)).view_as(keys))
 
 
 class LlamaMLP(nn.Module):
@@ -84,6 +97,8 @@ class LlamaDecoderLayer(nn.Module):
         """Hand the forward to one compiled call where every product has a compiled form (see `CompiledProduct`)."""
         attention, mlp = self.self_attn, self.mlp
         modules = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if attention.q_norm is not None:
+            return False  # the compiled block has no per-head norm
         products = [getattr(module, "compiled_product", lambda: None)() for module in modules]
         if None in products or self.input_layernorm.eps != self.post_attention_layernorm.eps:
             return False
@@ -116,8 +131,8 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(DecoderForCausalLM):
     """The Llama family: Llama blocks over the config's per-layer KV specs.
 
-    Full attention for Llama, Qwen2 and SmolLM2; a sliding window on every layer for Mistral,
-    and on Qwen2's layers past `max_window_layers` (hybrid local/global).
+    Full attention for Llama, Qwen2, Qwen3 and SmolLM2; a sliding window on every layer for Mistral,
+    and on Qwen2's and Qwen3's layers past `max_window_layers` (hybrid local/global).
     """
 
     def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:

@@ -18,7 +18,7 @@ from ember.layers.cpu_prepare import prepare_for_cpu_kernels
 from ember.models.config import ModelConfig
 from ember.models.gguf_loader import is_gguf_file, iter_gguf_tensors, read_gguf_config
 from ember.models.hf_loader import find_hf_tokenizer, is_hf_folder, iter_hf_tensors, read_hf_config
-from ember.models.llama import LlamaForCausalLM
+from ember.models.llama import LLAMA_ARCHITECTURES, LlamaForCausalLM
 from ember.models.llama2c_loader import (
     is_llama2c_file,
     iter_llama2c_tensors,
@@ -218,7 +218,7 @@ def _sliced(tensors: Iterable[tuple[str, torch.Tensor]], shard: ModelShard | Non
 def model_class(config: ModelConfig) -> type[nn.Module]:
     """The family class that runs `config`."""
     architecture = config.architecture
-    if architecture in ("llama", "qwen2", "mistral"):
+    if architecture in LLAMA_ARCHITECTURES:
         return LlamaForCausalLM
     families = {
         "mixtral": ("ember.models.mixtral", "MixtralForCausalLM"),
@@ -229,7 +229,7 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
         "falcon": ("ember.models.falcon", "FalconForCausalLM"),
     }
     if architecture not in families:
-        raise ValueError(f"architecture {architecture!r} has no ember model; ember runs {', '.join(['llama', 'qwen2', 'mistral', *families])}")
+        raise ValueError(f"architecture {architecture!r} has no ember model; ember runs {', '.join([*LLAMA_ARCHITECTURES, *families])}")
     module_name, class_name = families[architecture]
     return getattr(importlib.import_module(module_name), class_name)
 

@@ -43,6 +43,7 @@ def _gemma2(folder: Path) -> Path:
 BUILDERS = {
     "llama (tied head)": lambda folder: save_tiny_model("llama", folder, tie_word_embeddings=True),
     "qwen2": lambda folder: save_tiny_model("qwen2", folder),
+    "qwen3 (q/k norms)": lambda folder: save_tiny_model("qwen3", folder, head_dim=32),
     "mistral (sliding window)": lambda folder: save_tiny_model("mistral", folder, sliding_window=8),
     "gemma2": _gemma2,
     "mixtral": _mixtral,

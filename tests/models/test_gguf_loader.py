@@ -34,6 +34,8 @@ _LAYER_PARTS = {
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
@@ -72,13 +74,17 @@ def _random_k_quant(rows: int, cols: int, qtype: GGMLQuantizationType, rng: np.r
 
 
 def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.random.Generator,
-               overrides: dict[str, GGMLQuantizationType] | None = None, rope_freqs: np.ndarray | None = None) -> dict[str, np.ndarray]:
+               overrides: dict[str, GGMLQuantizationType] | None = None, rope_freqs: np.ndarray | None = None,
+               architecture: str = "llama") -> dict[str, np.ndarray]:
     """Write the HF model in `folder` as a GGUF (tensors whose GGUF name ends with a key of `overrides` in that type,
     as a Q4_K_M file mixes them; `rope_freqs`, a Llama 3.1 file's per-pair frequency divisors); returns the float32
-    weights each tensor decodes to (HF layout)."""
+    weights each tensor decodes to (HF layout). Only a "llama" file has llama.cpp's q/k row order, as its converter
+    writes them."""
     reference = load_reference(folder)
     config = reference.config
-    writer = GGUFWriter(str(path), "llama")
+    permute = architecture == "llama"
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_key_length(config.head_dim)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -93,7 +99,7 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
     for hf_name, tensor in reference.state_dict().items():
         values = tensor.float().numpy()
         name = _gguf_name(hf_name)
-        if name.endswith(("attn_q.weight", "attn_k.weight")):
+        if permute and name.endswith(("attn_q.weight", "attn_k.weight")):
             values = _llama_cpp_permute(values, NUM_HEADS if "attn_q" in name else NUM_KV_HEADS)
         tensor_type = next((t for suffix, t in (overrides or {}).items() if name.endswith(suffix)), qtype)
         if values.ndim == 1 or tensor_type == T.F32:
@@ -107,7 +113,7 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
             raw = quantize(values, tensor_type)
             writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=tensor_type)
             decoded = dequantize(raw, tensor_type)
-        if name.endswith(("attn_q.weight", "attn_k.weight")):
+        if permute and name.endswith(("attn_q.weight", "attn_k.weight")):
             decoded = unpermute_rope(decoded, NUM_HEADS if "attn_q" in name else NUM_KV_HEADS)
         expected[hf_name] = decoded.reshape(tensor.shape)
     writer.write_header_to_file()
@@ -188,6 +194,17 @@ def test_f32_gguf_logits_match_transformers(tiny_folder, tmp_path):
     write_gguf(tiny_folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0))
     prompt = list(range(3, 40))
     assert (_prompt_logprobs(tmp_path / "model.gguf", prompt) - _reference_logprobs(tiny_folder, prompt)).abs().max().item() <= 1e-4
+
+
+def test_a_qwen3_gguf_logits_match_transformers_and_its_blocks_run_as_their_float_copy(tmp_path):
+    """Qwen3's per-head q/k norms come from the file (attn_q_norm, attn_k_norm) and its q/k rows in their own order."""
+    folder = save_tiny_model("qwen3", tmp_path / "hf", **SHAPE, head_dim=32)  # head_dim apart from hidden / heads
+    write_gguf(folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0), architecture="qwen3")
+    prompt = list(range(3, 40))
+    assert (_prompt_logprobs(tmp_path / "model.gguf", prompt) - _reference_logprobs(folder, prompt)).abs().max().item() <= 1e-4
+    write_gguf(folder, tmp_path / "q8.gguf", T.Q8_0, np.random.default_rng(0), architecture="qwen3")
+    in_blocks = _greedy_tokens(tmp_path / "q8.gguf", "auto", "float32")  # the layers' Python path over the blocks
+    assert len(in_blocks) == 10 and in_blocks == _greedy_tokens(tmp_path / "q8.gguf", "float32", "float32")
 
 
 def _llama3_frequency_factors(head_dim: int, theta: float, factor: float, low: float, high: float, original: int) -> np.ndarray:
