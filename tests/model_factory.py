@@ -18,19 +18,22 @@ TINY_SHAPE = dict(
 
 
 def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Path:
-    """A random `family` ("llama", "qwen2", "qwen3", "mistral") model in `folder`; returns the folder."""
+    """A random `family` ("llama", "qwen2", "qwen3", "mistral", "phi3") model in `folder`; returns the folder."""
     import transformers
 
     config_classes = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     }
     config_class, model_class = config_classes[family]
     settings = dict(TINY_SHAPE, rope_theta=10000.0, tie_word_embeddings=False)
-    if family == "mistral":
+    if family in ("mistral", "phi3"):
         settings["sliding_window"] = None
+    if family == "phi3":  # its defaults name token 32000, outside a tiny vocabulary
+        settings.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     settings.update(overrides)
     torch.manual_seed(seed)
     model = model_class(config_class(**settings)).eval()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
-SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma2", "falcon")
+SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma2", "falcon")
 
 
 @dataclass(frozen=True)
@@ -352,8 +352,19 @@ def _gemma2_extras(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _phi3_extras(config: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3 is the Llama block (its checkpoint stores q/k/v and gate/up fused, in the packed layers' order); a
+    rotation of only part of each head (Phi-4-mini) is not."""
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    partial = float(config.get("partial_rotary_factor") or parameters.get("partial_rotary_factor") or 1.0)
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor {partial} is not supported: ember rotates whole heads")
+    return {}
+
+
 _FAMILY_EXTRAS = {
     "qwen3": lambda config: {"qk_norm": True},
+    "phi3": _phi3_extras,
     "mixtral": _mixtral_extras,
     "qwen2_moe": _qwen2_moe_extras,
     "deepseek_v2": _deepseek_v2_extras,

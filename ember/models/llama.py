@@ -14,7 +14,7 @@ from ember.layers.rotary import RotaryEmbedding
 from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
 
-LLAMA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")  # the architectures these blocks run
+LLAMA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")  # the architectures these blocks run
 
 
 class LlamaAttention(nn.Module):

@@ -44,6 +44,7 @@ BUILDERS = {
     "llama (tied head)": lambda folder: save_tiny_model("llama", folder, tie_word_embeddings=True),
     "qwen2": lambda folder: save_tiny_model("qwen2", folder),
     "qwen3 (q/k norms)": lambda folder: save_tiny_model("qwen3", folder, head_dim=32),
+    "phi3 (fused checkpoint)": lambda folder: save_tiny_model("phi3", folder),
     "mistral (sliding window)": lambda folder: save_tiny_model("mistral", folder, sliding_window=8),
     "gemma2": _gemma2,
     "mixtral": _mixtral,
