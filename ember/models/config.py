@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma2", "falcon")
 
 
@@ -180,12 +180,16 @@ class ModelConfig:
         num_heads = key("attention.head_count")
         hidden = key("embedding_length")
         head_dim = key("attention.key_length") or key("rope.dimension_count") or hidden // num_heads
+        if arch == "phi3" and head_dim != hidden // num_heads:
+            raise ValueError(f"this phi3 GGUF rotates {head_dim} of each head's {hidden // num_heads} dimensions: partial rotary "
+                             "is not supported (ember rotates whole heads)")
+        window = key("attention.sliding_window") if arch == "phi3" else None  # Phi-3 windows every layer, as transformers
         vocab = key("vocab_size") or len(metadata["tokenizer.ggml.tokens"])
         scaling = None
         if key("rope.scaling.type") == "linear":
             scaling = RopeScaling(kind="linear", factor=float(key("rope.scaling.factor", 1.0)))
         return cls(
-            architecture=arch if arch in ("qwen2", "qwen3") else "llama",
+            architecture=arch if arch in ("qwen2", "qwen3", "phi3") else "llama",
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=key("feed_forward_length"),
@@ -200,6 +204,7 @@ class ModelConfig:
             tie_word_embeddings=not has_output_tensor,
             qkv_bias=arch == "qwen2",
             qk_norm=arch == "qwen3",
+            layer_windows=(int(window),) * key("block_count") if window else None,
         )
 
 

@@ -48,6 +48,7 @@ _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # stored fused (phi3)
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
@@ -80,6 +81,9 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     embedding = next((t for t in file.tensors if t.name == "token_embd.weight"), None)
     if embedding is not None:  # the embedding's rows are the vocabulary, whatever the metadata says
         metadata[f"{metadata['general.architecture']}.vocab_size"] = int(embedding.shape[1])
+    if any(t.name.startswith("rope_factors_") for t in file.tensors):
+        raise ValueError("this GGUF scales rotary frequencies per pair (rope_factors_long/short: LongRoPE), which ember does not "
+                         "support; use a variant without it (e.g. Phi-3-mini-4k)")
     has_output = any(t.name == "output.weight" for t in file.tensors)
     config = ModelConfig.from_gguf(metadata, has_output_tensor=has_output)
     rope_freqs = next((t for t in file.tensors if t.name == ROPE_FREQS_TENSOR), None)
@@ -133,6 +137,8 @@ def iter_gguf_tensors(
                 f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}"
             )
         name = hf_name(tensor.name)
+        if config.architecture == "phi3" and name.endswith("mlp.up_proj.weight"):
+            name = name.replace("mlp.up_proj", "mlp.gate_up_proj")  # phi3's ffn_up holds gate and up, in that order
         if keep is not None and not keep(name):
             continue  # another rank's layer or expert
         part = select(name) if select is not None else None

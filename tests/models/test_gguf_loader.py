@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from ember.models.gguf_loader import unpermute_rope
+from ember.gguf_file import GGUFFile
+from ember.models.gguf_loader import read_gguf_config, unpermute_rope
 from ember.models.loader import load_model
 from ember.quant.ggml_blocks import FORMATS
 from ember.quant.ggml_kernels import load_kernels
@@ -34,6 +36,8 @@ _LAYER_PARTS = {
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
+    "self_attn.qkv_proj": "attn_qkv",  # phi3 stores these two fused
+    "mlp.gate_up_proj": "ffn_up",
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate",
@@ -84,7 +88,7 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
     config = reference.config
     permute = architecture == "llama"
     writer = GGUFWriter(str(path), architecture)
-    writer.add_key_length(config.head_dim)
+    writer.add_key_length(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -93,6 +97,8 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
     writer.add_head_count_kv(NUM_KV_HEADS)
     writer.add_rope_freq_base(10000.0)  # save_tiny_model sets rope_theta=10000
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if getattr(config, "sliding_window", None):
+        writer.add_sliding_window(config.sliding_window)
     expected = {}
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
@@ -205,6 +211,30 @@ def test_a_qwen3_gguf_logits_match_transformers_and_its_blocks_run_as_their_floa
     write_gguf(folder, tmp_path / "q8.gguf", T.Q8_0, np.random.default_rng(0), architecture="qwen3")
     in_blocks = _greedy_tokens(tmp_path / "q8.gguf", "auto", "float32")  # the layers' Python path over the blocks
     assert len(in_blocks) == 10 and in_blocks == _greedy_tokens(tmp_path / "q8.gguf", "float32", "float32")
+
+
+def test_a_phi3_gguf_with_fused_projections_and_a_window_matches_transformers_and_runs_in_its_blocks(tmp_path):
+    folder = save_tiny_model("phi3", tmp_path / "hf", **SHAPE)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, sliding_window=12)))  # every layer windowed, as Phi-3
+    write_gguf(folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0), architecture="phi3")
+    prompt = list(range(3, 40))  # 37 tokens: most positions see only the last 12
+    assert (_prompt_logprobs(tmp_path / "model.gguf", prompt) - _reference_logprobs(folder, prompt)).abs().max().item() <= 1e-4
+    write_gguf(folder, tmp_path / "q8.gguf", T.Q8_0, np.random.default_rng(0), architecture="phi3")
+    in_blocks = _greedy_tokens(tmp_path / "q8.gguf", "auto", "float32")  # the fused projections in their blocks
+    assert len(in_blocks) == 10 and in_blocks == _greedy_tokens(tmp_path / "q8.gguf", "float32", "float32")
+
+
+def test_a_longrope_gguf_is_refused_by_name(tmp_path):
+    path = tmp_path / "longrope.gguf"
+    writer = GGUFWriter(str(path), "phi3")
+    writer.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="LongRoPE"):
+        read_gguf_config(GGUFFile.open(path))
 
 
 def _llama3_frequency_factors(head_dim: int, theta: float, factor: float, low: float, high: float, original: int) -> np.ndarray:
