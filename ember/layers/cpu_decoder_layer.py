@@ -59,6 +59,7 @@ class _Weights(ctypes.Structure):
         ("hidden", ctypes.c_int64), ("num_heads", ctypes.c_int64), ("num_kv_heads", ctypes.c_int64),
         ("head_dim", ctypes.c_int64), ("inner", ctypes.c_int64),
         ("cos_table", ctypes.c_void_p), ("sin_table", ctypes.c_void_p), ("num_positions", ctypes.c_int64),
+        ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
     ]
 
 
@@ -82,7 +83,8 @@ class LayerShape:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """A pre-norm SwiGLU block's tensors: norms (dense), four products as C calls them, rotary tables."""
+    """A pre-norm SwiGLU block's tensors: norms (dense), four products as C calls them, rotary tables, and (Qwen3)
+    the norms of every query and key head."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -92,16 +94,20 @@ class LayerWeights:
     down: CompiledProduct
     cos: torch.Tensor
     sin: torch.Tensor
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
 
     @property
     def products(self) -> tuple[CompiledProduct, ...]:
         return (self.qkv, self.o, self.gate_up, self.down)
 
     def compilable(self) -> bool:
-        """One product function for the four, norms of a dtype the kernel reads, float32 tables."""
-        norms = (self.input_norm, self.post_norm)
+        """One product function for the four, norms of one dtype the kernel reads (head norms both or neither), float32
+        tables."""
+        norms = tuple(n for n in (self.input_norm, self.post_norm, self.q_norm, self.k_norm) if n is not None)
         return (
-            len({p.gemm for p in self.products}) == 1
+            (self.q_norm is None) == (self.k_norm is None)
+            and len({p.gemm for p in self.products}) == 1
             and len({n.dtype for n in norms}) == 1
             and all(n.dtype in NORM_WEIGHT_DTYPES and n.is_contiguous() for n in norms)
             and all(t.dtype == torch.float32 and t.is_contiguous() for t in (self.cos, self.sin))
@@ -223,6 +229,8 @@ class CompiledDecoderLayer:
             hidden=self._hidden, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim, inner=self._inner,
             cos_table=weights.cos.data_ptr(), sin_table=weights.sin.data_ptr(), num_positions=weights.cos.shape[0],
+            q_norm=None if weights.q_norm is None else weights.q_norm.data_ptr(),
+            k_norm=None if weights.k_norm is None else weights.k_norm.data_ptr(),
         )
         self._step = _Step()
 
@@ -230,7 +238,8 @@ class CompiledDecoderLayer:
     def build(cls, weights: LayerWeights, shape: LayerShape) -> CompiledDecoderLayer | None:
         """The compiled layer, or None where the kernels are unavailable or the weights do not fit them."""
         kernel = load_decoder_layer_kernel()
-        if kernel is None or not weights.compilable():
+        head_norms = [n for n in (weights.q_norm, weights.k_norm) if n is not None]
+        if kernel is None or not weights.compilable() or any(n.shape != (shape.head_dim,) for n in head_norms):
             return None
         return cls(kernel, weights, shape)
 

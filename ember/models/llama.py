@@ -97,14 +97,14 @@ class LlamaDecoderLayer(nn.Module):
         """Hand the forward to one compiled call where every product has a compiled form (see `CompiledProduct`)."""
         attention, mlp = self.self_attn, self.mlp
         modules = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if attention.q_norm is not None:
-            return False  # the compiled block has no per-head norm
         products = [getattr(module, "compiled_product", lambda: None)() for module in modules]
-        if None in products or self.input_layernorm.eps != self.post_attention_layernorm.eps:
+        eps = {self.input_layernorm.eps, self.post_attention_layernorm.eps} | ({attention.q_norm.eps, attention.k_norm.eps} if attention.q_norm else set())
+        if None in products or len(eps) != 1:
             return False
         weights = LayerWeights(
             self.input_layernorm.weight.detach(), self.post_attention_layernorm.weight.detach(),
             *products, attention.rotary.cos, attention.rotary.sin,
+            *((None, None) if attention.q_norm is None else (attention.q_norm.weight.detach(), attention.k_norm.weight.detach())),
         )
         shape = LayerShape(
             attention.num_heads, attention.num_kv_heads, attention.head_dim, attention.scale, self.input_layernorm.eps

@@ -26,7 +26,7 @@ from ember.quant.ggml_layers import GGMLLinear, set_activations
 from tests.model_factory import save_tiny_model
 from tests.quant.ggml_factory import random_blocks
 
-FAMILIES = {"llama": {}, "qwen2": {}, "mistral": {"sliding_window": 6}}
+FAMILIES = {"llama": {}, "qwen2": {}, "mistral": {"sliding_window": 6}, "qwen3": {"head_dim": 32}, "phi3": {}}
 
 
 @pytest.fixture(scope="module", autouse=True)

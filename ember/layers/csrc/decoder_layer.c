@@ -1,6 +1,7 @@
 /* One pre-norm decoder layer of the Llama family in one call, over the other CPU kernels.
 
    out = h + down(silu(gate(n2)) * up(n2)), h = x + o(attention(rope(qkv(n1)))), n1 = norm1(x),
+   (Qwen3: every query and key head of qkv(n1) RMS-normed before the rotation),
    n2 = norm2(h): the same kernels the layer's Python code calls one by one (packed GEMM, RMSNorm,
    rotary, K/V write, paged attention, SwiGLU), in the same order, so the result is the same bits;
    what goes away is a dozen interpreter round trips per layer, the cost that dominates a decode
@@ -58,6 +59,7 @@ typedef struct {
     int64_t hidden, num_heads, num_kv_heads, head_dim, inner;
     const float *cos_table, *sin_table;
     int64_t num_positions;
+    const void *q_norm, *k_norm; /* NULL, or [head_dim] in the norms' dtype: Qwen3's RMSNorm of every q and k head */
 } layer_weights;
 
 typedef struct {
@@ -79,6 +81,12 @@ int ember_decoder_layer(const layer_weights *w, layer_step *s, const kernel_tabl
 
     k->rms_norm(s->x, 0, 0, w->input_norm, w->norms_bf16, normed, m, hidden, w->eps);
     k->gemm(normed, w->qkv, w->qkv_bias, qkv, m, width, hidden);
+    if (w->q_norm != 0)  /* in place, each head a row of head_dim (the Python path's call, row by row the same bits) */
+        for (int64_t t = 0; t < m; t++) {
+            float *heads = qkv + t * width;
+            k->rms_norm(heads, 0, 0, w->q_norm, w->norms_bf16, heads, w->num_heads, w->head_dim, w->eps);
+            k->rms_norm(heads + q_width, 0, 0, w->k_norm, w->norms_bf16, heads + q_width, w->num_kv_heads, w->head_dim, w->eps);
+        }
     /* queries and keys are adjacent heads of each token's row: one rotation covers both */
     if (k->rotary(qkv, m, w->num_heads + w->num_kv_heads, w->head_dim, width, s->positions,
                   w->cos_table, w->sin_table, w->num_positions) != 0)
