@@ -98,13 +98,13 @@ class LlamaDecoderLayer(nn.Module):
         attention, mlp = self.self_attn, self.mlp
         modules = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
         products = [getattr(module, "compiled_product", lambda: None)() for module in modules]
-        eps = {self.input_layernorm.eps, self.post_attention_layernorm.eps} | ({attention.q_norm.eps, attention.k_norm.eps} if attention.q_norm else set())
-        if None in products or len(eps) != 1:
+        norms = (self.input_layernorm, self.post_attention_layernorm, attention.q_norm, attention.k_norm)
+        if None in products or len({norm.eps for norm in norms if norm is not None}) != 1:  # the kernel takes one eps
             return False
+        q_norm, k_norm = (None, None) if attention.q_norm is None else (attention.q_norm.weight.detach(), attention.k_norm.weight.detach())
         weights = LayerWeights(
             self.input_layernorm.weight.detach(), self.post_attention_layernorm.weight.detach(),
-            *products, attention.rotary.cos, attention.rotary.sin,
-            *((None, None) if attention.q_norm is None else (attention.q_norm.weight.detach(), attention.k_norm.weight.detach())),
+            *products, attention.rotary.cos, attention.rotary.sin, q_norm, k_norm,
         )
         shape = LayerShape(
             attention.num_heads, attention.num_kv_heads, attention.head_dim, attention.scale, self.input_layernorm.eps
