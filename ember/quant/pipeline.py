@@ -39,7 +39,7 @@ from ember.quant.grid import BlockGrid
 from ember.quant.int8_channel import Int8ChannelTensor, quantize_weight
 from ember.quant.smoothquant import apply_smoothing
 
-LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 EMBEDDING_GRID = BlockGrid(bits=8, group_size=32)
 FLOAT_CODE_QUANTIZERS = {"nf4": quantize_nf4, "fp8": quantize_fp8}

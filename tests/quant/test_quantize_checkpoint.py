@@ -293,3 +293,13 @@ def test_smoothquant_migration_folds_into_the_model_without_changing_its_float_o
     assert stats[names[0]].hessian is None and (stats[names[0]].abs_max > 0).all()
     assert not torch.equal(model.model.layers[1].post_attention_layernorm.weight, torch.ones(64))
     torch.testing.assert_close(_prompt_logprobs(engine, "after", prompt), before, rtol=1e-4, atol=1e-4)
+
+
+def test_a_qwen3_checkpoint_keeps_its_head_norms_and_runs_like_its_float_copy(tmp_path):
+    folder = save_tiny_model("qwen3", tmp_path / "qwen3", vocab_size=VOCAB, head_dim=32)
+    out = tmp_path / "rtn"
+    quantize_checkpoint(QuantizeConfig(model=str(folder), method="rtn", out=out, bits=4, group_size=64), show_progress=False)
+    model = load_model(out).model
+    assert len([m for m in model.modules() if isinstance(m, GGMLLinear)]) == 2 * 4 + 1
+    assert float((model.model.layers[1].self_attn.k_norm.weight - 1).abs().max()) > 0  # the checkpoint's, not ones
+    assert _greedy(str(out), "auto", activations="float32") == _greedy(str(out), "float32")
