@@ -6,7 +6,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")
-SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma2", "falcon")
+SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma",
+                      "gemma2", "falcon")
 
 
 @dataclass(frozen=True)
@@ -373,6 +374,7 @@ _FAMILY_EXTRAS = {
     "mixtral": _mixtral_extras,
     "qwen2_moe": _qwen2_moe_extras,
     "deepseek_v2": _deepseek_v2_extras,
+    "gemma": _gemma2_extras,  # no soft-capping or windows in its config: the same reading gives Gemma (1)
     "gemma2": _gemma2_extras,
 }
 

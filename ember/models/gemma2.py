@@ -1,10 +1,12 @@
-"""Gemma 2: local (sliding) and global layers alternating, logit soft-capping, four norms per block.
+"""Gemma 2: local (sliding) and global layers alternating, logit soft-capping, four norms per block; and Gemma (1).
 
 Differences from Llama, each visible below: embeddings scaled by sqrt(hidden); RMSNorm scales by
 (1 + weight); the block norms both the input and the output of attention and of the MLP; the
 MLP is GeGLU (tanh GELU); attention scores are scaled by `query_pre_attn_scalar ** -0.5` and
 soft-capped, `cap * tanh(score / cap)`, and so are the final logits. Even layers attend within
 a sliding window, odd layers to everything (`layer_types` in the config says which).
+Gemma (1) is the same model without windows and soft-capping, with a Llama-like block of two norms
+(`GemmaDecoderLayer`).
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ class Gemma2MLP(nn.Module):
         return self.down_proj(F.gelu(gate, approximate="tanh") * up)
 
 
-class Gemma2DecoderLayer(nn.Module):
-    """h = x + post_attn_norm(attn(norm(x))); out = h + post_ff_norm(mlp(pre_ff_norm(h)))."""
+class GemmaDecoderLayer(nn.Module):
+    """Gemma (1): h = x + attn(norm(x)); out = h + mlp(norm(h)), Gemma's norms, attention and GeGLU."""
 
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
         super().__init__()
@@ -87,9 +89,22 @@ class Gemma2DecoderLayer(nn.Module):
         self.input_layernorm = GemmaRMSNorm(hidden, eps)
         self.self_attn = Gemma2Attention(config, rotary)
         self.post_attention_layernorm = GemmaRMSNorm(hidden, eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
         self.mlp = Gemma2MLP(config)
-        self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, metadata)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Gemma2DecoderLayer(GemmaDecoderLayer):
+    """h = x + post_attn_norm(attn(norm(x))); out = h + post_ff_norm(mlp(pre_ff_norm(h)))."""
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__(config, rotary)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
@@ -117,7 +132,7 @@ class Gemma2Model(DecoderModel):
 
 
 class Gemma2ForCausalLM(DecoderForCausalLM):
-    """Gemma 2 with its LM head tied to the embedding and soft-capped final logits."""
+    """Gemma 2 (and Gemma) with its LM head tied to the embedding and (Gemma 2) soft-capped final logits."""
 
     def __init__(self, config: ModelConfig) -> None:
         nn.Module.__init__(self)
@@ -126,7 +141,8 @@ class Gemma2ForCausalLM(DecoderForCausalLM):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
-        return Gemma2DecoderLayer(self.config, rotary)
+        block = GemmaDecoderLayer if self.config.architecture == "gemma" else Gemma2DecoderLayer
+        return block(self.config, rotary)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

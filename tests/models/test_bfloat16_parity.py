@@ -40,12 +40,21 @@ def _gemma2(folder: Path) -> Path:
     return save_random_model(transformers.Gemma2ForCausalLM, config, folder)
 
 
+def _gemma(folder: Path) -> Path:
+    import transformers
+
+    config = transformers.GemmaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
+    return save_random_model(transformers.GemmaForCausalLM, config, folder)
+
+
 BUILDERS = {
     "llama (tied head)": lambda folder: save_tiny_model("llama", folder, tie_word_embeddings=True),
     "qwen2": lambda folder: save_tiny_model("qwen2", folder),
     "qwen3 (q/k norms)": lambda folder: save_tiny_model("qwen3", folder, head_dim=32),
     "phi3 (fused checkpoint)": lambda folder: save_tiny_model("phi3", folder),
     "mistral (sliding window)": lambda folder: save_tiny_model("mistral", folder, sliding_window=8),
+    "gemma": _gemma,
     "gemma2": _gemma2,
     "mixtral": _mixtral,
     "deepseek_v2": _deepseek_v2,

@@ -1,4 +1,4 @@
-"""Gemma 2 (alternating local/global layers, soft-capping, four norms) against transformers."""
+"""Gemma 2 (alternating local/global layers, soft-capping, four norms) and Gemma (1) against transformers."""
 
 from __future__ import annotations
 
@@ -46,3 +46,17 @@ def test_prompt_logits_match_transformers_past_the_window(model_folder):
 def test_greedy_generation_past_the_window_matches_transformers(model_folder):
     llm = assert_greedy_matches(model_folder, load_reference(model_folder), make_prompts(VOCAB))
     assert llm.engine.kv.group_windows == (12, None)
+
+
+@pytest.fixture(scope="module")
+def gemma_folder(tmp_path_factory):
+    """Gemma (1): two norms a block, no windows or soft-capping; one KV head (MQA, as Gemma-2B)."""
+    config = transformers.GemmaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
+    return save_random_model(transformers.GemmaForCausalLM, config, tmp_path_factory.mktemp("gemma"))
+
+
+def test_gemma_prompt_logits_and_greedy_generation_match_transformers(gemma_folder):
+    reference = load_reference(gemma_folder)
+    assert_prompt_logits_match(gemma_folder, reference, make_prompts(VOCAB))
+    assert_greedy_matches(gemma_folder, reference, make_prompts(VOCAB))
