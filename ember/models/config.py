@@ -7,7 +7,7 @@ from typing import Any
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma",
-                      "gemma2", "falcon")
+                      "gemma2", "gemma3_text", "falcon")
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
+    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own base (unscaled); None: rope_theta
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False  # Qwen3: an RMSNorm over head_dim on every query and key head, before the rotation
@@ -358,6 +359,20 @@ def _gemma2_extras(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _gemma3_extras(config: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3 (text): Gemma 2's model with q/k head norms, no soft-capping, and a rotary base (and scaling) per layer
+    type: `rope_parameters` {"full_attention": ..., "sliding_attention": ...}."""
+    parameters = config.get("rope_parameters") or {}
+    full, local = parameters.get("full_attention") or {}, parameters.get("sliding_attention") or {}
+    return {
+        **_gemma2_extras(config),
+        "qk_norm": True,
+        "rope_theta": float(full.get("rope_theta", 1_000_000.0)),
+        "rope_scaling": _hf_rope_scaling({"rope_parameters": full}) if full else None,
+        "local_rope_theta": float(local.get("rope_theta", 10_000.0)),
+    }
+
+
 def _phi3_extras(config: dict[str, Any]) -> dict[str, Any]:
     """Phi-3 is the Llama block (its checkpoint stores q/k/v and gate/up fused, in the packed layers' order); a
     rotation of only part of each head (Phi-4-mini) is not."""
@@ -376,6 +391,7 @@ _FAMILY_EXTRAS = {
     "deepseek_v2": _deepseek_v2_extras,
     "gemma": _gemma2_extras,  # no soft-capping or windows in its config: the same reading gives Gemma (1)
     "gemma2": _gemma2_extras,
+    "gemma3_text": _gemma3_extras,
 }
 
 

@@ -6,7 +6,8 @@ MLP is GeGLU (tanh GELU); attention scores are scaled by `query_pre_attn_scalar 
 soft-capped, `cap * tanh(score / cap)`, and so are the final logits. Even layers attend within
 a sliding window, odd layers to everything (`layer_types` in the config says which).
 Gemma (1) is the same model without windows and soft-capping, with a Llama-like block of two norms
-(`GemmaDecoderLayer`).
+(`GemmaDecoderLayer`). Gemma 3 (text) is Gemma 2 without soft-capping, with a (1 + weight) RMSNorm on
+every query and key head before the rotation, and its own rotary base on the sliding layers.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class Gemma2Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.output_bias)
         self.rotary = rotary
+        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
@@ -59,6 +62,8 @@ class Gemma2Attention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         out = paged_attention(q, k, v, kv_cache, metadata, self.scale, logit_softcap=self.logit_softcap)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
@@ -137,12 +142,18 @@ class Gemma2ForCausalLM(DecoderForCausalLM):
     def __init__(self, config: ModelConfig) -> None:
         nn.Module.__init__(self)
         self.config = config
+        # Gemma 3's sliding layers rotate with their own base (unscaled); every other layer shares the model's rotary
+        self.local_rotary = None if config.local_rope_theta is None else RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.local_rope_theta, None)
         self.model = Gemma2Model(config, self.make_layer, self.kv_cache_specs(), self.make_rotary())
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
-        block = GemmaDecoderLayer if self.config.architecture == "gemma" else Gemma2DecoderLayer
-        return block(self.config, rotary)
+        config = self.config
+        if self.local_rotary is not None and config.window_of(layer_index) is not None:
+            rotary = self.local_rotary
+        block = GemmaDecoderLayer if config.architecture == "gemma" else Gemma2DecoderLayer
+        return block(config, rotary)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

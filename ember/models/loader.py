@@ -227,6 +227,7 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
         "gpt2": ("ember.models.gpt2", "GPT2LMHeadModel"),
         "gemma": ("ember.models.gemma2", "Gemma2ForCausalLM"),
         "gemma2": ("ember.models.gemma2", "Gemma2ForCausalLM"),
+        "gemma3_text": ("ember.models.gemma2", "Gemma2ForCausalLM"),
         "falcon": ("ember.models.falcon", "FalconForCausalLM"),
     }
     if architecture not in families:

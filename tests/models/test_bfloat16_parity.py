@@ -48,6 +48,15 @@ def _gemma(folder: Path) -> Path:
     return save_random_model(transformers.GemmaForCausalLM, config, folder)
 
 
+def _gemma3(folder: Path) -> Path:
+    import transformers
+
+    config = transformers.Gemma3TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=12,
+                                           query_pre_attn_scalar=16, max_position_embeddings=256)
+    return save_random_model(transformers.Gemma3ForCausalLM, config, folder)
+
+
 BUILDERS = {
     "llama (tied head)": lambda folder: save_tiny_model("llama", folder, tie_word_embeddings=True),
     "qwen2": lambda folder: save_tiny_model("qwen2", folder),
@@ -56,6 +65,7 @@ BUILDERS = {
     "mistral (sliding window)": lambda folder: save_tiny_model("mistral", folder, sliding_window=8),
     "gemma": _gemma,
     "gemma2": _gemma2,
+    "gemma3": _gemma3,
     "mixtral": _mixtral,
     "deepseek_v2": _deepseek_v2,
     "gpt2": _gpt2,

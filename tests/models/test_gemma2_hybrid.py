@@ -60,3 +60,22 @@ def test_gemma_prompt_logits_and_greedy_generation_match_transformers(gemma_fold
     reference = load_reference(gemma_folder)
     assert_prompt_logits_match(gemma_folder, reference, make_prompts(VOCAB))
     assert_greedy_matches(gemma_folder, reference, make_prompts(VOCAB))
+
+
+@pytest.fixture(scope="module")
+def gemma3_folder(tmp_path_factory):
+    """Gemma 3 (text): five sliding layers to one global, q/k head norms, a rotary base per layer type."""
+    config = transformers.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=12,
+                                           query_pre_attn_scalar=16, max_position_embeddings=256,
+                                           eos_token_id=None)  # transformers' min_new_tokens would hold EOS back
+    return save_random_model(transformers.Gemma3ForCausalLM, config, tmp_path_factory.mktemp("gemma3"))
+
+
+def test_gemma3_prompt_logits_and_greedy_generation_past_the_window_match_transformers(gemma3_folder):
+    reference = load_reference(gemma3_folder)
+    assert_prompt_logits_match(gemma3_folder, reference, make_prompts(VOCAB))
+    llm = assert_greedy_matches(gemma3_folder, reference, make_prompts(VOCAB))
+    assert llm.engine.kv.group_windows == (12, None)
+    model = llm.engine.runner.model
+    assert model.local_rotary is not None and model.config.local_rope_theta == 10_000.0 and model.config.rope_theta == 1e6
