@@ -253,6 +253,9 @@ def _hf_layer_windows(config: dict[str, Any]) -> tuple[int | None, ...] | None:
             layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
         elif model_type == "gemma2":
             layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+        elif model_type == "gemma3_text":  # transformers 4's spelling: every `sliding_window_pattern`-th layer is global
+            pattern = config.get("sliding_window_pattern", 6)
+            layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
         else:
             layer_types = ["sliding_attention"] * num_layers
     if model_type == "mistral":  # transformers' Mistral windows every layer whatever layer_types says
@@ -364,12 +367,12 @@ def _gemma3_extras(config: dict[str, Any]) -> dict[str, Any]:
     type: `rope_parameters` {"full_attention": ..., "sliding_attention": ...}."""
     parameters = config.get("rope_parameters") or {}
     full, local = parameters.get("full_attention") or {}, parameters.get("sliding_attention") or {}
-    return {
+    return {  # or, as transformers 4 wrote it: rope_theta and rope_scaling (the global layers'), rope_local_base_freq
         **_gemma2_extras(config),
         "qk_norm": True,
-        "rope_theta": float(full.get("rope_theta", 1_000_000.0)),
-        "rope_scaling": _hf_rope_scaling({"rope_parameters": full}) if full else None,
-        "local_rope_theta": float(local.get("rope_theta", 10_000.0)),
+        "rope_theta": float(full.get("rope_theta") or config.get("rope_theta") or 1_000_000.0),
+        "rope_scaling": _hf_rope_scaling({"rope_parameters": full} if full else config),
+        "local_rope_theta": float(local.get("rope_theta") or config.get("rope_local_base_freq") or 10_000.0),
     }
 
 

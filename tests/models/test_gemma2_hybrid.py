@@ -79,3 +79,18 @@ def test_gemma3_prompt_logits_and_greedy_generation_past_the_window_match_transf
     assert llm.engine.kv.group_windows == (12, None)
     model = llm.engine.runner.model
     assert model.local_rotary is not None and model.config.local_rope_theta == 10_000.0 and model.config.rope_theta == 1e6
+
+
+def test_a_gemma3_config_in_transformers_4s_spelling_reads_the_same():
+    """rope_theta / rope_local_base_freq / sliding_window_pattern (as the published Gemma 3 configs still read) give the
+    layers, windows and bases that transformers 5's rope_parameters and layer_types give."""
+    from ember.models.config import ModelConfig
+
+    current = transformers.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=7,
+                                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=12).to_dict()
+    older = {k: v for k, v in current.items() if k not in ("rope_parameters", "layer_types")}
+    older.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, rope_scaling=None, sliding_window_pattern=6)
+    new, old = ModelConfig.from_hf(current), ModelConfig.from_hf(older)
+    assert old == new
+    assert new.layer_windows == (12, 12, 12, 12, 12, None, 12)
+    assert (new.rope_theta, new.local_rope_theta) == (1_000_000.0, 10_000.0)
