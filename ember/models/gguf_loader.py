@@ -56,6 +56,8 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Parts an architecture names differently: phi3's ffn_up holds gate and up fused, gate first (the packed layer's order).
+_ARCHITECTURE_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -93,15 +95,17 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     return dataclasses.replace(config, rope_scaling=RopeScaling("frequency_factors", frequency_factors=tuple(factors.tolist())))
 
 
-def hf_name(gguf_name: str) -> str:
-    """GGUF tensor name -> transformers' name (e.g. blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight)."""
+def hf_name(gguf_name: str, architecture: str = "llama") -> str:
+    """GGUF tensor name -> transformers' name (e.g. blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight) in a
+    model of `architecture` (ember's config name: some store parts fused under a plain part's name)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_PATTERN.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    names = {**_LAYER_NAMES, **_ARCHITECTURE_LAYER_NAMES.get(architecture, {})}
+    if match is None or match.group(2) not in names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no counterpart in ember's Llama model")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute_rope(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -136,9 +140,7 @@ def iter_gguf_tensors(
                 f"GGUF tensor {tensor.name} has type {tensor.tensor_type.name}, which ember cannot load yet; "
                 f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}"
             )
-        name = hf_name(tensor.name)
-        if config.architecture == "phi3" and name.endswith("mlp.up_proj.weight"):
-            name = name.replace("mlp.up_proj", "mlp.gate_up_proj")  # phi3's ffn_up holds gate and up, in that order
+        name = hf_name(tensor.name, config.architecture)
         if keep is not None and not keep(name):
             continue  # another rank's layer or expert
         part = select(name) if select is not None else None

@@ -111,7 +111,7 @@ def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, 
         if source_tensor.name == ROPE_FREQS_TENSOR:  # configuration, copied as it is
             writer.add_tensor(source_tensor.name, np.array(source_tensor.data))
             continue
-        name = hf_name(source_tensor.name)
+        name = hf_name(source_tensor.name, config.architecture)
         value = _llama_cpp_rows(source_tensor.name, tensors[name], config)
         written[name] = tensors[name]
         if isinstance(value, GGMLTensor) and value.format.name in GGUF_FORMATS:

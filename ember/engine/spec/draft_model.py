@@ -38,6 +38,7 @@ DECODE_SHAPED_TOKENS = 2  # new tokens per sequence after a verification kept ev
 COST_SMOOTHING = 0.2  # weight of the newest forward in the running cost estimates
 CALIBRATION_PROMPTS = (64, 256)  # catch-ups timed at start (a short model: a quarter of its length and all of it)
 CALIBRATION_DRAFTS = 4  # decode-shaped forwards timed after it
+CALIBRATION_FIT_WEIGHT = 1.5  # the catch-up line trusts the two calibration timings (their discounted weight: 1.98)
 
 
 @dataclass
@@ -164,7 +165,7 @@ class DraftModelProposer:
         short, long = CALIBRATION_PROMPTS
         lengths = sorted({max(1, min(short, longest_prompt // 4)), max(1, min(long, longest_prompt))})
         for _ in range(2):
-            self._forward_s, self._catch_up_fit = None, StepTimeFit(min_weight=len(lengths) - 0.5)
+            self._forward_s, self._catch_up_fit = None, StepTimeFit(min_weight=CALIBRATION_FIT_WEIGHT)
             for length in lengths:
                 self._draft_throwaway(length)
 

@@ -23,7 +23,7 @@ from ember.engine.request import Sequence
 from ember.engine.spec.eagle_head import EagleHead, draft_lm_rows, token_embeddings
 from ember.engine.spec.hidden_states import HiddenStateProposer
 from ember.layers.rejection_sampler import DraftRow
-from ember.layers.sampler import draw_proposals
+from ember.layers.sampler import draw_proposals, row_argmax
 
 
 class EagleProposer(HiddenStateProposer):
@@ -51,7 +51,7 @@ class EagleProposer(HiddenStateProposer):
         num_steps = max(wanted[seq] for seq in seqs)
         for _ in range(num_steps):
             feature, logits = self._draft_step(feature, tokens)
-            argmax = self.head.vocab_ids[logits.argmax(dim=-1)].tolist()  # every greedy row's draft in one call
+            argmax = self.head.vocab_ids[row_argmax(logits)].tolist()  # every greedy row's draft in one call
             for row, seq in enumerate(seqs):
                 if seq.params.is_greedy:
                     drafted[row].append(argmax[row])
