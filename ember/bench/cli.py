@@ -68,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     spec = commands.add_parser("spec", help="speculative decoding: ember with vs without, batch 1 and batch sweep, same run")
     _common(spec, peers=False)
     spec.add_argument("--methods", default="ngram", help="comma-separated proposers to compare: ngram, draft, medusa, eagle")
-    spec.add_argument("--num-speculative-tokens", type=int, default=4)
+    spec.add_argument("--num-speculative-tokens", type=int, default=None,
+                      help="draft length cap of every proposer (default: the engine's per proposer, 8 for ngram, 4 for the others)")
     spec.add_argument("--draft-model", default=None, help="draft model for the 'draft' proposer (default: the target itself)")
     spec.add_argument("--draft-dtype", default=None, choices=("float32", "bfloat16", "auto"),
                       help="draft dtype (default: auto for a self-draft, as `ember bench all` runs it: a quantized GGUF in its blocks)")

@@ -33,7 +33,7 @@ class EmberSettings:
     kv_cache_memory_bytes: int | None = None
     kv_cache_dtype: str = "auto"
     speculative_method: str | None = None  # None: no speculative decoding
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None  # None: the engine's default for the method
     draft_model: str | None = None
     draft_dtype: str | None = None
     medusa_heads: str | None = None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ember.bench.feature_benches import PARALLEL_MODES
 from ember.bench.goals import quant_row
-from ember.bench.spec import acceptance_text, ceiling_text
+from ember.bench.spec import acceptance_text, ceiling_text, draft_lengths_text
 
 Table = Callable[[list[str], list[list[str]]], list[str]]
 Image = Callable[[list[str], str], None]
@@ -123,7 +123,7 @@ def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]
         draft += f"; EAGLE-style head: `{Path(section['eagle_head']).name}` (trained on the model's replies to prompts from the shared corpus unless given)"
     lines = ["## `spec`: speculative decoding (`ember bench spec`)", "",
              f"ember with each proposer against ember without, same run, interleaved repeats ({section.get('repeats', '?')}), "
-             f"greedy, target dtype {section['dtype']}, K={section['num_speculative_tokens']} with adaptive K{draft}. "
+             f"greedy, target dtype {section['dtype']}, {draft_lengths_text(section)} with adaptive K{draft}. "
              "Output tok/s counts prefill; decode tok/s the tokens after the first over the time after the first. "
              f"{sizes_note(section.get('sizes'))}", ""]
     lines += ["Batch 1:", ""]

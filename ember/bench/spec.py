@@ -31,7 +31,7 @@ from ember.bench.spec_workloads import SPEC_WORKLOADS, build_spec_workload
 from ember.bench.stats import ratio, spread
 from ember.bench.suite import BenchOptions, _interleave, make_workload, model_path
 from ember.bench.workloads import Workload
-from ember.engine.config import MAX_SPECULATIVE_TOKENS
+from ember.engine.config import MAX_SPECULATIVE_TOKENS, default_speculative_tokens
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,17 @@ class SiblingPair:
         return (self.target, self.draft)
 
 
+def draft_length_cap(spec: SpecBenchOptions, method: str) -> int:
+    """The K `method` runs with: the one given, else the engine's default for it."""
+    return spec.num_speculative_tokens or default_speculative_tokens(method)
+
+
 @dataclass(frozen=True)
 class SpecBenchOptions:
     """What `ember bench spec` compares: proposers, draft length, batch sizes, sizes of the workloads."""
 
     methods: tuple[str, ...] = ("ngram",)
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None  # None: each proposer's engine default (`default_speculative_tokens`)
     draft_model: str | None = None
     draft_dtype: str | None = None
     medusa_heads: str | None = None  # None: trained here (and cached) when "medusa" is compared
@@ -85,7 +90,7 @@ def _settings(method: str | None, spec: SpecBenchOptions, max_num_seqs: int | No
         label=f"ember + {method}",
         max_num_seqs=max_num_seqs,
         speculative_method=method,
-        num_speculative_tokens=spec.num_speculative_tokens,
+        num_speculative_tokens=draft_length_cap(spec, method),
         draft_model=spec.draft_model if method == "draft" else None,
         draft_dtype=spec.draft_dtype if method == "draft" else None,
         medusa_heads=spec.medusa_heads if method == "medusa" else None,
@@ -172,14 +177,14 @@ def bench_spec(options: BenchOptions, spec: SpecBenchOptions) -> dict:
         spec = replace(spec, medusa_heads=str(cached_medusa_heads(options.model, options.dtypes[0], spec, tokenizer)))
     if "eagle" in spec.methods and spec.eagle_head is None:
         spec = replace(spec, eagle_head=str(cached_eagle_head(options.model, options.dtypes[0], spec, tokenizer)))
-    section: dict = {"dtype": options.dtypes[0], "num_speculative_tokens": spec.num_speculative_tokens,
+    section: dict = {"dtype": options.dtypes[0], "num_speculative_tokens": {m: draft_length_cap(spec, m) for m in spec.methods},
                      "draft_model": spec.draft_model, "draft_dtype": spec.draft_dtype, "medusa_heads": spec.medusa_heads,
                      "eagle_head": spec.eagle_head, "batch1": {}, "batch_sweep": {}}
     for name in SPEC_WORKLOADS:
         workload = build_spec_workload(name, tokenizer, options.seed, spec.num_prompts, spec.output_len)
         runs = _interleave(options, f"spec batch1 {name}", _runners(options, spec, workload, 1, spec.methods))
         section["batch1"][name] = dict(_entry(runs), prompt_len=workload.params["prompt_len"], output_len=spec.output_len,
-                                       lookup_ceiling=_lookup_ceiling(workload, runs["plain"], spec.num_speculative_tokens))
+                                       lookup_ceiling=_lookup_ceiling(workload, runs["plain"], draft_length_cap(spec, "ngram")))
     sweep_size = max(spec.batch_sizes, default=0)
     if sweep_size > 1:
         grounded = build_spec_workload("code-edit", tokenizer, options.seed + 1, sweep_size, spec.output_len)
@@ -217,7 +222,7 @@ def _bench_sibling(options: BenchOptions, spec: SpecBenchOptions, pair: SiblingP
         workload = build_spec_workload(name, tokenizer, options.seed, spec.num_prompts, spec.output_len)
         runs = _interleave(target_options, f"spec sibling {name}", _runners(target_options, pair_spec, workload, 1, SIBLING_METHODS))
         batch1[name] = dict(_entry(runs), prompt_len=workload.params["prompt_len"], output_len=spec.output_len,
-                            lookup_ceiling=_lookup_ceiling(workload, runs["plain"], spec.num_speculative_tokens))
+                            lookup_ceiling=_lookup_ceiling(workload, runs["plain"], draft_length_cap(spec, "ngram")))
     return {"target": pair.target, "draft": pair.draft, "dtype": pair.dtype, "repeats": repeats, "batch1": batch1}
 
 
@@ -228,7 +233,7 @@ def cached_medusa_heads(model: str, dtype: str, spec: SpecBenchOptions, tokenize
     from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_heads_for
 
     target = loaded_weights(model, dtype).model
-    config = MedusaTrainingConfig(num_heads=spec.num_speculative_tokens, steps=spec.medusa_train_steps, steps_per_batch=4,
+    config = MedusaTrainingConfig(num_heads=draft_length_cap(spec, "medusa"), steps=spec.medusa_train_steps, steps_per_batch=4,
                                   self_generated=spec.train_replies)
     name = (f"{model_identity(target).key}-{config.num_heads}heads-{config.steps}steps-{config.steps_per_batch}perbatch"
             f"-{config.self_generated}replies")
@@ -313,7 +318,7 @@ def plot_acceptance(section: dict, path: Path) -> Path:
         ax.set_xlabel("drafted tokens kept per verification")
         ax.set_ylabel("share of verifications")
         ax.legend(fontsize=7)
-    fig.suptitle(f"ember speculative decoding, batch 1, greedy (K={section['num_speculative_tokens']})")
+    fig.suptitle(f"ember speculative decoding, batch 1, greedy ({draft_lengths_text(section)})")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -323,7 +328,7 @@ def plot_acceptance(section: dict, path: Path) -> Path:
 
 def format_spec_section(section: dict) -> str:
     """Plain-text table of the section for the terminal."""
-    lines = [f"speculative decoding (dtype {section['dtype']}, K={section['num_speculative_tokens']})", "", "batch 1, greedy:"]
+    lines = [f"speculative decoding (dtype {section['dtype']}, {draft_lengths_text(section)})", "", "batch 1, greedy:"]
     lines += _batch1_lines(section["batch1"])
     if "sibling" in section:
         sibling = section["sibling"]
@@ -342,6 +347,14 @@ def format_spec_section(section: dict) -> str:
     if "plot" in section:
         lines.append(f"acceptance histogram: {section['plot']}")
     return "\n".join(lines)
+
+
+def draft_lengths_text(section: dict) -> str:
+    """'K=4' where every proposer ran one K (and in results before per-proposer K), else 'K: ngram 8, draft 4'."""
+    caps = section["num_speculative_tokens"]
+    if isinstance(caps, int) or len(set(caps.values())) == 1:
+        return f"K={caps if isinstance(caps, int) else next(iter(caps.values()))}"
+    return "K: " + ", ".join(f"{method} {k}" for method, k in caps.items())
 
 
 def ceiling_text(entry: dict) -> str:

@@ -4,7 +4,7 @@ Batch 1, greedy, chat prompts that ask for a JSON description of an item. Five v
 engine, interleaved per repeat: free text, `json_object`, a `json_schema` of the fields the prompt
 names, and that schema again on an engine that has run the workload once untimed (a server that has
 served the schema before; its prompts also come from the prefix cache, so only its decode compares),
-without and with n-gram speculation (K=4, adaptive: the keys the prompt names can be copied).
+without and with n-gram speculation (the engine's K, adaptive: the keys the prompt names can be copied).
 Each run builds a fresh engine, so the first request of a cold run pays for the vocabulary's byte
 trie (in its TTFT, reported for that request: the later ones queue behind it at batch 1) and for the
 masks of the recogniser states it meets first (in its decode). Each constrained output is checked:

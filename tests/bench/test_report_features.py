@@ -286,3 +286,12 @@ def test_a_quantized_checkpoint_is_said_to_be_re_quantized_by_every_method_and_a
     section = quant_section()
     section["rows"][1]["bytes_per_parameter"] = 2.0  # a bfloat16 checkpoint
     assert "The checkpoint is quantized" not in report.render_markdown(dict(feature_results(), quant=section))
+
+
+def test_the_spec_section_names_each_proposers_draft_length_cap_where_they_differ():
+    section = dict(spec_section(), num_speculative_tokens={"ngram": 8, "draft": 4, "medusa": 4})
+    text = report.render_markdown(dict(feature_results(), spec=section))
+    assert "target dtype float32, K: ngram 8, draft 4, medusa 4 with adaptive K" in text
+    same = dict(spec_section(), num_speculative_tokens={"ngram": 4, "draft": 4})
+    assert "target dtype float32, K=4 with adaptive K" in report.render_markdown(dict(feature_results(), spec=same))
+    assert "target dtype float32, K=4 with adaptive K" in report.render_markdown(feature_results())  # results before per-proposer K

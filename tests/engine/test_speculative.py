@@ -165,6 +165,12 @@ def test_speculative_config_names_the_fix_for_bad_settings():
         SpeculativeConfig(method="ngram", eagle_head="heads")
 
 
+def test_a_lookup_drafts_deeper_than_a_priced_proposer_unless_told():
+    assert SpeculativeConfig(method="ngram").num_speculative_tokens == 8
+    assert SpeculativeConfig(method="draft", draft_model="m").num_speculative_tokens == 4
+    assert SpeculativeConfig(method="ngram", num_speculative_tokens=3).num_speculative_tokens == 3
+
+
 def _fresh_sequence(prompt_len: int) -> Sequence:
     params = SamplingParams(temperature=0, max_tokens=8)
     prompt = [1] * prompt_len
