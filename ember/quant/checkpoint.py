@@ -60,7 +60,8 @@ def write_quantized(
 
 
 def checkpoint_tensors(model: nn.Module, config: ModelConfig, blocks: dict[str, Quantized]) -> dict[str, torch.Tensor | Quantized]:
-    """Checkpoint-named tensors: blocks where quantized, float elsewhere, fused projections split back into parts."""
+    """Checkpoint-named tensors: blocks where quantized, float elsewhere; a fused projection under its own name and
+    split back into its parts (views), as a writer finds either in its source (Llama's q/k/v, Phi-3's qkv_proj)."""
     named: dict[str, torch.Tensor | Quantized] = {}
     for name, tensor in [*model.state_dict().items(), *blocks.items()]:
         if isinstance(tensor, torch.Tensor) and name in blocks:
@@ -70,9 +71,9 @@ def checkpoint_tensors(model: nn.Module, config: ModelConfig, blocks: dict[str, 
 
 
 def _split_fused(name: str, tensor: torch.Tensor | Quantized, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor | Quantized]]:
+    yield name, tensor
     prefix, fused, kind = _name_parts(name)
     if fused not in FUSED_PARTS:
-        yield name, tensor
         return
     kv = config.num_kv_heads * config.head_dim
     sizes = [config.num_heads * config.head_dim, kv, kv] if fused == "qkv_proj" else [config.intermediate_size] * 2

@@ -28,6 +28,7 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
+from ember.models.llama import LLAMA_ARCHITECTURES
 from ember.quant.alpha_search import search_alpha
 from ember.quant.awq import awq_clipped_ranges, awq_scales
 from ember.quant.calibration import Calibration, InputStats
@@ -39,7 +40,6 @@ from ember.quant.grid import BlockGrid
 from ember.quant.int8_channel import Int8ChannelTensor, quantize_weight
 from ember.quant.smoothquant import apply_smoothing
 
-LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 EMBEDDING_GRID = BlockGrid(bits=8, group_size=32)
 FLOAT_CODE_QUANTIZERS = {"nf4": quantize_nf4, "fp8": quantize_fp8}
@@ -68,8 +68,8 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
     engine = _float_engine(config)
     model = engine.runner.model
     restore_dense_weights(model)  # AWQ scales the weights in place, GPTQ writes them back, and every method reads them dense
-    if engine.model_config.architecture not in LLAMA_FAMILY:
-        raise ValueError(f"ember quantize runs the Llama family ({', '.join(LLAMA_FAMILY)}); {config.model} is {engine.model_config.architecture}")
+    if engine.model_config.architecture not in LLAMA_ARCHITECTURES:
+        raise ValueError(f"ember quantize runs the Llama family ({', '.join(LLAMA_ARCHITECTURES)}); {config.model} is {engine.model_config.architecture}")
     names = [f"model.layers.{i}.{linear}" for i in range(len(model.model.layers)) for linear in LINEARS]
     notes: dict = {}
     with Progress(disable=not show_progress) as progress:
