@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "gemma3")
+# GGUF architecture -> ember's (transformers') name where they differ; one not listed and not below runs as "llama"
+_GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text"}
+_GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "gemma", "gemma2")
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma",
                       "gemma2", "gemma3_text", "falcon")
 
@@ -190,8 +194,8 @@ class ModelConfig:
         scaling = None
         if key("rope.scaling.type") == "linear":
             scaling = RopeScaling(kind="linear", factor=float(key("rope.scaling.factor", 1.0)))
-        return cls(
-            architecture=arch if arch in ("qwen2", "qwen3", "phi3") else "llama",
+        config = cls(
+            architecture=_GGUF_ARCHITECTURE_NAMES.get(arch, arch if arch in _GGUF_OWN_ARCHITECTURES else "llama"),
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=key("feed_forward_length"),
@@ -208,6 +212,7 @@ class ModelConfig:
             qk_norm=arch == "qwen3",
             layer_windows=(int(window),) * key("block_count") if window else None,
         )
+        return replace(config, **_gguf_gemma_extras(arch, key, hidden // num_heads)) if arch.startswith("gemma") else config
 
 
 def _hf_rope_theta(config: dict[str, Any]) -> float:
@@ -359,6 +364,25 @@ def _gemma2_extras(config: dict[str, Any]) -> dict[str, Any]:
         "query_pre_attn_scalar": float(config.get("query_pre_attn_scalar", config.get("head_dim", 256))),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)),
         "hidden_act": config.get("hidden_activation") or "gelu_pytorch_tanh",
+    }
+
+
+def _gguf_gemma_extras(arch: str, key: Callable[..., Any], hidden_per_head: int) -> dict[str, Any]:
+    """A Gemma GGUF's settings as llama.cpp reads them: GeGLU, soft-caps where the file names them, Gemma 2's
+    every other layer sliding and Gemma 3's five of six (its sliding layers rotating with base 10,000), queries scaled
+    by head_dim, except in the 27B models (46 and 62 layers), scaled by hidden / heads."""
+    num_layers, head_dim = key("block_count"), key("attention.key_length")
+    window = key("attention.sliding_window") if arch != "gemma" else None
+    pattern = {"gemma2": 2, "gemma3": key("attention.sliding_window_pattern", 6)}.get(arch)
+    is_27b = (arch, num_layers) in (("gemma2", 46), ("gemma3", 62))
+    return {
+        "hidden_act": "gelu_pytorch_tanh",
+        "attn_logit_softcap": key("attn_logit_softcapping"),
+        "final_logit_softcap": key("final_logit_softcapping"),
+        "query_pre_attn_scalar": float(hidden_per_head if is_27b else head_dim),
+        "qk_norm": arch == "gemma3",
+        "local_rope_theta": 10_000.0 if arch == "gemma3" else None,
+        "layer_windows": tuple(int(window) if (i + 1) % pattern else None for i in range(num_layers)) if window and pattern else None,
     }
 
 

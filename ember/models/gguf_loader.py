@@ -56,8 +56,13 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# Parts an architecture names differently: phi3's ffn_up holds gate and up fused, gate first (the packed layer's order).
-_ARCHITECTURE_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}}
+# Parts an architecture names differently: phi3's ffn_up holds gate and up fused, gate first (the packed layer's order);
+# Gemma 2 and 3 norm the attention's output and both sides of the MLP (ffn_norm is the norm before it).
+_GEMMA2_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                       "post_ffw_norm": "post_feedforward_layernorm"}
+_ARCHITECTURE_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}, "gemma2": _GEMMA2_LAYER_NAMES, "gemma3_text": _GEMMA2_LAYER_NAMES}
+# llama.cpp's converter stores Gemma's (1 + weight) norms as 1 + weight; ember's norms hold transformers' weight.
+_UNIT_OFFSET_NORM_ARCHITECTURES = ("gemma", "gemma2", "gemma3_text")
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -159,6 +164,8 @@ def iter_gguf_tensors(
         else:
             values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
             values = values.reshape([int(d) for d in reversed(tensor.shape)])
+        if config.architecture in _UNIT_OFFSET_NORM_ARCHITECTURES and tensor.name.endswith("norm.weight"):
+            values = values - 1
         if permute_rope and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
             values = unpermute_rope(values, config.num_heads)
         elif permute_rope and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):

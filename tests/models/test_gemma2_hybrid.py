@@ -94,3 +94,108 @@ def test_a_gemma3_config_in_transformers_4s_spelling_reads_the_same():
     assert old == new
     assert new.layer_windows == (12, 12, 12, 12, 12, None, 12)
     assert (new.rope_theta, new.local_rope_theta) == (1_000_000.0, 10_000.0)
+
+
+# transformers' Gemma names -> llama.cpp's GGUF names (its converter's table), per block and for the whole model
+_GEMMA_GGUF_PARTS = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                     "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+                     "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                     "mlp.down_proj": "ffn_down", "pre_feedforward_layernorm": "ffn_norm",
+                     "post_feedforward_layernorm": "post_ffw_norm"}
+_GEMMA_GGUF_GLOBALS = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+
+
+def _gemma_gguf_name(name: str, architecture: str) -> str:
+    if name in _GEMMA_GGUF_GLOBALS:
+        return _GEMMA_GGUF_GLOBALS[name]
+    _, _, layer, rest = name.split(".", 3)
+    part, kind = rest.rsplit(".", 1)
+    if part == "post_attention_layernorm":  # Gemma (1): the norm before the MLP; Gemma 2 and 3: after attention
+        return f"blk.{layer}.{'ffn_norm' if architecture == 'gemma' else 'post_attention_norm'}.{kind}"
+    return f"blk.{layer}.{_GEMMA_GGUF_PARTS[part]}.{kind}"
+
+
+def write_gemma_gguf(folder, path, architecture: str, qtype=None) -> None:
+    """The HF Gemma model in `folder` as llama.cpp's converter writes it: its names, every norm stored as 1 + weight,
+    the head tied (no output tensor), soft-caps and the window as metadata; matrices in `qtype` (None: float32)."""
+    from gguf import GGUFWriter
+    from gguf.quants import quantize
+
+    reference = load_reference(folder)
+    config = reference.config
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    rope = config.rope_parameters
+    writer.add_rope_freq_base(rope["full_attention"]["rope_theta"] if "full_attention" in rope else rope["rope_theta"])
+    if architecture != "gemma":
+        writer.add_sliding_window(config.sliding_window)
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, key, None) is not None:
+            writer.add_float32(f"{architecture}.{key}", getattr(config, key))
+    for name, tensor in reference.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied to the embedding
+        values = tensor.float().numpy()
+        if name.endswith("norm.weight"):
+            values = values + 1
+        if qtype is None or values.ndim == 1:
+            writer.add_tensor(_gemma_gguf_name(name, architecture), values)
+        else:
+            raw = quantize(values, qtype)
+            writer.add_tensor(_gemma_gguf_name(name, architecture), raw, raw_shape=raw.shape, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize(("folder_fixture", "architecture"), [("gemma_folder", "gemma"), ("model_folder", "gemma2"),
+                                                               ("gemma3_folder", "gemma3")])
+def test_a_gemma_gguf_as_llama_cpp_writes_it_matches_transformers(request, tmp_path, folder_fixture, architecture):
+    folder = request.getfixturevalue(folder_fixture)
+    write_gemma_gguf(folder, tmp_path / "model.gguf", architecture)
+    assert_prompt_logits_match(tmp_path / "model.gguf", load_reference(folder), make_prompts(VOCAB))
+
+
+def test_a_quantized_gemma2_gguf_runs_in_its_blocks_like_its_float_copy(model_folder, tmp_path):
+    from gguf import GGMLQuantizationType
+
+    from ember.engine.sampling_params import SamplingParams
+    from ember.llm import LLM
+    from ember.quant.ggml_layers import GGMLLinear
+
+    path = tmp_path / "q8.gguf"
+    write_gemma_gguf(model_folder, path, "gemma2", GGMLQuantizationType.Q8_0)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompt = make_prompts(VOCAB)[1]
+    in_blocks = LLM(str(path), dtype="auto", quant_activations="float32")
+    assert any(isinstance(m, GGMLLinear) for m in in_blocks.engine.runner.model.modules())
+    floats = LLM(str(path), dtype="float32")
+    assert in_blocks.generate([prompt], params)[0].outputs[0].token_ids == floats.generate([prompt], params)[0].outputs[0].token_ids
+
+
+def test_gemma_gguf_metadata_reads_as_llama_cpp_reads_it():
+    """Gemma 2's even layers slide, Gemma 3's five of six (its sliding ones at base 10,000); queries scale by head_dim,
+    by hidden / heads in the 27B models (llama.cpp's rule: their files do not say)."""
+    from ember.models.config import ModelConfig
+
+    def read(arch: str, num_layers: int) -> ModelConfig:
+        metadata = {"general.architecture": arch, f"{arch}.block_count": num_layers, f"{arch}.embedding_length": 4608,
+                    f"{arch}.attention.head_count": 32, f"{arch}.attention.key_length": 128, f"{arch}.feed_forward_length": 64,
+                    f"{arch}.attention.sliding_window": 4096, f"{arch}.vocab_size": 256}
+        return ModelConfig.from_gguf(metadata, has_output_tensor=False)
+
+    gemma2, gemma3, big = read("gemma2", 4), read("gemma3", 7), read("gemma2", 46)
+    assert gemma2.architecture == "gemma2" and gemma2.layer_windows == (4096, None, 4096, None)
+    assert gemma3.architecture == "gemma3_text" and gemma3.layer_windows == (4096,) * 5 + (None, 4096)
+    assert gemma3.qk_norm and gemma3.local_rope_theta == 10_000.0 and gemma2.local_rope_theta is None
+    assert (gemma2.query_pre_attn_scalar, big.query_pre_attn_scalar) == (128.0, 144.0)
+    assert read("gemma", 2).layer_windows is None and read("gemma", 2).hidden_act == "gelu_pytorch_tanh"
