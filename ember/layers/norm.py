@@ -19,7 +19,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ops = load_elementwise()
-        fused = ops.rms_norm(x, self.weight, self.eps) if ops is not None else None
+        # Contiguous first: the bits must not follow the layout (a Qwen3 rank's one key head per token is a strided
+        # view, which would fall back to torch's rms_norm and round otherwise than the compiled op).
+        fused = ops.rms_norm(x.contiguous(), self.weight, self.eps) if ops is not None else None
         return fused[0] if fused is not None else self.reference(x)
 
     def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,7 @@ from ember.layers.sequence_parallel import (
 from ember.models.config import ModelConfig
 from ember.parallel.communicator import Communicator
 
-TENSOR_PARALLEL_ARCHITECTURES = ("llama", "qwen2", "mistral")
+TENSOR_PARALLEL_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3")
 
 # Checkpoint (transformers) name of a projection -> which split of its output rows (column) or input columns (row).
 _COLUMN_PARALLEL = {
@@ -50,6 +50,7 @@ _COLUMN_PARALLEL = {
 }
 _ROW_PARALLEL = {"self_attn.o_proj": "query", "mlp.down_proj": "inner"}
 _VOCAB_PARALLEL = ("model.embed_tokens.weight", "lm_head.weight")
+_HEAD_NORMS = ("self_attn.q_norm", "self_attn.k_norm")  # Qwen3's norms over each head: a rank's own heads, not split by tokens
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,7 @@ class TensorParallelShard(ModelShard):
         for name, module in list(model.named_modules()):
             if any(name.endswith(suffix) for suffix in _ROW_PARALLEL):
                 new: nn.Module = SequenceParallelRowLinear(module.in_features, module.out_features, module.bias is not None, communicator, split)
-            elif isinstance(module, RMSNorm):
+            elif isinstance(module, RMSNorm) and not name.endswith(_HEAD_NORMS):
                 new = SequenceParallelRMSNorm(config.hidden_size, config.rms_norm_eps, communicator, split)
             elif name == "model.embed_tokens":
                 new = SequenceParallelEmbedding(vocab.start, vocab.size, config.hidden_size, communicator, split)

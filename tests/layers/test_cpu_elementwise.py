@@ -45,6 +45,16 @@ def test_rms_norm_declines_what_it_cannot_take(ops):
     assert ops.rms_norm(torch.randn(2, 8), weight, 1e-5, delta=torch.randn(1, 8)) is None
 
 
+def test_rms_norm_gives_the_same_bits_whatever_the_inputs_layout(ops):
+    """One key head a token, read out of a fused projection, is a strided view (a Qwen3 tensor-parallel rank's keys):
+    its norm must round as the contiguous rows do, or one process and its ranks drift apart."""
+    norm = make_norm(16, torch.float32)
+    fused = torch.randn(37, 4, 16)
+    keys = fused[:, 2:3].reshape(-1, 16)  # a view with rows 64 floats apart
+    assert not keys.is_contiguous()
+    assert torch.equal(norm(keys), norm(keys.contiguous()))
+
+
 @pytest.mark.parametrize("head_dim", [64, 10])
 def test_rotary_in_place_on_a_strided_view_matches_rotate(ops, head_dim):
     rotary = RotaryEmbedding(head_dim, 512, 10000.0, None)
