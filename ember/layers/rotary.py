@@ -17,11 +17,8 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling |
         return inv_freq
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
-    if scaling.kind == "frequency_factors":
-        if len(scaling.frequency_factors) != inv_freq.numel():
-            raise ValueError(f"{len(scaling.frequency_factors)} rope frequency factors for {inv_freq.numel()} rotation pairs "
-                             f"(head_dim {head_dim}); the checkpoint's rope_freqs does not fit its heads")
-        return inv_freq / torch.tensor(scaling.frequency_factors, dtype=torch.float64, device=inv_freq.device)
+    if scaling.kind in ("frequency_factors", "longrope"):  # longrope: its short factors (`rotation_angles` adds the long)
+        return _divided(inv_freq, scaling.frequency_factors)
     # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
     low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
     high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
@@ -35,6 +32,27 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling |
     return torch.where(is_medium, blended, scaled)
 
 
+def _divided(inv_freq: torch.Tensor, factors: tuple[float, ...]) -> torch.Tensor:
+    if len(factors) != inv_freq.numel():
+        raise ValueError(f"{len(factors)} rope frequency factors for {inv_freq.numel()} rotation pairs "
+                         f"(head_dim {2 * inv_freq.numel()}); the checkpoint's factors do not fit its heads")
+    return inv_freq / torch.tensor(factors, dtype=torch.float64, device=inv_freq.device)
+
+
+def rotation_angles(head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None, device: str = "cpu") -> torch.Tensor:
+    """[max_positions, head_dim / 2] angles: each position times each pair's frequency.
+
+    LongRoPE: the long factors for a context longer than the original, as llama.cpp picks them from its context
+    size. transformers picks them per sequence, from its current length (recomputing a cached one that grows past
+    the original context): the same numbers for any sequence longer than the original context; shorter ones there
+    rotate with the short factors.
+    """
+    inv_freq = rope_inverse_frequencies(head_dim, theta, scaling).to(device)
+    if scaling is not None and scaling.kind == "longrope" and max_positions > scaling.original_max_position_embeddings:
+        inv_freq = _divided(rope_inverse_frequencies(head_dim, theta, None), scaling.long_frequency_factors).to(device)
+    return torch.outer(torch.arange(max_positions, dtype=torch.float64, device=device), inv_freq)
+
+
 class RotaryEmbedding:
     """Rotates queries and keys by their absolute positions; cos/sin tables built once.
 
@@ -46,11 +64,11 @@ class RotaryEmbedding:
     def __init__(
         self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None, device: str = "cpu"
     ) -> None:
-        inv_freq = rope_inverse_frequencies(head_dim, theta, scaling).to(device)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64, device=device), inv_freq)
+        angles = rotation_angles(head_dim, max_positions, theta, scaling, device)
+        magnitude = 1.0 if scaling is None or scaling.kind != "longrope" else scaling.attention_factor
         # Full-width tables ([cos, cos], [sin, sin]) so a rotation is two products and a sum.
-        self.cos = torch.cat((angles.cos(), angles.cos()), dim=-1).float()
-        self.sin = torch.cat((angles.sin(), angles.sin()), dim=-1).float()
+        self.cos = (torch.cat((angles.cos(), angles.cos()), dim=-1) * magnitude).float()
+        self.sin = (torch.cat((angles.sin(), angles.sin()), dim=-1) * magnitude).float()
 
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim] -> both rotated."""

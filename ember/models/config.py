@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -68,9 +69,11 @@ class LatentAttentionConfig:
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Rotary frequency rescaling: "linear" (factor), "llama3" (factor, low/high freq, original ctx) or
+    """Rotary frequency rescaling: "linear" (factor), "llama3" (factor, low/high freq, original ctx),
     "frequency_factors" (each rotation pair's frequency divided by its own factor: a GGUF's `rope_freqs`
-    tensor, which is how llama.cpp's converter stores Llama 3.1's scaling)."""
+    tensor, which is how llama.cpp's converter stores Llama 3.1's scaling) or "longrope" (Phi-3's: positions
+    below the original context divide by `frequency_factors`, the short ones, later positions by
+    `long_frequency_factors`; cos and sin scaled by `attention_factor`)."""
 
     kind: str
     factor: float = 1.0
@@ -78,6 +81,8 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     frequency_factors: tuple[float, ...] = ()
+    long_frequency_factors: tuple[float, ...] = ()
+    attention_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -239,7 +244,22 @@ def _hf_rope_scaling(config: dict[str, Any]) -> RopeScaling | None:
             high_freq_factor=float(scaling["high_freq_factor"]),
             original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
         )
-    raise ValueError(f"rope scaling {kind!r} is not supported; ember handles linear and llama3")
+    if kind == "longrope":
+        return _longrope_scaling(config, scaling)
+    raise ValueError(f"rope scaling {kind!r} is not supported; ember handles linear, llama3 and longrope")
+
+
+def _longrope_scaling(config: dict[str, Any], scaling: dict[str, Any]) -> RopeScaling:
+    """Phi-3's LongRoPE; the attention factor, unless given, as its authors set it from the context's growth."""
+    original = int(scaling.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+                   or config["max_position_embeddings"])
+    factor = float(scaling.get("factor") or config["max_position_embeddings"] / original)
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeScaling(kind="longrope", original_max_position_embeddings=original, attention_factor=float(attention_factor),
+                       frequency_factors=tuple(map(float, scaling["short_factor"])),
+                       long_frequency_factors=tuple(map(float, scaling["long_factor"])))
 
 
 def _hf_layer_windows(config: dict[str, Any]) -> tuple[int | None, ...] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,8 +69,11 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-# Per-pair rotary frequency divisors (Llama 3.1's scaling as llama.cpp's converter writes it): config, not a weight.
+# Per-pair rotary frequency divisors (Llama 3.1's scaling as llama.cpp's converter writes it, and Phi-3's LongRoPE
+# short and long ones): config, not weights.
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
+LONGROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
+ROPE_CONFIG_TENSORS = (ROPE_FREQS_TENSOR, *LONGROPE_TENSORS)
 _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -88,16 +92,29 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     embedding = next((t for t in file.tensors if t.name == "token_embd.weight"), None)
     if embedding is not None:  # the embedding's rows are the vocabulary, whatever the metadata says
         metadata[f"{metadata['general.architecture']}.vocab_size"] = int(embedding.shape[1])
-    if any(t.name.startswith("rope_factors_") for t in file.tensors):
-        raise ValueError("this GGUF scales rotary frequencies per pair (rope_factors_long/short: LongRoPE), which ember does not "
-                         "support; use a variant without it (e.g. Phi-3-mini-4k)")
     has_output = any(t.name == "output.weight" for t in file.tensors)
     config = ModelConfig.from_gguf(metadata, has_output_tensor=has_output)
-    rope_freqs = next((t for t in file.tensors if t.name == ROPE_FREQS_TENSOR), None)
-    if rope_freqs is None:
-        return config
-    factors = dequantize(rope_freqs.data, rope_freqs.tensor_type).astype(np.float64).reshape(-1)
-    return dataclasses.replace(config, rope_scaling=RopeScaling("frequency_factors", frequency_factors=tuple(factors.tolist())))
+    factors = {t.name: tuple(dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1).tolist())
+               for t in file.tensors if t.name in ROPE_CONFIG_TENSORS}
+    if ROPE_FREQS_TENSOR in factors:
+        return dataclasses.replace(config, rope_scaling=RopeScaling("frequency_factors", frequency_factors=factors[ROPE_FREQS_TENSOR]))
+    if any(name in factors for name in LONGROPE_TENSORS):
+        return dataclasses.replace(config, rope_scaling=_gguf_longrope(metadata, config, factors))
+    return config
+
+
+def _gguf_longrope(metadata: dict, config: ModelConfig, factors: dict[str, tuple[float, ...]]) -> RopeScaling:
+    """Phi-3's LongRoPE as llama.cpp's converter stores it: both factor tensors, the original context, the attention factor."""
+    arch = metadata["general.architecture"]
+    missing = [name for name in LONGROPE_TENSORS if name not in factors]
+    if missing:
+        raise ValueError(f"this GGUF's LongRoPE lacks {missing[0]}: it needs both the short and the long factor tensors")
+    original = int(metadata.get(f"{arch}.rope.scaling.original_context_length") or config.max_position_embeddings)
+    growth = config.max_position_embeddings / original
+    computed = 1.0 if growth <= 1.0 else math.sqrt(1 + math.log(growth) / math.log(original))
+    return RopeScaling("longrope", original_max_position_embeddings=original,
+                       attention_factor=float(metadata.get(f"{arch}.rope.scaling.attn_factor") or computed),
+                       frequency_factors=factors[LONGROPE_TENSORS[0]], long_frequency_factors=factors[LONGROPE_TENSORS[1]])
 
 
 def hf_name(gguf_name: str, architecture: str = "llama") -> str:
@@ -138,7 +155,7 @@ def iter_gguf_tensors(
     permute_rope = config.architecture == "llama"
     ember_formats = ember_block_formats(file)
     for tensor in file.tensors:
-        if tensor.name == ROPE_FREQS_TENSOR:
+        if tensor.name in ROPE_CONFIG_TENSORS:
             continue  # read into the config (read_gguf_config)
         if tensor.tensor_type not in SUPPORTED_TYPES and tensor.name not in ember_formats:
             raise ValueError(

@@ -99,7 +99,7 @@ def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, 
     from gguf import GGMLQuantizationType, GGUFWriter
 
     from ember.gguf_file import GGUFFile
-    from ember.models.gguf_loader import ROPE_FREQS_TENSOR, hf_name
+    from ember.models.gguf_loader import ROPE_CONFIG_TENSORS, hf_name
 
     reader = GGUFFile.open(source)
     writer = GGUFWriter(str(target), reader.metadata["general.architecture"])
@@ -109,7 +109,7 @@ def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, 
     ember_formats = {}
     written = {}
     for source_tensor in reader.tensors:
-        if source_tensor.name == ROPE_FREQS_TENSOR:  # configuration, copied as it is
+        if source_tensor.name in ROPE_CONFIG_TENSORS:  # configuration, copied as it is
             writer.add_tensor(source_tensor.name, np.array(source_tensor.data))
             continue
         name = hf_name(source_tensor.name, config.architecture)

@@ -12,8 +12,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from ember.gguf_file import GGUFFile
-from ember.models.gguf_loader import read_gguf_config, unpermute_rope
+from ember.models.gguf_loader import unpermute_rope
 from ember.models.loader import load_model
 from ember.quant.ggml_blocks import FORMATS
 from ember.quant.ggml_kernels import load_kernels
@@ -223,18 +222,6 @@ def test_a_phi3_gguf_with_fused_projections_and_a_window_matches_transformers_an
     write_gguf(folder, tmp_path / "q8.gguf", T.Q8_0, np.random.default_rng(0), architecture="phi3")
     in_blocks = _greedy_tokens(tmp_path / "q8.gguf", "auto", "float32")  # the fused projections in their blocks
     assert len(in_blocks) == 10 and in_blocks == _greedy_tokens(tmp_path / "q8.gguf", "float32", "float32")
-
-
-def test_a_longrope_gguf_is_refused_by_name(tmp_path):
-    path = tmp_path / "longrope.gguf"
-    writer = GGUFWriter(str(path), "phi3")
-    writer.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(ValueError, match="LongRoPE"):
-        read_gguf_config(GGUFFile.open(path))
 
 
 def _llama3_frequency_factors(head_dim: int, theta: float, factor: float, low: float, high: float, original: int) -> np.ndarray:

@@ -1,0 +1,139 @@
+"""Phi-3's LongRoPE (Phi-3.5-mini, Phi-3-*-128k) against transformers, from an HF folder and from a GGUF.
+
+A tiny context (original 16 of 64 positions: factor 4, attention factor sqrt(1 + ln 4 / ln 16)) so prompts and a
+generation past the original context run in a test. A model whose context reaches past the original one rotates
+with the long factors, as llama.cpp does for such a context; transformers does the same for every sequence longer
+than the original context (recomputing a cached one when it grows past it), so those are compared.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType, GGUFWriter
+
+from ember.gguf_file import GGUFFile
+from ember.models.config import ModelConfig
+from ember.models.gguf_loader import read_gguf_config
+from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
+    assert_prompt_logits_match,
+    load_reference,
+    reference_greedy,
+    save_random_model,
+    single_thread_torch,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
+
+VOCAB, ORIGINAL, HEAD_DIM = 256, 16, 16
+PROMPTS = [[5, 9, 14, 200, 3, 77, 8, 8, 40, 41, 7, 7, 90, 91, 92, 3, 200], list(range(30, 70))]  # past the original 16
+
+
+@pytest.fixture(scope="module")
+def longrope_folder(tmp_path_factory):
+    generator = torch.Generator().manual_seed(3)
+    short, long = (1 + torch.rand(HEAD_DIM // 2, generator=generator)).tolist(), (2 + 6 * torch.rand(HEAD_DIM // 2, generator=generator)).tolist()
+    config = transformers.Phi3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=ORIGINAL,
+                                     rope_scaling={"rope_type": "longrope", "short_factor": short, "long_factor": long},
+                                     pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=None)
+    return save_random_model(transformers.Phi3ForCausalLM, config, tmp_path_factory.mktemp("longrope"))
+
+
+def _greedy(path, prompt: list[int], num_tokens: int) -> list[int]:
+    from ember.engine.sampling_params import SamplingParams
+    from ember.llm import LLM
+
+    llm = LLM(str(path), block_size=4, num_kv_blocks=64)
+    return llm.generate([prompt], SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True))[0].outputs[0].token_ids
+
+
+def test_longrope_config_reads_both_factor_sets_and_the_attention_factor(longrope_folder):
+    scaling = ModelConfig.from_hf(transformers.AutoConfig.from_pretrained(longrope_folder).to_dict()).rope_scaling
+    assert scaling.kind == "longrope" and scaling.original_max_position_embeddings == ORIGINAL
+    assert len(scaling.frequency_factors) == len(scaling.long_frequency_factors) == HEAD_DIM // 2
+    assert scaling.attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(ORIGINAL)))
+
+
+def test_an_hf_longrope_model_matches_transformers_past_the_original_context(longrope_folder):
+    reference = load_reference(longrope_folder)
+    assert_prompt_logits_match(longrope_folder, reference, PROMPTS)
+    assert _greedy(longrope_folder, PROMPTS[0], 30) == reference_greedy(reference, PROMPTS[0], 30)
+
+
+def test_a_context_within_the_original_one_rotates_with_the_short_factors():
+    from ember.layers.rotary import rope_inverse_frequencies, rotation_angles
+    from ember.models.config import RopeScaling
+
+    scaling = RopeScaling("longrope", original_max_position_embeddings=16, frequency_factors=(1.0, 2.0),
+                          long_frequency_factors=(4.0, 8.0))
+    plain = rope_inverse_frequencies(4, 10_000.0, None)
+    assert torch.allclose(rotation_angles(4, 16, 10_000.0, scaling)[3], 3 * plain / torch.tensor([1.0, 2.0], dtype=torch.float64))
+    assert torch.allclose(rotation_angles(4, 17, 10_000.0, scaling)[3], 3 * plain / torch.tensor([4.0, 8.0], dtype=torch.float64))
+
+
+def write_longrope_gguf(folder, path) -> None:
+    """The HF Phi-3 in `folder` as llama.cpp's converter writes a LongRoPE model: fused q/k/v and gate/up, the factors as
+    rope_factors_short / rope_factors_long tensors, the original context and the attention factor as metadata."""
+    reference = load_reference(folder)
+    config = reference.config
+    rope = config.rope_parameters
+    writer = GGUFWriter(str(path), "phi3")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_rope_scaling_orig_ctx_len(ORIGINAL)
+    writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(4) / math.log(ORIGINAL)))
+    writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    parts = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.qkv_proj": "attn_qkv",
+             "self_attn.o_proj": "attn_output", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, tensor in reference.state_dict().items():
+        if name not in names:
+            _, _, layer, rest = name.split(".", 3)
+            part, kind = rest.rsplit(".", 1)
+            names[name] = f"blk.{layer}.{parts[part]}.{kind}"
+        writer.add_tensor(names[name], tensor.float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_longrope_gguf_matches_transformers_past_the_original_context(longrope_folder, tmp_path):
+    path = tmp_path / "phi3.gguf"
+    write_longrope_gguf(longrope_folder, path)
+    ours, theirs = read_gguf_config(GGUFFile.open(path)).rope_scaling, ModelConfig.from_hf(
+        transformers.AutoConfig.from_pretrained(longrope_folder).to_dict()).rope_scaling
+    assert ours.kind == "longrope" and ours.original_max_position_embeddings == ORIGINAL
+    assert ours.attention_factor == pytest.approx(theirs.attention_factor)
+    assert ours.long_frequency_factors == pytest.approx(theirs.long_frequency_factors)
+    reference = load_reference(longrope_folder)
+    assert_prompt_logits_match(path, reference, PROMPTS)
+    assert _greedy(path, PROMPTS[0], 30) == reference_greedy(reference, PROMPTS[0], 30)
+
+
+def test_a_gguf_with_one_longrope_factor_tensor_is_refused_by_name(tmp_path):
+    path = tmp_path / "half.gguf"
+    writer = GGUFWriter(str(path), "phi3")
+    for key, value in (("block_count", 1), ("embedding_length", 16), ("attention.head_count", 2), ("feed_forward_length", 32)):
+        writer.add_uint32(f"phi3.{key}", value)
+    writer.add_tensor("rope_factors_long.weight", np.ones(4, dtype=np.float32))
+    writer.add_tensor("token_embd.weight", np.zeros((8, 16), dtype=np.float32), raw_dtype=GGMLQuantizationType.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="lacks rope_factors_short.weight"):
+        read_gguf_config(GGUFFile.open(path))
