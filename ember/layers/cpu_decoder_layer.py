@@ -241,6 +241,8 @@ class CompiledDecoderLayer:
         head_norms = [n for n in (weights.q_norm, weights.k_norm) if n is not None]
         if kernel is None or not weights.compilable() or any(n.shape != (shape.head_dim,) for n in head_norms):
             return None
+        if weights.cos.shape[1] != shape.head_dim:  # a partial rotation (Phi-4-mini) stays on the layers' Python path
+            return None
         return cls(kernel, weights, shape)
 
     def __call__(

@@ -62,9 +62,12 @@ class RotaryEmbedding:
     """
 
     def __init__(
-        self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None, device: str = "cpu"
+        self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None, device: str = "cpu",
+        rotary_dim: int | None = None,
     ) -> None:
-        angles = rotation_angles(head_dim, max_positions, theta, scaling, device)
+        # Partial rotary (`rotary_dim` < head_dim): the leading dims rotate in their own half-split layout, the rest pass.
+        self.rotary_dim = rotary_dim or head_dim
+        angles = rotation_angles(self.rotary_dim, max_positions, theta, scaling, device)
         magnitude = 1.0 if scaling is None or scaling.kind != "longrope" else scaling.attention_factor
         # Full-width tables ([cos, cos], [sin, sin]) so a rotation is two products and a sum.
         self.cos = (torch.cat((angles.cos(), angles.cos()), dim=-1) * magnitude).float()
@@ -78,9 +81,10 @@ class RotaryEmbedding:
         """x: [tokens, heads, head_dim] rotated by each token's position (any number of heads)."""
         cos = self.cos[positions].unsqueeze(1).to(x.dtype)
         sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated_half * sin
+        rotating, passing = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        half = self.rotary_dim // 2
+        rotated_half = torch.cat((-rotating[..., half:], rotating[..., :half]), dim=-1)
+        return torch.cat((rotating * cos + rotated_half * sin, passing), dim=-1)
 
     def rotate_(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """`rotate` in place (x may be a view into a fused projection's output); returns x."""

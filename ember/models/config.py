@@ -99,6 +99,7 @@ class ModelConfig:
     head_dim: int
     max_position_embeddings: int
     rms_norm_eps: float = 1e-5
+    rotary_dim: int | None = None  # the leading dims of each head that rotate (Phi-4-mini: 3/4 of them); None: all
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own base (unscaled); None: rope_theta
@@ -190,10 +191,8 @@ class ModelConfig:
 
         num_heads = key("attention.head_count")
         hidden = key("embedding_length")
-        head_dim = key("attention.key_length") or key("rope.dimension_count") or hidden // num_heads
-        if arch == "phi3" and head_dim != hidden // num_heads:
-            raise ValueError(f"this phi3 GGUF rotates {head_dim} of each head's {hidden // num_heads} dimensions: partial rotary "
-                             "is not supported (ember rotates whole heads)")
+        head_dim = key("attention.key_length") or (hidden // num_heads if arch == "phi3" else key("rope.dimension_count")) or hidden // num_heads
+        rotary_dim = key("rope.dimension_count") if arch == "phi3" else None  # Phi-4-mini rotates 3/4 of each head
         window = key("attention.sliding_window") if arch == "phi3" else None  # Phi-3 windows every layer, as transformers
         vocab = key("vocab_size") or len(metadata["tokenizer.ggml.tokens"])
         scaling = None
@@ -208,6 +207,7 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=key("attention.head_count_kv") or num_heads,
             head_dim=head_dim,
+            rotary_dim=rotary_dim if rotary_dim and rotary_dim < head_dim else None,
             max_position_embeddings=key("context_length", 4096),
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(key("rope.freq_base", 10000.0)),
@@ -421,13 +421,15 @@ def _gemma3_extras(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _phi3_extras(config: dict[str, Any]) -> dict[str, Any]:
-    """Phi-3 is the Llama block (its checkpoint stores q/k/v and gate/up fused, in the packed layers' order); a
-    rotation of only part of each head (Phi-4-mini) is not."""
+    """Phi-3 is the Llama block (its checkpoint stores q/k/v and gate/up fused, in the packed layers' order); Phi-4-mini
+    rotates only the leading `partial_rotary_factor` of each head."""
     parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
     partial = float(config.get("partial_rotary_factor") or parameters.get("partial_rotary_factor") or 1.0)
-    if partial != 1.0:
-        raise ValueError(f"partial_rotary_factor {partial} is not supported: ember rotates whole heads")
-    return {}
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(f"partial_rotary_factor {partial} rotates {rotary_dim} of {head_dim} dims: an even number is needed")
+    return {"rotary_dim": rotary_dim if rotary_dim < head_dim else None}
 
 
 _FAMILY_EXTRAS = {

@@ -88,7 +88,8 @@ class DecoderForCausalLM(nn.Module, ABC):
     def make_rotary(self) -> Any:
         """The rotary embedding every layer shares (Llama's half-split layout over head_dim)."""
         config = self.config
-        return RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
+        return RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling,
+                               rotary_dim=config.rotary_dim)
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         """What each layer's KV cache holds; the runner allocates from this."""

@@ -1,4 +1,5 @@
-"""Phi-3's LongRoPE (Phi-3.5-mini, Phi-3-*-128k) against transformers, from an HF folder and from a GGUF.
+"""Phi-3's LongRoPE (Phi-3.5-mini, Phi-3-*-128k) and partial rotary (Phi-4-mini: 3/4 of each head rotates) against
+transformers, from an HF folder and from a GGUF.
 
 A tiny context (original 16 of 64 positions: factor 4, attention factor sqrt(1 + ln 4 / ln 16)) so prompts and a
 generation past the original context run in a test. A model whose context reaches past the original one rotates
@@ -35,13 +36,25 @@ PROMPTS = [[5, 9, 14, 200, 3, 77, 8, 8, 40, 41, 7, 7, 90, 91, 92, 3, 200], list(
 
 @pytest.fixture(scope="module")
 def longrope_folder(tmp_path_factory):
+    return _save_phi3(tmp_path_factory.mktemp("longrope"), partial_rotary_factor=1.0)
+
+
+@pytest.fixture(scope="module")
+def partial_folder(tmp_path_factory):
+    """Phi-4-mini's shape of rotation: LongRoPE over the leading 12 of each head's 16 dims."""
+    return _save_phi3(tmp_path_factory.mktemp("partial"), partial_rotary_factor=0.75)
+
+
+def _save_phi3(folder, partial_rotary_factor: float):
+    rotary_dim = int(HEAD_DIM * partial_rotary_factor)
     generator = torch.Generator().manual_seed(3)
-    short, long = (1 + torch.rand(HEAD_DIM // 2, generator=generator)).tolist(), (2 + 6 * torch.rand(HEAD_DIM // 2, generator=generator)).tolist()
+    short, long = (1 + torch.rand(rotary_dim // 2, generator=generator)).tolist(), (2 + 6 * torch.rand(rotary_dim // 2, generator=generator)).tolist()
     config = transformers.Phi3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                      num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=ORIGINAL,
                                      rope_scaling={"rope_type": "longrope", "short_factor": short, "long_factor": long},
-                                     pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=None)
-    return save_random_model(transformers.Phi3ForCausalLM, config, tmp_path_factory.mktemp("longrope"))
+                                     partial_rotary_factor=partial_rotary_factor, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                     sliding_window=None)
+    return save_random_model(transformers.Phi3ForCausalLM, config, folder)
 
 
 def _greedy(path, prompt: list[int], num_tokens: int) -> list[int]:
@@ -59,10 +72,20 @@ def test_longrope_config_reads_both_factor_sets_and_the_attention_factor(longrop
     assert scaling.attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(ORIGINAL)))
 
 
-def test_an_hf_longrope_model_matches_transformers_past_the_original_context(longrope_folder):
-    reference = load_reference(longrope_folder)
-    assert_prompt_logits_match(longrope_folder, reference, PROMPTS)
-    assert _greedy(longrope_folder, PROMPTS[0], 30) == reference_greedy(reference, PROMPTS[0], 30)
+@pytest.mark.parametrize("folder_fixture", ["longrope_folder", "partial_folder"])
+def test_an_hf_longrope_model_matches_transformers_past_the_original_context(request, folder_fixture):
+    folder = request.getfixturevalue(folder_fixture)
+    reference = load_reference(folder)
+    assert_prompt_logits_match(folder, reference, PROMPTS)
+    assert _greedy(folder, PROMPTS[0], 30) == reference_greedy(reference, PROMPTS[0], 30)
+
+
+def test_a_partial_rotation_reads_its_dims_and_an_odd_one_is_refused_by_name(partial_folder):
+    config = ModelConfig.from_hf(transformers.AutoConfig.from_pretrained(partial_folder).to_dict())
+    assert (config.head_dim, config.rotary_dim) == (HEAD_DIM, 12)
+    odd = dict(transformers.AutoConfig.from_pretrained(partial_folder).to_dict(), partial_rotary_factor=0.5625)  # 9 of 16
+    with pytest.raises(ValueError, match="partial_rotary_factor 0.5625 rotates 9 of 16"):
+        ModelConfig.from_hf(odd)
 
 
 def test_a_context_within_the_original_one_rotates_with_the_short_factors():
@@ -89,7 +112,7 @@ def write_longrope_gguf(folder, path) -> None:
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_rope_dimension_count(int(HEAD_DIM * getattr(config, "partial_rotary_factor", 1.0)))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_rope_scaling_orig_ctx_len(ORIGINAL)
@@ -111,15 +134,17 @@ def write_longrope_gguf(folder, path) -> None:
     writer.close()
 
 
-def test_a_longrope_gguf_matches_transformers_past_the_original_context(longrope_folder, tmp_path):
+@pytest.mark.parametrize("folder_fixture", ["longrope_folder", "partial_folder"])
+def test_a_longrope_gguf_matches_transformers_past_the_original_context(request, tmp_path, folder_fixture):
+    folder = request.getfixturevalue(folder_fixture)
     path = tmp_path / "phi3.gguf"
-    write_longrope_gguf(longrope_folder, path)
-    ours, theirs = read_gguf_config(GGUFFile.open(path)).rope_scaling, ModelConfig.from_hf(
-        transformers.AutoConfig.from_pretrained(longrope_folder).to_dict()).rope_scaling
-    assert ours.kind == "longrope" and ours.original_max_position_embeddings == ORIGINAL
-    assert ours.attention_factor == pytest.approx(theirs.attention_factor)
-    assert ours.long_frequency_factors == pytest.approx(theirs.long_frequency_factors)
-    reference = load_reference(longrope_folder)
+    write_longrope_gguf(folder, path)
+    ours, theirs = read_gguf_config(GGUFFile.open(path)), ModelConfig.from_hf(transformers.AutoConfig.from_pretrained(folder).to_dict())
+    assert (ours.head_dim, ours.rotary_dim) == (theirs.head_dim, theirs.rotary_dim)
+    assert ours.rope_scaling.kind == "longrope" and ours.rope_scaling.original_max_position_embeddings == ORIGINAL
+    assert ours.rope_scaling.attention_factor == pytest.approx(theirs.rope_scaling.attention_factor)
+    assert ours.rope_scaling.long_frequency_factors == pytest.approx(theirs.rope_scaling.long_frequency_factors)
+    reference = load_reference(folder)
     assert_prompt_logits_match(path, reference, PROMPTS)
     assert _greedy(path, PROMPTS[0], 30) == reference_greedy(reference, PROMPTS[0], 30)
 
