@@ -35,6 +35,7 @@ from ember.layers.sampler import SampledToken, Sampler
 from ember.models.config import ModelConfig
 from ember.models.loader import LoadedModel, compute_dtype, load_model
 from ember.models.registry import resolve_model
+from ember.quant.ggml_kernels import MAX_GEMV_ROWS
 from ember.quant.ggml_layers import set_activations
 from ember.tokenizers.base import Tokenizer
 
@@ -116,6 +117,7 @@ class LLMEngine:
         loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress)
         num_ggml_layers = set_activations(loaded.model, config.quant_activations)  # 0 without GGML layers
         self.rounds_activations = rounds_activations(loaded.model, num_ggml_layers, config.quant_activations)
+        self.rows_per_weight_pass = MAX_GEMV_ROWS if num_ggml_layers else None  # decode-sized products run in passes
         self.model_config: ModelConfig = loaded.config
         self.model_name = config.served_model_name or default_model_name(config.model)
         self.tokenizer_source = _tokenizer_source(config, loaded)
@@ -398,7 +400,7 @@ class LLMEngine:
         if spec.method == "ngram":
             from ember.engine.spec.ngram import NgramProposer
 
-            return Speculator(spec, NgramProposer(spec.ngram_max, spec.ngram_min))
+            return Speculator(spec, NgramProposer(spec.ngram_max, spec.ngram_min), self.rows_per_weight_pass)
         if spec.method == "medusa":
             return self._medusa_speculator(target)
         if spec.method == "eagle":
@@ -416,7 +418,7 @@ class LLMEngine:
         cache_dtype = kv_cache_torch_dtype(self.config.cache.kv_cache_dtype)
         proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, self._proposer_generator(),
                                       draft.config.max_position_embeddings, cache_dtype)
-        return Speculator(spec, proposer)
+        return Speculator(spec, proposer, self.rows_per_weight_pass)
 
     def _eagle_speculator(self, target: torch.nn.Module) -> Speculator:
         """An EAGLE-style head checked against the target."""
@@ -427,7 +429,7 @@ class LLMEngine:
         self._refuse_split_lm_head("an EAGLE head reads")
         assert spec.eagle_head is not None  # SpeculativeConfig checked it
         head = load_eagle_head(spec.eagle_head, target)
-        return Speculator(spec, EagleProposer(head, target, self._proposer_generator()))
+        return Speculator(spec, EagleProposer(head, target, self._proposer_generator()), self.rows_per_weight_pass)
 
     def _medusa_speculator(self, target: torch.nn.Module) -> Speculator:
         """Medusa heads checked against the target, drafting at most one token per head."""
@@ -449,7 +451,7 @@ class LLMEngine:
             tree_nodes = 0 if self.rounds_activations else DEFAULT_TREE_NODES
         if not verifies_trees(kv_cache_layout(target), self.workers):
             tree_nodes = 0
-        return Speculator(spec, MedusaProposer(heads, target, self._proposer_generator(), tree_nodes))
+        return Speculator(spec, MedusaProposer(heads, target, self._proposer_generator(), tree_nodes), self.rows_per_weight_pass)
 
     def _refuse_split_lm_head(self, reader: str) -> None:
         """Heads over the target's LM head need all of it, which tensor parallelism splits across ranks."""

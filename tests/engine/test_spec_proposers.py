@@ -197,3 +197,36 @@ def test_a_new_sequence_starts_from_what_every_sequence_has_been_accepting() -> 
     fresh = _timed_speculator(PricedProposer(draft_s=0.013, catch_up_s=0.0))
     assert proven.propose([_decoding(max_tokens=100_000)])["s"].token_ids == [7, 7, 7, 7]
     assert fresh.propose([_decoding(max_tokens=100_000)]) == {}
+
+
+def _decoding_batch(size: int, params: SamplingParams | None = None) -> list[Sequence]:
+    params = params or SamplingParams(temperature=0.0, max_tokens=100)
+    batch = []
+    for i in range(size):
+        seq = Sequence(f"s{i}", Request(f"r{i}", list(range(8)), params), 0, list(range(9)), 8)
+        seq.status = SequenceStatus.RUNNING
+        seq.num_computed_tokens = 8
+        batch.append(seq)
+    return batch
+
+
+def _kept_everything(rows_per_pass: int | None) -> Speculator:
+    speculator = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=8), PricedProposer(draft_s=None, catch_up_s=0.0),
+                            rows_per_pass=rows_per_pass)
+    for _ in range(20):  # every draft kept: adaptive K wants the whole cap
+        speculator.record(_decoding(max_tokens=100), 8, 8)
+    return speculator
+
+
+def test_drafts_fill_the_last_weight_pass_and_never_start_another() -> None:
+    """Products in passes of 8 rows (GGML blocks): 1 + 7 rows at batch 1, 4 x 2 at batch 4, none at batch 8."""
+    def depths(speculator: Speculator, size: int) -> list[int]:
+        return [len(row.token_ids) for row in speculator.propose(_decoding_batch(size)).values()]
+
+    passes = _kept_everything(rows_per_pass=8)
+    assert depths(passes, 1) == [7]
+    assert depths(passes, 4) == [1, 1, 1, 1]
+    assert depths(passes, 8) == []
+    assert depths(_kept_everything(rows_per_pass=None), 1) == [8]  # a smooth step time: the whole cap
+    seeded = SamplingParams(temperature=0.8, seed=3, max_tokens=100)  # its output must not follow its neighbours
+    assert [len(row.token_ids) for row in passes.propose(_decoding_batch(8, seeded)).values()] == [8] * 8

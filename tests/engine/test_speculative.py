@@ -184,3 +184,24 @@ def test_a_draft_model_shorter_than_the_calibration_prompts_calibrates_within_it
     assert proposer.draft_token_cost_s() > 0
     assert proposer.catch_up_cost_s(_fresh_sequence(30)) > 0  # catch-ups of 8 and 35 tokens timed: a line
     assert proposer.kv.num_free_blocks == 64
+
+
+def test_a_model_in_ggml_blocks_drafts_within_one_weight_pass_and_decodes_as_plain(tmp_path):
+    import numpy as np
+    from gguf import GGMLQuantizationType
+
+    from tests.models.test_gguf_loader import SHAPE, write_gguf
+
+    folder = save_tiny_model("llama", tmp_path / "hf", **SHAPE)
+    path = tmp_path / "q8.gguf"
+    write_gguf(folder, path, GGMLQuantizationType.Q8_0, np.random.default_rng(0))
+    options = dict(block_size=4, num_kv_blocks=64)
+    spec = LLM(str(path), dtype="auto", speculative_method="ngram", **options)
+    assert spec.engine.speculator.rows_per_pass == 8 and spec.engine.config.speculative.num_speculative_tokens == 8
+    assert LLM(str(path), dtype="float32", speculative_method="ngram", **options).engine.speculator.rows_per_pass is None
+    prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]  # a repeating prompt: the lookup drafts
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(str(path), dtype="auto", **options).generate([prompt], params)[0].outputs[0].token_ids
+    assert spec.generate([prompt], params)[0].outputs[0].token_ids == plain
+    decode_rows = [record.num_scheduled_tokens for record in spec.engine.step_records()[1:]]  # after the prompt's step
+    assert max(decode_rows) > 1 and max(decode_rows) <= 8  # it drafted, never past one pass of 8 rows
