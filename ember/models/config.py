@@ -191,8 +191,10 @@ class ModelConfig:
 
         num_heads = key("attention.head_count")
         hidden = key("embedding_length")
-        head_dim = key("attention.key_length") or (hidden // num_heads if arch == "phi3" else key("rope.dimension_count")) or hidden // num_heads
-        rotary_dim = key("rope.dimension_count") if arch == "phi3" else None  # Phi-4-mini rotates 3/4 of each head
+        rotated = key("rope.dimension_count")
+        # phi3's rope.dimension_count is what rotates (Phi-4-mini: 3/4 of each head); elsewhere it is the head
+        head_dim = key("attention.key_length") or (None if arch == "phi3" else rotated) or hidden // num_heads
+        rotary_dim = rotated if arch == "phi3" and rotated and rotated < head_dim else None
         window = key("attention.sliding_window") if arch == "phi3" else None  # Phi-3 windows every layer, as transformers
         vocab = key("vocab_size") or len(metadata["tokenizer.ggml.tokens"])
         scaling = None
@@ -207,7 +209,7 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=key("attention.head_count_kv") or num_heads,
             head_dim=head_dim,
-            rotary_dim=rotary_dim if rotary_dim and rotary_dim < head_dim else None,
+            rotary_dim=rotary_dim,
             max_position_embeddings=key("context_length", 4096),
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(key("rope.freq_base", 10000.0)),
@@ -395,6 +397,9 @@ def _gguf_gemma_extras(arch: str, key: Callable[..., Any], hidden_per_head: int)
     window = key("attention.sliding_window") if arch != "gemma" else None
     pattern = {"gemma2": 2, "gemma3": key("attention.sliding_window_pattern", 6)}.get(arch)
     is_27b = (arch, num_layers) in (("gemma2", 46), ("gemma3", 62))
+    windows = None
+    if window and pattern:  # every `pattern`-th layer attends to everything
+        windows = tuple(None if (i + 1) % pattern == 0 else int(window) for i in range(num_layers))
     return {
         "hidden_act": "gelu_pytorch_tanh",
         "attn_logit_softcap": key("attn_logit_softcapping"),
@@ -402,7 +407,7 @@ def _gguf_gemma_extras(arch: str, key: Callable[..., Any], hidden_per_head: int)
         "query_pre_attn_scalar": float(hidden_per_head if is_27b else head_dim),
         "qk_norm": arch == "gemma3",
         "local_rope_theta": 10_000.0 if arch == "gemma3" else None,
-        "layer_windows": tuple(int(window) if (i + 1) % pattern else None for i in range(num_layers)) if window and pattern else None,
+        "layer_windows": windows,
     }
 
 
