@@ -26,7 +26,7 @@ from ember.engine.runner import (
 )
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
-from ember.engine.spec.speculator import Speculator
+from ember.engine.spec.speculator import Proposer, Speculator
 from ember.engine.stop_checker import StopChecker
 from ember.engine.structured.structured_outputs import StructuredOutputs
 from ember.kv.cache_manager import KVCacheManager
@@ -400,7 +400,7 @@ class LLMEngine:
         if spec.method == "ngram":
             from ember.engine.spec.ngram import NgramProposer
 
-            return Speculator(spec, NgramProposer(spec.ngram_max, spec.ngram_min), self.rows_per_weight_pass)
+            return self._speculator(NgramProposer(spec.ngram_max, spec.ngram_min))
         if spec.method == "medusa":
             return self._medusa_speculator(target)
         if spec.method == "eagle":
@@ -418,7 +418,7 @@ class LLMEngine:
         cache_dtype = kv_cache_torch_dtype(self.config.cache.kv_cache_dtype)
         proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, self._proposer_generator(),
                                       draft.config.max_position_embeddings, cache_dtype)
-        return Speculator(spec, proposer, self.rows_per_weight_pass)
+        return self._speculator(proposer)
 
     def _eagle_speculator(self, target: torch.nn.Module) -> Speculator:
         """An EAGLE-style head checked against the target."""
@@ -429,7 +429,7 @@ class LLMEngine:
         self._refuse_split_lm_head("an EAGLE head reads")
         assert spec.eagle_head is not None  # SpeculativeConfig checked it
         head = load_eagle_head(spec.eagle_head, target)
-        return Speculator(spec, EagleProposer(head, target, self._proposer_generator()), self.rows_per_weight_pass)
+        return self._speculator(EagleProposer(head, target, self._proposer_generator()))
 
     def _medusa_speculator(self, target: torch.nn.Module) -> Speculator:
         """Medusa heads checked against the target, drafting at most one token per head."""
@@ -451,7 +451,11 @@ class LLMEngine:
             tree_nodes = 0 if self.rounds_activations else DEFAULT_TREE_NODES
         if not verifies_trees(kv_cache_layout(target), self.workers):
             tree_nodes = 0
-        return Speculator(spec, MedusaProposer(heads, target, self._proposer_generator(), tree_nodes), self.rows_per_weight_pass)
+        return self._speculator(MedusaProposer(heads, target, self._proposer_generator(), tree_nodes))
+
+    def _speculator(self, proposer: Proposer) -> Speculator:
+        """`proposer` behind this engine's speculative config, told how the target's products run (passes or not)."""
+        return Speculator(self.config.speculative, proposer, self.rows_per_weight_pass)
 
     def _refuse_split_lm_head(self, reader: str) -> None:
         """Heads over the target's LM head need all of it, which tensor parallelism splits across ranks."""

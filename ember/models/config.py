@@ -71,8 +71,8 @@ class LatentAttentionConfig:
 class RopeScaling:
     """Rotary frequency rescaling: "linear" (factor), "llama3" (factor, low/high freq, original ctx),
     "frequency_factors" (each rotation pair's frequency divided by its own factor: a GGUF's `rope_freqs`
-    tensor, which is how llama.cpp's converter stores Llama 3.1's scaling) or "longrope" (Phi-3's: positions
-    below the original context divide by `frequency_factors`, the short ones, later positions by
+    tensor, which is how llama.cpp's converter stores Llama 3.1's scaling) or "longrope" (Phi-3's: a context within
+    `original_max_position_embeddings` divides by `frequency_factors`, the short ones, a longer one by
     `long_frequency_factors`; cos and sin scaled by `attention_factor`)."""
 
     kind: str

@@ -121,18 +121,14 @@ def write_gemma_gguf(folder, path, architecture: str, qtype=None) -> None:
     from gguf import GGUFWriter
     from gguf.quants import quantize
 
+    from tests.models.test_gguf_loader import add_shape_metadata, finish_gguf
+
     reference = load_reference(folder)
     config = reference.config
     writer = GGUFWriter(str(path), architecture)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    add_shape_metadata(writer, config)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     rope = config.rope_parameters
     writer.add_rope_freq_base(rope["full_attention"]["rope_theta"] if "full_attention" in rope else rope["rope_theta"])
     if architecture != "gemma":
@@ -151,10 +147,7 @@ def write_gemma_gguf(folder, path, architecture: str, qtype=None) -> None:
         else:
             raw = quantize(values, qtype)
             writer.add_tensor(_gemma_gguf_name(name, architecture), raw, raw_shape=raw.shape, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
 
 
 @pytest.mark.parametrize(("folder_fixture", "architecture"), [("gemma_folder", "gemma"), ("model_folder", "gemma2"),

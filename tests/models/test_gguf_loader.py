@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -76,26 +77,41 @@ def _random_k_quant(rows: int, cols: int, qtype: GGMLQuantizationType, rng: np.r
     return raw.reshape(rows, -1)
 
 
+def add_shape_metadata(writer: GGUFWriter, config) -> None:
+    """The block count, widths, head counts, context and norm epsilon of a transformers `config`, as GGUF metadata."""
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+
+
+def finish_gguf(writer: GGUFWriter) -> None:
+    """Header, metadata and tensors to the file, then close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.random.Generator,
                overrides: dict[str, GGMLQuantizationType] | None = None, rope_freqs: np.ndarray | None = None,
-               architecture: str = "llama") -> dict[str, np.ndarray]:
+               architecture: str = "llama", extra: Callable[[GGUFWriter], None] | None = None) -> dict[str, np.ndarray]:
     """Write the HF model in `folder` as a GGUF (tensors whose GGUF name ends with a key of `overrides` in that type,
-    as a Q4_K_M file mixes them; `rope_freqs`, a Llama 3.1 file's per-pair frequency divisors); returns the float32
-    weights each tensor decodes to (HF layout). Only a "llama" file has llama.cpp's q/k row order, as its converter
-    writes them."""
+    as a Q4_K_M file mixes them; `rope_freqs`, a Llama 3.1 file's per-pair frequency divisors; `extra` adds a
+    family's own metadata and tensors); returns the float32 weights each tensor decodes to (HF layout). Only a "llama"
+    file has llama.cpp's q/k row order, as its converter writes them."""
     reference = load_reference(folder)
     config = reference.config
     permute = architecture == "llama"
     writer = GGUFWriter(str(path), architecture)
     writer.add_key_length(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(NUM_HEADS)
-    writer.add_head_count_kv(NUM_KV_HEADS)
+    add_shape_metadata(writer, config)
     writer.add_rope_freq_base(10000.0)  # save_tiny_model sets rope_theta=10000
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if extra is not None:
+        extra(writer)
     if getattr(config, "sliding_window", None):
         writer.add_sliding_window(config.sliding_window)
     expected = {}
@@ -121,10 +137,7 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
         if permute and name.endswith(("attn_q.weight", "attn_k.weight")):
             decoded = unpermute_rope(decoded, NUM_HEADS if "attn_q" in name else NUM_KV_HEADS)
         expected[hf_name] = decoded.reshape(tensor.shape)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return expected
 
 

@@ -27,6 +27,7 @@ from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a
     save_random_model,
     single_thread_torch,
 )
+from tests.models.test_gguf_loader import finish_gguf, write_gguf
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
@@ -101,37 +102,18 @@ def test_a_context_within_the_original_one_rotates_with_the_short_factors():
 
 def write_longrope_gguf(folder, path) -> None:
     """The HF Phi-3 in `folder` as llama.cpp's converter writes a LongRoPE model: fused q/k/v and gate/up, the factors as
-    rope_factors_short / rope_factors_long tensors, the original context and the attention factor as metadata."""
-    reference = load_reference(folder)
-    config = reference.config
+    rope_factors_short / rope_factors_long tensors, the rotated dims, original context and attention factor as metadata."""
+    config = transformers.AutoConfig.from_pretrained(folder)
     rope = config.rope_parameters
-    writer = GGUFWriter(str(path), "phi3")
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_dimension_count(int(HEAD_DIM * getattr(config, "partial_rotary_factor", 1.0)))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(rope["rope_theta"])
-    writer.add_rope_scaling_orig_ctx_len(ORIGINAL)
-    writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(4) / math.log(ORIGINAL)))
-    writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
-    writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-    parts = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.qkv_proj": "attn_qkv",
-             "self_attn.o_proj": "attn_output", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    for name, tensor in reference.state_dict().items():
-        if name not in names:
-            _, _, layer, rest = name.split(".", 3)
-            part, kind = rest.rsplit(".", 1)
-            names[name] = f"blk.{layer}.{parts[part]}.{kind}"
-        writer.add_tensor(names[name], tensor.float().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+
+    def longrope(writer: GGUFWriter) -> None:
+        writer.add_rope_dimension_count(int(HEAD_DIM * getattr(config, "partial_rotary_factor", 1.0)))
+        writer.add_rope_scaling_orig_ctx_len(ORIGINAL)
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(4) / math.log(ORIGINAL)))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+
+    write_gguf(folder, path, GGMLQuantizationType.F32, np.random.default_rng(0), architecture="phi3", extra=longrope)
 
 
 @pytest.mark.parametrize("folder_fixture", ["longrope_folder", "partial_folder"])
@@ -156,9 +138,6 @@ def test_a_gguf_with_one_longrope_factor_tensor_is_refused_by_name(tmp_path):
         writer.add_uint32(f"phi3.{key}", value)
     writer.add_tensor("rope_factors_long.weight", np.ones(4, dtype=np.float32))
     writer.add_tensor("token_embd.weight", np.zeros((8, 16), dtype=np.float32), raw_dtype=GGMLQuantizationType.F32)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     with pytest.raises(ValueError, match="lacks rope_factors_short.weight"):
         read_gguf_config(GGUFFile.open(path))
