@@ -11,8 +11,9 @@ GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "ge
 # GGUF architecture -> ember's (transformers') name where they differ; one not listed and not below runs as "llama"
 _GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text"}
 _GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "gemma", "gemma2")
-SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "deepseek_v2", "gpt2", "gemma",
-                      "gemma2", "gemma3_text", "falcon")
+SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "gpt2",
+                      "gemma", "gemma2", "gemma3_text", "falcon")
+_QWEN_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # windows only with use_sliding_window, from max_window_layers
 
 
 @dataclass(frozen=True)
@@ -269,13 +270,13 @@ def _hf_layer_windows(config: dict[str, Any]) -> tuple[int | None, ...] | None:
     window = config.get("sliding_window")
     num_layers = config["num_hidden_layers"]
     model_type = config["model_type"]
-    if model_type in ("qwen2", "qwen3", "qwen2_moe") and not config.get("use_sliding_window", False):
+    if model_type in _QWEN_TYPES and not config.get("use_sliding_window", False):
         window = None
     if not window:
         return None
     layer_types = config.get("layer_types")
     if layer_types is None:
-        if model_type in ("qwen2", "qwen3", "qwen2_moe"):
+        if model_type in _QWEN_TYPES:
             first = config.get("max_window_layers", num_layers)
             layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
         elif model_type == "gemma2":
@@ -303,21 +304,25 @@ def _mixtral_extras(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _qwen2_moe_extras(config: dict[str, Any]) -> dict[str, Any]:
+    """Qwen2-MoE and Qwen3-MoE: sparse every `decoder_sparse_step`-th layer except `mlp_only_layers`; Qwen2-MoE adds a
+    sigmoid-gated shared expert, Qwen3-MoE has none and normalizes queries and keys per head."""
     num_layers = config["num_hidden_layers"]
     step = config.get("decoder_sparse_step", 1)
     only_mlp = set(config.get("mlp_only_layers") or [])
-    num_experts = config["num_experts"]
+    num_experts = config["num_experts"] if "num_experts" in config else config["num_local_experts"]  # hub or transformers 5
     dense = tuple(i for i in range(num_layers) if i in only_mlp or num_experts == 0 or (i + 1) % step)
+    shared = config.get("shared_expert_intermediate_size", 0)
     return {
         "moe": MoEConfig(
             num_experts=num_experts,
             num_experts_per_token=config["num_experts_per_tok"],
             expert_intermediate_size=config["moe_intermediate_size"],
             normalize_top_k=bool(config.get("norm_topk_prob", False)),
-            shared_intermediate_size=config.get("shared_expert_intermediate_size", 0),
-            has_shared_expert_gate=True,
+            shared_intermediate_size=shared,
+            has_shared_expert_gate=shared > 0,
             dense_layers=dense,
-        )
+        ),
+        "qk_norm": config["model_type"] == "qwen3_moe",
     }
 
 
@@ -442,6 +447,7 @@ _FAMILY_EXTRAS = {
     "phi3": _phi3_extras,
     "mixtral": _mixtral_extras,
     "qwen2_moe": _qwen2_moe_extras,
+    "qwen3_moe": _qwen2_moe_extras,
     "deepseek_v2": _deepseek_v2_extras,
     "gemma": _gemma2_extras,  # no soft-capping or windows in its config: the same reading gives Gemma (1)
     "gemma2": _gemma2_extras,

@@ -223,6 +223,7 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
     families = {
         "mixtral": ("ember.models.mixtral", "MixtralForCausalLM"),
         "qwen2_moe": ("ember.models.qwen2_moe", "Qwen2MoeForCausalLM"),
+        "qwen3_moe": ("ember.models.qwen2_moe", "Qwen2MoeForCausalLM"),
         "deepseek_v2": ("ember.models.deepseek_v2", "DeepseekV2ForCausalLM"),
         "gpt2": ("ember.models.gpt2", "GPT2LMHeadModel"),
         "gemma": ("ember.models.gemma2", "Gemma2ForCausalLM"),

@@ -1,4 +1,5 @@
-"""Qwen2-MoE: Qwen2 attention (QKV bias), routed experts plus one sigmoid-gated shared expert."""
+"""Qwen2-MoE and Qwen3-MoE: Qwen attention (QKV bias in Qwen2, per-head query and key norms in Qwen3), routed
+experts, plus in Qwen2-MoE one sigmoid-gated shared expert."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class Qwen2MoeDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, layer_index: int) -> None:
         super().__init__()
         if config.moe is None:
-            raise ValueError("a Qwen2-MoE config needs num_experts and num_experts_per_tok")
+            raise ValueError("a Qwen MoE config needs num_experts and num_experts_per_tok")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = LlamaAttention(config, rotary)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -39,7 +40,7 @@ class Qwen2MoeDecoderLayer(nn.Module):
 
 
 class Qwen2MoeForCausalLM(DecoderForCausalLM):
-    """Qwen1.5-MoE / Qwen2-MoE-shaped model."""
+    """Qwen1.5-MoE / Qwen2-MoE / Qwen3-MoE-shaped model."""
 
     def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
         return Qwen2MoeDecoderLayer(self.config, rotary, layer_index)

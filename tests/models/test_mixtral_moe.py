@@ -1,4 +1,4 @@
-"""Mixtral (top-2 of 8) and Qwen2-MoE (shared expert) against transformers; grouped expert dispatch."""
+"""Mixtral (top-2 of 8), Qwen2-MoE (shared expert) and Qwen3-MoE (per-head q/k norms, no shared expert) against\ntransformers; grouped expert dispatch."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a
     save_random_model,
     single_thread_torch,
 )
+from tests.parallel.moe_models import save_qwen3_moe
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
@@ -52,7 +53,7 @@ def _qwen2_moe(folder):
     return save_random_model(transformers.Qwen2MoeForCausalLM, config, folder)
 
 
-@pytest.fixture(scope="module", params=[_mixtral, _qwen2_moe], ids=["mixtral", "qwen2-moe"])
+@pytest.fixture(scope="module", params=[_mixtral, _qwen2_moe, save_qwen3_moe], ids=["mixtral", "qwen2-moe", "qwen3-moe"])
 def model_folder(request, tmp_path_factory):
     return request.param(tmp_path_factory.mktemp("moe"))
 

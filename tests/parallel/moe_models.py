@@ -27,6 +27,15 @@ def save_qwen2_moe(folder: Path) -> Path:
     return save_random_model(transformers.Qwen2MoeForCausalLM, config, folder)
 
 
+def save_qwen3_moe(folder: Path) -> Path:
+    """Top-2 of 6 experts, normalized, no shared expert; per-head q/k norms, heads not hidden / num_heads wide; layer 1 dense."""
+    config = transformers.Qwen3MoeConfig(
+        **TINY, num_key_value_heads=2, head_dim=24, intermediate_size=96, num_experts=6, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1],
+    )  # fmt: skip
+    return save_random_model(transformers.Qwen3MoeForCausalLM, config, folder)
+
+
 def save_deepseek_v2(folder: Path) -> Path:
     """MLA attention, top-2 of 6 routed experts plus a shared one; layer 0 dense."""
     config = transformers.DeepseekV2Config(

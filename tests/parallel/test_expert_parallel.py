@@ -15,7 +15,7 @@ import pytest
 from ember.layers.expert_parallel import ExpertParallelMoE
 from ember.llm import LLM
 from ember.parallel.worker import parameter_bytes
-from tests.parallel.moe_models import save_deepseek_v2, save_mixtral, save_qwen2_moe
+from tests.parallel.moe_models import save_deepseek_v2, save_mixtral, save_qwen2_moe, save_qwen3_moe
 from tests.parallel.tp_parity import (
     assert_parallel_matches,
     assert_volume_matches_formula,
@@ -54,8 +54,8 @@ def _assert_every_routed_pair_counted_once(parallel: LLM) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("save", [save_qwen2_moe, save_deepseek_v2], ids=["qwen2-moe", "deepseek-v2"])
-def test_ep2_shared_expert_families_match_single_process_exactly(tmp_path, single_thread_torch, save):
+@pytest.mark.parametrize("save", [save_qwen2_moe, save_qwen3_moe, save_deepseek_v2], ids=["qwen2-moe", "qwen3-moe", "deepseek-v2"])
+def test_ep2_other_moe_families_match_single_process_exactly(tmp_path, single_thread_torch, save):
     single, parallel = _single_and_expert_parallel(save(tmp_path / "moe"))
     try:
         assert_parallel_matches(single, parallel, PROMPTS, tolerance=0.0)
