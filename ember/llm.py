@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 
 from rich.progress import Progress
@@ -13,7 +14,8 @@ from ember.engine.sampling_params import SamplingParams
 from ember.models.loader import LoadedModel
 from ember.parallel.config import ParallelConfig
 
-PromptInput = str | Sequence[int]
+# text, token ids, or as vLLM's TextPrompt / TokensPrompt: {"prompt": text} or {"prompt_token_ids": ids}
+PromptInput = str | Sequence[int] | Mapping[str, object]
 
 
 class LLM:
@@ -66,8 +68,10 @@ class LLM:
 
     def encode(self, prompt: PromptInput) -> list[int]:
         """Token ids of a prompt: text goes through the model's tokenizer (BOS added if it wants one)."""
+        if isinstance(prompt, Mapping):
+            return self.encode(_prompt_field(prompt))
         if not isinstance(prompt, str):
-            return list(prompt)
+            return _token_ids(prompt)
         if self.tokenizer is None:
             raise ValueError("this model carries no tokenizer; pass tokenizer=PATH or give token ids")
         return self.tokenizer.encode(prompt, add_special_tokens=True)
@@ -84,12 +88,14 @@ class LLM:
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(batch)
         if len(params_list) != len(batch):
             raise ValueError(f"{len(batch)} prompts but {len(params_list)} sampling params")
+        encoded = [self.encode(prompt) for prompt in batch]
+        for token_ids, request_params in zip(encoded, params_list, strict=True):
+            self.engine.validate_request(token_ids, request_params)  # all of them before any runs: none left behind
         accumulators: dict[str, OutputAccumulator] = {}
-        for prompt, request_params in zip(batch, params_list, strict=True):
+        for prompt, token_ids, request_params in zip(batch, encoded, params_list, strict=True):
             request_id = str(self._next_id)
             self._next_id += 1
-            text = prompt if isinstance(prompt, str) else None
-            self.engine.add_request(request_id, self.encode(prompt), request_params, prompt=text)
+            self.engine.add_request(request_id, token_ids, request_params, prompt=_prompt_text(prompt))
             accumulators[request_id] = OutputAccumulator(request_id, request_params.n)
         self._run(accumulators, show_progress)
         return [accumulator.result() for accumulator in accumulators.values()]
@@ -142,8 +148,33 @@ class LLM:
 
 
 def _as_batch(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
-    if isinstance(prompts, str):
+    if isinstance(prompts, str | Mapping):
         return [prompts]
-    if prompts and all(isinstance(t, int) for t in prompts):
-        return [list(prompts)]  # one prompt of token ids
+    if len(prompts) and all(isinstance(t, numbers.Integral) for t in prompts):
+        return [prompts]  # one prompt of token ids
     return list(prompts)
+
+
+def _prompt_field(prompt: Mapping[str, object]) -> str | Sequence[int]:
+    """What a prompt dict holds: its token ids where it gives them (as vLLM), else its text."""
+    if "prompt_token_ids" in prompt:
+        return prompt["prompt_token_ids"]
+    if "prompt" in prompt:
+        return prompt["prompt"]
+    raise ValueError(f"a prompt dict holds 'prompt' (text) or 'prompt_token_ids', not {sorted(prompt)}")
+
+
+def _prompt_text(prompt: PromptInput) -> str | None:
+    if isinstance(prompt, Mapping):
+        text = prompt.get("prompt")
+        return text if isinstance(text, str) else None
+    return prompt if isinstance(prompt, str) else None
+
+
+def _token_ids(prompt: Sequence[int]) -> list[int]:
+    """A prompt of token ids as plain ints (numpy integers too); anything else is named."""
+    ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
+    wrong = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+    if wrong is not None:
+        raise ValueError(f"a prompt is text, a list of token ids or a prompt dict; {wrong!r} in it is not a token id")
+    return [int(t) for t in ids]

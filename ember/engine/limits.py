@@ -7,6 +7,7 @@ stream starts, without a round trip to the engine.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -71,8 +72,8 @@ class RequestLimits:
         num_prompt = len(prompt_token_ids)
         if num_prompt == 0:
             raise RequestRejected("the prompt is empty; give at least one token", "prompt")
-        if any(not 0 <= t < self.vocab_size for t in prompt_token_ids):
-            raise RequestRejected(f"prompt token ids must lie in [0, {self.vocab_size})", "prompt")
+        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < self.vocab_size for t in prompt_token_ids):
+            raise RequestRejected(f"prompt token ids must be integers in [0, {self.vocab_size})", "prompt")
         if num_prompt >= self.max_model_len:
             raise RequestRejected(
                 f"the prompt has {num_prompt} tokens; the context window is {self.max_model_len}, "

@@ -197,3 +197,31 @@ def test_a_llama2c_story_ends_where_run_c_stops_at_bos(llm):
     assert ended.finish_reason == "stop" and ended.token_ids[-1] == bos
     assert ignored.finish_reason == "length"
     assert ignored.token_ids[: len(ended.token_ids)] == ended.token_ids
+
+
+def test_prompts_as_text_ids_numpy_ids_or_prompt_dicts_give_the_same_greedy_output(llm):
+    import numpy as np
+
+    ids = _prompt(llm, "Once upon a time")
+    forms = ["Once upon a time", ids, np.array(ids), {"prompt": "Once upon a time"}, {"prompt_token_ids": ids}]
+    outputs = [llm.generate(form, GREEDY)[0] for form in forms]
+    assert len({tuple(o.outputs[0].token_ids) for o in outputs}) == 1
+    assert [o.prompt_token_ids for o in outputs] == [ids] * len(forms)
+    batched = llm.generate([{"prompt": "Once upon a time"}, ids], GREEDY)
+    assert [o.outputs[0].token_ids for o in batched] == [outputs[0].outputs[0].token_ids] * 2
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([5, "6", 7], "'6' in it is not a token id"),
+        ([5, 2.5], "2.5 in it is not a token id"),
+        ({"text": "hi"}, "holds 'prompt' .text. or 'prompt_token_ids'"),
+        ([5, 10**9], "integers in \\[0, 512\\)"),
+    ],
+)
+def test_a_batch_with_one_bad_prompt_is_refused_whole_and_leaves_nothing_queued(llm, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate([[5, 6, 7], prompt], GREEDY)
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.kv.num_free_blocks == 64
