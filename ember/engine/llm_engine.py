@@ -113,8 +113,8 @@ class LLMEngine:
         if loaded is None and config.parallel.is_parallel:
             from ember.parallel.driver import WorkerGroup
 
-            self.workers, loaded = WorkerGroup.start(model_path, config.dtype, config.parallel, show_progress)
-        loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress)
+            self.workers, loaded = WorkerGroup.start(model_path, config.dtype, config.parallel, show_progress, config.max_model_len)
+        loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress, max_model_len=config.max_model_len)
         num_ggml_layers = set_activations(loaded.model, config.quant_activations)  # 0 without GGML layers
         self.rounds_activations = rounds_activations(loaded.model, num_ggml_layers, config.quant_activations)
         self.rows_per_weight_pass = MAX_GEMV_ROWS if num_ggml_layers else None  # decode-sized products run in passes
@@ -122,7 +122,8 @@ class LLMEngine:
         self.model_name = config.served_model_name or default_model_name(config.model)
         self.tokenizer_source = _tokenizer_source(config, loaded)
         self.tokenizer = load_tokenizer_from(self.tokenizer_source)
-        self.max_model_len = min(config.max_model_len or loaded.config.max_position_embeddings, loaded.config.max_position_embeddings)
+        positions = loaded.config.rotary_table_positions  # the model's context, or the one it was loaded for
+        self.max_model_len = min(config.max_model_len or positions, positions)
         self.block_size = config.cache.block_size
         self.kv_layout = kv_cache_layout(loaded.model)
         self.kv_cache_dtype = kv_cache_torch_dtype(config.cache.kv_cache_dtype) or compute_dtype(config.dtype)
@@ -408,7 +409,8 @@ class LLMEngine:
         from ember.engine.spec.draft_model import DraftModelProposer
 
         assert spec.draft_model is not None  # SpeculativeConfig checked it
-        draft = draft or load_model(resolve_model(spec.draft_model), spec.draft_dtype or self.config.dtype, show_progress=show_progress)
+        draft = draft or load_model(resolve_model(spec.draft_model), spec.draft_dtype or self.config.dtype, show_progress=show_progress,
+                                    max_model_len=self.max_model_len)
         if draft.config.vocab_size != self.model_config.vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "

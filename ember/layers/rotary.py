@@ -42,10 +42,10 @@ def _divided(inv_freq: torch.Tensor, factors: tuple[float, ...]) -> torch.Tensor
 def rotation_angles(head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None, device: str = "cpu") -> torch.Tensor:
     """[max_positions, head_dim / 2] angles: each position times each pair's frequency.
 
-    LongRoPE: the long factors for a context longer than the original, as llama.cpp picks them from its context
-    size. transformers picks them per sequence, from its current length (recomputing a cached one that grows past
-    the original context): the same numbers for any sequence longer than the original context; shorter ones there
-    rotate with the short factors.
+    LongRoPE: the long factors for a context (`max_positions`, the engine's max_model_len) longer than the original,
+    as vLLM picks them from max_model_len and llama.cpp from its context size. transformers picks them per sequence,
+    from its current length (recomputing a cached one that grows past the original context): the same numbers for
+    any sequence longer than the original context, and for every sequence when the context is within the original.
     """
     inv_freq = rope_inverse_frequencies(head_dim, theta, scaling).to(device)
     if scaling is not None and scaling.kind == "longrope" and max_positions > scaling.original_max_position_embeddings:

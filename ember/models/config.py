@@ -101,6 +101,8 @@ class ModelConfig:
     max_position_embeddings: int
     rms_norm_eps: float = 1e-5
     rotary_dim: int | None = None  # the leading dims of each head that rotate (Phi-4-mini: 3/4 of them); None: all
+    # Positions the rotary tables cover: the context the engine serves (`for_context`); None: max_position_embeddings.
+    rotary_positions: int | None = None
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own base (unscaled); None: rope_theta
@@ -126,6 +128,21 @@ class ModelConfig:
             )
         if self.layer_windows is not None and len(self.layer_windows) != self.num_layers:
             raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers")
+
+    def for_context(self, max_model_len: int | None) -> ModelConfig:
+        """This config run within a context of `max_model_len` tokens (None: the model's whole context).
+
+        The rotary tables then cover only that context (a 128k-position model served at 4k keeps 4k rows), and LongRoPE
+        takes its short factors when that context is within the original one, as vLLM chooses them.
+        """
+        if max_model_len is None:
+            return self
+        return replace(self, rotary_positions=min(max_model_len, self.max_position_embeddings))
+
+    @property
+    def rotary_table_positions(self) -> int:
+        """How many positions the rotary tables hold."""
+        return self.rotary_positions or self.max_position_embeddings
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of `layer` in tokens, or None when it attends to every token."""

@@ -88,7 +88,7 @@ class DecoderForCausalLM(nn.Module, ABC):
     def make_rotary(self) -> Any:
         """The rotary embedding every layer shares (Llama's half-split layout over head_dim)."""
         config = self.config
-        return RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling,
+        return RotaryEmbedding(config.head_dim, config.rotary_table_positions, config.rope_theta, config.rope_scaling,
                                rotary_dim=config.rotary_dim)
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:

@@ -48,7 +48,7 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
         config = self.config
         assert config.mla is not None
         mla = config.mla
-        return InterleavedRotaryEmbedding(mla.qk_rope_head_dim, config.max_position_embeddings, config.rope_theta, mla.yarn)
+        return InterleavedRotaryEmbedding(mla.qk_rope_head_dim, config.rotary_table_positions, config.rope_theta, mla.yarn)
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         if self.config.mla is None:

@@ -80,7 +80,7 @@ class FalconModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
+        rotary = RotaryEmbedding(config.head_dim, config.rotary_table_positions, config.rope_theta, config.rope_scaling)
         self.h = nn.ModuleList(FalconDecoderLayer(config, rotary) for _ in range(config.num_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 

@@ -144,7 +144,7 @@ class Gemma2ForCausalLM(DecoderForCausalLM):
         self.config = config
         # Gemma 3's sliding layers rotate with their own base (unscaled); every other layer shares the model's rotary
         self.local_rotary = None if config.local_rope_theta is None else RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.local_rope_theta, None)
+            config.head_dim, config.rotary_table_positions, config.local_rope_theta, None)
         self.model = Gemma2Model(config, self.make_layer, self.kv_cache_specs(), self.make_rotary())
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 

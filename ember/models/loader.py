@@ -64,13 +64,15 @@ class LoadedModel:
 
 
 def load_model(
-    path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False, shard_for: ShardFactory | None = None
+    path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False, shard_for: ShardFactory | None = None,
+    max_model_len: int | None = None,
 ) -> LoadedModel:
     """Load a GGUF file, an HF safetensors folder or a llama2.c .bin into ember's model.
 
     `dtype` "auto" keeps quantized weights in their blocks; a float dtype forces a float copy of every weight.
     With `shard_for` (a rank of a split model), this rank loads only what its shard holds
-    (ember.parallel): its tensors, or slices of them, are all that is read from the file.
+    (ember.parallel): its tensors, or slices of them, are all that is read from the file. `max_model_len`: the
+    context it will serve (`ModelConfig.for_context`; None: the model's own).
     """
     if dtype not in LOAD_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(LOAD_DTYPES)}")
@@ -78,7 +80,7 @@ def load_model(
         raise FileNotFoundError(f"model path {path} does not exist; give a file, a folder or a registered name")
     path = single_gguf_in(path) or path  # e.g. `ember quantize`'s --out folder of a GGUF source
     if is_hf_folder(path):
-        config = read_hf_config(path)
+        config = read_hf_config(path).for_context(max_model_len)
         layout = hf_quantization(path)  # GPTQ / AWQ: quantization_config in config.json
         shard = shard_for(config) if shard_for is not None else None
         if shard is None:
@@ -93,14 +95,14 @@ def load_model(
         return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress, shard=shard)
     if is_gguf_file(path):
         file = GGUFFile.open(path)
-        config = read_gguf_config(file)
+        config = read_gguf_config(file).for_context(max_model_len)
         shard = shard_for(config) if shard_for is not None else None
         tokenizer_path = path if "tokenizer.ggml.model" in file.metadata else None
         tensors = iter_gguf_tensors(file, config, _selector(shard), None if shard is None else shard.holds)
         return _build(config, tensors, dtype, tokenizer_path, "gguf", show_progress, len(file.tensors), shard)
     if is_llama2c_file(path):
         header = read_llama2c_header(path)
-        config = llama2c_config(header)
+        config = llama2c_config(header).for_context(max_model_len)
         shard = shard_for(config) if shard_for is not None else None
         tensors = _sliced(iter_llama2c_tensors(path, header), shard)
         return _build(config, tensors, dtype, None, "llama2c", show_progress, shard=shard)

@@ -79,7 +79,7 @@ class WorkerGroup:
 
     @classmethod
     def start(
-        cls, model_path: Path, dtype: str, parallel: ParallelConfig, show_progress: bool = False
+        cls, model_path: Path, dtype: str, parallel: ParallelConfig, show_progress: bool = False, max_model_len: int | None = None,
     ) -> tuple[WorkerGroup, LoadedModel]:
         """Start the workers, join the group as rank 0 and load rank 0's shard.
 
@@ -88,7 +88,8 @@ class WorkerGroup:
         port = parallel.master_port or free_port(parallel.master_addr)
         caller_threads = torch.get_num_threads()
         threads = parallel.rank_threads(caller_threads)
-        processes = [_spawn_worker(rank, model_path, dtype, parallel, port, threads) for rank in parallel.node_ranks if rank != 0]
+        processes = [_spawn_worker(rank, model_path, dtype, parallel, port, threads, max_model_len)
+                     for rank in parallel.node_ranks if rank != 0]
         try:
             communicator = connect(
                 0, parallel.world_size, parallel.master_addr, port, parallel.collective_timeout_s, parallel.startup_timeout_s,
@@ -97,7 +98,7 @@ class WorkerGroup:
             group = cls(communicator, processes, parallel, threads, caller_threads)
             torch.set_num_threads(threads)
             logger.info("%s parallel x%d: %d torch thread(s) per rank", parallel.mode, parallel.world_size, threads)
-            loaded = load_model(model_path, dtype, show_progress, shard_factory(communicator, parallel))
+            loaded = load_model(model_path, dtype, show_progress, shard_factory(communicator, parallel), max_model_len)
             assert loaded.shard is not None
             group.held_layers = loaded.shard.held_layers
             sizes = group._gather_sizes(parameter_bytes(loaded.model), parallel.startup_timeout_s)
@@ -179,12 +180,13 @@ def _first_exit(processes: list[subprocess.Popen]) -> str | None:
     return None
 
 
-def run_worker_node(model_path: Path, dtype: str, parallel: ParallelConfig) -> int:
+def run_worker_node(model_path: Path, dtype: str, parallel: ParallelConfig, max_model_len: int | None = None) -> int:
     """A node other than 0: start this node's ranks and wait for them; returns the first non-zero exit status."""
     if parallel.node_rank == 0 or parallel.master_port is None:
         raise ValueError("run_worker_node runs nodes 1.. of a multi-node group, with a fixed --master-port")
     threads = parallel.rank_threads(torch.get_num_threads())
-    processes = [_spawn_worker(rank, model_path, dtype, parallel, parallel.master_port, threads) for rank in parallel.node_ranks]
+    processes = [_spawn_worker(rank, model_path, dtype, parallel, parallel.master_port, threads, max_model_len)
+                 for rank in parallel.node_ranks]
     try:
         statuses = [process.wait() for process in processes]
     finally:
@@ -192,7 +194,8 @@ def run_worker_node(model_path: Path, dtype: str, parallel: ParallelConfig) -> i
     return next((status for status in statuses if status), 0)
 
 
-def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelConfig, port: int, threads: int) -> subprocess.Popen:
+def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelConfig, port: int, threads: int,
+                  max_model_len: int | None) -> subprocess.Popen:
     command = [
         sys.executable, "-m", "ember.parallel.worker",
         "--model", str(model_path), "--dtype", dtype,
@@ -205,6 +208,7 @@ def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelCon
         "--collective-timeout", str(parallel.collective_timeout_s),
         "--startup-timeout", str(parallel.startup_timeout_s),
         "--threads", str(threads),
+        *(["--max-model-len", str(max_model_len)] if max_model_len else []),
     ]  # fmt: skip
     # stdin is the worker's lifeline: only this process holds the write end.
     return subprocess.Popen(command, stdin=subprocess.PIPE)

@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--collective-timeout", type=float, required=True)
     parser.add_argument("--startup-timeout", type=float, required=True)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of this rank")
+    parser.add_argument("--max-model-len", type=int, default=None, help="the context the engine serves")
     parser.add_argument("--no-lifeline", action="store_true", help="do not exit when stdin closes (a rank started by hand)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"[rank {args.rank}] %(levelname)s %(message)s")
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     communicator = connect(
         args.rank, parallel.world_size, args.master_addr, args.master_port, args.collective_timeout, args.startup_timeout
     )
-    loaded = load_model(args.model, args.dtype, shard_for=shard_factory(communicator, parallel))
+    loaded = load_model(args.model, args.dtype, shard_for=shard_factory(communicator, parallel), max_model_len=args.max_model_len)
     communicator.gather_to_driver(torch.tensor([parameter_bytes(loaded.model)]), args.startup_timeout)
     assert loaded.shard is not None
     WorkerLoop(loaded.model, communicator, loaded.shard.held_layers).run()

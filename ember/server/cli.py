@@ -101,7 +101,8 @@ def serve_command(args: argparse.Namespace) -> int:
         from ember.models.registry import resolve_model
         from ember.parallel.driver import run_worker_node
 
-        return run_worker_node(resolve_model(engine_config.model), engine_config.dtype, engine_config.parallel)
+        return run_worker_node(resolve_model(engine_config.model), engine_config.dtype, engine_config.parallel,
+                               engine_config.max_model_len)
     if server_config.served_model_names:
         engine_config.served_model_name = server_config.served_model_names[0]
     run_server(engine_config, server_config)

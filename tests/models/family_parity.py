@@ -57,9 +57,10 @@ def make_prompts(vocab_size: int, lengths: tuple[int, ...] = PROMPT_LENGTHS) -> 
     return [torch.randint(0, vocab_size, (n,), generator=generator).tolist() for n in lengths]
 
 
-def ember_prompt_logits(folder: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
+def ember_prompt_logits(folder: Path, prompts: list[list[int]], max_model_len: int | None = None) -> list[torch.Tensor]:
     """Logits of every prompt position, all prompts in one flat batch (one forward pass)."""
-    engine = LLMEngine(EngineConfig(model=str(folder), cache=CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=256)))
+    cache = CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=256)
+    engine = LLMEngine(EngineConfig(model=str(folder), cache=cache, max_model_len=max_model_len))
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, SamplingParams(max_tokens=1))
     plan = engine.scheduler.schedule()
@@ -71,8 +72,8 @@ def ember_prompt_logits(folder: Path, prompts: list[list[int]]) -> list[torch.Te
     return list(logits.split([len(p) for p in prompts]))
 
 
-def assert_prompt_logits_match(folder: Path, reference, prompts: list[list[int]]) -> None:
-    ours = ember_prompt_logits(folder, prompts)
+def assert_prompt_logits_match(folder: Path, reference, prompts: list[list[int]], max_model_len: int | None = None) -> None:
+    ours = ember_prompt_logits(folder, prompts, max_model_len)
     for prompt, logits in zip(prompts, ours, strict=True):
         with torch.no_grad():
             expected = reference(torch.tensor([prompt])).logits[0]

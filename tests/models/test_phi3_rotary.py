@@ -2,9 +2,10 @@
 transformers, from an HF folder and from a GGUF.
 
 A tiny context (original 16 of 64 positions: factor 4, attention factor sqrt(1 + ln 4 / ln 16)) so prompts and a
-generation past the original context run in a test. A model whose context reaches past the original one rotates
-with the long factors, as llama.cpp does for such a context; transformers does the same for every sequence longer
-than the original context (recomputing a cached one when it grows past it), so those are compared.
+generation past the original context run in a test. A model served with a context past the original one rotates
+with the long factors, as vLLM and llama.cpp do for such a context; transformers does the same for every sequence
+longer than the original context (recomputing a cached one when it grows past it), so those are compared; served
+within the original context, the short factors, which transformers uses for sequences that short.
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ def _save_phi3(folder, partial_rotary_factor: float):
     return save_random_model(transformers.Phi3ForCausalLM, config, folder)
 
 
-def _greedy(path, prompt: list[int], num_tokens: int) -> list[int]:
+def _greedy(path, prompt: list[int], num_tokens: int, max_model_len: int | None = None) -> list[int]:
     from ember.engine.sampling_params import SamplingParams
     from ember.llm import LLM
 
-    llm = LLM(str(path), block_size=4, num_kv_blocks=64)
+    llm = LLM(str(path), block_size=4, num_kv_blocks=64, max_model_len=max_model_len)
     return llm.generate([prompt], SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True))[0].outputs[0].token_ids
 
 
@@ -79,6 +80,26 @@ def test_an_hf_longrope_model_matches_transformers_past_the_original_context(req
     reference = load_reference(folder)
     assert_prompt_logits_match(folder, reference, PROMPTS)
     assert _greedy(folder, PROMPTS[0], 30) == reference_greedy(reference, PROMPTS[0], 30)
+
+
+def test_served_within_the_original_context_an_hf_longrope_model_matches_transformers_with_the_short_factors(longrope_folder):
+    """vLLM's rule: --max-model-len at most the original context takes the short factors, which transformers uses for
+    any sequence that short; the model's whole context (the default) takes the long ones, which it does not."""
+    reference = load_reference(longrope_folder)
+    short_prompts = [PROMPTS[0][:9], PROMPTS[1][: ORIGINAL - 1]]
+    assert_prompt_logits_match(longrope_folder, reference, short_prompts, max_model_len=ORIGINAL)
+    assert _greedy(longrope_folder, short_prompts[0], ORIGINAL - 9, ORIGINAL) == reference_greedy(reference, short_prompts[0], ORIGINAL - 9)
+    with pytest.raises(AssertionError, match="max abs diff"):
+        assert_prompt_logits_match(longrope_folder, reference, short_prompts)
+
+
+def test_the_rotary_tables_cover_the_served_context_not_the_whole_model_context(longrope_folder):
+    from ember.llm import LLM
+
+    for max_model_len, rows in ((None, 64), (40, 40), (1000, 64)):
+        llm = LLM(str(longrope_folder), block_size=4, num_kv_blocks=64, max_model_len=max_model_len)
+        assert llm.engine.max_model_len == rows
+        assert llm.engine.runner.model.model.layers[0].self_attn.rotary.cos.shape[0] == rows
 
 
 def test_a_partial_rotation_reads_its_dims_and_an_odd_one_is_refused_by_name(partial_folder):
