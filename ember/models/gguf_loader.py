@@ -1,14 +1,16 @@
 """GGUF model files: metadata -> ModelConfig, tensors renamed to transformers' names.
 
 Matrices in a block format ember executes (ember.quant.ggml_blocks.FORMATS) come out as
-`GGMLTensor`s, still in their blocks, and W8A8 rows (written by `ember quantize --method smoothquant`)
-as `Int8ChannelTensor`s; every other tensor is dequantized to float32 here.
+`GGMLTensor`s, still in their blocks (IQ4_NL re-coded as Q8_0, exactly), and W8A8 rows (written by `ember quantize
+--method smoothquant`) as `Int8ChannelTensor`s; every other tensor is dequantized to float32 here, including the
+types ember has no kernel for (the other i-quants, ternary and FP4 types), which then cost a float copy's memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -25,6 +27,9 @@ from ember.quant.checkpoint import EMBER_BLOCK_FORMATS_KEY
 from ember.quant.ggml_blocks import FORMATS, GGMLTensor
 from ember.quant.int8_channel import FORMAT_NAME as INT8_ROWS_FORMAT
 from ember.quant.int8_channel import Int8ChannelTensor
+from ember.quant.iq4_nl import iq4_nl_rows_as_q8_0
+
+logger = logging.getLogger(__name__)
 
 # Tensor types ember reads: those in FORMATS (every quantized type here) run in their blocks, the float ones load as floats.
 SUPPORTED_TYPES = {
@@ -41,7 +46,11 @@ SUPPORTED_TYPES = {
     GGMLQuantizationType.Q4_K,
     GGMLQuantizationType.Q5_K,
     GGMLQuantizationType.Q6_K,
+    GGMLQuantizationType.IQ4_NL,  # re-coded as Q8_0 blocks
 }
+# Types without an ember kernel that the gguf package decodes: loaded as float32.
+_FLOAT_FALLBACK_NAMES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4")
+FLOAT_FALLBACK_TYPES = frozenset(GGMLQuantizationType[n] for n in _FLOAT_FALLBACK_NAMES if n in GGMLQuantizationType.__members__)
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -154,14 +163,10 @@ def iter_gguf_tensors(
     """
     permute_rope = config.architecture == "llama"
     ember_formats = ember_block_formats(file)
+    _check_tensor_types(file, ember_formats)
     for tensor in file.tensors:
         if tensor.name in ROPE_CONFIG_TENSORS:
             continue  # read into the config (read_gguf_config)
-        if tensor.tensor_type not in SUPPORTED_TYPES and tensor.name not in ember_formats:
-            raise ValueError(
-                f"GGUF tensor {tensor.name} has type {tensor.tensor_type.name}, which ember cannot load yet; "
-                f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}"
-            )
         name = hf_name(tensor.name, config.architecture)
         if keep is not None and not keep(name):
             continue  # another rank's layer or expert
@@ -172,11 +177,13 @@ def iter_gguf_tensors(
                 values = unpermute_rope(values, values.shape[0] // config.head_dim)  # whole heads, sliced or not
             yield name, torch.from_numpy(np.array(values, dtype=np.float32, order="C", copy=True))
             continue
-        stored_format = ember_formats.get(tensor.name, tensor.tensor_type.name)
+        is_iq4_nl = tensor.tensor_type == GGMLQuantizationType.IQ4_NL and len(tensor.shape) == 2
+        stored_format = "Q8_0" if is_iq4_nl else ember_formats.get(tensor.name, tensor.tensor_type.name)
         block_format = FORMATS.get(stored_format) if len(tensor.shape) == 2 else None
         is_int8_rows = stored_format == INT8_ROWS_FORMAT
         if block_format is not None or is_int8_rows:  # rows of blocks (or of W8A8 scale + codes): uint8 [rows, bytes per row]
             values = np.asarray(tensor.data).view(np.uint8).reshape(int(tensor.shape[1]), -1)
+            values = iq4_nl_rows_as_q8_0(values) if is_iq4_nl else values
             cols = 0 if is_int8_rows else values.shape[1] // block_format.block_bytes * block_format.block_values
         else:
             values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
@@ -195,6 +202,20 @@ def iter_gguf_tensors(
             yield name, GGMLTensor(values, block_format, cols)
         else:
             yield name, values
+
+
+def _check_tensor_types(file: GGUFFile, ember_formats: dict[str, str]) -> None:
+    """Refuse a type nothing here decodes, by name; say once which types load as float (their memory is a float copy's)."""
+    types = {t.tensor_type for t in file.tensors if t.name not in ember_formats}
+    unknown = sorted(t.name for t in types - SUPPORTED_TYPES - FLOAT_FALLBACK_TYPES)
+    if unknown:
+        holder = next(t.name for t in file.tensors if t.tensor_type.name == unknown[0])
+        raise ValueError(f"GGUF tensor {holder} has type {unknown[0]}, which ember cannot load; supported: "
+                         f"{', '.join(sorted(t.name for t in SUPPORTED_TYPES | FLOAT_FALLBACK_TYPES))}")
+    fallback = sorted(t.name for t in types & FLOAT_FALLBACK_TYPES)
+    if fallback:
+        logger.warning("GGUF tensors of type %s have no ember kernel: dequantized to float32 at load (a float copy's memory)",
+                       ", ".join(fallback))
 
 
 def ember_block_formats(file: GGUFFile) -> dict[str, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from ember.models.gguf_loader import unpermute_rope
@@ -60,13 +60,16 @@ def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
+RANDOM_BLOCK_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS)  # types gguf cannot quantize: random blocks
+
+
 def _random_k_quant(rows: int, cols: int, qtype: GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
-    """Valid raw k-quant blocks: random quants and scales, finite fp16 super-block scales."""
-    block_bytes = {T.Q2_K: 84, T.Q3_K: 110, T.Q4_K: 144, T.Q6_K: 210}[qtype]
-    raw = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
+    """Valid raw k-quant (or 4-bit i-quant) blocks: random quants and scales, finite fp16 super-block scales."""
+    block_values, block_bytes = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // block_values, block_bytes), dtype=np.uint8)
     small = np.frombuffer(np.float16([0.01, 0.002]).tobytes(), dtype=np.uint8)
-    if qtype == T.Q4_K:
-        raw[..., 0:4] = small  # d, dmin
+    if qtype in (T.Q4_K, T.IQ4_NL, T.IQ4_XS):
+        raw[..., 0:4 if qtype == T.Q4_K else 2] = small[: 4 if qtype == T.Q4_K else 2]  # d (and Q4_K's dmin) lead
     elif qtype == T.Q2_K:
         raw[..., 80:84] = small  # d, dmin are the last fields
     elif qtype == T.Q3_K:
@@ -126,7 +129,7 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
         if values.ndim == 1 or tensor_type == T.F32:
             writer.add_tensor(name, values)
             decoded = values
-        elif tensor_type in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K):
+        elif tensor_type in RANDOM_BLOCK_TYPES:
             raw = _random_k_quant(*values.shape, tensor_type, rng)
             writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=tensor_type)
             decoded = dequantize(raw, tensor_type)
@@ -174,15 +177,15 @@ def _loaded_weight(model, hf_name: str) -> torch.Tensor:
     return fused_weight.split(sizes)[index]
 
 
-@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K,
+                                   T.IQ4_NL, T.IQ4_XS], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", ["auto", "float32"])
 def test_every_tensor_type_loads_to_what_the_gguf_package_dequantizes(tiny_folder, tmp_path, qtype, dtype):
     expected = write_gguf(tiny_folder, tmp_path / "model.gguf", qtype, np.random.default_rng(0))
     loaded = load_model(tmp_path / "model.gguf", dtype=dtype)
     assert loaded.format == "gguf"
     kept_blocks = {type(m) for m in loaded.model.modules()} & {GGMLLinear, GGMLEmbedding}
-    assert bool(kept_blocks) == (dtype == "auto" and qtype.name in FORMATS)
+    assert bool(kept_blocks) == (dtype == "auto" and (qtype.name in FORMATS or qtype == T.IQ4_NL))  # IQ4_NL as Q8_0
     for hf_name, values in expected.items():
         assert torch.equal(_loaded_weight(loaded.model, hf_name), torch.from_numpy(values).float()), hf_name
 
@@ -276,12 +279,12 @@ def test_an_unsupported_tensor_type_is_named_in_the_error(tiny_folder, tmp_path)
     writer.add_embedding_length(256)
     writer.add_head_count(4)
     writer.add_feed_forward_length(512)
-    writer.add_tensor("token_embd.weight", np.zeros((256, 66), dtype=np.uint8), raw_shape=(256, 66), raw_dtype=T.IQ2_XXS)
+    writer.add_tensor("token_embd.weight", np.zeros((256, 40), dtype=np.uint8), raw_shape=(256, 40), raw_dtype=T.Q8_1)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match="IQ2_XXS"):
+    with pytest.raises(ValueError, match="token_embd.weight has type Q8_1, which ember cannot load"):
         load_model(path)
 
 
@@ -326,7 +329,7 @@ def _greedy_tokens(gguf_path: Path, dtype: str, activations: str) -> list[int]:
     return tokens
 
 
-@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.Q6_K, T.IQ4_NL], ids=lambda t: t.name)
 def test_a_k_quant_gguf_generates_in_its_blocks_what_its_float_copy_generates(tiny_folder, tmp_path, qtype):
     path = tmp_path / "model.gguf"
     write_gguf(tiny_folder, path, qtype, np.random.default_rng(2))
