@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "gemma3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe")
 # GGUF architecture -> ember's (transformers') name where they differ; one not listed and not below runs as "llama"
-_GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text"}
+_GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
 _GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "gemma", "gemma2")
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "gpt2",
                       "gemma", "gemma2", "gemma3_text", "falcon")
@@ -233,10 +233,12 @@ class ModelConfig:
             rope_theta=float(key("rope.freq_base", 10000.0)),
             rope_scaling=scaling,
             tie_word_embeddings=not has_output_tensor,
-            qkv_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
+            qkv_bias=arch in ("qwen2", "qwen2moe"),
+            qk_norm=arch in ("qwen3", "qwen3moe"),
             layer_windows=(int(window),) * key("block_count") if window else None,
         )
+        if key("expert_count"):
+            config = replace(config, **_gguf_moe_extras(arch, key))
         return replace(config, **_gguf_gemma_extras(arch, key, hidden // num_heads)) if arch.startswith("gemma") else config
 
 
@@ -409,6 +411,25 @@ def _gemma2_extras(config: dict[str, Any]) -> dict[str, Any]:
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)),
         "hidden_act": config.get("hidden_activation") or "gelu_pytorch_tanh",
     }
+
+
+def _gguf_moe_extras(arch: str, key: Callable[..., Any]) -> dict[str, Any]:
+    """A GGUF's routed experts as llama.cpp runs them: softmax routing, the top-k weights renormalized except in
+    Qwen2-MoE, whose shared expert a sigmoid gates; a "llama" file with experts is Mixtral. Every layer is sparse here
+    (the loader marks the layers whose file holds a plain MLP instead, `dense_layers`)."""
+    shared = key("expert_shared_feed_forward_length", 0) if arch == "qwen2moe" else 0
+    if key("expert_gating_func", 1) != 1:  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+        raise ValueError(f"this {arch} GGUF routes its experts with gating function {key('expert_gating_func')}; "
+                         "ember routes GGUF experts with a softmax only")
+    moe = MoEConfig(
+        num_experts=key("expert_count"),
+        num_experts_per_token=key("expert_used_count"),
+        expert_intermediate_size=key("expert_feed_forward_length") or key("feed_forward_length"),
+        normalize_top_k=bool(key("expert_weights_norm", arch != "qwen2moe")),
+        shared_intermediate_size=shared,
+        has_shared_expert_gate=shared > 0,
+    )
+    return {"moe": moe, **({"architecture": "mixtral"} if arch == "llama" else {})}
 
 
 def _gguf_gemma_extras(arch: str, key: Callable[..., Any], hidden_per_head: int) -> dict[str, Any]:

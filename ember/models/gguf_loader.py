@@ -70,7 +70,19 @@ _LAYER_NAMES = {
 # Gemma 2 and 3 norm the attention's output and both sides of the MLP (ffn_norm is the norm before it).
 _GEMMA2_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                        "post_ffw_norm": "post_feedforward_layernorm"}
-_ARCHITECTURE_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}, "gemma2": _GEMMA2_LAYER_NAMES, "gemma3_text": _GEMMA2_LAYER_NAMES}
+# Mixture-of-experts files: the router, Qwen2-MoE's shared expert and its gate (one weight per hidden unit).
+_QWEN_MOE_LAYER_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                         "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                         "ffn_down_shexp": "mlp.shared_expert.down_proj"}
+_ARCHITECTURE_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}, "gemma2": _GEMMA2_LAYER_NAMES, "gemma3_text": _GEMMA2_LAYER_NAMES,
+                             "qwen2_moe": _QWEN_MOE_LAYER_NAMES, "qwen3_moe": _QWEN_MOE_LAYER_NAMES,
+                             "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate"}}
+# Every expert's matrix of a layer stacked in one 3-D tensor, split here into one tensor per expert (`split_experts`).
+_EXPERT_STACK = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
+_ROUTER = re.compile(r"blk\.(\d+)\.ffn_gate_inp\.weight")
+_ONE_EXPERT = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.(\d+)\.weight")
+_EXPERT_NAMES = {"mixtral": ("block_sparse_moe.experts", {"gate": "w1", "up": "w3", "down": "w2"})}
+_QWEN_EXPERT_NAMES = ("mlp.experts", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
 # llama.cpp's converter stores Gemma's (1 + weight) norms as 1 + weight; ember's norms hold transformers' weight.
 _UNIT_OFFSET_NORM_ARCHITECTURES = ("gemma", "gemma2", "gemma3_text")
 _GLOBAL_NAMES = {
@@ -102,7 +114,7 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     if embedding is not None:  # the embedding's rows are the vocabulary, whatever the metadata says
         metadata[f"{metadata['general.architecture']}.vocab_size"] = int(embedding.shape[1])
     has_output = any(t.name == "output.weight" for t in file.tensors)
-    config = ModelConfig.from_gguf(metadata, has_output_tensor=has_output)
+    config = _with_dense_layers(ModelConfig.from_gguf(metadata, has_output_tensor=has_output), file)
     factors = {t.name: tuple(dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1).tolist())
                for t in file.tensors if t.name in ROPE_CONFIG_TENSORS}
     if ROPE_FREQS_TENSOR in factors:
@@ -110,6 +122,15 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     if any(name in factors for name in LONGROPE_TENSORS):
         return dataclasses.replace(config, rope_scaling=_gguf_longrope(metadata, config, factors))
     return config
+
+
+def _with_dense_layers(config: ModelConfig, file: GGUFFile) -> ModelConfig:
+    """A mixture-of-experts config whose layers without a router in the file (no ffn_gate_inp) run a plain MLP."""
+    if config.moe is None:
+        return config
+    routed = {int(match.group(1)) for t in file.tensors if (match := _ROUTER.fullmatch(t.name))}
+    dense = tuple(layer for layer in range(config.num_layers) if layer not in routed)
+    return dataclasses.replace(config, moe=dataclasses.replace(config.moe, dense_layers=dense))
 
 
 def _gguf_longrope(metadata: dict, config: ModelConfig, factors: dict[str, tuple[float, ...]]) -> RopeScaling:
@@ -131,6 +152,11 @@ def hf_name(gguf_name: str, architecture: str = "llama") -> str:
     model of `architecture` (ember's config name: some store parts fused under a plain part's name)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    expert = _ONE_EXPERT.fullmatch(gguf_name)
+    if expert is not None:
+        layer, part, index = expert.groups()
+        prefix, parts = _EXPERT_NAMES.get(architecture, _QWEN_EXPERT_NAMES)
+        return f"model.layers.{layer}.{prefix}.{index}.{parts[part]}.weight"
     match = _LAYER_PATTERN.fullmatch(gguf_name)
     names = {**_LAYER_NAMES, **_ARCHITECTURE_LAYER_NAMES.get(architecture, {})}
     if match is None or match.group(2) not in names:
@@ -161,10 +187,10 @@ def iter_gguf_tensors(
     dequantized to float32 (rows always; columns on block boundaries): a rank's shard runs in
     float32, quantized tensor-parallel layers are not there yet. Tensors `keep` says no to are skipped unread.
     """
-    permute_rope = config.architecture == "llama"
+    permute_rope = config.architecture in ("llama", "mixtral")  # llama.cpp's converter reorders a "llama" file's q/k rows
     ember_formats = ember_block_formats(file)
     _check_tensor_types(file, ember_formats)
-    for tensor in file.tensors:
+    for tensor in split_experts(file.tensors):
         if tensor.name in ROPE_CONFIG_TENSORS:
             continue  # read into the config (read_gguf_config)
         name = hf_name(tensor.name, config.architecture)
@@ -190,6 +216,8 @@ def iter_gguf_tensors(
             values = values.reshape([int(d) for d in reversed(tensor.shape)])
         if config.architecture in _UNIT_OFFSET_NORM_ARCHITECTURES and tensor.name.endswith("norm.weight"):
             values = values - 1
+        if tensor.name.endswith("ffn_gate_inp_shexp.weight"):
+            values = values.reshape(1, -1)  # one output: llama.cpp stores it as a vector
         if permute_rope and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
             values = unpermute_rope(values, config.num_heads)
         elif permute_rope and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
@@ -202,6 +230,18 @@ def iter_gguf_tensors(
             yield name, GGMLTensor(values, block_format, cols)
         else:
             yield name, values
+
+
+def split_experts(tensors: list[GGUFTensor]) -> Iterator[GGUFTensor]:
+    """The file's tensors, each 3-D stack of a layer's expert matrices as one 2-D tensor per expert (its rows of the
+    stack: views of the file, nothing copied), named blk.N.ffn_{gate,up,down}_exps.E.weight."""
+    for tensor in tensors:
+        if _EXPERT_STACK.fullmatch(tensor.name) is None or len(tensor.shape) != 3:
+            yield tensor
+            continue
+        stem = tensor.name.removesuffix(".weight")
+        for expert in range(int(tensor.shape[2])):
+            yield GGUFTensor(f"{stem}.{expert}.weight", tensor.shape[:2], tensor.tensor_type, tensor.data[expert])
 
 
 def _check_tensor_types(file: GGUFFile, ember_formats: dict[str, str]) -> None:
