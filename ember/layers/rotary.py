@@ -92,3 +92,14 @@ class RotaryEmbedding:
         if ops is None or not ops.rotary_(x, positions, self.cos, self.sin):
             x.copy_(self.rotate(positions, x))
         return x
+
+
+class UnrotatedEmbedding(RotaryEmbedding):
+    """A rotation by angle 0 at every position (cos 1, sin 0): a layer without positional rotation (SmolLM3's NoPE
+    layers) runs the same code as its rotating neighbours, the compiled block included, and its queries and keys
+    come out exactly as they went in (x * 1 + y * 0)."""
+
+    def __init__(self, head_dim: int, max_positions: int, device: str = "cpu") -> None:
+        self.rotary_dim = head_dim
+        self.cos = torch.ones(max_positions, head_dim, device=device)  # a real device even while the model is on meta
+        self.sin = torch.zeros(max_positions, head_dim, device=device)

@@ -7,12 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe")
 # GGUF architecture -> ember's (transformers') name where they differ; one not listed and not below runs as "llama"
 _GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
-_GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "gemma", "gemma2")
-SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "gpt2",
-                      "gemma", "gemma2", "gemma3_text", "falcon")
+_GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "gemma", "gemma2")
+_GGUF_NOPE_STEP = 4  # llama.cpp's smollm3: every fourth layer takes no rotation (fixed there, no key in the file)
+SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2",
+                      "gpt2", "gemma", "gemma2", "gemma3_text", "falcon")
 _QWEN_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # windows only with use_sliding_window, from max_window_layers
 
 
@@ -106,6 +107,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own base (unscaled); None: rope_theta
+    nope_layers: tuple[int, ...] = ()  # layers whose attention takes no rotary positions (SmolLM3: every fourth)
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False  # Qwen3: an RMSNorm over head_dim on every query and key head, before the rotation
@@ -236,6 +238,7 @@ class ModelConfig:
             qkv_bias=arch in ("qwen2", "qwen2moe"),
             qk_norm=arch in ("qwen3", "qwen3moe"),
             layer_windows=(int(window),) * key("block_count") if window else None,
+            nope_layers=tuple(i for i in range(key("block_count")) if (i + 1) % _GGUF_NOPE_STEP == 0) if arch == "smollm3" else (),
         )
         if key("expert_count"):
             config = replace(config, **_gguf_moe_extras(arch, key))
@@ -482,6 +485,7 @@ def _phi3_extras(config: dict[str, Any]) -> dict[str, Any]:
 
 _FAMILY_EXTRAS = {
     "qwen3": lambda config: {"qk_norm": True},
+    "smollm3": lambda config: {"nope_layers": tuple(i for i, rotates in enumerate(config.get("no_rope_layers") or ()) if not rotates)},
     "phi3": _phi3_extras,
     "mixtral": _mixtral_extras,
     "qwen2_moe": _qwen2_moe_extras,

@@ -10,11 +10,11 @@ from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.cpu_decoder_layer import CompiledDecoderLayer, LayerShape, LayerWeights
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
-from ember.layers.rotary import RotaryEmbedding
+from ember.layers.rotary import RotaryEmbedding, UnrotatedEmbedding
 from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
 
-LLAMA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")  # the architectures these blocks run
+LLAMA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3")  # the architectures these blocks run
 
 
 class LlamaAttention(nn.Module):
@@ -136,4 +136,12 @@ class LlamaForCausalLM(DecoderForCausalLM):
     """
 
     def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
+        if layer_index in self.config.nope_layers:
+            rotary = self._unrotated()
         return LlamaDecoderLayer(self.config, rotary)
+
+    def _unrotated(self) -> UnrotatedEmbedding:
+        """The one position-free rotation every NoPE layer shares."""
+        if getattr(self, "_unrotated_tables", None) is None:
+            self._unrotated_tables = UnrotatedEmbedding(self.config.head_dim, self.config.rotary_table_positions)
+        return self._unrotated_tables

@@ -13,7 +13,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from ember.models.gguf_loader import unpermute_rope
+from ember.gguf_file import GGUFFile
+from ember.models.gguf_loader import read_gguf_config, unpermute_rope
 from ember.models.loader import load_model
 from ember.quant.ggml_blocks import FORMATS
 from ember.quant.ggml_kernels import load_kernels
@@ -105,10 +106,10 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
     """Write the HF model in `folder` as a GGUF (tensors whose GGUF name ends with a key of `overrides` in that type,
     as a Q4_K_M file mixes them; `rope_freqs`, a Llama 3.1 file's per-pair frequency divisors; `extra` adds a
     family's own metadata and tensors); returns the float32 weights each tensor decodes to (HF layout). Only a "llama"
-    file has llama.cpp's q/k row order, as its converter writes them."""
+    or "smollm3" file has llama.cpp's q/k row order, as its converter writes them."""
     reference = load_reference(folder)
     config = reference.config
-    permute = architecture == "llama"
+    permute = architecture in ("llama", "smollm3")
     writer = GGUFWriter(str(path), architecture)
     writer.add_key_length(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     add_shape_metadata(writer, config)
@@ -238,6 +239,16 @@ def test_a_phi3_gguf_with_fused_projections_and_a_window_matches_transformers_an
     write_gguf(folder, tmp_path / "q8.gguf", T.Q8_0, np.random.default_rng(0), architecture="phi3")
     in_blocks = _greedy_tokens(tmp_path / "q8.gguf", "auto", "float32")  # the fused projections in their blocks
     assert len(in_blocks) == 10 and in_blocks == _greedy_tokens(tmp_path / "q8.gguf", "float32", "float32")
+
+
+def test_a_smollm3_gguf_leaves_every_fourth_layer_unrotated_as_llama_cpp_and_matches_transformers(tmp_path):
+    """llama.cpp fixes SmolLM3's NoPE step at 4 (no key in the file): layer 3 of 4 takes no rotation, as the
+    checkpoint's no_rope_layers says."""
+    folder = save_tiny_model("smollm3", tmp_path / "hf", **SHAPE, num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])
+    write_gguf(folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0), architecture="smollm3")
+    assert read_gguf_config(GGUFFile.open(tmp_path / "model.gguf")).nope_layers == (3,)
+    prompt = list(range(3, 40))
+    assert (_prompt_logprobs(tmp_path / "model.gguf", prompt) - _reference_logprobs(folder, prompt)).abs().max().item() <= 1e-4
 
 
 def _llama3_frequency_factors(head_dim: int, theta: float, factor: float, low: float, high: float, original: int) -> np.ndarray:
