@@ -38,7 +38,7 @@ from ember.layers.sequence_parallel import (
 from ember.models.config import ModelConfig
 from ember.parallel.communicator import Communicator
 
-TENSOR_PARALLEL_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3")
+TENSOR_PARALLEL_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3", "smollm3")
 
 # Checkpoint (transformers) name of a projection -> which split of its output rows (column) or input columns (row).
 _COLUMN_PARALLEL = {

@@ -66,9 +66,9 @@ def _assert_only_the_all_reduce_reorders(single: LLM, parallel: LLM, prompts: li
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3", "smollm3"])
 @pytest.mark.parametrize("switch", ["all-reduce", "sequence-parallel", "exact-row-parallel"])
-def test_tp2_llama_mistral_and_qwen3_match_single_process(tmp_path, single_thread_torch, family, switch):
+def test_tp2_llama_family_models_match_single_process(tmp_path, single_thread_torch, family, switch):
     overrides = dict(sliding_window=6) if family == "mistral" else {}
     folder = save_tiny_model(family, tmp_path / family, **overrides)
     options = dict(block_size=BLOCK_SIZE, num_kv_blocks=200, max_num_batched_tokens=64, enable_prefix_caching=False)
