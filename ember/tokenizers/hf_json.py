@@ -17,7 +17,8 @@ from typing import Any
 from ember.tokenizers.base import Tokenizer
 from ember.tokenizers.bpe import ByteLevelBPETokenizer
 from ember.tokenizers.byte_level import ByteLevelCodec
-from ember.tokenizers.gguf_vocab import END_OF_TURN_TOKENS, merger_from_merge_list
+from ember.tokenizers.gguf_vocab import merger_from_merge_list
+from ember.tokenizers.hf_folder import chat_template_of, read_tokenizer_config, stop_token_ids
 from ember.tokenizers.hf_pipeline import PipelineTokenizer
 from ember.tokenizers.patterns import GPT2_PATTERN, PreTokenizer, for_oniguruma
 
@@ -58,8 +59,11 @@ def load_tokenizer_json(path: str | Path) -> Tokenizer:
     spec = json.loads(Path(path).read_text(encoding="utf-8"))
     if is_plain_byte_level_bpe(spec):
         return _byte_level_from_spec(spec, Path(path))
-    tokenizer = PipelineTokenizer(spec, name=f"tokenizer.json:{Path(path).parent.name}")
-    config = _read_config(Path(path).parent)
+    folder = Path(path).parent
+    config = read_tokenizer_config(folder)
+    added = {entry["content"]: entry["id"] for entry in spec.get("added_tokens", [])}
+    tokenizer = PipelineTokenizer(spec, name=f"tokenizer.json:{folder.name}", chat_template=chat_template_of(folder, config),
+                                  extra_eos_ids=stop_token_ids(folder, added))
     specials = tokenizer.special_tokens
     for key, attribute in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id")):
         if isinstance(config.get(key), str) and config[key] in specials:
@@ -113,15 +117,12 @@ def _byte_level_from_spec(spec: dict[str, Any], path: Path) -> ByteLevelBPEToken
     for entry in added:
         token_bytes[entry["id"]] = None
     merger = merger_from_merge_list(tokens, model.get("merges", []), codec)
-    config = _read_config(path.parent)
+    config = read_tokenizer_config(path.parent)
     leading = _leading_special(spec.get("post_processor"))
     bos = leading if leading in special_tokens else config.get("bos_token")
     eos = config.get("eos_token")
-    extra = [special_tokens[name] for name in END_OF_TURN_TOKENS if name in special_tokens]
-    template_file = path.parent / "chat_template.jinja"
-    chat_template = config.get("chat_template")
-    if chat_template is None and template_file.is_file():
-        chat_template = template_file.read_text(encoding="utf-8")
+    extra = stop_token_ids(path.parent, special_tokens)
+    chat_template = chat_template_of(path.parent, config)
     tokenizer = ByteLevelBPETokenizer(
         merger=merger,
         pre_tokenizer=PreTokenizer.from_stages(pre_tokenizer_stages(spec.get("pre_tokenizer"))),
@@ -159,18 +160,6 @@ def _leading_special(post_processor: dict[str, Any] | None) -> str | None:
     if single and "SpecialToken" in single[0]:
         return single[0]["SpecialToken"].get("id")
     return None
-
-
-def _read_config(folder: Path) -> dict[str, Any]:
-    """tokenizer_config.json beside tokenizer.json (BOS/EOS names, chat template), if any."""
-    config_path = folder / "tokenizer_config.json"
-    if not config_path.is_file():
-        return {}
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    for key in ("bos_token", "eos_token"):
-        if isinstance(config.get(key), dict):  # {"content": "<s>", ...}
-            config[key] = config[key].get("content")
-    return config
 
 
 def load_gpt2_folder(folder: str | Path) -> ByteLevelBPETokenizer:

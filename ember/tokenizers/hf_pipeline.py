@@ -12,6 +12,7 @@ match leftmost-longest; `single_word` ones only between non-word characters; `ls
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,8 +97,12 @@ class AddedTokenMatcher:
 class PipelineTokenizer(Tokenizer):
     """A tokenizer.json run stage by stage (see the module docstring)."""
 
-    def __init__(self, spec: dict[str, Any], name: str = "tokenizer.json") -> None:
+    def __init__(self, spec: dict[str, Any], name: str = "tokenizer.json", chat_template: str | None = None,
+                 extra_eos_ids: Iterable[int] = ()) -> None:
+        """`chat_template` and `extra_eos_ids` (ids beyond EOS that end generation) come from the folder around it."""
         self.name = name
+        self._chat_template = chat_template
+        self._extra_eos_ids = frozenset(extra_eos_ids)
         self._normalize: Normalizer | None = build_normalizer(spec.get("normalizer"))
         self._pre_tokenize: PreTokenize = build_pre_tokenizer(spec.get("pre_tokenizer"))
         self._model = build_model(spec["model"])
@@ -134,6 +139,14 @@ class PipelineTokenizer(Tokenizer):
     @property
     def eos_id(self) -> int | None:
         return self.eos_token_id
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self._extra_eos_ids | ({self.eos_token_id} if self.eos_token_id is not None else frozenset())
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
 
     @property
     def add_bos(self) -> bool:

@@ -10,6 +10,7 @@ as raw bytes, so a model read and written back keeps them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from ember.tokenizers import protobuf_wire as wire
 from ember.tokenizers.base import Tokenizer
 from ember.tokenizers.pieces import PieceKind
 from ember.tokenizers.sp_normalizer import CharsMap
+
+_SPECIAL_KINDS = (PieceKind.CONTROL, PieceKind.USER_DEFINED)  # pieces that can be a chat format's end-of-turn token
 
 MODEL_UNIGRAM, MODEL_BPE, MODEL_WORD, MODEL_CHAR = 1, 2, 3, 4
 
@@ -214,8 +217,10 @@ def looks_like_sentencepiece_model(head: bytes) -> bool:
         return False
 
 
-def tokenizer_from_model(model: SentencePieceModel, name: str = "sentencepiece") -> Tokenizer:
-    """The ember tokenizer for a parsed SentencePiece model (BPE or Unigram)."""
+def tokenizer_from_model(model: SentencePieceModel, name: str = "sentencepiece", chat_template: str | None = None,
+                         extra_eos_ids: Iterable[int] = ()) -> Tokenizer:
+    """The ember tokenizer for a parsed SentencePiece model (BPE or Unigram); `chat_template` and `extra_eos_ids` (ids
+    beyond EOS that end generation) come from where it lies."""
     from ember.tokenizers.sentencepiece_bpe import SentencePieceBPETokenizer, SentencePieceOptions
     from ember.tokenizers.unigram import UnigramTokenizer
 
@@ -236,6 +241,8 @@ def tokenizer_from_model(model: SentencePieceModel, name: str = "sentencepiece")
         "eos_id": valid(trainer.eos_id),
         "unk_id": valid(trainer.unk_id),
         "name": name,
+        "chat_template": chat_template,
+        "extra_eos_ids": extra_eos_ids,
     }
     options = SentencePieceOptions(
         add_dummy_prefix=normalizer.add_dummy_prefix,
@@ -256,5 +263,11 @@ def tokenizer_from_model(model: SentencePieceModel, name: str = "sentencepiece")
 
 
 def load_sentencepiece_model(path: str | Path) -> Tokenizer:
-    """The tokenizer of a SentencePiece `.model` file."""
-    return tokenizer_from_model(SentencePieceModel.load(path), name=f"spm:{Path(path).name}")
+    """The tokenizer of a SentencePiece `.model` file, with the chat template and stop tokens of the HF folder it
+    lies in, if it does (`hf_folder`)."""
+    from ember.tokenizers.hf_folder import chat_template_of, read_tokenizer_config, stop_token_ids
+
+    model, folder = SentencePieceModel.load(path), Path(path).parent
+    specials = {entry.piece: token_id for token_id, entry in enumerate(model.pieces) if entry.kind in _SPECIAL_KINDS}
+    return tokenizer_from_model(model, name=f"spm:{Path(path).name}", chat_template=chat_template_of(folder, read_tokenizer_config(folder)),
+                                extra_eos_ids=stop_token_ids(folder, specials))
