@@ -13,7 +13,14 @@ _GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "q
 _GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "gemma", "gemma2")
 _GGUF_NOPE_STEP = 4  # llama.cpp's smollm3: every fourth layer takes no rotation (fixed there, no key in the file)
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2",
-                      "gpt2", "gemma", "gemma2", "gemma3_text", "falcon")
+                      "gpt2", "gemma", "gemma2", "gemma3_text", "gemma3", "falcon")
+# transformers' Gemma3TextConfig defaults: an image-text Gemma 3 checkpoint's text_config lists only what differs.
+_GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "sliding_window_pattern": 6,
+}  # fmt: skip
 _QWEN_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # windows only with use_sliding_window, from max_window_layers
 
 
@@ -159,6 +166,8 @@ class ModelConfig:
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
         """From a transformers `config.json` dict of any family in SUPPORTED_HF_TYPES."""
         model_type = config.get("model_type")
+        if model_type == "gemma3":  # image-text: ember runs its language model (images are not supported)
+            return cls.from_hf(_gemma3_language_model(config))
         if model_type not in SUPPORTED_HF_TYPES:
             raise ValueError(
                 f"model_type {model_type!r} is not supported; ember loads {', '.join(SUPPORTED_HF_TYPES)}"
@@ -455,6 +464,13 @@ def _gguf_gemma_extras(arch: str, key: Callable[..., Any], hidden_per_head: int)
         "local_rope_theta": 10_000.0 if arch == "gemma3" else None,
         "layer_windows": windows,
     }
+
+
+def _gemma3_language_model(config: dict[str, Any]) -> dict[str, Any]:
+    """The text model's config of an image-text Gemma 3 checkpoint: its `text_config` over transformers' defaults."""
+    text = config.get("text_config") or {}
+    tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+    return {**_GEMMA3_TEXT_DEFAULTS, **text, "model_type": "gemma3_text", "tie_word_embeddings": tied}
 
 
 def _gemma3_extras(config: dict[str, Any]) -> dict[str, Any]:

@@ -47,16 +47,32 @@ def iter_hf_tensors(
     """
     for file in safetensors_files(folder):
         with safe_open(str(file), framework="pt") as shard:
-            for name in shard.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if keep is not None and not keep(name):
+            for stored in shard.keys():  # noqa: SIM118 (safe_open is not a dict)
+                name = text_model_name(stored)
+                if name is None or (keep is not None and not keep(name)):
                     continue
                 part = select(name) if select is not None else None
                 if part is None:
-                    yield name, shard.get_tensor(name)
+                    yield name, shard.get_tensor(stored)
                     continue
                 dim, start, stop = part
-                view = shard.get_slice(name)
+                view = shard.get_slice(stored)
                 yield name, view[start:stop] if dim == 0 else view[:, start:stop]
+
+
+# An image-text checkpoint (Gemma 3 4B and up) wraps its language model: its tensors under these prefixes, as
+# transformers saves them and as it names them in memory, beside the vision tower and projector ember does not run.
+_LANGUAGE_MODEL_PREFIXES = {"language_model.model.": "model.", "model.language_model.": "model.",
+                            "language_model.lm_head.": "lm_head."}
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def text_model_name(name: str) -> str | None:
+    """A checkpoint tensor's name in the text model ember runs; None for an image-text checkpoint's vision parts."""
+    if name.startswith(_VISION_PREFIXES):
+        return None
+    prefix = next((p for p in _LANGUAGE_MODEL_PREFIXES if name.startswith(p)), None)
+    return name if prefix is None else _LANGUAGE_MODEL_PREFIXES[prefix] + name.removeprefix(prefix)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.bpe", "tokenizer.bin")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import transformers
 
@@ -94,6 +96,38 @@ def test_a_gemma3_config_in_transformers_4s_spelling_reads_the_same():
     assert old == new
     assert new.layer_windows == (12, 12, 12, 12, 12, None, 12)
     assert (new.rope_theta, new.local_rope_theta) == (1_000_000.0, 10_000.0)
+
+
+@pytest.fixture(scope="module")
+def gemma3_image_text_folder(tmp_path_factory):
+    """An image-text Gemma 3 (Gemma3ForConditionalGeneration: its language model under language_model.*, a vision
+    tower beside it) whose config.json lists in text_config only what differs from transformers' defaults, as the
+    published 4B / 12B / 27B configs do."""
+    text = transformers.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=7,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=12,
+                                         max_position_embeddings=256, eos_token_id=None)
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                             image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                                       image_token_index=VOCAB - 1, boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 2)
+    folder = save_random_model(transformers.Gemma3ForConditionalGeneration, config, tmp_path_factory.mktemp("gemma3-it"))
+    written = json.loads((folder / "config.json").read_text())
+    shown = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "sliding_window", "max_position_embeddings")
+    written["text_config"] = {key: written["text_config"][key] for key in shown}
+    (folder / "config.json").write_text(json.dumps(written))
+    return folder
+
+
+def test_an_image_text_gemma3_checkpoint_runs_its_language_model_as_transformers_does(gemma3_image_text_folder):
+    from ember.llm import LLM
+
+    reference = transformers.Gemma3ForConditionalGeneration.from_pretrained(gemma3_image_text_folder).eval()
+    prompts = make_prompts(VOCAB - 3)  # below the image tokens
+    assert_prompt_logits_match(gemma3_image_text_folder, reference, prompts)
+    llm = LLM(str(gemma3_image_text_folder), block_size=4, num_kv_blocks=128)
+    assert llm.engine.model_config.layer_windows == (12, 12, 12, 12, 12, None, 12)  # the default pattern: 6
+    assert not any("vision" in name for name, _ in llm.engine.runner.model.named_parameters())
 
 
 # transformers' Gemma names -> llama.cpp's GGUF names (its converter's table), per block and for the whole model
