@@ -157,6 +157,8 @@ def _as_batch(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]
 
 def _prompt_field(prompt: Mapping[str, object]) -> str | Sequence[int]:
     """What a prompt dict holds: its token ids where it gives them (as vLLM), else its text."""
+    if prompt.get("multi_modal_data"):
+        raise ValueError("ember runs text models: a prompt's multi_modal_data (images, audio) cannot be given to them")
     if "prompt_token_ids" in prompt:
         return prompt["prompt_token_ids"]
     if "prompt" in prompt:

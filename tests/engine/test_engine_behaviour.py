@@ -217,6 +217,7 @@ def test_prompts_as_text_ids_numpy_ids_or_prompt_dicts_give_the_same_greedy_outp
         ([5, "6", 7], "'6' in it is not a token id"),
         ([5, 2.5], "2.5 in it is not a token id"),
         ({"text": "hi"}, "holds 'prompt' .text. or 'prompt_token_ids'"),
+        ({"prompt": "hi", "multi_modal_data": {"image": object()}}, "multi_modal_data .images, audio. cannot"),
         ([5, 10**9], "integers in \\[0, 512\\)"),
     ],
 )
