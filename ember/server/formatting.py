@@ -48,6 +48,13 @@ class LogprobFormatter:
         ranked = sorted(position.items(), key=lambda item: item[1].rank)[:num_top]
         return [(token_id, lp.logprob, self._text(token_id, lp.decoded_token)) for token_id, lp in ranked]
 
+    def _legacy_top(self, position: PositionLogprobs, num_top: int, chosen_text: str, chosen_logprob: float) -> dict[str, float]:
+        """A position's `num_top` likeliest tokens and, as OpenAI's legacy format always has it, the chosen
+        token: up to `num_top` + 1 entries, so `top_logprobs[i][tokens[i]]` holds."""
+        top = {text: logprob for _, logprob, text in self._top(position, num_top)}
+        top.setdefault(chosen_text, chosen_logprob)
+        return top
+
     def chat(self, part: CompletionOutput, num_top: int) -> ChatLogprobs | None:
         """`{"content": [{token, logprob, bytes, top_logprobs}]}` for the new tokens of `part`."""
         if part.logprobs is None:
@@ -77,8 +84,7 @@ class LogprobFormatter:
             text = self._text(token_id, None if chosen is None else chosen.decoded_token)
             result.tokens.append(text)
             result.token_logprobs.append(None if chosen is None else chosen.logprob)
-            top = None if position is None else {top_text: logprob for _, logprob, top_text in self._top(position, num_top)}
-            result.top_logprobs.append(top)
+            result.top_logprobs.append(None if chosen is None else self._legacy_top(position, num_top, text, chosen.logprob))
             result.text_offset.append(offset)
             offset += len(text)
         return result
@@ -94,7 +100,7 @@ class LogprobFormatter:
             text = self._text(token_id, chosen.decoded_token)
             result.tokens.append(text)
             result.token_logprobs.append(chosen.logprob)
-            result.top_logprobs.append({top_text: logprob for _, logprob, top_text in self._top(position, num_top)})
+            result.top_logprobs.append(self._legacy_top(position, num_top, text, chosen.logprob))
             result.text_offset.append(offset)
             offset += len(text)
         return result

@@ -191,3 +191,13 @@ def test_request_lines_are_logged_without_prompt_text(smollm2_server: ServeProce
     assert "prompt_tokens=" in log and "ttft_s=" in log and "finish_reason=" in log
     assert "capital of France" not in log
     assert "KV cache:" in log and "blocks" in log
+
+
+def test_completion_top_logprobs_always_hold_the_sampled_token(client: OpenAI) -> None:
+    # OpenAI's legacy format: up to logprobs + 1 entries, the sampled token always among them.
+    response = client.completions.create(model=SERVED_MODEL, prompt="The sky is", max_tokens=4, temperature=0,
+                                         logprobs=0, echo=True)  # fmt: skip
+    logprobs = response.choices[0].logprobs
+    assert logprobs.top_logprobs[0] is None  # the first prompt token: nothing came before it
+    for token, logprob, top in zip(logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True):
+        assert top == {token: pytest.approx(logprob)}
