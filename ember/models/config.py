@@ -7,12 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe")
 # GGUF architecture -> ember's (transformers') name where they differ; one not listed and not below runs as "llama"
 _GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
-_GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "gemma", "gemma2")
+_GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "granite", "gemma", "gemma2")
 _GGUF_NOPE_STEP = 4  # llama.cpp's smollm3: every fourth layer takes no rotation (fixed there, no key in the file)
-SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2",
+SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "granite", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2",
                       "gpt2", "gemma", "gemma2", "gemma3_text", "gemma3", "falcon")
 # transformers' Gemma3TextConfig defaults: an image-text Gemma 3 checkpoint's text_config lists only what differs.
 _GEMMA3_TEXT_DEFAULTS = {
@@ -21,6 +21,7 @@ _GEMMA3_TEXT_DEFAULTS = {
     "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "query_pre_attn_scalar": 256,
     "sliding_window": 4096, "sliding_window_pattern": 6,
 }  # fmt: skip
+_GRANITE_SCALARS = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
 _QWEN_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # windows only with use_sliding_window, from max_window_layers
 
 
@@ -115,6 +116,13 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own base (unscaled); None: rope_theta
     nope_layers: tuple[int, ...] = ()  # layers whose attention takes no rotary positions (SmolLM3: every fourth)
+    # Granite's scalars: embeddings times embedding_multiplier, attention scores scaled by attention_multiplier (None:
+    # head_dim ** -0.5), attention and MLP outputs times residual_multiplier before the residual add, logits divided
+    # by logits_scaling.
+    embedding_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False  # Qwen3: an RMSNorm over head_dim on every query and key head, before the rotation
@@ -251,6 +259,8 @@ class ModelConfig:
         )
         if key("expert_count"):
             config = replace(config, **_gguf_moe_extras(arch, key))
+        if arch == "granite":
+            config = replace(config, **_gguf_granite_extras(key))
         return replace(config, **_gguf_gemma_extras(arch, key, hidden // num_heads)) if arch.startswith("gemma") else config
 
 
@@ -425,6 +435,16 @@ def _gemma2_extras(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _gguf_granite_extras(key: Callable[..., Any]) -> dict[str, Any]:
+    """Granite's four scalars as llama.cpp's converter names them (an attention scale of 0 or none: head_dim ** -0.5)."""
+    return {
+        "embedding_multiplier": float(key("embedding_scale", 1.0)),
+        "attention_multiplier": float(key("attention.scale", 0.0)) or None,
+        "residual_multiplier": float(key("residual_scale", 1.0)),
+        "logits_scaling": float(key("logit_scale", 1.0)),
+    }
+
+
 def _gguf_moe_extras(arch: str, key: Callable[..., Any]) -> dict[str, Any]:
     """A GGUF's routed experts as llama.cpp runs them: softmax routing, the top-k weights renormalized except in
     Qwen2-MoE, whose shared expert a sigmoid gates; a "llama" file with experts is Mixtral. Every layer is sparse here
@@ -501,6 +521,7 @@ def _phi3_extras(config: dict[str, Any]) -> dict[str, Any]:
 
 _FAMILY_EXTRAS = {
     "qwen3": lambda config: {"qk_norm": True},
+    "granite": lambda config: {key: float(config[key]) for key in _GRANITE_SCALARS if config.get(key) is not None},
     "smollm3": lambda config: {"nope_layers": tuple(i for i, rotates in enumerate(config.get("no_rope_layers") or ()) if not rotates)},
     "phi3": _phi3_extras,
     "mixtral": _mixtral_extras,

@@ -37,6 +37,7 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.layer_groups = KVCacheLayout.from_specs(specs).layer_groups
         self._stack: CompiledDecoderStack | None = None
+        self.embedding_multiplier = config.embedding_multiplier  # Granite's; 1 elsewhere
 
     def forward(
         self,
@@ -46,6 +47,8 @@ class DecoderModel(nn.Module):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        if self.embedding_multiplier != 1.0:
+            h = h * self.embedding_multiplier
         stack = self.compiled_stack()
         if stack is not None:
             out = stack(h, positions, kv_caches, metadata.for_group(self.layer_groups[0]))
@@ -106,4 +109,5 @@ class DecoderForCausalLM(nn.Module, ABC):
         return self.model(input_ids, positions, kv_caches, metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling

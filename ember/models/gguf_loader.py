@@ -187,7 +187,7 @@ def iter_gguf_tensors(
     dequantized to float32 (rows always; columns on block boundaries): a rank's shard runs in
     float32, quantized tensor-parallel layers are not there yet. Tensors `keep` says no to are skipped unread.
     """
-    permute_rope = config.architecture in ("llama", "mixtral", "smollm3")  # llama.cpp's converter reorders these q/k rows
+    permute_rope = config.architecture in ("llama", "mixtral", "smollm3", "granite")  # llama.cpp's converter reorders these q/k rows
     ember_formats = ember_block_formats(file)
     _check_tensor_types(file, ember_formats)
     for tensor in split_experts(file.tensors):

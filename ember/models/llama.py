@@ -14,7 +14,7 @@ from ember.layers.rotary import RotaryEmbedding, UnrotatedEmbedding
 from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
 
-LLAMA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3")  # the architectures these blocks run
+LLAMA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite")  # the architectures these blocks run
 
 
 class LlamaAttention(nn.Module):
@@ -32,7 +32,7 @@ class LlamaAttention(nn.Module):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
+        self.scale = config.attention_multiplier or config.head_dim**-0.5
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         hidden = config.hidden_size
@@ -92,6 +92,7 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, rotary)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
+        self.residual_multiplier = config.residual_multiplier  # Granite's; the compiled block adds outputs unscaled
 
     def compile_for_cpu(self) -> bool:
         """Hand the forward to one compiled call where every product has a compiled form (see `CompiledProduct`)."""
@@ -99,7 +100,7 @@ class LlamaDecoderLayer(nn.Module):
         modules = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
         products = [getattr(module, "compiled_product", lambda: None)() for module in modules]
         norms = (self.input_layernorm, self.post_attention_layernorm, attention.q_norm, attention.k_norm)
-        if None in products or len({norm.eps for norm in norms if norm is not None}) != 1:  # the kernel takes one eps
+        if None in products or self.residual_multiplier != 1.0 or len({norm.eps for norm in norms if norm is not None}) != 1:  # the kernel takes one eps
             return False
         q_norm, k_norm = (None, None) if attention.q_norm is None else (attention.q_norm.weight.detach(), attention.k_norm.weight.detach())
         weights = LayerWeights(
@@ -124,8 +125,10 @@ class LlamaDecoderLayer(nn.Module):
             if out is not None:
                 return out
         attended = self.self_attn(self.input_layernorm(x), positions, kv_cache, metadata)
-        normed, h = self.post_attention_layernorm.add_and_norm(x, attended)
-        return h + self.mlp(normed)
+        scale = self.residual_multiplier
+        normed, h = self.post_attention_layernorm.add_and_norm(x, attended if scale == 1.0 else attended * scale)
+        mixed = self.mlp(normed)
+        return h + (mixed if scale == 1.0 else mixed * scale)
 
 
 class LlamaForCausalLM(DecoderForCausalLM):

@@ -106,10 +106,10 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
     """Write the HF model in `folder` as a GGUF (tensors whose GGUF name ends with a key of `overrides` in that type,
     as a Q4_K_M file mixes them; `rope_freqs`, a Llama 3.1 file's per-pair frequency divisors; `extra` adds a
     family's own metadata and tensors); returns the float32 weights each tensor decodes to (HF layout). Only a "llama"
-    or "smollm3" file has llama.cpp's q/k row order, as its converter writes them."""
+    "smollm3" or "granite" file has llama.cpp's q/k row order, as its converter writes them."""
     reference = load_reference(folder)
     config = reference.config
-    permute = architecture in ("llama", "smollm3")
+    permute = architecture in ("llama", "smollm3", "granite")
     writer = GGUFWriter(str(path), architecture)
     writer.add_key_length(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     add_shape_metadata(writer, config)
@@ -247,6 +247,20 @@ def test_a_smollm3_gguf_leaves_every_fourth_layer_unrotated_as_llama_cpp_and_mat
     folder = save_tiny_model("smollm3", tmp_path / "hf", **SHAPE, num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])
     write_gguf(folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0), architecture="smollm3")
     assert read_gguf_config(GGUFFile.open(tmp_path / "model.gguf")).nope_layers == (3,)
+    prompt = list(range(3, 40))
+    assert (_prompt_logprobs(tmp_path / "model.gguf", prompt) - _reference_logprobs(folder, prompt)).abs().max().item() <= 1e-4
+
+
+def test_a_granite_gguf_reads_its_four_scalars_as_llama_cpp_and_matches_transformers(tmp_path):
+    folder = save_tiny_model("granite", tmp_path / "hf", **SHAPE)
+
+    def scalars(writer: GGUFWriter) -> None:
+        for key, value in (("embedding_scale", 3.0), ("attention.scale", 0.2), ("residual_scale", 0.3), ("logit_scale", 4.0)):
+            writer.add_float32(f"granite.{key}", value)
+
+    write_gguf(folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0), architecture="granite", extra=scalars)
+    config = read_gguf_config(GGUFFile.open(tmp_path / "model.gguf"))
+    assert (config.embedding_multiplier, config.residual_multiplier, config.logits_scaling) == (3.0, pytest.approx(0.3), 4.0)
     prompt = list(range(3, 40))
     assert (_prompt_logprobs(tmp_path / "model.gguf", prompt) - _reference_logprobs(folder, prompt)).abs().max().item() <= 1e-4
 
