@@ -94,6 +94,12 @@ class ChatMessage(StrictModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # The rest of a reply as the openai client parses it: a client appending `message.model_dump()` to its
+    # history sends them back, null. Accepted empty only (`ember.server.requests` refuses content in them).
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: Any | None = None
+    function_call: Any | None = None
 
     def text(self) -> str:
         """The message content as one string (text parts joined)."""

@@ -108,12 +108,23 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
         if message.role == "tool" and not message.tool_call_id:
             raise ApiError(f"Message {index} (tool) needs the 'tool_call_id' of the call it answers.",
                            param=f"messages.{index}.tool_call_id", code="invalid_value")  # fmt: skip
+        _check_reply_extras(index, message)
         if message.content is None and message.role != "assistant":
             raise ApiError(
                 f"Message {index} ({message.role}) has no content.",
                 param=f"messages.{index}.content",
                 code="invalid_value",
             )
+
+
+def _check_reply_extras(index: int, message: ChatMessage) -> None:
+    """Refuse a message whose reply fields beside its text carry something: the template renders text
+    and tool calls only, so a refusal, annotations, audio or a legacy function call would be lost silently."""
+    for name in ("refusal", "annotations", "audio", "function_call"):
+        if getattr(message, name):
+            raise ApiError(f"Message {index} ({message.role}) has {name!r}, which ember cannot render; "
+                           "send it as content or tool_calls, or leave it null.",
+                           param=f"messages.{index}.{name}", code="unsupported_parameter")  # fmt: skip
 
 
 def check_rendering(request: ChatRenderFields, messages: list[ChatMessage]) -> None:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.server.harness import SERVED_MODEL, ServeProcess
+from tests.server.harness import SERVED_MODEL, ServeProcess, assert_openai_error
 from tests.shared_assets import shared_file
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
@@ -201,3 +201,22 @@ def test_completion_top_logprobs_always_hold_the_sampled_token(client: OpenAI) -
     assert logprobs.top_logprobs[0] is None  # the first prompt token: nothing came before it
     for token, logprob, top in zip(logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True):
         assert top == {token: pytest.approx(logprob)}
+
+
+def test_a_reply_sent_back_as_its_model_dump_renders_as_its_text(client: OpenAI) -> None:
+    reply = client.chat.completions.create(model=SERVED_MODEL, messages=CAPITAL, max_tokens=4, temperature=0)
+    dumped = reply.choices[0].message.model_dump()  # content, role and refusal / annotations / audio / ... as null
+    assert dumped["refusal"] is None and "annotations" in dumped and "function_call" in dumped
+    follow_up = {"role": "user", "content": "And of Italy?"}
+    as_dump = client.chat.completions.create(model=SERVED_MODEL, messages=[*CAPITAL, dumped, follow_up], max_tokens=1)
+    as_text = {"role": "assistant", "content": reply.choices[0].message.content}
+    by_hand = client.chat.completions.create(model=SERVED_MODEL, messages=[*CAPITAL, as_text, follow_up], max_tokens=1)
+    assert as_dump.usage.prompt_tokens == by_hand.usage.prompt_tokens
+
+
+def test_a_reply_field_with_content_ember_cannot_render_is_named(smollm2_server: ServeProcess) -> None:
+    refused = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+    response = httpx.post(f"{smollm2_server.base_url}/v1/chat/completions",
+                          json={"model": SERVED_MODEL, "messages": [*CAPITAL, refused], "max_tokens": 1})  # fmt: skip
+    error = assert_openai_error(response, 400)
+    assert error["param"] == "messages.1.refusal"
