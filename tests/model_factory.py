@@ -18,7 +18,7 @@ TINY_SHAPE = dict(
 
 
 def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Path:
-    """A random `family` ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite") model in `folder`; returns the folder."""
+    """A random `family` ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "olmo2") model in `folder`; returns the folder."""
     import transformers
 
     config_classes = {
@@ -29,6 +29,7 @@ def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Pa
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
+        "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
     }
     config_class, model_class = config_classes[family]
     settings = dict(TINY_SHAPE, rope_theta=10000.0, tie_word_embeddings=False)
@@ -38,6 +39,8 @@ def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Pa
         settings.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "granite":  # its four scalars away from 1 (Granite 3's: 12, 1/64 and 0.22, 8 in the 2B)
         settings.update(embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.3, logits_scaling=4.0)
+    if family == "olmo2":  # its defaults name tokens past a tiny vocabulary
+        settings.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "smollm3":  # two layers: the second without rotary positions (NoPE), as every fourth in SmolLM3-3B
         settings.update(no_rope_layers=[1, 0], bos_token_id=1, eos_token_id=2, pad_token_id=0)
     settings.update(overrides)

@@ -76,7 +76,8 @@ _QWEN_MOE_LAYER_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.
                          "ffn_down_shexp": "mlp.shared_expert.down_proj"}
 _ARCHITECTURE_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}, "gemma2": _GEMMA2_LAYER_NAMES, "gemma3_text": _GEMMA2_LAYER_NAMES,
                              "qwen2_moe": _QWEN_MOE_LAYER_NAMES, "qwen3_moe": _QWEN_MOE_LAYER_NAMES,
-                             "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate"}}
+                             "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate"},
+                             "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}}
 # Every expert's matrix of a layer stacked in one 3-D tensor, split here into one tensor per expert (`split_experts`).
 _EXPERT_STACK = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
 _ROUTER = re.compile(r"blk\.(\d+)\.ffn_gate_inp\.weight")

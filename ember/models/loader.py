@@ -232,6 +232,7 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
         "gemma2": ("ember.models.gemma2", "Gemma2ForCausalLM"),
         "gemma3_text": ("ember.models.gemma2", "Gemma2ForCausalLM"),
         "falcon": ("ember.models.falcon", "FalconForCausalLM"),
+        "olmo2": ("ember.models.olmo2", "Olmo2ForCausalLM"),
     }
     if architecture not in families:
         raise ValueError(f"architecture {architecture!r} has no ember model; ember runs {', '.join([*LLAMA_ARCHITECTURES, *families])}")

@@ -47,12 +47,16 @@ _LAYER_PARTS = {
 }
 
 
-def _gguf_name(hf_name: str) -> str:
+# OLMo 2's norms sit after each branch: llama.cpp names them as Gemma 2's post-branch norms
+_ARCHITECTURE_PARTS = {"olmo2": {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"}}
+
+
+def _gguf_name(hf_name: str, architecture: str = "llama") -> str:
     if hf_name in _HF_TO_GGUF:
         return _HF_TO_GGUF[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     part, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_LAYER_PARTS[part]}.{kind}"
+    return f"blk.{layer}.{({**_LAYER_PARTS, **_ARCHITECTURE_PARTS.get(architecture, {})})[part]}.{kind}"
 
 
 def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -123,7 +127,7 @@ def write_gguf(folder: Path, path: Path, qtype: GGMLQuantizationType, rng: np.ra
         writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     for hf_name, tensor in reference.state_dict().items():
         values = tensor.float().numpy()
-        name = _gguf_name(hf_name)
+        name = _gguf_name(hf_name, architecture)
         if permute and name.endswith(("attn_q.weight", "attn_k.weight")):
             values = _llama_cpp_permute(values, NUM_HEADS if "attn_q" in name else NUM_KV_HEADS)
         tensor_type = next((t for suffix, t in (overrides or {}).items() if name.endswith(suffix)), qtype)
@@ -261,6 +265,13 @@ def test_a_granite_gguf_reads_its_four_scalars_as_llama_cpp_and_matches_transfor
     write_gguf(folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0), architecture="granite", extra=scalars)
     config = read_gguf_config(GGUFFile.open(tmp_path / "model.gguf"))
     assert (config.embedding_multiplier, config.residual_multiplier, config.logits_scaling) == (3.0, pytest.approx(0.3), 4.0)
+    prompt = list(range(3, 40))
+    assert (_prompt_logprobs(tmp_path / "model.gguf", prompt) - _reference_logprobs(folder, prompt)).abs().max().item() <= 1e-4
+
+
+def test_an_olmo2_gguf_with_norms_after_each_branch_matches_transformers(tmp_path):
+    folder = save_tiny_model("olmo2", tmp_path / "hf", **SHAPE)
+    write_gguf(folder, tmp_path / "model.gguf", T.F32, np.random.default_rng(0), architecture="olmo2")
     prompt = list(range(3, 40))
     assert (_prompt_logprobs(tmp_path / "model.gguf", prompt) - _reference_logprobs(folder, prompt)).abs().max().item() <= 1e-4
 

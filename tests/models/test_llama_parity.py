@@ -13,9 +13,9 @@ from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
 from tests.model_factory import load_reference, save_tiny_model
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite"]  # qwen3: q/k head norms, head_dim apart
-# from hidden / heads; phi3: q/k/v and gate/up stored fused in the checkpoint; smollm3: a layer without rotary positions
-# (NoPE); granite: scaled embeddings, attention, residual branches and logits
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "olmo2"]  # qwen3: q/k head norms, head_dim
+# apart from hidden / heads; phi3: q/k/v and gate/up stored fused in the checkpoint; smollm3: a layer without rotary
+# positions (NoPE); granite: scaled embeddings, attention, residual branches and logits; olmo2: norms after each branch
 PROMPT_LENGTHS = [5, 17, 40, 3, 33, 64, 1, 9]
 LOGIT_TOLERANCE = 1e-4
 
