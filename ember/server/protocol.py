@@ -203,7 +203,7 @@ class CompletionRequest(SamplingFields):
     """`POST /v1/completions`; `prompt` is text, texts, token ids or lists of token ids."""
 
     prompt: PromptInput
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = Field(default=16, ge=0)  # 0 only with echo: the prompt scored, nothing generated
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None

@@ -145,6 +145,15 @@ def check_completion_request(request: CompletionRequest) -> None:
         raise _unsupported("suffix", "insertion with a suffix")
     if request.best_of is not None and request.best_of != (request.n or 1):
         raise _unsupported("best_of", "best_of other than n")
+    if request.max_tokens == 0 and not request.echo:
+        raise ApiError("max_tokens=0 generates nothing: it is allowed only with echo (to score the prompt).",
+                       param="max_tokens", code="invalid_value")  # fmt: skip
+
+
+def scores_prompt_only(request: CompletionRequest) -> bool:
+    """Whether a completion asks for its prompt back and nothing generated (`echo` with `max_tokens: 0`, as
+    OpenAI's legacy API and vLLM take it): how a harness reads a text's log-likelihood."""
+    return bool(request.echo) and request.max_tokens == 0
 
 
 def sampling_params(
@@ -294,7 +303,9 @@ def chat_sampling_params(request: ChatCompletionRequest, tools: ToolPlan | None 
 def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     """SamplingParams of a text completion request; an echo with logprobs scores the prompt's tokens too."""
     prompt_logprobs = request.logprobs if request.echo else None
-    return sampling_params(request, request.max_tokens, request.logprobs, prompt_logprobs)
+    # The engine generates at least one token; a prompt-only request drops it (serving_completions).
+    max_tokens = 1 if scores_prompt_only(request) else request.max_tokens
+    return sampling_params(request, max_tokens, request.logprobs, prompt_logprobs)
 
 
 def chat_template_for(request: ChatRenderFields, served: ChatTemplate | None, brought: RequestTemplates) -> ChatTemplate:

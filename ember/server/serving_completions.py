@@ -2,11 +2,14 @@
 
 With `echo`, each choice's text starts with its prompt (as sent, or decoded from the ids given),
 and with `logprobs` too the prompt's tokens come first in the logprobs, scored by the model
-(the first has none): how evaluation harnesses read a text's log-likelihood.
+(the first has none): how evaluation harnesses read a text's log-likelihood. `max_tokens: 0` with
+`echo` answers the prompt alone (OpenAI's legacy API and vLLM take it so).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -14,7 +17,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response
 
-from ember.engine.outputs import RequestOutput
+from ember.engine.outputs import CompletionOutput, RequestOutput
 from ember.engine.sampling_params import SamplingParams
 from ember.server.admission import AdmissionTicket
 from ember.server.context import ServingContext
@@ -37,6 +40,7 @@ from ember.server.requests import (
     count_prompts,
     parse_request,
     resolve_model,
+    scores_prompt_only,
 )
 from ember.server.responses import event, model_response, sse_response
 
@@ -83,6 +87,8 @@ async def _run_completion(
         tracked_generate(context, f"{request_id}-{index}", prompt, params, ticket)
         for index, prompt in enumerate(prompts)
     ]
+    if scores_prompt_only(request):
+        streams = [_without_generated_tokens(stream) for stream in streams]
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         chunks = _chunks(context, request_id, model, streams, params.n, num_top, include_usage, echoes)
@@ -168,6 +174,19 @@ async def _chunks(
         outputs = [last_outputs[index] for index in sorted(last_outputs)]
         usage = usage_of(outputs, completion_tokens)
         yield event(CompletionResponse(id=request_id, created=created, model=model, choices=[], usage=usage))
+
+
+async def _without_generated_tokens(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    """The deltas of a prompt-only request with the one token the engine had to generate taken out: each
+    choice is its echo alone, cut by its max_tokens of 0 (`length`), and counts no completion tokens."""
+    async with contextlib.aclosing(stream):
+        async for delta in stream:
+            emptied = [
+                CompletionOutput(index=part.index, logprobs=None if part.logprobs is None else [],
+                                 finish_reason=part.finish_reason and "length")  # fmt: skip
+                for part in delta.outputs
+            ]
+            yield dataclasses.replace(delta, outputs=emptied)
 
 
 def _echo_text(prompt: PreparedPrompt, context: ServingContext) -> str:

@@ -220,3 +220,26 @@ def test_a_reply_field_with_content_ember_cannot_render_is_named(smollm2_server:
                           json={"model": SERVED_MODEL, "messages": [*CAPITAL, refused], "max_tokens": 1})  # fmt: skip
     error = assert_openai_error(response, 400)
     assert error["param"] == "messages.1.refusal"
+
+
+def test_echo_with_zero_max_tokens_scores_the_prompt_alone(client: OpenAI) -> None:
+    prompt = "The sky is blue"
+    scored = client.completions.create(model=SERVED_MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    extended = client.completions.create(model=SERVED_MODEL, prompt=prompt, max_tokens=1, echo=True, logprobs=1, temperature=0)
+    choice = scored.choices[0]
+    assert choice.text == prompt
+    assert choice.finish_reason == "length"
+    assert scored.usage.completion_tokens == 0
+    num_prompt_tokens = scored.usage.prompt_tokens
+    assert len(choice.logprobs.tokens) == num_prompt_tokens
+    expected = extended.choices[0].logprobs.token_logprobs[:num_prompt_tokens]
+    assert choice.logprobs.token_logprobs[0] is None and expected[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(expected[1:])
+    streamed = list(client.completions.create(model=SERVED_MODEL, prompt=prompt, max_tokens=0, echo=True, stream=True))
+    assert "".join(chunk.choices[0].text for chunk in streamed) == prompt
+
+
+def test_zero_max_tokens_without_echo_is_refused(smollm2_server: ServeProcess) -> None:
+    response = httpx.post(f"{smollm2_server.base_url}/v1/completions",
+                          json={"model": SERVED_MODEL, "prompt": "Hi", "max_tokens": 0})  # fmt: skip
+    assert assert_openai_error(response, 400)["param"] == "max_tokens"
