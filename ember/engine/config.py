@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from ember.parallel.config import ParallelConfig, add_parallel_arguments
 
 # "auto": a quantized checkpoint stays quantized (float32 activations), a float one loads as float32.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
 QUANT_ACTIVATIONS = ("int8", "float32")  # what ember.quant.ggml_layers' GGML linear layers round activations to
 # "auto": the model's compute dtype; "fp8" (alias "fp8_e4m3"): float8 e4m3 with no scale, as vLLM's
 # uncalibrated default, 1 byte per element (torch dtypes: ember.engine.runner.KV_CACHE_TORCH_DTYPES).
@@ -179,7 +182,7 @@ class EngineConfig:
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
         """Build the config from the flags `add_engine_arguments` defined."""
         return cls(
-            model=args.model,
+            model=model_from_args(args),
             tokenizer=args.tokenizer,
             dtype=args.dtype,
             quant_activations=args.quant_activations,
@@ -190,26 +193,73 @@ class EngineConfig:
                 block_size=args.block_size,
                 num_kv_blocks=args.num_kv_blocks,
                 kv_cache_memory_bytes=args.kv_cache_memory,
-                enable_prefix_caching=not args.no_prefix_caching,
+                enable_prefix_caching=args.enable_prefix_caching,
                 kv_cache_dtype=args.kv_cache_dtype,
             ),
             scheduler=SchedulerConfig(
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_num_seqs=args.max_num_seqs,
-                enable_chunked_prefill=not args.no_chunked_prefill,
+                enable_chunked_prefill=args.enable_chunked_prefill,
             ),
-            speculative=SpeculativeConfig(
-                method=args.speculative_method,
-                num_speculative_tokens=args.num_speculative_tokens,
-                draft_model=args.draft_model,
-                draft_dtype=args.draft_dtype,
-                medusa_heads=args.medusa_heads,
-                medusa_tree_nodes=args.medusa_tree_nodes,
-                eagle_head=args.eagle_head,
-                adaptive=not args.no_adaptive_speculation,
-            ),
+            speculative=_speculative_from_args(args),
             parallel=ParallelConfig.from_args(args),
         )
+
+
+def model_from_args(args: argparse.Namespace) -> str:
+    """The model given as --model or first on the command line (not both, unless they agree)."""
+    positional = getattr(args, "model_tag", None)
+    if positional and args.model and positional != args.model:
+        raise ValueError(f"two models given: {positional!r} and --model {args.model!r}; give one")
+    if not (positional or args.model):
+        raise ValueError("give the model to load: ember serve MODEL (or --model MODEL)")
+    return positional or args.model
+
+
+def _speculative_from_args(args: argparse.Namespace) -> SpeculativeConfig:
+    """The speculation flags, or vLLM's --speculative-config JSON in their place."""
+    flags = dict(method=args.speculative_method, num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,
+                 medusa_heads=args.medusa_heads, eagle_head=args.eagle_head)
+    if args.speculative_config is not None:
+        given = [name for name, value in flags.items() if value is not None]
+        if given:
+            flag = "speculative-method" if given[0] == "method" else given[0].replace("_", "-")
+            raise ValueError(f"--speculative-config already says how to speculate; drop --{flag}")
+        flags = args.speculative_config
+    return SpeculativeConfig(**flags, draft_dtype=args.draft_dtype, medusa_tree_nodes=args.medusa_tree_nodes,
+                             adaptive=not args.no_adaptive_speculation)
+
+
+# vLLM's --speculative-config methods -> ember's proposer, and the SpeculativeConfig field its "model" fills
+_VLLM_SPECULATION = {"ngram": ("ngram", None), "draft_model": ("draft", "draft_model"), "eagle": ("eagle", "eagle_head"),
+                     "medusa": ("medusa", "medusa_heads")}
+_VLLM_SPECULATION_KEYS = {"num_speculative_tokens": "num_speculative_tokens", "prompt_lookup_max": "ngram_max",
+                          "prompt_lookup_min": "ngram_min"}
+
+
+def parse_speculative_config(text: str) -> dict[str, Any]:
+    """vLLM's --speculative-config JSON ({"method": "ngram", "num_speculative_tokens": 5}, {"model": DRAFT, ...})
+    -> SpeculativeConfig fields; a key or method ember has no counterpart for is named."""
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"--speculative-config is not JSON ({error}); write e.g. "
+                                         '\'{"method": "ngram", "num_speculative_tokens": 5}\'') from None
+    if not isinstance(given, dict):
+        raise argparse.ArgumentTypeError("--speculative-config is a JSON object, e.g. '{\"method\": \"ngram\"}'")
+    method = given.get("method") or ("draft_model" if given.get("model") else None)
+    if method not in _VLLM_SPECULATION:
+        raise argparse.ArgumentTypeError(f"--speculative-config method {method!r} is not one ember runs; choose one of "
+                                         f"{', '.join(_VLLM_SPECULATION)}")
+    unknown = sorted(set(given) - {"method", "model", *_VLLM_SPECULATION_KEYS})
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--speculative-config key {unknown[0]!r} has no counterpart in ember; drop it")
+    proposer, model_field = _VLLM_SPECULATION[method]
+    fields: dict[str, Any] = {"method": proposer}
+    if model_field is not None and given.get("model"):
+        fields[model_field] = given["model"]
+    fields.update({ours: given[theirs] for theirs, ours in _VLLM_SPECULATION_KEYS.items() if theirs in given})
+    return fields
 
 
 def parse_bytes(text: str) -> int:
@@ -225,13 +275,17 @@ def parse_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"cannot read {text!r} as a size; write e.g. 512MiB or 2GB") from None
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine's flags, shared by every command that builds an engine."""
+def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
+    """The engine's flags, shared by every command that builds an engine; with `model_positional` the model may also
+    come first, unflagged, as `vllm serve MODEL` takes it (`model_from_args`)."""
     defaults = EngineConfig(model="")
-    parser.add_argument("--model", required=True, help="registered name, GGUF file, HF folder or llama2.c .bin")
+    if model_positional:
+        parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="the model, as --model gives it")
+    parser.add_argument("--model", required=not model_positional, help="registered name, GGUF file, HF folder or llama2.c .bin")
     parser.add_argument("--tokenizer", default=None, help="tokenizer file overriding the model's own")
-    parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPES,
-                        help="auto: keep a quantized checkpoint (GGUF Q4_0/Q4_1/Q8_0/k-quants) quantized; a float dtype forces a float copy")
+    parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPES, type=lambda name: DTYPE_ALIASES.get(name, name),
+                        help="auto: keep a quantized checkpoint (GGUF Q4_0/Q4_1/Q8_0/k-quants) quantized; a float dtype forces "
+                             "a float copy (vLLM's half and float name float16 and float32)")
     parser.add_argument("--quant-activations", default=defaults.quant_activations, choices=QUANT_ACTIVATIONS,
                         help="quantized (GGML) layers: int8 rounds activations per 32 values for integer dot products (fast); "
                              "float32 keeps them (exact: the dequantized float model's results)")
@@ -244,8 +298,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "(float8 e4m3, unscaled: half bfloat16's bytes, so twice the tokens in the same memory)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.scheduler.max_num_batched_tokens)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.scheduler.max_num_seqs)
-    parser.add_argument("--no-prefix-caching", action="store_true", help="switch prefix caching off")
-    parser.add_argument("--no-chunked-prefill", action="store_true", help="switch chunked prefill off")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="share the KV blocks of common prompt prefixes (default on; --no-prefix-caching too)")
+    parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS)
+    parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                        help="split long prompts across steps beside the decoders (default on; --no-chunked-prefill too)")
+    parser.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of unseeded sampling")
     parser.add_argument("--speculative-method", default=None, choices=SPECULATIVE_METHODS,
                         help="speculative decoding proposer (default: off)")
@@ -263,4 +321,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder of an EAGLE-style head (`ember eagle train`) for --speculative-method eagle")
     parser.add_argument("--no-adaptive-speculation", action="store_true",
                         help="always draft --num-speculative-tokens instead of following the acceptance rate")
+    parser.add_argument("--speculative-config", type=parse_speculative_config, default=None,
+                        help='vLLM\'s JSON in place of the flags above, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\' '
+                             "or '{\"model\": DRAFT, \"num_speculative_tokens\": 4}'")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="accepted so vLLM command lines run: ember executes no code shipped in a model folder")
     add_parallel_arguments(parser)

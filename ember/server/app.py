@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ember.server.admission import AdmissionGate
+from ember.server.api_key import ApiKeyGate
 from ember.server.body_limit import BodyLimits
 from ember.server.chat_template import load_chat_template, request_templates
 from ember.server.config import ServerConfig
@@ -88,6 +89,8 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     app.add_middleware(BodyLimits, max_body_bytes=config.max_body_bytes, body_timeout_s=config.body_timeout_s)
+    if config.api_keys:
+        app.add_middleware(ApiKeyGate, keys=config.api_keys)  # added last: runs first, before any body is read
     _add_openai_routes(app, context)
     _add_service_routes(app, context)
     return app

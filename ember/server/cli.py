@@ -38,6 +38,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--chat-template", type=Path, default=None, help="Jinja file overriding the model's chat template")
     group.add_argument("--trust-request-chat-template", action="store_true",
                        help="let chat requests bring their own Jinja template ('chat_template'); off: refused with 400")
+    group.add_argument("--api-key", dest="api_keys", nargs="+", default=None, metavar="KEY",
+                       help="requests to /v1 must send 'Authorization: Bearer KEY' (one of these); else 401, as vLLM's")
     group.add_argument("--log-prompts", action="store_true", help="include prompt text in the per-request log lines")
     group.add_argument("--no-debug-endpoints", action="store_true", help="do not expose GET /debug/engine")
     group.add_argument(
@@ -82,6 +84,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
             header_timeout_s=args.header_timeout_s,
             body_timeout_s=args.body_timeout_s,
             drain_timeout_s=args.drain_timeout_s,
+            api_keys=tuple(args.api_keys or ()),
         )
     except ValueError as error:
         raise SystemExit(f"ember serve: {error}") from None
@@ -118,7 +121,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Load a model and serve /v1/chat/completions, /v1/completions, /metrics and more.",
     )
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, model_positional=True)
     add_server_arguments(parser)
     parser.set_defaults(func=serve_command)
     return parser

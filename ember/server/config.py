@@ -36,9 +36,13 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
+    api_keys: tuple[str, ...] = ()  # none: the /v1 routes are open; else a request must bring one (ember.server.api_key)
 
     def __post_init__(self) -> None:
         self.served_model_names = list(self.served_model_names)
+        self.api_keys = tuple(self.api_keys)
+        if any(not key or key != key.strip() for key in self.api_keys):
+            raise ValueError("--api-key must be a non-empty key without surrounding spaces")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"server port must be from 0 to 65535, got {self.port}")
         if self.max_waiting < 1:

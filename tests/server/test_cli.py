@@ -43,3 +43,43 @@ def test_engine_flags_are_accepted_by_serve() -> None:
 def test_bad_server_flags_exit_with_a_message(flags: list[str], message: str) -> None:
     with pytest.raises(SystemExit, match=message):
         server_config_from_args(parse("--model", "m", *flags))
+
+
+def test_vllm_spellings_of_engine_and_server_flags_are_accepted() -> None:
+    args = parse("--model", "m", "--dtype", "half", "--no-enable-prefix-caching", "--enable-chunked-prefill",
+                 "--trust-remote-code", "--api-key", "sk-1", "--speculative-config",
+                 '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3}')  # fmt: skip
+    engine_config = EngineConfig.from_args(args)
+    assert engine_config.dtype == "float16" and not engine_config.cache.enable_prefix_caching
+    assert engine_config.scheduler.enable_chunked_prefill
+    speculative = engine_config.speculative
+    assert (speculative.method, speculative.num_speculative_tokens, speculative.ngram_max) == ("ngram", 5, 3)
+    assert server_config_from_args(args).api_keys == ("sk-1",)
+    draft = EngineConfig.from_args(parse("--model", "m", "--speculative-config", '{"model": "small.gguf", "num_speculative_tokens": 3}'))
+    assert (draft.speculative.method, draft.speculative.draft_model) == ("draft", "small.gguf")
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [("not json", "is not JSON"), ('{"method": "mlp_speculator"}', "'mlp_speculator' is not one ember runs"),
+     ('{"method": "ngram", "disable_by_batch_size": 4}', "'disable_by_batch_size' has no counterpart")],
+)  # fmt: skip
+def test_a_speculative_config_ember_cannot_follow_is_refused_by_name(config: str, message: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse("--model", "m", "--speculative-config", config)
+    assert message in capsys.readouterr().err
+
+
+def test_speculative_config_and_the_speculation_flags_are_not_mixed() -> None:
+    args = parse("--model", "m", "--speculative-method", "ngram", "--speculative-config", '{"method": "ngram"}')
+    with pytest.raises(ValueError, match="drop --speculative-method"):
+        EngineConfig.from_args(args)
+
+
+def test_the_model_may_come_first_unflagged_as_vllm_serve_takes_it() -> None:
+    assert EngineConfig.from_args(parse("smollm2-135m-instruct", "--port", "9002")).model == "smollm2-135m-instruct"
+    assert EngineConfig.from_args(parse("a.gguf", "--model", "a.gguf")).model == "a.gguf"
+    with pytest.raises(ValueError, match="two models given"):
+        EngineConfig.from_args(parse("a.gguf", "--model", "b.gguf"))
+    with pytest.raises(ValueError, match="give the model to load"):
+        EngineConfig.from_args(parse("--port", "9002"))

@@ -365,3 +365,20 @@ def test_two_apps_in_one_process_keep_their_own_metrics() -> None:
     assert first.state.context.metrics.registry is not second.state.context.metrics.registry
     assert b'model_name="one"' in first.state.context.metrics.render()
     assert b'model_name="one"' not in second.state.context.metrics.render()
+
+
+def test_an_api_key_guards_the_v1_routes_and_leaves_health_open(engine: FakeEngine) -> None:
+    from openai import AuthenticationError
+
+    app = build_app(engine, ServerConfig(api_keys=("sk-first", "sk-second")))
+    with ThreadedServer(app) as guarded, httpx.Client(base_url=guarded.base_url, timeout=30) as http:
+        for key in ("sk-first", "sk-second"):
+            keyed = OpenAI(base_url=f"{guarded.base_url}/v1", api_key=key, max_retries=0)
+            assert keyed.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3).choices
+        with pytest.raises(AuthenticationError):
+            OpenAI(base_url=f"{guarded.base_url}/v1", api_key="sk-wrong", max_retries=0).models.list()
+        for headers in ({}, {"Authorization": "sk-first"}, {"Authorization": "Basic sk-first"}):
+            refused = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=headers)
+            assert assert_openai_error(refused, 401)["code"] == "invalid_api_key"
+            assert refused.headers["WWW-Authenticate"] == "Bearer"
+        assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
