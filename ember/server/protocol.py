@@ -160,10 +160,13 @@ class SamplingFields(StrictModel):
     guided_regex: str | None = None
     # vLLM's newer spelling of the guided_* fields.
     structured_outputs: StructuredOutputsParams | None = None
-    # Accepted and ignored: bookkeeping fields with no effect on generation.
+    # Accepted and ignored: bookkeeping fields with no effect on generation (safety_identifier and prompt_cache_key:
+    # OpenAI's newer fields in place of `user`, as the Responses API request takes them).
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
 
 class ChatRenderFields(StrictModel):

@@ -382,3 +382,14 @@ def test_an_api_key_guards_the_v1_routes_and_leaves_health_open(engine: FakeEngi
             assert assert_openai_error(refused, 401)["code"] == "invalid_api_key"
             assert refused.headers["WWW-Authenticate"] == "Bearer"
         assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
+
+
+def test_bookkeeping_fields_clients_send_are_accepted_and_change_nothing(client: OpenAI) -> None:
+    bookkeeping = {"user": "u-1", "metadata": {"run": "7"}, "store": False, "service_tier": "auto",
+                   "safety_identifier": "hashed-user", "prompt_cache_key": "session-3"}  # fmt: skip
+    hello = [{"role": "user", "content": "Hi"}]
+    plain = client.chat.completions.create(model=MODEL, messages=hello, max_tokens=5).choices[0].message.content
+    kept = client.chat.completions.create(model=MODEL, messages=hello, max_tokens=5, extra_body=bookkeeping)
+    assert kept.choices[0].message.content == plain
+    completion = client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, extra_body=bookkeeping)
+    assert completion.choices[0].text == client.completions.create(model=MODEL, prompt="Hi", max_tokens=5).choices[0].text
