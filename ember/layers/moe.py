@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember.layers.linear import Linear
 from ember.models.config import MoEConfig
 
 
@@ -25,8 +26,8 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -40,8 +41,8 @@ class MixtralExpert(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.w13 = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.w2 = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.w13 = Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.w2 = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).chunk(2, dim=-1)
