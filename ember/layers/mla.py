@@ -20,6 +20,7 @@ from torch import nn
 
 from ember.layers import cpu_attention
 from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
+from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import rope_inverse_frequencies
 from ember.models.config import LatentAttentionConfig, ModelConfig, YarnRope
@@ -99,15 +100,16 @@ class LatentAttention(nn.Module):
             self.scale *= yarn_mscale(mla.yarn.factor, mla.yarn.mscale_all_dim) ** 2
         hidden, heads, bias = config.hidden_size, config.num_heads, config.qkv_bias
         if mla.q_lora_rank is None:
-            self.q_proj = nn.Linear(hidden, heads * self.qk_head_dim, bias=False)
+            self.q_proj = Linear(hidden, heads * self.qk_head_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(hidden, mla.q_lora_rank, bias=bias)
+            self.q_a_proj = Linear(hidden, mla.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(mla.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = nn.Linear(mla.q_lora_rank, heads * self.qk_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(hidden, mla.kv_lora_rank + mla.qk_rope_head_dim, bias=bias)
+            self.q_b_proj = Linear(mla.q_lora_rank, heads * self.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = Linear(hidden, mla.kv_lora_rank + mla.qk_rope_head_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, LATENT_NORM_EPS)
+        # kept a dense nn.Linear: decode reads its weight itself (the absorbed form), so it is never packed
         self.kv_b_proj = nn.Linear(mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
-        self.o_proj = nn.Linear(heads * mla.v_head_dim, hidden, bias=config.output_bias)
+        self.o_proj = Linear(heads * mla.v_head_dim, hidden, bias=config.output_bias)
         self.rotary = rotary
 
     def forward(

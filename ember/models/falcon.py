@@ -14,6 +14,7 @@ from torch import nn
 
 from ember.kv.specs import FullAttentionSpec, KVCacheSpec
 from ember.layers.attention import AttentionMetadata, paged_attention
+from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
 from ember.models.config import ModelConfig
 
@@ -26,8 +27,8 @@ class FalconAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.is_multi_query = config.num_kv_heads == 1
         qkv_size = (self.num_heads + 2) * self.head_dim if self.is_multi_query else 3 * config.hidden_size
-        self.query_key_value = nn.Linear(config.hidden_size, qkv_size, bias=config.qkv_bias)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.output_bias)
+        self.query_key_value = Linear(config.hidden_size, qkv_size, bias=config.qkv_bias)
+        self.dense = Linear(config.hidden_size, config.hidden_size, bias=config.output_bias)
         self.scale = self.head_dim**-0.5
         self.rotary = rotary
 
@@ -51,8 +52,8 @@ class FalconMLP(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.dense_h_to_4h = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.dense_4h_to_h = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.dense_h_to_4h = Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.dense_4h_to_h = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
@@ -102,7 +103,7 @@ class FalconForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.transformer = FalconModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         return [FullAttentionSpec(self.config.num_kv_heads, self.config.head_dim)] * self.config.num_layers

@@ -18,6 +18,7 @@ from torch import nn
 
 from ember.kv.specs import KVCacheSpec
 from ember.layers.attention import AttentionMetadata, paged_attention
+from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
 from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM, DecoderModel, LayerFactory
@@ -48,8 +49,8 @@ class Gemma2Attention(nn.Module):
         self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
         self.logit_softcap = config.attn_logit_softcap
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.output_bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.output_bias)
         self.rotary = rotary
         self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
@@ -77,8 +78,8 @@ class Gemma2MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         hidden, inner = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = nn.Linear(hidden, 2 * inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * inner, bias=False)
+        self.down_proj = Linear(inner, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -146,7 +147,7 @@ class Gemma2ForCausalLM(DecoderForCausalLM):
         self.local_rotary = None if config.local_rope_theta is None else RotaryEmbedding(
             config.head_dim, config.rotary_table_positions, config.local_rope_theta, None)
         self.model = Gemma2Model(config, self.make_layer, self.kv_cache_specs(), self.make_rotary())
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
         config = self.config

@@ -12,6 +12,7 @@ from torch import nn
 
 from ember.kv.specs import FullAttentionSpec, KVCacheSpec
 from ember.layers.attention import AttentionMetadata, paged_attention
+from ember.layers.linear import Linear
 from ember.models.config import ModelConfig
 
 ACTIVATIONS = {
@@ -111,7 +112,7 @@ class GPT2LMHeadModel(nn.Module):
         super().__init__()
         self.config = config
         self.transformer = GPT2Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
     @staticmethod
     def is_derived_tensor(name: str) -> bool:
