@@ -18,7 +18,8 @@ TINY_SHAPE = dict(
 
 
 def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Path:
-    """A random `family` ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "olmo2") model in `folder`; returns the folder."""
+    """A random `family` ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "olmo2", "gemma2", "gpt2")
+    model in `folder`; returns the folder."""
     import transformers
 
     config_classes = {
@@ -30,6 +31,8 @@ def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Pa
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
         "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
+        "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+        "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel),
     }
     config_class, model_class = config_classes[family]
     settings = dict(TINY_SHAPE, rope_theta=10000.0, tie_word_embeddings=False)
@@ -41,6 +44,14 @@ def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Pa
         settings.update(embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.3, logits_scaling=4.0)
     if family == "olmo2":  # its defaults name tokens past a tiny vocabulary
         settings.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "gemma2":  # alternating sliding-window and global layers: two KV layer groups
+        settings.update(head_dim=16, sliding_window=8, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "gpt2":  # its own names for the shape; learned positions, no rotary
+        shape = {k: settings.pop(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")}
+        for unused in ("intermediate_size", "num_key_value_heads", "rope_theta"):
+            settings.pop(unused)
+        settings.update(n_embd=shape["hidden_size"], n_layer=shape["num_hidden_layers"], n_head=shape["num_attention_heads"],
+                        n_positions=shape["max_position_embeddings"], bos_token_id=1, eos_token_id=2)
     if family == "smollm3":  # two layers: the second without rotary positions (NoPE), as every fourth in SmolLM3-3B
         settings.update(no_rope_layers=[1, 0], bos_token_id=1, eos_token_id=2, pad_token_id=0)
     settings.update(overrides)

@@ -109,8 +109,11 @@ class SpeculativeConfig:
     ngram_max: int = 4
     ngram_min: int = 2
     adaptive: bool = True
+    # Whether num_speculative_tokens was given (False: the method's default, which Medusa lowers to its head count).
+    draft_length_given: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.draft_length_given = self.num_speculative_tokens is not None
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = default_speculative_tokens(self.method)
         if self.method is None:

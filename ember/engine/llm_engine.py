@@ -6,7 +6,7 @@ import collections
 import itertools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -442,6 +442,8 @@ class LLMEngine:
         self._refuse_split_lm_head("Medusa heads read")
         assert spec.medusa_heads is not None  # SpeculativeConfig checked it
         heads = load_medusa_heads(spec.medusa_heads, target)
+        if not spec.draft_length_given and spec.num_speculative_tokens > heads.num_heads:
+            spec = self.config.speculative = replace(spec, num_speculative_tokens=heads.num_heads)  # as vLLM takes K from the heads
         if spec.num_speculative_tokens > heads.num_heads:
             raise ValueError(
                 f"the Medusa heads in {spec.medusa_heads} draft at most {heads.num_heads} tokens; "

@@ -108,6 +108,10 @@ class DecoderForCausalLM(nn.Module, ABC):
         """Final hidden states [num_tokens, hidden] of the flat batch."""
         return self.model(input_ids, positions, kv_caches, metadata)
 
+    def input_embedding(self) -> nn.Module:
+        """The token embedding table (before any family's scaling), which draft heads read."""
+        return self.model.embed_tokens
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)
         return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling

@@ -128,5 +128,9 @@ class GPT2LMHeadModel(nn.Module):
         """Final hidden states [num_tokens, hidden] of the flat batch."""
         return self.transformer(input_ids, positions, kv_caches, metadata)
 
+    def input_embedding(self) -> nn.Module:
+        """The token embedding table (without positions), which draft heads read."""
+        return self.transformer.wte
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -11,8 +11,9 @@ import torch
 
 from ember.cli.main import main
 from ember.engine.sampling_params import SamplingParams
-from ember.engine.spec.eagle_head import CONFIG_FILE, draft_lm_rows, load_eagle_head
+from ember.engine.spec.eagle_head import CONFIG_FILE, load_eagle_head
 from ember.engine.spec.eagle_training import EagleTrainingConfig, draft_vocabulary, train_eagle_head
+from ember.engine.spec.lm_head_rows import lm_head_rows
 from ember.models.loader import load_model
 from ember.quant.ggml_layers import GGMLLogitsLinear
 from tests.engine.stories import (
@@ -52,7 +53,7 @@ def test_training_lowers_the_loss_and_the_saved_head_reloads_identically(trained
     assert torch.equal(first(feature, embedding), second(feature, embedding))
     assert len(first.vocab_ids) == 300 and torch.equal(first.vocab_ids, second.vocab_ids)
     # the draft vocabulary's rows are the LM head's own: their logits are the full logits at those ids
-    rows = draft_lm_rows(target, first.vocab_ids)
+    rows = lm_head_rows(target, first.vocab_ids)
     assert torch.allclose(feature @ rows.t(), target.compute_logits(feature)[:, first.vocab_ids], rtol=1e-5, atol=1e-5)
 
 
@@ -61,7 +62,7 @@ def test_a_quantized_heads_rows_are_read_through_its_int8_activations(smollm2_gg
     target = load_model(smollm2_gguf, "auto").model
     assert isinstance(target.lm_head, GGMLLogitsLinear) and target.lm_head.activations == "int8"
     ids = torch.tensor([0, 17, 49151])
-    assert torch.equal(draft_lm_rows(target, ids), target.lm_head.weight_blocks.dequantize()[ids])
+    assert torch.equal(lm_head_rows(target, ids), target.lm_head.weight_blocks.dequantize()[ids])
 
 
 def test_the_draft_vocabulary_takes_the_most_frequent_tokens_then_the_lowest_ids():
@@ -122,3 +123,21 @@ def test_eagle_train_command_writes_a_head_and_generate_drafts_with_it(stories_d
     flags = ["--speculative-method", "eagle", "--eagle-head", str(out), "--num-speculative-tokens", "3"]
     assert main(["generate", *model, "--prompt", "", "--max-tokens", "200", "--temperature", "0", *flags]) == 0
     assert capsys.readouterr().out == (stories_dir / "greedy_200steps_from_BOS.expected.txt").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "granite", "gemma2"])
+def test_a_head_trains_and_drafts_for_families_laid_out_unlike_llama(family, stories_dir, corpus, tmp_path):
+    """GPT-2 names its embedding wte, Granite divides its logits by a scale, Gemma 2 keeps two KV layer groups: the
+    head reads each target through its own input_embedding(), compute_logits and cache layout."""
+    from ember.llm import LLM
+
+    model = str(save_tiny_model(family, tmp_path / family, vocab_size=512))
+    tokenizer = str(stories_dir / "tok512.bin")
+    config = EagleTrainingConfig(steps=6, learning_rate=1e-2, batch_size=2, sequence_length=32, positions_per_window=8,
+                                 draft_vocab_size=300)
+    trained = train_eagle_head(model, [corpus], tmp_path / "head", config, tokenizer=tokenizer)
+    assert len(trained.log.losses) == 6
+    plain = LLM(model, tokenizer=tokenizer, block_size=4, num_kv_blocks=256)
+    spec = LLM(model, tokenizer=tokenizer, block_size=4, num_kv_blocks=256, speculative_method="eagle",
+               eagle_head=str(trained.out), adaptive=False)
+    assert_mixed_batch_matches_plain(plain, spec, 256)

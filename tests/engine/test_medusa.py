@@ -90,6 +90,8 @@ def test_heads_name_their_model_and_the_fix_for_bad_settings(trained, stories_di
         load_medusa_heads(trained.out, load_model(other, "float32").model)
     with pytest.raises(ValueError, match=r"num_speculative_tokens <= 3"):
         stories_llm(stories_dir, speculative_method="medusa", medusa_heads=str(trained.out), num_speculative_tokens=4)
+    untold = stories_llm(stories_dir, speculative_method="medusa", medusa_heads=str(trained.out))
+    assert untold.engine.speculator.config.num_speculative_tokens == 3  # no K given: one token per head, as vLLM does
     with pytest.raises(ValueError, match="medusa_heads=DIR"):
         SpeculativeConfig(method="medusa")
     with pytest.raises(ValueError, match="medusa_tree_nodes must be from 0"):

@@ -152,6 +152,21 @@ def test_draft_model_greedy_outputs_equal_plain_decoding_and_both_caches_empty(t
         assert spec.engine.speculator.proposer.runner.kv_caches[0].dtype == torch.float8_e4m3fn
 
 
+def test_a_draft_model_with_sliding_window_layers_keeps_a_table_per_layer_group(tmp_path):
+    """Gemma 2 alternates windowed and global layers (two KV layer groups); the draft's cache keeps both tables."""
+    target = save_tiny_model("gemma2", tmp_path / "gemma2")
+    plain = LLM(str(target), block_size=4, num_kv_blocks=128)
+    spec = LLM(str(target), block_size=4, num_kv_blocks=128, speculative_method="draft", draft_model=str(target),
+               num_speculative_tokens=3, adaptive=False)
+    assert spec.engine.speculator.proposer.kv.group_windows == spec.engine.kv.group_windows == (8, None)
+    prompts = {"long": list(range(3, 27)), "short": [5, 6, 7], "repeat": [9, 10, 11, 12] * 5}
+    requests = {name: (p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)) for name, p in prompts.items()}
+    expected = _token_ids(run_to_completion(plain, requests))
+    assert _token_ids(run_to_completion(spec, requests)) == expected
+    assert spec.engine.stats().spec_acceptance_rate > 0.9  # the target drafting for itself
+    assert spec.engine.kv.num_free_blocks == spec.engine.speculator.proposer.kv.num_free_blocks == 128
+
+
 def test_speculative_config_names_the_fix_for_bad_settings():
     with pytest.raises(ValueError, match="draft_model"):
         SpeculativeConfig(method="draft")

@@ -16,9 +16,10 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ember.engine.request import Request, Sequence
-from ember.engine.runner import ModelRunner
+from ember.engine.runner import ModelRunner, kv_cache_layout
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
+from ember.engine.spec.lm_head_rows import lm_head_rows
 from ember.kv.cache_manager import KVCacheManager
 from ember.layers.sampler import Sampler
 from ember.models.loader import LoadedModel
@@ -50,30 +51,22 @@ def corpus_tokens(paths: list[Path], tokenizer: Tokenizer, num_tokens: int) -> l
 
 
 def differentiable_lm_head(target: torch.nn.Module) -> torch.Tensor:
-    """The dense LM head weight [vocab, hidden], checked to give the target's own logits.
+    """The LM head as a dense float32 matrix [vocab, hidden] giving the target's own logits (`lm_head_rows`).
 
     The loaded head runs through a compiled kernel without autograd; a head's gradient goes
-    through this dense copy instead. A family whose logits are more than that product (a soft
-    cap), or a quantized head, is refused rather than trained against the wrong function.
+    through this dense copy instead, in the dtype of the hidden states it multiplies.
     """
-    weight = target.lm_head.state_dict().get("weight")
-    if weight is None or not weight.is_floating_point():
-        raise ValueError("draft-head training needs a float LM head; load the model with --dtype float32 (or bfloat16)")
-    weight = weight.detach()
-    probe = torch.sin(torch.arange(weight.shape[1], dtype=torch.float32)).to(weight.dtype).unsqueeze(0)
-    with torch.inference_mode():
-        expected = target.compute_logits(probe).float()
-    if not torch.allclose(torch.nn.functional.linear(probe, weight).float(), expected, rtol=1e-3, atol=1e-3):
-        raise ValueError(f"{type(target).__name__}'s logits are not a plain LM head product; draft-head training does not support it")
-    return weight
+    return lm_head_rows(target).to(next(target.parameters()).dtype)
 
 
 class TargetForward:
     """Full-window prefills of a frozen target for a fixed batch shape; gives its final hidden states."""
 
     def __init__(self, target: torch.nn.Module, batch_size: int, sequence_length: int) -> None:
-        num_blocks = batch_size * -(-sequence_length // BLOCK_SIZE)
-        self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=False)
+        # A prefill writes every position of every layer group (a sliding-window group too: one pool, a table each).
+        group_windows = kv_cache_layout(target).group_windows
+        num_blocks = batch_size * -(-sequence_length // BLOCK_SIZE) * len(group_windows)
+        self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=False, group_windows=group_windows)
         self.runner = ModelRunner(target, num_blocks, BLOCK_SIZE, self.kv, Sampler(torch.Generator()), frozenset())
 
     def hidden(self, windows: list[list[int]]) -> torch.Tensor:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ember.engine.request import Request, Sequence
-from ember.engine.runner import LastHidden, ModelRunner
+from ember.engine.runner import LastHidden, ModelRunner, kv_cache_layout
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.engine.spec.speculator import StepTimeFit
@@ -65,7 +65,9 @@ class DraftModelProposer:
     ) -> None:
         """`max_model_len`: the draft's longest sequence (bounds the calibration's); `cache_dtype` None: the draft's KV
         cache takes the draft model's dtype."""
-        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
+        # A draft with sliding-window layers (Gemma 2/3) keeps one block table per layer group, as the target's cache does.
+        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False,
+                                 group_windows=kv_cache_layout(model).group_windows)
         self.runner = ModelRunner(
             model, num_blocks, block_size, self.kv, Sampler(generator), frozenset(), cache_dtype=cache_dtype
         )

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from ember.engine.request import Sequence
-from ember.engine.spec.eagle_head import EagleHead, draft_lm_rows, token_embeddings
+from ember.engine.spec.eagle_head import EagleHead, token_embeddings
 from ember.engine.spec.hidden_states import HiddenStateProposer
+from ember.engine.spec.lm_head_rows import lm_head_rows
 from ember.layers.rejection_sampler import DraftRow
 from ember.layers.sampler import draw_proposals, row_argmax
 
@@ -35,7 +36,7 @@ class EagleProposer(HiddenStateProposer):
         self.head = head
         self.target = target
         self._generator = generator
-        self._lm_rows = draft_lm_rows(target, head.vocab_ids)  # [N, hidden] float32
+        self._lm_rows = lm_head_rows(target, head.vocab_ids)  # [N, hidden] float32
         self.cost.calibrate(lambda: self._draft_step(torch.zeros(1, head.identity.hidden_size), torch.zeros(1, dtype=torch.long)), 1)
 
     def propose(self, wanted: dict[Sequence, int]) -> dict[str, DraftRow]:

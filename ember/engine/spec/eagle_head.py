@@ -37,10 +37,6 @@ from ember.engine.spec.medusa_heads import (
 
 HEAD_FILE = "eagle.safetensors"
 CONFIG_FILE = "eagle_config.json"
-LINEARITY_TOLERANCE = 1e-3  # relative: the LM head's rows must reproduce its logits
-# The head's rows are read through products of this many rows, as a decode step runs them: a product of many rows
-# may take another path (AMX tiles round GGML weights to bfloat16) and give rounded rows.
-DECODE_ROWS = 16
 
 
 class EagleHead(nn.Module):
@@ -82,36 +78,10 @@ class EagleHead(nn.Module):
 
 
 def token_embeddings(target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
-    """The target's input embeddings of `token_ids` (a family without `model.embed_tokens` is refused)."""
-    embed = getattr(getattr(target, "model", None), "embed_tokens", None)
-    if embed is None:
-        raise ValueError(f"{type(target).__name__} has no model.embed_tokens; an EAGLE head reads the target's token embeddings")
-    return embed(token_ids)
-
-
-def draft_lm_rows(target: nn.Module, vocab_ids: torch.Tensor) -> torch.Tensor:
-    """The LM head's rows [len(vocab_ids), hidden] for the draft vocabulary, in float32, read through the target's
-    own `compute_logits` (so a quantized head gives its dequantized rows); refused unless the logits are that product."""
-    config = target.config
-    dtype = next(target.parameters()).dtype
-    identity = torch.eye(config.hidden_size, dtype=dtype)
-    with torch.inference_mode():  # W^T [hidden, vocab], read in decode-sized products (a many-row one may round W)
-        columns = torch.cat([target.compute_logits(identity[start : start + DECODE_ROWS]).float()
-                             for start in range(0, config.hidden_size, DECODE_ROWS)])
-        probe = _unrounded_probe(config.hidden_size).to(dtype).unsqueeze(0)
-        expected = target.compute_logits(probe).float()[0]
-    product = probe.float()[0] @ columns
-    if (product - expected).abs().max() > LINEARITY_TOLERANCE * (expected.abs().max() + 1.0):
-        raise ValueError(f"{type(target).__name__}'s logits are not a plain LM head product; an EAGLE head cannot draft for it")
-    return columns[:, vocab_ids].t().contiguous()
-
-
-def _unrounded_probe(size: int) -> torch.Tensor:
-    """A probe input a quantized head's int8 activations hold exactly (multiples of 1/127, every 32 values reaching
-    1): the linearity check then sees the head's function, not its input rounding."""
-    probe = torch.round(torch.sin(torch.arange(size, dtype=torch.float32) * 0.61 + 0.3) * 127) / 127
-    probe[::32] = 1.0
-    return probe
+    """The target's input embeddings of `token_ids` (its `input_embedding()` table; a model without one is refused)."""
+    if not hasattr(target, "input_embedding"):
+        raise ValueError(f"{type(target).__name__} exposes no input_embedding(); an EAGLE head reads the target's token embeddings")
+    return target.input_embedding()(token_ids)
 
 
 def load_eagle_head(folder: Path | str, target: nn.Module | None = None) -> EagleHead:
