@@ -72,3 +72,9 @@ def pack_linear_weights(model: nn.Module) -> int:
         return 0
     arena = WeightArena(WeightArena.bytes_for([(linear.panel_shape(), linear.weight.dtype) for linear in linears]))
     return sum(linear.pack_weights(arena) for linear in linears)
+
+
+class DenseLinear(nn.Linear):
+    """A linear whose weight other code reads as a matrix (MLA's absorbed decode reads kv_b_proj's): it stays a dense
+    float tensor, never packed, and a quantized checkpoint's weight for it loads dequantized."""
+

@@ -20,7 +20,7 @@ from torch import nn
 
 from ember.layers import cpu_attention
 from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
-from ember.layers.linear import Linear
+from ember.layers.linear import DenseLinear, Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import rope_inverse_frequencies
 from ember.models.config import LatentAttentionConfig, ModelConfig, YarnRope
@@ -107,8 +107,8 @@ class LatentAttention(nn.Module):
             self.q_b_proj = Linear(mla.q_lora_rank, heads * self.qk_head_dim, bias=False)
         self.kv_a_proj_with_mqa = Linear(hidden, mla.kv_lora_rank + mla.qk_rope_head_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, LATENT_NORM_EPS)
-        # kept a dense nn.Linear: decode reads its weight itself (the absorbed form), so it is never packed
-        self.kv_b_proj = nn.Linear(mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
+        # kept dense: decode reads its weight itself (the absorbed form), so it is never packed nor held in blocks
+        self.kv_b_proj = DenseLinear(mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
         self.o_proj = Linear(heads * mla.v_head_dim, hidden, bias=config.output_bias)
         self.rotary = rotary
 

@@ -27,6 +27,7 @@ from torch import nn
 from ember.engine.config import QUANT_ACTIVATIONS
 from ember.layers.cpu_decoder_layer import CompilableLayer
 from ember.layers.cpu_gemm import CompiledProduct, PackedWeight, load_gemm
+from ember.layers.linear import DenseLinear
 from ember.quant.exact_top_logits import BFLOAT16_UNIT_ROUNDOFF, refine_near_top, row_norms
 from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor, dequantize_torch
 from ember.quant.ggml_interleave import ROWS_PER_GROUP, can_interleave, interleaved, plain, rows_of
@@ -354,8 +355,8 @@ def set_activations(model: nn.Module, activations: str) -> int:
 
 
 def can_hold_blocks(module: nn.Module) -> bool:
-    """Whether `module` has a GGML counterpart (a linear or embedding layer)."""
-    return isinstance(module, (nn.Linear, nn.Embedding))
+    """Whether `module` has a GGML counterpart (a linear or embedding layer whose weight nothing reads as a matrix)."""
+    return isinstance(module, (nn.Linear, nn.Embedding)) and not isinstance(module, DenseLinear)
 
 
 def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor]) -> None:

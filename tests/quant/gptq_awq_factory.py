@@ -22,7 +22,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# The decoder's linears by their last name, as AutoGPTQ / AutoAWQ quantize them: attention (MLA's too), MLPs and each
+# expert's (Mixtral's w1/w2/w3); norms, embeddings and routers stay float.
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "kv_a_proj_with_mqa", "kv_b_proj",
+           "w1", "w2", "w3")
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
 
@@ -125,7 +128,7 @@ def write_checkpoint(source: Path, target: Path, variant: Variant, seed: int = 0
     tensors, reference, orders = {}, {}, {}
     for name, tensor in state.items():
         module = name.removesuffix(".weight")
-        if name.endswith(".weight") and module.rpartition("layers.")[2].partition(".")[2] in LINEARS:
+        if name.endswith(".weight") and ".layers." in name and module.rpartition(".")[2] in LINEARS:
             cols = tensor.shape[1]
             key = (module.rpartition(".")[0], cols) if variant.shared_order else module  # q/k/v, gate/up share an input
             if key not in orders:

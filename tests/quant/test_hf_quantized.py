@@ -158,3 +158,44 @@ def test_an_unreadable_layout_fails_at_load_before_any_weight_is_read(sources, t
     (tmp_path / "q" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="GPTQ bits 3"):
         load_model(tmp_path / "q")
+
+
+def _moe_source(family: str, folder: Path) -> Path:
+    """Mixtral (experts as w1/w2/w3) or DeepSeek-V2 (MLA, routed and shared experts), every width a multiple of 32."""
+    import transformers
+
+    from tests.models.family_parity import save_random_model
+
+    shape = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False)
+    if family == "mixtral":
+        config = transformers.MixtralConfig(**shape, num_local_experts=4, num_experts_per_tok=2)
+        return save_random_model(transformers.MixtralForCausalLM, config, folder)
+    config = transformers.DeepseekV2Config(**shape, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None,
+                                           qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    return save_random_model(transformers.DeepseekV2ForCausalLM, config, folder)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v2"])
+def test_expert_and_latent_attention_checkpoints_match_transformers_on_the_dequantized_weights(family, tmp_path):
+    """Each expert's linears are quantized on their own; MLA's kv_b_proj, whose weight the absorbed decode reads as a
+    matrix, loads dequantized (exact) while its neighbours stay in blocks."""
+    from safetensors.torch import save_file
+
+    source = _moe_source(family, tmp_path / "float")
+    weights = write_checkpoint(source, tmp_path / "q", Variant(sym=True))
+    (tmp_path / "reference").mkdir()  # transformers 5 fuses experts at load: it reads the float weights from a checkpoint
+    (tmp_path / "reference" / "config.json").write_text((source / "config.json").read_text())
+    save_file({name: tensor.contiguous() for name, tensor in weights.items()}, str(tmp_path / "reference" / "model.safetensors"))
+    reference = load_reference(tmp_path / "reference")
+    for prompt, logits in zip(PROMPTS, _prompt_logits(tmp_path / "q"), strict=True):
+        with torch.no_grad():
+            expected = reference(torch.tensor([prompt])).logits[0]
+        assert (logits - expected).abs().max().item() <= LOGIT_TOLERANCE
+    layers = load_model(tmp_path / "q", "auto").model.model.layers
+    assert isinstance(layers[1].mlp.experts[0].down_proj if family == "deepseek_v2" else layers[1].block_sparse_moe.experts[0].w2,
+                      GGMLLinear)
+    if family == "deepseek_v2":
+        assert layers[0].self_attn.kv_b_proj.weight.dtype == torch.float32
+        assert isinstance(layers[0].self_attn.o_proj, GGMLLinear)
