@@ -18,8 +18,8 @@ TINY_SHAPE = dict(
 
 
 def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Path:
-    """A random `family` ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "olmo2", "gemma2", "gpt2")
-    model in `folder`; returns the folder."""
+    """A random `family` ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "olmo2", "gemma2", "gpt2",
+    "mixtral", "deepseek_v2") model in `folder`; returns the folder."""
     import transformers
 
     config_classes = {
@@ -33,6 +33,8 @@ def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Pa
         "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
         "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
         "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+        "deepseek_v2": (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM),
     }
     config_class, model_class = config_classes[family]
     settings = dict(TINY_SHAPE, rope_theta=10000.0, tie_word_embeddings=False)
@@ -52,6 +54,12 @@ def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides) -> Pa
             settings.pop(unused)
         settings.update(n_embd=shape["hidden_size"], n_layer=shape["num_hidden_layers"], n_head=shape["num_attention_heads"],
                         n_positions=shape["max_position_embeddings"], bos_token_id=1, eos_token_id=2)
+    if family == "mixtral":  # four experts, two per token, stored one by one as w1 / w2 / w3
+        settings.update(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+    if family == "deepseek_v2":  # MLA (a 32-wide latent), a dense first layer, then routed and shared experts
+        settings.update(num_key_value_heads=settings["num_attention_heads"], n_routed_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32,
+                        q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
     if family == "smollm3":  # two layers: the second without rotary positions (NoPE), as every fourth in SmolLM3-3B
         settings.update(no_rope_layers=[1, 0], bos_token_id=1, eos_token_id=2, pad_token_id=0)
     settings.update(overrides)

@@ -30,7 +30,7 @@ from ember.quant.int8_channel import Int8ChannelTensor
 Quantized = GGMLTensor | Int8ChannelTensor
 
 QUANTIZATION_FILE = "ember_quantization.json"
-FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"), "w13": ("w1", "w3")}
 FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # gguf.LlamaFileType
 # GGUF key listing tensors in ember's own formats (NF4, FP8, W8A8), stored as raw I8 rows (of blocks, or scale + codes):
 # a JSON object {gguf tensor name: format name}. llama.cpp cannot run such a file; ember's loader can.
@@ -76,7 +76,8 @@ def _split_fused(name: str, tensor: torch.Tensor | Quantized, config: ModelConfi
     if fused not in FUSED_PARTS:
         return
     kv = config.num_kv_heads * config.head_dim
-    sizes = [config.num_heads * config.head_dim, kv, kv] if fused == "qkv_proj" else [config.intermediate_size] * 2
+    # gate and up (an expert's w1 and w3) are halves of equal size, whatever the layer's width
+    sizes = [config.num_heads * config.head_dim, kv, kv] if fused == "qkv_proj" else [tensor.shape[0] // 2] * 2
     start = 0
     for part, size in zip(FUSED_PARTS[fused], sizes, strict=True):
         if isinstance(tensor, GGMLTensor):
@@ -152,6 +153,10 @@ def _write_safetensors(source: Path, target: Path, tensors: dict) -> dict[str, t
     for file in safetensors_files(source):
         with safe_open(str(file), framework="pt") as shard:
             names.extend(shard.keys())
+    unknown = [name for name in names if name not in tensors]
+    if unknown:
+        raise ValueError(f"the model has no tensor for the checkpoint's {unknown[0]!r}, so ember quantize cannot write this "
+                         "checkpoint back; quantize a checkpoint whose tensors keep the family's own names")
     written = {name: tensors[name] for name in names}
     save_file({n: t.float().contiguous() if isinstance(t, torch.Tensor) else stored_bytes(t) for n, t in written.items()},
               str(target / "model.safetensors"))

@@ -28,6 +28,7 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
+from ember.layers.linear import Linear
 from ember.models.llama import LLAMA_ARCHITECTURES
 from ember.quant.alpha_search import search_alpha
 from ember.quant.awq import awq_clipped_ranges, awq_scales
@@ -35,13 +36,20 @@ from ember.quant.calibration import Calibration, InputStats
 from ember.quant.config import ALPHA_AUTO, CALIBRATED_METHODS, MIN_CALIB_TOKENS, QuantizeConfig
 from ember.quant.float_codes import quantize_fp8, quantize_nf4
 from ember.quant.ggml_blocks import GGMLTensor
+from ember.quant.ggml_layers import LOGITS_MODULE
 from ember.quant.gptq import GPTQSettings, gptq_quantize
 from ember.quant.grid import BlockGrid
 from ember.quant.int8_channel import Int8ChannelTensor, quantize_weight
 from ember.quant.smoothquant import apply_smoothing
 
-LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")  # a Llama-family layer's
 EMBEDDING_GRID = BlockGrid(bits=8, group_size=32)
+# Families whose HF checkpoints `ember quantize` writes back (GPT-2's stores its Conv1D weights transposed; an
+# image-text Gemma 3 nests its language model's names): every linear of their decoder layers is rounded.
+QUANTIZE_ARCHITECTURES = (*LLAMA_ARCHITECTURES, "gemma", "gemma2", "gemma3_text", "olmo2", "mixtral", "qwen2_moe",
+                          "qwen3_moe", "deepseek_v2", "falcon")
+# AWQ and SmoothQuant fold their input scales into the norm before qkv / gate_up and into up_proj: Llama's layer.
+FOLDING_METHODS = ("awq", "smoothquant")
 FLOAT_CODE_QUANTIZERS = {"nf4": quantize_nf4, "fp8": quantize_fp8}
 
 
@@ -68,9 +76,8 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
     engine = _float_engine(config)
     model = engine.runner.model
     restore_dense_weights(model)  # AWQ scales the weights in place, GPTQ writes them back, and every method reads them dense
-    if engine.model_config.architecture not in LLAMA_ARCHITECTURES:
-        raise ValueError(f"ember quantize runs the Llama family ({', '.join(LLAMA_ARCHITECTURES)}); {config.model} is {engine.model_config.architecture}")
-    names = [f"model.layers.{i}.{linear}" for i in range(len(model.model.layers)) for linear in LINEARS]
+    _check_family(engine.model_config.architecture, resolve_model(config.model), config)
+    names = decoder_linears(model)
     notes: dict = {}
     with Progress(disable=not show_progress) as progress:
         chunks: list[list[int]] = []
@@ -78,21 +85,47 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
             if engine.tokenizer is None:
                 raise ValueError(f"{config.model} has no tokenizer to read --calib with; give --tokenizer FILE")
             chunks = calibration_chunks(engine.tokenizer, config)
-        embedding = _rtn(model.model.embed_tokens.weight, EMBEDDING_GRID)
+        embedding_name, embedding_table = _input_embedding(model)
+        embedding = _rtn(embedding_table.weight, EMBEDDING_GRID)
         if config.method == "gptq":
             with torch.no_grad():  # the first layer's inputs come from the embedding as it will run
-                model.model.embed_tokens.weight.copy_(embedding.dequantize())
-            blocks = gptq_sequential(engine, model, names, chunks, config, progress)
+                embedding_table.weight.copy_(embedding.dequantize())
+            blocks, notes = gptq_sequential(engine, model, names, chunks, config, progress)
         elif config.method == "smoothquant":
             config, blocks, notes = _smooth_and_round(engine, model, names, chunks, config, progress)
         else:
             blocks = _rescale_and_round(engine, model, names, chunks, config, progress)
-    blocks["model.embed_tokens.weight"] = embedding
+    blocks[f"{embedding_name}.weight"] = embedding
     if not engine.model_config.tie_word_embeddings:
         blocks["lm_head.weight"] = _rtn(model.lm_head.weight, EMBEDDING_GRID)
     calib_tokens = sum(map(len, chunks))
     written = write_quantized(resolve_model(config.model), model, engine.model_config, blocks, config, calib_tokens, notes)
     return QuantizeResult(config.out, *written, calib_tokens)
+
+
+def decoder_linears(model: nn.Module) -> list[str]:
+    """Every linear of the decoder layers in the order they run (attention, MLP, each expert's): ember's `Linear`s but
+    the LM head. Routers (plain nn.Linear: a rounded router picks other experts) and weights read as matrices (MLA's
+    kv_b_proj) stay float."""
+    return [name for name, module in model.named_modules() if isinstance(module, Linear) and name != LOGITS_MODULE]
+
+
+def _check_family(architecture: str, source: Path, config: QuantizeConfig) -> None:
+    """Raise, naming the fix, where the method or the writer cannot take this family."""
+    if architecture not in QUANTIZE_ARCHITECTURES:
+        raise ValueError(f"ember quantize runs {', '.join(QUANTIZE_ARCHITECTURES)}; {config.model} is {architecture}")
+    if architecture not in LLAMA_ARCHITECTURES and config.method in FOLDING_METHODS:
+        raise ValueError(f"--method {config.method} folds its scales into a Llama-family layer's norms; {config.model} is "
+                         f"{architecture}: use --method gptq, rtn, nf4 or fp8")
+    if architecture not in LLAMA_ARCHITECTURES and source.is_file():
+        raise ValueError(f"ember quantize writes GGUFs of the Llama family; {config.model} is a {architecture} GGUF: "
+                         "quantize its HF folder instead")
+
+
+def _input_embedding(model: nn.Module) -> tuple[str, nn.Module]:
+    """The token embedding table and its module name."""
+    table = model.input_embedding()
+    return next(name for name, module in model.named_modules() if module is table), table
 
 
 def _float_engine(config: QuantizeConfig):
@@ -165,9 +198,10 @@ def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]
 
 
 def gptq_sequential(engine, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
-                    progress: Progress) -> dict[str, GGMLTensor]:
+                    progress: Progress) -> tuple[dict[str, GGMLTensor], dict]:
     """GPTQ on every named linear in order, inside one forward pass of all `chunks` (one engine step):
-    each linear's Hessian is built from the inputs the already-quantized linears before it produce."""
+    each linear's Hessian is built from the inputs the already-quantized linears before it produce. An expert no
+    calibration token was routed to has no Hessian: it is rounded to nearest, and the notes list it."""
     from ember.engine.sampling_params import SamplingParams
 
     # The caller restored the dense weights: hooks see a linear's input only on the Python path,
@@ -201,9 +235,13 @@ def gptq_sequential(engine, model: nn.Module, names: list[str], chunks: list[lis
         for handle in handles:
             handle.remove()
     missing = [name for name in names if f"{name}.weight" not in blocks]
-    if missing:
+    unrouted = [name for name in missing if ".experts." in name]
+    if len(unrouted) < len(missing):
         raise RuntimeError(f"GPTQ never saw the inputs of {', '.join(missing[:3])}: the model did not run its Python path")
-    return blocks
+    for name in unrouted:
+        blocks[f"{name}.weight"] = _rtn(model.get_submodule(name).weight, grid)
+        progress.advance(task)
+    return blocks, {"experts_without_calibration_tokens": unrouted} if unrouted else {}
 
 
 def apply_awq(model: nn.Module, stats: dict[str, InputStats], grid: BlockGrid, progress: Progress) -> dict[str, torch.Tensor]:

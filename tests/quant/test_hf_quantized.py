@@ -160,30 +160,13 @@ def test_an_unreadable_layout_fails_at_load_before_any_weight_is_read(sources, t
         load_model(tmp_path / "q")
 
 
-def _moe_source(family: str, folder: Path) -> Path:
-    """Mixtral (experts as w1/w2/w3) or DeepSeek-V2 (MLA, routed and shared experts), every width a multiple of 32."""
-    import transformers
-
-    from tests.models.family_parity import save_random_model
-
-    shape = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False)
-    if family == "mixtral":
-        config = transformers.MixtralConfig(**shape, num_local_experts=4, num_experts_per_tok=2)
-        return save_random_model(transformers.MixtralForCausalLM, config, folder)
-    config = transformers.DeepseekV2Config(**shape, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                           n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None,
-                                           qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
-    return save_random_model(transformers.DeepseekV2ForCausalLM, config, folder)
-
-
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v2"])
 def test_expert_and_latent_attention_checkpoints_match_transformers_on_the_dequantized_weights(family, tmp_path):
     """Each expert's linears are quantized on their own; MLA's kv_b_proj, whose weight the absorbed decode reads as a
     matrix, loads dequantized (exact) while its neighbours stay in blocks."""
     from safetensors.torch import save_file
 
-    source = _moe_source(family, tmp_path / "float")
+    source = save_tiny_model(family, tmp_path / "float")
     weights = write_checkpoint(source, tmp_path / "q", Variant(sym=True))
     (tmp_path / "reference").mkdir()  # transformers 5 fuses experts at load: it reads the float weights from a checkpoint
     (tmp_path / "reference" / "config.json").write_text((source / "config.json").read_text())

@@ -18,7 +18,7 @@ from ember.models.loader import load_model
 from ember.quant.checkpoint import QUANTIZATION_FILE
 from ember.quant.config import QuantizeConfig
 from ember.quant.ggml_layers import GGMLLinear
-from ember.quant.pipeline import quantize_checkpoint
+from ember.quant.pipeline import decoder_linears, quantize_checkpoint
 from ember.quant.w8a8_layers import W8A8Linear
 from tests.model_factory import save_tiny_model
 
@@ -325,3 +325,34 @@ def test_a_phi3_checkpoint_keeps_its_fused_projections_and_runs_like_its_float_c
     name = "model.layers.1.mlp.gate_up_proj.weight"  # gate rows stay gate rows: the error stays within the grid's steps
     assert (ours[name] - float_weights[name]).abs().max() <= 0.2 * float_weights[name].abs().max()
     assert _greedy(str(out), "auto", activations="float32") == _greedy(str(out), "float32")
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gemma2", "deepseek_v2"])
+def test_families_beyond_llama_quantize_every_decoder_linear_and_run_like_their_float_copy(family, tokenizer, calib, tmp_path):
+    """Each expert's linears (Mixtral's w1/w3 split back from w13), Gemma 2's windowed layers, MLA's projections (its
+    kv_b_proj, read as a matrix, and the routers stay float): GPTQ rounds them all, the checkpoint loads in blocks,
+    runs as its float copy, and stays near the float model."""
+    source = save_tiny_model(family, tmp_path / "float", vocab_size=VOCAB)
+    out = tmp_path / "gptq"
+    config = QuantizeConfig(model=str(source), method="gptq", out=out, bits=8, group_size=32, calib=calib,
+                            tokenizer=tokenizer, calib_tokens=512, seq_len=128)
+    quantize_checkpoint(config, show_progress=False)
+    model = load_model(out).model
+    blocks = {name for name, module in model.named_modules() if isinstance(module, GGMLLinear)}
+    assert blocks == set(decoder_linears(load_model(source, "float32").model)) | {"lm_head"}
+    assert not any(name.endswith(("kv_b_proj", ".gate")) for name in blocks)
+    assert _greedy(str(out), "auto", activations="float32") == _greedy(str(out), "float32")
+    float_weights = load_model(source, "float32").model.state_dict()
+    for name, weight in load_model(out, "float32").model.state_dict().items():  # GPTQ moves 8-bit weights a few steps: a swapped half moves them by their size
+        assert (weight - float_weights[name]).abs().max() <= 0.05 * float_weights[name].abs().max(), name
+
+
+def test_methods_that_fold_into_llama_norms_and_gguf_writes_of_other_families_are_refused(tmp_path, tokenizer, calib):
+    source = save_tiny_model("gemma2", tmp_path / "gemma2", vocab_size=VOCAB)
+    config = QuantizeConfig(model=str(source), method="awq", out=tmp_path / "out", calib=calib, tokenizer=tokenizer, group_size=64)
+    with pytest.raises(ValueError, match="use --method gptq, rtn, nf4 or fp8"):
+        quantize_checkpoint(config, show_progress=False)
+    gpt2 = save_tiny_model("gpt2", tmp_path / "gpt2", vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="ember quantize runs llama"):
+        quantize_checkpoint(QuantizeConfig(model=str(gpt2), method="rtn", out=tmp_path / "out", group_size=32), show_progress=False)
+    assert not (tmp_path / "out").exists()
