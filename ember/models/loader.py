@@ -30,7 +30,7 @@ from ember.models.registry import single_gguf_in
 from ember.quant.checkpoint import read_block_tensors
 from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
-from ember.quant.hf_quantized import hf_quantization, read_hf_quantized
+from ember.quant.hf_quantized import hf_quantization, read_quantized
 from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.zero_point import ZeroPointTensor
 
@@ -81,12 +81,12 @@ def load_model(
     path = single_gguf_in(path) or path  # e.g. `ember quantize`'s --out folder of a GGUF source
     if is_hf_folder(path):
         config = read_hf_config(path).for_context(max_model_len)
-        layout = hf_quantization(path)  # GPTQ / AWQ: quantization_config in config.json
+        layout = hf_quantization(path)  # GPTQ / AWQ / FP8 / W8A8: quantization_config in config.json
         shard = shard_for(config) if shard_for is not None else None
         if shard is None:
             tensors: Iterable[tuple[str, torch.Tensor | Quantized]] = read_block_tensors(path, iter_hf_tensors(path))
             if layout is not None:
-                tensors = read_hf_quantized(layout, tensors)
+                tensors = read_quantized(layout, tensors)
         elif layout is not None:
             raise ValueError(f"{path} is a {layout.method.upper()} checkpoint, which ember loads in one process: "
                              "drop --tensor-parallel-size / --pipeline-parallel-size")

@@ -30,6 +30,8 @@ import torch
 
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.grid import BLOCK, BlockGrid
+from ember.quant.hf_scaled import SCALED_METHODS, ScaledQuantization, read_scaled
+from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.zero_point import ZeroPointTensor
 
 logger = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ GPTQ_FORMATS = {"gptq": 1, "gptq_v2": 0}  # checkpoint_format -> what is added t
 GPTQ_BITS = (4, 8)
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
 REQUIRED_PARTS = PARTS[:3]  # g_idx is optional: without it, groups run in column order
+Quantized = ZeroPointTensor | Int8ChannelTensor
 REQUANTIZE = "or load the float model and run `ember quantize --method {method} --bits 4`"
 
 
@@ -61,8 +64,8 @@ class HFQuantization:
         if method == "awq":
             return cls._awq(config)
         raise ValueError(f"quantization_config quant_method {config.get('quant_method')!r} is not a layout ember reads; ember loads "
-                         "AutoGPTQ / GPTQModel ('gptq') and AutoAWQ GEMM ('awq') checkpoints and GGUF files: convert it to one of "
-                         "those, or load a float checkpoint")
+                         "AutoGPTQ / GPTQModel ('gptq'), AutoAWQ GEMM ('awq'), FP8 ('fp8') and 8-bit compressed-tensors checkpoints "
+                         "and GGUF files: convert it to one of those, or load a float checkpoint")
 
     @classmethod
     def _gptq(cls, config: dict) -> HFQuantization:
@@ -103,11 +106,22 @@ def _group_size(config: dict) -> int:
     return size
 
 
-def hf_quantization(folder: Path) -> HFQuantization | None:
-    """The folder's GPTQ / AWQ layout from config.json's `quantization_config`; None for a float checkpoint."""
+def hf_quantization(folder: Path) -> HFQuantization | ScaledQuantization | None:
+    """The folder's GPTQ / AWQ / 8-bit scaled layout from config.json's `quantization_config`; None for a float checkpoint."""
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     quantization = config.get("quantization_config")
-    return None if quantization is None else HFQuantization.from_config(quantization)
+    if quantization is None:
+        return None
+    if str(quantization.get("quant_method", "")).lower() in SCALED_METHODS:
+        return ScaledQuantization.from_config(quantization)
+    return HFQuantization.from_config(quantization)
+
+
+def read_quantized(layout: HFQuantization | ScaledQuantization, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor | Quantized]]:
+    """The checkpoint's tensors with each quantized linear's parts gathered into `<module>.weight`."""
+    if isinstance(layout, ScaledQuantization):
+        return read_scaled(layout, tensors)
+    return read_hf_quantized(layout, tensors)
 
 
 def read_hf_quantized(layout: HFQuantization, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor | ZeroPointTensor]]:
