@@ -28,7 +28,9 @@ class LLM:
     speculation: `speculative_method="ngram"|"draft"|"medusa"|"eagle", num_speculative_tokens=K, draft_model=PATH`
     (draft), `medusa_heads=DIR` (medusa, from `ember medusa train`; `medusa_tree_nodes=N` sizes its greedy trees),
     `eagle_head=DIR` (eagle, from `ember eagle train`);
-    tensor parallelism: `tensor_parallel_size=T` (T - 1 worker processes; `shutdown()` stops them).
+    tensor parallelism: `tensor_parallel_size=T` (T - 1 worker processes; `shutdown()` stops them);
+    `quantization="int8"|"int4"|"fp8"|"nf4"` rounds a float checkpoint's decoder linears as it loads (vLLM's in-flight
+    quantization; "bitsandbytes" is nf4).
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
@@ -44,6 +46,7 @@ class LLM:
         if "speculative_method" in options:
             speculative_fields["method"] = options.pop("speculative_method")
         quant_activations = options.pop("quant_activations", "int8")
+        quantization = options.pop("quantization", None)
         if options:
             raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
         config = EngineConfig(
@@ -51,6 +54,7 @@ class LLM:
             tokenizer=tokenizer,
             dtype=dtype,
             quant_activations=quant_activations,
+            quantization=quantization,
             seed=seed,
             max_model_len=max_model_len,
             cache=CacheConfig(**cache_fields),

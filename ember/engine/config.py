@@ -16,6 +16,12 @@ QUANT_ACTIVATIONS = ("int8", "float32")  # what ember.quant.ggml_layers' GGML li
 # "auto": the model's compute dtype; "fp8" (alias "fp8_e4m3"): float8 e4m3 with no scale, as vLLM's
 # uncalibrated default, 1 byte per element (torch dtypes: ember.engine.runner.KV_CACHE_TORCH_DTYPES).
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3")
+# --quantization: the block formats a float checkpoint's decoder linears are rounded to as it loads (ember.quant.at_load),
+# vLLM's name for one of them, and vLLM's names of checkpoint formats (accepted: the checkpoint's own description decides).
+AT_LOAD_QUANTIZATIONS = ("int8", "int4", "fp8", "nf4")
+QUANTIZATION_ALIASES = {"bitsandbytes": "nf4"}
+CHECKPOINT_QUANTIZATIONS = ("gptq", "awq", "gguf", "compressed-tensors", "gptq_marlin", "awq_marlin", "marlin")
+QUANTIZATIONS = (*AT_LOAD_QUANTIZATIONS, *QUANTIZATION_ALIASES, *CHECKPOINT_QUANTIZATIONS)
 
 
 @dataclass
@@ -170,8 +176,10 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     quant_activations: str = "int8"  # GGML layers: "int8" (fast, rounded per 32 values) or "float32" (exact)
+    quantization: str | None = None  # one of QUANTIZATIONS (an alias becomes its name); None: the checkpoint as it is
 
     def __post_init__(self) -> None:
+        self._check_quantization()
         if not isinstance(self.parallel, ParallelConfig):
             raise TypeError("EngineConfig.parallel must be a ParallelConfig")
         if self.dtype not in DTYPES:
@@ -181,6 +189,19 @@ class EngineConfig:
         if self.quant_activations not in QUANT_ACTIVATIONS:
             raise ValueError(f"quant_activations {self.quant_activations!r} is not supported; choose one of {', '.join(QUANT_ACTIVATIONS)}")
 
+    def _check_quantization(self) -> None:
+        if self.quantization is None:
+            return
+        self.quantization = QUANTIZATION_ALIASES.get(self.quantization, self.quantization)
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization {self.quantization!r} is unknown; choose one of {', '.join(QUANTIZATIONS)}")
+        if self.quantization in AT_LOAD_QUANTIZATIONS and self.dtype not in ("auto", "float32"):
+            raise ValueError(f"--quantization {self.quantization} runs block layers with float32 activations; "
+                             f"use --dtype auto or float32, not {self.dtype}")
+        if self.quantization in AT_LOAD_QUANTIZATIONS and self.parallel.is_parallel:
+            raise ValueError(f"--quantization {self.quantization} runs in one process (parallel ranks load float slices); "
+                             "drop --tensor-parallel-size / --pipeline-parallel-size")
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
         """Build the config from the flags `add_engine_arguments` defined."""
@@ -189,6 +210,7 @@ class EngineConfig:
             tokenizer=args.tokenizer,
             dtype=args.dtype,
             quant_activations=args.quant_activations,
+            quantization=args.quantization,
             max_model_len=args.max_model_len,
             seed=args.seed,
             served_model_name=getattr(args, "served_model_name", None),
@@ -292,6 +314,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--quant-activations", default=defaults.quant_activations, choices=QUANT_ACTIVATIONS,
                         help="quantized (GGML) layers: int8 rounds activations per 32 values for integer dot products (fast); "
                              "float32 keeps them (exact: the dequantized float model's results)")
+    parser.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
+                        help="round a float checkpoint's decoder linears as it loads: int8 (Q8_0), int4 (Q4_1), fp8 (e4m3, "
+                             "a power-of-two scale per 32), nf4 (vLLM's bitsandbytes); a checkpoint format's name (gptq, "
+                             "awq, ...) only asserts the checkpoint is quantized")
     parser.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
     parser.add_argument("--block-size", type=int, default=defaults.cache.block_size)
     parser.add_argument("--num-kv-blocks", type=int, default=None)

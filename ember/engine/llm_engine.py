@@ -114,7 +114,8 @@ class LLMEngine:
             from ember.parallel.driver import WorkerGroup
 
             self.workers, loaded = WorkerGroup.start(model_path, config.dtype, config.parallel, show_progress, config.max_model_len)
-        loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress, max_model_len=config.max_model_len)
+        loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress, max_model_len=config.max_model_len,
+                                      quantization=config.quantization)
         num_ggml_layers = set_activations(loaded.model, config.quant_activations)  # 0 without GGML layers
         self.rounds_activations = rounds_activations(loaded.model, num_ggml_layers, config.quant_activations)
         self.rows_per_weight_pass = MAX_GEMV_ROWS if num_ggml_layers else None  # decode-sized products run in passes

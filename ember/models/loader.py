@@ -27,6 +27,7 @@ from ember.models.llama2c_loader import (
 )
 from ember.models.packing import PackingPlan
 from ember.models.registry import single_gguf_in
+from ember.quant.at_load import AT_LOAD_QUANTIZERS, check_checkpoint_method, quantize_float_linears
 from ember.quant.checkpoint import read_block_tensors
 from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
@@ -65,14 +66,15 @@ class LoadedModel:
 
 def load_model(
     path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False, shard_for: ShardFactory | None = None,
-    max_model_len: int | None = None,
+    max_model_len: int | None = None, quantization: str | None = None,
 ) -> LoadedModel:
     """Load a GGUF file, an HF safetensors folder or a llama2.c .bin into ember's model.
 
     `dtype` "auto" keeps quantized weights in their blocks; a float dtype forces a float copy of every weight.
     With `shard_for` (a rank of a split model), this rank loads only what its shard holds
     (ember.parallel): its tensors, or slices of them, are all that is read from the file. `max_model_len`: the
-    context it will serve (`ModelConfig.for_context`; None: the model's own).
+    context it will serve (`ModelConfig.for_context`; None: the model's own). `quantization`: an
+    `EngineConfig.quantization` (ember.quant.at_load rounds the float decoder linears as they load).
     """
     if dtype not in LOAD_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(LOAD_DTYPES)}")
@@ -92,20 +94,22 @@ def load_model(
                              "drop --tensor-parallel-size / --pipeline-parallel-size")
         else:  # a rank reads float slices (quantized parallel layers are not there yet)
             tensors = iter_hf_tensors(path, _selector(shard), shard.holds)
-        return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress, shard=shard)
+        return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress, shard=shard,
+                      quantization=quantization, path=path)
     if is_gguf_file(path):
         file = GGUFFile.open(path)
         config = read_gguf_config(file).for_context(max_model_len)
         shard = shard_for(config) if shard_for is not None else None
         tokenizer_path = path if "tokenizer.ggml.model" in file.metadata else None
         tensors = iter_gguf_tensors(file, config, _selector(shard), None if shard is None else shard.holds)
-        return _build(config, tensors, dtype, tokenizer_path, "gguf", show_progress, len(file.tensors), shard)
+        return _build(config, tensors, dtype, tokenizer_path, "gguf", show_progress, len(file.tensors), shard,
+                      quantization=quantization, path=path)
     if is_llama2c_file(path):
         header = read_llama2c_header(path)
         config = llama2c_config(header).for_context(max_model_len)
         shard = shard_for(config) if shard_for is not None else None
         tensors = _sliced(iter_llama2c_tensors(path, header), shard)
-        return _build(config, tensors, dtype, None, "llama2c", show_progress, shard=shard)
+        return _build(config, tensors, dtype, None, "llama2c", show_progress, shard=shard, quantization=quantization, path=path)
     raise ValueError(
         f"{path} is not a model ember can read: expected a GGUF file (or a folder holding one), a folder "
         "with config.json and *.safetensors, or a llama2.c .bin checkpoint"
@@ -121,6 +125,8 @@ def _build(
     show_progress: bool,
     total: int | None = None,
     shard: ModelShard | None = None,
+    quantization: str | None = None,
+    path: Path | None = None,
 ) -> LoadedModel:
     """`config` is the whole model's; a rank of a split model builds its model from its shard's local config."""
     torch_dtype = compute_dtype(dtype)
@@ -133,6 +139,7 @@ def _build(
     state: dict[str, torch.Tensor] = {}
     blocks: dict[str, Quantized] = {}  # weights kept quantized, swapped into quantized layers below
     packing = PackingPlan.for_model(model, set(expected))
+    num_quantized = 0  # weights the checkpoint holds quantized
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task("loading weights", total=total)
         for checkpoint_name, checkpoint_tensor in tensors:
@@ -151,11 +158,15 @@ def _build(
             if tuple(tensor.shape) != tuple(expected[name].shape):
                 raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
             if isinstance(tensor, (GGMLTensor, GGMLRowParts, Int8ChannelTensor, ZeroPointTensor)):
+                num_quantized += 1
                 if dtype == AUTO_DTYPE and _holds_blocks(model, name):
                     blocks[name] = tensor
                     continue
                 tensor = tensor.dequantize()
             state[name] = tensor.to(torch_dtype)
+    check_checkpoint_method(quantization, num_quantized, path)
+    if quantization in AT_LOAD_QUANTIZERS:
+        blocks.update(quantize_float_linears(model, state, quantization))
     tied_weights = getattr(model, "tied_weights", {"lm_head.weight": "model.embed_tokens.weight"}) if config.tie_word_embeddings else {}
     for tied, source in tied_weights.items():
         if tied not in expected:

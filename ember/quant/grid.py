@@ -91,6 +91,14 @@ class BlockGrid:
         d, m = self.per_column(d, cols), self.per_column(m, cols)
         return self.dequantize(self.quantize(weight, d, m), d, m)
 
+    def round_to_blocks(self, weight: torch.Tensor, d: torch.Tensor | None = None, m: torch.Tensor | None = None) -> GGMLTensor:
+        """`weight` rounded to nearest under per-group (d, m) [rows, groups] (None: the groups' own ranges), as blocks."""
+        weight = weight.detach().float()
+        if d is None or m is None:
+            d, m = self.fit(weight)
+        cols = weight.shape[1]
+        return self.to_blocks(self.quantize(weight, self.per_column(d, cols), self.per_column(m, cols)), d, m)
+
     def to_blocks(self, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> GGMLTensor:
         """Pack integer codes [rows, cols] with per-group (d, m) into this grid's GGML blocks."""
         rows, cols = codes.shape

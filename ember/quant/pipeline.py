@@ -28,15 +28,14 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from ember.layers.linear import Linear
 from ember.models.llama import LLAMA_ARCHITECTURES
 from ember.quant.alpha_search import search_alpha
+from ember.quant.at_load import decoder_linears
 from ember.quant.awq import awq_clipped_ranges, awq_scales
 from ember.quant.calibration import Calibration, InputStats
 from ember.quant.config import ALPHA_AUTO, CALIBRATED_METHODS, MIN_CALIB_TOKENS, QuantizeConfig
 from ember.quant.float_codes import quantize_fp8, quantize_nf4
 from ember.quant.ggml_blocks import GGMLTensor
-from ember.quant.ggml_layers import LOGITS_MODULE
 from ember.quant.gptq import GPTQSettings, gptq_quantize
 from ember.quant.grid import BlockGrid
 from ember.quant.int8_channel import Int8ChannelTensor, quantize_weight
@@ -86,7 +85,7 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
                 raise ValueError(f"{config.model} has no tokenizer to read --calib with; give --tokenizer FILE")
             chunks = calibration_chunks(engine.tokenizer, config)
         embedding_name, embedding_table = _input_embedding(model)
-        embedding = _rtn(embedding_table.weight, EMBEDDING_GRID)
+        embedding = EMBEDDING_GRID.round_to_blocks(embedding_table.weight)
         if config.method == "gptq":
             with torch.no_grad():  # the first layer's inputs come from the embedding as it will run
                 embedding_table.weight.copy_(embedding.dequantize())
@@ -97,17 +96,10 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
             blocks = _rescale_and_round(engine, model, names, chunks, config, progress)
     blocks[f"{embedding_name}.weight"] = embedding
     if not engine.model_config.tie_word_embeddings:
-        blocks["lm_head.weight"] = _rtn(model.lm_head.weight, EMBEDDING_GRID)
+        blocks["lm_head.weight"] = EMBEDDING_GRID.round_to_blocks(model.lm_head.weight)
     calib_tokens = sum(map(len, chunks))
     written = write_quantized(resolve_model(config.model), model, engine.model_config, blocks, config, calib_tokens, notes)
     return QuantizeResult(config.out, *written, calib_tokens)
-
-
-def decoder_linears(model: nn.Module) -> list[str]:
-    """Every linear of the decoder layers in the order they run (attention, MLP, each expert's): ember's `Linear`s but
-    the LM head. Routers (plain nn.Linear: a rounded router picks other experts) and weights read as matrices (MLA's
-    kv_b_proj) stay float."""
-    return [name for name, module in model.named_modules() if isinstance(module, Linear) and name != LOGITS_MODULE]
 
 
 def _check_family(architecture: str, source: Path, config: QuantizeConfig) -> None:
@@ -239,7 +231,7 @@ def gptq_sequential(engine, model: nn.Module, names: list[str], chunks: list[lis
     if len(unrouted) < len(missing):
         raise RuntimeError(f"GPTQ never saw the inputs of {', '.join(missing[:3])}: the model did not run its Python path")
     for name in unrouted:
-        blocks[f"{name}.weight"] = _rtn(model.get_submodule(name).weight, grid)
+        blocks[f"{name}.weight"] = grid.round_to_blocks(model.get_submodule(name).weight)
         progress.advance(task)
     return blocks, {"experts_without_calibration_tokens": unrouted} if unrouted else {}
 
@@ -286,7 +278,7 @@ def round_with_clipping(model: nn.Module, names: list[str], stats: dict[str, Inp
         grid.check_width(weight.shape[1], name)
         s = scales.get(name, torch.ones(weight.shape[1]))
         hessian = stats[name].mean_hessian / torch.outer(s, s)
-        blocks[f"{name}.weight"] = _round_to_blocks(weight, grid, *awq_clipped_ranges(weight, hessian, grid))
+        blocks[f"{name}.weight"] = grid.round_to_blocks(weight, *awq_clipped_ranges(weight, hessian, grid))
         progress.advance(task)
     return blocks
 
@@ -303,7 +295,7 @@ def quantize_linears(model: nn.Module, names: list[str], config: QuantizeConfig,
     for name in names:
         weight = model.get_submodule(name).weight.detach()
         grid.check_width(weight.shape[1], name)
-        blocks[f"{name}.weight"] = _rtn(weight, grid)
+        blocks[f"{name}.weight"] = grid.round_to_blocks(weight)
         progress.advance(task)
     return blocks
 
@@ -325,14 +317,3 @@ def _quantize_int8_rows(model: nn.Module, names: list[str], progress: Progress) 
         rows[f"{name}.weight"] = quantize_weight(model.get_submodule(name).weight)
         progress.advance(task)
     return rows
-
-
-def _rtn(weight: torch.Tensor, grid: BlockGrid) -> GGMLTensor:
-    weight = weight.detach().float()
-    return _round_to_blocks(weight, grid, *grid.fit(weight))
-
-
-def _round_to_blocks(weight: torch.Tensor, grid: BlockGrid, d: torch.Tensor, m: torch.Tensor) -> GGMLTensor:
-    """`weight` rounded to nearest under per-group (d, m) [rows, groups], packed as the grid's blocks."""
-    cols = weight.shape[1]
-    return grid.to_blocks(grid.quantize(weight, grid.per_column(d, cols), grid.per_column(m, cols)), d, m)

@@ -15,10 +15,11 @@ from ember.engine.config import CacheConfig, EngineConfig
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.models.loader import load_model
+from ember.quant.at_load import decoder_linears
 from ember.quant.checkpoint import QUANTIZATION_FILE
 from ember.quant.config import QuantizeConfig
 from ember.quant.ggml_layers import GGMLLinear
-from ember.quant.pipeline import decoder_linears, quantize_checkpoint
+from ember.quant.pipeline import quantize_checkpoint
 from ember.quant.w8a8_layers import W8A8Linear
 from tests.model_factory import save_tiny_model
 

@@ -1,0 +1,70 @@
+"""Quantization while a float checkpoint loads (`--quantization`, as vLLM's in-flight fp8 and bitsandbytes).
+
+No file is written: each linear of the decoder layers is rounded to nearest onto a block format as its float weight
+arrives, and the model runs on the same layers and kernels as a GGUF file. `ember quantize` does the same offline,
+and with calibrated methods (GPTQ, AWQ, SmoothQuant) that in-flight rounding cannot run.
+
+- `int8`: Q8_0 (an fp16 scale per 32 values; 1.06 bytes a parameter), the closest to the float model;
+- `int4`: Q4_1 (fp16 scale and minimum per 32 values; 0.63 bytes);
+- `fp8`: e4m3 codes with a power-of-two scale per 32 values (ember's FP8 blocks);
+- `nf4` (vLLM's name: `bitsandbytes`): NormalFloat-4 codes with an fp16 absmax per 64 values (QLoRA's).
+
+The LM head and the embeddings stay as loaded, as vLLM keeps them. Names of checkpoint methods (gptq, awq, gguf, ...)
+are accepted as vLLM takes them: they assert the checkpoint is quantized that way and change nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ember.engine.config import CHECKPOINT_QUANTIZATIONS
+from ember.layers.linear import Linear
+from ember.quant.float_codes import quantize_fp8, quantize_nf4
+from ember.quant.ggml_blocks import GGMLTensor
+from ember.quant.ggml_layers import LOGITS_MODULE
+from ember.quant.grid import BlockGrid
+
+logger = logging.getLogger(__name__)
+
+AT_LOAD_QUANTIZERS: dict[str, Callable[[torch.Tensor], GGMLTensor]] = {  # keys: ember.engine.config.AT_LOAD_QUANTIZATIONS
+    "int8": BlockGrid(bits=8, group_size=32).round_to_blocks,
+    "int4": BlockGrid(bits=4, group_size=32).round_to_blocks,
+    "fp8": quantize_fp8,
+    "nf4": quantize_nf4,
+}
+
+
+def decoder_linears(model: nn.Module) -> list[str]:
+    """Every linear of the decoder layers in the order they run (attention, MLP, each expert's): ember's `Linear`s but
+    the LM head. Routers (plain nn.Linear: a rounded router picks other experts) and weights read as matrices (MLA's
+    kv_b_proj) stay float."""
+    return [name for name, module in model.named_modules() if isinstance(module, Linear) and name != LOGITS_MODULE]
+
+
+def quantize_float_linears(model: nn.Module, state: dict[str, torch.Tensor], quantization: str) -> dict[str, GGMLTensor]:
+    """Take each decoder linear's float weight out of `state`, rounded by `quantization`; a weight whose width the
+    blocks cannot take stays float (a warning names it)."""
+    quantize = AT_LOAD_QUANTIZERS[quantization]
+    blocks: dict[str, GGMLTensor] = {}
+    for module in decoder_linears(model):
+        name = f"{module}.weight"
+        if name not in state:
+            continue  # loaded quantized already
+        try:
+            blocks[name] = quantize(state[name])
+        except ValueError as error:
+            logger.warning("%s stays float: %s", module, error)
+            continue
+        del state[name]
+    return blocks
+
+
+def check_checkpoint_method(quantization: str | None, num_quantized: int, path: object) -> None:
+    """A checkpoint method named by `--quantization` must be what the checkpoint holds (as vLLM checks)."""
+    if quantization in CHECKPOINT_QUANTIZATIONS and num_quantized == 0:
+        raise ValueError(f"--quantization {quantization} names a checkpoint format, but {path} holds float weights: drop "
+                         "--quantization, or pass fp8, int8, int4 or nf4 to quantize it while it loads")
