@@ -78,3 +78,14 @@ def test_layouts_ember_cannot_read_are_refused_naming_the_fix(config, fix):
     parse = ScaledQuantization.from_config if config["quant_method"] != "bitsandbytes" else HFQuantization.from_config
     with pytest.raises(ValueError, match=fix):
         parse(config)
+
+
+def test_an_fp8_checkpoint_rounded_again_at_load_keeps_one_byte_a_weight(source, tmp_path):
+    from ember.quant.ggml_layers import GGMLLinear
+
+    config, strategy, scale_name = FP8_LAYOUTS["ct-fp8-channel"]
+    weights = write_checkpoint(source, tmp_path / "q", config, "float", strategy, scale_name=scale_name)
+    layer = load_model(tmp_path / "q", "auto", quantization="fp8").model.model.layers[0].mlp.down_proj
+    assert isinstance(layer, GGMLLinear) and layer.weight_blocks.format.name == "FP8"
+    expected = weights["model.layers.0.mlp.down_proj.weight"]
+    assert (layer.weight_blocks.dequantize() - expected).abs().max() <= 0.07 * expected.abs().max()  # e4m3's 3 mantissa bits
