@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from ember.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from ember.server.sampling_defaults import AUTO, sampling_defaults
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +42,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="let chat requests bring their own Jinja template ('chat_template'); off: refused with 400")
     group.add_argument("--api-key", dest="api_keys", nargs="+", default=None, metavar="KEY",
                        help="requests to /v1 must send 'Authorization: Bearer KEY' (one of these); else 401, as vLLM's")
+    group.add_argument("--generation-config", default=AUTO, metavar="auto|vllm|FOLDER",
+                       help="sampling defaults for fields a request leaves out: auto (the model folder's "
+                            "generation_config.json, as vLLM's default), vllm (OpenAI's), or a folder holding one")
     group.add_argument("--log-prompts", action="store_true", help="include prompt text in the per-request log lines")
     group.add_argument("--no-debug-endpoints", action="store_true", help="do not expose GET /debug/engine")
     group.add_argument(
@@ -90,6 +95,20 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise SystemExit(f"ember serve: {error}") from None
 
 
+def with_generation_config(config: ServerConfig, setting: str, model: str) -> ServerConfig:
+    """`config` with the sampling defaults `--generation-config` gives for `model`."""
+    from ember.models.registry import resolve_model
+
+    try:
+        path = resolve_model(model)
+    except FileNotFoundError:
+        path = None  # the engine names the missing model when it loads
+    try:
+        return replace(config, sampling_defaults=sampling_defaults(setting, path))
+    except ValueError as error:
+        raise SystemExit(f"ember serve: {error}") from None
+
+
 def serve_command(args: argparse.Namespace) -> int:
     """Run `ember serve` with parsed flags; returns the exit status."""
     from ember.engine.config import EngineConfig
@@ -108,6 +127,7 @@ def serve_command(args: argparse.Namespace) -> int:
                                engine_config.max_model_len)
     if server_config.served_model_names:
         engine_config.served_model_name = server_config.served_model_names[0]
+    server_config = with_generation_config(server_config, args.generation_config, engine_config.model)
     run_server(engine_config, server_config)
     return 0
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ember.server.sampling_defaults import SamplingDefaults
+
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
@@ -16,6 +18,7 @@ class ServerConfig:
     are the ids clients may send as `model` (empty: the engine's own model name).
     `log_prompts` adds prompt text to the per-request log line (off: ids and counts only).
     `trust_request_chat_template` lets a chat request bring its own template (`chat_template`).
+    `sampling_defaults` fill the sampling fields a request leaves out (the model's generation config, as vLLM's).
 
     Slow clients: a connection has `header_timeout_s` to send a request's headers (from when it
     opens, or from the end of its previous response) and `body_timeout_s` from then to send the
@@ -37,6 +40,7 @@ class ServerConfig:
     body_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
     api_keys: tuple[str, ...] = ()  # none: the /v1 routes are open; else a request must bring one (ember.server.api_key)
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # fields a request leaves out
 
     def __post_init__(self) -> None:
         self.served_model_names = list(self.served_model_names)

@@ -27,6 +27,7 @@ from ember.server.protocol import (
     SamplingFields,
     StructuredOutputsParams,
 )
+from ember.server.sampling_defaults import SamplingDefaults
 from ember.server.tokenization import PromptEncoder
 from ember.server.tool_calls import ToolPlan
 from ember.tokenizers import chat_template as templates
@@ -158,13 +159,15 @@ def scores_prompt_only(request: CompletionRequest) -> bool:
 
 def sampling_params(
     request: SamplingFields,
+    defaults: SamplingDefaults,
     max_tokens: int | None,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     tool_constraint: StructuredOutput | None = None,
     keeps_special_tokens: bool = False,
 ) -> SamplingParams:
-    """SamplingParams of a request, with OpenAI's defaults (temperature 1, top_p 1); `tool_constraint`
+    """SamplingParams of a request, `defaults` where it leaves a field out (OpenAI's: temperature 1, top_p 1, or the
+    model's generation config); `max_tokens` None: the default's, else up to the context window; `tool_constraint`
     holds a forced tool call's reply to its JSON (and excludes every other output constraint);
     `keeps_special_tokens` keeps special tokens in the text (where tool-call markers are special tokens)."""
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
@@ -175,16 +178,16 @@ def sampling_params(
     try:
         return SamplingParams(
             n=given(request.n, 1),
-            max_tokens=max_tokens,
+            max_tokens=given(max_tokens, defaults.max_tokens),
             min_tokens=given(request.min_tokens, 0),
-            temperature=given(request.temperature, 1.0),
-            top_p=given(request.top_p, 1.0),
-            top_k=given(request.top_k, 0),
-            min_p=given(request.min_p, 0.0),
+            temperature=given(request.temperature, defaults.temperature),
+            top_p=given(request.top_p, defaults.top_p),
+            top_k=given(request.top_k, defaults.top_k),
+            min_p=given(request.min_p, defaults.min_p),
             seed=request.seed,
             presence_penalty=given(request.presence_penalty, 0.0),
             frequency_penalty=given(request.frequency_penalty, 0.0),
-            repetition_penalty=given(request.repetition_penalty, 1.0),
+            repetition_penalty=given(request.repetition_penalty, defaults.repetition_penalty),
             stop=stop,
             stop_token_ids=list(request.stop_token_ids or []),
             ignore_eos=given(request.ignore_eos, False),
@@ -290,22 +293,23 @@ def _token_biases(logit_bias: dict[str, float] | None) -> dict[int, float]:
     return biases
 
 
-def chat_sampling_params(request: ChatCompletionRequest, tools: ToolPlan | None = None) -> SamplingParams:
-    """SamplingParams of a chat request; no max tokens means up to the context window."""
+def chat_sampling_params(request: ChatCompletionRequest, defaults: SamplingDefaults, tools: ToolPlan | None = None) -> SamplingParams:
+    """SamplingParams of a chat request; no max tokens means the default's, else up to the context window."""
     max_tokens = request.max_completion_tokens or request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     if tools is None:
-        return sampling_params(request, max_tokens, logprobs)
+        return sampling_params(request, defaults, max_tokens, logprobs)
     # Auto mode reads calls from the text, and templates such as Qwen2.5's mark them with special tokens.
-    return sampling_params(request, max_tokens, logprobs, tool_constraint=tools.constraint(), keeps_special_tokens=tools.mode == "auto")
+    return sampling_params(request, defaults, max_tokens, logprobs, tool_constraint=tools.constraint(),
+                           keeps_special_tokens=tools.mode == "auto")
 
 
-def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
+def completion_sampling_params(request: CompletionRequest, defaults: SamplingDefaults) -> SamplingParams:
     """SamplingParams of a text completion request; an echo with logprobs scores the prompt's tokens too."""
     prompt_logprobs = request.logprobs if request.echo else None
     # The engine generates at least one token; a prompt-only request drops it (serving_completions).
     max_tokens = 1 if scores_prompt_only(request) else request.max_tokens
-    return sampling_params(request, max_tokens, request.logprobs, prompt_logprobs)
+    return sampling_params(request, defaults, max_tokens, request.logprobs, prompt_logprobs)
 
 
 def chat_template_for(request: ChatRenderFields, served: ChatTemplate | None, brought: RequestTemplates) -> ChatTemplate:

@@ -46,7 +46,7 @@ async def create_chat_completion(context: ServingContext, raw_request: Request) 
     model = resolve_model(request.model, context.model_names)
     check_chat_request(request)
     tools = plan_tools(request)
-    params = chat_sampling_params(request, tools)
+    params = chat_sampling_params(request, context.config.sampling_defaults, tools)
     # Admitted before rendering and tokenizing: a prompt being tokenized waits too.
     ticket = context.admission.admit(1)
     try:

@@ -50,7 +50,7 @@ async def create_completion(context: ServingContext, raw_request: Request) -> Re
     request = parse_request(CompletionRequest, await raw_request.body())
     model = resolve_model(request.model, context.model_names)
     check_completion_request(request)
-    params = completion_sampling_params(request)
+    params = completion_sampling_params(request, context.config.sampling_defaults)
     num_prompts = count_prompts(request)
     if num_prompts > context.config.max_waiting:
         raise ApiError(

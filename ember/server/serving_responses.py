@@ -13,10 +13,11 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ember.engine.outputs import RequestOutput
+from ember.engine.sampling_params import SamplingParams
 from ember.server.context import ServingContext
 from ember.server.errors import ApiError
 from ember.server.generation import cancel_on_disconnect, collect, merge_streams
-from ember.server.protocol import ChatCompletionRequest, ToolCall
+from ember.server.protocol import ToolCall
 from ember.server.requests import (
     chat_sampling_params,
     check_chat_request,
@@ -53,8 +54,8 @@ async def create_response(context: ServingContext, raw_request: Request) -> Resp
         chat = as_chat_request(request)
         check_chat_request(chat)
         tools = plan_tools(chat)
-        params = chat_sampling_params(chat, tools)
-    shell = _shell(request, chat, model, tools)
+        params = chat_sampling_params(chat, context.config.sampling_defaults, tools)
+    shell = _shell(request, model, tools, params)
     ticket = context.admission.admit(1)
     try:
         with _named_for_responses():
@@ -83,7 +84,7 @@ def _named_for_responses() -> Iterator[None]:
         raise
 
 
-def _shell(request: ResponsesRequest, chat: ChatCompletionRequest, model: str, tools: ToolPlan | None) -> ResponseObject:
+def _shell(request: ResponsesRequest, model: str, tools: ToolPlan | None, params: SamplingParams) -> ResponseObject:
     """The response as it starts: no output yet, the settings it runs with."""
     text_format = request.text.format if request.text is not None and request.text.format is not None else None
     return ResponseObject(
@@ -94,8 +95,8 @@ def _shell(request: ResponsesRequest, chat: ChatCompletionRequest, model: str, t
         output=[],
         instructions=request.instructions,
         max_output_tokens=request.max_output_tokens,
-        temperature=1.0 if chat.temperature is None else chat.temperature,
-        top_p=1.0 if chat.top_p is None else chat.top_p,
+        temperature=params.temperature,
+        top_p=params.top_p,
         tools=[tool.model_dump(exclude_none=True) for tool in request.tools or []],
         tool_choice=_tool_choice(request, tools),
         parallel_tool_calls=request.parallel_tool_calls is not False,
