@@ -71,7 +71,7 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
         admission=admission,
         drain=Drain(admission, config.drain_timeout_s, config.retry_after_s),
         metrics=metrics,
-        request_logger=RequestLogger(config.log_prompts),
+        request_logger=RequestLogger(config.log_prompts, enabled=config.log_requests),
         created_time=int(time.time()),
     )
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import replace
 from pathlib import Path
 
-from ember.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from ember.server.config import DEFAULT_MAX_BODY_BYTES, UVICORN_LOG_LEVELS, ServerConfig
 from ember.server.sampling_defaults import AUTO, sampling_defaults
+
+logger = logging.getLogger(__name__)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +71,30 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM flags a `vllm serve` command line carries that mean nothing or little on a CPU engine: accepted, so the
+    line runs, and each one that changes nothing says so at start (`vllm_notes`)."""
+    group = parser.add_argument_group("vLLM compatibility")
+    group.add_argument("--gpu-memory-utilization", type=float, default=None,
+                       help="no accelerator memory to fill here: size the KV cache with --kv-cache-memory or --num-kv-blocks")
+    group.add_argument("--swap-space", type=float, default=None, help="nothing is swapped: preempted sequences are recomputed")
+    group.add_argument("--enforce-eager", action="store_true", help="accepted: ember captures no graphs")
+    group.add_argument("--disable-log-stats", action="store_true", help="accepted: ember logs no periodic stats (see /metrics)")
+    group.add_argument("--disable-log-requests", action="store_true", help="no log line per finished request")
+    group.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS, help="the HTTP server's log level")
+
+
+def vllm_notes(args: argparse.Namespace) -> list[str]:
+    """What each accepted vLLM flag that changes nothing here means, to log at start."""
+    notes = []
+    if args.gpu_memory_utilization is not None:
+        notes.append("--gpu-memory-utilization has no effect on a CPU engine; size the KV cache with --kv-cache-memory "
+                     "or --num-kv-blocks")
+    if args.swap_space is not None:
+        notes.append("--swap-space has no effect: ember recomputes preempted sequences instead of swapping their KV cache")
+    return notes
+
+
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The ServerConfig the flags describe."""
     chat_template = None
@@ -83,6 +110,8 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_body_bytes=args.max_body_bytes,
             served_model_names=args.served_model_names or [],
             log_prompts=args.log_prompts,
+            log_requests=not args.disable_log_requests,
+            uvicorn_log_level=args.uvicorn_log_level,
             chat_template=chat_template,
             trust_request_chat_template=args.trust_request_chat_template,
             enable_debug_endpoints=not args.no_debug_endpoints,
@@ -128,6 +157,8 @@ def serve_command(args: argparse.Namespace) -> int:
     if server_config.served_model_names:
         engine_config.served_model_name = server_config.served_model_names[0]
     server_config = with_generation_config(server_config, args.generation_config, engine_config.model)
+    for note in vllm_notes(args):
+        logger.warning(note)
     run_server(engine_config, server_config)
     return 0
 
@@ -143,5 +174,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_engine_arguments(parser, model_positional=True)
     add_server_arguments(parser)
+    add_vllm_arguments(parser)
     parser.set_defaults(func=serve_command)
     return parser

@@ -8,6 +8,8 @@ from ember.server.sampling_defaults import SamplingDefaults
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
 
 @dataclass
 class ServerConfig:
@@ -33,6 +35,8 @@ class ServerConfig:
     served_model_names: list[str] = field(default_factory=list)
     retry_after_s: int = 1
     log_prompts: bool = False
+    log_requests: bool = True  # one line per finished request (off: vLLM's --disable-log-requests)
+    uvicorn_log_level: str = "info"
     chat_template: str | None = None
     trust_request_chat_template: bool = False
     enable_debug_endpoints: bool = True
@@ -47,6 +51,8 @@ class ServerConfig:
         self.api_keys = tuple(self.api_keys)
         if any(not key or key != key.strip() for key in self.api_keys):
             raise ValueError("--api-key must be a non-empty key without surrounding spaces")
+        if self.uvicorn_log_level not in UVICORN_LOG_LEVELS:
+            raise ValueError(f"--uvicorn-log-level {self.uvicorn_log_level!r}: choose one of {', '.join(UVICORN_LOG_LEVELS)}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"server port must be from 0 to 65535, got {self.port}")
         if self.max_waiting < 1:

@@ -16,11 +16,14 @@ class RequestLogger:
     Prompt text is left out unless `log_prompts`, since prompts may hold user data.
     """
 
-    def __init__(self, log_prompts: bool = False) -> None:
+    def __init__(self, log_prompts: bool = False, enabled: bool = True) -> None:
         self._log_prompts = log_prompts
+        self._enabled = enabled
 
     def log_finished(self, finished: FinishedRequest, prompt_text: str | None = None) -> None:
-        """Log one finished (or aborted) request."""
+        """Log one finished (or aborted) request (nothing when disabled: vLLM's --disable-log-requests)."""
+        if not self._enabled:
+            return
         fields = {
             "request_id": finished.request_id,
             "prompt_tokens": finished.prompt_tokens,

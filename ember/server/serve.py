@@ -89,7 +89,7 @@ def uvicorn_config(app, server_config: ServerConfig, log_level: str = "info") ->
 def serve_app(engine, server_config: ServerConfig) -> None:
     """Serve an already-built engine until interrupted (the caller shuts the engine down)."""
     app = build_app(engine, server_config)
-    server = DrainingServer(uvicorn_config(app, server_config), app.state.context.drain)
+    server = DrainingServer(uvicorn_config(app, server_config, server_config.uvicorn_log_level), app.state.context.drain)
     logger.info(
         "serving %s on http://%s:%d/v1",
         ", ".join(app.state.context.model_names),
