@@ -14,8 +14,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
 QUANT_ACTIVATIONS = ("int8", "float32")  # what ember.quant.ggml_layers' GGML linear layers round activations to
 # "auto": the model's compute dtype; "fp8" (alias "fp8_e4m3"): float8 e4m3 with no scale, as vLLM's
-# uncalibrated default, 1 byte per element (torch dtypes: ember.engine.runner.KV_CACHE_TORCH_DTYPES).
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3")
+# uncalibrated default, 1 byte per element; "fp8_e5m2": float8 e5m2 (2 mantissa bits, the range of float16)
+# (torch dtypes: ember.engine.runner.KV_CACHE_TORCH_DTYPES).
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 # --quantization: the block formats a float checkpoint's decoder linears are rounded to as it loads (ember.quant.at_load),
 # vLLM's name for one of them, and vLLM's names of checkpoint formats (accepted: the checkpoint's own description decides).
 AT_LOAD_QUANTIZATIONS = ("int8", "int4", "fp8", "nf4")
@@ -323,8 +324,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV cache budget, e.g. 512MiB")
     parser.add_argument("--kv-cache-dtype", default=defaults.cache.kv_cache_dtype, choices=KV_CACHE_DTYPES,
-                        help="KV cache elements: auto (the model's compute dtype), float32, bfloat16, or fp8 "
-                             "(float8 e4m3, unscaled: half bfloat16's bytes, so twice the tokens in the same memory)")
+                        help="KV cache elements: auto (the model's compute dtype), float32, bfloat16, fp8 (float8 e4m3, "
+                             "unscaled: half bfloat16's bytes, so twice the tokens in the same memory) or fp8_e5m2 (float8 "
+                             "with float16's range and 2 mantissa bits)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.scheduler.max_num_batched_tokens)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.scheduler.max_num_seqs)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,

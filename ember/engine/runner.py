@@ -62,6 +62,7 @@ def kv_cache_bytes_per_block(
 # Every `CacheConfig.kv_cache_dtype` (ember.engine.config.KV_CACHE_DTYPES, validated there) but "auto".
 KV_CACHE_TORCH_DTYPES = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
 }
 
 

@@ -20,7 +20,7 @@ from ember.native_build import load_cpu_kernels
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "paged_attention.c"
 # The cache dtypes the kernels read and write, and their `cache_format` codes (CACHE_* in paged_attention.c).
-CACHE_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2}
+CACHE_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 CACHE_DTYPES = tuple(CACHE_FORMATS)
 
 
@@ -134,7 +134,7 @@ class PagedAttention:
 
     def _run(self, query, keys, values, value_dim, batch, scale, window, softcap, **layout) -> torch.Tensor:
         if not (keys.is_contiguous() and values.is_contiguous()) or keys.dtype not in CACHE_DTYPES:
-            raise ValueError("the fused attention op needs a contiguous float32, bfloat16 or float8_e4m3fn cache")
+            raise ValueError("the fused attention op needs a contiguous float32, bfloat16, float8_e4m3fn or float8_e5m2 cache")
         query32 = query if _rows_of_contiguous_heads(query) else query.float().contiguous()
         num_tokens, num_heads, key_dim = query32.shape
         out = torch.empty(num_tokens, num_heads, value_dim, dtype=torch.float32)

@@ -36,7 +36,7 @@ def test_an_unknown_cache_dtype_is_refused_naming_the_choices(tiny_llama):
 
 
 @pytest.mark.parametrize(("kv_cache_dtype", "element_bytes", "torch_dtype"), [
-    ("auto", 4, torch.float32), ("bfloat16", 2, torch.bfloat16), ("fp8", 1, torch.float8_e4m3fn),
+    ("auto", 4, torch.float32), ("bfloat16", 2, torch.bfloat16), ("fp8", 1, torch.float8_e4m3fn), ("fp8_e5m2", 1, torch.float8_e5m2),
 ])  # fmt: skip
 def test_a_narrower_cache_holds_more_blocks_in_the_same_memory(tiny_llama, kv_cache_dtype, element_bytes, torch_dtype):
     budget = 1 << 20
@@ -76,7 +76,8 @@ def test_fp8_cache_logits_stay_within_sixteen_bfloat16_roundings(tiny_llama):
     bf16_error = (prompt_logits(tiny_llama, "bfloat16", PROMPTS) - reference).abs().max().item()
     fp8_error = (prompt_logits(tiny_llama, "fp8", PROMPTS) - reference).abs().max().item()
     assert 0 < bf16_error < fp8_error <= 32 * bf16_error
-
+    e5m2_error = (prompt_logits(tiny_llama, "fp8_e5m2", PROMPTS) - reference).abs().max().item()
+    assert fp8_error < e5m2_error <= 64 * bf16_error  # 2 mantissa bits: twice e4m3's steps, a subnormal range far below
 
 def without_fused_attention(metadata):
     """The same step's metadata with no `paged` batch: layers fall back to their torch attention."""
@@ -84,10 +85,11 @@ def without_fused_attention(metadata):
     return dataclasses.replace(metadata, paged=None, other_groups=others)
 
 
-def test_the_compiled_layer_and_the_torch_path_read_an_fp8_cache_alike(tiny_llama):
-    """Chunked prefill, prefill over a cached prefix and decodes: the fused C read of the e4m3 cache and
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_the_compiled_layer_and_the_torch_path_read_an_fp8_cache_alike(tiny_llama, kv_cache_dtype):
+    """Chunked prefill, prefill over a cached prefix and decodes: the fused C read of the e4m3 (e5m2) cache and
     torch's (float8 widened by `.float()`) give the same hidden states up to summation order."""
-    config = EngineConfig(model=str(tiny_llama), cache=CacheConfig(block_size=4, num_kv_blocks=64, kv_cache_dtype="fp8"),
+    config = EngineConfig(model=str(tiny_llama), cache=CacheConfig(block_size=4, num_kv_blocks=64, kv_cache_dtype=kv_cache_dtype),
                           scheduler=SchedulerConfig(max_num_batched_tokens=16))  # fmt: skip
     engine = LLMEngine(config)
     for i, prompt in enumerate(PROMPTS):

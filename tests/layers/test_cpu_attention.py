@@ -23,7 +23,7 @@ from ember.layers.rejection_sampler import DraftRow
 from ember.native_build import build_shared_library, cpu_fingerprint, with_local_includes
 
 BLOCK_SIZE = 4
-CACHE_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn]
+CACHE_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 @pytest.fixture(scope="module")
@@ -208,46 +208,58 @@ def test_write_kv_declines_layouts_it_cannot_take(op):
     assert not cache.any()
 
 
-def e4m3_probe_values() -> torch.Tensor:
-    """float32 inputs covering every e4m3 rounding case: each code's value, the ties halfway between
-    neighbours and one float32 ulp either side of them, subnormals of both formats, the saturation
-    edge (448, the 464 tie, beyond, infinity), and random magnitudes over 2^-40..2^40, both signs."""
-    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-    exact = codes[~codes.isnan()].unique()
+FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
+# Each float8 format's rounding edges: its largest finite value, the tie above it, beyond, and where float32 values
+# land below its subnormals. e4m3 saturates at 448; e5m2, as torch casts it, overflows to infinity from 61440 (the
+# tie past 57344, rounded to even).
+FP8_EDGES = {
+    torch.float8_e4m3fn: [2.0**-10, 2.0**-10 * 3, 2.0**-6, 447.9, 448.0, 460.0, 464.0, 464.1, 480.0, 1e4],
+    torch.float8_e5m2: [2.0**-17, 2.0**-17 * 3, 2.0**-14, 57343.0, 57344.0, 61439.9, 61440.0, 65535.0, 65536.0, 1e5],
+}
+
+
+def fp8_probe_values(dtype: torch.dtype) -> torch.Tensor:
+    """float32 inputs covering every rounding case of a float8 format: each code's value, the ties halfway between
+    neighbours and one float32 ulp either side of them, subnormals of both formats, the overflow edge (`FP8_EDGES`,
+    infinity), and random magnitudes over 2^-40..2^40, both signs."""
+    codes = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+    exact = codes[codes.isfinite()].unique()
     ties = (exact[1:] + exact[:-1]) / 2
     near = torch.cat([ties.nextafter(torch.full_like(ties, math.inf)), ties.nextafter(torch.full_like(ties, -math.inf))])
-    edges = torch.tensor([0.0, 2.0**-10, 2.0**-10 * 3, 1e-45, 1e-38, 2.0**-6, 447.9, 448.0, 460.0, 464.0, 464.1, 480.0,
-                          1e4, 3.4e38, math.inf])
+    edges = torch.tensor([0.0, 1e-45, 1e-38, *FP8_EDGES[dtype], 3.4e38, math.inf])
     generator = torch.Generator().manual_seed(0)
     spread = torch.rand(20000, generator=generator) * torch.pow(2.0, torch.randint(-40, 40, (20000,), generator=generator).float())
     magnitudes = torch.cat([exact.abs(), ties.abs(), near.abs(), edges, spread])
     return torch.cat([magnitudes, -magnitudes])
 
 
-def test_e4m3_write_rounds_as_torch_casts_bit_for_bit(op):
-    values = e4m3_probe_values()
-    cache = torch.zeros(2, 1, 1, 1, values.numel(), dtype=torch.float8_e4m3fn)
+@pytest.mark.parametrize("dtype", FP8_DTYPES)
+def test_fp8_write_rounds_as_torch_casts_bit_for_bit(op, dtype):
+    values = fp8_probe_values(dtype)
+    cache = torch.zeros(2, 1, 1, 1, values.numel(), dtype=dtype)
     rows = values.view(1, 1, -1)
     assert op.write_kv(cache, rows, -rows, torch.tensor([0]))
-    expected = values.to(torch.float8_e4m3fn).view(torch.uint8)
+    expected = values.to(dtype).view(torch.uint8)
     assert torch.equal(cache[0].flatten().view(torch.uint8), expected)
-    assert torch.equal(cache[1].flatten().view(torch.uint8), (-values).to(torch.float8_e4m3fn).view(torch.uint8))
-    # saturation: everything at or beyond 448 (infinity too) is +-448, never NaN
-    assert cache[0].flatten()[values.abs() >= 448].float().abs().eq(448).all()
+    assert torch.equal(cache[1].flatten().view(torch.uint8), (-values).to(dtype).view(torch.uint8))
+    if dtype == torch.float8_e4m3fn:  # saturation: everything at or beyond 448 (infinity too) is +-448, never NaN
+        assert cache[0].flatten()[values.abs() >= 448].float().abs().eq(448).all()
 
 
-def test_e4m3_write_keeps_nan_a_nan(op):
-    cache = torch.zeros(2, 1, 1, 1, 2, dtype=torch.float8_e4m3fn)
+@pytest.mark.parametrize("dtype", FP8_DTYPES)
+def test_fp8_write_keeps_nan_a_nan(op, dtype):
+    cache = torch.zeros(2, 1, 1, 1, 2, dtype=dtype)
     rows = torch.tensor([[[math.nan, -math.nan]]])
     assert op.write_kv(cache, rows, rows, torch.tensor([0]))
     assert cache.float().isnan().all()
 
 
-def test_e4m3_read_widens_every_code_exactly(op):
+@pytest.mark.parametrize("dtype", FP8_DTYPES)
+def test_fp8_read_widens_every_code_exactly(op, dtype):
     """One visible key: the softmax weight is exactly 1, so the output is the value row as the kernel read it."""
-    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
-    codes = codes[~codes.float().isnan()]
-    cache = torch.zeros(2, 1, BLOCK_SIZE, 1, codes.numel(), dtype=torch.float8_e4m3fn)
+    codes = torch.arange(256, dtype=torch.uint8).view(dtype)
+    codes = codes[codes.float().isfinite()]
+    cache = torch.zeros(2, 1, BLOCK_SIZE, 1, codes.numel(), dtype=dtype)
     cache[1, 0, 0, 0] = codes
     batch = PagedBatch(
         block_tables=torch.tensor([[0]], dtype=torch.int32), query_starts=torch.tensor([0], dtype=torch.int32),

@@ -35,7 +35,7 @@
 #define SCORE_PADDING 8  /* a row's scores are read 8 at a time: room past the block's last key */
 #define SPAN_TOKENS 128  /* a decoding sequence's keys per work item (its spans are merged after) */
 
-enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_E4M3 = 2 };  /* cache_format (cpu_attention.CACHE_FORMATS) */
+enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_E4M3 = 2, CACHE_E5M2 = 3 };  /* cache_format (cpu_attention.CACHE_FORMATS) */
 
 typedef struct {
     const float *query;          /* [T, num_heads, dim_k], tokens query_stride floats apart */
@@ -44,7 +44,7 @@ typedef struct {
                                     (block * block_size + offset) * token_stride + kv_head * head_stride + d */
     int64_t token_stride, head_stride;
     int64_t num_heads, num_kv_heads, dim_k, dim_v, block_size;
-    int cache_format;            /* CACHE_F32, CACHE_BF16 or CACHE_E4M3 */
+    int cache_format;            /* CACHE_F32, CACHE_BF16, CACHE_E4M3 or CACHE_E5M2 */
     const int32_t *block_tables; /* [num_seqs, max_blocks] */
     const int32_t *query_starts, *query_counts, *context_lens;
     int64_t num_seqs, max_blocks;
@@ -69,6 +69,19 @@ static inline float e4m3_to_f32(uint8_t code) {
     return out.number;
 }
 
+/* float8 e5m2 (IEEE-like: infinities and NaNs, the top byte of a float16) -> float32: exponent field e > 0 is
+   a normal number (rebiased from 15 to 127, e = 31 the infinities and NaNs, whose float32 exponent is all ones),
+   e = 0 the subnormals m * 2^-16 (an exact int -> float conversion). */
+static inline float e5m2_to_f32(uint8_t code) {
+    const uint32_t sign = (uint32_t)(code & 0x80u) << 24, magnitude = code & 0x7Fu;
+    union { float number; uint32_t bits; } subnormal = {(float)(int32_t)(magnitude & 3u) * 0x1p-16f};
+    const uint32_t is_normal = 0u - (uint32_t)(magnitude >= 4u), is_special = 0u - (uint32_t)(magnitude >= 0x7Cu);
+    const uint32_t normal = (magnitude << 21) + (112u << 23);
+    union { uint32_t bits; float number; } out = {sign | (((normal & is_normal) | (subnormal.bits & ~is_normal)) & ~is_special)
+                                                  | (((magnitude << 21) | 0x7F800000u) & is_special)};
+    return out.number;
+}
+
 /* Rows [first, first + count) of one block for one kv head, as float32 pointers (widened into buf). */
 static const float *block_rows(const attention_args *a, const void *base, int64_t block, int64_t first,
                                int64_t count, int64_t kv_head, int64_t dim, float *buf) {
@@ -78,6 +91,12 @@ static const float *block_rows(const attention_args *a, const void *base, int64_
         const uint8_t *src = (const uint8_t *)base + start;
         for (int64_t t = 0; t < count; t++)
             for (int64_t d = 0; d < dim; d++) buf[t * a->token_stride + d] = e4m3_to_f32(src[t * a->token_stride + d]);
+        return buf;
+    }
+    if (a->cache_format == CACHE_E5M2) {
+        const uint8_t *src = (const uint8_t *)base + start;
+        for (int64_t t = 0; t < count; t++)
+            for (int64_t d = 0; d < dim; d++) buf[t * a->token_stride + d] = e5m2_to_f32(src[t * a->token_stride + d]);
         return buf;
     }
     const uint16_t *src = (const uint16_t *)base + start;
@@ -413,6 +432,23 @@ static inline uint8_t f32_to_e4m3(float number) {
     return sign | (uint8_t)((rounded >> 20) - (120u << 3));
 }
 
+/* float32 -> float8 e5m2, rounded to nearest even as torch's float8_e5m2 cast does: 65536 and beyond (where
+   rounding would leave the largest finite value, 57344) become infinity, NaN stays NaN; below 2^-14 the
+   subnormal steps of 2^-16 round in hardware (adding 2^7, whose ulp is 2^-16, leaves the code in the low bits). */
+static inline uint8_t f32_to_e5m2(float number) {
+    union { float number; uint32_t bits; } converted = {number};
+    const uint8_t sign = (uint8_t)((converted.bits >> 24) & 0x80u);
+    const uint32_t magnitude = converted.bits & 0x7FFFFFFFu;
+    if (magnitude >= (143u << 23)) return sign | (magnitude > 0x7F800000u ? 0x7F : 0x7C);
+    if (magnitude < (113u << 23)) {
+        union { float number; uint32_t bits; } step = {fabsf(number) + 128.0f};
+        return sign | (uint8_t)(step.bits - 0x43000000u);
+    }
+    /* normal: drop 21 of the 23 mantissa bits rounding to even, rebias the exponent from 127 to 15 */
+    const uint32_t rounded = magnitude + 0xFFFFFu + ((magnitude >> 21) & 1u);
+    return sign | (uint8_t)((rounded >> 21) - (112u << 2));
+}
+
 /* Token t's key and value rows (width floats, at key / value + t * source_stride) go to cache
    rows slots[t] of keys / values (rows width elements apart, in `cache_format`). */
 void ember_write_kv(const float *key, const float *value, int64_t source_stride, void *keys, void *values,
@@ -422,6 +458,9 @@ void ember_write_kv(const float *key, const float *value, int64_t source_stride,
         if (cache_format == CACHE_E4M3) {
             uint8_t *kd = (uint8_t *)keys + slots[t] * width, *vd = (uint8_t *)values + slots[t] * width;
             for (int64_t d = 0; d < width; d++) { kd[d] = f32_to_e4m3(k[d]); vd[d] = f32_to_e4m3(v[d]); }
+        } else if (cache_format == CACHE_E5M2) {
+            uint8_t *kd = (uint8_t *)keys + slots[t] * width, *vd = (uint8_t *)values + slots[t] * width;
+            for (int64_t d = 0; d < width; d++) { kd[d] = f32_to_e5m2(k[d]); vd[d] = f32_to_e5m2(v[d]); }
         } else if (cache_format == CACHE_BF16) {
             uint16_t *kd = (uint16_t *)keys + slots[t] * width, *vd = (uint16_t *)values + slots[t] * width;
             for (int64_t d = 0; d < width; d++) { kd[d] = f32_to_bf16(k[d]); vd[d] = f32_to_bf16(v[d]); }
