@@ -76,7 +76,7 @@ def test_eval_perplexity_prints_the_figure_and_token_count(stories_dir, tmp_path
         (["generate", "--model", "no/such/model.gguf", "--prompt", "hi"], "neither an existing path nor a registered model"),
         (["generate", "--model", "smollm2-135m-instruct-nope", "--prompt", "hi"], "registered model"),
         (["generate", "--model", "m.gguf", "--prompt", "hi", "--kv-cache-dtype", "int4"],
-         "--kv-cache-dtype: invalid choice: 'int4' (choose from 'auto', 'float32', 'bfloat16', 'fp8', 'fp8_e4m3')"),
+         "--kv-cache-dtype: invalid choice: 'int4' (choose from 'auto', 'float32', 'bfloat16', 'fp8', 'fp8_e4m3', 'fp8_e5m2')"),
     ],
 )
 def test_a_bad_model_name_is_a_clear_error_not_a_traceback(args, message):
