@@ -152,13 +152,21 @@ def quantized_weight(layout: HFQuantization, parts: dict[str, torch.Tensor], mod
     groups = torch.arange(cols, dtype=torch.int64) // group_size if g_idx is None else g_idx.to(torch.int64)
     if tuple(groups.shape) != (cols,) or int(groups.min()) < 0 or int(groups.max()) >= scales.shape[0]:
         raise ValueError(f"{module}.g_idx must hold {cols} group numbers in [0, {scales.shape[0]}): the checkpoint is damaged")
+    return grouped_weight(layout.bits, codes, zeros, scales, groups, module)
+
+
+def grouped_weight(bits: int, codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, groups: torch.Tensor,
+                   module: str) -> torch.Tensor | ZeroPointTensor:
+    """scales[g, o] * (codes[o, i] - zeros[g, o]) with g = groups[i] (codes unsigned, scales float16): a
+    ZeroPointTensor, or float32 where the groups do not cover whole blocks."""
+    cols = codes.shape[1]
     is_sorted = bool((groups[1:] >= groups[:-1]).all())
     order = None if is_sorted else torch.argsort(groups, stable=True)
     stored_groups = groups if order is None else groups[order]
     if cols % BLOCK or not bool((stored_groups.reshape(-1, BLOCK) == stored_groups.reshape(-1, BLOCK)[:, :1]).all()):
-        logger.warning("%s: groups of %s columns do not cover whole %d-value blocks; this layer runs in float32", module, group_size, BLOCK)
+        logger.warning("%s: its groups do not cover whole %d-value blocks; this layer runs in float32", module, BLOCK)
         return dequantize_reference(codes, zeros, scales, groups)
-    return _zero_point_tensor(layout.bits, codes, zeros, scales, stored_groups, order)
+    return _zero_point_tensor(bits, codes, zeros, scales, stored_groups, order)
 
 
 def unpack(layout: HFQuantization, parts: dict[str, torch.Tensor], module: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -168,18 +176,18 @@ def unpack(layout: HFQuantization, parts: dict[str, torch.Tensor], module: str) 
         if tensor.dtype != torch.int32 or tensor.dim() != 2:
             raise ValueError(f"{module}.{part} must be int32 [.., ..], got {tensor.dtype} {tuple(tensor.shape)}: not a {layout.method.upper()} checkpoint ember reads")
     if layout.method == "gptq":
-        codes = _unpack_words(qweight.t(), layout.bits)  # [out, in]
-        zeros = _unpack_words(qzeros, layout.bits) + layout.zero_offset
+        codes = unpack_words(qweight.t(), layout.bits)  # [out, in]
+        zeros = unpack_words(qzeros, layout.bits) + layout.zero_offset
     else:
-        codes = _unpack_words(qweight, layout.bits, AWQ_UNORDER).t()
-        zeros = _unpack_words(qzeros, layout.bits, AWQ_UNORDER)
+        codes = unpack_words(qweight, layout.bits, AWQ_UNORDER).t()
+        zeros = unpack_words(qzeros, layout.bits, AWQ_UNORDER)
     if scales.dim() != 2 or tuple(zeros.shape) != tuple(scales.shape) or scales.shape[1] != codes.shape[0]:
         raise ValueError(f"{module}: scales {tuple(scales.shape)} and qzeros (unpacked {tuple(zeros.shape)}) must both be [groups, "
                          f"{codes.shape[0]}]: the checkpoint does not match its quantization_config (bits {layout.bits})")
     return codes.contiguous(), zeros, scales.to(torch.float16)
 
 
-def _unpack_words(words: torch.Tensor, bits: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
+def unpack_words(words: torch.Tensor, bits: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
     """int32 [r, c] words, 32 / bits values each (lowest bits first) -> int32 [r, c * 32 / bits] along the last dim,
     the values of each word taken at positions `order` (AWQ) or in position order."""
     per_word = 32 // bits

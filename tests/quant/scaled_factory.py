@@ -77,3 +77,39 @@ def compressed_tensors_config(codes: str, strategy: str, int8_activations: bool,
     return {"quant_method": "compressed-tensors", "format": f"{codes}-quantized", "quantization_status": "compressed",
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": activations}},
             "ignore": ["lm_head"]}
+
+
+def write_packed_checkpoint(source: Path, target: Path, bits: int, group_size: int | None,
+                            scale_dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
+    """`source` with its decoder linears as llm-compressor's pack-quantized symmetric ints (per group, or per channel
+    when `group_size` is None); returns the float32 state it stands for."""
+    state = load_file(str(source / "model.safetensors"))
+    tensors, reference = {}, {}
+    top = (1 << (bits - 1)) - 1
+    for name, tensor in state.items():
+        module = name.removesuffix(".weight")
+        if not (name.endswith(".weight") and ".layers." in name and module.rpartition(".")[2] in LINEARS):
+            tensors[name], reference[name] = tensor, tensor.float()
+            continue
+        rows, cols = tensor.shape
+        size = group_size or cols
+        grouped = tensor.float().reshape(rows, cols // size, size)
+        scale = (grouped.abs().amax(dim=2) / top).clamp(min=1e-6).to(scale_dtype)  # [rows, groups]
+        codes = torch.round(grouped / scale.float().unsqueeze(2)).clamp(-top - 1, top).to(torch.int64)
+        reference[name] = (codes.float() * scale.float().unsqueeze(2)).reshape(rows, cols)
+        unsigned = (codes.reshape(rows, cols) + (1 << (bits - 1))).reshape(rows, cols * bits // 32, 32 // bits)
+        words = torch.zeros(rows, cols * bits // 32, dtype=torch.int64)
+        for k in range(32 // bits):  # the first value in the lowest bits
+            words |= unsigned[:, :, k] << (bits * k)
+        tensors[f"{module}.weight_packed"] = words.to(torch.uint32).view(torch.int32)
+        tensors[f"{module}.weight_scale"] = scale
+        tensors[f"{module}.weight_shape"] = torch.tensor([rows, cols])
+    target.mkdir(parents=True)
+    save_file(tensors, str(target / "model.safetensors"))
+    config = json.loads((source / "config.json").read_text())
+    strategy = "group" if group_size else "channel"
+    weights = {"num_bits": bits, "type": "int", "strategy": strategy, "symmetric": True, "group_size": group_size}
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                     "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}, "ignore": ["lm_head"]}
+    (target / "config.json").write_text(json.dumps(config))
+    return reference

@@ -1,6 +1,6 @@
 """8-bit checkpoints with float scales (tests/quant/scaled_factory.py): FP8 weights load as the exact float values
-their codes and scales stand for, W8A8 int8 ones as ember's W8A8 layers, and layouts ember cannot read are refused
-with the fix named."""
+their codes and scales stand for, W8A8 int8 ones as ember's W8A8 layers, packed int4 / int8 ones (W4A16) as blocks
+holding exactly their values, and layouts ember cannot read are refused with the fix named."""
 
 from __future__ import annotations
 
@@ -66,9 +66,12 @@ def test_int8_weights_without_int8_activations_load_as_their_float_values(source
 
 
 @pytest.mark.parametrize(("config", "fix"), [
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized",
+    ({"quant_method": "compressed-tensors", "format": "int-quantized",
       "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}},
      "8-bit symmetric float"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized",
+      "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": False}}}},
+     "symmetric int4 or int8"),
     ({"quant_method": "fp8", "weight_block_size": [128]}, "two positive integers"),
     ({"quant_method": "bitsandbytes"}, "'fp8'"),
 ])
@@ -89,3 +92,31 @@ def test_an_fp8_checkpoint_rounded_again_at_load_keeps_one_byte_a_weight(source,
     assert isinstance(layer, GGMLLinear) and layer.weight_blocks.format.name == "FP8"
     expected = weights["model.layers.0.mlp.down_proj.weight"]
     assert (layer.weight_blocks.dequantize() - expected).abs().max() <= 0.07 * expected.abs().max()  # e4m3's 3 mantissa bits
+
+
+@pytest.mark.parametrize(("bits", "group_size", "scale_dtype", "kind"), [
+    (4, 64, torch.float16, "Q4_0"), (4, None, torch.bfloat16, "Q4_0"), (8, 32, torch.float16, "Q8_0"),
+    (4, 16, torch.float16, None),  # groups smaller than a 32-value block: float32
+])  # fmt: skip
+def test_packed_int_checkpoints_load_as_blocks_holding_exactly_their_weights(source, tmp_path, bits, group_size, scale_dtype, kind):
+    from ember.quant.ggml_layers import GGMLLinear
+    from tests.quant.scaled_factory import write_packed_checkpoint
+
+    weights = write_packed_checkpoint(source, tmp_path / "q", bits, group_size, scale_dtype)
+    model = load_model(tmp_path / "q", "auto").model
+    layer = model.model.layers[1].mlp.down_proj
+    if kind is None:
+        as_float = load_model(tmp_path / "q", "float32").model.state_dict()["model.layers.1.mlp.down_proj.weight"]
+        assert not isinstance(layer, GGMLLinear) and torch.equal(as_float, weights["model.layers.1.mlp.down_proj.weight"])
+    else:
+        assert isinstance(layer, GGMLLinear) and layer.weight_blocks.format.name == kind
+        assert torch.equal(layer.weight_blocks.dequantize(), weights["model.layers.1.mlp.down_proj.weight"])
+    reference = load_reference(source)
+    reference.load_state_dict(weights)
+    llm = LLM(str(tmp_path / "q"), quant_activations="float32", block_size=4, num_kv_blocks=128)
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    for prompt, output in zip(PROMPTS, llm.generate(PROMPTS, params), strict=True):
+        with torch.no_grad():
+            expected = torch.log_softmax(reference(torch.tensor([prompt])).logits[0], dim=-1)
+        ours = torch.tensor([output.prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
+        assert (ours - torch.tensor([float(expected[i - 1, prompt[i]]) for i in range(1, len(prompt))])).abs().max() <= LOGIT_TOLERANCE
