@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from rich.progress import Progress
 
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.outputs import OutputAccumulator, RequestOutput
+from ember.engine.sampling_defaults import AUTO, sampling_defaults
 from ember.engine.sampling_params import SamplingParams
 from ember.models.loader import LoadedModel
+from ember.models.registry import resolve_model
 from ember.parallel.config import ParallelConfig
 
 # text, token ids, or as vLLM's TextPrompt / TokensPrompt: {"prompt": text} or {"prompt_token_ids": ids}
@@ -30,7 +33,8 @@ class LLM:
     `eagle_head=DIR` (eagle, from `ember eagle train`);
     tensor parallelism: `tensor_parallel_size=T` (T - 1 worker processes; `shutdown()` stops them);
     `quantization="int8"|"int4"|"fp8"|"nf4"` rounds a float checkpoint's decoder linears as it loads (vLLM's in-flight
-    quantization; "bitsandbytes" is nf4).
+    quantization; "bitsandbytes" is nf4); `generation_config="auto"|"vllm"|DIR`: where `generate` and `chat` without
+    sampling params take theirs from (auto: the model folder's generation_config.json, as vLLM's LLM does).
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
@@ -47,6 +51,7 @@ class LLM:
             speculative_fields["method"] = options.pop("speculative_method")
         quant_activations = options.pop("quant_activations", "int8")
         quantization = options.pop("quantization", None)
+        generation_config = options.pop("generation_config", AUTO)
         if options:
             raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
         config = EngineConfig(
@@ -64,7 +69,12 @@ class LLM:
         )
         self.engine = LLMEngine(config, loaded=loaded)
         self.tokenizer = self.engine.tokenizer
+        self._defaults = sampling_defaults(generation_config, _model_path(model))
         self._next_id = 0
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The params `generate` and `chat` use when given none: the model's generation config's, else SamplingParams()."""
+        return self._defaults.sampling_params()
 
     def shutdown(self) -> None:
         """Stop the engine's worker processes (tensor parallel); a no-op for a single-process engine."""
@@ -88,7 +98,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt (one params for all, or one per prompt); outputs in prompt order."""
         batch = _as_batch(prompts)
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(batch)
         if len(params_list) != len(batch):
             raise ValueError(f"{len(batch)} prompts but {len(params_list)} sampling params")
@@ -184,3 +194,11 @@ def _token_ids(prompt: Sequence[int]) -> list[int]:
     if wrong is not None:
         raise ValueError(f"a prompt is text, a list of token ids or a prompt dict; {wrong!r} in it is not a token id")
     return [int(t) for t in ids]
+
+
+def _model_path(model: str) -> Path | None:
+    """Where `model` lies (None: a name that resolves nowhere, as weights handed in already may have)."""
+    try:
+        return resolve_model(model)
+    except FileNotFoundError:
+        return None

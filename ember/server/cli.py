@@ -7,8 +7,8 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from ember.engine.sampling_defaults import AUTO, sampling_defaults
 from ember.server.config import DEFAULT_MAX_BODY_BYTES, UVICORN_LOG_LEVELS, ServerConfig
-from ember.server.sampling_defaults import AUTO, sampling_defaults
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ember.server.sampling_defaults import SamplingDefaults
+from ember.engine.sampling_defaults import SamplingDefaults
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ember.engine.sampling_defaults import SamplingDefaults
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.structured import SchemaError, StructuredOutput
 from ember.server.chat_template import ChatTemplate, RenderRequest, RequestTemplates
@@ -27,7 +28,6 @@ from ember.server.protocol import (
     SamplingFields,
     StructuredOutputsParams,
 )
-from ember.server.sampling_defaults import SamplingDefaults
 from ember.server.tokenization import PromptEncoder
 from ember.server.tool_calls import ToolPlan
 from ember.tokenizers import chat_template as templates

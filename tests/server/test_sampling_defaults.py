@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
+from ember.engine.sampling_defaults import SamplingDefaults, sampling_defaults
 from ember.server.app import build_app
 from ember.server.cli import with_generation_config
 from ember.server.config import ServerConfig
 from ember.server.protocol import ChatCompletionRequest
 from ember.server.requests import chat_sampling_params
-from ember.server.sampling_defaults import SamplingDefaults, sampling_defaults
 from tests.server.fake_engine import FakeEngine
 from tests.server.harness import ThreadedServer
 

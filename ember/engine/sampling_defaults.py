@@ -59,6 +59,12 @@ class SamplingDefaults:
             raise ValueError(f"{path}: {error}") from None
         return cls(**values)
 
+    def sampling_params(self) -> SamplingParams:
+        """Offline `LLM.generate`'s params when none are given (vLLM's `get_default_sampling_params`): these
+        defaults, and SamplingParams' own max_tokens unless the generation config sets one."""
+        values = {name: value for name, value in self.changed().items() if value is not None}
+        return SamplingParams(**values)
+
     def changed(self) -> dict[str, float | int | None]:
         """The fields that differ from OpenAI's defaults."""
         plain = SamplingDefaults()
