@@ -41,7 +41,8 @@ SCALED_METHODS = ("fp8", "compressed-tensors")
 
 @dataclass(frozen=True)
 class ScaledQuantization:
-    """How a checkpoint's 8-bit weights are scaled: FP8 or int8 codes, per tensor, channel or [bo, bi] block."""
+    """How a checkpoint's coded weights are scaled: FP8 or int8 codes per tensor, channel or [bo, bi] block, or packed
+    int4 / int8 codes per group or channel."""
 
     method: str  # "fp8" or "compressed-tensors"
     codes: str  # "float" (e4m3) or "int"
@@ -109,7 +110,7 @@ def _block(block) -> tuple[int, int]:
 
 
 def read_scaled(layout: ScaledQuantization, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, Weight]]:
-    """The checkpoint's tensors with each 8-bit weight and its scale gathered into `<module>.weight`."""
+    """The checkpoint's tensors with each coded weight and its scale gathered into `<module>.weight`."""
     codes: dict[str, torch.Tensor] = {}
     scales: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
@@ -127,7 +128,7 @@ def read_scaled(layout: ScaledQuantization, tensors: Iterable[tuple[str, torch.T
             yield f"{module}.weight", scaled_weight(layout, codes.pop(module), scales.pop(module), module)
     unpaired = sorted(set(codes) ^ set(scales))
     if unpaired:
-        raise ValueError(f"{unpaired[0]} has 8-bit codes without a scale or a scale without codes: the checkpoint is incomplete")
+        raise ValueError(f"{unpaired[0]} has codes without a scale or a scale without codes: the checkpoint is incomplete")
 
 
 def scaled_weight(layout: ScaledQuantization, codes: torch.Tensor, scale: torch.Tensor, module: str) -> Weight:
