@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ember.engine.sampling_defaults import AUTO, sampling_defaults
 from ember.server.config import DEFAULT_MAX_BODY_BYTES, UVICORN_LOG_LEVELS, ServerConfig
+from ember.server.tool_calls import TOOL_CALL_FORMATS
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,10 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--disable-log-stats", action="store_true", help="accepted: ember logs no periodic stats (see /metrics)")
     group.add_argument("--disable-log-requests", action="store_true", help="no log line per finished request")
     group.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS, help="the HTTP server's log level")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="accepted: tool_choice 'auto' is always on when a request brings tools")
+    group.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_FORMATS,
+                       help="accepted: ember reads calls in every one of these formats, whichever the model writes")
 
 
 def vllm_notes(args: argparse.Namespace) -> list[str]:

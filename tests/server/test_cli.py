@@ -90,7 +90,8 @@ def test_a_vllm_serve_command_line_runs_and_says_which_flags_change_nothing(capl
     from ember.server.request_log import RequestLogger
 
     args = parse("Qwen/Qwen2.5-0.5B-Instruct", "--gpu-memory-utilization", "0.9", "--swap-space", "4", "--enforce-eager",
-                 "--disable-log-stats", "--disable-log-requests", "--uvicorn-log-level", "warning", "-q", "fp8")
+                 "--disable-log-stats", "--disable-log-requests", "--uvicorn-log-level", "warning", "-q", "fp8",
+                 "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
     config = server_config_from_args(args)
     assert not config.log_requests and config.uvicorn_log_level == "warning"
     assert EngineConfig.from_args(args).quantization == "fp8"
@@ -105,3 +106,9 @@ def test_a_vllm_serve_command_line_runs_and_says_which_flags_change_nothing(capl
         assert caplog.records == []
         RequestLogger().log_finished(finished)
         assert "request_id=r" in caplog.records[0].getMessage()
+
+
+def test_a_tool_call_format_ember_does_not_read_is_refused_by_argparse(capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse("--model", "m", "--tool-call-parser", "pythonic")
+    assert "invalid choice: 'pythonic'" in capsys.readouterr().err
