@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ember.engine.sampling_defaults import AUTO, sampling_defaults
 from ember.server.config import DEFAULT_MAX_BODY_BYTES, UVICORN_LOG_LEVELS, ServerConfig
+from ember.server.reasoning import REASONING_PARSERS
 from ember.server.tool_calls import TOOL_CALL_FORMATS
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS, help="the HTTP server's log level")
     group.add_argument("--enable-auto-tool-choice", action="store_true",
                        help="accepted: tool_choice 'auto' is always on when a request brings tools")
+    group.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                       help="a thinking model's text up to </think> goes to the reply's reasoning_content, the rest to content")
     group.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_FORMATS,
                        help="accepted: ember reads calls in every one of these formats, whichever the model writes")
 
@@ -117,6 +120,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
             log_prompts=args.log_prompts,
             log_requests=not args.disable_log_requests,
             uvicorn_log_level=args.uvicorn_log_level,
+            reasoning_parser=args.reasoning_parser,
             chat_template=chat_template,
             trust_request_chat_template=args.trust_request_chat_template,
             enable_debug_endpoints=not args.no_debug_endpoints,

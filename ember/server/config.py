@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ember.engine.sampling_defaults import SamplingDefaults
+from ember.server.reasoning import REASONING_PARSERS
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
@@ -37,6 +38,7 @@ class ServerConfig:
     log_prompts: bool = False
     log_requests: bool = True  # one line per finished request (off: vLLM's --disable-log-requests)
     uvicorn_log_level: str = "info"
+    reasoning_parser: str | None = None  # one of ember.server.reasoning.REASONING_PARSERS: reasoning apart from content
     chat_template: str | None = None
     trust_request_chat_template: bool = False
     enable_debug_endpoints: bool = True
@@ -51,6 +53,8 @@ class ServerConfig:
         self.api_keys = tuple(self.api_keys)
         if any(not key or key != key.strip() for key in self.api_keys):
             raise ValueError("--api-key must be a non-empty key without surrounding spaces")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"--reasoning-parser {self.reasoning_parser!r}: choose one of {', '.join(REASONING_PARSERS)}")
         if self.uvicorn_log_level not in UVICORN_LOG_LEVELS:
             raise ValueError(f"--uvicorn-log-level {self.uvicorn_log_level!r}: choose one of {', '.join(UVICORN_LOG_LEVELS)}")
         if not 0 <= self.port <= 65535:

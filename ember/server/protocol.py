@@ -284,10 +284,12 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None  # a thinking model's reasoning, with --reasoning-parser (vLLM's field)
 
     @model_serializer(mode="wrap")
-    def _drop_absent_tool_calls(self, handler):
-        return {key: value for key, value in handler(self).items() if key != "tool_calls" or value is not None}
+    def _drop_absent_fields(self, handler):
+        optional = ("tool_calls", "reasoning_content")
+        return {key: value for key, value in handler(self).items() if key not in optional or value is not None}
 
 
 class DeltaFunctionCall(BaseModel):
@@ -336,6 +338,7 @@ class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning_content: str | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ from ember.server.protocol import (
     DeltaMessage,
     DeltaToolCall,
 )
+from ember.server.reasoning import ReasoningStream, split_reasoning
 from ember.server.requests import (
     chat_prompt,
     chat_sampling_params,
@@ -96,12 +98,15 @@ def _response(
     context: ServingContext, request_id: str, model: str, output: RequestOutput, num_top: int, tools: ToolPlan | None
 ) -> ChatCompletionResponse:
     formatter = LogprobFormatter(context.tokenizer)
+    parser = context.config.reasoning_parser
     choices = []
     for completion in output.outputs:
-        content, calls = (completion.text, []) if tools is None else tools.read(completion.text)
+        reasoning, text = (None, completion.text) if parser is None else split_reasoning(completion.text, parser)
+        content, calls = (text, []) if tools is None else tools.read(text)
         choices.append(ChatChoice(
             index=completion.index,
-            message=AssistantMessage(content=(content.strip() or None) if calls else content, tool_calls=calls or None),
+            message=AssistantMessage(content=(content.strip() or None) if calls else content, tool_calls=calls or None,
+                                     reasoning_content=reasoning),
             logprobs=formatter.chat(completion, num_top),
             finish_reason=finish_reason_with_calls(openai_finish_reason(completion.finish_reason), bool(calls)),
         ))  # fmt: skip
@@ -138,6 +143,8 @@ async def _chunks(
     completion_tokens = 0
     last: RequestOutput | None = None
     readers = {index: ToolCallStream(tools) for index in range(n)} if tools is not None else {}
+    parser = context.config.reasoning_parser
+    thoughts = {index: ReasoningStream(parser) for index in range(n)} if parser is not None else {}
     merged = merge_streams([stream])
     try:
         async for _, delta in merged:
@@ -147,6 +154,15 @@ async def _chunks(
                 if not part.text and not part.token_ids and part.finish_reason is None:
                     continue
                 usage = usage_of([delta], completion_tokens) if continuous_usage else None
+                if thoughts:
+                    reasoning, part = _reasoning_apart(thoughts[part.index], part)
+                    if reasoning:
+                        delta_message = DeltaMessage(reasoning_content=reasoning)
+                        yield chunk([ChatChunkChoice(index=part.index, delta=delta_message,
+                                                     logprobs=formatter.chat(part, num_top))], usage)
+                        part = dataclasses.replace(part, logprobs=None)
+                    if not part.text and part.finish_reason is None:
+                        continue
                 if readers:
                     for choice in _tool_choices(readers[part.index], part):
                         yield chunk([choice], usage)
@@ -162,6 +178,15 @@ async def _chunks(
         await merged.aclose()
     if include_usage and last is not None:
         yield chunk([], usage=usage_of([last], completion_tokens))
+
+
+def _reasoning_apart(stream: ReasoningStream, part: CompletionOutput) -> tuple[str, CompletionOutput]:
+    """This step's reasoning text, and the step with only its content text left (the held-back rest once it ends)."""
+    reasoning, content = stream.feed(part.text)
+    if part.finish_reason is not None:
+        more_reasoning, more_content = stream.finish()
+        reasoning, content = reasoning + more_reasoning, content + more_content
+    return reasoning, dataclasses.replace(part, text=content)
 
 
 def _tool_choices(reader: ToolCallStream, part: CompletionOutput) -> list[ChatChunkChoice]:

@@ -65,8 +65,10 @@ class ByteTokenizer(Tokenizer):
 class FakeEngine:
     """Generates FAKE_REPLY deterministically, one token every `step_s` seconds."""
 
-    def __init__(self, step_s: float = 0.01, max_model_len: int = 128, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(self, step_s: float = 0.01, max_model_len: int = 128, tokenizer: Tokenizer | None = None,
+                 reply: str = FAKE_REPLY) -> None:
         self.model_name = "fake-model"
+        self.reply = reply  # the text generated, one byte a token, over and over
         self.tokenizer = tokenizer or ByteTokenizer()
         self.max_model_len = max_model_len
         self.step_s = step_s
@@ -105,7 +107,7 @@ class FakeEngine:
             raise ValueError(f"prompt plus max_tokens exceeds {self.max_model_len}")
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt=None):
-        """Deltas of FAKE_REPLY repeated, honouring n, max_tokens, stop and logprobs."""
+        """Deltas of the reply repeated, honouring n, max_tokens, stop and logprobs."""
         self.validate_request(prompt_token_ids, params)
         budget = self.max_model_len - len(prompt_token_ids)
         max_tokens = budget if params.max_tokens is None else params.max_tokens
@@ -121,7 +123,7 @@ class FakeEngine:
             texts = [""] * params.n
             for step in range(max_tokens):
                 await asyncio.sleep(self.step_s)
-                token_id = FAKE_REPLY.encode()[step % len(FAKE_REPLY)]
+                token_id = self.reply.encode()[step % len(self.reply)]
                 piece = chr(token_id)
                 is_last = step == max_tokens - 1
                 stop_hit = next((s for s in params.stop if (texts[0] + piece).endswith(s)), None)
