@@ -62,7 +62,8 @@ def as_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
 
 def chat_messages(request: ResponsesRequest) -> list[dict[str, Any]]:
     """`instructions` as a system turn, then the input: text as a user turn; messages as they are; calls
-    made earlier as an assistant turn's tool_calls (adjacent calls in one turn); their results as tool turns."""
+    made earlier as an assistant turn's tool_calls (adjacent calls in one turn); their results as tool turns;
+    reasoning items are left out (thinking models' templates drop earlier turns' reasoning)."""
     messages: list[dict[str, Any]] = []
     if request.instructions:
         messages.append({"role": "system", "content": request.instructions})

@@ -18,6 +18,7 @@ from ember.server.context import ServingContext
 from ember.server.errors import ApiError
 from ember.server.generation import cancel_on_disconnect, collect, merge_streams
 from ember.server.protocol import ToolCall
+from ember.server.reasoning import ReasoningStream, split_reasoning
 from ember.server.requests import (
     chat_sampling_params,
     check_chat_request,
@@ -31,7 +32,9 @@ from ember.server.responses_api import (
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
+    OutputReasoning,
     OutputText,
+    ReasoningText,
     ResponseObject,
     ResponsesRequest,
     ResponseUsage,
@@ -61,12 +64,13 @@ async def create_response(context: ServingContext, raw_request: Request) -> Resp
         with _named_for_responses():
             stream = await start_chat(context, shell.id, chat, params, tools, ticket)
         if request.stream:
-            return sse_response(ResponseEvents(shell, tools).events(stream), ticket.release, context.drain)
+            events = ResponseEvents(shell, tools, context.config.reasoning_parser).events(stream)
+            return sse_response(events, ticket.release, context.drain)
         try:
             (output,) = await cancel_on_disconnect(context, raw_request, collect([stream], 1))
         finally:
             ticket.release()
-        return model_response(_finished(shell, output, tools))
+        return model_response(_finished(shell, output, tools, context.config.reasoning_parser))
     except BaseException:
         ticket.release()
         raise
@@ -112,12 +116,15 @@ def _tool_choice(request: ResponsesRequest, tools: ToolPlan | None) -> str | dic
     return request.tool_choice or ("auto" if tools is not None else "none")
 
 
-def _finished(shell: ResponseObject, output: RequestOutput, tools: ToolPlan | None) -> ResponseObject:
-    """The whole response once generation has ended."""
+def _finished(shell: ResponseObject, output: RequestOutput, tools: ToolPlan | None, parser: str | None) -> ResponseObject:
+    """The whole response once generation has ended (a reasoning item first where a parser found reasoning)."""
     completion = output.outputs[0]
-    text, calls = (completion.text, []) if tools is None else tools.read(completion.text)
+    reasoning, text = (None, completion.text) if parser is None else split_reasoning(completion.text, parser)
+    text, calls = (text, []) if tools is None else tools.read(text)
     is_cut = completion.finish_reason == "length"
     items: list[OutputItem] = []
+    if reasoning is not None:
+        items.append(_reasoning(f"rs_{uuid.uuid4().hex}", reasoning, "completed"))
     shown = text.strip() if calls else text
     if shown or not calls:
         items.append(_message(f"msg_{uuid.uuid4().hex}", shown, "incomplete" if is_cut else "completed"))
@@ -139,6 +146,10 @@ def _message(item_id: str, text: str, status: str) -> OutputMessage:
     return OutputMessage(id=item_id, status=status, content=[OutputText(text=text)] if status != "in_progress" else [])
 
 
+def _reasoning(item_id: str, text: str, status: str) -> OutputReasoning:
+    return OutputReasoning(id=item_id, status=status, content=[ReasoningText(text=text)] if status != "in_progress" else [])
+
+
 def _function_call(call: ToolCall, status: str) -> OutputFunctionCall:
     arguments = call.function.arguments if status != "in_progress" else ""
     return OutputFunctionCall(id=f"fc_{call.id.removeprefix('call_')}", call_id=call.id, name=call.function.name,
@@ -146,16 +157,21 @@ def _function_call(call: ToolCall, status: str) -> OutputFunctionCall:
 
 
 class ResponseEvents:
-    """One streamed response as the Responses API's typed events, numbered in order. The text comes as
+    """One streamed response as the Responses API's typed events, numbered in order. Reasoning (with a parser)
+    comes first as `response.reasoning_text.delta` events of a reasoning item; the text as
     `response.output_text.delta` events of one message item (opened at its first text); calls, read when
     generation ends, as function_call items with their arguments; then `response.completed` (or
     `response.incomplete` when cut by max_output_tokens) carrying the whole response."""
 
-    def __init__(self, shell: ResponseObject, tools: ToolPlan | None) -> None:
+    def __init__(self, shell: ResponseObject, tools: ToolPlan | None, parser: str | None = None) -> None:
         self.shell = shell
         self.reader = ToolCallStream(tools) if tools is not None else None
+        self.thoughts = ReasoningStream(parser) if parser is not None else None
         self.sequence = 0
         self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
+        self.reasoning: str | None = None  # None until the reasoning item opens
+        self.reasoning_done = False
         self.text: str | None = None  # None until the message item opens
 
     async def events(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
@@ -167,7 +183,7 @@ class ResponseEvents:
             async for _, delta in merged:
                 last, part = delta, delta.outputs[0]
                 num_output += len(part.token_ids)
-                for event in self._text(self.reader.content(part.text) if self.reader else part.text):
+                for event in self._step(part.text, part.finish_reason is not None):
                     yield event
         finally:
             await merged.aclose()
@@ -176,11 +192,28 @@ class ResponseEvents:
         for event in self._ending(last, num_output):
             yield event
 
+    def _step(self, piece: str, is_last: bool) -> list[str]:
+        """A step's events: its reasoning, then its content (what the call reader lets through)."""
+        events = []
+        if self.thoughts is not None:
+            reasoning, piece = self.thoughts.feed(piece)
+            if is_last:
+                more_reasoning, more_content = self.thoughts.finish()
+                reasoning, piece = reasoning + more_reasoning, piece + more_content
+            events.extend(self._reasoning_text(reasoning))
+        content = self.reader.content(piece) if self.reader else piece
+        if content:
+            events.extend(self._reasoning_done())
+        events.extend(self._text(content))
+        return events
+
     def _ending(self, last: RequestOutput, num_output: int) -> list[str]:
         rest, calls = self.reader.finish() if self.reader else ("", [])
         is_cut = last.outputs[0].finish_reason == "length"
-        events = self._text(rest)
+        events = [*self._reasoning_done(), *self._text(rest)]
         items: list[OutputItem] = []
+        if self.reasoning is not None:
+            items.append(_reasoning(self.reasoning_id, self.reasoning, "completed"))
         if self.text is not None or not calls:
             events.extend(self._text_done(is_cut))
             items.append(_message(self.message_id, self.text, "incomplete" if is_cut else "completed"))
@@ -191,32 +224,62 @@ class ResponseEvents:
         events.append(self._event("response.incomplete" if is_cut else "response.completed", response=response))
         return events
 
+    @property
+    def _message_index(self) -> int:
+        """The message item's place in the output: after the reasoning item, if there is one."""
+        return 0 if self.reasoning is None else 1
+
+    def _reasoning_text(self, piece: str) -> list[str]:
+        if not piece:
+            return []
+        events = []
+        if self.reasoning is None:
+            self.reasoning = ""
+            events.append(self._event("response.output_item.added", output_index=0,
+                                      item=_reasoning(self.reasoning_id, "", "in_progress")))  # fmt: skip
+        self.reasoning += piece
+        events.append(self._event("response.reasoning_text.delta", item_id=self.reasoning_id, output_index=0, content_index=0,
+                                  delta=piece))  # fmt: skip
+        return events
+
+    def _reasoning_done(self) -> list[str]:
+        """The reasoning item's closing events, once (nothing without reasoning)."""
+        if self.reasoning is None or self.reasoning_done:
+            return []
+        self.reasoning_done = True
+        return [
+            self._event("response.reasoning_text.done", item_id=self.reasoning_id, output_index=0, content_index=0,
+                        text=self.reasoning),  # fmt: skip
+            self._event("response.output_item.done", output_index=0, item=_reasoning(self.reasoning_id, self.reasoning, "completed")),
+        ]
+
     def _text(self, piece: str) -> list[str]:
         if not piece:
             return []
         events = [] if self.text is not None else self._open_message()
         self.text += piece
-        events.append(self._event("response.output_text.delta", item_id=self.message_id, output_index=0, content_index=0,
-                                  delta=piece, logprobs=[]))  # fmt: skip
+        events.append(self._event("response.output_text.delta", item_id=self.message_id, output_index=self._message_index,
+                                  content_index=0, delta=piece, logprobs=[]))  # fmt: skip
         return events
 
     def _open_message(self) -> list[str]:
         self.text = ""
+        index = self._message_index
         return [
-            self._event("response.output_item.added", output_index=0, item=_message(self.message_id, "", "in_progress")),
-            self._event("response.content_part.added", item_id=self.message_id, output_index=0, content_index=0,
+            self._event("response.output_item.added", output_index=index, item=_message(self.message_id, "", "in_progress")),
+            self._event("response.content_part.added", item_id=self.message_id, output_index=index, content_index=0,
                         part=OutputText(text="")),  # fmt: skip
         ]
 
     def _text_done(self, is_cut: bool) -> list[str]:
         events = [] if self.text is not None else self._open_message()
-        part = OutputText(text=self.text)
+        part, index = OutputText(text=self.text), self._message_index
         return [
             *events,
-            self._event("response.output_text.done", item_id=self.message_id, output_index=0, content_index=0, text=self.text,
-                        logprobs=[]),  # fmt: skip
-            self._event("response.content_part.done", item_id=self.message_id, output_index=0, content_index=0, part=part),
-            self._event("response.output_item.done", output_index=0,
+            self._event("response.output_text.done", item_id=self.message_id, output_index=index, content_index=0,
+                        text=self.text, logprobs=[]),  # fmt: skip
+            self._event("response.content_part.done", item_id=self.message_id, output_index=index, content_index=0, part=part),
+            self._event("response.output_item.done", output_index=index,
                         item=_message(self.message_id, self.text, "incomplete" if is_cut else "completed")),  # fmt: skip
         ]
 

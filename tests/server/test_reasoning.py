@@ -58,3 +58,21 @@ def test_the_served_reply_carries_its_reasoning_apart(client):
 def test_an_unknown_parser_is_refused():
     with pytest.raises(ValueError, match="choose one of deepseek_r1, qwen3"):
         ServerConfig(reasoning_parser="o1")
+
+
+def test_the_responses_api_lists_the_reasoning_as_its_own_item(client):
+    response = client.responses.create(model="fake-model", input="Hi", max_output_tokens=len(THINKING))
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == "\nThe user greets me."
+    assert message.type == "message" and response.output_text == "\n\nHello there!"
+    events = list(client.responses.create(model="fake-model", input="Hi", max_output_tokens=len(THINKING), stream=True))
+    thought = "".join(event.delta for event in events if event.type == "response.reasoning_text.delta")
+    said = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert (thought, said) == ("\nThe user greets me.", "\n\nHello there!")
+    assert {event.output_index for event in events if event.type == "response.output_text.delta"} == {1}
+    done = events[-1].response
+    assert [item.type for item in done.output] == ["reasoning", "message"]
+    # the reasoning item given back as history is accepted (and left out of the prompt)
+    follow_up = client.responses.create(model="fake-model", input=[*[item.model_dump(exclude_none=True) for item in done.output],
+                                                                  {"role": "user", "content": "And?"}], max_output_tokens=4)
+    assert follow_up.status == "incomplete"
