@@ -81,6 +81,9 @@ def _as_template_message(message: ChatMessage) -> dict[str, Any]:
         plain["tool_calls"] = [_template_tool_call(call) for call in message.tool_calls]
     if message.tool_call_id is not None:
         plain["tool_call_id"] = message.tool_call_id
+    reasoning = message.reasoning_content if message.reasoning_content is not None else message.reasoning
+    if reasoning is not None:
+        plain["reasoning_content"] = reasoning  # Qwen3's template reads this name
     return plain
 
 

@@ -94,6 +94,10 @@ class ChatMessage(StrictModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # An earlier reply's reasoning (--reasoning-parser's reasoning_content, or vLLM's newer name, reasoning), as a
+    # client appending the reply to its history sends it back: handed to the chat template, which may show or drop it.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     # The rest of a reply as the openai client parses it: a client appending `message.model_dump()` to its
     # history sends them back, null. Accepted empty only (`ember.server.requests` refuses content in them).
     refusal: str | None = None

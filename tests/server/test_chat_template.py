@@ -42,6 +42,13 @@ def test_text_parts_are_joined() -> None:
     assert template.render([message]) == "ab"
 
 
+def test_an_earlier_replys_reasoning_reaches_the_template_under_qwen3s_name() -> None:
+    template = ChatTemplate("{% for m in messages %}[{{ m.get('reasoning_content', '-') }}|{{ m['content'] }}]{% endfor %}")
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r1"},
+             {"role": "assistant", "content": "b", "reasoning": "r2"}]
+    assert template.render([ChatMessage.model_validate(turn) for turn in turns]) == "[-|q][r1|a][r2|b]"
+
+
 def test_raise_exception_in_a_template_is_a_400_naming_messages() -> None:
     template = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}")
     with pytest.raises(ApiError) as raised:
