@@ -27,7 +27,7 @@ from ember.models.llama2c_loader import (
 )
 from ember.models.packing import PackingPlan
 from ember.models.registry import single_gguf_in
-from ember.quant.at_load import AT_LOAD_QUANTIZERS, check_checkpoint_method, quantize_float_linears
+from ember.quant.at_load import check_checkpoint_method, round_at_load, weights_rounded_at_load
 from ember.quant.checkpoint import read_block_tensors
 from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
@@ -140,6 +140,7 @@ def _build(
     blocks: dict[str, Quantized] = {}  # weights kept quantized, swapped into quantized layers below
     packing = PackingPlan.for_model(model, set(expected))
     num_quantized = 0  # weights the checkpoint holds quantized
+    rounded_at_load = weights_rounded_at_load(model, quantization)  # each rounded as it arrives: one float copy at a time
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task("loading weights", total=total)
         for checkpoint_name, checkpoint_tensor in tensors:
@@ -163,10 +164,13 @@ def _build(
                     blocks[name] = tensor
                     continue
                 tensor = tensor.dequantize()
-            state[name] = tensor.to(torch_dtype)
+            tensor = tensor.to(torch_dtype)
+            rounded = round_at_load(name, tensor, quantization) if name in rounded_at_load else None
+            if rounded is not None:
+                blocks[name] = rounded
+                continue
+            state[name] = tensor
     check_checkpoint_method(quantization, num_quantized, path)
-    if quantization in AT_LOAD_QUANTIZERS:
-        blocks.update(quantize_float_linears(model, state, quantization))
     tied_weights = getattr(model, "tied_weights", {"lm_head.weight": "model.embed_tokens.weight"}) if config.tie_word_embeddings else {}
     for tied, source in tied_weights.items():
         if tied not in expected:

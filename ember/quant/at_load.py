@@ -45,22 +45,21 @@ def decoder_linears(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, Linear) and name != LOGITS_MODULE]
 
 
-def quantize_float_linears(model: nn.Module, state: dict[str, torch.Tensor], quantization: str) -> dict[str, GGMLTensor]:
-    """Take each decoder linear's float weight out of `state`, rounded by `quantization`; a weight whose width the
-    blocks cannot take stays float (a warning names it)."""
-    quantize = AT_LOAD_QUANTIZERS[quantization]
-    blocks: dict[str, GGMLTensor] = {}
-    for module in decoder_linears(model):
-        name = f"{module}.weight"
-        if name not in state:
-            continue  # loaded quantized already
-        try:
-            blocks[name] = quantize(state[name])
-        except ValueError as error:
-            logger.warning("%s stays float: %s", module, error)
-            continue
-        del state[name]
-    return blocks
+def weights_rounded_at_load(model: nn.Module, quantization: str | None) -> frozenset[str]:
+    """Names of the weights `quantization` rounds as they load: the decoder linears' (none without an at-load one)."""
+    if quantization not in AT_LOAD_QUANTIZERS:
+        return frozenset()
+    return frozenset(f"{module}.weight" for module in decoder_linears(model))
+
+
+def round_at_load(name: str, weight: torch.Tensor, quantization: str) -> GGMLTensor | None:
+    """`weight` rounded by `quantization`; None where the blocks cannot take its width (it stays float: a warning
+    names it)."""
+    try:
+        return AT_LOAD_QUANTIZERS[quantization](weight)
+    except ValueError as error:
+        logger.warning("%s stays float: %s", name.removesuffix(".weight"), error)
+        return None
 
 
 def check_checkpoint_method(quantization: str | None, num_quantized: int, path: object) -> None:
