@@ -30,6 +30,7 @@ import torch
 
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.grid import BLOCK, BlockGrid
+from ember.quant.hf_bitsandbytes import BitsAndBytesQuantization, read_bitsandbytes
 from ember.quant.hf_scaled import SCALED_METHODS, ScaledQuantization, read_scaled
 from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.zero_point import ZeroPointTensor
@@ -64,7 +65,7 @@ class HFQuantization:
         if method == "awq":
             return cls._awq(config)
         raise ValueError(f"quantization_config quant_method {config.get('quant_method')!r} is not a layout ember reads; ember loads "
-                         "AutoGPTQ / GPTQModel ('gptq'), AutoAWQ GEMM ('awq'), FP8 ('fp8') and 8-bit compressed-tensors checkpoints "
+                         "AutoGPTQ / GPTQModel ('gptq'), AutoAWQ GEMM ('awq'), FP8 ('fp8'), compressed-tensors and bitsandbytes 4-bit checkpoints "
                          "and GGUF files: convert it to one of those, or load a float checkpoint")
 
     @classmethod
@@ -106,21 +107,30 @@ def _group_size(config: dict) -> int:
     return size
 
 
-def hf_quantization(folder: Path) -> HFQuantization | ScaledQuantization | None:
-    """The folder's GPTQ / AWQ / 8-bit scaled layout from config.json's `quantization_config`; None for a float checkpoint."""
+Layout = HFQuantization | ScaledQuantization | BitsAndBytesQuantization
+
+
+def hf_quantization(folder: Path) -> Layout | None:
+    """The folder's GPTQ / AWQ / scaled / bitsandbytes layout from config.json's `quantization_config`; None for a float
+    checkpoint."""
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     quantization = config.get("quantization_config")
     if quantization is None:
         return None
-    if str(quantization.get("quant_method", "")).lower() in SCALED_METHODS:
+    method = str(quantization.get("quant_method", "")).lower()
+    if method in SCALED_METHODS:
         return ScaledQuantization.from_config(quantization)
+    if method == "bitsandbytes":
+        return BitsAndBytesQuantization.from_config(quantization)
     return HFQuantization.from_config(quantization)
 
 
-def read_quantized(layout: HFQuantization | ScaledQuantization, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor | Quantized]]:
+def read_quantized(layout: Layout, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor | Quantized]]:
     """The checkpoint's tensors with each quantized linear's parts gathered into `<module>.weight`."""
     if isinstance(layout, ScaledQuantization):
         return read_scaled(layout, tensors)
+    if isinstance(layout, BitsAndBytesQuantization):
+        return read_bitsandbytes(tensors)
     return read_hf_quantized(layout, tensors)
 
 

@@ -73,12 +73,12 @@ def test_int8_weights_without_int8_activations_load_as_their_float_values(source
       "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": False}}}},
      "symmetric int4 or int8"),
     ({"quant_method": "fp8", "weight_block_size": [128]}, "two positive integers"),
-    ({"quant_method": "bitsandbytes"}, "'fp8'"),
+    ({"quant_method": "hqq"}, "'fp8'"),
 ])
 def test_layouts_ember_cannot_read_are_refused_naming_the_fix(config, fix):
     from ember.quant.hf_quantized import HFQuantization
 
-    parse = ScaledQuantization.from_config if config["quant_method"] != "bitsandbytes" else HFQuantization.from_config
+    parse = ScaledQuantization.from_config if config["quant_method"] != "hqq" else HFQuantization.from_config
     with pytest.raises(ValueError, match=fix):
         parse(config)
 
