@@ -194,6 +194,7 @@ class ChatCompletionRequest(SamplingFields, ChatRenderFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    include_reasoning: bool | None = True  # vLLM's: False leaves reasoning_content out (with --reasoning-parser)
     # OpenAI features ember does not implement; rejected unless absent or a no-op value.
     functions: list[Any] | None = None
     function_call: Any | None = None

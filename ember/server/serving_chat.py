@@ -74,13 +74,14 @@ async def _run_chat(
         options = request.stream_options
         include_usage = bool(options and options.include_usage)
         continuous_usage = bool(include_usage and options.continuous_usage_stats)
-        chunks = _chunks(context, request_id, model, stream, params.n, num_top, include_usage, continuous_usage, tools)
+        chunks = _chunks(context, request_id, model, stream, params.n, num_top, include_usage, continuous_usage, tools,
+                         shows_reasoning=request.include_reasoning is not False)
         return sse_response(chunks, ticket.release, context.drain)
     try:
         (output,) = await cancel_on_disconnect(context, raw_request, collect([stream], params.n))
     finally:
         ticket.release()
-    return model_response(_response(context, request_id, model, output, num_top, tools))
+    return model_response(_response(context, request_id, model, output, num_top, tools, request.include_reasoning is not False))
 
 
 async def start_chat(context: ServingContext, request_id: str, request: ChatCompletionRequest, params: SamplingParams,
@@ -95,7 +96,8 @@ async def start_chat(context: ServingContext, request_id: str, request: ChatComp
 
 
 def _response(
-    context: ServingContext, request_id: str, model: str, output: RequestOutput, num_top: int, tools: ToolPlan | None
+    context: ServingContext, request_id: str, model: str, output: RequestOutput, num_top: int, tools: ToolPlan | None,
+    shows_reasoning: bool = True,
 ) -> ChatCompletionResponse:
     formatter = LogprobFormatter(context.tokenizer)
     parser = context.config.reasoning_parser
@@ -106,7 +108,7 @@ def _response(
         choices.append(ChatChoice(
             index=completion.index,
             message=AssistantMessage(content=(content.strip() or None) if calls else content, tool_calls=calls or None,
-                                     reasoning_content=reasoning),
+                                     reasoning_content=reasoning if shows_reasoning else None),
             logprobs=formatter.chat(completion, num_top),
             finish_reason=finish_reason_with_calls(openai_finish_reason(completion.finish_reason), bool(calls)),
         ))  # fmt: skip
@@ -126,6 +128,7 @@ async def _chunks(
     include_usage: bool,
     continuous_usage: bool = False,
     tools: ToolPlan | None = None,
+    shows_reasoning: bool = True,
 ) -> AsyncIterator[str]:
     """The SSE events of a streamed chat completion: a role chunk per choice, then one chunk per
     choice per engine step, then (if asked) a usage chunk with no choices. With
@@ -156,7 +159,7 @@ async def _chunks(
                 usage = usage_of([delta], completion_tokens) if continuous_usage else None
                 if thoughts:
                     reasoning, part = _reasoning_apart(thoughts[part.index], part)
-                    if reasoning:
+                    if reasoning and shows_reasoning:
                         delta_message = DeltaMessage(reasoning_content=reasoning)
                         yield chunk([ChatChunkChoice(index=part.index, delta=delta_message,
                                                      logprobs=formatter.chat(part, num_top))], usage)

@@ -76,3 +76,15 @@ def test_the_responses_api_lists_the_reasoning_as_its_own_item(client):
     follow_up = client.responses.create(model="fake-model", input=[*[item.model_dump(exclude_none=True) for item in done.output],
                                                                   {"role": "user", "content": "And?"}], max_output_tokens=4)
     assert follow_up.status == "incomplete"
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out_but_not_in_the_content(client):
+    messages = [{"role": "user", "content": "Hi"}]
+    extra = {"include_reasoning": False}
+    reply = client.chat.completions.create(model="fake-model", messages=messages, max_tokens=len(THINKING), extra_body=extra)
+    assert getattr(reply.choices[0].message, "reasoning_content", None) is None
+    assert reply.choices[0].message.content == "\n\nHello there!"
+    chunks = list(client.chat.completions.create(model="fake-model", messages=messages, max_tokens=len(THINKING),
+                                                 stream=True, extra_body=extra))
+    assert not any(getattr(choice.delta, "reasoning_content", None) for chunk in chunks for choice in chunk.choices)
+    assert "".join(choice.delta.content or "" for chunk in chunks for choice in chunk.choices) == "\n\nHello there!"
