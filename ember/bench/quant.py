@@ -85,12 +85,18 @@ def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda
     """Rows for the float model, the checkpoint as stored, and each method; ratios to the float model.
     `time_kernels`: also time the W8A8 product paths on the model's layer shapes (when a W8A8 method is among them)."""
     from ember.models.registry import resolve_model
+    from ember.quant.pipeline import FamilyRefused
 
     source = str(resolve_model(options.model))
     rows = [_evaluate("float32", source, "float32", options, tick), _evaluate("checkpoint as stored", source, "auto", options, tick)]
+    not_run: dict[str, str] = {}  # methods this model's family cannot take, with the reason
     with tempfile.TemporaryDirectory(prefix="ember-bench-quant-") as scratch:
         for name in options.methods:
-            path, seconds, group_size = _quantize(source, name, Path(scratch) / name, options, tick)
+            try:
+                path, seconds, group_size = _quantize(source, name, Path(scratch) / name, options, tick)
+            except FamilyRefused as refusal:
+                not_run[name] = str(refusal)
+                continue
             description = json.loads((Path(scratch) / name / QUANTIZATION_FILE).read_text(encoding="utf-8"))
             row = _evaluate(_row_name(name, group_size, description), path, "auto", options, tick)
             row.quantize_s = seconds
@@ -110,6 +116,7 @@ def bench_quant(options: QuantBenchOptions, tick: Callable[[str], None] = lambda
         "eval_tokens": options.eval_windows * EVAL_WINDOW_TOKENS,
         "eval_windows": options.eval_windows,
         "calib_tokens": options.calib_tokens,
+        "not_run": not_run,
         "rows": [{**asdict(r), "ppl_vs_float_pct": 100.0 * (r.perplexity / float_ppl - 1.0),
                   "ppl_vs_float_se_pct": change_standard_error(r.window_perplexities, rows[0].window_perplexities)} for r in rows],
     }

@@ -251,6 +251,7 @@ def _quant_table(section: dict, table: Table) -> list[str]:
              f"`{Path(section['eval']).name}` ({_windows(section)}). Bytes per parameter: the weights as "
              "held in memory (nominal: each group's scales counted once, as the format defines them). Decode tok/s: median single-stream step rate after a 64-token prompt (one run per row). "
              f"{_requantization_note(section)}{sizes_note(section.get('sizes'))}", ""]
+    lines += [f"Not run on this model: {name} ({why})." for name, why in section.get("not_run", {}).items()]
     rows = []
     for row in section["rows"]:
         speed = row["decode_tok_s"] / float_row["decode_tok_s"] if float_row and float_row["decode_tok_s"] else None

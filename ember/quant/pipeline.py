@@ -102,15 +102,19 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
     return QuantizeResult(config.out, *written, calib_tokens)
 
 
+class FamilyRefused(ValueError):
+    """The method (or the writer) cannot take this model's family: another method or source may (the message says)."""
+
+
 def _check_family(architecture: str, source: Path, config: QuantizeConfig) -> None:
     """Raise, naming the fix, where the method or the writer cannot take this family."""
     if architecture not in QUANTIZE_ARCHITECTURES:
-        raise ValueError(f"ember quantize runs {', '.join(QUANTIZE_ARCHITECTURES)}; {config.model} is {architecture}")
+        raise FamilyRefused(f"ember quantize runs {', '.join(QUANTIZE_ARCHITECTURES)}; {config.model} is {architecture}")
     if architecture not in LLAMA_ARCHITECTURES and config.method in FOLDING_METHODS:
-        raise ValueError(f"--method {config.method} folds its scales into a Llama-family layer's norms; {config.model} is "
-                         f"{architecture}: use --method gptq, rtn, nf4 or fp8")
+        raise FamilyRefused(f"--method {config.method} folds its scales into a Llama-family layer's norms; {config.model} is "
+                            f"{architecture}: use --method gptq, rtn, nf4 or fp8")
     if architecture not in LLAMA_ARCHITECTURES and source.is_file():
-        raise ValueError(f"ember quantize writes GGUFs of the Llama family; {config.model} is a {architecture} GGUF: "
+        raise FamilyRefused(f"ember quantize writes GGUFs of the Llama family; {config.model} is a {architecture} GGUF: "
                          "quantize its HF folder instead")
 
 

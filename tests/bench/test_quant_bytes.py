@@ -54,3 +54,25 @@ def test_scale_group_size_reads_the_grid_from_the_blocks():
     weight = torch.randn(8, 512, generator=torch.Generator().manual_seed(1))
     assert [_blocks(weight, BlockGrid(4, g)).scale_group_size() for g in (32, 128, 512)] == [32, 128, 512]
     assert _blocks(weight, BlockGrid(8, 256)).scale_group_size() == 256
+
+
+def test_a_method_the_models_family_cannot_take_is_listed_as_not_run(shared_dir, tmp_path):
+    import shutil
+
+    from ember.bench.quant import QuantBenchOptions, bench_quant
+    from ember.bench.report_features import quant_markdown
+    from tests.model_factory import save_tiny_model
+
+    tokenizer = shared_dir / "tokenizers" / "smollm2" / "tokenizer.json"
+    if not tokenizer.is_file():
+        pytest.skip(f"{tokenizer} is missing from the shared assets")
+    model = save_tiny_model("gemma2", tmp_path / "gemma2", vocab_size=49152, max_position_embeddings=1024)
+    shutil.copy(tokenizer, model / "tokenizer.json")
+    corpus = shared_dir / "corpus"
+    options = QuantBenchOptions(model=str(model), calib=corpus / "tinyshakespeare.txt", eval_file=corpus / "botchan.txt",
+                                methods=("rtn4", "awq4"), eval_windows=1, calib_tokens=512)
+    section = bench_quant(options, time_kernels=False)
+    assert [row["name"].split()[0] for row in section["rows"]] == ["float32", "checkpoint", "rtn4"]
+    assert "Llama-family layer's norms" in section["not_run"]["awq4"]
+    text = "\n".join(quant_markdown(section, lambda header, rows: [str(header), *map(str, rows)], lambda lines, key: None))
+    assert "Not run on this model: awq4" in text
