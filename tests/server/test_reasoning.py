@@ -88,3 +88,24 @@ def test_include_reasoning_false_leaves_the_reasoning_out_but_not_in_the_content
                                                  stream=True, extra_body=extra))
     assert not any(getattr(choice.delta, "reasoning_content", None) for chunk in chunks for choice in chunk.choices)
     assert "".join(choice.delta.content or "" for chunk in chunks for choice in chunk.choices) == "\n\nHello there!"
+
+
+def test_tool_calls_are_read_from_the_content_after_the_reasoning():
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    reply = f"<think>I should call the tool.</think>\n{call}"
+    engine = FakeEngine(step_s=0.0005, max_model_len=512, reply=reply)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]}}}]
+    with ThreadedServer(build_app(engine, ServerConfig(reasoning_parser="qwen3"))) as server:
+        client = OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        message = client.chat.completions.create(model="fake-model", messages=messages, tools=tools,
+                                                 max_tokens=len(reply)).choices[0].message
+        assert message.reasoning_content == "I should call the tool."
+        assert [c.function.name for c in message.tool_calls] == ["get_weather"] and not message.content
+        chunks = list(client.chat.completions.create(model="fake-model", messages=messages, tools=tools,
+                                                     max_tokens=len(reply), stream=True))
+        deltas = [choice.delta for chunk in chunks for choice in chunk.choices]
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "I should call the tool."
+        assert [c.function.name for d in deltas for c in d.tool_calls or []] == ["get_weather"]
+        assert "tool_call" not in "".join(d.content or "" for d in deltas)
