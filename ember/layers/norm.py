@@ -17,6 +17,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
+    def divide_output_(self, scales: torch.Tensor) -> None:
+        """Make the norm's output x / scales (per channel), in place: what AWQ and SmoothQuant fold into it."""
+        with torch.no_grad():
+            self.weight.div_(scales)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ops = load_elementwise()
         # Contiguous first: the bits must not follow the layout (a Qwen3 rank's one key head per token is a strided

@@ -32,6 +32,11 @@ class GemmaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(hidden_size))
         self.eps = eps
 
+    def divide_output_(self, scales: torch.Tensor) -> None:
+        """Make the norm's output x / scales (per channel), in place: (1 + weight) / scales is the new 1 + weight."""
+        with torch.no_grad():
+            self.weight.copy_((1.0 + self.weight) / scales - 1.0)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -97,6 +102,10 @@ class GemmaDecoderLayer(nn.Module):
         self.post_attention_layernorm = GemmaRMSNorm(hidden, eps)
         self.mlp = Gemma2MLP(config)
 
+    def input_norms(self) -> tuple[nn.Module, nn.Module]:
+        """The norms whose outputs attention and the MLP read (where AWQ / SmoothQuant fold their input scales)."""
+        return self.input_layernorm, self.post_attention_layernorm
+
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
@@ -111,6 +120,10 @@ class Gemma2DecoderLayer(GemmaDecoderLayer):
         super().__init__(config, rotary)
         self.pre_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def input_norms(self) -> tuple[nn.Module, nn.Module]:
+        """Attention reads the input norm, the MLP the pre-feed-forward one (post-attention norms its output)."""
+        return self.input_layernorm, self.pre_feedforward_layernorm
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata

@@ -94,6 +94,10 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
         self.residual_multiplier = config.residual_multiplier  # Granite's; the compiled block adds outputs unscaled
 
+    def input_norms(self) -> tuple[nn.Module, nn.Module]:
+        """The norms whose outputs attention and the MLP read (where AWQ / SmoothQuant fold their input scales)."""
+        return self.input_layernorm, self.post_attention_layernorm
+
     def compile_for_cpu(self) -> bool:
         """Hand the forward to one compiled call where every product has a compiled form (see `CompiledProduct`)."""
         attention, mlp = self.self_attn, self.mlp

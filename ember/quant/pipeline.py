@@ -39,7 +39,12 @@ from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.gptq import GPTQSettings, gptq_quantize
 from ember.quant.grid import BlockGrid
 from ember.quant.int8_channel import Int8ChannelTensor, quantize_weight
-from ember.quant.smoothquant import apply_smoothing
+from ember.quant.smoothquant import (
+    apply_smoothing,
+    fold_scales,
+    folds_input_scales,
+    smoothing_targets,
+)
 
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")  # a Llama-family layer's
 EMBEDDING_GRID = BlockGrid(bits=8, group_size=32)
@@ -47,7 +52,7 @@ EMBEDDING_GRID = BlockGrid(bits=8, group_size=32)
 # image-text Gemma 3 nests its language model's names): every linear of their decoder layers is rounded.
 QUANTIZE_ARCHITECTURES = (*LLAMA_ARCHITECTURES, "gemma", "gemma2", "gemma3_text", "olmo2", "mixtral", "qwen2_moe",
                           "qwen3_moe", "deepseek_v2", "falcon")
-# AWQ and SmoothQuant fold their input scales into the norm before qkv / gate_up and into up_proj: Llama's layer.
+# AWQ and SmoothQuant fold their input scales into the norm before qkv / gate_up and into up_proj (smoothquant.py).
 FOLDING_METHODS = ("awq", "smoothquant")
 FLOAT_CODE_QUANTIZERS = {"nf4": quantize_nf4, "fp8": quantize_fp8}
 
@@ -75,7 +80,7 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
     engine = _float_engine(config)
     model = engine.runner.model
     restore_dense_weights(model)  # AWQ scales the weights in place, GPTQ writes them back, and every method reads them dense
-    _check_family(engine.model_config.architecture, resolve_model(config.model), config)
+    _check_family(engine.model_config.architecture, resolve_model(config.model), config, model)
     names = decoder_linears(model)
     notes: dict = {}
     with Progress(disable=not show_progress) as progress:
@@ -106,13 +111,14 @@ class FamilyRefused(ValueError):
     """The method (or the writer) cannot take this model's family: another method or source may (the message says)."""
 
 
-def _check_family(architecture: str, source: Path, config: QuantizeConfig) -> None:
+def _check_family(architecture: str, source: Path, config: QuantizeConfig, model: nn.Module) -> None:
     """Raise, naming the fix, where the method or the writer cannot take this family."""
     if architecture not in QUANTIZE_ARCHITECTURES:
         raise FamilyRefused(f"ember quantize runs {', '.join(QUANTIZE_ARCHITECTURES)}; {config.model} is {architecture}")
-    if architecture not in LLAMA_ARCHITECTURES and config.method in FOLDING_METHODS:
-        raise FamilyRefused(f"--method {config.method} folds its scales into a Llama-family layer's norms; {config.model} is "
-                            f"{architecture}: use --method gptq, rtn, nf4 or fp8")
+    if config.method in FOLDING_METHODS and not folds_input_scales(model):
+        raise FamilyRefused(f"--method {config.method} folds its scales into the norms before attention and the MLP, which "
+                            f"{config.model} ({architecture}: experts or post-norm blocks) does not have: use --method gptq, "
+                            "rtn, nf4 or fp8")
     if architecture not in LLAMA_ARCHITECTURES and source.is_file():
         raise FamilyRefused(f"ember quantize writes GGUFs of the Llama family; {config.model} is a {architecture} GGUF: "
                          "quantize its HF folder instead")
@@ -251,23 +257,12 @@ def apply_awq(model: nn.Module, stats: dict[str, InputStats], grid: BlockGrid, p
     task = progress.add_task("AWQ scale search", total=len(layers))
     scales = {}
     for index, layer in enumerate(layers):
-        prefix = f"model.layers.{index}"
-        attention, mlp = layer.self_attn, layer.mlp
-        inner = mlp.down_proj.in_features
-        for name, linear, feeder in ((f"{prefix}.self_attn.qkv_proj", attention.qkv_proj, layer.input_layernorm.weight),
-                                     (f"{prefix}.mlp.gate_up_proj", mlp.gate_up_proj, layer.post_attention_layernorm.weight),
-                                     (f"{prefix}.mlp.down_proj", mlp.down_proj, mlp.gate_up_proj.weight[inner:])):
-            scales[name] = _scale_inputs(linear, stats[name], grid, feeder)
+        for name, (linear, feeder) in smoothing_targets(layer).items():  # the linears whose inputs a feeder can absorb
+            name = f"model.layers.{index}.{name}"
+            with torch.no_grad():
+                scales[name] = awq_scales([linear.weight], stats[name].mean_hessian, stats[name].mean_abs, grid)
+            fold_scales(linear.weight, feeder, scales[name])
         progress.advance(task)
-    return scales
-
-
-def _scale_inputs(linear: nn.Linear, stats: InputStats, grid: BlockGrid, feeder: torch.Tensor) -> torch.Tensor:
-    """W <- W s (columns); `feeder`, whose dim 0 indexes the input channels (a norm weight, up_proj's rows), absorbs 1/s."""
-    with torch.no_grad():
-        scales = awq_scales([linear.weight], stats.mean_hessian, stats.mean_abs, grid)
-        linear.weight.mul_(scales)
-        feeder.div_(scales.reshape(-1, *[1] * (feeder.dim() - 1)))
     return scales
 
 

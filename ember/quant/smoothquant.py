@@ -7,8 +7,8 @@ weight's rows) divides the activations and multiplies the weights: X W^T = (X / 
 the float model is unchanged while the activations flatten (alpha = 1 moves all of the range
 into the weights, alpha = 0 none of the activations'). 1/s is folded into the op that produces X:
 
-- q/k/v (one fused weight) read the input RMSNorm: its weight absorbs 1/s;
-- gate/up read the post-attention RMSNorm: same;
+- q/k/v (one fused weight) read the input norm: its weight absorbs 1/s (Gemma's (1 + weight) too);
+- gate/up read the MLP's input norm (post-attention in Llama and Gemma 1, pre-feed-forward in Gemma 2 / 3): same;
 - down reads silu(gate) * up: up_proj's rows absorb 1/s (the product is linear in up).
 
 o_proj is not smoothed: its input is attention's output, which only v_proj's rows could absorb,
@@ -35,11 +35,18 @@ def smoothing_scales(activation_max: torch.Tensor, weight: torch.Tensor, alpha: 
     return torch.where(is_live, scales, torch.ones_like(scales))
 
 
-def fold_scales(weight: torch.Tensor, feeder: torch.Tensor, scales: torch.Tensor) -> None:
-    """W <- W s (columns), in place; `feeder`, whose dim 0 indexes the input channels (a norm weight, up_proj's rows), absorbs 1/s."""
+Feeder = nn.Module | torch.Tensor  # a norm (its `divide_output_`), or rows of up_proj
+
+
+def fold_scales(weight: torch.Tensor, feeder: Feeder, scales: torch.Tensor) -> None:
+    """W <- W s (columns), in place; `feeder` absorbs 1/s: a norm divides its output, up_proj's rows (dim 0 indexing
+    the input channels) are divided."""
     with torch.no_grad():
         weight.mul_(scales)
-        feeder.div_(scales.reshape(-1, *[1] * (feeder.dim() - 1)))
+        if isinstance(feeder, torch.Tensor):
+            feeder.div_(scales.reshape(-1, *[1] * (feeder.dim() - 1)))
+        else:
+            feeder.divide_output_(scales)
 
 
 def apply_smoothing(model: nn.Module, stats: dict[str, InputStats], alpha: float, progress: Progress) -> None:
@@ -56,12 +63,19 @@ def apply_smoothing(model: nn.Module, stats: dict[str, InputStats], alpha: float
         progress.advance(task)
 
 
-def smoothing_targets(layer: nn.Module) -> dict[str, tuple[nn.Linear, torch.Tensor]]:
-    """A decoder layer's smoothed linears, by name within the layer, each with the tensor that absorbs its 1/s."""
+def folds_input_scales(model: nn.Module) -> bool:
+    """Whether every decoder layer names the norms feeding attention and its MLP (`input_norms`: the Llama family, Gemma
+    1/2/3), into which AWQ and SmoothQuant fold their scales."""
+    return all(hasattr(layer, "input_norms") for layer in model.model.layers)
+
+
+def smoothing_targets(layer: nn.Module) -> dict[str, tuple[nn.Linear, Feeder]]:
+    """A decoder layer's smoothed linears, by name within the layer, each with what absorbs its 1/s."""
     attention, mlp = layer.self_attn, layer.mlp
+    attention_norm, mlp_norm = layer.input_norms()
     return {
-        "self_attn.qkv_proj": (attention.qkv_proj, layer.input_layernorm.weight),
-        "mlp.gate_up_proj": (mlp.gate_up_proj, layer.post_attention_layernorm.weight),
+        "self_attn.qkv_proj": (attention.qkv_proj, attention_norm),
+        "mlp.gate_up_proj": (mlp.gate_up_proj, mlp_norm),
         "mlp.down_proj": (mlp.down_proj, mlp.gate_up_proj.weight[mlp.down_proj.in_features :]),
     }
 
@@ -72,4 +86,4 @@ def migrated_tensors(model: nn.Module) -> list[torch.Tensor]:
 
     restore_dense_weights(model)
     return [tensor for layer in model.model.layers for linear, feeder in smoothing_targets(layer).values()
-            for tensor in (linear.weight, feeder)]
+            for tensor in (linear.weight, feeder if isinstance(feeder, torch.Tensor) else feeder.weight)]

@@ -184,22 +184,32 @@ def _prompt_logprobs(engine: LLMEngine, request_id: str, prompt: list[int]) -> t
     return torch.tensor([outputs[-1].prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
 
 
-def test_awq_scaling_folds_into_the_model_without_changing_its_float_outputs(tiny_folder, tokenizer, calib, tmp_path):
+def _folding_model(family: str, tiny_folder: Path, tmp_path: Path) -> Path:
+    """The Llama fixture, or a Gemma 2 (its (1 + weight) norms, the MLP read through the pre-feed-forward norm)."""
+    return tiny_folder if family == "llama" else save_tiny_model(family, tmp_path / family, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_awq_scaling_folds_into_the_model_without_changing_its_float_outputs(family, tiny_folder, tokenizer, calib, tmp_path):
     from rich.progress import Progress
 
-    from ember.quant.pipeline import LINEARS, apply_awq, calibrate, calibration_chunks
+    from ember.quant.at_load import decoder_linears
+    from ember.quant.pipeline import apply_awq, calibrate, calibration_chunks
 
-    engine = LLMEngine(EngineConfig(model=str(tiny_folder), tokenizer=tokenizer, dtype="float32",
+    folder = _folding_model(family, tiny_folder, tmp_path)
+    engine = LLMEngine(EngineConfig(model=str(folder), tokenizer=tokenizer, dtype="float32",
                                     cache=CacheConfig(num_kv_blocks=64, enable_prefix_caching=False)))
     model = engine.runner.model
-    config = QuantizeConfig(model=str(tiny_folder), method="awq", out=tmp_path / "unused", calib=calib, group_size=64, calib_tokens=256, seq_len=128)
+    config = QuantizeConfig(model=str(folder), method="awq", out=tmp_path / "unused", calib=calib, group_size=64, calib_tokens=256, seq_len=128)
     prompt = list(range(3, 60))
     before = _prompt_logprobs(engine, "before", prompt)
+    norms = [norm for layer in model.model.layers for norm in layer.input_norms()]
+    before_norms = [norm.weight.detach().clone() for norm in norms]
     with Progress(disable=True) as progress:
-        names = [f"model.layers.{i}.{linear}" for i in range(2) for linear in LINEARS]
+        names = decoder_linears(model)
         stats = calibrate(engine, model, names, calibration_chunks(engine.tokenizer, config), progress)
         apply_awq(model, stats, config.grid, progress)
-    assert not torch.equal(model.model.layers[0].input_layernorm.weight, torch.ones(64))
+    assert any(not torch.equal(norm.weight, old) for norm, old in zip(norms, before_norms, strict=True))  # some s != 1 folded
     torch.testing.assert_close(_prompt_logprobs(engine, "after", prompt), before, rtol=1e-4, atol=1e-4)
 
 
@@ -274,25 +284,30 @@ def _engine(model: Path, dtype: str) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(model), dtype=dtype, cache=CacheConfig(num_kv_blocks=64, enable_prefix_caching=False)))
 
 
-def test_smoothquant_migration_folds_into_the_model_without_changing_its_float_outputs(tiny_folder, tokenizer, calib, tmp_path):
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_smoothquant_migration_folds_into_the_model_without_changing_its_float_outputs(family, tiny_folder, tokenizer, calib, tmp_path):
     from rich.progress import Progress
 
-    from ember.quant.pipeline import LINEARS, calibrate, calibration_chunks
+    from ember.quant.at_load import decoder_linears
+    from ember.quant.pipeline import calibrate, calibration_chunks
     from ember.quant.smoothquant import apply_smoothing
 
-    engine = LLMEngine(EngineConfig(model=str(tiny_folder), tokenizer=tokenizer, dtype="float32",
+    folder = _folding_model(family, tiny_folder, tmp_path)
+    engine = LLMEngine(EngineConfig(model=str(folder), tokenizer=tokenizer, dtype="float32",
                                     cache=CacheConfig(num_kv_blocks=64, enable_prefix_caching=False)))
     model = engine.runner.model
-    config = QuantizeConfig(model=str(tiny_folder), method="smoothquant", bits=8, out=tmp_path / "unused", calib=calib,
+    config = QuantizeConfig(model=str(folder), method="smoothquant", bits=8, out=tmp_path / "unused", calib=calib,
                             calib_tokens=256, seq_len=128)
     prompt = list(range(3, 60))
     before = _prompt_logprobs(engine, "before", prompt)
+    mlp_norm = model.model.layers[1].input_norms()[1]
+    old = mlp_norm.weight.detach().clone()
     with Progress(disable=True) as progress:
-        names = [f"model.layers.{i}.{linear}" for i in range(2) for linear in LINEARS]
+        names = decoder_linears(model)
         stats = calibrate(engine, model, names, calibration_chunks(engine.tokenizer, config), progress, with_hessian=False)
         apply_smoothing(model, stats, config.alpha, progress)
     assert stats[names[0]].hessian is None and (stats[names[0]].abs_max > 0).all()
-    assert not torch.equal(model.model.layers[1].post_attention_layernorm.weight, torch.ones(64))
+    assert not torch.equal(mlp_norm.weight, old)
     torch.testing.assert_close(_prompt_logprobs(engine, "after", prompt), before, rtol=1e-4, atol=1e-4)
 
 
@@ -348,8 +363,8 @@ def test_families_beyond_llama_quantize_every_decoder_linear_and_run_like_their_
         assert (weight - float_weights[name]).abs().max() <= 0.05 * float_weights[name].abs().max(), name
 
 
-def test_methods_that_fold_into_llama_norms_and_gguf_writes_of_other_families_are_refused(tmp_path, tokenizer, calib):
-    source = save_tiny_model("gemma2", tmp_path / "gemma2", vocab_size=VOCAB)
+def test_folding_methods_on_experts_and_gguf_writes_of_other_families_are_refused(tmp_path, tokenizer, calib):
+    source = save_tiny_model("mixtral", tmp_path / "mixtral", vocab_size=VOCAB)
     config = QuantizeConfig(model=str(source), method="awq", out=tmp_path / "out", calib=calib, tokenizer=tokenizer, group_size=64)
     with pytest.raises(ValueError, match="use --method gptq, rtn, nf4 or fp8"):
         quantize_checkpoint(config, show_progress=False)
