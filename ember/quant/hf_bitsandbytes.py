@@ -50,16 +50,13 @@ def read_bitsandbytes(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[t
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors:
         weight, part = _state_part(name)
+        if weight is None and (name in pending or tensor.dtype == torch.uint8):
+            weight, part = name, "codes"  # the packed codes themselves (a float weight is a layer left unquantized)
         if weight is None:
-            if name in pending or tensor.dtype == torch.uint8:
-                pending.setdefault(name, {})["codes"] = tensor
-                weight = name
-            else:
-                yield name, tensor
-                continue
-        else:
-            pending.setdefault(weight, {})[part] = tensor
-        parts = pending[weight]
+            yield name, tensor
+            continue
+        parts = pending.setdefault(weight, {})
+        parts[part] = tensor
         if _complete(parts):
             yield weight, dequantize(pending.pop(weight), weight)
     if pending:
