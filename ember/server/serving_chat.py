@@ -134,7 +134,8 @@ async def _chunks(
     choice per engine step, then (if asked) a usage chunk with no choices. With
     `continuous_usage` every token chunk also carries the usage so far (what a gateway bills
     when the client cuts the stream). With tools, a choice's calls come whole in one chunk before
-    its last (`ember.server.tool_calls.ToolCallStream` decides what text is content)."""
+    its last (`ember.server.tool_calls.ToolCallStream` decides what text is content). With a reasoning parser, a
+    choice's thinking comes as `reasoning_content` deltas (left out where `shows_reasoning` is off) before its content."""
     created = int(time.time())
     formatter = LogprobFormatter(context.tokenizer)
 
