@@ -195,13 +195,13 @@ class ChatCompletionRequest(SamplingFields, ChatRenderFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     include_reasoning: bool | None = True  # vLLM's: False leaves reasoning_content out (with --reasoning-parser)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None  # a template variable, as vLLM's
     # OpenAI features ember does not implement; rejected unless absent or a no-op value.
     functions: list[Any] | None = None
     function_call: Any | None = None
     audio: Any | None = None
     modalities: list[str] | None = None
     prediction: Any | None = None
-    reasoning_effort: str | None = None
 
 
 PromptInput = str | list[str] | list[int] | list[list[int]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import TypeVar
 
@@ -88,8 +88,6 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
         raise _unsupported("modalities", "modalities other than ['text']")
     if request.prediction is not None:
         raise _unsupported("prediction", "predicted outputs")
-    if request.reasoning_effort is not None:
-        raise _unsupported("reasoning_effort", "reasoning effort")
     if request.top_logprobs is not None and not request.logprobs:
         raise ApiError(
             "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs", code="invalid_value"
@@ -335,7 +333,10 @@ def render_request(request: ChatRenderFields, tools: list[dict] | None) -> Rende
 async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate, encoder: PromptEncoder,
                       tools: ToolPlan | None = None) -> PreparedPrompt:
     """The chat messages rendered by `template` and tokenized (in the encoder's worker)."""
-    text = await encoder.render(template, request.messages, render_request(request, None if tools is None else tools.tools))
+    how = render_request(request, None if tools is None else tools.tools)
+    if request.reasoning_effort is not None:  # as vLLM: a template variable (gpt-oss templates read it), unless one is given
+        how = replace(how, variables={"reasoning_effort": request.reasoning_effort, **how.variables})
+    text = await encoder.render(template, request.messages, how)
     # The template already writes any BOS it wants; adding special tokens again would double it.
     return PreparedPrompt(await encoder.encode(text, add_special_tokens=False, param="messages"), text)
 

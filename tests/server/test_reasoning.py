@@ -109,3 +109,13 @@ def test_tool_calls_are_read_from_the_content_after_the_reasoning():
         assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "I should call the tool."
         assert [c.function.name for d in deltas for c in d.tool_calls or []] == ["get_weather"]
         assert "tool_call" not in "".join(d.content or "" for d in deltas)
+
+
+def test_reasoning_effort_reaches_the_chat_template_as_vllm_passes_it():
+    template = "{{ reasoning_effort | default('-') }}|{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with ThreadedServer(build_app(FakeEngine(step_s=0.0005), ServerConfig(chat_template=template))) as server:
+        client = OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
+        messages = [{"role": "user", "content": "Hi"}]
+        plain = client.chat.completions.create(model="fake-model", messages=messages, max_tokens=1)
+        effort = client.chat.completions.create(model="fake-model", messages=messages, max_tokens=1, reasoning_effort="medium")
+        assert (plain.usage.prompt_tokens, effort.usage.prompt_tokens) == (len("-|Hi"), len("medium|Hi"))
