@@ -102,6 +102,15 @@ class TextConfig(StrictModel):
     verbosity: str | None = None
 
 
+class ReasoningSettings(StrictModel):
+    """`reasoning`: its effort reaches the chat template as chat requests' `reasoning_effort` does; summaries are not
+    written (a reasoning item carries the reasoning itself, with --reasoning-parser)."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 class ResponsesRequest(StrictModel):
     """`POST /v1/responses`."""
 
@@ -127,7 +136,7 @@ class ResponsesRequest(StrictModel):
     # Features ember does not implement: refused unless absent or a no-op value.
     previous_response_id: str | None = None
     conversation: Any | None = None
-    reasoning: Any | None = None
+    reasoning: ReasoningSettings | None = None
     include: list[str] | None = None
     background: bool | None = None
     max_tool_calls: int | None = None

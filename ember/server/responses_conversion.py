@@ -23,7 +23,6 @@ from ember.server.responses_api import (
 UNSUPPORTED = {
     "previous_response_id": "stored responses (send the whole conversation as input)",
     "conversation": "stored conversations (send the whole conversation as input)",
-    "reasoning": "reasoning settings",
     "include": "extra output data ('include')",
     "background": "background responses",
     "max_tool_calls": "a limit on built-in tool calls",
@@ -54,6 +53,8 @@ def as_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
         chat["tools"] = [{"type": "function", "function": tool.model_dump(exclude_none=True, exclude={"type"})} for tool in request.tools]
     if request.tool_choice is not None:
         chat["tool_choice"] = _chat_tool_choice(request.tool_choice)
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        chat["reasoning_effort"] = request.reasoning.effort
     text_format = request.text.format if request.text is not None else None
     if text_format is not None and text_format.type != "text":
         chat["response_format"] = _response_format(text_format)

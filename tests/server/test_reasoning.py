@@ -119,3 +119,5 @@ def test_reasoning_effort_reaches_the_chat_template_as_vllm_passes_it():
         plain = client.chat.completions.create(model="fake-model", messages=messages, max_tokens=1)
         effort = client.chat.completions.create(model="fake-model", messages=messages, max_tokens=1, reasoning_effort="medium")
         assert (plain.usage.prompt_tokens, effort.usage.prompt_tokens) == (len("-|Hi"), len("medium|Hi"))
+        response = client.responses.create(model="fake-model", input="Hi", max_output_tokens=1, reasoning={"effort": "low"})
+        assert response.usage.input_tokens == len("low|Hi")

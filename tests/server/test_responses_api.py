@@ -96,7 +96,7 @@ def test_a_history_with_tool_results_is_served(client: OpenAI) -> None:
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"input": "Hi", "reasoning": {"effort": "low"}}, "reasoning"),
+    ({"input": "Hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"input": []}, "input"),
     ({"input": "Hi", "frobnicate": 1}, "frobnicate"),
     ({"input": [{"type": "image", "url": "x"}]}, "input"),
