@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from rich.progress import Progress
 
@@ -14,7 +13,6 @@ from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_defaults import AUTO, sampling_defaults
 from ember.engine.sampling_params import SamplingParams
 from ember.models.loader import LoadedModel
-from ember.models.registry import resolve_model
 from ember.parallel.config import ParallelConfig
 
 # text, token ids, or as vLLM's TextPrompt / TokensPrompt: {"prompt": text} or {"prompt_token_ids": ids}
@@ -69,7 +67,7 @@ class LLM:
         )
         self.engine = LLMEngine(config, loaded=loaded)
         self.tokenizer = self.engine.tokenizer
-        self._defaults = sampling_defaults(generation_config, _model_path(model))
+        self._defaults = sampling_defaults(generation_config, model)
         self._next_id = 0
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -195,10 +193,3 @@ def _token_ids(prompt: Sequence[int]) -> list[int]:
         raise ValueError(f"a prompt is text, a list of token ids or a prompt dict; {wrong!r} in it is not a token id")
     return [int(t) for t in ids]
 
-
-def _model_path(model: str) -> Path | None:
-    """Where `model` lies (None: a name that resolves nowhere, as weights handed in already may have)."""
-    try:
-        return resolve_model(model)
-    except FileNotFoundError:
-        return None

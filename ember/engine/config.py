@@ -180,7 +180,6 @@ class EngineConfig:
     quantization: str | None = None  # one of QUANTIZATIONS (an alias becomes its name); None: the checkpoint as it is
 
     def __post_init__(self) -> None:
-        self._check_quantization()
         if not isinstance(self.parallel, ParallelConfig):
             raise TypeError("EngineConfig.parallel must be a ParallelConfig")
         if self.dtype not in DTYPES:
@@ -189,6 +188,7 @@ class EngineConfig:
             raise ValueError("max_model_len must be at least 2")
         if self.quant_activations not in QUANT_ACTIVATIONS:
             raise ValueError(f"quant_activations {self.quant_activations!r} is not supported; choose one of {', '.join(QUANT_ACTIVATIONS)}")
+        self._check_quantization()
 
     def _check_quantization(self) -> None:
         if self.quantization is None:

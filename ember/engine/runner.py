@@ -168,6 +168,9 @@ class ModelRunner:
         if workers is not None:
             workers.allocate_kv_cache(num_blocks, block_size, self.caches.dtype, self.caches.num_bytes)
         self.layout = self.caches.layout
+        if tuple(kv.group_windows) != tuple(self.layout.group_windows):  # a table per layer group, or blocks go missing
+            raise ValueError(f"the KV cache manager keeps tables for windows {kv.group_windows}, the model's layers need "
+                             f"{tuple(self.layout.group_windows)}: build it with kv_cache_layout(model).group_windows")
         self.kv_caches = self.caches.layer_caches
 
     @property

@@ -71,13 +71,14 @@ class SamplingDefaults:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(plain, f.name)}
 
 
-def sampling_defaults(setting: str, model_path: Path | None) -> SamplingDefaults:
+def sampling_defaults(setting: str, model: str | Path | None) -> SamplingDefaults:
     """The defaults `--generation-config` asks for: "auto" reads the model folder's generation_config.json (none for a
-    GGUF or a folder without one), "vllm" keeps OpenAI's, anything else is a folder holding a generation_config.json."""
+    GGUF, a folder without one, or a model that resolves nowhere: its loader names that), "vllm" keeps OpenAI's,
+    anything else is a folder holding a generation_config.json."""
     if setting == VLLM:
         return SamplingDefaults()
     if setting == AUTO:
-        folder = model_path if model_path is not None and model_path.is_dir() else None
+        folder = _model_folder(model)
         if folder is None or not (folder / GENERATION_CONFIG_FILE).is_file():
             return SamplingDefaults()
     else:
@@ -85,7 +86,19 @@ def sampling_defaults(setting: str, model_path: Path | None) -> SamplingDefaults
         if not (folder / GENERATION_CONFIG_FILE).is_file():
             raise ValueError(f"--generation-config {setting}: no {GENERATION_CONFIG_FILE} there; give its folder, 'auto' or 'vllm'")
     defaults = SamplingDefaults.from_file(folder / GENERATION_CONFIG_FILE)
-    if defaults.changed():
+    changed = defaults.changed()
+    if changed:
         logger.info("default sampling parameters from %s: %s (a request's own values win; --generation-config vllm "
-                    "keeps OpenAI's)", folder / GENERATION_CONFIG_FILE, defaults.changed())
+                    "keeps OpenAI's)", folder / GENERATION_CONFIG_FILE, changed)
     return defaults
+
+
+def _model_folder(model: str | Path | None) -> Path | None:
+    """The folder `model` (a path or registered name) lies in, if it is one."""
+    from ember.models.registry import resolve_model
+
+    try:
+        path = None if model is None else resolve_model(str(model))
+    except FileNotFoundError:
+        return None
+    return path if path is not None and path.is_dir() else None

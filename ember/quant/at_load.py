@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -62,7 +63,7 @@ def round_at_load(name: str, weight: torch.Tensor, quantization: str) -> GGMLTen
         return None
 
 
-def check_checkpoint_method(quantization: str | None, num_quantized: int, path: object) -> None:
+def check_checkpoint_method(quantization: str | None, num_quantized: int, path: Path | None) -> None:
     """A checkpoint method named by `--quantization` must be what the checkpoint holds (as vLLM checks)."""
     if quantization in CHECKPOINT_QUANTIZATIONS and num_quantized == 0:
         raise ValueError(f"--quantization {quantization} names a checkpoint format, but {path} holds float weights: drop "

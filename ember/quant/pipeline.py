@@ -46,7 +46,6 @@ from ember.quant.smoothquant import (
     smoothing_targets,
 )
 
-LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")  # a Llama-family layer's
 EMBEDDING_GRID = BlockGrid(bits=8, group_size=32)
 # Families whose HF checkpoints `ember quantize` writes back (GPT-2's stores its Conv1D weights transposed; an
 # image-text Gemma 3 nests its language model's names): every linear of their decoder layers is rounded.

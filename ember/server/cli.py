@@ -135,14 +135,8 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def with_generation_config(config: ServerConfig, setting: str, model: str) -> ServerConfig:
     """`config` with the sampling defaults `--generation-config` gives for `model`."""
-    from ember.models.registry import resolve_model
-
     try:
-        path = resolve_model(model)
-    except FileNotFoundError:
-        path = None  # the engine names the missing model when it loads
-    try:
-        return replace(config, sampling_defaults=sampling_defaults(setting, path))
+        return replace(config, sampling_defaults=sampling_defaults(setting, model))
     except ValueError as error:
         raise SystemExit(f"ember serve: {error}") from None
 

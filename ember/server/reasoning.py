@@ -21,11 +21,8 @@ REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 def split_reasoning(text: str, parser: str) -> tuple[str | None, str]:
     """(reasoning or None, content) of a whole reply."""
-    stream = ReasoningStream(parser)
-    reasoning, content = stream.feed(text)
-    more_reasoning, more_content = stream.finish()
-    reasoning += more_reasoning
-    return (reasoning or None), content + more_content
+    reasoning, content = ReasoningStream(parser).split(text, is_last=True)
+    return (reasoning or None), content
 
 
 @dataclass
@@ -53,6 +50,14 @@ class ReasoningStream:
         if self.phase == "content":
             return "", text
         return self._reason(text)
+
+    def split(self, delta: str, is_last: bool) -> tuple[str, str]:
+        """(reasoning, content) of one step's delta; the last step's take what was held back too."""
+        reasoning, content = self.feed(delta)
+        if is_last:
+            more_reasoning, more_content = self.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        return reasoning, content
 
     def finish(self) -> tuple[str, str]:
         """What was held back, once the reply has ended."""

@@ -186,10 +186,7 @@ async def _chunks(
 
 def _reasoning_apart(stream: ReasoningStream, part: CompletionOutput) -> tuple[str, CompletionOutput]:
     """This step's reasoning text, and the step with only its content text left (the held-back rest once it ends)."""
-    reasoning, content = stream.feed(part.text)
-    if part.finish_reason is not None:
-        more_reasoning, more_content = stream.finish()
-        reasoning, content = reasoning + more_reasoning, content + more_content
+    reasoning, content = stream.split(part.text, part.finish_reason is not None)
     return reasoning, dataclasses.replace(part, text=content)
 
 

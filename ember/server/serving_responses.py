@@ -196,10 +196,7 @@ class ResponseEvents:
         """A step's events: its reasoning, then its content (what the call reader lets through)."""
         events = []
         if self.thoughts is not None:
-            reasoning, piece = self.thoughts.feed(piece)
-            if is_last:
-                more_reasoning, more_content = self.thoughts.finish()
-                reasoning, piece = reasoning + more_reasoning, piece + more_content
+            reasoning, piece = self.thoughts.split(piece, is_last)
             events.extend(self._reasoning_text(reasoning))
         content = self.reader.content(piece) if self.reader else piece
         if content:

@@ -167,6 +167,16 @@ def test_a_draft_model_with_sliding_window_layers_keeps_a_table_per_layer_group(
     assert spec.engine.kv.num_free_blocks == spec.engine.speculator.proposer.kv.num_free_blocks == 128
 
 
+def test_a_runner_refuses_a_cache_manager_without_the_models_layer_groups(tmp_path):
+    from ember.engine.runner import ModelRunner
+    from ember.kv.cache_manager import KVCacheManager
+    from ember.layers.sampler import Sampler
+
+    model = load_model(save_tiny_model("gemma2", tmp_path / "gemma2"), "float32").model
+    with pytest.raises(ValueError, match="kv_cache_layout"):
+        ModelRunner(model, 16, 4, KVCacheManager(16, 4), Sampler(torch.Generator()), frozenset())
+
+
 def test_speculative_config_names_the_fix_for_bad_settings():
     with pytest.raises(ValueError, match="draft_model"):
         SpeculativeConfig(method="draft")
