@@ -45,6 +45,8 @@ class RequestLimits:
         self._check_prompt(prompt_token_ids)
         if any(token_id >= self.vocab_size for token_id in params.logit_bias):
             raise RequestRejected(f"logit_bias token ids must lie in [0, {self.vocab_size})", "logit_bias")
+        if any(token_id >= self.vocab_size for token_id in params.allowed_token_ids or ()):
+            raise RequestRejected(f"allowed_token_ids must lie in [0, {self.vocab_size})", "allowed_token_ids")
         max_tokens = params.max_tokens or (self.max_model_len - num_prompt)
         if num_prompt + max_tokens > self.max_model_len:
             raise RequestRejected(

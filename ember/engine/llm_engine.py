@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ember.engine.bad_words import bad_word_token_ids
 from ember.engine.config import DEFAULT_TREE_NODES, EngineConfig
 from ember.engine.limits import RequestLimits
 from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
@@ -173,7 +174,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate_request(prompt_token_ids, params)
-        request = Request(request_id, list(prompt_token_ids), params, prompt, priority, next(self._arrivals))
+        bad_words = bad_word_token_ids(self.tokenizer, params.bad_words)
+        request = Request(request_id, list(prompt_token_ids), params, prompt, priority, next(self._arrivals), bad_word_ids=bad_words)
         forks = params.n > 1 and len(prompt_token_ids) > 1
         count = 1 if forks else params.n
         request.sequences = [self._new_sequence(request, i, prompt_token_ids) for i in range(count)]

@@ -35,6 +35,7 @@ class Request:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     has_reported_prompt: bool = False
+    bad_word_ids: tuple[tuple[int, ...], ...] = ()  # params.bad_words as token sequences (ember.engine.bad_words)
 
     @property
     def finished(self) -> bool:

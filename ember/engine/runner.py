@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ember.engine.bad_words import banned_by_bad_words
 from ember.engine.request import Sequence
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import BlockCopy, KVCacheManager
@@ -355,10 +356,10 @@ class ModelRunner:
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         params = seq.params
-        banned: tuple[int, ...] = ()
+        banned = banned_by_bad_words(seq.request.bad_word_ids, seq.output_token_ids)
         if seq.num_output_tokens < params.min_tokens:
-            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-            banned = tuple(sorted(stops))
+            banned |= set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
+        banned = tuple(sorted(banned))
         return SamplingRow(params, seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids, seq.generator, banned, seq.guide)
 
     def _prompt_logprobs(self, item: ScheduledSequence, hidden: torch.Tensor) -> list[SampledToken]:

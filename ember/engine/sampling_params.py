@@ -24,6 +24,9 @@ class SamplingParams:
     `allow_speculation=False` opts this request out of the engine's speculative decoding.
     `logit_bias` adds its value to the logit of each token id before penalties, filters and the
     choice (OpenAI's: -100 all but bans a token, +100 all but forces it).
+    `allowed_token_ids` (vLLM's) lets only those ids be sampled; `bad_words` (vLLM's) are words the output may
+    not contain: each is tokenized as written and with a leading space, and a word's last token is banned
+    wherever the output so far ends with the rest of it (the engine tokenizes them with its tokenizer).
     `structured_output` holds the output to a shape (a JSON object, a schema's value, one of fixed strings,
     text a regular expression matches):
     only tokens that keep it possible may be drawn, and the sequence stops when nothing more can follow.
@@ -49,6 +52,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     allow_speculation: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = field(default_factory=list)
     structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
@@ -57,11 +62,18 @@ class SamplingParams:
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
         self.logit_bias = dict(self.logit_bias or {})  # None: no bias
+        self.allowed_token_ids = None if self.allowed_token_ids is None else list(self.allowed_token_ids)
+        self.bad_words = list(self.bad_words or [])
         self._validate()
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def restricts_tokens(self) -> bool:
+        """Whether a logit bias, an allowed list or bad words change the logits the choice is made from."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words)
 
     @property
     def has_penalties(self) -> bool:
@@ -97,6 +109,10 @@ class SamplingParams:
             all(isinstance(t, int) and t >= 0 and isinstance(b, int | float) and -LOGIT_BIAS_LIMIT <= b <= LOGIT_BIAS_LIMIT for t, b in self.logit_bias.items()),
             "logit_bias", f"a map of non-negative token ids to numbers from {-LOGIT_BIAS_LIMIT} to {LOGIT_BIAS_LIMIT}",
         )
+        if self.allowed_token_ids is not None:
+            _check(bool(self.allowed_token_ids) and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids),
+                   "allowed_token_ids", "a non-empty list of non-negative token ids")
+        _check(all(isinstance(w, str) and w.strip() for w in self.bad_words), "bad_words", "a list of non-blank strings")
         _check(self.structured_output is None or isinstance(self.structured_output, StructuredOutput), "structured_output", "a StructuredOutput or None")
         if self.seed is not None:
             _check(isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63, "seed", "a 64-bit integer")

@@ -88,9 +88,9 @@ class Scheduler:
         - drafted tokens ride only on a decoding sequence, only where the budget and free blocks
           allow without preempting anyone; their slots are never registered in the prefix cache;
         - running sequences go first (decodes, then unfinished prefills, oldest first); when the
-          pool has no block for one, the newest running sequence not yet in this step's batch is
-          preempted by recompute: its blocks are freed and it goes back to the front of the
-          queue with its output kept;
+          pool has no block for one, the newest running sequence not yet in this step's batch (of the
+          lowest priority, where priorities differ) is preempted by recompute: its blocks are freed and it
+          goes back to the queue ahead of every sequence of its priority or lower, its output kept;
         - waiting sequences are admitted in queue order, only in steps without preemption, with
           prefix-cache hits counted as computed and long prompts cut to fit the budget;
         - every sequence is in exactly one of waiting, running or finished: none lost, none twice.
@@ -168,9 +168,11 @@ class Scheduler:
             copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new)
             if copies is not None:
                 return copies
-            # Never a sequence already in this step's batch: its blocks are promised to the step.
+            # Never a sequence already in this step's batch: its blocks are promised to the step. The lowest
+            # priority (largest value) goes first, the newest running of those (all of them with equal priorities).
             scheduled = {id(item.seq) for item in out.scheduled}
-            victim = next(s for s in reversed(self.running) if id(s) not in scheduled)
+            candidates = [(s.request.priority, i) for i, s in enumerate(self.running) if id(s) not in scheduled]
+            victim = self.running[max(candidates)[1]]
             self._preempt(victim, out)
             if victim is seq:
                 return None
@@ -180,7 +182,10 @@ class Scheduler:
         self.kv.free(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
-        self.waiting.insert(0, seq)
+        # Back in the queue ahead of every waiting sequence of its priority or lower (all of them when equal).
+        key = _queue_key(seq)
+        position = next((i for i, waiting in enumerate(self.waiting) if _queue_key(waiting)[0] >= key[0]), len(self.waiting))
+        self.waiting.insert(position, seq)
         out.preempted.append(seq)
         self.num_preemptions += 1
 

@@ -15,7 +15,8 @@ class SamplingRow:
     """What the sampler needs to know of one sequence: its rules, its history, its random stream.
 
     `generator` is the sequence's own seeded stream (None: the engine's shared stream);
-    `banned_token_ids` are ids that may not be sampled yet (EOS and stop ids before `min_tokens`);
+    `banned_token_ids` are ids that may not be sampled now (EOS and stop ids before `min_tokens`, the last token
+    of a bad word the output is about to complete);
     `guide` (when the output is held to a shape) says which ids may be sampled now.
     """
 
@@ -88,15 +89,21 @@ def row_argmax(values: torch.Tensor) -> list[int]:
 
 
 def _changes_logits(row: SamplingRow) -> bool:
-    """Whether penalties, a logit bias, banned tokens or a JSON constraint change this row's logits before the choice."""
+    """Whether penalties, a logit bias or allowed list, banned tokens or a JSON constraint change this row's logits
+    before the choice."""
     params = row.params
-    return params.has_penalties or bool(params.logit_bias) or bool(row.banned_token_ids) or row.guide is not None
+    return params.has_penalties or params.restricts_tokens or bool(row.banned_token_ids) or row.guide is not None
 
 
 def _adjust_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Each row's logit bias, penalties, banned tokens and JSON constraint applied to `logits`, in place (returned)."""
+    """Each row's logit bias, allowed tokens, penalties, banned tokens and JSON constraint applied to `logits`, in place
+    (returned)."""
     for i, row in enumerate(rows):
         params = row.params
+        if params.allowed_token_ids is not None:
+            outside = torch.ones(logits.shape[1], dtype=torch.bool)
+            outside[torch.tensor(params.allowed_token_ids, dtype=torch.long)] = False
+            logits[i, outside] = float("-inf")
         if params.logit_bias:
             ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
             logits[i, ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)

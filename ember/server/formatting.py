@@ -6,6 +6,8 @@ from ember.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutp
 from ember.server.protocol import (
     ChatLogprobs,
     CompletionLogprobs,
+    PromptLogprob,
+    PromptLogprobs,
     PromptTokensDetails,
     TokenLogprob,
     TopLogprob,
@@ -33,16 +35,40 @@ def openai_finish_reason(reason: str | None) -> str | None:
 
 
 class LogprobFormatter:
-    """Turns the engine's per-position logprob dicts into OpenAI's two logprob formats."""
+    """Turns the engine's per-position logprob dicts into OpenAI's two logprob formats and vLLM's prompt logprobs.
 
-    def __init__(self, tokenizer) -> None:
+    With `tokens_as_ids` (vLLM's return_tokens_as_token_ids) every logprob token is written "token_id:<id>" (and its
+    bytes are that text's), so a client can read ids back where a token's text is ambiguous or not valid UTF-8.
+    """
+
+    def __init__(self, tokenizer, tokens_as_ids: bool = False) -> None:
         self._tokenizer = tokenizer
+        self._tokens_as_ids = tokens_as_ids
 
     def _text(self, token_id: int, decoded: str | None) -> str:
+        if self._tokens_as_ids:
+            return f"token_id:{token_id}"
         return decoded if decoded is not None else self._tokenizer.id_to_piece(token_id)
 
     def _bytes(self, token_id: int) -> list[int]:
+        if self._tokens_as_ids:
+            return list(f"token_id:{token_id}".encode())
         return list(self._tokenizer.token_bytes(token_id))
+
+    def vllm_prompt(self, positions: list[PositionLogprobs | None] | None, num_top: int | None) -> PromptLogprobs | None:
+        """vLLM's `prompt_logprobs`: per prompt token, None for the first, else the token's own logprob, rank and text
+        and those of the `num_top` likeliest ids; None when they were not asked for (`num_top` None)."""
+        if positions is None or num_top is None:
+            return None
+        return [None if position is None else self._scored_ids(position, num_top) for position in positions]
+
+    def _scored_ids(self, position: PositionLogprobs, num_top: int) -> dict[str, PromptLogprob]:
+        (chosen_id, chosen), *others = position.items()  # the engine puts the position's own token first
+        kept = [(chosen_id, chosen), *((token_id, lp) for token_id, lp in others if lp.rank <= num_top)]
+        return {
+            str(token_id): PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=self._text(token_id, lp.decoded_token))
+            for token_id, lp in kept
+        }
 
     def _top(self, position: PositionLogprobs, num_top: int) -> list[tuple[int, float, str]]:
         ranked = sorted(position.items(), key=lambda item: item[1].rank)[:num_top]

@@ -85,8 +85,10 @@ def tracked_generate(
     prompt: PreparedPrompt,
     params: SamplingParams,
     ticket: AdmissionTicket,
+    priority: int = 0,
 ) -> AsyncIterator[RequestOutput]:
-    """The engine's deltas for one prompt, which is handed over to the engine now.
+    """The engine's deltas for one prompt, which is handed over to the engine now (queued by `priority`, lower
+    first, then arrival, as vLLM's priority scheduling orders them).
 
     From here on the engine's queue counts the request as waiting, not the server (the engine
     takes it at the first step of the stream). However the caller stops (finished, closed
@@ -94,14 +96,14 @@ def tracked_generate(
     one metrics observation and one log line are written.
     """
     ticket.hand_over()
-    return _tracked_stream(context, request_id, prompt, params)
+    return _tracked_stream(context, request_id, prompt, params, priority)
 
 
 async def _tracked_stream(
-    context: ServingContext, request_id: str, prompt: PreparedPrompt, params: SamplingParams
+    context: ServingContext, request_id: str, prompt: PreparedPrompt, params: SamplingParams, priority: int
 ) -> AsyncIterator[RequestOutput]:
     tracker = _RequestTracker(request_id, len(prompt.token_ids))
-    stream = context.engine.generate(request_id, prompt.token_ids, params, prompt=prompt.text)
+    stream = context.engine.generate(request_id, prompt.token_ids, params, prompt=prompt.text, priority=priority)
     try:
         async for delta in stream:
             tracker.add(delta)

@@ -164,6 +164,30 @@ class SamplingFields(StrictModel):
     guided_regex: str | None = None
     # vLLM's newer spelling of the guided_* fields.
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's extras: tokens the reply may use or must not spell, the prompt's own logprobs, the prompt cut to its
+    # last k tokens (-1: to the context window), logprob tokens written "token_id:<id>", the request's place in the
+    # queue (lower first), the id its response takes.
+    allowed_token_ids: list[NonNegativeInt] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    return_tokens_as_token_ids: bool | None = False
+    priority: int | None = 0
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    # Accepted, no effect: ember decodes as Hugging Face's fast tokenizers do, where vLLM's option changes nothing
+    # either; a length penalty only weighs beams, and ember has one backend for guided outputs.
+    spaces_between_special_tokens: bool | None = True
+    length_penalty: float | None = 1.0
+    guided_decoding_backend: str | None = None
+    # vLLM's extras ember does not implement: refused by name unless absent or a no-op value.
+    use_beam_search: bool | None = False
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+    logits_processors: list[Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
     # Accepted and ignored: bookkeeping fields with no effect on generation (safety_identifier and prompt_cache_key:
     # OpenAI's newer fields in place of `user`, as the Responses API request takes them).
     metadata: dict[str, str] | None = None
@@ -196,6 +220,12 @@ class ChatCompletionRequest(SamplingFields, ChatRenderFields):
     parallel_tool_calls: bool | None = None
     include_reasoning: bool | None = True  # vLLM's: False leaves reasoning_content out (with --reasoning-parser)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None  # a template variable, as vLLM's
+    # vLLM's: documents for retrieval-augmented templates (a template variable), special tokens added to the rendered
+    # prompt (the template writes its own, so off by default), the last message written before the reply when both
+    # are the assistant's (with continue_final_message).
+    documents: list[dict[str, str]] | None = None
+    add_special_tokens: bool | None = False
+    echo: bool | None = False
     # OpenAI features ember does not implement; rejected unless absent or a no-op value.
     functions: list[Any] | None = None
     function_call: Any | None = None
@@ -214,6 +244,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=0)  # 0 only with echo: the prompt scored, nothing generated
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool | None = False
+    add_special_tokens: bool | None = True
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
 
@@ -326,8 +357,21 @@ class ChatChoice(BaseModel):
     finish_reason: str | None
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's `prompt_logprobs` entry for one token id at one prompt position."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
+# One per prompt token: None for the first (nothing came before it), else the token's own entry and the likeliest
+# others, keyed by token id (vLLM's format).
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class ChatCompletionResponse(BaseModel):
-    """Body of a non-streamed chat completion."""
+    """Body of a non-streamed chat completion (`prompt_logprobs` only when asked for)."""
 
     id: str
     object: Literal["chat.completion"] = "chat.completion"
@@ -335,6 +379,11 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_prompt_logprobs(self, handler):
+        return {key: value for key, value in handler(self).items() if key != "prompt_logprobs" or value is not None}
 
 
 class DeltaMessage(BaseModel):
@@ -371,12 +420,17 @@ class ChatCompletionChunk(BaseModel):
 
 
 class CompletionChoice(BaseModel):
-    """One completion of a text request (also the streamed chunk's choice)."""
+    """One completion of a text request (also the streamed chunk's choice); `prompt_logprobs` only when asked for."""
 
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
+    prompt_logprobs: PromptLogprobs | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_prompt_logprobs(self, handler):
+        return {key: value for key, value in handler(self).items() if key != "prompt_logprobs" or value is not None}
 
 
 class CompletionResponse(BaseModel):

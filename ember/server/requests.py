@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
 from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import TypeVar
@@ -66,6 +67,19 @@ def _unsupported(param: str, what: str) -> ApiError:
     )
 
 
+# vLLM's request fields ember does not implement, and what each would ask for.
+_UNIMPLEMENTED_EXTRAS = (
+    ("use_beam_search", "beam search"),
+    ("guided_grammar", "grammars (EBNF / Lark)"),
+    ("guided_whitespace_pattern", "a custom whitespace pattern"),
+    ("structural_tag", "structural tags"),
+    ("logits_processors", "custom logits processors"),
+    ("vllm_xargs", "custom logits processors' arguments"),
+    ("kv_transfer_params", "disaggregated prefill (KV transfer)"),
+    ("mm_processor_kwargs", "multimodal inputs"),
+)
+
+
 def _check_common(request: SamplingFields) -> None:
     if request.stream_options is not None and not request.stream:
         raise ApiError(
@@ -73,6 +87,15 @@ def _check_common(request: SamplingFields) -> None:
             param="stream_options",
             code="invalid_value",
         )
+    for name, what in _UNIMPLEMENTED_EXTRAS:
+        if getattr(request, name):
+            raise _unsupported(name, what)
+    if request.prompt_logprobs is not None and request.stream:
+        raise ApiError("'prompt_logprobs' is only returned whole: drop 'stream' or 'prompt_logprobs'.",
+                       param="prompt_logprobs", code="invalid_value")  # fmt: skip
+    if request.truncate_prompt_tokens == 0:
+        raise ApiError("'truncate_prompt_tokens' keeps the prompt's last k tokens: give k >= 1, or -1 for the context window.",
+                       param="truncate_prompt_tokens", code="invalid_value")  # fmt: skip
 
 
 def check_chat_request(request: ChatCompletionRequest) -> None:
@@ -164,11 +187,14 @@ def sampling_params(
     tool_constraint: StructuredOutput | None = None,
     keeps_special_tokens: bool = False,
 ) -> SamplingParams:
-    """SamplingParams of a request, `defaults` where it leaves a field out (OpenAI's: temperature 1, top_p 1, or the
+    """SamplingParams of a request (prompt logprobs: the most asked for, by `prompt_logprobs` or the caller's
+    argument), `defaults` where it leaves a field out (OpenAI's: temperature 1, top_p 1, or the
     model's generation config); `max_tokens` None: the default's, else up to the context window; `tool_constraint`
     holds a forced tool call's reply to its JSON (and excludes every other output constraint);
     `keeps_special_tokens` keeps special tokens in the text (where tool-call markers are special tokens)."""
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    asked = [value for value in (prompt_logprobs, request.prompt_logprobs) if value is not None]
+    prompt_logprobs = max(asked, default=None)
 
     def given(value, default):
         return default if value is None else value
@@ -194,6 +220,8 @@ def sampling_params(
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=given(request.skip_special_tokens, True) and not keeps_special_tokens,
             logit_bias=_token_biases(request.logit_bias),
+            allowed_token_ids=request.allowed_token_ids,
+            bad_words=list(request.bad_words or []),
             structured_output=_output_constraint(request, tool_constraint),
         )
     except ValueError as error:
@@ -334,11 +362,14 @@ async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate, en
                       tools: ToolPlan | None = None) -> PreparedPrompt:
     """The chat messages rendered by `template` and tokenized (in the encoder's worker)."""
     how = render_request(request, None if tools is None else tools.tools)
-    if request.reasoning_effort is not None:  # as vLLM: a template variable (gpt-oss templates read it), unless one is given
-        how = replace(how, variables={"reasoning_effort": request.reasoning_effort, **how.variables})
+    # As vLLM: template variables (gpt-oss templates read the effort), unless chat_template_kwargs gives them.
+    given = {"reasoning_effort": request.reasoning_effort, "documents": request.documents}
+    how = replace(how, variables={**{name: value for name, value in given.items() if value is not None}, **how.variables})
     text = await encoder.render(template, request.messages, how)
-    # The template already writes any BOS it wants; adding special tokens again would double it.
-    return PreparedPrompt(await encoder.encode(text, add_special_tokens=False, param="messages"), text)
+    # The template already writes any BOS it wants; adding special tokens again would double it (unless asked).
+    ids = await encoder.encode(text, add_special_tokens=bool(request.add_special_tokens), param="messages",
+                               truncates=request.truncate_prompt_tokens is not None)
+    return PreparedPrompt(ids, text)
 
 
 def count_prompts(request: CompletionRequest) -> int:
@@ -356,6 +387,7 @@ async def completion_prompts(request: CompletionRequest, encoder: PromptEncoder,
     prompt in a batch is refused without tokenizing the others.
     """
     prompt = request.prompt
+    truncates = request.truncate_prompt_tokens is not None
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
@@ -367,10 +399,10 @@ async def completion_prompts(request: CompletionRequest, encoder: PromptEncoder,
     for text in prompt:
         if not text:
             raise ApiError("'prompt' must not be an empty string.", param="prompt", code="invalid_value")
-        encoder.refuse_if_too_long(text, "prompt")
-    return [
-        PreparedPrompt(await encoder.encode(text, add_special_tokens=True, param="prompt"), text) for text in prompt
-    ]
+        encoder.refuse_if_too_long(text, "prompt", truncates)
+    adds = request.add_special_tokens is not False
+    return [PreparedPrompt(await encoder.encode(text, add_special_tokens=adds, param="prompt", truncates=truncates), text)
+            for text in prompt]
 
 
 def _id_prompt(ids: list[int], tokenizer, param: str) -> PreparedPrompt:
@@ -381,6 +413,25 @@ def _id_prompt(ids: list[int], tokenizer, param: str) -> PreparedPrompt:
             f"Token ids must be from 0 to {vocab_size - 1}; got {bad[:5]}.", param=param, code="invalid_value"
         )
     return PreparedPrompt(list(ids))
+
+
+def truncated(prompt: PreparedPrompt, keep: int | None, max_model_len: int) -> PreparedPrompt:
+    """The prompt's last `keep` tokens (vLLM's truncate_prompt_tokens; -1: the context window's worth), its text
+    dropped once cut (the text no longer matches the ids); the prompt itself when it is no longer than that."""
+    if keep is None:
+        return prompt
+    keep = max_model_len if keep == -1 else keep
+    return prompt if len(prompt.token_ids) <= keep else PreparedPrompt(prompt.token_ids[-keep:])
+
+
+def response_id(prefix: str, request: SamplingFields) -> str:
+    """The id a response carries: `prefix-` and the client's request_id (vLLM's), else a random one."""
+    return f"{prefix}-{request.request_id or uuid.uuid4().hex}"
+
+
+def engine_request_id(response: str) -> str:
+    """The engine's id for a request answered as `response`: unique even when clients reuse their request_id."""
+    return f"{response}-{uuid.uuid4().hex[:8]}"
 
 
 def check_fits(prompt: PreparedPrompt, max_tokens: int | None, max_model_len: int, prompt_param: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -35,8 +34,11 @@ from ember.server.requests import (
     check_chat_request,
     check_engine_accepts,
     check_fits,
+    engine_request_id,
     parse_request,
     resolve_model,
+    response_id,
+    truncated,
 )
 from ember.server.responses import event, model_response, sse_response
 from ember.server.tool_calls import ToolCallStream, ToolPlan, finish_reason_with_calls, plan_tools
@@ -58,6 +60,27 @@ async def create_chat_completion(context: ServingContext, raw_request: Request) 
         raise
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplyFormat:
+    """How a chat reply is written: top logprobs per token, tools read from the text, whether reasoning shows,
+    logprob tokens as ids, the text echoed before the reply (the last assistant message, with `echo`), and the
+    prompt's logprobs."""
+
+    num_top: int = 0
+    tools: ToolPlan | None = None
+    shows_reasoning: bool = True
+    tokens_as_ids: bool = False
+    echo: str = ""
+    prompt_top: int | None = None  # vLLM's prompt_logprobs: the likeliest ids shown per prompt token (None: none)
+
+    @classmethod
+    def of(cls, request: ChatCompletionRequest, tools: ToolPlan | None) -> ReplyFormat:
+        last = request.messages[-1]
+        return cls(request.top_logprobs or 0, tools, request.include_reasoning is not False,
+                   bool(request.return_tokens_as_token_ids), last.text() if request.echo and last.role == "assistant" else "",
+                   request.prompt_logprobs)
+
+
 async def _run_chat(
     context: ServingContext,
     raw_request: Request,
@@ -67,21 +90,20 @@ async def _run_chat(
     tools: ToolPlan | None,
     ticket: AdmissionTicket,
 ) -> Response:
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    num_top = request.top_logprobs or 0
+    request_id = response_id("chatcmpl", request)
+    reply = ReplyFormat.of(request, tools)
     stream = await start_chat(context, request_id, request, params, tools, ticket)
     if request.stream:
         options = request.stream_options
         include_usage = bool(options and options.include_usage)
         continuous_usage = bool(include_usage and options.continuous_usage_stats)
-        chunks = _chunks(context, request_id, model, stream, params.n, num_top, include_usage, continuous_usage, tools,
-                         shows_reasoning=request.include_reasoning is not False)
+        chunks = _chunks(context, request_id, model, stream, params.n, reply, include_usage, continuous_usage)
         return sse_response(chunks, ticket.release, context.drain)
     try:
         (output,) = await cancel_on_disconnect(context, raw_request, collect([stream], params.n))
     finally:
         ticket.release()
-    return model_response(_response(context, request_id, model, output, num_top, tools, request.include_reasoning is not False))
+    return model_response(_response(context, request_id, model, output, reply))
 
 
 async def start_chat(context: ServingContext, request_id: str, request: ChatCompletionRequest, params: SamplingParams,
@@ -90,32 +112,30 @@ async def start_chat(context: ServingContext, request_id: str, request: ChatComp
     generating (the deltas; `ticket` is released when they end)."""
     template = chat_template_for(request, context.chat_template, context.request_templates)
     prompt = await chat_prompt(request, template, context.encoder, tools)
+    prompt = truncated(prompt, request.truncate_prompt_tokens, context.max_model_len)
     check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
     check_engine_accepts(context.engine, prompt, params, "messages")
-    return tracked_generate(context, request_id, prompt, params, ticket)
+    return tracked_generate(context, engine_request_id(request_id), prompt, params, ticket, request.priority or 0)
 
 
-def _response(
-    context: ServingContext, request_id: str, model: str, output: RequestOutput, num_top: int, tools: ToolPlan | None,
-    shows_reasoning: bool = True,
-) -> ChatCompletionResponse:
-    formatter = LogprobFormatter(context.tokenizer)
+def _response(context: ServingContext, request_id: str, model: str, output: RequestOutput, reply: ReplyFormat
+              ) -> ChatCompletionResponse:
+    formatter = LogprobFormatter(context.tokenizer, reply.tokens_as_ids)
     parser = context.config.reasoning_parser
     choices = []
     for completion in output.outputs:
         reasoning, text = (None, completion.text) if parser is None else split_reasoning(completion.text, parser)
-        content, calls = (text, []) if tools is None else tools.read(text)
+        content, calls = (text, []) if reply.tools is None else reply.tools.read(text)
         choices.append(ChatChoice(
             index=completion.index,
-            message=AssistantMessage(content=(content.strip() or None) if calls else content, tool_calls=calls or None,
-                                     reasoning_content=reasoning if shows_reasoning else None),
-            logprobs=formatter.chat(completion, num_top),
+            message=AssistantMessage(content=(content.strip() or None) if calls else reply.echo + content,
+                                     tool_calls=calls or None, reasoning_content=reasoning if reply.shows_reasoning else None),
+            logprobs=formatter.chat(completion, reply.num_top),
             finish_reason=finish_reason_with_calls(openai_finish_reason(completion.finish_reason), bool(calls)),
         ))  # fmt: skip
     completion_tokens = sum(len(completion.token_ids) for completion in output.outputs)
-    return ChatCompletionResponse(
-        id=request_id, model=model, choices=choices, usage=usage_of([output], completion_tokens)
-    )
+    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage_of([output], completion_tokens),
+                                  prompt_logprobs=formatter.vllm_prompt(output.prompt_logprobs, reply.prompt_top))
 
 
 async def _chunks(
@@ -124,26 +144,28 @@ async def _chunks(
     model: str,
     stream: AsyncIterator[RequestOutput],
     n: int,
-    num_top: int,
+    reply: ReplyFormat,
     include_usage: bool,
     continuous_usage: bool = False,
-    tools: ToolPlan | None = None,
-    shows_reasoning: bool = True,
 ) -> AsyncIterator[str]:
     """The SSE events of a streamed chat completion: a role chunk per choice, then one chunk per
     choice per engine step, then (if asked) a usage chunk with no choices. With
     `continuous_usage` every token chunk also carries the usage so far (what a gateway bills
     when the client cuts the stream). With tools, a choice's calls come whole in one chunk before
     its last (`ember.server.tool_calls.ToolCallStream` decides what text is content). With a reasoning parser, a
-    choice's thinking comes as `reasoning_content` deltas (left out where `shows_reasoning` is off) before its content."""
+    choice's thinking comes as `reasoning_content` deltas (left out where reasoning does not show) before its content;
+    an echoed message comes as each choice's first content."""
     created = int(time.time())
-    formatter = LogprobFormatter(context.tokenizer)
+    formatter = LogprobFormatter(context.tokenizer, reply.tokens_as_ids)
+    num_top, tools, shows_reasoning = reply.num_top, reply.tools, reply.shows_reasoning
 
     def chunk(choices: list[ChatChunkChoice], usage=None) -> str:
         return event(ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=usage))
 
     for index in range(n):
         yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+        if reply.echo:
+            yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(content=reply.echo))])
     completion_tokens = 0
     last: RequestOutput | None = None
     readers = {index: ToolCallStream(tools) for index in range(n)} if tools is not None else {}

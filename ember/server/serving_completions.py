@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -38,9 +37,12 @@ from ember.server.requests import (
     completion_prompts,
     completion_sampling_params,
     count_prompts,
+    engine_request_id,
     parse_request,
     resolve_model,
+    response_id,
     scores_prompt_only,
+    truncated,
 )
 from ember.server.responses import event, model_response, sse_response
 
@@ -77,27 +79,39 @@ async def _run_completion(
     ticket: AdmissionTicket,
 ) -> Response:
     prompts = await completion_prompts(request, context.encoder, context.tokenizer)
+    prompts = [truncated(prompt, request.truncate_prompt_tokens, context.max_model_len) for prompt in prompts]
     for prompt in prompts:
         check_fits(prompt, params.max_tokens, context.max_model_len, "prompt")
         check_engine_accepts(context.engine, prompt, params, "prompt")
-    request_id = f"cmpl-{uuid.uuid4().hex}"
-    num_top = request.logprobs or 0
+    request_id = response_id("cmpl", request)
     echoes = [_echo_text(prompt, context) for prompt in prompts] if request.echo else None
     streams = [
-        tracked_generate(context, f"{request_id}-{index}", prompt, params, ticket)
+        tracked_generate(context, engine_request_id(f"{request_id}-{index}"), prompt, params, ticket, request.priority or 0)
         for index, prompt in enumerate(prompts)
     ]
+    written = CompletionFormat(request.logprobs or 0, echoes, bool(request.return_tokens_as_token_ids), request.prompt_logprobs)
     if scores_prompt_only(request):
         streams = [_without_generated_tokens(stream) for stream in streams]
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        chunks = _chunks(context, request_id, model, streams, params.n, num_top, include_usage, echoes)
+        chunks = _chunks(context, request_id, model, streams, params.n, written, include_usage)
         return sse_response(chunks, ticket.release, context.drain)
     try:
         outputs = await cancel_on_disconnect(context, raw_request, collect(streams, params.n))
     finally:
         ticket.release()
-    return model_response(_response(context, request_id, model, outputs, params.n, num_top, echoes))
+    return model_response(_response(context, request_id, model, outputs, params.n, written))
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionFormat:
+    """How completion choices are written: top logprobs per token, each prompt's echo (None: no echo), logprob tokens
+    as ids, and vLLM's prompt logprobs (the likeliest ids shown per prompt token; None: not asked for)."""
+
+    num_top: int
+    echoes: list[str] | None
+    tokens_as_ids: bool
+    prompt_top: int | None
 
 
 def _response(
@@ -106,15 +120,17 @@ def _response(
     model: str,
     outputs: list[RequestOutput],
     n: int,
-    num_top: int,
-    echoes: list[str] | None,
+    written: CompletionFormat,
 ) -> CompletionResponse:
-    formatter = LogprobFormatter(context.tokenizer)
+    formatter = LogprobFormatter(context.tokenizer, written.tokens_as_ids)
+    num_top, echoes = written.num_top, written.echoes
     choices = []
     completion_tokens = 0
     for prompt_index, output in enumerate(outputs):
         echo = "" if echoes is None else echoes[prompt_index]
-        prompt_logprobs = None if echoes is None else _prompt_logprobs(formatter, output, num_top)  # shared by its choices
+        # shared by the prompt's choices
+        prompt_logprobs = None if echoes is None else _prompt_logprobs(formatter, output, num_top)
+        scored_prompt = formatter.vllm_prompt(output.prompt_logprobs, written.prompt_top)
         for completion in output.outputs:
             completion_tokens += len(completion.token_ids)
             choices.append(
@@ -123,6 +139,7 @@ def _response(
                     text=echo + completion.text,
                     logprobs=_joined(prompt_logprobs, formatter.completion(completion, num_top, len(echo))),
                     finish_reason=openai_finish_reason(completion.finish_reason),
+                    prompt_logprobs=scored_prompt,
                 )
             )
     return CompletionResponse(
@@ -136,14 +153,14 @@ async def _chunks(
     model: str,
     streams: list[AsyncIterator[RequestOutput]],
     n: int,
-    num_top: int,
+    written: CompletionFormat,
     include_usage: bool,
-    echoes: list[str] | None,
 ) -> AsyncIterator[str]:
     """The SSE events of a streamed completion: one chunk per choice per engine step (an echo rides on
     each choice's first), then (if asked) a usage chunk with no choices."""
     created = int(time.time())
-    formatter = LogprobFormatter(context.tokenizer)
+    formatter = LogprobFormatter(context.tokenizer, written.tokens_as_ids)
+    num_top, echoes = written.num_top, written.echoes
     text_offsets: dict[int, int] = {}
     last_outputs: dict[int, RequestOutput] = {}
     completion_tokens = 0

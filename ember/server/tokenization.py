@@ -42,9 +42,9 @@ class PromptEncoder:
         self._max_model_len = max_model_len
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-tokenize")
 
-    async def encode(self, text: str, *, add_special_tokens: bool, param: str) -> list[int]:
-        """Token ids of `text`, or a 400 if it cannot fit or the tokenizer fails on it."""
-        self.refuse_if_too_long(text, param)
+    async def encode(self, text: str, *, add_special_tokens: bool, param: str, truncates: bool = False) -> list[int]:
+        """Token ids of `text`, or a 400 if it cannot fit (unless the caller `truncates` it) or the tokenizer fails on it."""
+        self.refuse_if_too_long(text, param, truncates)
         is_short = len(text) <= INLINE_MAX_CHARS
         ids = await self._run(self._tokenizer.encode, text, add_special_tokens, param=param, inline=is_short)
         return self._checked(ids, param)
@@ -54,15 +54,17 @@ class PromptEncoder:
         is_short = sum(len(message.text()) for message in messages) <= INLINE_MAX_CHARS
         return await self._run(template.render, messages, how, param="messages", inline=is_short)
 
-    def refuse_if_too_long(self, text: str, param: str) -> None:
-        """A 400 when `text` alone provably takes the whole context window (no tokenizing needed),
-        or when there is no tokenizer to encode it with."""
+    def refuse_if_too_long(self, text: str, param: str, truncates: bool = False) -> None:
+        """A 400 when `text` alone provably takes the whole context window (no tokenizing needed; not checked when
+        the caller `truncates` the ids), or when there is no tokenizer to encode it with."""
         if self._tokenizer is None:
             raise ApiError(
                 "This model has no tokenizer, so text cannot be encoded; send token ids as 'prompt'.",
                 param=param,
                 code="no_tokenizer",
             )
+        if truncates:
+            return
         at_least = self._tokenizer.min_token_count(text)
         if at_least >= self._max_model_len:
             raise ApiError(

@@ -311,6 +311,24 @@ def test_preemption_takes_the_newest_others_first_and_then_the_sequence_asking()
     assert ids(bench.scheduler.running) == ["a#0"]
 
 
+def test_preemption_takes_the_lowest_priority_first_and_requeues_it_behind_higher_priorities() -> None:
+    bench = Bench(num_blocks=3, max_num_batched_tokens=16)
+    bench.add("low", prompt(4), max_tokens=8, priority=2)
+    bench.add("high", prompt(4, 100), max_tokens=8, priority=0)
+    bench.add("mid", prompt(1, 200), max_tokens=8, priority=1)
+    assert plan(bench.step()) == {"low#0": 4, "high#0": 4, "mid#0": 1}
+    bench.add("waiting-high", prompt(2, 300), max_tokens=1, priority=0)
+    bench.add("waiting-low", prompt(2, 400), max_tokens=1, priority=3)
+    # Position 4 of low and of high each needs a new block; none is free.
+
+    out = bench.step()
+
+    # low asks first and is the lowest priority: it goes itself (by recency mid would have); high takes its block.
+    assert ids(out.preempted) == ["low#0"]
+    assert plan(out) == {"high#0": 1, "mid#0": 1}
+    assert ids(bench.scheduler.waiting) == ["waiting-high#0", "low#0", "waiting-low#0"]
+
+
 def test_a_newer_sequence_already_in_the_batch_is_never_preempted() -> None:
     bench = Bench(num_blocks=2, max_num_batched_tokens=5)
     bench.add("a", prompt(2), max_tokens=4)

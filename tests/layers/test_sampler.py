@@ -85,6 +85,15 @@ def test_logit_bias_shifts_the_biased_logits_before_the_choice():
     assert torch.allclose(observed, expected / expected.sum(), atol=0.03)
 
 
+def test_allowed_token_ids_renormalise_the_distribution_over_them():
+    observed = _frequencies(lambda: _row(temperature=1.0, allowed_token_ids=[1, 3]))
+    expected = torch.zeros(5)
+    expected[[1, 3]] = LOGITS.exp()[[1, 3]] / LOGITS.exp()[[1, 3]].sum()
+    assert torch.allclose(observed, expected, atol=0.03)
+    greedy = Sampler(torch.Generator())(LOGITS.unsqueeze(0), [_row(temperature=0, allowed_token_ids=[2, 4])])
+    assert greedy[0].token_id == 2
+
+
 def test_no_logit_bias_may_be_given_as_none():
     assert SamplingParams(logit_bias=None).logit_bias == {}
 

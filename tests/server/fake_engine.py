@@ -77,6 +77,8 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.finished: list[str] = []
         self.prompt_tokens_total = 0
+        self.priorities: dict[str, int] = {}  # request id -> the priority it was queued with
+        self.prompts: dict[str, list[int]] = {}  # request id -> its prompt token ids
         self.generation_tokens_total = 0
         # A plain flag polled by the generator, so a test thread may flip it safely.
         self.is_held = False
@@ -106,9 +108,11 @@ class FakeEngine:
         if params.max_tokens is not None and params.max_tokens > budget:
             raise ValueError(f"prompt plus max_tokens exceeds {self.max_model_len}")
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt=None):
-        """Deltas of the reply repeated, honouring n, max_tokens, stop and logprobs."""
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt=None, priority=0):
+        """Deltas of the reply repeated, honouring n, max_tokens, stop and logprobs (prompt and `priority` recorded)."""
         self.validate_request(prompt_token_ids, params)
+        self.priorities[request_id] = priority
+        self.prompts[request_id] = list(prompt_token_ids)
         budget = self.max_model_len - len(prompt_token_ids)
         max_tokens = budget if params.max_tokens is None else params.max_tokens
         metrics = RequestMetrics(arrival_time=time.monotonic())

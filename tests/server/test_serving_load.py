@@ -186,6 +186,25 @@ def test_echo_returns_the_prompt_and_scores_its_tokens_streamed_or_not(smollm2_s
     assert [t for chunk in streamed for t in chunk.choices[0].logprobs.token_logprobs] == logprobs.token_logprobs
 
 
+def test_vllm_prompt_logprobs_and_bad_words_through_the_openai_client(smollm2_server: ServeProcess) -> None:
+    """vLLM's prompt_logprobs score the prompt as echo's logprobs do; bad_words keep a word out of a greedy reply."""
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    prompt = "The capital of France is"
+    options = dict(model=SERVED_MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    echoed = client.completions.create(**options, echo=True, logprobs=1).choices[0].logprobs
+    scored = client.completions.create(**options, extra_body={"prompt_logprobs": 1}).model_dump()["choices"][0]["prompt_logprobs"]
+    prompt_ids = httpx.post(f"{smollm2_server.base_url}/tokenize", json={"prompt": prompt}).json()["tokens"]
+    assert len(scored) == len(prompt_ids) and scored[0] is None
+    for position, token_id in enumerate(prompt_ids[1:], start=1):
+        entry = scored[position][str(token_id)]  # the prompt's own token, with its rank; then the likeliest other
+        assert entry["logprob"] == pytest.approx(echoed.token_logprobs[position], abs=1e-5)
+        assert entry["rank"] >= 1 and len(scored[position]) in (1, 2)
+        assert any(other["rank"] == 1 for other in scored[position].values())
+    free = client.completions.create(**{**options, "max_tokens": 1}).choices[0].text  # " Paris"
+    held = client.completions.create(**{**options, "max_tokens": 1}, extra_body={"bad_words": [free.strip()]}).choices[0].text
+    assert free.strip() and held.strip() != free.strip()
+
+
 PERSON_SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},

@@ -308,7 +308,9 @@ class Speculator:
             and not seq.fork_pending
             and seq.num_uncomputed_tokens == 1
             and not params.has_penalties  # penalties would need each drafted position's own history
-            and not params.logit_bias  # verification compares the proposers' and the target's unbiased logits
+            # verification compares the proposers' and the target's unbiased, unmasked logits (bad words also change
+            # with each drafted token)
+            and not params.restricts_tokens
             # (a constraint is applied to the target's logits at every drafted position, JsonGuide.hold_drafts: the
             # logprobs verification reports would be the held ones, so a constrained request asking for them does not draft)
             and (params.structured_output is None or params.logprobs is None)
