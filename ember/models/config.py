@@ -22,7 +22,9 @@ _GEMMA3_TEXT_DEFAULTS = {
     "sliding_window": 4096, "sliding_window_pattern": 6,
 }  # fmt: skip
 _GRANITE_SCALARS = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
-_QWEN_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # windows only with use_sliding_window, from max_window_layers
+# Families whose windows apply only with use_sliding_window, and those whose attention windows every layer.
+_GATED_WINDOW_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3")
+_EVERY_LAYER_WINDOW_TYPES = ("mistral", "mixtral", "phi3", "qwen3_moe")
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class ModelConfig:
     rotary_positions: int | None = None
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
-    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own base (unscaled); None: rope_theta
+    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own base; None: rope_theta
+    local_rope_scaling: RopeScaling | None = None  # Gemma 3: the sliding layers' own scaling (None: unscaled)
     nope_layers: tuple[int, ...] = ()  # layers whose attention takes no rotary positions (SmolLM3: every fourth)
     # Granite's scalars: embeddings times embedding_multiplier, attention scores scaled by attention_multiplier (None:
     # head_dim ** -0.5), attention and MLP outputs times residual_multiplier before the residual add, logits divided
@@ -145,6 +148,8 @@ class ModelConfig:
             )
         if self.layer_windows is not None and len(self.layer_windows) != self.num_layers:
             raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers")
+        if self.moe is not None and self.hidden_act not in ("silu", "swish"):
+            raise ValueError(f"{self.architecture} activation {self.hidden_act!r} is not supported; ember's experts run silu")
 
     def for_context(self, max_model_len: int | None) -> ModelConfig:
         """This config run within a context of `max_model_len` tokens (None: the model's whole context).
@@ -193,7 +198,7 @@ class ModelConfig:
         model_type = config["model_type"]
         num_heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
-        attention_bias = bool(config.get("attention_bias", False))
+        qkv_bias, output_bias, mlp_bias = _hf_biases(config)
         return cls(
             architecture=model_type,
             vocab_size=config["vocab_size"],
@@ -204,14 +209,14 @@ class ModelConfig:
             num_kv_heads=config.get("num_key_value_heads") or num_heads,
             head_dim=config.get("head_dim") or hidden // num_heads,
             max_position_embeddings=config.get("max_position_embeddings", 4096),
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rms_norm_eps=config.get("rms_norm_eps", _RMS_NORM_EPS_DEFAULTS.get(model_type, 1e-6)),
             rope_theta=_hf_rope_theta(config),
             # DeepSeek-V2's YaRN is read by its extras, into the latent attention config.
             rope_scaling=None if model_type == "deepseek_v2" else _hf_rope_scaling(config),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=model_type in ("qwen2", "qwen2_moe") or attention_bias,
-            output_bias=attention_bias,
-            mlp_bias=bool(config.get("mlp_bias", False)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)),
+            qkv_bias=qkv_bias,
+            output_bias=output_bias,
+            mlp_bias=mlp_bias,
             layer_windows=_hf_layer_windows(config),
             hidden_act=config.get("hidden_act") or config.get("hidden_activation") or "silu",
         )
@@ -306,31 +311,71 @@ def _longrope_scaling(config: dict[str, Any], scaling: dict[str, Any]) -> RopeSc
                        long_frequency_factors=tuple(map(float, scaling["long_factor"])))
 
 
+# transformers' defaults where a config.json leaves the key out (save_pretrained leaves out a base-config key such as
+# tie_word_embeddings when it equals the family's default).
+_TIED_BY_DEFAULT = ("smollm3",)
+_RMS_NORM_EPS_DEFAULTS = {"phi3": 1e-5, "mixtral": 1e-5, "olmo2": 1e-5}
+_MLP_BIAS_TYPES = ("llama", "granite", "smollm3")  # the families whose MLP reads mlp_bias
+
+
+def _hf_biases(config: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """(q/k/v, o_proj, MLP) biases as each family's transformers class reads them: Qwen2 has q/k/v biases whatever
+    the config says (Qwen2-MoE: `qkv_bias`), Mistral, Mixtral and Phi-3 none; others follow attention_bias, and
+    mlp_bias where their MLP reads it."""
+    model_type = config["model_type"]
+    if model_type == "qwen2":
+        return True, False, False
+    if model_type == "qwen2_moe":
+        return bool(config.get("qkv_bias", True)), False, False
+    if model_type in ("mistral", "mixtral", "phi3"):
+        return False, False, False
+    attention = bool(config.get("attention_bias", False))
+    return attention, attention, model_type in _MLP_BIAS_TYPES and bool(config.get("mlp_bias", False))
+
+
 def _hf_layer_windows(config: dict[str, Any]) -> tuple[int | None, ...] | None:
-    """Per-layer windows from `sliding_window` and `layer_types` (or Qwen2's `max_window_layers`)."""
+    """Per-layer windows from `sliding_window` and `layer_types` (else each family's transformers rule for them)."""
     window = config.get("sliding_window")
     num_layers = config["num_hidden_layers"]
     model_type = config["model_type"]
-    if model_type in _QWEN_TYPES and not config.get("use_sliding_window", False):
+    if model_type in _GATED_WINDOW_TYPES and not config.get("use_sliding_window", False):
         window = None
     if not window:
         return None
     layer_types = config.get("layer_types")
-    if layer_types is None:
-        if model_type in _QWEN_TYPES:
-            first = config.get("max_window_layers", num_layers)
-            layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
-        elif model_type == "gemma2":
-            layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
-        elif model_type == "gemma3_text":  # transformers 4's spelling: every `sliding_window_pattern`-th layer is global
-            pattern = config.get("sliding_window_pattern", 6)
-            layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
-        else:
-            layer_types = ["sliding_attention"] * num_layers
-    if model_type == "mistral":  # transformers' Mistral windows every layer whatever layer_types says
-        layer_types = ["sliding_attention"] * num_layers
+    if layer_types is None or model_type in _EVERY_LAYER_WINDOW_TYPES:
+        layer_types = _default_layer_types(config, model_type, num_layers)
     windows = tuple(int(window) if kind == "sliding_attention" else None for kind in layer_types)
     return windows if any(w is not None for w in windows) else None
+
+
+def _default_layer_types(config: dict[str, Any], model_type: str, num_layers: int) -> list[str]:
+    """Which layers slide where a config names no `layer_types` (or, for some families, whatever it names), as each
+    family's transformers config or attention decides."""
+    if model_type in ("qwen2", "qwen3"):
+        first = config.get("max_window_layers", num_layers)
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if model_type == "qwen2_moe":  # every other layer, below max_window_layers
+        last = config.get("max_window_layers", num_layers)
+        return ["sliding_attention" if i % 2 == 0 and i < last else "full_attention" for i in range(num_layers)]
+    if model_type == "smollm3":  # the NoPE layers
+        return ["sliding_attention" if not uses_rope else "full_attention" for uses_rope in _smollm3_rope_layers(config)]
+    if model_type == "gemma2":
+        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if model_type == "gemma3_text":  # transformers 4's spelling: every `sliding_window_pattern`-th layer is global
+        pattern = config.get("sliding_window_pattern", 6)
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    return ["sliding_attention"] * num_layers  # Mistral, Mixtral, Qwen3-MoE: every layer whatever layer_types says
+
+
+def _smollm3_rope_layers(config: dict[str, Any]) -> list[bool]:
+    """Whether each SmolLM3 layer rotates (`no_rope_layers`: 1 where it does; else every `no_rope_layer_interval`-th
+    layer is NoPE)."""
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        interval = config.get("no_rope_layer_interval", 4)
+        flags = [int((i + 1) % interval != 0) for i in range(config["num_hidden_layers"])]
+    return [bool(flag) for flag in flags]
 
 
 def _mixtral_extras(config: dict[str, Any]) -> dict[str, Any]:
@@ -368,6 +413,8 @@ def _qwen2_moe_extras(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _deepseek_v2_extras(config: dict[str, Any]) -> dict[str, Any]:
+    if config.get("mlp_bias"):
+        raise ValueError("DeepSeek-V2 with mlp_bias is not supported; ember's DeepSeek-V2 MLPs and experts have no biases")
     topk_method = config.get("topk_method", "greedy")
     if topk_method not in ("greedy", "group_limited_greedy"):
         raise ValueError(f"DeepSeek-V2 topk_method {topk_method!r} is not supported; ember routes greedy or group_limited_greedy")
@@ -426,10 +473,14 @@ def _hf_yarn(config: dict[str, Any]) -> YarnRope | None:
 
 
 def _gemma2_extras(config: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 1 and 2 (and 3's shared part), with transformers' defaults for what a config leaves out: Gemma 2 soft-caps
+    attention at 50 and logits at 30; Gemma 2 and 3 scale queries by 256 ** -0.5, Gemma (1) by head_dim ** -0.5."""
+    is_gemma2 = config["model_type"] == "gemma2"
+    scalar = 256 if config["model_type"] in ("gemma2", "gemma3_text") else config.get("head_dim", 256)
     return {
-        "attn_logit_softcap": config.get("attn_logit_softcapping"),
-        "final_logit_softcap": config.get("final_logit_softcapping"),
-        "query_pre_attn_scalar": float(config.get("query_pre_attn_scalar", config.get("head_dim", 256))),
+        "attn_logit_softcap": config.get("attn_logit_softcapping", 50.0 if is_gemma2 else None),
+        "final_logit_softcap": config.get("final_logit_softcapping", 30.0 if is_gemma2 else None),
+        "query_pre_attn_scalar": float(config.get("query_pre_attn_scalar") or scalar),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)),
         "hidden_act": config.get("hidden_activation") or "gelu_pytorch_tanh",
     }
@@ -494,16 +545,19 @@ def _gemma3_language_model(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gemma3_extras(config: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 3 (text): Gemma 2's model with q/k head norms, no soft-capping, and a rotary base (and scaling) per layer
-    type: `rope_parameters` {"full_attention": ..., "sliding_attention": ...}."""
+    """Gemma 3 (text): Gemma 2's model with q/k head norms, no attention soft-capping (transformers' Gemma 3 keeps the
+    config's value but never applies it), and a rotary base and scaling per layer type: `rope_parameters`
+    {"full_attention": ..., "sliding_attention": ...}."""
     parameters = config.get("rope_parameters") or {}
     full, local = parameters.get("full_attention") or {}, parameters.get("sliding_attention") or {}
     return {  # or, as transformers 4 wrote it: rope_theta and rope_scaling (the global layers'), rope_local_base_freq
         **_gemma2_extras(config),
+        "attn_logit_softcap": None,
         "qk_norm": True,
         "rope_theta": float(full.get("rope_theta") or config.get("rope_theta") or 1_000_000.0),
         "rope_scaling": _hf_rope_scaling({"rope_parameters": full} if full else config),
         "local_rope_theta": float(local.get("rope_theta") or config.get("rope_local_base_freq") or 10_000.0),
+        "local_rope_scaling": _hf_rope_scaling({"rope_parameters": local}) if local else None,
     }
 
 
@@ -521,8 +575,9 @@ def _phi3_extras(config: dict[str, Any]) -> dict[str, Any]:
 
 _FAMILY_EXTRAS = {
     "qwen3": lambda config: {"qk_norm": True},
-    "granite": lambda config: {key: float(config[key]) for key in _GRANITE_SCALARS if config.get(key) is not None},
-    "smollm3": lambda config: {"nope_layers": tuple(i for i, rotates in enumerate(config.get("no_rope_layers") or ()) if not rotates)},
+    # transformers' Granite defaults every scalar left out to 1 (an attention scale of 1, not head_dim ** -0.5)
+    "granite": lambda config: {key: float(config.get(key) or 1.0) for key in _GRANITE_SCALARS},
+    "smollm3": lambda config: {"nope_layers": tuple(i for i, rotates in enumerate(_smollm3_rope_layers(config)) if not rotates)},
     "phi3": _phi3_extras,
     "mixtral": _mixtral_extras,
     "qwen2_moe": _qwen2_moe_extras,

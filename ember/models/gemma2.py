@@ -13,10 +13,10 @@ every query and key head before the rotation, and its own rotary base on the sli
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ember.kv.specs import KVCacheSpec
+from ember.layers.activation import gated_activation
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
@@ -76,7 +76,8 @@ class Gemma2Attention(nn.Module):
 
 
 class Gemma2MLP(nn.Module):
-    """GeGLU: down(gelu_tanh(gate(x)) * up(x)), gate and up fused."""
+    """GeGLU: down(gelu_tanh(gate(x)) * up(x)), gate and up fused (another gate activation if the config's
+    `hidden_activation` names one)."""
 
     packed_modules = {"gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -85,10 +86,10 @@ class Gemma2MLP(nn.Module):
         hidden, inner = config.hidden_size, config.intermediate_size
         self.gate_up_proj = Linear(hidden, 2 * inner, bias=False)
         self.down_proj = Linear(inner, hidden, bias=False)
+        self.act_and_mul = gated_activation(config.hidden_act, config.architecture)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -158,7 +159,7 @@ class Gemma2ForCausalLM(DecoderForCausalLM):
         self.config = config
         # Gemma 3's sliding layers rotate with their own base (unscaled); every other layer shares the model's rotary
         self.local_rotary = None if config.local_rope_theta is None else RotaryEmbedding(
-            config.head_dim, config.rotary_table_positions, config.local_rope_theta, None)
+            config.head_dim, config.rotary_table_positions, config.local_rope_theta, config.local_rope_scaling)
         self.model = Gemma2Model(config, self.make_layer, self.kv_cache_specs(), self.make_rotary())
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 

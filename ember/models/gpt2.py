@@ -7,21 +7,13 @@ that layout too, so checkpoint tensors load as they are.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ember.kv.specs import FullAttentionSpec, KVCacheSpec
+from ember.layers.activation import activation
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.linear import Linear
 from ember.models.config import ModelConfig
-
-ACTIVATIONS = {
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu": F.gelu,
-    "relu": F.relu,
-}
 
 
 class Conv1D(nn.Module):
@@ -55,15 +47,13 @@ class GPT2Attention(nn.Module):
 
 
 class GPT2MLP(nn.Module):
-    """proj(gelu(fc(x)))."""
+    """proj(act(fc(x))), act the config's activation_function (gelu_new in GPT-2)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        if config.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"GPT-2 activation {config.hidden_act!r} is not supported; ember runs {', '.join(ACTIVATIONS)}")
         self.c_fc = Conv1D(config.hidden_size, config.intermediate_size)
         self.c_proj = Conv1D(config.intermediate_size, config.hidden_size)
-        self.activation = ACTIVATIONS[config.hidden_act]
+        self.activation = activation(config.hidden_act, "GPT-2")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(self.activation(self.c_fc(x)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ember.layers.activation import silu_and_mul
+from ember.layers.activation import SILU_NAMES, gated_activation
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.cpu_decoder_layer import CompiledDecoderLayer, LayerShape, LayerWeights
 from ember.layers.linear import Linear
@@ -63,7 +63,8 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up in one fused product."""
+    """Gated feed-forward: down(act(gate(x)) * up(x)), gate and up in one fused product; act is SiLU (SwiGLU) unless
+    the config's `hidden_act` names another."""
 
     packed_modules = {"gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -72,9 +73,11 @@ class LlamaMLP(nn.Module):
         hidden, inner = config.hidden_size, config.intermediate_size
         self.gate_up_proj = Linear(hidden, 2 * inner, bias=config.mlp_bias)
         self.down_proj = Linear(inner, hidden, bias=config.mlp_bias)
+        self.is_swiglu = config.hidden_act in SILU_NAMES  # the compiled decoder layer runs SwiGLU only
+        self.act_and_mul = gated_activation(config.hidden_act, config.architecture)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -104,7 +107,7 @@ class LlamaDecoderLayer(nn.Module):
         modules = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
         products = [getattr(module, "compiled_product", lambda: None)() for module in modules]
         norms = (self.input_layernorm, self.post_attention_layernorm, attention.q_norm, attention.k_norm)
-        if None in products or self.residual_multiplier != 1.0 or len({norm.eps for norm in norms if norm is not None}) != 1:  # the kernel takes one eps
+        if None in products or not mlp.is_swiglu or self.residual_multiplier != 1.0 or len({norm.eps for norm in norms if norm is not None}) != 1:  # the kernel takes one eps
             return False
         q_norm, k_norm = (None, None) if attention.q_norm is None else (attention.q_norm.weight.detach(), attention.k_norm.weight.detach())
         weights = LayerWeights(
