@@ -43,10 +43,11 @@ from ember.server.requests import (
     render_request,
     resolve_model,
 )
+from ember.server.response_store import ResponseStore
 from ember.server.responses_api import ResponseObject, ResponsesRequest
 from ember.server.serving_chat import create_chat_completion
 from ember.server.serving_completions import create_completion
-from ember.server.serving_responses import create_response
+from ember.server.serving_responses import create_response, input_items_page, stored
 from ember.server.tokenization import PromptEncoder
 
 DEBUG_STEP_RECORDS = 1024
@@ -73,6 +74,7 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
         metrics=metrics,
         request_logger=RequestLogger(config.log_prompts, enabled=config.log_requests),
         created_time=int(time.time()),
+        response_store=ResponseStore(config.responses_store, config.max_stored_responses),
     )
 
     @contextlib.asynccontextmanager
@@ -83,6 +85,7 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
             pass
         yield
         context.encoder.close()
+        context.response_store.close()
 
     app = FastAPI(title="ember", version=_version(), lifespan=lifespan)
     app.state.context = context
@@ -130,6 +133,20 @@ def _add_openai_routes(app: FastAPI, context: ServingContext) -> None:
     @app.post("/v1/responses", openapi_extra=body_of(ResponsesRequest), responses=answers(ResponseObject, streams=True))
     async def responses(request: Request) -> Response:
         return await create_response(context, request)
+
+    @app.get("/v1/responses/{response_id}", responses=answers(ResponseObject))
+    async def stored_response(response_id: str) -> JSONResponse:
+        return JSONResponse(stored(context, response_id).response)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> JSONResponse:
+        stored(context, response_id)
+        context.response_store.delete(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def response_input_items(response_id: str, order: str = "desc", limit: int = 20, after: str | None = None) -> JSONResponse:
+        return JSONResponse(input_items_page(stored(context, response_id), order, limit, after))
 
 
 def _add_service_routes(app: FastAPI, context: ServingContext) -> None:

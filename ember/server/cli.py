@@ -50,6 +50,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--generation-config", default=AUTO, metavar="auto|vllm|FOLDER",
                        help="sampling defaults for fields a request leaves out: auto (the model folder's "
                             "generation_config.json, as vLLM's default), vllm (OpenAI's), or a folder holding one")
+    group.add_argument("--responses-store", default=defaults.responses_store, metavar="PATH",
+                       help="SQLite file keeping finished Responses API responses for previous_response_id "
+                            "(default %(default)s: kept while the server runs)")
+    group.add_argument("--max-stored-responses", type=int, default=defaults.max_stored_responses, metavar="N",
+                       help="responses kept at most, the oldest dropped first; 0 keeps none (default %(default)s)")
     group.add_argument("--log-prompts", action="store_true", help="include prompt text in the per-request log lines")
     group.add_argument("--no-debug-endpoints", action="store_true", help="do not expose GET /debug/engine")
     group.add_argument(
@@ -128,6 +133,8 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
             body_timeout_s=args.body_timeout_s,
             drain_timeout_s=args.drain_timeout_s,
             api_keys=tuple(args.api_keys or ()),
+            responses_store=args.responses_store,
+            max_stored_responses=args.max_stored_responses,
         )
     except ValueError as error:
         raise SystemExit(f"ember serve: {error}") from None

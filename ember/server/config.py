@@ -47,6 +47,10 @@ class ServerConfig:
     drain_timeout_s: float = 30.0
     api_keys: tuple[str, ...] = ()  # none: the /v1 routes are open; else a request must bring one (ember.server.api_key)
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # fields a request leaves out
+    # Responses API: where finished responses are kept for previous_response_id (SQLite; ":memory:" lasts as long as
+    # the server), and how many at most (the oldest go first; 0: none is kept).
+    responses_store: str = ":memory:"
+    max_stored_responses: int = 10_000
 
     def __post_init__(self) -> None:
         self.served_model_names = list(self.served_model_names)
@@ -72,5 +76,7 @@ class ServerConfig:
         ):
             if not value > 0:
                 raise ValueError(f"{flag} must be a positive number of seconds, got {value}")
+        if self.max_stored_responses < 0:
+            raise ValueError(f"--max-stored-responses must be at least 0, got {self.max_stored_responses}")
         if any(not name for name in self.served_model_names):
             raise ValueError("--served-model-name values must be non-empty")

@@ -10,13 +10,14 @@ from ember.server.config import ServerConfig
 from ember.server.drain import Drain
 from ember.server.metrics import ServerMetrics
 from ember.server.request_log import RequestLogger
+from ember.server.response_store import ResponseStore
 from ember.server.tokenization import PromptEncoder
 
 
 @dataclass
 class ServingContext:
     """One server's engine, settings, model ids, chat template (and those requests bring), prompt encoder,
-    admission gate, shutdown drain, metrics and log."""
+    admission gate, shutdown drain, metrics, log and stored responses."""
 
     engine: object
     config: ServerConfig
@@ -29,6 +30,7 @@ class ServingContext:
     metrics: ServerMetrics
     request_logger: RequestLogger
     created_time: int
+    response_store: ResponseStore
 
     @property
     def tokenizer(self):

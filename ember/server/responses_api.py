@@ -1,8 +1,8 @@
 """The wire format of OpenAI's Responses API (`POST /v1/responses`): the request (validated strictly, as
 every request is) and the response object and stream events a client reads back.
 
-ember serves a response statelessly, from the request alone: `store` is accepted but nothing is kept,
-so `previous_response_id` (and the routes that read stored responses) are refused by name.
+A finished response is stored unless the request says `store: false` (`ember.server.response_store`), so a later
+request can continue it with `previous_response_id`, and `GET /v1/responses/{id}` reads it back.
 """
 
 from __future__ import annotations
@@ -126,15 +126,15 @@ class ResponsesRequest(StrictModel):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     user: str | None = None
-    # Accepted and ignored: bookkeeping with no effect on generation (nothing is stored).
+    store: bool | None = None  # None: true, as OpenAI's default
+    previous_response_id: str | None = None  # a stored response this one continues: its input and output come first
+    # Accepted and ignored: bookkeeping with no effect on generation.
     metadata: dict[str, str] | None = None
-    store: bool | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     truncation: Literal["disabled"] | None = None
     # Features ember does not implement: refused unless absent or a no-op value.
-    previous_response_id: str | None = None
     conversation: Any | None = None
     reasoning: ReasoningSettings | None = None
     include: list[str] | None = None
@@ -235,7 +235,7 @@ class ResponseObject(BaseModel):
     metadata: dict[str, str]
     store: bool = False
     truncation: Literal["disabled"] = "disabled"
-    previous_response_id: None = None
+    previous_response_id: str | None = None
     reasoning: None = None
     user: str | None = None
     usage: ResponseUsage | None = None

@@ -21,7 +21,6 @@ from ember.server.responses_api import (
 
 # Fields ember does not implement, each with what the 400 says is missing (set to a no-op value, they pass).
 UNSUPPORTED = {
-    "previous_response_id": "stored responses (send the whole conversation as input)",
     "conversation": "stored conversations (send the whole conversation as input)",
     "include": "extra output data ('include')",
     "background": "background responses",

@@ -7,7 +7,8 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from http import HTTPStatus
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -25,6 +26,7 @@ from ember.server.requests import (
     parse_request,
     resolve_model,
 )
+from ember.server.response_store import StoredResponse
 from ember.server.responses import model_response, sse_response
 from ember.server.responses_api import (
     IncompleteDetails,
@@ -49,31 +51,106 @@ RESPONSES_PARAMS = {"messages": "input", "response_format": "text.format", "max_
 
 
 async def create_response(context: ServingContext, raw_request: Request) -> Response:
-    """Validate, admit and run one response."""
+    """Validate, admit and run one response (continuing a stored one with `previous_response_id`); store it when done
+    unless asked not to."""
     request = parse_request(ResponsesRequest, await raw_request.body())
     model = resolve_model(request.model, context.model_names)
     check_responses_request(request)
+    previous = None if request.previous_response_id is None else _previous(context, request.previous_response_id)
+    items = [*(previous.conversation() if previous else []), *_input_items(request)]
+    if previous is not None:
+        request = _continuing(request, items)
     with _named_for_responses():
         chat = as_chat_request(request)
         check_chat_request(chat)
         tools = plan_tools(chat)
         params = chat_sampling_params(chat, context.config.sampling_defaults, tools)
-    shell = _shell(request, model, tools, params)
+    keeps = request.store is not False and context.response_store.enabled
+    shell = _shell(request, model, tools, params).model_copy(update={"store": keeps, "previous_response_id": previous and previous.response["id"]})
+
+    def keep(response: ResponseObject) -> None:
+        if keeps:
+            context.response_store.put(response.model_dump(mode="json"), items)
+
     ticket = context.admission.admit(1)
     try:
         with _named_for_responses():
             stream = await start_chat(context, shell.id, chat, params, tools, ticket)
         if request.stream:
-            events = ResponseEvents(shell, tools, context.config.reasoning_parser).events(stream)
+            events = ResponseEvents(shell, tools, context.config.reasoning_parser, on_end=keep).events(stream)
             return sse_response(events, ticket.release, context.drain)
         try:
             (output,) = await cancel_on_disconnect(context, raw_request, collect([stream], 1))
         finally:
             ticket.release()
-        return model_response(_finished(shell, output, tools, context.config.reasoning_parser))
+        response = _finished(shell, output, tools, context.config.reasoning_parser)
+        keep(response)
+        return model_response(response)
     except BaseException:
         ticket.release()
         raise
+
+
+def stored(context: ServingContext, response_id: str) -> StoredResponse:
+    """The stored response `response_id` (the routes that read one); a 404 when there is none."""
+    found = context.response_store.get(response_id)
+    if found is None:
+        raise ApiError(_not_kept(context, response_id), status_code=HTTPStatus.NOT_FOUND, error_type="not_found_error",
+                       param="response_id", code="response_not_found")  # fmt: skip
+    return found
+
+
+def _previous(context: ServingContext, response_id: str) -> StoredResponse:
+    """The response a request continues; a 400 naming previous_response_id when there is none (as OpenAI answers)."""
+    found = context.response_store.get(response_id)
+    if found is None:
+        raise ApiError(_not_kept(context, response_id), param="previous_response_id", code="previous_response_not_found")
+    return found
+
+
+def _not_kept(context: ServingContext, response_id: str) -> str:
+    return (f"No stored response with id {response_id!r}: it was made with store false, deleted, or is older than the "
+            f"{context.response_store.max_responses} this server keeps (--max-stored-responses).")
+
+
+def _input_items(request: ResponsesRequest) -> list[dict]:
+    """The request's input as items to store (text: one user message), each with an id, as OpenAI lists them."""
+    if isinstance(request.input, str):
+        items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": request.input}]}]
+    else:
+        items = [item.model_dump(mode="json", exclude_none=True) for item in request.input]
+    for item in items:
+        item.setdefault("type", "message")
+        if isinstance(item.get("content"), str):
+            item["content"] = [{"type": "input_text", "text": item["content"]}]
+        item.setdefault("id", f"{_ITEM_PREFIXES.get(item['type'], 'item')}_{uuid.uuid4().hex}")
+    return items
+
+
+_ITEM_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def _continuing(request: ResponsesRequest, items: list[dict]) -> ResponsesRequest:
+    """The request with the stored conversation before its own input (validated again, as any input is)."""
+    body = {**request.model_dump(mode="json", exclude_none=True, by_alias=True), "input": items}
+    return parse_request(ResponsesRequest, json.dumps(body).encode())
+
+
+def input_items_page(found: StoredResponse, order: str, limit: int, after: str | None) -> dict:
+    """`GET /v1/responses/{id}/input_items`: the items a response answered, newest first by default (OpenAI's list)."""
+    if order not in ("asc", "desc"):
+        raise ApiError(f"Invalid order {order!r}: use 'asc' or 'desc'.", param="order", code="invalid_value")
+    if not 1 <= limit <= 100:
+        raise ApiError(f"Invalid limit {limit}: give 1 to 100.", param="limit", code="invalid_value")
+    items = found.input_items if order == "asc" else found.input_items[::-1]
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise ApiError(f"No input item with id {after!r} in this response.", param="after", code="invalid_value")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -163,8 +240,10 @@ class ResponseEvents:
     generation ends, as function_call items with their arguments; then `response.completed` (or
     `response.incomplete` when cut by max_output_tokens) carrying the whole response."""
 
-    def __init__(self, shell: ResponseObject, tools: ToolPlan | None, parser: str | None = None) -> None:
+    def __init__(self, shell: ResponseObject, tools: ToolPlan | None, parser: str | None = None,
+                 on_end: Callable[[ResponseObject], None] | None = None) -> None:
         self.shell = shell
+        self.on_end = on_end  # given the whole response once generation has ended (to store it)
         self.reader = ToolCallStream(tools) if tools is not None else None
         self.thoughts = ReasoningStream(parser) if parser is not None else None
         self.sequence = 0
@@ -218,6 +297,8 @@ class ResponseEvents:
             events.extend(self._call(len(items), call))
             items.append(_function_call(call, "completed"))
         response = _ended(self.shell, last, items, num_output, is_cut)
+        if self.on_end is not None:
+            self.on_end(response)
         events.append(self._event("response.incomplete" if is_cut else "response.completed", response=response))
         return events
 
