@@ -29,6 +29,7 @@ class _Add:
     params: SamplingParams
     prompt: str | None
     priority: int
+    cache_salt: str | None
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class AsyncEngine:
         params: SamplingParams,
         prompt: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's deltas; the last has `finished=True`. Leaving early aborts the request."""
         self.engine.validate_request(prompt_token_ids, params)
@@ -89,7 +91,7 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._streams[request_id] = stream
-        self._commands.put(_Add(request_id, list(prompt_token_ids), params, prompt, priority))
+        self._commands.put(_Add(request_id, list(prompt_token_ids), params, prompt, priority, cache_salt))
         finished = False
         try:
             while not finished:
@@ -161,7 +163,7 @@ class AsyncEngine:
             return
         try:
             self.engine.add_request(
-                command.request_id, command.prompt_token_ids, command.params, command.prompt, command.priority
+                command.request_id, command.prompt_token_ids, command.params, command.prompt, command.priority, command.cache_salt
             )
         except ValueError as error:
             self._deliver_error(command.request_id, error)

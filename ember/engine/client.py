@@ -39,6 +39,7 @@ class EngineClient(Protocol):
         params: SamplingParams,
         prompt: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's deltas; the last has `finished=True`; leaving early aborts it.
 

@@ -101,7 +101,7 @@ class _EngineLoop:
         elif isinstance(command, AddRequest):
             try:
                 self.engine.add_request(
-                    command.request_id, command.prompt_token_ids, command.params, command.prompt, command.priority
+                    command.request_id, command.prompt_token_ids, command.params, command.prompt, command.priority, command.cache_salt
                 )
             except ValueError as error:
                 self.outputs.send(RequestFailed(command.request_id, _picklable(error)))

@@ -169,13 +169,16 @@ class LLMEngine:
         params: SamplingParams,
         prompt: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
-        """Queue a request; raises ValueError (saying what to change) if it can never run."""
+        """Queue a request; raises ValueError (saying what to change) if it can never run. A `cache_salt` keeps its KV
+        blocks out of other requests' prefix-cache hits (only requests with the same salt share them)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate_request(prompt_token_ids, params)
         bad_words = bad_word_token_ids(self.tokenizer, params.bad_words)
-        request = Request(request_id, list(prompt_token_ids), params, prompt, priority, next(self._arrivals), bad_word_ids=bad_words)
+        request = Request(request_id, list(prompt_token_ids), params, prompt, priority, next(self._arrivals), bad_word_ids=bad_words,
+                          cache_salt=cache_salt)
         forks = params.n > 1 and len(prompt_token_ids) > 1
         count = 1 if forks else params.n
         request.sequences = [self._new_sequence(request, i, prompt_token_ids) for i in range(count)]

@@ -25,6 +25,7 @@ class AddRequest:
     params: SamplingParams
     prompt: str | None
     priority: int
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,7 @@ class EngineProcessClient:
         params: SamplingParams,
         prompt: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         self.validate_request(prompt_token_ids, params)
         loop = asyncio.get_running_loop()
@@ -129,7 +130,7 @@ class EngineProcessClient:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._streams[request_id] = stream
-        self._outbox.put(AddRequest(request_id, stream.prompt_token_ids, params, prompt, priority))
+        self._outbox.put(AddRequest(request_id, stream.prompt_token_ids, params, prompt, priority, cache_salt))
         finished = False
         try:
             while not finished:

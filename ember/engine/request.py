@@ -36,6 +36,12 @@ class Request:
     num_cached_tokens: int = 0
     has_reported_prompt: bool = False
     bad_word_ids: tuple[tuple[int, ...], ...] = ()  # params.bad_words as token sequences (ember.engine.bad_words)
+    cache_salt: str | None = None  # mixed into its KV blocks' prefix-cache keys: shared only with the same salt
+
+    @property
+    def cache_keys(self) -> tuple:
+        """The extra keys of its blocks' prefix-cache hashes."""
+        return () if self.cache_salt is None else (self.cache_salt,)
 
     @property
     def finished(self) -> bool:

@@ -155,7 +155,8 @@ class Scheduler:
             return False
         if self.kv.num_free_blocks < len(self.running) + -(-num_draft // self.kv.block_size):
             return False
-        copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, 1 + num_draft)
+        copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, 1 + num_draft,
+                                        extra_keys=seq.request.cache_keys)
         if copies is None:
             return False
         out.scheduled.append(ScheduledSequence(seq, 1 + num_draft, draft.truncated(num_draft)))
@@ -165,7 +166,8 @@ class Scheduler:
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> list[BlockCopy] | None:
         """Blocks for `seq`, preempting the newest running sequences until they fit; None if `seq` itself went."""
         while True:
-            copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new)
+            copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new,
+                                            extra_keys=seq.request.cache_keys)
             if copies is not None:
                 return copies
             # Never a sequence already in this step's batch: its blocks are promised to the step. The lowest
@@ -201,7 +203,7 @@ class Scheduler:
             num_new = min(num_uncomputed, budget)
             if num_new < num_uncomputed and not self.config.enable_chunked_prefill:
                 break  # the whole prompt must fit in one step
-            copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, prefix.num_tokens, num_new, prefix)
+            copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, prefix.num_tokens, num_new, prefix, seq.request.cache_keys)
             if copies is None:
                 break
             seq.num_computed_tokens = prefix.num_tokens
@@ -220,7 +222,7 @@ class Scheduler:
         # the cache for later requests), as vLLM does.
         if seq.params.prompt_logprobs is not None:
             return CachedPrefix(block_size=self.kv.block_size)
-        return self.kv.find_cached_prefix(seq.token_ids, seq.compute_target - 1)
+        return self.kv.find_cached_prefix(seq.token_ids, seq.compute_target - 1, seq.request.cache_keys)
 
     @staticmethod
     def _record_admission(seq: Sequence, prefix: CachedPrefix) -> None:

@@ -86,9 +86,11 @@ def tracked_generate(
     params: SamplingParams,
     ticket: AdmissionTicket,
     priority: int = 0,
+    cache_salt: str | None = None,
 ) -> AsyncIterator[RequestOutput]:
     """The engine's deltas for one prompt, which is handed over to the engine now (queued by `priority`, lower
-    first, then arrival, as vLLM's priority scheduling orders them).
+    first, then arrival, as vLLM's priority scheduling orders them; sharing cached prefixes only with requests of
+    the same `cache_salt`).
 
     From here on the engine's queue counts the request as waiting, not the server (the engine
     takes it at the first step of the stream). However the caller stops (finished, closed
@@ -96,14 +98,16 @@ def tracked_generate(
     one metrics observation and one log line are written.
     """
     ticket.hand_over()
-    return _tracked_stream(context, request_id, prompt, params, priority)
+    return _tracked_stream(context, request_id, prompt, params, priority, cache_salt)
 
 
 async def _tracked_stream(
-    context: ServingContext, request_id: str, prompt: PreparedPrompt, params: SamplingParams, priority: int
+    context: ServingContext, request_id: str, prompt: PreparedPrompt, params: SamplingParams, priority: int,
+    cache_salt: str | None,
 ) -> AsyncIterator[RequestOutput]:
     tracker = _RequestTracker(request_id, len(prompt.token_ids))
-    stream = context.engine.generate(request_id, prompt.token_ids, params, prompt=prompt.text, priority=priority)
+    stream = context.engine.generate(request_id, prompt.token_ids, params, prompt=prompt.text, priority=priority,
+                                     cache_salt=cache_salt)
     try:
         async for delta in stream:
             tracker.add(delta)

@@ -166,7 +166,7 @@ class SamplingFields(StrictModel):
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's extras: tokens the reply may use or must not spell, the prompt's own logprobs, the prompt cut to its
     # last k tokens (-1: to the context window), logprob tokens written "token_id:<id>", the request's place in the
-    # queue (lower first), the id its response takes.
+    # queue (lower first), the id its response takes, a salt its cached prefix is shared under (only with the same).
     allowed_token_ids: list[NonNegativeInt] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -174,6 +174,7 @@ class SamplingFields(StrictModel):
     return_tokens_as_token_ids: bool | None = False
     priority: int | None = 0
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     # Accepted, no effect: ember decodes as Hugging Face's fast tokenizers do, where vLLM's option changes nothing
     # either; a length penalty only weighs beams, and ember has one backend for guided outputs.
     spaces_between_special_tokens: bool | None = True

@@ -42,6 +42,24 @@ def test_second_request_with_a_cached_64_token_prefix_computes_only_the_new_toke
     assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
 
 
+def test_a_cache_salt_shares_cached_prefixes_only_with_requests_of_the_same_salt(llm):
+    prompt = (_prompt(llm, "Once upon a time there was a little girl named Lily who loved to play.") * 4)[:70]
+    engine = llm.engine
+
+    def cached_tokens(request_id: str, salt: str | None) -> int:
+        engine.add_request(request_id, prompt, GREEDY, cache_salt=salt)
+        outputs = {}
+        while engine.has_unfinished_requests():
+            outputs.update({output.request_id: output for output in engine.step()})
+        return outputs[request_id].num_cached_tokens
+
+    assert cached_tokens("alice-1", "alice") == 0
+    assert cached_tokens("bob-1", "bob") == 0  # the same prompt under another salt: nothing shared
+    assert cached_tokens("plain-1", None) == 0  # nor without one
+    assert cached_tokens("alice-2", "alice") == 64  # every full block of alice's prompt
+    assert cached_tokens("plain-2", None) == 64
+
+
 def test_prefix_caching_switched_off_computes_everything(stories_dir):
     llm = stories_llm(stories_dir, block_size=16, num_kv_blocks=64, enable_prefix_caching=False)
     prompt = _prompt(llm, "Once upon a time there was a little dog. " * 6)

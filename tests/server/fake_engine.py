@@ -79,6 +79,7 @@ class FakeEngine:
         self.prompt_tokens_total = 0
         self.priorities: dict[str, int] = {}  # request id -> the priority it was queued with
         self.prompts: dict[str, list[int]] = {}  # request id -> its prompt token ids
+        self.salts: dict[str, str | None] = {}  # request id -> its cache salt
         self.generation_tokens_total = 0
         # A plain flag polled by the generator, so a test thread may flip it safely.
         self.is_held = False
@@ -108,10 +109,12 @@ class FakeEngine:
         if params.max_tokens is not None and params.max_tokens > budget:
             raise ValueError(f"prompt plus max_tokens exceeds {self.max_model_len}")
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt=None, priority=0):
-        """Deltas of the reply repeated, honouring n, max_tokens, stop and logprobs (prompt and `priority` recorded)."""
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt=None, priority=0,
+                       cache_salt=None):
+        """Deltas of the reply repeated, honouring n, max_tokens, stop and logprobs (prompt, `priority` and `cache_salt` recorded)."""
         self.validate_request(prompt_token_ids, params)
         self.priorities[request_id] = priority
+        self.salts[request_id] = cache_salt
         self.prompts[request_id] = list(prompt_token_ids)
         budget = self.max_model_len - len(prompt_token_ids)
         max_tokens = budget if params.max_tokens is None else params.max_tokens

@@ -186,8 +186,9 @@ def test_echo_returns_the_prompt_and_scores_its_tokens_streamed_or_not(smollm2_s
     assert [t for chunk in streamed for t in chunk.choices[0].logprobs.token_logprobs] == logprobs.token_logprobs
 
 
-def test_vllm_prompt_logprobs_and_bad_words_through_the_openai_client(smollm2_server: ServeProcess) -> None:
-    """vLLM's prompt_logprobs score the prompt as echo's logprobs do; bad_words keep a word out of a greedy reply."""
+def test_vllm_prompt_logprobs_cache_salt_and_bad_words_through_the_openai_client(smollm2_server: ServeProcess) -> None:
+    """vLLM's prompt_logprobs score the prompt as echo's logprobs do; a cache_salt keeps a prefix to its own salt;
+    bad_words keep a word out of a greedy reply."""
     client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
     prompt = "The capital of France is"
     options = dict(model=SERVED_MODEL, prompt=prompt, max_tokens=2, temperature=0)
@@ -200,6 +201,10 @@ def test_vllm_prompt_logprobs_and_bad_words_through_the_openai_client(smollm2_se
         assert entry["logprob"] == pytest.approx(echoed.token_logprobs[position], abs=1e-5)
         assert entry["rank"] >= 1 and len(scored[position]) in (1, 2)
         assert any(other["rank"] == 1 for other in scored[position].values())
+    salted = dict(model=SERVED_MODEL, prompt="The tallest mountain of the Alps is " * 8, max_tokens=1)
+    cached = [client.completions.create(**salted, extra_body={"cache_salt": salt}).usage.prompt_tokens_details.cached_tokens
+              for salt in ("alice", "bob", "alice")]  # fmt: skip
+    assert cached[0] == cached[1] == 0 and cached[2] > 0  # through the engine process: shared only under one salt
     free = client.completions.create(**{**options, "max_tokens": 1}).choices[0].text  # " Paris"
     held = client.completions.create(**{**options, "max_tokens": 1}, extra_body={"bad_words": [free.strip()]}).choices[0].text
     assert free.strip() and held.strip() != free.strip()

@@ -59,6 +59,14 @@ def test_priority_reaches_the_engine(http: httpx.Client, engine: FakeEngine) -> 
     assert engine.priorities[_only_request(engine, "cmpl-plain")] == 0
 
 
+def test_cache_salt_reaches_the_engine(http: httpx.Client, engine: FakeEngine) -> None:
+    http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1, "request_id": "salted", "cache_salt": "s3cret"})
+    http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "request_id": "salted-text", "cache_salt": "pepper"})
+    assert engine.salts[_only_request(engine, "chatcmpl-salted")] == "s3cret"
+    assert engine.salts[_only_request(engine, "cmpl-salted-text")] == "pepper"
+    assert _refused(http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "cache_salt": ""})) == "cache_salt"
+
+
 def test_truncate_prompt_tokens_keeps_the_last_tokens_even_of_a_prompt_too_long_to_fit(http: httpx.Client, engine: FakeEngine) -> None:
     prompt = "x" * 500 + "tail"  # 504 tokens against a context window of 128
     assert _refused(http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})) == "prompt"
