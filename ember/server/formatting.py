@@ -48,12 +48,15 @@ class LogprobFormatter:
     def _text(self, token_id: int, decoded: str | None) -> str:
         if self._tokens_as_ids:
             return f"token_id:{token_id}"
-        return decoded if decoded is not None else self._tokenizer.id_to_piece(token_id)
+        if decoded is not None:
+            return decoded
+        # an id past the tokenizer (a model's wider logits) or a gap in its vocabulary reads as nothing
+        return self._tokenizer.id_to_piece(token_id) if self._tokenizer.has_token(token_id) else ""
 
     def _bytes(self, token_id: int) -> list[int]:
         if self._tokens_as_ids:
             return list(f"token_id:{token_id}".encode())
-        return list(self._tokenizer.token_bytes(token_id))
+        return list(self._tokenizer.token_bytes(token_id)) if self._tokenizer.has_token(token_id) else []
 
     def vllm_prompt(self, positions: list[PositionLogprobs | None] | None, num_top: int | None) -> PromptLogprobs | None:
         """vLLM's `prompt_logprobs`: per prompt token, None for the first, else the token's own logprob, rank and text

@@ -30,6 +30,9 @@ class Tokenizer(ABC):
     text), which is what lets `IncrementalDecoder` stream text without breaking UTF-8.
     `strips_leading_space` is True for SentencePiece-style vocabularies, whose decoder
     drops the space that the first piece of a text carries.
+
+    Decoding skips ids that `has_token` denies, as HF `tokenizers` does: they read as nothing
+    and leave the text's start alone.
     """
 
     @property
@@ -66,8 +69,18 @@ class Tokenizer(ABC):
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`; special-token text inside it is recognised as the special token."""
 
+    def has_token(self, token_id: int) -> bool:
+        """Whether `token_id` names a token of this vocabulary (not past it, negative or a gap).
+
+        A model's logits may be wider than its tokenizer's vocabulary (Qwen2.5: 151,936 logits
+        for 151,665 tokens), so a sampled id may have no token: decoding must skip it rather than
+        fail the request. Validating ids a user sends belongs to whoever receives them.
+        """
+        return 0 <= token_id < self.vocab_size
+
     @abstractmethod
-    def token_bytes(self, token_id: int) -> bytes: ...
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes of token `token_id`; ValueError when `has_token(token_id)` is False."""
 
     @abstractmethod
     def is_special(self, token_id: int) -> bool: ...
@@ -85,9 +98,22 @@ class Tokenizer(ABC):
         return 0
 
     def keeps_text_start(self, token_id: int) -> bool:
-        """Whether decoding this (non-special) token leaves the start-of-text state alone, so
-        the next piece still loses its leading space (sentencepiece's unknown piece does)."""
+        """Whether decoding this token leaves the start-of-text state alone, so the next token
+        still loses its leading space. By default special tokens do (they are not text);
+        sentencepiece's unknown piece does too, while `tokenizers` strips only the first token
+        of the list, whatever it is."""
+        return self.is_special(token_id)
+
+    def is_run_byte(self, token_id: int) -> bool:
+        """Whether this token is a byte that decodes with its run of neighbouring byte tokens, all
+        or nothing: the run's bytes if they are valid UTF-8, else one U+FFFD per token (HF's
+        ByteFallback decoder). Other bytes are repaired by `text_of_bytes`."""
         return False
+
+    def text_of_bytes(self, data: bytes) -> str:
+        """Decoded bytes as text, invalid UTF-8 as U+FFFD: one per maximal invalid subsequence,
+        as Python, Rust's from_utf8_lossy and tiktoken replace it."""
+        return data.decode("utf-8", errors="replace")
 
     def id_to_piece(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
@@ -97,7 +123,8 @@ class IncrementalDecoder:
     """Turns a stream of token ids into a stream of text, never emitting broken UTF-8.
 
     Bytes that do not yet form a complete UTF-8 character are held back until the next
-    token completes them; `flush()` releases what is left (invalid bytes as U+FFFD).
+    token completes them, and a run of `is_run_byte` tokens until it ends; `flush()` releases
+    what is left (invalid bytes as U+FFFD, see `Tokenizer.text_of_bytes`).
     """
 
     def __init__(
@@ -108,36 +135,52 @@ class IncrementalDecoder:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         self._pending = b""
+        self._byte_run: list[bytes] = []  # `is_run_byte` tokens' bytes, until their run ends
         self._at_start = at_start
 
     def push(self, token_id: int) -> str:
+        """The text that `token_id` completes; "" for ids with no token (see `has_token`)."""
         tokenizer = self._tokenizer
-        if tokenizer.is_special(token_id):
-            if self._skip_special_tokens:
-                return ""
-            piece = tokenizer.token_bytes(token_id)
-        else:
-            piece = tokenizer.token_bytes(token_id)
-            if not tokenizer.keeps_text_start(token_id):
-                if self._at_start and tokenizer.strips_leading_space and piece.startswith(b" "):
-                    piece = piece[1:]
-                self._at_start = False
-        self._pending += piece
+        if not tokenizer.has_token(token_id):
+            return ""
+        if self._skip_special_tokens and tokenizer.is_special(token_id):
+            return ""
+        piece = tokenizer.token_bytes(token_id)
+        if self._at_start and not tokenizer.keeps_text_start(token_id):
+            if tokenizer.strips_leading_space and piece.startswith(b" "):
+                piece = piece[1:]
+            self._at_start = False
+        if tokenizer.is_run_byte(token_id):
+            self._byte_run.append(piece)
+            return ""
+        self._pending += self._end_byte_run() + piece
         return self._release()
 
     def push_many(self, ids: list[int]) -> str:
         return "".join(self.push(token_id) for token_id in ids)
 
     def flush(self) -> str:
-        text = self._pending.decode("utf-8", errors="replace")
+        text = self._tokenizer.text_of_bytes(self._pending + self._end_byte_run())
         self._pending = b""
         return text
+
+    def _end_byte_run(self) -> bytes:
+        """The held run's bytes when they are valid UTF-8, else one U+FFFD per token."""
+        if not self._byte_run:
+            return b""
+        run, self._byte_run = self._byte_run, []
+        data = b"".join(run)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "\ufffd".encode() * len(run)
+        return data
 
     def _release(self) -> str:
         data = self._pending
         cut = _complete_prefix_length(data)
         self._pending = data[cut:]
-        return data[:cut].decode("utf-8", errors="replace")
+        return self._tokenizer.text_of_bytes(data[:cut])
 
 
 def _complete_prefix_length(data: bytes) -> int:

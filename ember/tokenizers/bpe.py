@@ -218,6 +218,11 @@ class ByteLevelBPETokenizer(Tokenizer):
         num_bytes = len(data) - sum(data.count(byte) for byte in self._bytes_without_token)
         return -(-num_bytes // self._max_bytes_per_token)
 
+    def has_token(self, token_id: int) -> bool:
+        if token_id in self._special_bytes:
+            return True
+        return 0 <= token_id < len(self._token_bytes) and self._token_bytes[token_id] is not None
+
     def token_bytes(self, token_id: int) -> bytes:
         special = self._special_bytes.get(token_id)
         if special is not None:
@@ -236,6 +241,8 @@ class ByteLevelBPETokenizer(Tokenizer):
         return b"".join(self.token_bytes(token_id) for token_id in ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """The text of `ids`; ids with no token are skipped (see `Tokenizer.has_token`)."""
+        ids = [token_id for token_id in ids if self.has_token(token_id)]
         if skip_special_tokens:
             ids = [token_id for token_id in ids if token_id not in self._special_ids]
         return self.decode_bytes(ids).decode("utf-8", errors="replace")

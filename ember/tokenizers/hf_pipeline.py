@@ -124,6 +124,7 @@ class PipelineTokenizer(Tokenizer):
         self._tokens_by_id = {token_id: token for token, token_id in vocab.items()}
         self._vocab_size = max(self._tokens_by_id, default=-1) + 1
         self._surface, self._strips_leading_space = _surface_rules(spec.get("decoder"))
+        self._has_byte_fallback_decoder = _has_decoder(spec.get("decoder"), "ByteFallback")
         self._token_bytes: dict[int, bytes] = {}
         self.bos_token_id: int | None = self._prefix_ids[0] if self._prefix_ids else None
         self.eos_token_id: int | None = self._suffix_ids[-1] if self._suffix_ids else None
@@ -210,6 +211,17 @@ class PipelineTokenizer(Tokenizer):
                     ids.extend(self._model.tokenize(word))
         return ids
 
+    def has_token(self, token_id: int) -> bool:
+        return token_id in self._tokens_by_id
+
+    def is_run_byte(self, token_id: int) -> bool:
+        return self._has_byte_fallback_decoder and byte_of_piece(self._tokens_by_id[token_id]) is not None
+
+    def keeps_text_start(self, token_id: int) -> bool:
+        # `tokenizers` runs its decoders over the id list as given (specials included unless
+        # skipped): only the very first token loses its leading space.
+        return False
+
     def token_bytes(self, token_id: int) -> bytes:
         data = self._token_bytes.get(token_id)
         if data is None:
@@ -280,9 +292,19 @@ def _surface_rules(decoder: dict[str, Any] | None):
     return surface, strips
 
 
+def _has_decoder(decoder: dict[str, Any] | None, kind: str) -> bool:
+    """Whether the decoder chain holds a decoder of type `kind`."""
+    if decoder is None:
+        return False
+    if decoder.get("type") == "Sequence":
+        return any(_has_decoder(part, kind) for part in decoder["decoders"])
+    return decoder.get("type") == kind
+
+
 def _decoder_steps(decoder: dict[str, Any] | None) -> list[tuple[Any, bool]]:
     if decoder is None:
-        return []
+        # Without a decoder `tokenizers` joins the tokens with single spaces.
+        return [(lambda token: " " + token, True)]
     kind = decoder.get("type")
     if kind == "Sequence":
         return [step for part in decoder["decoders"] for step in _decoder_steps(part)]

@@ -251,6 +251,7 @@ def tokenizer_from_model(model: SentencePieceModel, name: str = "sentencepiece",
         byte_fallback=trainer.byte_fallback,
         unknown_surface=trainer.unk_surface,
         charsmap=charsmap,
+        user_defined_after_normalizing=True,
     )
     if trainer.model_type == MODEL_BPE:
         return SentencePieceBPETokenizer(options=options, **common)

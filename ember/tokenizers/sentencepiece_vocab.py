@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 from ember.tokenizers.base import Tokenizer, replace_lone_surrogates
 from ember.tokenizers.pieces import PieceKind, byte_of_piece
-from ember.tokenizers.sp_normalizer import CharsMap, normalize_with_rules
+from ember.tokenizers.sp_normalizer import CharsMap, normalize_units
 from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
 
 SPACE_MARKER = "\u2581"
+# surrogateescape's stand-ins for the bytes 0x80..0xFF, each mapped to U+FFFD.
+ESCAPED_BYTES_AS_REPLACEMENT = {code: "\ufffd" for code in range(0xDC80, 0xDD00)}
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,12 @@ class SentencePieceOptions:
     `merge_kinds` are the piece kinds a merge may produce (llama2.c: every piece);
     `prefix_after_special`: whether text after a special token gets the dummy prefix too
     (llama.cpp and HF do this; sentencepiece never sees special tokens in text);
-    `longest_special_first`: llama.cpp's order of cutting special tokens out of text (GGUF).
+    `longest_special_first`: llama.cpp's order of cutting special tokens out of text (GGUF);
+    `user_defined_after_normalizing`: sentencepiece's order (`.model` files): the whole text is
+    normalised, user-defined pieces kept whole and verbatim, and those pieces are then matched in
+    the normalised text (so the dummy prefix comes once, before a leading user-defined piece);
+    otherwise, as llama.cpp does, they are cut out of the raw text and each chunk is normalised
+    on its own.
     """
 
     add_dummy_prefix: bool = True
@@ -35,6 +42,7 @@ class SentencePieceOptions:
     merge_kinds: frozenset[PieceKind] = frozenset({PieceKind.NORMAL, PieceKind.USER_DEFINED})
     prefix_after_special: bool = True
     longest_special_first: bool = False
+    user_defined_after_normalizing: bool = False
     # What the unknown piece decodes to (sentencepiece: " \u2047 "); None: its own text.
     unknown_surface: str | None = None
     # Compiled normalisation rules of a .model file (e.g. nmt_nfkc); None: identity.
@@ -95,6 +103,7 @@ class SentencePieceTokenizer(Tokenizer):
             always_matched=user_defined,
             longest_first=options.longest_special_first,
         )
+        self._user_defined = user_defined & frozenset(special_tokens)
         self._special_ids = frozenset(
             token_id for token_id, kind in enumerate(self._kinds) if kind == PieceKind.CONTROL
         )
@@ -168,6 +177,8 @@ class SentencePieceTokenizer(Tokenizer):
             ids.append(self._bos_id)
         allowed, disallowed = self._specials.resolve(allowed_special, disallowed_special)
         self._specials.check_disallowed(text, disallowed)
+        if self.options.user_defined_after_normalizing:
+            allowed -= self._user_defined  # matched by `encode_ordinary`, after normalising
         is_first = True
         after_special = False
         for chunk, special_id in self._specials.split(text, allowed):
@@ -182,17 +193,29 @@ class SentencePieceTokenizer(Tokenizer):
         return ids
 
     def encode_ordinary(self, text: str, add_dummy_prefix: bool = True) -> list[int]:
-        """Token ids of `text` with no special-token matching."""
+        """Token ids of `text` with no special-token matching (user-defined pieces are matched
+        here, in the normalised text, under `user_defined_after_normalizing`)."""
         normalized = self.normalize(text, add_dummy_prefix)
-        return self._segment(normalized) if normalized else []
+        if not normalized:
+            return []
+        if not self.options.user_defined_after_normalizing:
+            return self._segment(normalized)
+        ids: list[int] = []
+        # User-defined pieces never merge with their neighbours (sentencepiece freezes them).
+        for chunk, user_defined_id in self._specials.split(normalized, self._user_defined):
+            if user_defined_id is None:
+                ids.extend(self._segment(chunk))
+            else:
+                ids.append(user_defined_id)
+        return ids
 
     def normalize(self, text: str, add_dummy_prefix: bool = True) -> str:
         """`text` as the merge loop sees it: whitespace handled, dummy prefix, space marker."""
         options = self.options
-        if options.charsmap is not None:
-            return normalize_with_rules(
-                text,
-                options.charsmap,
+        units = self._normalization_units(text)
+        if units is not None:
+            return normalize_units(
+                units,
                 add_dummy_prefix=options.add_dummy_prefix and add_dummy_prefix,
                 remove_extra_whitespaces=options.remove_extra_whitespaces,
                 space_marker=options.space_marker,
@@ -209,6 +232,23 @@ class SentencePieceTokenizer(Tokenizer):
             # sentencepiece strips trailing markers after escaping, literal "▁" included.
             text = text.rstrip(options.space_marker)
         return text
+
+    def _normalization_units(self, text: str) -> list[str] | None:
+        """`text` cut into the units sentencepiece's normaliser handles one at a time (compiled
+        rules' matches, single characters, user-defined pieces whole and unnormalised), or None
+        when there are neither rules nor user-defined pieces in the text to respect."""
+        charsmap = self.options.charsmap
+        protects_user_defined = self.options.user_defined_after_normalizing and self._user_defined
+        chunks = list(self._specials.split(text, self._user_defined)) if protects_user_defined else []
+        if all(user_defined_id is None for _, user_defined_id in chunks):
+            return None if charsmap is None else charsmap.apply(text)
+        units: list[str] = []
+        for chunk, user_defined_id in chunks:
+            if user_defined_id is not None:
+                units.append(chunk)
+            else:
+                units.extend(list(chunk) if charsmap is None else charsmap.apply(chunk))
+        return units
 
     @abstractmethod
     def _segment(self, normalized: str) -> list[int]:
@@ -230,8 +270,14 @@ class SentencePieceTokenizer(Tokenizer):
             )
         return self._token_bytes[token_id]
 
+    def text_of_bytes(self, data: bytes) -> str:
+        """Decoded bytes as text, as sentencepiece decodes byte pieces: every byte that is not
+        part of a valid UTF-8 character becomes its own U+FFFD."""
+        return data.decode("utf-8", errors="surrogateescape").translate(ESCAPED_BYTES_AS_REPLACEMENT)
+
     def keeps_text_start(self, token_id: int) -> bool:
-        return self._kinds[token_id] == PieceKind.UNKNOWN
+        # sentencepiece decodes control pieces to nothing and its unknown piece keeps the start.
+        return self._kinds[token_id] in (PieceKind.UNKNOWN, PieceKind.CONTROL)
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids

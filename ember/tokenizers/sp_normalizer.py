@@ -96,7 +96,22 @@ def normalize_with_rules(
     space_marker: str,
 ) -> str:
     """sentencepiece's Normalizer::Normalize over compiled rules."""
-    units = charsmap.apply(text)
+    return normalize_units(
+        charsmap.apply(text),
+        add_dummy_prefix=add_dummy_prefix,
+        remove_extra_whitespaces=remove_extra_whitespaces,
+        space_marker=space_marker,
+    )
+
+
+def normalize_units(
+    units: list[str], *, add_dummy_prefix: bool, remove_extra_whitespaces: bool, space_marker: str
+) -> str:
+    """sentencepiece's whitespace handling over text already cut into normalised units.
+
+    A unit is a rule's replacement, an unmatched character, or a user-defined piece kept whole:
+    leading spaces are dropped only as whole " " units, and each unit loses its leading spaces
+    when the previous one ended in a space (with `remove_extra_whitespaces`)."""
     index = 0
     if remove_extra_whitespaces:
         while index < len(units) and units[index] == " ":

@@ -77,7 +77,7 @@ class Vocabulary:
         self.escaping_trie: TrieNode = {}  # tokens that are not plain string text
         plain, characters = [], []
         for token_id in range(min(size, tokenizer.vocab_size)):
-            if tokenizer.is_special(token_id):
+            if tokenizer.is_special(token_id) or not tokenizer.has_token(token_id):  # a gap in the vocabulary: never allowed
                 continue
             data = tokenizer.token_bytes(token_id)
             if not data:
