@@ -429,9 +429,10 @@ def response_id(prefix: str, request: SamplingFields) -> str:
     return f"{prefix}-{request.request_id or uuid.uuid4().hex}"
 
 
-def engine_request_id(response: str) -> str:
-    """The engine's id for a request answered as `response`: unique even when clients reuse their request_id."""
-    return f"{response}-{uuid.uuid4().hex[:8]}"
+def engine_request_id(response: str, request: SamplingFields) -> str:
+    """The engine's id for a request answered as `response`: the same (logs and step records name what the client
+    saw), with a random suffix where the client chose the id, so two requests reusing one never collide."""
+    return response if request.request_id is None else f"{response}-{uuid.uuid4().hex[:8]}"
 
 
 def check_fits(prompt: PreparedPrompt, max_tokens: int | None, max_model_len: int, prompt_param: str) -> None:

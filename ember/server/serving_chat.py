@@ -115,7 +115,7 @@ async def start_chat(context: ServingContext, request_id: str, request: ChatComp
     prompt = truncated(prompt, request.truncate_prompt_tokens, context.max_model_len)
     check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
     check_engine_accepts(context.engine, prompt, params, "messages")
-    return tracked_generate(context, engine_request_id(request_id), prompt, params, ticket, request.priority or 0,
+    return tracked_generate(context, engine_request_id(request_id, request), prompt, params, ticket, request.priority or 0,
                            request.cache_salt)
 
 

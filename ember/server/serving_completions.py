@@ -86,7 +86,7 @@ async def _run_completion(
     request_id = response_id("cmpl", request)
     echoes = [_echo_text(prompt, context) for prompt in prompts] if request.echo else None
     streams = [
-        tracked_generate(context, engine_request_id(f"{request_id}-{index}"), prompt, params, ticket, request.priority or 0,
+        tracked_generate(context, engine_request_id(f"{request_id}-{index}", request), prompt, params, ticket, request.priority or 0,
                          request.cache_salt)
         for index, prompt in enumerate(prompts)
     ]
