@@ -13,7 +13,7 @@ _GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "q
 _GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "gemma", "gemma2")
 _GGUF_NOPE_STEP = 4  # llama.cpp's smollm3: every fourth layer takes no rotation (fixed there, no key in the file)
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "mixtral", "qwen2_moe",
-                      "qwen3_moe", "deepseek_v2", "gpt2", "gemma", "gemma2", "gemma3_text", "gemma3", "falcon")
+                      "qwen3_moe", "deepseek_v2", "gpt2", "gemma", "gemma2", "gemma3_text", "gemma3", "falcon", "opt")
 # transformers' Gemma3TextConfig defaults: an image-text Gemma 3 checkpoint's text_config lists only what differs.
 _GEMMA3_TEXT_DEFAULTS = {
     "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8,
@@ -135,6 +135,8 @@ class ModelConfig:
     layer_windows: tuple[int | None, ...] | None = None
     hidden_act: str = "silu"
     layer_norm_eps: float = 1e-5
+    layer_norm_before: bool = True  # OPT: False normalises each branch's sum (post-norm, OPT-350m)
+    embedding_dim: int | None = None  # OPT: a token embedding narrower than hidden_size, projected in and out
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
     query_pre_attn_scalar: float | None = None
@@ -150,6 +152,11 @@ class ModelConfig:
             raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers")
         if self.moe is not None and self.hidden_act not in ("silu", "swish"):
             raise ValueError(f"{self.architecture} activation {self.hidden_act!r} is not supported; ember's experts run silu")
+
+    @property
+    def embedding_width(self) -> int:
+        """Width of the token embedding and of the LM head's input (OPT's may be narrower than hidden_size)."""
+        return self.embedding_dim or self.hidden_size
 
     def for_context(self, max_model_len: int | None) -> ModelConfig:
         """This config run within a context of `max_model_len` tokens (None: the model's whole context).
@@ -189,6 +196,8 @@ class ModelConfig:
             return _gpt2_config(config)
         if model_type == "falcon":
             return _falcon_config(config)
+        if model_type == "opt":
+            return _opt_config(config)
         base = cls._llama_like(config)
         extras = _FAMILY_EXTRAS.get(model_type)
         return replace(base, **extras(config)) if extras else base
@@ -612,6 +621,34 @@ def _gpt2_config(config: dict[str, Any]) -> ModelConfig:
         mlp_bias=True,
         hidden_act=config.get("activation_function", "gelu_new"),
         layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+    )
+
+
+def _opt_config(config: dict[str, Any]) -> ModelConfig:
+    """OPT: learned positions, LayerNorm before (or after) each branch, ReLU, biases (`enable_bias`), the token
+    embedding `word_embed_proj_dim` wide."""
+    if config.get("_remove_final_layer_norm") or not config.get("layer_norm_elementwise_affine", True):
+        raise ValueError("OPT without a final LayerNorm or with weightless LayerNorms is not supported")
+    hidden = config["hidden_size"]
+    num_heads = config["num_attention_heads"]
+    bias = bool(config.get("enable_bias", True))
+    return ModelConfig(
+        architecture="opt",
+        vocab_size=config["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=config["ffn_dim"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=hidden // num_heads,
+        max_position_embeddings=config.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        qkv_bias=bias,
+        output_bias=bias,
+        mlp_bias=bias,
+        hidden_act=config.get("activation_function", "relu"),
+        layer_norm_before=bool(config.get("do_layer_norm_before", True)),
+        embedding_dim=config.get("word_embed_proj_dim") or hidden,
     )
 
 

@@ -136,6 +136,7 @@ def _build(
             shard.shard_modules(model)
     expected = dict(model.state_dict())
     is_derived = getattr(model, "is_derived_tensor", lambda name: name.endswith("rotary_emb.inv_freq"))
+    aliases = getattr(model, "checkpoint_prefixes", {})  # checkpoint name prefix -> the model's
     state: dict[str, torch.Tensor] = {}
     blocks: dict[str, Quantized] = {}  # weights kept quantized, swapped into quantized layers below
     packing = PackingPlan.for_model(model, set(expected))
@@ -143,8 +144,9 @@ def _build(
     rounded_at_load = weights_rounded_at_load(model, quantization)  # each rounded as it arrives: one float copy at a time
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task("loading weights", total=total)
-        for checkpoint_name, checkpoint_tensor in tensors:
+        for stored_name, checkpoint_tensor in tensors:
             progress.advance(task)
+            checkpoint_name = _aliased(stored_name, aliases)
             if checkpoint_name in packing.targets:
                 fused = packing.add(checkpoint_name, checkpoint_tensor)
                 if fused is None:
@@ -189,6 +191,12 @@ def _build(
     del blocks, state  # the layers hold what they kept
     _return_freed_memory()
     return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt, shard=shard)
+
+
+def _aliased(name: str, prefixes: dict[str, str]) -> str:
+    """`name` with a checkpoint prefix the model names otherwise replaced (e.g. a bare OPTModel's `decoder.`)."""
+    prefix = next((p for p in prefixes if name.startswith(p)), None)
+    return name if prefix is None else prefixes[prefix] + name.removeprefix(prefix)
 
 
 def _return_freed_memory() -> None:
@@ -248,6 +256,7 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
         "gemma3_text": ("ember.models.gemma2", "Gemma2ForCausalLM"),
         "falcon": ("ember.models.falcon", "FalconForCausalLM"),
         "olmo2": ("ember.models.olmo2", "Olmo2ForCausalLM"),
+        "opt": ("ember.models.opt", "OPTForCausalLM"),
     }
     if architecture not in families:
         raise ValueError(f"architecture {architecture!r} has no ember model; ember runs {', '.join([*LLAMA_ARCHITECTURES, *families])}")
