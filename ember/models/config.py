@@ -13,7 +13,8 @@ _GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "q
 _GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "gemma", "gemma2")
 _GGUF_NOPE_STEP = 4  # llama.cpp's smollm3: every fourth layer takes no rotation (fixed there, no key in the file)
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "mixtral", "qwen2_moe",
-                      "qwen3_moe", "deepseek_v2", "gpt2", "gemma", "gemma2", "gemma3_text", "gemma3", "falcon", "opt")
+                      "qwen3_moe", "deepseek_v2", "gpt2", "gemma", "gemma2", "gemma3_text", "gemma3", "falcon", "opt",
+                      "gpt_neox")
 # transformers' Gemma3TextConfig defaults: an image-text Gemma 3 checkpoint's text_config lists only what differs.
 _GEMMA3_TEXT_DEFAULTS = {
     "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8,
@@ -136,6 +137,7 @@ class ModelConfig:
     hidden_act: str = "silu"
     layer_norm_eps: float = 1e-5
     layer_norm_before: bool = True  # OPT: False normalises each branch's sum (post-norm, OPT-350m)
+    parallel_residual: bool = False  # GPT-NeoX: attention and MLP both read the block's input, added side by side
     embedding_dim: int | None = None  # OPT: a token embedding narrower than hidden_size, projected in and out
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
@@ -198,6 +200,8 @@ class ModelConfig:
             return _falcon_config(config)
         if model_type == "opt":
             return _opt_config(config)
+        if model_type == "gpt_neox":
+            return _gpt_neox_config(config)
         base = cls._llama_like(config)
         extras = _FAMILY_EXTRAS.get(model_type)
         return replace(base, **extras(config)) if extras else base
@@ -649,6 +653,41 @@ def _opt_config(config: dict[str, Any]) -> ModelConfig:
         hidden_act=config.get("activation_function", "relu"),
         layer_norm_before=bool(config.get("do_layer_norm_before", True)),
         embedding_dim=config.get("word_embed_proj_dim") or hidden,
+    )
+
+
+def _gpt_neox_config(config: dict[str, Any]) -> ModelConfig:
+    """GPT-NeoX / Pythia, its rotary settings as transformers 5 writes them (`rope_parameters`) or as older configs
+    did (`rotary_pct`, `rotary_emb_base`, `rope_scaling`)."""
+    hidden = config["hidden_size"]
+    num_heads = config["num_attention_heads"]
+    head_dim = hidden // num_heads
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    partial = float(parameters.get("partial_rotary_factor") or config.get("rotary_pct") or 0.25)
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(f"rotary_pct {partial} rotates {rotary_dim} of {head_dim} dims: an even number is needed")
+    bias = bool(config.get("attention_bias", True))
+    return ModelConfig(
+        architecture="gpt_neox",
+        vocab_size=config["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=config["intermediate_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=head_dim,
+        max_position_embeddings=config.get("max_position_embeddings", 2048),
+        rope_theta=float(parameters.get("rope_theta") or config.get("rotary_emb_base") or config.get("rope_theta") or 10_000.0),
+        rope_scaling=_hf_rope_scaling({"rope_parameters": parameters}),
+        rotary_dim=rotary_dim if rotary_dim < head_dim else None,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=bias,
+        output_bias=bias,
+        mlp_bias=True,
+        hidden_act=config.get("hidden_act", "gelu"),
+        layer_norm_eps=config.get("layer_norm_eps", 1e-5),
+        parallel_residual=bool(config.get("use_parallel_residual", True)),
     )
 
 

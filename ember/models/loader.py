@@ -257,6 +257,7 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
         "falcon": ("ember.models.falcon", "FalconForCausalLM"),
         "olmo2": ("ember.models.olmo2", "Olmo2ForCausalLM"),
         "opt": ("ember.models.opt", "OPTForCausalLM"),
+        "gpt_neox": ("ember.models.gpt_neox", "GPTNeoXForCausalLM"),
     }
     if architecture not in families:
         raise ValueError(f"architecture {architecture!r} has no ember model; ember runs {', '.join([*LLAMA_ARCHITECTURES, *families])}")

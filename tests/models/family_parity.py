@@ -82,10 +82,10 @@ def assert_prompt_logits_match(folder: Path, reference, prompts: list[list[int]]
 
 
 def reference_greedy(reference, prompt: list[int], num_tokens: int = NUM_GENERATED) -> list[int]:
-    with torch.no_grad():
-        out = reference.generate(
-            torch.tensor([prompt]), max_new_tokens=num_tokens, min_new_tokens=num_tokens, do_sample=False, pad_token_id=0
-        )
+    ids = torch.tensor([prompt])
+    with torch.no_grad():  # the mask says every token is real: generate() would read its pad id (0) in the prompt as padding
+        out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens, min_new_tokens=num_tokens,
+                                 do_sample=False, pad_token_id=0)  # fmt: skip
     return out[0, len(prompt) :].tolist()
 
 

@@ -22,12 +22,6 @@ pytestmark = pytest.mark.usefixtures("single_thread_torch")
 VOCAB = 272
 
 
-def _prompts() -> list[list[int]]:
-    """The parity prompts without token 0: the reference's generate() treats its pad id (0) as padding, and OPT
-    reads positions from that attention mask."""
-    return [[token or 3 for token in prompt] for prompt in make_prompts(VOCAB)]
-
-
 def _opt(**overrides) -> transformers.OPTConfig:
     settings = dict(vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
                     max_position_embeddings=128, bos_token_id=2, eos_token_id=None, pad_token_id=1)  # fmt: skip
@@ -39,8 +33,8 @@ def _opt(**overrides) -> transformers.OPTConfig:
 def test_prompt_logits_and_greedy_generation_match_transformers(tmp_path, overrides):
     folder = save_random_model(transformers.OPTForCausalLM, _opt(**overrides), tmp_path)
     reference = load_reference(folder)
-    assert_prompt_logits_match(folder, reference, _prompts())
-    assert_greedy_matches(folder, reference, _prompts())
+    assert_prompt_logits_match(folder, reference, make_prompts(VOCAB))
+    assert_greedy_matches(folder, reference, make_prompts(VOCAB))
 
 
 def test_a_bare_decoder_checkpoint_loads_as_the_causal_lm(tmp_path):
@@ -52,4 +46,4 @@ def test_a_bare_decoder_checkpoint_loads_as_the_causal_lm(tmp_path):
               folder / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
     assert all(name.startswith("decoder.") for name in load_file(folder / "model.safetensors"))
     assert json.loads((folder / "config.json").read_text())["model_type"] == "opt"
-    assert_prompt_logits_match(folder, reference, _prompts())
+    assert_prompt_logits_match(folder, reference, make_prompts(VOCAB))
