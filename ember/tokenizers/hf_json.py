@@ -162,6 +162,43 @@ def _leading_special(post_processor: dict[str, Any] | None) -> str | None:
     return None
 
 
+def load_vocab_and_merges(folder: str | Path) -> ByteLevelBPETokenizer:
+    """The byte-level BPE tokenizer of a folder with transformers' slow-tokenizer files, vocab.json (token -> id) and
+    merges.txt (as OPT and many GPT-2-style folders ship, with no tokenizer.json): read as the tokenizer.json
+    transformers would convert them to, its special tokens and BOS from tokenizer_config.json."""
+    folder = Path(folder)
+    vocab: dict[str, int] = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    lines = (folder / "merges.txt").read_text(encoding="utf-8").split("\n")
+    merges = [line for line in lines if line and not line.startswith("#version")]
+    config = read_tokenizer_config(folder)
+    added = _added_tokens(config, vocab, folder)
+    byte_level = {"type": "ByteLevel", "add_prefix_space": bool(config.get("add_prefix_space", False)), "trim_offsets": True,
+                  "use_regex": True}  # fmt: skip
+    spec = {"model": {"type": "BPE", "vocab": vocab, "merges": merges}, "pre_tokenizer": byte_level, "decoder": byte_level,
+            "added_tokens": added, "post_processor": _bos_template(config) if config.get("add_bos_token") else None}  # fmt: skip
+    return _byte_level_from_spec(spec, folder / "vocab.json")
+
+
+def _added_tokens(config: dict[str, Any], vocab: dict[str, int], folder: Path) -> list[dict[str, Any]]:
+    """tokenizer_config.json's added_tokens_decoder, else the special tokens it (or special_tokens_map.json) names."""
+    listed = config.get("added_tokens_decoder")
+    if isinstance(listed, dict):
+        return [{**entry, "id": int(token_id)} for token_id, entry in listed.items()]
+    names = dict(config)
+    map_path = folder / "special_tokens_map.json"
+    if map_path.is_file():
+        names.update(json.loads(map_path.read_text(encoding="utf-8")))
+    contents = {value.get("content") if isinstance(value, dict) else value
+                for key, value in names.items() if key in ("bos_token", "eos_token", "unk_token", "pad_token")}  # fmt: skip
+    return [{"content": text, "id": vocab[text], "special": True} for text in sorted(contents, key=str) if text in vocab]
+
+
+def _bos_template(config: dict[str, Any]) -> dict[str, Any]:
+    """The post-processor putting BOS before a text, as transformers' converter writes it for add_bos_token."""
+    return {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": config.get("bos_token"), "type_id": 0}},
+                                                      {"Sequence": {"id": "A", "type_id": 0}}]}  # fmt: skip
+
+
 def load_gpt2_folder(folder: str | Path) -> ByteLevelBPETokenizer:
     """GPT-2's tokenizer from a folder with `encoder.json` (token -> id) and `vocab.bpe`
     (merges in priority order, after a "#version" line)."""

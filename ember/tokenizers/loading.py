@@ -7,7 +7,7 @@ from pathlib import Path
 from ember.gguf_file import GGUF_MAGIC
 from ember.tokenizers.base import Tokenizer
 from ember.tokenizers.gguf_vocab import load_gguf
-from ember.tokenizers.hf_json import load_gpt2_folder, load_tokenizer_json
+from ember.tokenizers.hf_json import load_gpt2_folder, load_tokenizer_json, load_vocab_and_merges
 from ember.tokenizers.llama2c import load_llama2c, looks_like_llama2c
 from ember.tokenizers.sentencepiece_model import (
     load_sentencepiece_model,
@@ -17,15 +17,15 @@ from ember.tokenizers.tiktoken_files import load_tiktoken, looks_like_tiktoken
 
 SUPPORTED = (
     "a .gguf model or vocab-only file, a llama2.c tokenizer.bin, a .tiktoken rank file, an HF "
-    "tokenizer.json, a folder with encoder.json + vocab.bpe, or a SentencePiece .model"
+    "tokenizer.json, a folder with encoder.json + vocab.bpe or vocab.json + merges.txt, or a SentencePiece .model"
 )
 
 
 def load(path: str | Path) -> Tokenizer:
     """The tokenizer stored at `path`; the format is recognised by content, not by name.
 
-    A folder is searched for tokenizer.json, then encoder.json + vocab.bpe, then
-    tokenizer.model, then tokenizer.bin.
+    A folder is searched for tokenizer.json, then encoder.json + vocab.bpe, then vocab.json +
+    merges.txt, then tokenizer.model, then tokenizer.bin.
     """
     path = Path(path)
     if path.is_dir():
@@ -52,6 +52,8 @@ def _load_folder(folder: Path) -> Tokenizer:
         return load(folder / "tokenizer.json")
     if (folder / "encoder.json").is_file() and (folder / "vocab.bpe").is_file():
         return load_gpt2_folder(folder)
+    if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+        return load_vocab_and_merges(folder)
     for name in ("tokenizer.json", "tokenizer.model", "tokenizer.bin"):
         if (folder / name).is_file():
             return load(folder / name)

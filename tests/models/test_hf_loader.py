@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 
@@ -46,3 +47,24 @@ def test_a_phi3_config_reads_as_phi3_with_its_partial_rotation():
     shape = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, pad_token_id=0)
     assert ModelConfig.from_hf(transformers.Phi3Config(**shape).to_dict()).rotary_dim is None
     assert ModelConfig.from_hf(transformers.Phi3Config(**shape, partial_rotary_factor=0.75).to_dict()).rotary_dim == 12
+
+
+def test_a_pytorch_bin_checkpoint_loads_the_same_weights(tmp_path):
+    """Older folders (OPT, Pythia, many fine-tunes) hold pytorch_model.bin rather than safetensors: read tensors-only."""
+    single = save_tiny_model("qwen2", tmp_path / "single")
+    state = load_reference(single).state_dict()
+    binary = tmp_path / "binary"
+    binary.mkdir()
+    (binary / "config.json").write_bytes((single / "config.json").read_bytes())
+    torch.save(state, binary / "pytorch_model.bin")
+    whole = load_model(single).model.state_dict()
+    from_bin = load_model(binary).model.state_dict()
+    assert whole.keys() == from_bin.keys()
+    assert all(torch.equal(whole[name], from_bin[name]) for name in whole)
+
+
+def test_a_folder_without_weights_is_refused_naming_both_formats(tmp_path):
+    folder = save_tiny_model("llama", tmp_path / "empty")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="safetensors or pytorch_model.bin"):
+        load_model(folder)

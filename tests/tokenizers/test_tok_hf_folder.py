@@ -77,3 +77,28 @@ def test_a_sentencepiece_model_in_a_folder_takes_its_chat_template_and_stop_ids(
     assert tokenizer.chat_template == TEMPLATE and tokenizer.eos_ids == {2}
     alone = load(shared_dir / "tokenizers" / "llama2" / "tokenizer.model")
     assert alone.chat_template is None
+
+
+def test_a_folder_with_vocab_json_and_merges_txt_encodes_as_the_tokenizer_transformers_converts_it_to(tmp_path, shared_dir):
+    """transformers' slow-tokenizer files (OPT's and many GPT-2-style folders ship no tokenizer.json): the same BPE,
+    GPT-2's byte-level pre-tokenizer, tokenizer_config.json's special tokens and its add_bos_token."""
+    from tokenizers import pre_tokenizers
+
+    from tests.tokenizers.tok_corpus import build_corpus
+
+    shutil.copy(shared_dir / "tokenizers" / "gpt2" / "encoder.json", tmp_path / "vocab.json")
+    shutil.copy(shared_dir / "tokenizers" / "gpt2" / "vocab.bpe", tmp_path / "merges.txt")
+    config = {"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>"}, "add_bos_token": True,
+              "added_tokens_decoder": {"50256": {"content": "<|endoftext|>", "special": True}}}  # fmt: skip
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    reference = Tokenizer(models.BPE.from_file(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt")))
+    reference.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    reference.decoder = decoders.ByteLevel()
+    reference.add_special_tokens(["<|endoftext|>"])
+    ours = load(tmp_path)
+    assert (ours.bos_id, ours.eos_id) == (50256, 50256)
+    for text in build_corpus(shared_dir, count=300, seed=3, specials=("<|endoftext|>",)):
+        expected = reference.encode(text).ids
+        assert ours.encode(text, add_special_tokens=False) == expected, text
+        assert ours.encode(text, add_special_tokens=True) == [50256, *expected]
+        assert ours.decode(expected) == reference.decode(expected, skip_special_tokens=False)
