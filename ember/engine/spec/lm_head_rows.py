@@ -21,7 +21,7 @@ DECODE_ROWS = 16
 def lm_head_rows(target: nn.Module, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The LM head's rows [len(vocab_ids) or vocab, hidden] in float32, such that logits = hidden @ rows.T; raises
     unless the target's logits are that product."""
-    hidden_size = target.config.hidden_size
+    hidden_size = target.config.embedding_width  # what compute_logits reads (OPT: its embedding width)
     dtype = next(target.parameters()).dtype
     identity = torch.eye(hidden_size, dtype=dtype)
     with torch.inference_mode():  # W^T [hidden, vocab], read in decode-sized products (a many-row one may round W)

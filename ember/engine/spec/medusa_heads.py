@@ -61,7 +61,7 @@ class BaseModelIdentity:
 def model_identity(model: nn.Module) -> BaseModelIdentity:
     """The identity of a loaded target model (any family with `config` and `compute_logits`)."""
     config = model.config
-    hidden = config.hidden_size
+    hidden = config.embedding_width  # what compute_logits reads (OPT: its embedding width)
     probe = torch.sin(torch.arange(hidden, dtype=torch.float32) * 0.37 + 1.0)
     dtype = next(model.parameters()).dtype
     with torch.inference_mode():
