@@ -14,7 +14,7 @@ _GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo
 _GGUF_NOPE_STEP = 4  # llama.cpp's smollm3: every fourth layer takes no rotation (fixed there, no key in the file)
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "mixtral", "qwen2_moe",
                       "qwen3_moe", "deepseek_v2", "gpt2", "gemma", "gemma2", "gemma3_text", "gemma3", "falcon", "opt",
-                      "gpt_neox")
+                      "gpt_neox", "starcoder2", "phi", "stablelm")
 # transformers' Gemma3TextConfig defaults: an image-text Gemma 3 checkpoint's text_config lists only what differs.
 _GEMMA3_TEXT_DEFAULTS = {
     "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8,
@@ -129,7 +129,9 @@ class ModelConfig:
     logits_scaling: float = 1.0
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
-    qk_norm: bool = False  # Qwen3: an RMSNorm over head_dim on every query and key head, before the rotation
+    # Qwen3: an RMSNorm (Phi: a LayerNorm; StableLM: a LayerNorm per head) over head_dim on every query and key head,
+    # before the rotation
+    qk_norm: bool = False
     output_bias: bool = False
     mlp_bias: bool = False
     # Per-layer sliding window in tokens (None: the layer sees every token); None: no windows.
@@ -202,6 +204,12 @@ class ModelConfig:
             return _opt_config(config)
         if model_type == "gpt_neox":
             return _gpt_neox_config(config)
+        if model_type == "stablelm":
+            return _stablelm_config(config)
+        if model_type == "phi":
+            return _phi_config(config)
+        if model_type == "starcoder2":
+            return _starcoder2_config(config)
         base = cls._llama_like(config)
         extras = _FAMILY_EXTRAS.get(model_type)
         return replace(base, **extras(config)) if extras else base
@@ -580,10 +588,7 @@ def _phi3_extras(config: dict[str, Any]) -> dict[str, Any]:
     parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
     partial = float(config.get("partial_rotary_factor") or parameters.get("partial_rotary_factor") or 1.0)
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    rotary_dim = int(head_dim * partial)
-    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
-        raise ValueError(f"partial_rotary_factor {partial} rotates {rotary_dim} of {head_dim} dims: an even number is needed")
-    return {"rotary_dim": rotary_dim if rotary_dim < head_dim else None}
+    return {"rotary_dim": _rotary_dim(head_dim, partial, "partial_rotary_factor")}
 
 
 _FAMILY_EXTRAS = {
@@ -659,35 +664,124 @@ def _opt_config(config: dict[str, Any]) -> ModelConfig:
 def _gpt_neox_config(config: dict[str, Any]) -> ModelConfig:
     """GPT-NeoX / Pythia, its rotary settings as transformers 5 writes them (`rope_parameters`) or as older configs
     did (`rotary_pct`, `rotary_emb_base`, `rope_scaling`)."""
-    hidden = config["hidden_size"]
-    num_heads = config["num_attention_heads"]
-    head_dim = hidden // num_heads
     parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
     partial = float(parameters.get("partial_rotary_factor") or config.get("rotary_pct") or 0.25)
-    rotary_dim = int(head_dim * partial)
-    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
-        raise ValueError(f"rotary_pct {partial} rotates {rotary_dim} of {head_dim} dims: an even number is needed")
+    theta = float(parameters.get("rope_theta") or config.get("rotary_emb_base") or config.get("rope_theta") or 10_000.0)
     bias = bool(config.get("attention_bias", True))
     return ModelConfig(
         architecture="gpt_neox",
-        vocab_size=config["vocab_size"],
-        hidden_size=hidden,
-        intermediate_size=config["intermediate_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=num_heads,
-        num_kv_heads=num_heads,
-        head_dim=head_dim,
-        max_position_embeddings=config.get("max_position_embeddings", 2048),
-        rope_theta=float(parameters.get("rope_theta") or config.get("rotary_emb_base") or config.get("rope_theta") or 10_000.0),
-        rope_scaling=_hf_rope_scaling({"rope_parameters": parameters}),
-        rotary_dim=rotary_dim if rotary_dim < head_dim else None,
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        **_partial_rotary_decoder(config, parameters, partial, "rotary_pct", theta, max_positions=2048),
         qkv_bias=bias,
         output_bias=bias,
         mlp_bias=True,
         hidden_act=config.get("hidden_act", "gelu"),
-        layer_norm_eps=config.get("layer_norm_eps", 1e-5),
         parallel_residual=bool(config.get("use_parallel_residual", True)),
+    )
+
+
+def _starcoder2_config(config: dict[str, Any]) -> ModelConfig:
+    """StarCoder2: GQA with rotary (`rope_parameters`, or `rope_theta` as the released configs write it), LayerNorm
+    (`norm_epsilon`), biases everywhere or nowhere (`use_bias`), a `sliding_window` on every layer; missing keys take
+    Starcoder2Config's defaults."""
+    hidden = config.get("hidden_size", 3072)
+    num_heads = config.get("num_attention_heads", 24)
+    num_layers = config.get("num_hidden_layers", 30)
+    bias = bool(config.get("use_bias", True))
+    window = config.get("sliding_window")
+    rope = config.get("rope_parameters") or {}
+    return ModelConfig(
+        architecture="starcoder2",
+        vocab_size=config.get("vocab_size", 49152),
+        hidden_size=hidden,
+        intermediate_size=config.get("intermediate_size", 12288),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=config.get("num_key_value_heads", 2),
+        head_dim=config.get("head_dim") or hidden // num_heads,
+        max_position_embeddings=config.get("max_position_embeddings", 4096),
+        rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10_000.0),  # the dict's wins, as in transformers
+        rope_scaling=_hf_rope_scaling(config),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        qkv_bias=bias,
+        output_bias=bias,
+        mlp_bias=bias,
+        layer_windows=(int(window),) * num_layers if window else None,
+        hidden_act=config.get("hidden_act", "gelu_pytorch_tanh"),
+        layer_norm_eps=config.get("norm_epsilon", 1e-5),
+    )
+
+
+def _phi_config(config: dict[str, Any]) -> ModelConfig:
+    """Phi (phi-1, phi-1.5, phi-2), its rotary settings as transformers 5 writes them (`rope_parameters`) or as older
+    configs did (top-level `partial_rotary_factor`, `rope_theta`, `rope_scaling`); a key inside the dict wins, as in
+    transformers. Every linear has a bias; half of each head rotates unless the config says otherwise."""
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    partial = float(_first_given(parameters.get("partial_rotary_factor"), config.get("partial_rotary_factor"), 0.5))
+    theta = float(_first_given(parameters.get("rope_theta"), config.get("rope_theta"), 10_000.0))
+    return ModelConfig(
+        architecture="phi",
+        **_partial_rotary_decoder(config, parameters, partial, "partial_rotary_factor", theta, max_positions=2048),
+        qkv_bias=True,
+        qk_norm=bool(config.get("qk_layernorm", False)),
+        output_bias=True,
+        mlp_bias=True,
+        hidden_act=config.get("hidden_act", "gelu_new"),
+    )
+
+
+def _partial_rotary_decoder(config: dict[str, Any], parameters: dict[str, Any], partial: float, partial_key: str,
+                            theta: float, max_positions: int, head_dim: int | None = None) -> dict[str, Any]:
+    """The ModelConfig fields a LayerNorm decoder with partial rotary reads under transformers' standard names (GPT-NeoX,
+    Phi, StableLM): shape, rotation (`parameters`: its rope dict), tying and LayerNorm eps."""
+    num_heads = config["num_attention_heads"]
+    head_dim = head_dim or config.get("head_dim") or config["hidden_size"] // num_heads
+    return {
+        "vocab_size": config["vocab_size"],
+        "hidden_size": config["hidden_size"],
+        "intermediate_size": config["intermediate_size"],
+        "num_layers": config["num_hidden_layers"],
+        "num_heads": num_heads,
+        "num_kv_heads": config.get("num_key_value_heads") or num_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": config.get("max_position_embeddings", max_positions),
+        "rope_theta": theta,
+        "rope_scaling": _hf_rope_scaling({**config, "rope_scaling": parameters}),
+        "rotary_dim": _rotary_dim(head_dim, partial, partial_key),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "layer_norm_eps": config.get("layer_norm_eps", 1e-5),
+    }
+
+
+def _rotary_dim(head_dim: int, partial: float, key: str) -> int | None:
+    """The leading dims of each head that rotate (None: all of them); ValueError naming `key` unless an even count."""
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(f"{key} {partial} rotates {rotary_dim} of {head_dim} dims: an even number is needed")
+    return rotary_dim if rotary_dim < head_dim else None
+
+
+def _first_given(*values: Any) -> Any:
+    """The first value that is not None (a config key set to 0 or 0.0 still counts as given)."""
+    return next(value for value in values if value is not None)
+
+
+def _stablelm_config(config: dict[str, Any]) -> ModelConfig:
+    """StableLM, its rotary settings as transformers 5 writes them (`rope_parameters`) or as the hub's configs do
+    (`rope_theta`, `partial_rotary_factor` and `rope_scaling` beside the rest); a key inside the dict wins, as in
+    transformers, and a quarter of each head rotates unless the config says otherwise. A rope type ember cannot
+    compute is refused by name (`_hf_rope_scaling`)."""
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    partial = float(parameters.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25)))
+    theta = float(parameters.get("rope_theta", config.get("rope_theta", 10_000.0)))
+    head_dim = config["hidden_size"] // config["num_attention_heads"]  # StableLM derives it; a head_dim key is not read
+    return ModelConfig(
+        architecture="stablelm",
+        **_partial_rotary_decoder(config, parameters, partial, "partial_rotary_factor", theta, max_positions=4096,
+                                  head_dim=head_dim),
+        qkv_bias=bool(config.get("use_qkv_bias", False)),
+        qk_norm=bool(config.get("qk_layernorm", False)),
+        hidden_act=config.get("hidden_act", "silu"),
+        parallel_residual=bool(config.get("use_parallel_residual", False)),
     )
 
 

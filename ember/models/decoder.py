@@ -28,13 +28,14 @@ LayerFactory = Callable[[int, Any], nn.Module]
 
 
 class DecoderModel(nn.Module):
-    """Embedding, the decoder layers (each with its group's metadata), the final RMSNorm."""
+    """Embedding, the decoder layers (each with its group's metadata), the final norm (RMSNorm unless given)."""
 
-    def __init__(self, config: ModelConfig, make_layer: LayerFactory, specs: list[KVCacheSpec], rotary: Any) -> None:
+    def __init__(self, config: ModelConfig, make_layer: LayerFactory, specs: list[KVCacheSpec], rotary: Any,
+                 norm: nn.Module | None = None) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(make_layer(i, rotary) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm if norm is not None else RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.layer_groups = KVCacheLayout.from_specs(specs).layer_groups
         self._stack: CompiledDecoderStack | None = None
         self.embedding_multiplier = config.embedding_multiplier  # Granite's; 1 elsewhere
@@ -76,17 +77,24 @@ class DecoderModel(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module, ABC):
-    """A `DecoderModel` plus the LM head; subclasses give `make_layer` and (if not plain attention) specs."""
+    """A `DecoderModel` plus the LM head; subclasses give `make_layer` and (if not plain attention) specs, and
+    (if not RMSNorm) the final norm; `lm_head_bias` where the head has one (Phi)."""
+
+    lm_head_bias = False
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, self.make_layer, self.kv_cache_specs(), self.make_rotary())
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = DecoderModel(config, self.make_layer, self.kv_cache_specs(), self.make_rotary(), self.make_final_norm())
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=self.lm_head_bias)
 
     @abstractmethod
     def make_layer(self, layer_index: int, rotary: Any) -> nn.Module:
         """Decoder layer `layer_index`, sharing the model's rotary tables."""
+
+    def make_final_norm(self) -> nn.Module | None:
+        """The norm after the last layer (None: the skeleton's RMSNorm)."""
+        return None
 
     def make_rotary(self) -> Any:
         """The rotary embedding every layer shares (Llama's half-split layout over head_dim)."""

@@ -258,6 +258,9 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
         "olmo2": ("ember.models.olmo2", "Olmo2ForCausalLM"),
         "opt": ("ember.models.opt", "OPTForCausalLM"),
         "gpt_neox": ("ember.models.gpt_neox", "GPTNeoXForCausalLM"),
+        "stablelm": ("ember.models.stablelm", "StableLmForCausalLM"),
+        "phi": ("ember.models.phi", "PhiForCausalLM"),
+        "starcoder2": ("ember.models.starcoder2", "Starcoder2ForCausalLM"),
     }
     if architecture not in families:
         raise ValueError(f"architecture {architecture!r} has no ember model; ember runs {', '.join([*LLAMA_ARCHITECTURES, *families])}")

@@ -1,0 +1,94 @@
+"""Phi (Microsoft's phi-1, phi-1.5 and phi-2): a parallel block over one LayerNorm, partial rotary, biases throughout.
+
+Each block reads a single LayerNorm and adds attention and MLP side by side: out = x + attn(ln(x)) + mlp(ln(x)).
+Rotary positions turn only the leading `partial_rotary_factor` of each head (half in phi-1 and phi-1.5, 0.4 in
+phi-2), in the half-split layout. q/k/v projections (packed into one at load) may group query heads over fewer
+key/value heads (`num_key_value_heads`), and with `qk_layernorm` every query and key head is LayerNormed over
+head_dim before the rotation. The MLP is fc2(act(fc1(x))), `gelu_new` in the released models. Every linear has a
+bias, the LM head's included (tied to the token embedding only where the config says; its bias stays its own).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ember.layers.activation import activation
+from ember.layers.attention import AttentionMetadata, paged_attention
+from ember.layers.linear import Linear
+from ember.layers.rotary import RotaryEmbedding
+from ember.models.config import ModelConfig
+from ember.models.decoder import DecoderForCausalLM
+
+
+class PhiAttention(nn.Module):
+    """Grouped-query attention over a fused q/k/v projection, optional per-head q/k LayerNorms, partial rotary."""
+
+    packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.scale = config.head_dim**-0.5
+        query_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(config.hidden_size, query_size + 2 * kv_size, bias=config.qkv_bias)
+        self.dense = Linear(query_size, config.hidden_size, bias=config.output_bias)
+        self.q_layernorm = nn.LayerNorm(self.head_dim, eps=config.layer_norm_eps) if config.qk_norm else None
+        self.k_layernorm = nn.LayerNorm(self.head_dim, eps=config.layer_norm_eps) if config.qk_norm else None
+        self.rotary = rotary
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        heads = self.qkv_proj(x).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        if self.q_layernorm is not None:
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
+        q, k = self.rotary(positions, q, k)
+        out = paged_attention(q, k, v, kv_cache, metadata, self.scale)
+        return self.dense(out.reshape(num_tokens, -1))
+
+
+class PhiMLP(nn.Module):
+    """fc2(act(fc1(x))), act the config's hidden_act (gelu_new in the released models)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.fc1 = Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.fc2 = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.activation = activation(config.hidden_act, "Phi")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.activation(self.fc1(x)))
+
+
+class PhiDecoderLayer(nn.Module):
+    """Parallel block: n = ln(x); out = x + attn(n) + mlp(n)."""
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.self_attn = PhiAttention(config, rotary)
+        self.mlp = PhiMLP(config)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        n = self.input_layernorm(x)
+        return x + self.self_attn(n, positions, kv_cache, metadata) + self.mlp(n)
+
+
+class PhiForCausalLM(DecoderForCausalLM):
+    """Phi on the shared decoder, ending in a LayerNorm (`final_layernorm` in its checkpoints), with an LM head that has
+    a bias (its weight tied only where the config says; the bias stays its own); names otherwise follow transformers."""
+
+    tied_weights = {"lm_head.weight": "model.embed_tokens.weight"}
+    checkpoint_prefixes = {"model.final_layernorm.": "model.norm."}
+    lm_head_bias = True
+
+    def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
+        return PhiDecoderLayer(self.config, rotary)
+
+    def make_final_norm(self) -> nn.Module:
+        return nn.LayerNorm(self.config.hidden_size, eps=self.config.layer_norm_eps)
