@@ -66,7 +66,8 @@ async def create_response(context: ServingContext, raw_request: Request) -> Resp
         tools = plan_tools(chat)
         params = chat_sampling_params(chat, context.config.sampling_defaults, tools)
     keeps = request.store is not False and context.response_store.enabled
-    shell = _shell(request, model, tools, params).model_copy(update={"store": keeps, "previous_response_id": previous and previous.response["id"]})
+    continued = None if previous is None else previous.response["id"]
+    shell = _shell(request, model, tools, params).model_copy(update={"store": keeps, "previous_response_id": continued})
 
     def keep(response: ResponseObject) -> None:
         if keeps:
