@@ -14,40 +14,29 @@ import torch
 from torch import nn
 
 from ember.layers.activation import activation
-from ember.layers.attention import AttentionMetadata, paged_attention
+from ember.layers.attention import AttentionMetadata
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
 from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
+from ember.models.grouped_attention import FusedQKVAttention
 
 
-class PhiAttention(nn.Module):
-    """Grouped-query attention over a fused q/k/v projection, optional per-head q/k LayerNorms, partial rotary."""
-
-    packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+class PhiAttention(FusedQKVAttention):
+    """Grouped-query attention (`FusedQKVAttention`) with optional q/k LayerNorms (one each, shared by the heads) and a
+    biased output projection, `dense`."""
 
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        self.scale = config.head_dim**-0.5
-        query_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, query_size + 2 * kv_size, bias=config.qkv_bias)
-        self.dense = Linear(query_size, config.hidden_size, bias=config.output_bias)
+        super().__init__(config, rotary)
+        self.dense = Linear(self.query_size, config.hidden_size, bias=config.output_bias)
         self.q_layernorm = nn.LayerNorm(self.head_dim, eps=config.layer_norm_eps) if config.qk_norm else None
         self.k_layernorm = nn.LayerNorm(self.head_dim, eps=config.layer_norm_eps) if config.qk_norm else None
-        self.rotary = rotary
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        heads = self.qkv_proj(x).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        if self.q_layernorm is not None:
-            q, k = self.q_layernorm(q), self.k_layernorm(k)
-        q, k = self.rotary(positions, q, k)
-        out = paged_attention(q, k, v, kv_cache, metadata, self.scale)
-        return self.dense(out.reshape(num_tokens, -1))
+    def norm_heads(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (q, k) if self.q_layernorm is None else (self.q_layernorm(q), self.k_layernorm(k))
+
+    def project_out(self, attended: torch.Tensor) -> torch.Tensor:
+        return self.dense(attended)
 
 
 class PhiMLP(nn.Module):

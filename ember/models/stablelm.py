@@ -15,11 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ember.layers.attention import AttentionMetadata, paged_attention
+from ember.layers.attention import AttentionMetadata
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
 from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
+from ember.models.grouped_attention import FusedQKVAttention
 from ember.models.llama import LlamaMLP
 
 
@@ -41,35 +42,21 @@ class LayerNormPerHead(nn.Module):
         return F.layer_norm(heads, (self.head_dim,), eps=self.eps) * weight
 
 
-class StableLmAttention(nn.Module):
-    """Grouped-query attention, q/k/v fused at load (`qkv_proj`), optional per-head q/k LayerNorms, partial rotary."""
-
-    packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+class StableLmAttention(FusedQKVAttention):
+    """Grouped-query attention (`FusedQKVAttention`) with optional per-head q/k LayerNorms and a bias-free `o_proj`."""
 
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        self.scale = config.head_dim**-0.5
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
-        self.o_proj = Linear(q_size, config.hidden_size, bias=False)
-        self.rotary = rotary
-        has_head_norms = config.qk_norm
+        super().__init__(config, rotary)
+        self.o_proj = Linear(self.query_size, config.hidden_size, bias=False)
         eps = config.layer_norm_eps
-        self.q_layernorm = LayerNormPerHead(self.head_dim, self.num_heads, eps) if has_head_norms else None
-        self.k_layernorm = LayerNormPerHead(self.head_dim, self.num_kv_heads, eps) if has_head_norms else None
+        self.q_layernorm = LayerNormPerHead(self.head_dim, self.num_heads, eps) if config.qk_norm else None
+        self.k_layernorm = LayerNormPerHead(self.head_dim, self.num_kv_heads, eps) if config.qk_norm else None
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        heads = self.qkv_proj(x).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        if self.q_layernorm is not None:
-            q, k = self.q_layernorm(q), self.k_layernorm(k)
-        q, k = self.rotary(positions, q, k)
-        out = paged_attention(q, k, v, kv_cache, metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, -1))
+    def norm_heads(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (q, k) if self.q_layernorm is None else (self.q_layernorm(q), self.k_layernorm(k))
+
+    def project_out(self, attended: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(attended)
 
 
 class StableLmDecoderLayer(nn.Module):
