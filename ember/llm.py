@@ -112,6 +112,12 @@ class LLM:
         self._run(accumulators, show_progress)
         return [accumulator.result() for accumulator in accumulators.values()]
 
+    def embed(self, prompts: PromptInput | Sequence[PromptInput], show_progress: bool = False) -> list[list[float]]:
+        """Each prompt's embedding, in prompt order: the final hidden state at its last token, L2-normalised (vLLM's
+        `LLM.embed` on a decoder model: last-token pooling, as embedding models such as Qwen3-Embedding are read)."""
+        outputs = self.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, embed=True), show_progress)
+        return [output.embedding for output in outputs]
+
     def chat(
         self,
         messages: Sequence[Mapping[str, str]] | Sequence[Sequence[Mapping[str, str]]],

@@ -247,7 +247,9 @@ class LLMEngine:
                     break  # a stop inside the kept drafts ends the sequence there
             if num_rejected and seq.finish_reason is None:
                 self.scheduler.roll_back(seq)
-            if tokens:
+            if seq.seq_id in result.embeddings:
+                self._finish_embedding(seq, result.embeddings[seq.seq_id])
+            if tokens or seq.seq_id in result.embeddings:
                 changed.setdefault(seq.request.request_id, []).append(seq)
         outputs = []
         for request_id, seqs in changed.items():
@@ -257,6 +259,12 @@ class LLMEngine:
                 request.metrics.finished_time = time.monotonic()
                 del self.requests[request_id]
         return outputs
+
+    def _finish_embedding(self, seq: Sequence, embedding: list[float]) -> None:
+        """An `embed` request is done once its prompt is computed: its embedding kept, no token generated."""
+        seq.request.embedding = embedding
+        seq.finish_reason = "stop"
+        self.scheduler.finish(seq)
 
     def _count_verification(self, item: ScheduledSequence, tokens: list[SampledToken]) -> int:
         """Record what verification kept of `item`'s drafts; returns how many were rejected."""
@@ -300,6 +308,7 @@ class LLMEngine:
             num_cached_tokens=request.num_cached_tokens,
             prompt_logprobs=request.prompt_logprobs,
             metrics=request.metrics,
+            embedding=request.embedding,
         )
 
     def _completion_delta(self, seq: Sequence) -> CompletionOutput:

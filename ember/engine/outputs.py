@@ -67,6 +67,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     metrics: RequestMetrics | None = None
+    embedding: list[float] | None = None  # an `embed` request's pooled prompt (SamplingParams.embed)
 
 
 class OutputAccumulator:
@@ -103,4 +104,5 @@ class OutputAccumulator:
             num_cached_tokens=last.num_cached_tokens,
             prompt_logprobs=last.prompt_logprobs,
             metrics=last.metrics,
+            embedding=last.embedding,
         )

@@ -37,6 +37,7 @@ class Request:
     has_reported_prompt: bool = False
     bad_word_ids: tuple[tuple[int, ...], ...] = ()  # params.bad_words as token sequences (ember.engine.bad_words)
     cache_salt: str | None = None  # mixed into its KV blocks' prefix-cache keys: shared only with the same salt
+    embedding: list[float] | None = None  # an `embed` request's pooled prompt, once computed
 
     @property
     def cache_keys(self) -> tuple:

@@ -36,6 +36,7 @@ class StepResult:
     sampled: dict[str, list[SampledToken]]
     prompt_logprobs: dict[str, list[SampledToken]]
     last_hidden: dict[str, LastHidden] = field(default_factory=dict)  # only from a runner that keeps them
+    embeddings: dict[str, list[float]] = field(default_factory=dict)  # `embed` sequences whose prompt is computed
 
 
 @dataclass
@@ -284,8 +285,9 @@ class ModelRunner:
 
     def _sample(self, scheduled: list[ScheduledSequence], hidden: torch.Tensor) -> StepResult:
         ends = list(itertools.accumulate(item.num_new_tokens for item in scheduled))
-        sampling = [(i, item.seq) for i, item in enumerate(scheduled) if item.samples and item.draft is None]
-        result = StepResult(sampled={}, prompt_logprobs={})
+        finishing = [(i, item.seq) for i, item in enumerate(scheduled) if item.samples and item.draft is None]
+        sampling = [(i, seq) for i, seq in finishing if not seq.params.embed]
+        result = StepResult(sampled={}, prompt_logprobs={}, embeddings=_pooled(hidden, ends, finishing))
         if sampling:
             rows = [ends[i] - 1 for i, _ in sampling]
             # the rows are distinct and ascending: as many as the batch has is every row, in order (a decode step)
@@ -399,6 +401,16 @@ def _as_chain(draft: DraftRow, logits: torch.Tensor) -> tuple[list[int], torch.T
 def _held_to_guide(seq: Sequence, nodes: list[int], logits: torch.Tensor, chain: DraftRow) -> tuple[list[int], torch.Tensor, DraftRow]:
     """A chain's scoring logits held, row by row, to the sequence's output constraint (when it has one)."""
     return nodes, logits if seq.guide is None else seq.guide.hold_drafts(logits, chain.token_ids, seq.params.is_greedy), chain
+
+
+def _pooled(hidden: torch.Tensor, ends: list[int], finishing: list[tuple[int, Sequence]]) -> dict[str, list[float]]:
+    """The embedding of each `embed` sequence whose prompt this step finished: its last row of final hidden states,
+    L2-normalised (vLLM's last-token pooling of a decoder model)."""
+    rows = {seq.seq_id: ends[i] - 1 for i, seq in finishing if seq.params.embed}
+    if not rows:
+        return {}
+    pooled = torch.nn.functional.normalize(hidden[torch.tensor(list(rows.values()))].float(), dim=-1)
+    return dict(zip(rows, pooled.tolist(), strict=True))
 
 
 def _span_masks(item: ScheduledSequence) -> list[int] | None:

@@ -22,6 +22,8 @@ class SamplingParams:
     Logprobs are those of the model's raw distribution, before penalties and filters.
     A `seed` makes the request's samples reproducible whatever else shares its batch.
     `allow_speculation=False` opts this request out of the engine's speculative decoding.
+    `embed` (vLLM's embed task on a decoder model) makes the request return its prompt's embedding, the final hidden
+    state at the last prompt token, L2-normalised, and generate nothing (one sequence; `max_tokens` 1).
     `logit_bias` adds its value to the logit of each token id before penalties, filters and the
     choice (OpenAI's: -100 all but bans a token, +100 all but forces it).
     `allowed_token_ids` (vLLM's) lets only those ids be sampled; `bad_words` (vLLM's) are words the output may
@@ -55,6 +57,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] = field(default_factory=list)
     structured_output: StructuredOutput | None = None
+    embed: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -113,6 +116,8 @@ class SamplingParams:
             _check(bool(self.allowed_token_ids) and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids),
                    "allowed_token_ids", "a non-empty list of non-negative token ids")
         _check(all(isinstance(w, str) and w.strip() for w in self.bad_words), "bad_words", "a list of non-blank strings")
+        if self.embed:
+            _check(self.n == 1 and self.max_tokens == 1, "embed", "asked with n=1 and max_tokens=1 (an embedding generates nothing)")
         _check(self.structured_output is None or isinstance(self.structured_output, StructuredOutput), "structured_output", "a StructuredOutput or None")
         if self.seed is not None:
             _check(isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63, "seed", "a 64-bit integer")

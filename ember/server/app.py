@@ -30,6 +30,8 @@ from ember.server.protocol import (
     CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
+    EmbeddingRequest,
+    EmbeddingResponse,
     ModelCard,
     ModelList,
     TokenizeRequest,
@@ -47,6 +49,7 @@ from ember.server.response_store import ResponseStore
 from ember.server.responses_api import ResponseObject, ResponsesRequest
 from ember.server.serving_chat import create_chat_completion
 from ember.server.serving_completions import create_completion
+from ember.server.serving_embeddings import create_embeddings
 from ember.server.serving_responses import create_response, input_items_page, stored
 from ember.server.tokenization import PromptEncoder
 
@@ -133,6 +136,10 @@ def _add_openai_routes(app: FastAPI, context: ServingContext) -> None:
     @app.post("/v1/responses", openapi_extra=body_of(ResponsesRequest), responses=answers(ResponseObject, streams=True))
     async def responses(request: Request) -> Response:
         return await create_response(context, request)
+
+    @app.post("/v1/embeddings", openapi_extra=body_of(EmbeddingRequest), responses=answers(EmbeddingResponse))
+    async def embeddings(request: Request) -> Response:
+        return await create_embeddings(context, request)
 
     @app.get("/v1/responses/{response_id}", responses=answers(ResponseObject))
     async def stored_response(response_id: str) -> JSONResponse:

@@ -20,6 +20,8 @@ from ember.server.protocol import (
     CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
+    EmbeddingRequest,
+    EmbeddingResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -29,11 +31,12 @@ from ember.server.protocol import (
 from ember.server.responses_api import ResponseObject, ResponsesRequest
 
 REF_TEMPLATE = "#/components/schemas/{model}"
-REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest)
+REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, ResponsesRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)
 RESPONSE_MODELS = (
     ChatCompletionResponse,
     CompletionResponse,
     ResponseObject,
+    EmbeddingResponse,
     TokenizeResponse,
     DetokenizeResponse,
     ModelList,

@@ -250,6 +250,19 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
 
 
+class EmbeddingRequest(StrictModel):
+    """`POST /v1/embeddings`: texts or token ids, each answered with its last-token embedding (vLLM's embed task on a
+    decoder model); `encoding_format` base64 packs the floats as little-endian float32, as OpenAI's does."""
+
+    model: str | None = None
+    input: PromptInput
+    encoding_format: Literal["float", "base64"] | None = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    add_special_tokens: bool | None = True
+
+
 class TokenizeRequest(ChatRenderFields):
     """`POST /tokenize`: a text prompt, or chat messages rendered through the chat template (as a chat
     completion renders them; `tools` as the template is given them)."""
@@ -460,6 +473,28 @@ class ModelList(BaseModel):
 
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class Embedding(BaseModel):
+    """One input's embedding: floats, or their float32 bytes in base64."""
+
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    """Body of `POST /v1/embeddings`."""
+
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
 
 
 class TokenizeResponse(BaseModel):

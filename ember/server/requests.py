@@ -26,6 +26,7 @@ from ember.server.protocol import (
     ChatMessage,
     ChatRenderFields,
     CompletionRequest,
+    PromptInput,
     SamplingFields,
     StructuredOutputsParams,
 )
@@ -372,37 +373,40 @@ async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate, en
     return PreparedPrompt(ids, text)
 
 
-def count_prompts(request: CompletionRequest) -> int:
-    """How many prompts (engine requests per completion) a completion request carries."""
-    prompt = request.prompt
+def count_prompts(prompt: PromptInput) -> int:
+    """How many prompts (engine requests) a completion's `prompt` or an embedding's `input` carries."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         return 1
     return len(prompt)
 
 
 async def completion_prompts(request: CompletionRequest, encoder: PromptEncoder, tokenizer) -> list[PreparedPrompt]:
-    """Each prompt of a completion request (text, texts, ids, or lists of ids), tokenized.
+    """Each prompt of a completion request, tokenized (`prepared_prompts`)."""
+    return await prepared_prompts(request.prompt, encoder, tokenizer, "prompt", request.add_special_tokens is not False,
+                                  truncates=request.truncate_prompt_tokens is not None)  # fmt: skip
 
-    Every text is checked against the context window before any is tokenized, so one huge
-    prompt in a batch is refused without tokenizing the others.
+
+async def prepared_prompts(prompt: PromptInput, encoder: PromptEncoder, tokenizer, param: str, add_special_tokens: bool,
+                           truncates: bool) -> list[PreparedPrompt]:  # fmt: skip
+    """Each prompt of `prompt` (text, texts, ids, or lists of ids; `param` names the field), tokenized.
+
+    Every text is checked against the context window before any is tokenized (unless the caller `truncates` them),
+    so one huge prompt in a batch is refused without tokenizing the others.
     """
-    prompt = request.prompt
-    truncates = request.truncate_prompt_tokens is not None
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
-        raise ApiError("'prompt' must not be an empty list.", param="prompt", code="invalid_value")
+        raise ApiError(f"'{param}' must not be an empty list.", param=param, code="invalid_value")
     if isinstance(prompt[0], int):
-        return [_id_prompt(prompt, tokenizer, "prompt")]
+        return [_id_prompt(prompt, tokenizer, param)]
     if isinstance(prompt[0], list):
-        return [_id_prompt(ids, tokenizer, f"prompt.{index}") for index, ids in enumerate(prompt)]
+        return [_id_prompt(ids, tokenizer, f"{param}.{index}") for index, ids in enumerate(prompt)]
     for text in prompt:
         if not text:
-            raise ApiError("'prompt' must not be an empty string.", param="prompt", code="invalid_value")
-        encoder.refuse_if_too_long(text, "prompt", truncates)
-    adds = request.add_special_tokens is not False
-    return [PreparedPrompt(await encoder.encode(text, add_special_tokens=adds, param="prompt", truncates=truncates), text)
-            for text in prompt]
+            raise ApiError(f"'{param}' must not be an empty string.", param=param, code="invalid_value")
+        encoder.refuse_if_too_long(text, param, truncates)
+    return [PreparedPrompt(await encoder.encode(text, add_special_tokens=add_special_tokens, param=param, truncates=truncates),
+                           text) for text in prompt]  # fmt: skip
 
 
 def _id_prompt(ids: list[int], tokenizer, param: str) -> PreparedPrompt:

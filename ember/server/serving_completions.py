@@ -53,7 +53,7 @@ async def create_completion(context: ServingContext, raw_request: Request) -> Re
     model = resolve_model(request.model, context.model_names)
     check_completion_request(request)
     params = completion_sampling_params(request, context.config.sampling_defaults)
-    num_prompts = count_prompts(request)
+    num_prompts = count_prompts(request.prompt)
     if num_prompts > context.config.max_waiting:
         raise ApiError(
             f"Too many prompts in one request ({num_prompts}); this server takes at most "

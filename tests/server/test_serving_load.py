@@ -210,6 +210,23 @@ def test_vllm_prompt_logprobs_cache_salt_and_bad_words_through_the_openai_client
     assert free.strip() and held.strip() != free.strip()
 
 
+def test_embeddings_through_the_openai_client_in_both_encodings(smollm2_server: ServeProcess) -> None:
+    """The openai client asks for base64 and decodes it; the floats asked for plainly are the same, unit-length."""
+    client = OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    texts = ["The capital of France is Paris.", "A cat sat on the mat."]
+    packed = client.embeddings.create(model=SERVED_MODEL, input=texts)
+    plain = httpx.post(f"{smollm2_server.base_url}/v1/embeddings", json={"input": texts, "encoding_format": "float"}).json()
+    assert [item.index for item in packed.data] == [0, 1]
+    for ours, floats in zip(packed.data, plain["data"], strict=True):
+        assert ours.embedding == pytest.approx(floats["embedding"], abs=1e-6)
+        assert sum(value * value for value in floats["embedding"]) == pytest.approx(1.0, abs=1e-4)
+    assert packed.data[0].embedding != pytest.approx(packed.data[1].embedding, abs=1e-3)
+    counted = sum(len(httpx.post(f"{smollm2_server.base_url}/tokenize", json={"prompt": text}).json()["tokens"]) for text in texts)
+    assert packed.usage.prompt_tokens == counted
+    refused = httpx.post(f"{smollm2_server.base_url}/v1/embeddings", json={"input": "x", "dimensions": 8})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions"
+
+
 PERSON_SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},

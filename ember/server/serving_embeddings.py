@@ -1,0 +1,77 @@
+"""`POST /v1/embeddings`: each input's embedding, the model's final hidden state at its last token, L2-normalised.
+
+That is how vLLM's embed task reads a decoder model, and how decoder embedding models (Qwen3-Embedding, gte-Qwen2)
+are meant to be read; a chat model's embeddings come out the same way, for what they are worth. Each input is one
+engine request that computes its prompt and generates nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+import uuid
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from ember.engine.outputs import RequestOutput
+from ember.engine.sampling_params import SamplingParams
+from ember.server.admission import AdmissionTicket
+from ember.server.context import ServingContext
+from ember.server.errors import ApiError
+from ember.server.generation import cancel_on_disconnect, collect, tracked_generate
+from ember.server.protocol import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
+from ember.server.requests import (
+    check_engine_accepts,
+    check_fits,
+    count_prompts,
+    parse_request,
+    prepared_prompts,
+    resolve_model,
+    truncated,
+)
+from ember.server.responses import model_response
+
+EMBED = SamplingParams(max_tokens=1, temperature=0.0, embed=True)
+
+
+async def create_embeddings(context: ServingContext, raw_request: Request) -> Response:
+    """Validate, admit and embed every input of one request."""
+    request = parse_request(EmbeddingRequest, await raw_request.body())
+    model = resolve_model(request.model, context.model_names)
+    if request.dimensions is not None:
+        raise ApiError("Unsupported parameter 'dimensions': ember returns the model's full hidden size (no Matryoshka "
+                       "truncation). Remove it from the request.", param="dimensions", code="unsupported_parameter")  # fmt: skip
+    num_inputs = count_prompts(request.input)
+    if num_inputs > context.config.max_waiting:
+        raise ApiError(f"Too many inputs in one request ({num_inputs}); this server takes at most "
+                       f"{context.config.max_waiting}. Split the batch.", param="input", code="invalid_value")  # fmt: skip
+    ticket = context.admission.admit(max(num_inputs, 1))
+    try:
+        outputs = await _embedded(context, raw_request, request, ticket)
+    finally:
+        ticket.release()
+    data = [Embedding(index=i, embedding=_encoded(output.embedding, request.encoding_format)) for i, output in enumerate(outputs)]
+    num_tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    return model_response(EmbeddingResponse(data=data, model=model, usage=EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens)))
+
+
+async def _embedded(context: ServingContext, raw_request: Request, request: EmbeddingRequest, ticket: AdmissionTicket
+                    ) -> list[RequestOutput]:  # fmt: skip
+    """Tokenize, check and run every input (the engine's outputs, in input order)."""
+    prompts = await prepared_prompts(request.input, context.encoder, context.tokenizer, "input",
+                                     request.add_special_tokens is not False, request.truncate_prompt_tokens is not None)  # fmt: skip
+    prompts = [truncated(prompt, request.truncate_prompt_tokens, context.max_model_len) for prompt in prompts]
+    for prompt in prompts:
+        check_fits(prompt, 1, context.max_model_len, "input")
+        check_engine_accepts(context.engine, prompt, EMBED, "input")
+    request_id = f"embd-{uuid.uuid4().hex}"
+    streams = [tracked_generate(context, f"{request_id}-{i}", prompt, EMBED, ticket) for i, prompt in enumerate(prompts)]
+    return await cancel_on_disconnect(context, raw_request, collect(streams, 1))
+
+
+def _encoded(embedding: list[float], encoding_format: str | None) -> list[float] | str:
+    """The floats as they are, or (base64) their little-endian float32 bytes in base64."""
+    if encoding_format != "base64":
+        return embedding
+    return base64.b64encode(struct.pack(f"<{len(embedding)}f", *embedding)).decode("ascii")
