@@ -43,6 +43,7 @@ class ByteLevelBPETokenizer(Tokenizer):
         eos_id: int | None = None,
         extra_eos_ids: Iterable[int] = (),
         add_bos: bool = False,
+        suffix_ids: Iterable[int] = (),
         chat_template: str | None = None,
         ignore_merges: bool = False,
         normalize: Callable[[str], str] | None = None,
@@ -76,6 +77,7 @@ class ByteLevelBPETokenizer(Tokenizer):
         self._eos_id = eos_id
         self._eos_ids = frozenset([*([] if eos_id is None else [eos_id]), *extra_eos_ids])
         self._add_bos = add_bos
+        self._suffix_ids = list(suffix_ids)  # appended by add_special_tokens=True (a post-processor's trailing EOS)
         self._chat_template = chat_template
         self._normalize = normalize
         single_bytes = {data for data in self._token_bytes if data is not None and len(data) == 1}
@@ -155,7 +157,8 @@ class ByteLevelBPETokenizer(Tokenizer):
         `disallowed_special` raises ValueError; other special-token text is encoded as
         ordinary text. Non-special added tokens are matched whatever these say. tiktoken's defaults are allowed=(), disallowed="all"; ember's are
         allowed="all" because chat templates render special tokens as text.
-        `add_special_tokens=True` prepends BOS when the vocabulary asks for it (`add_bos`).
+        `add_special_tokens=True` prepends BOS when the vocabulary asks for it (`add_bos`) and appends the tokens its
+        post-processor puts after a text (`suffix_ids`).
         """
         text = replace_lone_surrogates(text)
         if self._normalize is not None:
@@ -163,6 +166,8 @@ class ByteLevelBPETokenizer(Tokenizer):
         ids = self._specials.encode(text, allowed_special, disallowed_special, self.encode_ordinary)
         if add_special_tokens and self._add_bos and self._bos_id is not None:
             ids.insert(0, self._bos_id)
+        if add_special_tokens:
+            ids.extend(self._suffix_ids)
         return ids
 
     def encode_ordinary(self, text: str) -> list[int]:

@@ -134,6 +134,7 @@ def _byte_level_from_spec(spec: dict[str, Any], path: Path) -> ByteLevelBPEToken
         extra_eos_ids=extra,
         chat_template=chat_template,
         add_bos=leading in special_tokens,
+        suffix_ids=[special_tokens[name] for name in _trailing_specials(spec.get("post_processor")) if name in special_tokens],
         ignore_merges=bool(model.get("ignore_merges")),
         normalize=(lambda text: unicodedata.normalize("NFC", text)) if normalizer else None,
         strip_left=[entry["content"] for entry in added if entry.get("lstrip")],
@@ -146,20 +147,27 @@ def _byte_level_from_spec(spec: dict[str, Any], path: Path) -> ByteLevelBPEToken
 def _leading_special(post_processor: dict[str, Any] | None) -> str | None:
     """The special token a TemplateProcessing post-processor puts before a single text (the
     BOS that `add_special_tokens=True` adds, as Llama 3's tokenizer.json does), if any."""
-    if not post_processor:
-        return None
-    if post_processor.get("type") == "Sequence":
-        for part in post_processor.get("processors", []):
-            found = _leading_special(part)
-            if found is not None:
-                return found
-        return None
-    if post_processor.get("type") != "TemplateProcessing":
-        return None
-    single = post_processor.get("single") or []
+    single = _single_template(post_processor)
     if single and "SpecialToken" in single[0]:
         return single[0]["SpecialToken"].get("id")
     return None
+
+
+def _trailing_specials(post_processor: dict[str, Any] | None) -> list[str]:
+    """The special tokens a TemplateProcessing post-processor puts after a single text (the EOS that embedding models
+    such as Qwen3-Embedding pool at), in order."""
+    single = _single_template(post_processor)
+    ends = [i for i, piece in enumerate(single) if "Sequence" in piece]
+    return [piece["SpecialToken"].get("id") for piece in single[ends[-1] + 1 :] if "SpecialToken" in piece] if ends else []
+
+
+def _single_template(post_processor: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The `single` template of the first TemplateProcessing in a post-processor (inside a Sequence too); [] if none."""
+    if not post_processor:
+        return []
+    if post_processor.get("type") == "Sequence":
+        return next((found for part in post_processor.get("processors", []) if (found := _single_template(part))), [])
+    return (post_processor.get("single") or []) if post_processor.get("type") == "TemplateProcessing" else []
 
 
 def load_vocab_and_merges(folder: str | Path) -> ByteLevelBPETokenizer:

@@ -102,3 +102,20 @@ def test_a_folder_with_vocab_json_and_merges_txt_encodes_as_the_tokenizer_transf
         assert ours.encode(text, add_special_tokens=False) == expected, text
         assert ours.encode(text, add_special_tokens=True) == [50256, *expected]
         assert ours.decode(expected) == reference.decode(expected, skip_special_tokens=False)
+
+
+def test_a_post_processor_appending_eos_is_honoured_on_the_byte_level_path(tmp_path, shared_dir):
+    """Embedding models (Qwen3-Embedding) append EOS to every text, where their last-token pooling reads."""
+    from tests.tokenizers.tok_corpus import build_corpus
+
+    spec = json.loads((shared_dir / "tokenizers" / "smollm2" / "tokenizer.json").read_text())
+    eos = {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}
+    spec["post_processor"] = {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}, eos],
+                              "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}, eos],
+                              "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}  # fmt: skip
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    reference = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    ours = load(tmp_path / "tokenizer.json")
+    for text in build_corpus(shared_dir, count=100, seed=4):
+        assert ours.encode(text, add_special_tokens=True) == reference.encode(text).ids, text
+        assert ours.encode(text, add_special_tokens=False) == reference.encode(text, add_special_tokens=False).ids
