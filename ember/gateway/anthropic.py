@@ -108,6 +108,11 @@ class AnthropicUpstream:
         """Only chat completions have a Messages translation (/v1/messages clients arrive as chat)."""
         return endpoint == "/chat/completions"
 
+    async def relay(self, method: str, path: str, params: dict[str, str]) -> tuple[int, dict]:
+        """Never asked: no Responses API request is routed here, so no stored response names this backend."""
+        raise UpstreamError(f"backend {self.config.name} speaks Anthropic's Messages API and stores no responses",
+                            is_retryable=False, status_code=404)  # fmt: skip
+
     async def complete(self, endpoint: str, body: dict) -> dict:
         self._check_endpoint(endpoint)
         try:

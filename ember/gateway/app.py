@@ -19,7 +19,12 @@ from ember.gateway.keys import KeyRing
 from ember.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from ember.gateway.request_log import RequestLogger
 from ember.gateway.responses import RESPONSES_ENDPOINT
-from ember.gateway.serving import GatewayState, handle_generation, read_json_body
+from ember.gateway.serving import (
+    GatewayState,
+    handle_generation,
+    handle_stored_response,
+    read_json_body,
+)
 from ember.gateway.store import open_store
 from ember.gateway.tracing import GatewayTracing
 from ember.gateway.upstream import OpenAIUpstream, Upstream
@@ -91,6 +96,18 @@ def _add_openai_routes(app: FastAPI, state: GatewayState) -> None:
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
         return await handle_generation(state, request, RESPONSES_ENDPOINT)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(request: Request, response_id: str) -> Response:
+        return await handle_stored_response(state, request, "GET", response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(request: Request, response_id: str) -> Response:
+        return await handle_stored_response(state, request, "DELETE", response_id)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def response_input_items(request: Request, response_id: str) -> Response:
+        return await handle_stored_response(state, request, "GET", response_id, "/input_items")
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:

@@ -101,8 +101,12 @@ class Dispatcher:
             self._upstreams[deployment.backend].serves(endpoint) for chain_model in self._chain(model) for deployment in chain_model.deployments
         )
 
-    def plan(self, model: ModelConfig, prompt_text: str, endpoint: str) -> list[Attempt]:
-        """The attempts to make, in order, before the attempt budget cuts the list."""
+    def upstream(self, name: str) -> Upstream:
+        return self._upstreams[name]
+
+    def plan(self, model: ModelConfig, prompt_text: str, endpoint: str, pinned: str | None = None) -> list[Attempt]:
+        """The attempts to make, in order, before the attempt budget cuts the list; only backend `pinned` where a
+        request must reach the server holding its state (a continued response)."""
         attempts = []
         for chain_model in self._chain(model):
             now = self._clock()
@@ -110,6 +114,7 @@ class Dispatcher:
                 self.states[deployment.backend]
                 for deployment in chain_model.deployments
                 if not self.states[deployment.backend].breaker.is_open(now) and self._upstreams[deployment.backend].serves(endpoint)
+                and pinned in (None, deployment.backend)
             ]
             if not candidates:
                 continue
@@ -119,7 +124,7 @@ class Dispatcher:
         return attempts
 
     async def complete(
-        self, endpoint: str, body: dict, model: ModelConfig, prompt_text: str, observer: AttemptObserver
+        self, endpoint: str, body: dict, model: ModelConfig, prompt_text: str, observer: AttemptObserver, pinned: str | None = None
     ) -> tuple[dict, Attempt]:
         """The first successful non-streamed response and the attempt that produced it."""
 
@@ -127,10 +132,10 @@ class Dispatcher:
             upstream = self._upstreams[attempt.backend.name]
             return await upstream.complete(endpoint, {**body, "model": attempt.upstream_model}), attempt
 
-        return await self._with_retries(model, prompt_text, endpoint, observer, try_one, release_on_success=True)
+        return await self._with_retries(model, prompt_text, endpoint, observer, try_one, release_on_success=True, pinned=pinned)
 
     async def open_stream(
-        self, endpoint: str, body: dict, model: ModelConfig, prompt_text: str, observer: AttemptObserver
+        self, endpoint: str, body: dict, model: ModelConfig, prompt_text: str, observer: AttemptObserver, pinned: str | None = None
     ) -> OpenedStream:
         """A stream that has sent its first token; the backend stays counted as busy until it ends."""
 
@@ -150,18 +155,18 @@ class Dispatcher:
                 raise
             return OpenedStream(attempt, first_chunks, iterator, release=lambda error: None)
 
-        opened, handle = await self._with_retries(model, prompt_text, endpoint, observer, try_one, release_on_success=False)
+        opened, handle = await self._with_retries(model, prompt_text, endpoint, observer, try_one, release_on_success=False,
+                                                  pinned=pinned)  # fmt: skip
         opened.release = lambda error: self._finish(opened.attempt, handle, observer, error)
         return opened
 
-    async def _with_retries(self, model, prompt_text, endpoint, observer, try_one, release_on_success: bool):
-        attempts = self.plan(model, prompt_text, endpoint)[: self._config.retry.max_attempts]
+    async def _with_retries(self, model, prompt_text, endpoint, observer, try_one, release_on_success: bool, pinned=None):
+        attempts = self.plan(model, prompt_text, endpoint, pinned)[: self._config.retry.max_attempts]
         if not attempts:
-            raise UpstreamError(
-                f"no backend of model {model.name!r} (or its fallbacks) is available: all are cooling down after failures",
-                is_retryable=True,
-                status_code=503,
-            )
+            reason = (f"backend {pinned!r}, which holds the response this one continues, is not available: it is cooling "
+                      f"down after failures or does not serve model {model.name!r}") if pinned else (
+                      f"no backend of model {model.name!r} (or its fallbacks) is available: all are cooling down after failures")  # fmt: skip
+            raise UpstreamError(reason, is_retryable=True, status_code=503)
         last_error: UpstreamError | None = None
         for number, attempt in enumerate(attempts):
             if number:

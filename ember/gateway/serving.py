@@ -40,7 +40,8 @@ from ember.gateway.errors import GatewayError, error_body
 from ember.gateway.keys import KeyRing
 from ember.gateway.metrics import GatewayMetrics
 from ember.gateway.request_log import RequestLogger
-from ember.gateway.responses import RESPONSES_ENDPOINT, event_type
+from ember.gateway.response_owners import ResponseOwners
+from ember.gateway.responses import RESPONSES_ENDPOINT, event_type, is_final_event
 from ember.gateway.store import Denial, LedgerRow, Reservation, Store, window_of
 from ember.gateway.tracing import GatewayTracing
 from ember.gateway.upstream import UpstreamError
@@ -62,6 +63,7 @@ class GatewayState:
     request_logger: RequestLogger
     client: httpx.AsyncClient
     detached: set[asyncio.Task] = dataclasses.field(default_factory=set)
+    response_owners: ResponseOwners = dataclasses.field(default_factory=ResponseOwners)  # stored responses' servers
 
     def detach(self, coroutine) -> asyncio.Task:
         """Run `coroutine` to completion even if the request that started it is cancelled."""
@@ -88,6 +90,7 @@ class Call:
     is_cacheable: bool
     cache_scope: str
     is_settled: bool = False
+    pinned_backend: str | None = None  # the server holding the response this one continues (previous_response_id)
 
     @property
     def is_stream(self) -> bool:
@@ -145,6 +148,24 @@ async def handle_generation(state: GatewayState, request: Request, endpoint: str
         if not call.is_settled:
             state.metrics.requests.labels(call.model.name, call.key.name, str(error.status_code)).inc()
         raise
+
+
+async def handle_stored_response(state: GatewayState, request: Request, method: str, response_id: str, suffix: str = "") -> Response:
+    """`GET` / `DELETE /v1/responses/{id}` (and its `/input_items`): passed to the backend that stored the response, for
+    the tenant whose key made it; a 404 for a response this gateway did not route (or another tenant's)."""
+    key = await state.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    owner = state.response_owners.owner(response_id)
+    if owner is None or owner.tenant != key.tenant:
+        raise GatewayError(f"no stored response {response_id!r} was made through this gateway with this key's tenant",
+                           status_code=404, error_type="not_found_error", param="response_id", code="response_not_found")  # fmt: skip
+    upstream = state.dispatcher.upstream(owner.backend)
+    try:
+        status, body = await upstream.relay(method, f"{RESPONSES_ENDPOINT}/{response_id}{suffix}", dict(request.query_params))
+    except UpstreamError as error:
+        raise gateway_error_of(error) from None
+    if method == "DELETE" and status == 200:
+        state.response_owners.forget(response_id)
+    return JSONResponse(body, status_code=status)
 
 
 async def read_json_body(request: Request) -> dict:
@@ -208,7 +229,15 @@ def new_call(state: GatewayState, request: Request, endpoint: str, key: KeyConfi
         span=span,
         is_cacheable=is_cacheable(endpoint, body) and state.cache.is_eligible(body, opted_in),
         cache_scope=SemanticCache.scope(key.tenant, model.name, endpoint, body),
+        pinned_backend=_continued_backend(state, endpoint, body, key),
     )
+
+
+def _continued_backend(state: GatewayState, endpoint: str, body: dict, key: KeyConfig) -> str | None:
+    """The backend that stored the response a Responses request continues, where this gateway routed it (and the same
+    tenant made it); None to route as usual (a response this gateway never saw: its server decides)."""
+    owner = state.response_owners.owner(body.get("previous_response_id")) if endpoint == RESPONSES_ENDPOINT else None
+    return owner.backend if owner is not None and owner.tenant == key.tenant else None
 
 
 def is_cacheable(endpoint: str, body: dict) -> bool:
@@ -270,7 +299,8 @@ async def reserve(state: GatewayState, call: Call) -> Reservation:
 async def complete(state: GatewayState, call: Call, reservation: Reservation) -> Response:
     observer = RequestObserver(state, call.span)
     try:
-        response, attempt = await state.dispatcher.complete(call.endpoint, call.body, call.model, call.prompt_text, observer)
+        response, attempt = await state.dispatcher.complete(call.endpoint, call.body, call.model, call.prompt_text, observer,
+                                                            call.pinned_backend)  # fmt: skip
     except UpstreamError as error:
         await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
         raise gateway_error_of(error) from None
@@ -278,6 +308,8 @@ async def complete(state: GatewayState, call: Call, reservation: Reservation) ->
         await asyncio.shield(state.detach(settle(state, call, reservation, TokenUsage(), "cancelled", backend=None)))
         raise
     usage = TokenUsage.from_openai(response.get("usage")) or TokenUsage(call.prompt_bound, 0)
+    if call.endpoint == RESPONSES_ENDPOINT:
+        state.response_owners.remember(response.get("id"), attempt.backend.name, call.key.tenant)
     await settle(state, call, reservation, usage, "ok", backend=attempt.backend.name, served_by=attempt.model)
     if call.is_cacheable:
         state.cache.store(call.cache_scope, call.prompt_text, response)
@@ -290,7 +322,8 @@ async def start_stream(state: GatewayState, call: Call, reservation: Reservation
     retried and, if every attempt fails, reported as a plain HTTP error."""
     observer = RequestObserver(state, call.span)
     try:
-        opened = await state.dispatcher.open_stream(call.endpoint, call.body, call.model, call.prompt_text, observer)
+        opened = await state.dispatcher.open_stream(call.endpoint, call.body, call.model, call.prompt_text, observer,
+                                                    call.pinned_backend)  # fmt: skip
     except UpstreamError as error:
         await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
         raise gateway_error_of(error) from None
@@ -313,6 +346,7 @@ class StreamRelay:
         try:
             async for chunk in self._opened.chunks():
                 self._meter.note_upstream(chunk)
+                self._remember_owner(chunk)
                 visible = client_view(self._call.endpoint, chunk, self._call.client_stream_options)
                 if visible is not None:
                     yield sse(visible, event_type(visible) if self._call.endpoint == RESPONSES_ENDPOINT else "")
@@ -325,6 +359,11 @@ class StreamRelay:
             yield "data: [DONE]\n\n"
         finally:
             await self.finish()
+
+    def _remember_owner(self, chunk: dict) -> None:
+        """A Responses stream's final event names the response its backend stored."""
+        if self._call.endpoint == RESPONSES_ENDPOINT and is_final_event(chunk) and isinstance(chunk.get("response"), dict):
+            self._state.response_owners.remember(chunk["response"].get("id"), self._opened.attempt.backend.name, self._call.key.tenant)
 
     async def finish(self) -> None:
         """Settle (once) in a detached task, so the request's cancellation cannot skip it."""

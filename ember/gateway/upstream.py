@@ -43,6 +43,9 @@ class Upstream(Protocol):
     def stream(self, endpoint: str, body: dict) -> AsyncIterator[dict]:
         """The OpenAI-format chunks (Responses API events for /responses) of a streamed request."""
 
+    async def relay(self, method: str, path: str, params: dict[str, str]) -> tuple[int, dict]:
+        """A bodiless request passed on as it is (reads of a stored response): the status and JSON body."""
+
 
 def backend_timeout(config: BackendConfig) -> httpx.Timeout:
     """Connect fast, then allow `timeout_s` between bytes."""
@@ -129,6 +132,18 @@ class OpenAIUpstream:
             raise transport_error(self.config.name, error) from error
         finally:
             await response.aclose()
+
+    async def relay(self, method: str, path: str, params: dict[str, str]) -> tuple[int, dict]:
+        """A bodiless request (`GET` / `DELETE` of a stored response) passed on: the backend's status and JSON body."""
+        try:
+            response = await self._client.request(method, self._base + path, params=params, headers=self._headers,
+                                                  timeout=backend_timeout(self.config))  # fmt: skip
+        except httpx.HTTPError as error:
+            raise transport_error(self.config.name, error) from error
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            raise error_from_response(self.config.name, response.status_code, response.text) from None
 
     def _stream_body(self, endpoint: str, body: dict) -> dict:
         """Streams always ask for usage: on the last chunk, and with `continuous_usage` on every

@@ -252,3 +252,36 @@ def test_a_responses_conversation_is_bounded_and_routed_like_the_same_chat():
     assert completion_token_bound("/responses", {**body, "max_output_tokens": 5}, config) == 5
     chat = {"messages": [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Hello"}]}
     assert prompt_text("/responses", {"instructions": "Use tools.", "input": "Hello"}) == prompt_text("/chat/completions", chat)
+
+
+def test_a_continued_response_reaches_the_server_that_stored_it_and_reads_go_there_too(tmp_path):
+    """Two ember servers behind round-robin routing: each keeps only the responses it answered, so continuations
+    (whole and streamed) and reads must follow the response; another tenant's key cannot read it."""
+    servers = [ThreadedServer(build_server_app(FakeEngine(step_s=0.001, max_model_len=512), ServerConfig())) for _ in range(2)]
+    with servers[0] as first, servers[1] as second:
+        backends = [{"name": "a", "url": first.base_url + "/v1"}, {"name": "b", "url": second.base_url + "/v1"}]
+        config = gateway_config(tmp_path, backends)
+        config["models"][0]["routing"] = "round_robin"
+        config["keys"].append({"name": "other", "key_sha256": hash_key("sk-other"), "tenant": "elsewhere"})
+        with ThreadedApp(build_app(config_from_dict(config))) as gateway:
+            client = client_of(gateway)
+            response = client.responses.create(model="m", input="My name is Bob.", max_output_tokens=3)
+            for turn in range(4):  # round-robin alone would send every other one to the server without it
+                if turn % 2:
+                    events = list(client.responses.create(model="m", input=f"Turn {turn}.", previous_response_id=response.id,
+                                                          max_output_tokens=3, stream=True))  # fmt: skip
+                    response = events[-1].response
+                else:
+                    response = client.responses.create(model="m", input=f"Turn {turn}.", previous_response_id=response.id,
+                                                       max_output_tokens=3)  # fmt: skip
+                assert response.status in ("completed", "incomplete")
+            read = client.responses.retrieve(response.id)
+            assert (read.id, read.previous_response_id) == (response.id, response.previous_response_id)
+            items = client.responses.input_items.list(response.id, order="asc").data
+            assert [item.content[0].text for item in items][0] == "My name is Bob." and len(items) == 9  # 5 inputs, 4 replies
+            stranger = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="sk-other", max_retries=0)
+            with pytest.raises(openai.NotFoundError):
+                stranger.responses.retrieve(response.id)
+            deleted = httpx.delete(f"{gateway.base_url}/v1/responses/{response.id}", headers={"authorization": f"Bearer {KEY}"})
+            assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+            assert_openai_error(httpx.get(f"{gateway.base_url}/v1/responses/{response.id}", headers={"authorization": f"Bearer {KEY}"}), 404)
