@@ -103,5 +103,15 @@ def assert_greedy_matches(folder: Path, reference, prompts: list[list[int]], bud
     return llm
 
 
+def assert_random_model_matches(model_class, config, folder: Path, vocab_size: int) -> LLM:
+    """A random `model_class(config)` saved in `folder`: its prompt logits and greedy generation equal transformers'
+    (`assert_prompt_logits_match`, `assert_greedy_matches`); the engine that generated, for more checks."""
+    save_random_model(model_class, config, folder)
+    reference = load_reference(folder)
+    prompts = make_prompts(vocab_size)
+    assert_prompt_logits_match(folder, reference, prompts)
+    return assert_greedy_matches(folder, reference, prompts)
+
+
 def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

@@ -9,6 +9,7 @@ from safetensors.torch import load_file, save_file
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
     assert_prompt_logits_match,
+    assert_random_model_matches,
     load_reference,
     make_prompts,
     save_random_model,
@@ -30,10 +31,7 @@ def _neox(**overrides) -> transformers.GPTNeoXConfig:
                                        {"rotary_pct": 1.0, "tie_word_embeddings": True}],
                          ids=["pythia", "sequential-half-rotary-no-bias", "full-rotary-tied"])  # fmt: skip
 def test_prompt_logits_and_greedy_generation_match_transformers(tmp_path, overrides):
-    folder = save_random_model(transformers.GPTNeoXForCausalLM, _neox(**overrides), tmp_path)
-    reference = load_reference(folder)
-    assert_prompt_logits_match(folder, reference, make_prompts(VOCAB))
-    assert_greedy_matches(folder, reference, make_prompts(VOCAB))
+    assert_random_model_matches(transformers.GPTNeoXForCausalLM, _neox(**overrides), tmp_path, VOCAB)
 
 
 def test_the_head_loads_as_pythia_names_it_and_as_transformers_5_does(tmp_path):

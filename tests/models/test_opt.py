@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
     assert_prompt_logits_match,
+    assert_random_model_matches,
     load_reference,
     make_prompts,
     save_random_model,
@@ -31,10 +32,7 @@ def _opt(**overrides) -> transformers.OPTConfig:
 @pytest.mark.parametrize("overrides", [{}, {"do_layer_norm_before": False, "word_embed_proj_dim": 32}, {"enable_bias": False}],
                          ids=["pre-norm", "post-norm-narrow-embedding", "no-bias"])  # fmt: skip
 def test_prompt_logits_and_greedy_generation_match_transformers(tmp_path, overrides):
-    folder = save_random_model(transformers.OPTForCausalLM, _opt(**overrides), tmp_path)
-    reference = load_reference(folder)
-    assert_prompt_logits_match(folder, reference, make_prompts(VOCAB))
-    assert_greedy_matches(folder, reference, make_prompts(VOCAB))
+    assert_random_model_matches(transformers.OPTForCausalLM, _opt(**overrides), tmp_path, VOCAB)
 
 
 def test_a_bare_decoder_checkpoint_loads_as_the_causal_lm(tmp_path):

@@ -12,6 +12,7 @@ from ember.models.config import ModelConfig
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
     assert_prompt_logits_match,
+    assert_random_model_matches,
     load_reference,
     make_prompts,
     save_random_model,
@@ -37,10 +38,7 @@ def _phi(**overrides) -> transformers.PhiConfig:
     ids=["phi-2-like-half-rotary", "qk-layernorm", "grouped-query-quarter-rotary", "tied-full-rotary", "linear-rope-scaling"],
 )  # fmt: skip
 def test_prompt_logits_and_greedy_generation_match_transformers(tmp_path, overrides):
-    folder = save_random_model(transformers.PhiForCausalLM, _phi(**overrides), tmp_path)
-    reference = load_reference(folder)
-    assert_prompt_logits_match(folder, reference, make_prompts(VOCAB))
-    assert_greedy_matches(folder, reference, make_prompts(VOCAB))
+    assert_random_model_matches(transformers.PhiForCausalLM, _phi(**overrides), tmp_path, VOCAB)
 
 
 def test_a_phi_2_config_as_the_hub_writes_it_reads_its_top_level_rotary_keys():

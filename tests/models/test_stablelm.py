@@ -14,6 +14,7 @@ from ember.models.loader import model_class
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
     assert_prompt_logits_match,
+    assert_random_model_matches,
     load_reference,
     make_prompts,
     save_random_model,
@@ -41,10 +42,7 @@ VARIANTS = {
 
 @pytest.mark.parametrize("overrides", VARIANTS.values(), ids=VARIANTS.keys())
 def test_prompt_logits_and_greedy_generation_match_transformers(tmp_path, overrides):
-    folder = save_random_model(transformers.StableLmForCausalLM, _stablelm(**overrides), tmp_path)
-    reference = load_reference(folder)
-    assert_prompt_logits_match(folder, reference, make_prompts(VOCAB))
-    assert_greedy_matches(folder, reference, make_prompts(VOCAB))
+    assert_random_model_matches(transformers.StableLmForCausalLM, _stablelm(**overrides), tmp_path, VOCAB)
 
 
 def test_a_hub_config_with_rotary_keys_beside_the_rest_loads_as_transformers_reads_it(tmp_path):

@@ -10,6 +10,7 @@ from ember.models.config import ModelConfig
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
     assert_prompt_logits_match,
+    assert_random_model_matches,
     load_reference,
     make_prompts,
     save_random_model,
@@ -35,17 +36,11 @@ def _starcoder2(**overrides) -> transformers.Starcoder2Config:
     ids=["tied-biases", "gqa-4-to-1-rope-theta-100", "no-bias-untied"],
 )
 def test_prompt_logits_and_greedy_generation_match_transformers(tmp_path, overrides):
-    folder = save_random_model(transformers.Starcoder2ForCausalLM, _starcoder2(**overrides), tmp_path)
-    reference = load_reference(folder)
-    assert_prompt_logits_match(folder, reference, make_prompts(VOCAB))
-    assert_greedy_matches(folder, reference, make_prompts(VOCAB))
+    assert_random_model_matches(transformers.Starcoder2ForCausalLM, _starcoder2(**overrides), tmp_path, VOCAB)
 
 
 def test_a_sliding_window_on_every_layer_matches_transformers_past_the_window(tmp_path):
-    folder = save_random_model(transformers.Starcoder2ForCausalLM, _starcoder2(sliding_window=WINDOW), tmp_path)
-    reference = load_reference(folder)
-    assert_prompt_logits_match(folder, reference, make_prompts(VOCAB))
-    llm = assert_greedy_matches(folder, reference, make_prompts(VOCAB))
+    llm = assert_random_model_matches(transformers.Starcoder2ForCausalLM, _starcoder2(sliding_window=WINDOW), tmp_path, VOCAB)
     assert llm.engine.kv.group_windows == (WINDOW,)
 
 
