@@ -7,10 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "olmo2", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "olmo2", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe",
+                      "starcoder2")
 # GGUF architecture -> ember's (transformers') name where they differ; one not listed and not below runs as "llama"
 _GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
-_GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "gemma", "gemma2")
+_GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "gemma", "gemma2", "starcoder2")
 _GGUF_NOPE_STEP = 4  # llama.cpp's smollm3: every fourth layer takes no rotation (fixed there, no key in the file)
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "mixtral", "qwen2_moe",
                       "qwen3_moe", "deepseek_v2", "gpt2", "gemma", "gemma2", "gemma3_text", "gemma3", "falcon", "opt",
@@ -287,6 +288,8 @@ class ModelConfig:
             config = replace(config, **_gguf_moe_extras(arch, key))
         if arch == "granite":
             config = replace(config, **_gguf_granite_extras(key))
+        if arch == "starcoder2":  # LayerNorms and a GELU MLP; its biases are read from the file's tensors (gguf_loader)
+            config = replace(config, layer_norm_eps=float(key("attention.layer_norm_epsilon", 1e-5)), hidden_act="gelu_pytorch_tanh")
         return replace(config, **_gguf_gemma_extras(arch, key, hidden // num_heads)) if arch.startswith("gemma") else config
 
 

@@ -77,7 +77,8 @@ _QWEN_MOE_LAYER_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.
 _ARCHITECTURE_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}, "gemma2": _GEMMA2_LAYER_NAMES, "gemma3_text": _GEMMA2_LAYER_NAMES,
                              "qwen2_moe": _QWEN_MOE_LAYER_NAMES, "qwen3_moe": _QWEN_MOE_LAYER_NAMES,
                              "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate"},
-                             "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}}
+                             "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+                             "starcoder2": {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}}
 # Every expert's matrix of a layer stacked in one 3-D tensor, split here into one tensor per expert (`split_experts`).
 _EXPERT_STACK = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
 _ROUTER = re.compile(r"blk\.(\d+)\.ffn_gate_inp\.weight")
@@ -89,6 +90,7 @@ _UNIT_OFFSET_NORM_ARCHITECTURES = ("gemma", "gemma2", "gemma3_text")
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
+    "output_norm.bias": "model.norm.bias",  # a LayerNorm's (StarCoder2)
     "output.weight": "lm_head.weight",
 }
 # Per-pair rotary frequency divisors (Llama 3.1's scaling as llama.cpp's converter writes it, and Phi-3's LongRoPE
@@ -115,7 +117,7 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     if embedding is not None:  # the embedding's rows are the vocabulary, whatever the metadata says
         metadata[f"{metadata['general.architecture']}.vocab_size"] = int(embedding.shape[1])
     has_output = any(t.name == "output.weight" for t in file.tensors)
-    config = _with_dense_layers(ModelConfig.from_gguf(metadata, has_output_tensor=has_output), file)
+    config = _with_biases(_with_dense_layers(ModelConfig.from_gguf(metadata, has_output_tensor=has_output), file), file)
     factors = {t.name: tuple(dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1).tolist())
                for t in file.tensors if t.name in ROPE_CONFIG_TENSORS}
     if ROPE_FREQS_TENSOR in factors:
@@ -123,6 +125,15 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     if any(name in factors for name in LONGROPE_TENSORS):
         return dataclasses.replace(config, rope_scaling=_gguf_longrope(metadata, config, factors))
     return config
+
+
+def _with_biases(config: ModelConfig, file: GGUFFile) -> ModelConfig:
+    """A StarCoder2 config with the biases its file holds (llama.cpp adds each only where the tensor is there)."""
+    if config.architecture != "starcoder2":
+        return config
+    names = {t.name for t in file.tensors}
+    return dataclasses.replace(config, qkv_bias="blk.0.attn_q.bias" in names, output_bias="blk.0.attn_output.bias" in names,
+                               mlp_bias="blk.0.ffn_up.bias" in names)  # fmt: skip
 
 
 def _with_dense_layers(config: ModelConfig, file: GGUFFile) -> ModelConfig:

@@ -86,14 +86,16 @@ def _random_k_quant(rows: int, cols: int, qtype: GGMLQuantizationType, rng: np.r
 
 
 def add_shape_metadata(writer: GGUFWriter, config) -> None:
-    """The block count, widths, head counts, context and norm epsilon of a transformers `config`, as GGUF metadata."""
+    """The block count, widths, head counts, context and (an RMSNorm model's) norm epsilon of a transformers `config`,
+    as GGUF metadata."""
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if getattr(config, "rms_norm_eps", None) is not None:
+        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
 
 
 def finish_gguf(writer: GGUFWriter) -> None:
