@@ -78,7 +78,8 @@ _ARCHITECTURE_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}, "gemma2": _
                              "qwen2_moe": _QWEN_MOE_LAYER_NAMES, "qwen3_moe": _QWEN_MOE_LAYER_NAMES,
                              "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate"},
                              "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
-                             "starcoder2": {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}}
+                             "starcoder2": {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
+                             "phi": {"attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}}
 # Every expert's matrix of a layer stacked in one 3-D tensor, split here into one tensor per expert (`split_experts`).
 _EXPERT_STACK = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
 _ROUTER = re.compile(r"blk\.(\d+)\.ffn_gate_inp\.weight")
@@ -92,6 +93,7 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output_norm.bias": "model.norm.bias",  # a LayerNorm's (StarCoder2)
     "output.weight": "lm_head.weight",
+    "output.bias": "lm_head.bias",  # Phi's head has one
 }
 # Per-pair rotary frequency divisors (Llama 3.1's scaling as llama.cpp's converter writes it, and Phi-3's LongRoPE
 # short and long ones): config, not weights.
@@ -128,8 +130,8 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
 
 
 def _with_biases(config: ModelConfig, file: GGUFFile) -> ModelConfig:
-    """A StarCoder2 config with the biases its file holds (llama.cpp adds each only where the tensor is there)."""
-    if config.architecture != "starcoder2":
+    """A StarCoder2 or Phi-2 config with the biases its file holds (llama.cpp adds each only where the tensor is there)."""
+    if config.architecture not in ("starcoder2", "phi"):
         return config
     names = {t.name for t in file.tensors}
     return dataclasses.replace(config, qkv_bias="blk.0.attn_q.bias" in names, output_bias="blk.0.attn_output.bias" in names,

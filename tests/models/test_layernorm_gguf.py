@@ -1,4 +1,5 @@
-"""StarCoder2 from a GGUF file as llama.cpp's converter writes it (arch `starcoder2`), against transformers."""
+"""LayerNorm families from GGUF files as llama.cpp's converter writes them (StarCoder2 `starcoder2`, Phi-2 `phi2`),
+against transformers."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
 VOCAB = 320
 _GLOBALS = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-            "model.norm.bias": "output_norm.bias", "lm_head.weight": "output.weight"}  # fmt: skip
+            "model.norm.bias": "output_norm.bias", "model.final_layernorm.weight": "output_norm.weight",
+            "model.final_layernorm.bias": "output_norm.bias", "lm_head.weight": "output.weight", "lm_head.bias": "output.bias"}  # fmt: skip
 _PARTS = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}  # fmt: skip
+          "self_attn.o_proj": "attn_output", "self_attn.dense": "attn_output", "post_attention_layernorm": "ffn_norm",
+          "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}  # fmt: skip
 
 
 def _gguf_name(name: str) -> str:
@@ -35,15 +38,18 @@ def _gguf_name(name: str) -> str:
     return f"blk.{layer}.{_PARTS[part]}.{kind}"
 
 
-def write_starcoder2_gguf(folder, path, qtype: GGMLQuantizationType | None = None) -> None:
-    """The HF model in `folder` under llama.cpp's starcoder2 names and keys (no q/k reordering: its converter permutes
-    only Llama-family rows); matrices in `qtype` (None: float32); the head left out when tied."""
+def write_layernorm_gguf(folder, path, architecture: str, qtype: GGMLQuantizationType | None = None) -> None:
+    """The HF model in `folder` under llama.cpp's names and keys for `architecture` (no q/k reordering: its converter
+    permutes only Llama-family rows; Phi-2's rotated width as rope.dimension_count); matrices in `qtype` (None:
+    float32); the head left out when tied."""
     reference = load_reference(folder)
     config = reference.config
-    writer = GGUFWriter(str(path), "starcoder2")
+    writer = GGUFWriter(str(path), architecture)
     add_shape_metadata(writer, config)
-    writer.add_layer_norm_eps(config.norm_epsilon)
+    writer.add_layer_norm_eps(getattr(config, "norm_epsilon", None) or config.layer_norm_eps)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    head_dim = config.hidden_size // config.num_attention_heads
+    writer.add_rope_dimension_count(int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0)))
     for name, tensor in reference.state_dict().items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
@@ -62,10 +68,20 @@ def _starcoder2(**overrides) -> transformers.Starcoder2Config:
     return transformers.Starcoder2Config(**{**settings, **overrides})
 
 
-@pytest.mark.parametrize("overrides", [{}, {"use_bias": False, "tie_word_embeddings": False}], ids=["tied-biases", "untied-no-bias"])
-def test_a_starcoder2_gguf_matches_transformers(tmp_path, overrides):
-    folder = save_random_model(transformers.Starcoder2ForCausalLM, _starcoder2(**overrides), tmp_path / "hf")
-    write_starcoder2_gguf(folder, tmp_path / "model.gguf")
+def _phi2(**overrides) -> transformers.PhiConfig:
+    settings = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    max_position_embeddings=256, partial_rotary_factor=0.5, eos_token_id=None)  # fmt: skip
+    return transformers.PhiConfig(**{**settings, **overrides})
+
+
+@pytest.mark.parametrize(("model_class", "config", "architecture"), [
+    (transformers.Starcoder2ForCausalLM, _starcoder2(), "starcoder2"),
+    (transformers.Starcoder2ForCausalLM, _starcoder2(use_bias=False, tie_word_embeddings=False), "starcoder2"),
+    (transformers.PhiForCausalLM, _phi2(), "phi2"),
+], ids=["starcoder2-tied-biases", "starcoder2-untied-no-bias", "phi2"])  # fmt: skip
+def test_a_gguf_as_llama_cpp_writes_it_matches_transformers(tmp_path, model_class, config, architecture):
+    folder = save_random_model(model_class, config, tmp_path / "hf")
+    write_layernorm_gguf(folder, tmp_path / "model.gguf", architecture)
     assert_prompt_logits_match(tmp_path / "model.gguf", load_reference(folder), make_prompts(VOCAB))
 
 
@@ -73,7 +89,7 @@ def test_a_quantized_starcoder2_gguf_runs_in_its_blocks_like_its_float_copy(tmp_
     from ember.quant.ggml_layers import GGMLLinear
 
     folder = save_random_model(transformers.Starcoder2ForCausalLM, _starcoder2(), tmp_path / "hf")
-    write_starcoder2_gguf(folder, tmp_path / "q8.gguf", GGMLQuantizationType.Q8_0)
+    write_layernorm_gguf(folder, tmp_path / "q8.gguf", "starcoder2", GGMLQuantizationType.Q8_0)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompt = make_prompts(VOCAB)[3]
     blocks = LLM(str(tmp_path / "q8.gguf"), dtype="auto", block_size=4, num_kv_blocks=128)
