@@ -8,10 +8,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "olmo2", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe",
-                      "starcoder2", "phi2")
+                      "starcoder2", "phi2", "stablelm")
 # GGUF architecture -> ember's (transformers') name where they differ; one not listed and not below runs as "llama"
 _GGUF_ARCHITECTURE_NAMES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "phi2": "phi"}
-_GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "gemma", "gemma2", "starcoder2")
+_GGUF_OWN_ARCHITECTURES = ("qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "gemma", "gemma2", "starcoder2", "stablelm")
 _GGUF_NOPE_STEP = 4  # llama.cpp's smollm3: every fourth layer takes no rotation (fixed there, no key in the file)
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "granite", "olmo2", "mixtral", "qwen2_moe",
                       "qwen3_moe", "deepseek_v2", "gpt2", "gemma", "gemma2", "gemma3_text", "gemma3", "falcon", "opt",
@@ -256,8 +256,9 @@ class ModelConfig:
         num_heads = key("attention.head_count")
         hidden = key("embedding_length")
         rotated = key("rope.dimension_count")
-        # phi3's and phi2's rope.dimension_count is what rotates (Phi-4-mini: 3/4 of each head); elsewhere the head
-        partial = arch in ("phi3", "phi2")
+        # phi3's, phi2's and stablelm's rope.dimension_count is what rotates (Phi-4-mini: 3/4 of each head); elsewhere
+        # the head
+        partial = arch in ("phi3", "phi2", "stablelm")
         head_dim = key("attention.key_length") or (None if partial else rotated) or hidden // num_heads
         rotary_dim = rotated if partial and rotated and rotated < head_dim else None
         window = key("attention.sliding_window") if arch == "phi3" else None  # Phi-3 windows every layer, as transformers
@@ -289,9 +290,9 @@ class ModelConfig:
             config = replace(config, **_gguf_moe_extras(arch, key))
         if arch == "granite":
             config = replace(config, **_gguf_granite_extras(key))
-        if arch in ("starcoder2", "phi2"):  # LayerNorms and a GELU MLP; the biases are read from the file's tensors (gguf_loader)
-            config = replace(config, layer_norm_eps=float(key("attention.layer_norm_epsilon", 1e-5)),
-                             hidden_act="gelu_pytorch_tanh" if arch == "starcoder2" else "gelu_new")
+        if arch in ("starcoder2", "phi2", "stablelm"):  # LayerNorms; biases and residual read from the tensors (gguf_loader)
+            activation = {"starcoder2": "gelu_pytorch_tanh", "phi2": "gelu_new", "stablelm": "silu"}[arch]
+            config = replace(config, layer_norm_eps=float(key("attention.layer_norm_epsilon", 1e-5)), hidden_act=activation)
         return replace(config, **_gguf_gemma_extras(arch, key, hidden // num_heads)) if arch.startswith("gemma") else config
 
 

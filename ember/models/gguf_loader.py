@@ -130,12 +130,16 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
 
 
 def _with_biases(config: ModelConfig, file: GGUFFile) -> ModelConfig:
-    """A StarCoder2 or Phi-2 config with the biases its file holds (llama.cpp adds each only where the tensor is there)."""
-    if config.architecture not in ("starcoder2", "phi"):
+    """A StarCoder2, Phi-2 or StableLM config with the biases its file holds (llama.cpp adds each only where the tensor
+    is there); a StableLM block without an ffn_norm adds attention and MLP side by side (use_parallel_residual)."""
+    if config.architecture not in ("starcoder2", "phi", "stablelm"):
         return config
     names = {t.name for t in file.tensors}
+    if config.architecture == "stablelm" and "blk.0.attn_q_norm.weight" in names:
+        raise ValueError("this StableLM GGUF has per-head q/k norms (qk_layernorm): ember reads those from HF folders only")
     return dataclasses.replace(config, qkv_bias="blk.0.attn_q.bias" in names, output_bias="blk.0.attn_output.bias" in names,
-                               mlp_bias="blk.0.ffn_up.bias" in names)  # fmt: skip
+                               mlp_bias="blk.0.ffn_up.bias" in names,
+                               parallel_residual=config.architecture == "stablelm" and "blk.0.ffn_norm.weight" not in names)  # fmt: skip
 
 
 def _with_dense_layers(config: ModelConfig, file: GGUFFile) -> ModelConfig:

@@ -1,5 +1,5 @@
-"""LayerNorm families from GGUF files as llama.cpp's converter writes them (StarCoder2 `starcoder2`, Phi-2 `phi2`),
-against transformers."""
+"""LayerNorm families from GGUF files as llama.cpp's converter writes them (StarCoder2 `starcoder2`, Phi-2 `phi2`,
+StableLM `stablelm`), against transformers."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ _GLOBALS = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight
             "model.final_layernorm.bias": "output_norm.bias", "lm_head.weight": "output.weight", "lm_head.bias": "output.bias"}  # fmt: skip
 _PARTS = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "self_attn.dense": "attn_output", "post_attention_layernorm": "ffn_norm",
-          "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}  # fmt: skip
+          "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down",
+          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}  # fmt: skip
 
 
 def _gguf_name(name: str) -> str:
@@ -74,11 +75,19 @@ def _phi2(**overrides) -> transformers.PhiConfig:
     return transformers.PhiConfig(**{**settings, **overrides})
 
 
+def _stablelm(**overrides) -> transformers.StableLmConfig:
+    settings = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=256, eos_token_id=None)  # fmt: skip
+    return transformers.StableLmConfig(**{**settings, **overrides})
+
+
 @pytest.mark.parametrize(("model_class", "config", "architecture"), [
     (transformers.Starcoder2ForCausalLM, _starcoder2(), "starcoder2"),
     (transformers.Starcoder2ForCausalLM, _starcoder2(use_bias=False, tie_word_embeddings=False), "starcoder2"),
     (transformers.PhiForCausalLM, _phi2(), "phi2"),
-], ids=["starcoder2-tied-biases", "starcoder2-untied-no-bias", "phi2"])  # fmt: skip
+    (transformers.StableLmForCausalLM, _stablelm(), "stablelm"),
+    (transformers.StableLmForCausalLM, _stablelm(use_qkv_bias=True, use_parallel_residual=True), "stablelm"),
+], ids=["starcoder2-tied-biases", "starcoder2-untied-no-bias", "phi2", "stablelm-3b", "stablelm-2-parallel"])  # fmt: skip
 def test_a_gguf_as_llama_cpp_writes_it_matches_transformers(tmp_path, model_class, config, architecture):
     folder = save_random_model(model_class, config, tmp_path / "hf")
     write_layernorm_gguf(folder, tmp_path / "model.gguf", architecture)
