@@ -3,6 +3,7 @@ StableLM `stablelm`), against transformers."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import transformers
 from gguf import GGMLQuantizationType, GGUFWriter
@@ -39,10 +40,11 @@ def _gguf_name(name: str) -> str:
     return f"blk.{layer}.{_PARTS[part]}.{kind}"
 
 
-def write_layernorm_gguf(folder, path, architecture: str, qtype: GGMLQuantizationType | None = None) -> None:
+def write_layernorm_gguf(folder, path, architecture: str, qtype: GGMLQuantizationType | None = None,
+                         extra: dict[str, np.ndarray] | None = None) -> None:
     """The HF model in `folder` under llama.cpp's names and keys for `architecture` (no q/k reordering: its converter
-    permutes only Llama-family rows; Phi-2's rotated width as rope.dimension_count); matrices in `qtype` (None:
-    float32); the head left out when tied."""
+    permutes only Llama-family rows; the rotated width as rope.dimension_count); matrices in `qtype` (None:
+    float32); the head left out when tied; `extra` tensors added as they are."""
     reference = load_reference(folder)
     config = reference.config
     writer = GGUFWriter(str(path), architecture)
@@ -60,6 +62,8 @@ def write_layernorm_gguf(folder, path, architecture: str, qtype: GGMLQuantizatio
         else:
             raw = quantize(values, qtype)
             writer.add_tensor(_gguf_name(name), raw, raw_shape=raw.shape, raw_dtype=qtype)
+    for name, values in (extra or {}).items():
+        writer.add_tensor(name, values)
     finish_gguf(writer)
 
 
@@ -105,3 +109,11 @@ def test_a_quantized_starcoder2_gguf_runs_in_its_blocks_like_its_float_copy(tmp_
     floats = LLM(str(tmp_path / "q8.gguf"), dtype="float32", block_size=4, num_kv_blocks=128)
     assert any(isinstance(module, GGMLLinear) for module in blocks.engine.runner.model.modules())
     assert blocks.generate([prompt], params)[0].outputs[0].token_ids == floats.generate([prompt], params)[0].outputs[0].token_ids
+
+
+def test_a_stablelm_gguf_with_per_head_qk_norms_is_refused_by_name(tmp_path):
+    folder = save_random_model(transformers.StableLmForCausalLM, _stablelm(), tmp_path / "hf")
+    norms = {f"blk.{layer}.attn_{kind}_norm.weight": np.ones((4, 16), dtype=np.float32) for layer in range(2) for kind in "qk"}
+    write_layernorm_gguf(folder, tmp_path / "model.gguf", "stablelm", extra=norms)
+    with pytest.raises(ValueError, match="per-head q/k norms"):
+        LLM(str(tmp_path / "model.gguf"))
