@@ -11,7 +11,7 @@ from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, Spec
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_defaults import AUTO, sampling_defaults
-from ember.engine.sampling_params import SamplingParams
+from ember.engine.sampling_params import SamplingParams, embedding_params
 from ember.models.loader import LoadedModel
 from ember.parallel.config import ParallelConfig
 
@@ -115,7 +115,7 @@ class LLM:
     def embed(self, prompts: PromptInput | Sequence[PromptInput], show_progress: bool = False) -> list[list[float]]:
         """Each prompt's embedding, in prompt order: the final hidden state at its last token, L2-normalised (vLLM's
         `LLM.embed` on a decoder model: last-token pooling, as embedding models such as Qwen3-Embedding are read)."""
-        outputs = self.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, embed=True), show_progress)
+        outputs = self.generate(prompts, embedding_params(), show_progress)
         return [output.embedding for output in outputs]
 
     def chat(

@@ -358,11 +358,11 @@ class ModelRunner:
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         params = seq.params
-        banned = banned_by_bad_words(seq.request.bad_word_ids, seq.output_token_ids)
+        banned = banned_by_bad_words(seq.request.bad_word_ids, seq.output_token_ids) if seq.request.bad_word_ids else set()
         if seq.num_output_tokens < params.min_tokens:
             banned |= set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-        banned = tuple(sorted(banned))
-        return SamplingRow(params, seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids, seq.generator, banned, seq.guide)
+        return SamplingRow(params, seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids, seq.generator,
+                           tuple(sorted(banned)), seq.guide)  # fmt: skip
 
     def _prompt_logprobs(self, item: ScheduledSequence, hidden: torch.Tensor) -> list[SampledToken]:
         """Logprob, rank and top alternatives of each next prompt token predicted inside this chunk."""

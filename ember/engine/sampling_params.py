@@ -123,6 +123,11 @@ class SamplingParams:
             _check(isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63, "seed", "a 64-bit integer")
 
 
+def embedding_params() -> SamplingParams:
+    """The params of an embedding request (`embed`): one sequence, nothing generated."""
+    return SamplingParams(max_tokens=1, temperature=0.0, embed=True)
+
+
 def _check(condition: bool, name: str, expected: str) -> None:
     if not condition:
         raise ValueError(f"sampling parameter {name!r} must be {expected}")

@@ -185,8 +185,8 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         # Back in the queue ahead of every waiting sequence of its priority or lower (all of them when equal).
-        key = _queue_key(seq)
-        position = next((i for i, waiting in enumerate(self.waiting) if _queue_key(waiting)[0] >= key[0]), len(self.waiting))
+        priority = seq.request.priority
+        position = next((i for i, waiting in enumerate(self.waiting) if waiting.request.priority >= priority), len(self.waiting))
         self.waiting.insert(position, seq)
         out.preempted.append(seq)
         self.num_preemptions += 1

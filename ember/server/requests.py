@@ -368,31 +368,41 @@ async def chat_prompt(request: ChatCompletionRequest, template: ChatTemplate, en
     how = replace(how, variables={**{name: value for name, value in given.items() if value is not None}, **how.variables})
     text = await encoder.render(template, request.messages, how)
     # The template already writes any BOS it wants; adding special tokens again would double it (unless asked).
-    ids = await encoder.encode(text, add_special_tokens=bool(request.add_special_tokens), param="messages",
-                               truncates=request.truncate_prompt_tokens is not None)
-    return PreparedPrompt(ids, text)
+    keep = request.truncate_prompt_tokens
+    ids = await encoder.encode(text, add_special_tokens=bool(request.add_special_tokens), param="messages", truncates=keep is not None)
+    return _truncated(PreparedPrompt(ids, text), keep, encoder.max_model_len)
 
 
-def count_prompts(prompt: PromptInput) -> int:
-    """How many prompts (engine requests) a completion's `prompt` or an embedding's `input` carries."""
-    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-        return 1
-    return len(prompt)
+def count_prompts(prompt: PromptInput, max_waiting: int, param: str) -> int:
+    """How many prompts (engine requests) a completion's `prompt` or an embedding's `input` carries; a 400 when more
+    than the server ever lets wait (`max_waiting`)."""
+    count = 1 if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else len(prompt)
+    if count > max_waiting:
+        raise ApiError(f"Too many prompts in one request ({count}); this server takes at most {max_waiting}. Split the batch.",
+                       param=param, code="invalid_value")  # fmt: skip
+    return count
 
 
 async def completion_prompts(request: CompletionRequest, encoder: PromptEncoder, tokenizer) -> list[PreparedPrompt]:
     """Each prompt of a completion request, tokenized (`prepared_prompts`)."""
     return await prepared_prompts(request.prompt, encoder, tokenizer, "prompt", request.add_special_tokens is not False,
-                                  truncates=request.truncate_prompt_tokens is not None)  # fmt: skip
+                                  request.truncate_prompt_tokens)  # fmt: skip
 
 
 async def prepared_prompts(prompt: PromptInput, encoder: PromptEncoder, tokenizer, param: str, add_special_tokens: bool,
-                           truncates: bool) -> list[PreparedPrompt]:  # fmt: skip
-    """Each prompt of `prompt` (text, texts, ids, or lists of ids; `param` names the field), tokenized.
+                           keep: int | None) -> list[PreparedPrompt]:  # fmt: skip
+    """Each prompt of `prompt` (text, texts, ids, or lists of ids; `param` names the field), tokenized, and cut to its
+    last `keep` tokens where given (vLLM's truncate_prompt_tokens).
 
-    Every text is checked against the context window before any is tokenized (unless the caller `truncates` them),
-    so one huge prompt in a batch is refused without tokenizing the others.
+    Every text is checked against the context window before any is tokenized (unless it is to be cut), so one huge
+    prompt in a batch is refused without tokenizing the others.
     """
+    return [_truncated(prepared, keep, encoder.max_model_len)
+            for prepared in await _encoded_prompts(prompt, encoder, tokenizer, param, add_special_tokens, keep is not None)]  # fmt: skip
+
+
+async def _encoded_prompts(prompt: PromptInput, encoder: PromptEncoder, tokenizer, param: str, add_special_tokens: bool,
+                           truncates: bool) -> list[PreparedPrompt]:  # fmt: skip
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
@@ -419,7 +429,7 @@ def _id_prompt(ids: list[int], tokenizer, param: str) -> PreparedPrompt:
     return PreparedPrompt(list(ids))
 
 
-def truncated(prompt: PreparedPrompt, keep: int | None, max_model_len: int) -> PreparedPrompt:
+def _truncated(prompt: PreparedPrompt, keep: int | None, max_model_len: int) -> PreparedPrompt:
     """The prompt's last `keep` tokens (vLLM's truncate_prompt_tokens; -1: the context window's worth), its text
     dropped once cut (the text no longer matches the ids); the prompt itself when it is no longer than that."""
     if keep is None:

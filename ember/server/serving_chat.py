@@ -38,7 +38,6 @@ from ember.server.requests import (
     parse_request,
     resolve_model,
     response_id,
-    truncated,
 )
 from ember.server.responses import event, model_response, sse_response
 from ember.server.tool_calls import ToolCallStream, ToolPlan, finish_reason_with_calls, plan_tools
@@ -112,7 +111,6 @@ async def start_chat(context: ServingContext, request_id: str, request: ChatComp
     generating (the deltas; `ticket` is released when they end)."""
     template = chat_template_for(request, context.chat_template, context.request_templates)
     prompt = await chat_prompt(request, template, context.encoder, tools)
-    prompt = truncated(prompt, request.truncate_prompt_tokens, context.max_model_len)
     check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
     check_engine_accepts(context.engine, prompt, params, "messages")
     return tracked_generate(context, engine_request_id(request_id, request), prompt, params, ticket, request.priority or 0,

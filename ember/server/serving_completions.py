@@ -20,7 +20,6 @@ from ember.engine.outputs import CompletionOutput, RequestOutput
 from ember.engine.sampling_params import SamplingParams
 from ember.server.admission import AdmissionTicket
 from ember.server.context import ServingContext
-from ember.server.errors import ApiError
 from ember.server.formatting import LogprobFormatter, openai_finish_reason, usage_of
 from ember.server.generation import cancel_on_disconnect, collect, merge_streams, tracked_generate
 from ember.server.protocol import (
@@ -42,7 +41,6 @@ from ember.server.requests import (
     resolve_model,
     response_id,
     scores_prompt_only,
-    truncated,
 )
 from ember.server.responses import event, model_response, sse_response
 
@@ -53,14 +51,7 @@ async def create_completion(context: ServingContext, raw_request: Request) -> Re
     model = resolve_model(request.model, context.model_names)
     check_completion_request(request)
     params = completion_sampling_params(request, context.config.sampling_defaults)
-    num_prompts = count_prompts(request.prompt)
-    if num_prompts > context.config.max_waiting:
-        raise ApiError(
-            f"Too many prompts in one request ({num_prompts}); this server takes at most "
-            f"{context.config.max_waiting}. Split the batch.",
-            param="prompt",
-            code="invalid_value",
-        )
+    num_prompts = count_prompts(request.prompt, context.config.max_waiting, "prompt")
     # Admitted before tokenizing: prompts being tokenized wait too, and count against the limit.
     ticket = context.admission.admit(max(num_prompts, 1))
     try:
@@ -79,7 +70,6 @@ async def _run_completion(
     ticket: AdmissionTicket,
 ) -> Response:
     prompts = await completion_prompts(request, context.encoder, context.tokenizer)
-    prompts = [truncated(prompt, request.truncate_prompt_tokens, context.max_model_len) for prompt in prompts]
     for prompt in prompts:
         check_fits(prompt, params.max_tokens, context.max_model_len, "prompt")
         check_engine_accepts(context.engine, prompt, params, "prompt")

@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ember.engine.outputs import RequestOutput
-from ember.engine.sampling_params import SamplingParams
+from ember.engine.sampling_params import embedding_params
 from ember.server.admission import AdmissionTicket
 from ember.server.context import ServingContext
 from ember.server.errors import ApiError
@@ -28,11 +28,10 @@ from ember.server.requests import (
     parse_request,
     prepared_prompts,
     resolve_model,
-    truncated,
 )
 from ember.server.responses import model_response
 
-EMBED = SamplingParams(max_tokens=1, temperature=0.0, embed=True)
+EMBED = embedding_params()
 
 
 async def create_embeddings(context: ServingContext, raw_request: Request) -> Response:
@@ -42,10 +41,7 @@ async def create_embeddings(context: ServingContext, raw_request: Request) -> Re
     if request.dimensions is not None:
         raise ApiError("Unsupported parameter 'dimensions': ember returns the model's full hidden size (no Matryoshka "
                        "truncation). Remove it from the request.", param="dimensions", code="unsupported_parameter")  # fmt: skip
-    num_inputs = count_prompts(request.input)
-    if num_inputs > context.config.max_waiting:
-        raise ApiError(f"Too many inputs in one request ({num_inputs}); this server takes at most "
-                       f"{context.config.max_waiting}. Split the batch.", param="input", code="invalid_value")  # fmt: skip
+    num_inputs = count_prompts(request.input, context.config.max_waiting, "input")
     ticket = context.admission.admit(max(num_inputs, 1))
     try:
         outputs = await _embedded(context, raw_request, request, ticket)
@@ -60,8 +56,7 @@ async def _embedded(context: ServingContext, raw_request: Request, request: Embe
                     ) -> list[RequestOutput]:  # fmt: skip
     """Tokenize, check and run every input (the engine's outputs, in input order)."""
     prompts = await prepared_prompts(request.input, context.encoder, context.tokenizer, "input",
-                                     request.add_special_tokens is not False, request.truncate_prompt_tokens is not None)  # fmt: skip
-    prompts = [truncated(prompt, request.truncate_prompt_tokens, context.max_model_len) for prompt in prompts]
+                                     request.add_special_tokens is not False, request.truncate_prompt_tokens)  # fmt: skip
     for prompt in prompts:
         check_fits(prompt, 1, context.max_model_len, "input")
         check_engine_accepts(context.engine, prompt, EMBED, "input")

@@ -42,6 +42,10 @@ class PromptEncoder:
         self._max_model_len = max_model_len
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-tokenize")
 
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
     async def encode(self, text: str, *, add_special_tokens: bool, param: str, truncates: bool = False) -> list[int]:
         """Token ids of `text`, or a 400 if it cannot fit (unless the caller `truncates` it) or the tokenizer fails on it."""
         self.refuse_if_too_long(text, param, truncates)

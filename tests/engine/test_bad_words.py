@@ -7,6 +7,7 @@ import pytest
 from ember.engine.bad_words import bad_word_token_ids, banned_by_bad_words
 from ember.engine.limits import RequestRejected
 from ember.engine.sampling_params import SamplingParams
+from ember.tokenizers import load
 from tests.engine.stories import run_to_completion, stories_llm
 
 
@@ -19,13 +20,23 @@ def test_a_one_token_word_is_always_banned_and_a_longer_one_only_once_begun():
     assert banned_by_bad_words(((3, 4, 5),), [4]) == set()
 
 
-def test_a_word_is_spelled_as_written_and_after_a_space(stories_dir):
+def _spelled(tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_a_word_is_spelled_as_written_and_after_a_space_where_that_is_another_token(shared_dir):
+    """GPT-2 spells "dog" and " dog" as two different single tokens: both are banned."""
+    tokenizer = load(shared_dir / "tokenizers" / "gpt2")
+    plain, spaced = _spelled(tokenizer, "dog"), _spelled(tokenizer, " dog")
+    assert len(plain) == len(spaced) == 1 and plain != spaced
+    assert bad_word_token_ids(tokenizer, ["  dog"]) == (plain, spaced)  # leading spaces are dropped first
+
+
+def test_a_spaced_spelling_of_another_length_is_not_added(stories_dir):
+    """The stories tokenizer writes the space as a token of its own before "Lily": only "Lily" itself is banned."""
     tokenizer = stories_llm(stories_dir, block_size=4, num_kv_blocks=64).tokenizer
-    plain = tuple(tokenizer.encode("dog", add_special_tokens=False))
-    spaced = tuple(tokenizer.encode(" dog", add_special_tokens=False))
-    spellings = bad_word_token_ids(tokenizer, ["  dog"])  # leading spaces are dropped first
-    assert spellings[0] == plain
-    assert (spaced in spellings) == (spaced[0] != plain[0] and len(spaced) == len(plain))
+    assert len(_spelled(tokenizer, " Lily")) > len(_spelled(tokenizer, "Lily"))
+    assert bad_word_token_ids(tokenizer, ["Lily"]) == (_spelled(tokenizer, "Lily"),)
 
 
 def test_bad_words_need_a_tokenizer():
