@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 
 from ember.engine.config import EngineConfig, add_engine_arguments
-from ember.engine.llm_engine import LLMEngine
-from ember.eval.perplexity import perplexity
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,6 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_perplexity(args: argparse.Namespace) -> int:
+    from ember.engine.llm_engine import LLMEngine
+    from ember.eval.perplexity import perplexity
+
     if not args.file.is_file():
         raise FileNotFoundError(f"{args.file} is not a file")
     engine = LLMEngine(EngineConfig.from_args(args))

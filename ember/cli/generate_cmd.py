@@ -6,11 +6,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ember.engine.config import EngineConfig, add_engine_arguments
-from ember.engine.llm_engine import LLMEngine
-from ember.engine.sampling_params import SamplingParams
-from ember.engine.structured import StructuredOutput
+
+if TYPE_CHECKING:  # the engine (and torch) load when the command runs, not to build its parser
+    from ember.engine.llm_engine import LLMEngine
+    from ember.engine.structured import StructuredOutput
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ember.engine.llm_engine import LLMEngine
+    from ember.engine.sampling_params import SamplingParams
+
     engine = LLMEngine(EngineConfig.from_args(args), show_progress=sys.stderr.isatty())
     prompt_ids = prompt_token_ids(engine, args.prompt, args.chat, args.system)
     params = SamplingParams(
@@ -61,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
 def structured_output(args: argparse.Namespace) -> StructuredOutput | None:
     """The output constraint the flags ask for (None: free text)."""
+    from ember.engine.structured import StructuredOutput
+
     if args.json_object:
         return StructuredOutput(json_object=True)
     if args.choice:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ember.engine.config import parse_bytes
 from ember.kv.planner import (
@@ -20,10 +19,11 @@ from ember.kv.planner import (
 )
 from ember.models.config import ModelConfig
 
-# --dtype values the engine can allocate its cache in (the runner's torch dtype); the rest are formula only.
-ENGINE_CACHE_DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
-}
+if TYPE_CHECKING:  # torch loads when a checkpoint is measured, not to build the parser
+    import torch
+
+# --dtype values the engine can allocate its cache in, by the name of the runner's torch dtype; the rest are formula only.
+ENGINE_CACHE_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "fp8": "float8_e4m3fn"}
 UNALLOCATED_DTYPES = tuple(d for d in ELEMENT_SIZES if d not in ENGINE_CACHE_DTYPES)
 
 
@@ -89,18 +89,22 @@ def _read_model(
     if path.is_file() and path.suffix == ".json":
         with open(path, encoding="utf-8") as f:
             return ModelConfig.from_hf(json.load(f)), None
+    import torch
+
     from ember.models.loader import load_model
     from ember.models.registry import resolve_model
 
     loaded = load_model(resolve_model(name), "auto")  # the cache dtype is the runner's, whatever the weights'
-    cache_dtype = ENGINE_CACHE_DTYPES.get(dtype)
-    if not measure or cache_dtype is None:
+    if not measure or dtype not in ENGINE_CACHE_DTYPES:
         return loaded.config, None
+    cache_dtype = getattr(torch, ENGINE_CACHE_DTYPES[dtype])
     return loaded.config, _allocated_bytes_per_token(loaded.model, block_size, context, cache_dtype)
 
 
 def _allocated_bytes_per_token(model: torch.nn.Module, block_size: int, context: int, cache_dtype: torch.dtype) -> int:
     """Build the engine's runner with one sequence's blocks in `cache_dtype` and read back what it allocated."""
+    import torch
+
     from ember.engine.runner import ModelRunner
     from ember.kv.cache_manager import KVCacheManager
     from ember.layers.sampler import Sampler

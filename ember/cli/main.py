@@ -1,53 +1,47 @@
-"""The `ember` command: thin subcommands over the library."""
+"""The `ember` command: thin subcommands over the library.
+
+Each subcommand lives in a module with `register(subparsers)`, which builds its parser from
+flag tables alone; the library it drives (torch, the engine, the server) is imported inside the
+command function. `ember CMD ...` imports only CMD's module, so `ember --help`, `ember CMD --help`
+and the engine-free `ember gateway` start without loading torch (tests/cli/test_help.py).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
-# Subcommands that must start without loading torch (the gateway is a separate, engine-free
-# process): run straight from their own module, before the other subcommands are imported.
-ENGINE_FREE_COMMANDS = {"gateway": "ember.gateway.cli"}
+# Subcommand -> the module that registers it (`tokenizers.cli` registers `tokenize` and `tokenizers`).
+COMMAND_MODULES = {
+    "pull": "ember.cli.pull_cmd",
+    "generate": "ember.cli.generate_cmd",
+    "serve": "ember.server.cli",
+    "eval": "ember.cli.eval_cmd",
+    "kv": "ember.cli.kv_cmd",
+    "quantize": "ember.cli.quantize_cmd",
+    "medusa": "ember.cli.medusa_cmd",
+    "eagle": "ember.cli.eagle_cmd",
+    "tokenize": "ember.tokenizers.cli",
+    "tokenizers": "ember.tokenizers.cli",
+    "bench": "ember.bench.cli",
+    "gateway": "ember.gateway.cli",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from ember.cli import (
-        eagle_cmd,
-        eval_cmd,
-        generate_cmd,
-        kv_cmd,
-        medusa_cmd,
-        pull_cmd,
-        quantize_cmd,
-    )
-
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `ember` parser with every subcommand, or with `command`'s alone (so only its module is imported)."""
     parser = argparse.ArgumentParser(prog="ember", description="LLM inference and serving.")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    pull_cmd.register(subparsers)
-    generate_cmd.register(subparsers)
-    eval_cmd.register(subparsers)
-    kv_cmd.register(subparsers)
-    quantize_cmd.register(subparsers)
-    medusa_cmd.register(subparsers)
-    eagle_cmd.register(subparsers)
-    _register_optional(subparsers)
+    modules = [COMMAND_MODULES[command]] if command in COMMAND_MODULES else COMMAND_MODULES.values()
+    for module_name in dict.fromkeys(modules):
+        importlib.import_module(module_name).register(subparsers)
     return parser
-
-
-def _register_optional(subparsers: argparse._SubParsersAction) -> None:
-    """Subcommands owned by other packages, each a module with `register(subparsers)`."""
-    for module_name in ("ember.server.cli", "ember.tokenizers.cli", "ember.bench.cli", *ENGINE_FREE_COMMANDS.values()):
-        if importlib.util.find_spec(module_name) is not None:
-            importlib.import_module(module_name).register(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ENGINE_FREE_COMMANDS:
-        return int(importlib.import_module(ENGINE_FREE_COMMANDS[argv[0]]).main(argv[1:]) or 0)
-    parser = build_parser()
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -8,9 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from ember.engine.sampling_defaults import AUTO, sampling_defaults
-from ember.server.config import DEFAULT_MAX_BODY_BYTES, UVICORN_LOG_LEVELS, ServerConfig
+from ember.server.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    TOOL_CALL_FORMATS,
+    UVICORN_LOG_LEVELS,
+    ServerConfig,
+)
 from ember.server.reasoning import REASONING_PARSERS
-from ember.server.tool_calls import TOOL_CALL_FORMATS
 
 logger = logging.getLogger(__name__)
 

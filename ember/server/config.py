@@ -11,6 +11,10 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
+# vLLM's --tool-call-parser names of the formats a reply's calls are read in (Qwen2.5 / Qwen3 and Hermes templates write
+# Hermes's tags): ember.server.tool_calls reads each of them in any reply, so naming one changes nothing.
+TOOL_CALL_FORMATS = ("hermes", "mistral", "llama3_json")
+
 
 @dataclass
 class ServerConfig:

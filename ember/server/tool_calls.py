@@ -29,9 +29,6 @@ from ember.server.protocol import (
     ToolCall,
 )
 
-# vLLM's --tool-call-parser names of the formats a reply's calls are read in (Qwen2.5 / Qwen3 and Hermes templates write
-# Hermes's tags): ember reads each of them in any reply, so naming one changes nothing.
-TOOL_CALL_FORMATS = ("hermes", "mistral", "llama3_json")
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 CALLS_LIST = "[TOOL_CALLS]"  # Mistral's: a JSON list of calls follows
 CALL_MARKERS = (CALL_OPEN, CALLS_LIST)
