@@ -39,3 +39,9 @@ test: install-test
 
 lint: install-test
 	$(BIN)/ruff check ember tests
+
+.PHONY: docs
+docs: $(BIN)/python
+	# The docs site (docs/, mkdocs.yml) into site/ (ignored by git); --strict fails on any warning.
+	$(BIN)/pip install -e '.[docs]'
+	$(BIN)/mkdocs build --strict --site-dir site
