@@ -11,7 +11,7 @@ from ember.gateway.config import ConfigError, hash_key, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="gateway YAML file (see ember/gateway/README.md)")
+    parser.add_argument("--config", type=Path, help="gateway YAML file (see docs/gateway.md)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=4000, help="port to listen on (default %(default)s)")
     parser.add_argument("--hash-key", metavar="KEY", default=None, help="print the SHA-256 to put in the config for a virtual key, and exit")

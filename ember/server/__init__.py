@@ -3,7 +3,7 @@
 `build_app(engine, ServerConfig)` makes the FastAPI app over an `EngineClient` (for `ember serve`, an
 `EngineProcessClient` whose step loop runs in a process of its own); `run_server(engine_config,
 server_config)` loads a model and serves it; `ember serve` (ember/server/cli.py) is the command-line
-way to the same. The endpoints, fields, errors and metrics are in ember/server/README.md.
+way to the same. The endpoints, fields, errors and metrics are in docs/http-api.md.
 
 The three names load their modules on first use, so `ember serve --help` (which imports
 ember.server.cli) builds its parser without loading torch or the app.
