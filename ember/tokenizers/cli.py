@@ -6,7 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-from ember.tokenizers.loading import load
 from ember.tokenizers.patterns import NAMED_PATTERNS
 
 
@@ -78,6 +77,8 @@ def _named(spec: str) -> tuple[str, str]:
 
 
 def run_tokenize(args: argparse.Namespace) -> int:
+    from ember.tokenizers.loading import load
+
     tokenizer = load(args.tokenizer)
     ids = tokenizer.encode(args.text, add_special_tokens=args.add_special_tokens)
     pieces = [tokenizer.token_bytes(token_id) for token_id in ids]
@@ -122,6 +123,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_compare(args: argparse.Namespace) -> int:
     from ember.tokenizers.compare import format_table, measure_costs, plot_costs
+    from ember.tokenizers.loading import load
 
     tokenizers = {name: load(spec) for name, spec in map(_named, args.tokenizer)}
     texts = {}
