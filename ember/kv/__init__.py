@@ -1,1 +1,4 @@
-"""ember.kv."""
+"""ember.kv: the paged KV cache's bookkeeping (block pool, cache manager, prefix cache, KV specs, planner).
+
+See README.md beside this file.
+"""

@@ -1,4 +1,6 @@
-"""The decoder skeleton every non-Llama family shares: embed, layers over their KV groups, norm, head.
+"""The decoder skeleton most families share (Llama's too): embed, layers over their KV groups, norm, head.
+
+Falcon, GPT-2, GPT-NeoX and OPT are modules of their own and do not use it.
 
 A family supplies its decoder layer; the skeleton hands each layer its cache and the attention
 metadata of its layer group (full or windowed), so the family's files hold only the block math.
