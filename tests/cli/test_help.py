@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from ember.cli.main import COMMAND_MODULES
-from tests.server.harness import REPO_ROOT
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Run in a fresh interpreter: what `ember ARGS` leaves in sys.modules after printing its help.
 HELP_PROBE = """
