@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ember.config.model import ModelConfig
 from ember.engine.config import parse_bytes
 from ember.kv.planner import (
     ELEMENT_SIZES,
@@ -18,7 +19,7 @@ from ember.kv.planner import (
     format_table,
     plan,
 )
-from ember.models.config import ModelConfig
+from ember.models.config import config_from_hf
 
 # --dtype values the engine can allocate its cache in (the runner's torch dtype); the rest are formula only.
 ENGINE_CACHE_DTYPES = {
@@ -84,11 +85,11 @@ def _read_model(
 ) -> tuple[ModelConfig, int | None]:
     """The model's config, and the KV bytes per token its engine allocates when it is a checkpoint."""
     if name in KNOWN_SHAPES:
-        return ModelConfig.from_hf(KNOWN_SHAPES[name]), None
+        return config_from_hf(KNOWN_SHAPES[name]), None
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".json":
         with open(path, encoding="utf-8") as f:
-            return ModelConfig.from_hf(json.load(f)), None
+            return config_from_hf(json.load(f)), None
     from ember.models.loader import load_model
     from ember.models.registry import resolve_model
 

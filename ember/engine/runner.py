@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ember.config.model import ModelConfig
 from ember.engine.bad_words import banned_by_bad_words
 from ember.engine.request import Sequence
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
@@ -18,7 +19,6 @@ from ember.layers.attention import AttentionMetadata, DecodeRows, PrefillSegment
 from ember.layers.cpu_attention import PagedBatch
 from ember.layers.rejection_sampler import DraftRow, RejectionSampler, greedy_tree_path
 from ember.layers.sampler import SampledToken, Sampler, SamplingRow, row_argmax
-from ember.models.config import ModelConfig
 from ember.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:

@@ -1,11 +1,13 @@
-"""ModelConfig: the architecture facts a model file needs, read from HF config.json or GGUF metadata."""
+"""HF config.json and GGUF metadata -> `ModelConfig` (ember.config.model): the architecture facts a model file needs."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
+
+from ember.config.model import LatentAttentionConfig, ModelConfig, MoEConfig, RopeScaling, YarnRope
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "olmo2", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe",
                       "starcoder2", "phi2", "stablelm")
@@ -29,271 +31,111 @@ _GATED_WINDOW_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3")
 _EVERY_LAYER_WINDOW_TYPES = ("mistral", "mixtral", "phi3", "qwen3_moe")
 
 
-@dataclass(frozen=True)
-class MoEConfig:
-    """A sparse mixture-of-experts feed-forward: top-k routed experts, optional shared experts.
 
-    `dense_layers` use a plain MLP of `intermediate_size` instead. Qwen2-MoE gates its shared
-    expert with a sigmoid (`has_shared_expert_gate`); DeepSeek-V2 adds its shared experts as is.
-    """
-
-    num_experts: int
-    num_experts_per_token: int
-    expert_intermediate_size: int
-    normalize_top_k: bool = True
-    routed_scaling_factor: float = 1.0
-    shared_intermediate_size: int = 0
-    has_shared_expert_gate: bool = False
-    dense_layers: tuple[int, ...] = ()
-    num_expert_groups: int | None = None  # group-limited routing: experts only from the best groups
-    num_selected_groups: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.num_experts_per_token <= self.num_experts:
-            raise ValueError(
-                f"num_experts_per_tok ({self.num_experts_per_token}) must be from 1 to the number of experts ({self.num_experts})"
-            )
-
-
-@dataclass(frozen=True)
-class YarnRope:
-    """YaRN rope extension (DeepSeek-V2's `rope_scaling`): ramped frequencies, scaled attention."""
-
-    factor: float
-    original_max_position_embeddings: int
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-    attention_factor: float | None = None
-    truncate: bool = True
-
-
-@dataclass(frozen=True)
-class LatentAttentionConfig:
-    """DeepSeek-V2 multi-head latent attention: low-rank KV (and optionally Q) with a decoupled rope key."""
-
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    q_lora_rank: int | None = None
-    yarn: YarnRope | None = None
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Rotary frequency rescaling: "linear" (factor), "llama3" (factor, low/high freq, original ctx),
-    "frequency_factors" (each rotation pair's frequency divided by its own factor: a GGUF's `rope_freqs`
-    tensor, which is how llama.cpp's converter stores Llama 3.1's scaling) or "longrope" (Phi-3's: a context within
-    `original_max_position_embeddings` divides by `frequency_factors`, the short ones, a longer one by
-    `long_frequency_factors`; cos and sin scaled by `attention_factor`)."""
-
-    kind: str
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-    frequency_factors: tuple[float, ...] = ()
-    long_frequency_factors: tuple[float, ...] = ()
-    attention_factor: float = 1.0
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Architecture of one decoder-only transformer of the Llama family."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    rms_norm_eps: float = 1e-5
-    rotary_dim: int | None = None  # the leading dims of each head that rotate (Phi-4-mini: 3/4 of them); None: all
-    # Positions the rotary tables cover: the context the engine serves (`for_context`); None: max_position_embeddings.
-    rotary_positions: int | None = None
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
-    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own base; None: rope_theta
-    local_rope_scaling: RopeScaling | None = None  # Gemma 3: the sliding layers' own scaling (None: unscaled)
-    nope_layers: tuple[int, ...] = ()  # layers whose attention takes no rotary positions (SmolLM3: every fourth)
-    # Granite's scalars: embeddings times embedding_multiplier, attention scores scaled by attention_multiplier (None:
-    # head_dim ** -0.5), attention and MLP outputs times residual_multiplier before the residual add, logits divided
-    # by logits_scaling.
-    embedding_multiplier: float = 1.0
-    attention_multiplier: float | None = None
-    residual_multiplier: float = 1.0
-    logits_scaling: float = 1.0
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False
-    # Qwen3: an RMSNorm (Phi: a LayerNorm; StableLM: a LayerNorm per head) over head_dim on every query and key head,
-    # before the rotation
-    qk_norm: bool = False
-    output_bias: bool = False
-    mlp_bias: bool = False
-    # Per-layer sliding window in tokens (None: the layer sees every token); None: no windows.
-    layer_windows: tuple[int | None, ...] | None = None
-    hidden_act: str = "silu"
-    layer_norm_eps: float = 1e-5
-    layer_norm_before: bool = True  # OPT: False normalises each branch's sum (post-norm, OPT-350m)
-    parallel_residual: bool = False  # GPT-NeoX: attention and MLP both read the block's input, added side by side
-    embedding_dim: int | None = None  # OPT: a token embedding narrower than hidden_size, projected in and out
-    attn_logit_softcap: float | None = None
-    final_logit_softcap: float | None = None
-    query_pre_attn_scalar: float | None = None
-    moe: MoEConfig | None = None
-    mla: LatentAttentionConfig | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
-        if self.layer_windows is not None and len(self.layer_windows) != self.num_layers:
-            raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers")
-        if self.moe is not None and self.hidden_act not in ("silu", "swish"):
-            raise ValueError(f"{self.architecture} activation {self.hidden_act!r} is not supported; ember's experts run silu")
-
-    @property
-    def embedding_width(self) -> int:
-        """Width of the token embedding and of the LM head's input (OPT's may be narrower than hidden_size)."""
-        return self.embedding_dim or self.hidden_size
-
-    def for_context(self, max_model_len: int | None) -> ModelConfig:
-        """This config run within a context of `max_model_len` tokens (None: the model's whole context).
-
-        The rotary tables then cover only that context (a 128k-position model served at 4k keeps 4k rows), and LongRoPE
-        takes its short factors when that context is within the original one, as vLLM chooses them.
-        """
-        if max_model_len is None:
-            return self
-        return replace(self, rotary_positions=min(max_model_len, self.max_position_embeddings))
-
-    @property
-    def rotary_table_positions(self) -> int:
-        """How many positions the rotary tables hold."""
-        return self.rotary_positions or self.max_position_embeddings
-
-    def window_of(self, layer: int) -> int | None:
-        """The sliding window of `layer` in tokens, or None when it attends to every token."""
-        return None if self.layer_windows is None else self.layer_windows[layer]
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """KV bytes per token in float32 over all layers (2 * L * n_kv * d_h * 4)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
-
-    @classmethod
-    def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
-        """From a transformers `config.json` dict of any family in SUPPORTED_HF_TYPES."""
-        model_type = config.get("model_type")
-        if model_type == "gemma3":  # image-text: ember runs its language model (images are not supported)
-            return cls.from_hf(_gemma3_language_model(config))
-        if model_type not in SUPPORTED_HF_TYPES:
-            raise ValueError(
-                f"model_type {model_type!r} is not supported; ember loads {', '.join(SUPPORTED_HF_TYPES)}"
-            )
-        if model_type == "gpt2":
-            return _gpt2_config(config)
-        if model_type == "falcon":
-            return _falcon_config(config)
-        if model_type == "opt":
-            return _opt_config(config)
-        if model_type == "gpt_neox":
-            return _gpt_neox_config(config)
-        if model_type == "stablelm":
-            return _stablelm_config(config)
-        if model_type == "phi":
-            return _phi_config(config)
-        if model_type == "starcoder2":
-            return _starcoder2_config(config)
-        base = cls._llama_like(config)
-        extras = _FAMILY_EXTRAS.get(model_type)
-        return replace(base, **extras(config)) if extras else base
-
-    @classmethod
-    def _llama_like(cls, config: dict[str, Any]) -> ModelConfig:
-        model_type = config["model_type"]
-        num_heads = config["num_attention_heads"]
-        hidden = config["hidden_size"]
-        qkv_bias, output_bias, mlp_bias = _hf_biases(config)
-        return cls(
-            architecture=model_type,
-            vocab_size=config["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=config["intermediate_size"],
-            num_layers=config["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=config.get("num_key_value_heads") or num_heads,
-            head_dim=config.get("head_dim") or hidden // num_heads,
-            max_position_embeddings=config.get("max_position_embeddings", 4096),
-            rms_norm_eps=config.get("rms_norm_eps", _RMS_NORM_EPS_DEFAULTS.get(model_type, 1e-6)),
-            rope_theta=_hf_rope_theta(config),
-            # DeepSeek-V2's YaRN is read by its extras, into the latent attention config.
-            rope_scaling=None if model_type == "deepseek_v2" else _hf_rope_scaling(config),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)),
-            qkv_bias=qkv_bias,
-            output_bias=output_bias,
-            mlp_bias=mlp_bias,
-            layer_windows=_hf_layer_windows(config),
-            hidden_act=config.get("hidden_act") or config.get("hidden_activation") or "silu",
+def config_from_hf(config: dict[str, Any]) -> ModelConfig:
+    """From a transformers `config.json` dict of any family in SUPPORTED_HF_TYPES."""
+    model_type = config.get("model_type")
+    if model_type == "gemma3":  # image-text: ember runs its language model (images are not supported)
+        return config_from_hf(_gemma3_language_model(config))
+    if model_type not in SUPPORTED_HF_TYPES:
+        raise ValueError(
+            f"model_type {model_type!r} is not supported; ember loads {', '.join(SUPPORTED_HF_TYPES)}"
         )
+    if model_type == "gpt2":
+        return _gpt2_config(config)
+    if model_type == "falcon":
+        return _falcon_config(config)
+    if model_type == "opt":
+        return _opt_config(config)
+    if model_type == "gpt_neox":
+        return _gpt_neox_config(config)
+    if model_type == "stablelm":
+        return _stablelm_config(config)
+    if model_type == "phi":
+        return _phi_config(config)
+    if model_type == "starcoder2":
+        return _starcoder2_config(config)
+    base = _llama_like(config)
+    extras = _FAMILY_EXTRAS.get(model_type)
+    return replace(base, **extras(config)) if extras else base
 
-    @classmethod
-    def from_gguf(cls, metadata: dict[str, Any], has_output_tensor: bool) -> ModelConfig:
-        """From GGUF key-value metadata (`{arch}.block_count` and friends)."""
-        arch = metadata["general.architecture"]
-        if arch not in GGUF_ARCHITECTURES:
-            raise ValueError(f"GGUF architecture {arch!r} is not supported; ember loads {', '.join(GGUF_ARCHITECTURES)}")
+def _llama_like(config: dict[str, Any]) -> ModelConfig:
+    model_type = config["model_type"]
+    num_heads = config["num_attention_heads"]
+    hidden = config["hidden_size"]
+    qkv_bias, output_bias, mlp_bias = _hf_biases(config)
+    return ModelConfig(
+        architecture=model_type,
+        vocab_size=config["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=config["intermediate_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=config.get("num_key_value_heads") or num_heads,
+        head_dim=config.get("head_dim") or hidden // num_heads,
+        max_position_embeddings=config.get("max_position_embeddings", 4096),
+        rms_norm_eps=config.get("rms_norm_eps", _RMS_NORM_EPS_DEFAULTS.get(model_type, 1e-6)),
+        rope_theta=_hf_rope_theta(config),
+        # DeepSeek-V2's YaRN is read by its extras, into the latent attention config.
+        rope_scaling=None if model_type == "deepseek_v2" else _hf_rope_scaling(config),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)),
+        qkv_bias=qkv_bias,
+        output_bias=output_bias,
+        mlp_bias=mlp_bias,
+        layer_windows=_hf_layer_windows(config),
+        hidden_act=config.get("hidden_act") or config.get("hidden_activation") or "silu",
+    )
 
-        def key(name: str, default: Any = None) -> Any:
-            return metadata.get(f"{arch}.{name}", default)
+def config_from_gguf(metadata: dict[str, Any], has_output_tensor: bool) -> ModelConfig:
+    """From GGUF key-value metadata (`{arch}.block_count` and friends)."""
+    arch = metadata["general.architecture"]
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; ember loads {', '.join(GGUF_ARCHITECTURES)}")
 
-        num_heads = key("attention.head_count")
-        hidden = key("embedding_length")
-        rotated = key("rope.dimension_count")
-        # phi3's, phi2's and stablelm's rope.dimension_count is what rotates (Phi-4-mini: 3/4 of each head); elsewhere
-        # the head
-        partial = arch in ("phi3", "phi2", "stablelm")
-        head_dim = key("attention.key_length") or (None if partial else rotated) or hidden // num_heads
-        rotary_dim = rotated if partial and rotated and rotated < head_dim else None
-        window = key("attention.sliding_window") if arch == "phi3" else None  # Phi-3 windows every layer, as transformers
-        vocab = key("vocab_size") or len(metadata["tokenizer.ggml.tokens"])
-        scaling = None
-        if key("rope.scaling.type") == "linear":
-            scaling = RopeScaling(kind="linear", factor=float(key("rope.scaling.factor", 1.0)))
-        config = cls(
-            architecture=_GGUF_ARCHITECTURE_NAMES.get(arch, arch if arch in _GGUF_OWN_ARCHITECTURES else "llama"),
-            vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=key("feed_forward_length"),
-            num_layers=key("block_count"),
-            num_heads=num_heads,
-            num_kv_heads=key("attention.head_count_kv") or num_heads,
-            head_dim=head_dim,
-            rotary_dim=rotary_dim,
-            max_position_embeddings=key("context_length", 4096),
-            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(key("rope.freq_base", 10000.0)),
-            rope_scaling=scaling,
-            tie_word_embeddings=not has_output_tensor,
-            qkv_bias=arch in ("qwen2", "qwen2moe"),
-            qk_norm=arch in ("qwen3", "qwen3moe"),
-            layer_windows=(int(window),) * key("block_count") if window else None,
-            nope_layers=tuple(i for i in range(key("block_count")) if (i + 1) % _GGUF_NOPE_STEP == 0) if arch == "smollm3" else (),
-        )
-        if key("expert_count"):
-            config = replace(config, **_gguf_moe_extras(arch, key))
-        if arch == "granite":
-            config = replace(config, **_gguf_granite_extras(key))
-        if arch in ("starcoder2", "phi2", "stablelm"):  # LayerNorms; biases and residual read from the tensors (gguf_loader)
-            activation = {"starcoder2": "gelu_pytorch_tanh", "phi2": "gelu_new", "stablelm": "silu"}[arch]
-            config = replace(config, layer_norm_eps=float(key("attention.layer_norm_epsilon", 1e-5)), hidden_act=activation)
-        return replace(config, **_gguf_gemma_extras(arch, key, hidden // num_heads)) if arch.startswith("gemma") else config
+    def key(name: str, default: Any = None) -> Any:
+        return metadata.get(f"{arch}.{name}", default)
+
+    num_heads = key("attention.head_count")
+    hidden = key("embedding_length")
+    rotated = key("rope.dimension_count")
+    # phi3's, phi2's and stablelm's rope.dimension_count is what rotates (Phi-4-mini: 3/4 of each head); elsewhere
+    # the head
+    partial = arch in ("phi3", "phi2", "stablelm")
+    head_dim = key("attention.key_length") or (None if partial else rotated) or hidden // num_heads
+    rotary_dim = rotated if partial and rotated and rotated < head_dim else None
+    window = key("attention.sliding_window") if arch == "phi3" else None  # Phi-3 windows every layer, as transformers
+    vocab = key("vocab_size") or len(metadata["tokenizer.ggml.tokens"])
+    scaling = None
+    if key("rope.scaling.type") == "linear":
+        scaling = RopeScaling(kind="linear", factor=float(key("rope.scaling.factor", 1.0)))
+    config = ModelConfig(
+        architecture=_GGUF_ARCHITECTURE_NAMES.get(arch, arch if arch in _GGUF_OWN_ARCHITECTURES else "llama"),
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=key("feed_forward_length"),
+        num_layers=key("block_count"),
+        num_heads=num_heads,
+        num_kv_heads=key("attention.head_count_kv") or num_heads,
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        max_position_embeddings=key("context_length", 4096),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        tie_word_embeddings=not has_output_tensor,
+        qkv_bias=arch in ("qwen2", "qwen2moe"),
+        qk_norm=arch in ("qwen3", "qwen3moe"),
+        layer_windows=(int(window),) * key("block_count") if window else None,
+        nope_layers=tuple(i for i in range(key("block_count")) if (i + 1) % _GGUF_NOPE_STEP == 0) if arch == "smollm3" else (),
+    )
+    if key("expert_count"):
+        config = replace(config, **_gguf_moe_extras(arch, key))
+    if arch == "granite":
+        config = replace(config, **_gguf_granite_extras(key))
+    if arch in ("starcoder2", "phi2", "stablelm"):  # LayerNorms; biases and residual read from the tensors (gguf_loader)
+        activation = {"starcoder2": "gelu_pytorch_tanh", "phi2": "gelu_new", "stablelm": "silu"}[arch]
+        config = replace(config, layer_norm_eps=float(key("attention.layer_norm_epsilon", 1e-5)), hidden_act=activation)
+    return replace(config, **_gguf_gemma_extras(arch, key, hidden // num_heads)) if arch.startswith("gemma") else config
 
 
 def _hf_rope_theta(config: dict[str, Any]) -> float:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.kv.specs import KVCacheLayout, KVCacheSpec, kv_specs_for
 from ember.layers.attention import AttentionMetadata
 from ember.layers.cpu_decoder_layer import CompiledDecoderStack, FinalNorm
@@ -22,7 +23,6 @@ from ember.layers.embedding import VocabEmbedding
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
 
 LayerFactory = Callable[[int, Any], nn.Module]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.kv.specs import KVCacheSpec, kv_specs_for
 from ember.layers.attention import AttentionMetadata
 from ember.layers.mla import InterleavedRotaryEmbedding, LatentAttention
 from ember.layers.moe import GatedMLP, SparseMoE
 from ember.layers.norm import RMSNorm
-from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
 
 

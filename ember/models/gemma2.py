@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.kv.specs import KVCacheSpec
 from ember.layers.activation import gated_activation
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM, DecoderModel, LayerFactory
 
 

@@ -21,9 +21,10 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from ember.config.model import ModelConfig, RopeScaling
 from ember.gguf_file import GGUF_MAGIC, GGUFFile, GGUFTensor
-from ember.models.config import ModelConfig, RopeScaling
-from ember.quant.checkpoint import EMBER_BLOCK_FORMATS_KEY
+from ember.models.config import config_from_gguf
+from ember.quant.checkpoint import EMBER_BLOCK_FORMATS_KEY, SourceNames
 from ember.quant.ggml_blocks import FORMATS, GGMLTensor
 from ember.quant.int8_channel import FORMAT_NAME as INT8_ROWS_FORMAT
 from ember.quant.int8_channel import Int8ChannelTensor
@@ -119,7 +120,7 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     if embedding is not None:  # the embedding's rows are the vocabulary, whatever the metadata says
         metadata[f"{metadata['general.architecture']}.vocab_size"] = int(embedding.shape[1])
     has_output = any(t.name == "output.weight" for t in file.tensors)
-    config = _with_biases(_with_dense_layers(ModelConfig.from_gguf(metadata, has_output_tensor=has_output), file), file)
+    config = _with_biases(_with_dense_layers(config_from_gguf(metadata, has_output_tensor=has_output), file), file)
     factors = {t.name: tuple(dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1).tolist())
                for t in file.tensors if t.name in ROPE_CONFIG_TENSORS}
     if ROPE_FREQS_TENSOR in factors:
@@ -183,6 +184,17 @@ def hf_name(gguf_name: str, architecture: str = "llama") -> str:
     return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
+def _is_rope_interleaved(config: ModelConfig) -> bool:
+    """Whether llama.cpp's converter stored this family's q/k rows in interleaved rotary order."""
+    return config.architecture in ("llama", "mixtral", "smollm3", "granite")
+
+
+def gguf_source_names(file: GGUFFile, config: ModelConfig) -> SourceNames:
+    """The file's tensors as the model names them (its rotary tables: configuration), for writing it back quantized."""
+    names = {t.name: None if t.name in ROPE_CONFIG_TENSORS else hf_name(t.name, config.architecture) for t in file.tensors}
+    return SourceNames(names, is_rope_interleaved=_is_rope_interleaved(config))
+
+
 def unpermute_rope(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (interleaved rotary pairs -> transformers' half split)."""
     rows = weight.shape[0]
@@ -205,7 +217,7 @@ def iter_gguf_tensors(
     dequantized to float32 (rows always; columns on block boundaries): a rank's shard runs in
     float32, quantized tensor-parallel layers are not there yet. Tensors `keep` says no to are skipped unread.
     """
-    permute_rope = config.architecture in ("llama", "mixtral", "smollm3", "granite")  # llama.cpp's converter reorders these q/k rows
+    permute_rope = _is_rope_interleaved(config)
     ember_formats = ember_block_formats(file)
     _check_tensor_types(file, ember_formats)
     for tensor in split_experts(file.tensors):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.activation import SILU_NAMES, gated_activation
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.cpu_decoder_layer import CompiledDecoderLayer, LayerShape, LayerWeights
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding, UnrotatedEmbedding
-from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
 
 LLAMA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite")  # the architectures these blocks run

@@ -13,11 +13,22 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.gguf_file import GGUFFile
 from ember.layers.cpu_prepare import prepare_for_cpu_kernels
-from ember.models.config import ModelConfig
-from ember.models.gguf_loader import is_gguf_file, iter_gguf_tensors, read_gguf_config
-from ember.models.hf_loader import find_hf_tokenizer, is_hf_folder, iter_hf_tensors, read_hf_config
+from ember.models.gguf_loader import (
+    gguf_source_names,
+    is_gguf_file,
+    iter_gguf_tensors,
+    read_gguf_config,
+)
+from ember.models.hf_loader import (
+    find_hf_tokenizer,
+    hf_source_names,
+    is_hf_folder,
+    iter_hf_tensors,
+    read_hf_config,
+)
 from ember.models.llama import LLAMA_ARCHITECTURES, LlamaForCausalLM
 from ember.models.llama2c_loader import (
     is_llama2c_file,
@@ -28,7 +39,7 @@ from ember.models.llama2c_loader import (
 from ember.models.packing import PackingPlan
 from ember.models.registry import single_gguf_in
 from ember.quant.at_load import check_checkpoint_method, round_at_load, weights_rounded_at_load
-from ember.quant.checkpoint import read_block_tensors
+from ember.quant.checkpoint import SourceNames, read_block_tensors
 from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
 from ember.quant.hf_quantized import hf_quantization, read_quantized
@@ -114,6 +125,13 @@ def load_model(
         f"{path} is not a model ember can read: expected a GGUF file (or a folder holding one), a folder "
         "with config.json and *.safetensors, or a llama2.c .bin checkpoint"
     )
+
+
+def source_names(path: Path, config: ModelConfig) -> SourceNames:
+    """The tensors of the checkpoint at `path` (a GGUF file or an HF safetensors folder) as a `config` model names them."""
+    if is_gguf_file(path):
+        return gguf_source_names(GGUFFile.open(path), config)
+    return hf_source_names(path)
 
 
 def _build(

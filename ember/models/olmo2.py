@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.attention import AttentionMetadata
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
 from ember.models.llama import LlamaAttention, LlamaMLP
 

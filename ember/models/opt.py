@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.kv.specs import FullAttentionSpec, KVCacheSpec
 from ember.layers.activation import activation
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.linear import Linear
-from ember.models.config import ModelConfig
 
 POSITION_OFFSET = 2  # OPT's learned position table starts two rows before position 0
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.activation import activation
 from ember.layers.attention import AttentionMetadata
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
 from ember.models.grouped_attention import FusedQKVAttention
 

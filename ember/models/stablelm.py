@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.attention import AttentionMetadata
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderForCausalLM
 from ember.models.grouped_attention import FusedQKVAttention
 from ember.models.llama import LlamaMLP

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.norm import RMSNorm
 from ember.layers.parallel import (
     GatheredRowLinear,
@@ -35,7 +36,6 @@ from ember.layers.sequence_parallel import (
     SequenceParallelRowLinear,
     SequenceSplit,
 )
-from ember.models.config import ModelConfig
 from ember.parallel.communicator import Communicator
 
 TENSOR_PARALLEL_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3", "smollm3")

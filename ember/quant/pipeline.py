@@ -73,6 +73,7 @@ class QuantizeResult:
 
 def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> QuantizeResult:
     from ember.layers.cpu_prepare import restore_dense_weights
+    from ember.models.loader import source_names
     from ember.models.registry import resolve_model
     from ember.quant.checkpoint import write_quantized
 
@@ -102,7 +103,9 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
     if not engine.model_config.tie_word_embeddings:
         blocks["lm_head.weight"] = EMBEDDING_GRID.round_to_blocks(model.lm_head.weight)
     calib_tokens = sum(map(len, chunks))
-    written = write_quantized(resolve_model(config.model), model, engine.model_config, blocks, config, calib_tokens, notes)
+    source = resolve_model(config.model)
+    names = source_names(source, engine.model_config)
+    written = write_quantized(source, names, model, engine.model_config, blocks, config, calib_tokens, notes)
     return QuantizeResult(config.out, *written, calib_tokens)
 
 
