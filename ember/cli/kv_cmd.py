@@ -19,7 +19,7 @@ from ember.kv.planner import (
     format_table,
     plan,
 )
-from ember.models.config import config_from_hf
+from ember.models.family_registry import config_from_hf
 
 # --dtype values the engine can allocate its cache in (the runner's torch dtype); the rest are formula only.
 ENGINE_CACHE_DTYPES = {

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from ember.config.model import ModelConfig
-from ember.models.config import config_from_hf
+from ember.models.family_registry import config_from_hf
 from ember.quant.checkpoint import SourceNames
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -12,9 +14,19 @@ from ember.layers.cpu_decoder_layer import CompiledDecoderLayer, LayerShape, Lay
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding, UnrotatedEmbedding
+from ember.models.config_reading import (
+    HFDefaults,
+    attention_and_mlp_biases,
+    attention_biases,
+    llama_like_reader,
+    no_biases,
+    rotary_dim,
+)
 from ember.models.decoder import DecoderForCausalLM
+from ember.models.family_spec import QUANTIZE_FORMATS, FamilySpec, GGUFKey, GGUFReading
 
-LLAMA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite")  # the architectures these blocks run
+GGUF_NOPE_STEP = 4  # llama.cpp's smollm3: every fourth layer takes no rotation (fixed there, no key in the file)
+GRANITE_SCALARS = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
 
 
 class LlamaAttention(nn.Module):
@@ -145,6 +157,12 @@ class LlamaForCausalLM(DecoderForCausalLM):
     and on Qwen2's and Qwen3's layers past `max_window_layers` (hybrid local/global).
     """
 
+    _unrotated_tables: UnrotatedEmbedding | None = None  # built by the first NoPE layer (SmolLM3's)
+
+    def input_norms(self) -> list[tuple[nn.Module, nn.Module]]:
+        """Every block's norm before attention and before the MLP."""
+        return [layer.input_norms() for layer in self.model.layers]
+
     def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
         if layer_index in self.config.nope_layers:
             rotary = self._unrotated()
@@ -152,6 +170,90 @@ class LlamaForCausalLM(DecoderForCausalLM):
 
     def _unrotated(self) -> UnrotatedEmbedding:
         """The one position-free rotation every NoPE layer shares."""
-        if getattr(self, "_unrotated_tables", None) is None:
+        if self._unrotated_tables is None:
             self._unrotated_tables = UnrotatedEmbedding(self.config.head_dim, self.config.rotary_table_positions)
         return self._unrotated_tables
+
+
+def qwen2_biases(config: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """Qwen2 has q/k/v biases whatever its config says, and no others."""
+    return True, False, False
+
+
+def _slides_from_max_window_layers(config: dict[str, Any], num_layers: int) -> list[str]:
+    """Qwen2's and Qwen3's rule: the layers from `max_window_layers` on slide."""
+    first = config.get("max_window_layers", num_layers)
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+
+
+def _smollm3_rope_layers(config: dict[str, Any]) -> list[bool]:
+    """Whether each SmolLM3 layer rotates (`no_rope_layers`: 1 where it does; else every `no_rope_layer_interval`-th
+    layer is NoPE)."""
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        interval = config.get("no_rope_layer_interval", 4)
+        flags = [int((i + 1) % interval != 0) for i in range(config["num_hidden_layers"])]
+    return [bool(flag) for flag in flags]
+
+
+def _smollm3_slides_off_rope(config: dict[str, Any], num_layers: int) -> list[str]:
+    """SmolLM3's rule: the NoPE layers slide."""
+    return ["sliding_attention" if not uses_rope else "full_attention" for uses_rope in _smollm3_rope_layers(config)]
+
+
+def _phi3_extras(config: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3 is the Llama block (its checkpoint stores q/k/v and gate/up fused, in the packed layers' order); Phi-4-mini
+    rotates only the leading `partial_rotary_factor` of each head."""
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    partial = float(config.get("partial_rotary_factor") or parameters.get("partial_rotary_factor") or 1.0)
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return {"rotary_dim": rotary_dim(head_dim, partial, "partial_rotary_factor")}
+
+
+def _gguf_phi3_window(key: GGUFKey) -> dict[str, Any]:
+    """Phi-3 windows every layer, as transformers does."""
+    window = key("attention.sliding_window")
+    return {"layer_windows": (int(window),) * key("block_count") if window else None}
+
+
+def _gguf_smollm3_nope(key: GGUFKey) -> dict[str, Any]:
+    return {"nope_layers": tuple(i for i in range(key("block_count")) if (i + 1) % GGUF_NOPE_STEP == 0)}
+
+
+def _gguf_granite_scalars(key: GGUFKey) -> dict[str, Any]:
+    """Granite's four scalars as llama.cpp's converter names them (an attention scale of 0 or none: head_dim ** -0.5)."""
+    return {
+        "embedding_multiplier": float(key("embedding_scale", 1.0)),
+        "attention_multiplier": float(key("attention.scale", 0.0)) or None,
+        "residual_multiplier": float(key("residual_scale", 1.0)),
+        "logits_scaling": float(key("logit_scale", 1.0)),
+    }
+
+
+_QWEN_WINDOWS = {"windows_need_flag": True, "default_layer_types": _slides_from_max_window_layers}
+# The Llama block's architectures: `ember quantize` writes both formats back, and most split across ranks.
+FAMILIES = tuple(
+    FamilySpec(architecture, LlamaForCausalLM, read_hf, gguf=gguf, is_tensor_parallel=is_tensor_parallel,
+               quantize_formats=QUANTIZE_FORMATS)
+    for architecture, read_hf, gguf, is_tensor_parallel in (
+        ("llama", llama_like_reader(HFDefaults(biases=attention_and_mlp_biases)),
+         GGUFReading(("llama", "mistral"), is_rope_interleaved=True), True),
+        ("qwen2", llama_like_reader(HFDefaults(biases=qwen2_biases, **_QWEN_WINDOWS)),
+         GGUFReading(("qwen2",), read_fields=lambda key: {"qkv_bias": True}), True),
+        ("qwen3", llama_like_reader(HFDefaults(biases=attention_biases, **_QWEN_WINDOWS), lambda config: {"qk_norm": True}),
+         GGUFReading(("qwen3",), read_fields=lambda key: {"qk_norm": True}), True),
+        ("mistral", llama_like_reader(HFDefaults(biases=no_biases, ignores_layer_types=True)), None, True),  # its GGUFs run as llama
+        ("phi3", llama_like_reader(HFDefaults(biases=no_biases, rms_norm_eps=1e-5, ignores_layer_types=True), _phi3_extras),
+         GGUFReading(("phi3",), read_fields=_gguf_phi3_window, rotates_part_of_head=True,
+                     layer_names={"ffn_up": "mlp.gate_up_proj"}), False),  # phi3's ffn_up holds gate and up, gate first
+        ("smollm3", llama_like_reader(HFDefaults(biases=attention_and_mlp_biases, is_tied=True, windows_need_flag=True,
+                                       default_layer_types=_smollm3_slides_off_rope),
+                            lambda config: {"nope_layers": tuple(i for i, rotates in enumerate(_smollm3_rope_layers(config))
+                                                                 if not rotates)}),
+         GGUFReading(("smollm3",), read_fields=_gguf_smollm3_nope, is_rope_interleaved=True), True),
+        # transformers' Granite defaults every scalar left out to 1 (an attention scale of 1, not head_dim ** -0.5)
+        ("granite", llama_like_reader(HFDefaults(biases=attention_and_mlp_biases),
+                            lambda config: {key: float(config.get(key) or 1.0) for key in GRANITE_SCALARS}),
+         GGUFReading(("granite",), read_fields=_gguf_granite_scalars, is_rope_interleaved=True), False),
+    )
+)

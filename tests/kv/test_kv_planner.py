@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ember.config.model import ModelConfig
 from ember.kv.planner import KNOWN_SHAPES, compare_variants, plan
-from ember.models.config import config_from_hf
+from ember.models.family_registry import config_from_hf
 
 
 def _config(name: str) -> ModelConfig:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from ember.models.config import config_from_hf
+from ember.models.family_registry import config_from_hf
 from ember.models.llama import LlamaMLP
 from tests.model_factory import save_tiny_model
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from ember.models.config import config_from_hf
+from ember.models.family_registry import config_from_hf
 from ember.models.hf_loader import safetensors_files
 from ember.models.loader import load_model
 from tests.model_factory import load_reference, save_tiny_model

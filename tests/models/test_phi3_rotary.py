@@ -19,7 +19,7 @@ import transformers
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from ember.gguf_file import GGUFFile
-from ember.models.config import config_from_hf
+from ember.models.family_registry import config_from_hf
 from ember.models.gguf_loader import read_gguf_config
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_prompt_logits_match,

@@ -9,7 +9,7 @@ import json
 import pytest
 import transformers
 
-from ember.models.config import config_from_hf
+from ember.models.family_registry import config_from_hf
 from ember.models.loader import model_class
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from ember.models.config import config_from_hf
+from ember.models.family_registry import config_from_hf
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
     assert_prompt_logits_match,
