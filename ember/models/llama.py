@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -17,7 +19,6 @@ from ember.layers.rotary import RotaryEmbedding, UnrotatedEmbedding
 from ember.models.config_reading import (
     HFDefaults,
     attention_and_mlp_biases,
-    attention_biases,
     llama_like_reader,
     no_biases,
     rotary_dim,
@@ -230,30 +231,41 @@ def _gguf_granite_scalars(key: GGUFKey) -> dict[str, Any]:
     }
 
 
-_QWEN_WINDOWS = {"windows_need_flag": True, "default_layer_types": _slides_from_max_window_layers}
-# The Llama block's architectures: `ember quantize` writes both formats back, and most split across ranks.
-FAMILIES = tuple(
-    FamilySpec(architecture, LlamaForCausalLM, read_hf, gguf=gguf, is_tensor_parallel=is_tensor_parallel,
-               quantize_formats=QUANTIZE_FORMATS)
-    for architecture, read_hf, gguf, is_tensor_parallel in (
-        ("llama", llama_like_reader(HFDefaults(biases=attention_and_mlp_biases)),
-         GGUFReading(("llama", "mistral"), is_rope_interleaved=True), True),
-        ("qwen2", llama_like_reader(HFDefaults(biases=qwen2_biases, **_QWEN_WINDOWS)),
-         GGUFReading(("qwen2",), read_fields=lambda key: {"qkv_bias": True}), True),
-        ("qwen3", llama_like_reader(HFDefaults(biases=attention_biases, **_QWEN_WINDOWS), lambda config: {"qk_norm": True}),
-         GGUFReading(("qwen3",), read_fields=lambda key: {"qk_norm": True}), True),
-        ("mistral", llama_like_reader(HFDefaults(biases=no_biases, ignores_layer_types=True)), None, True),  # its GGUFs run as llama
-        ("phi3", llama_like_reader(HFDefaults(biases=no_biases, rms_norm_eps=1e-5, ignores_layer_types=True), _phi3_extras),
-         GGUFReading(("phi3",), read_fields=_gguf_phi3_window, rotates_part_of_head=True,
-                     layer_names={"ffn_up": "mlp.gate_up_proj"}), False),  # phi3's ffn_up holds gate and up, gate first
-        ("smollm3", llama_like_reader(HFDefaults(biases=attention_and_mlp_biases, is_tied=True, windows_need_flag=True,
-                                       default_layer_types=_smollm3_slides_off_rope),
-                            lambda config: {"nope_layers": tuple(i for i, rotates in enumerate(_smollm3_rope_layers(config))
-                                                                 if not rotates)}),
-         GGUFReading(("smollm3",), read_fields=_gguf_smollm3_nope, is_rope_interleaved=True), True),
-        # transformers' Granite defaults every scalar left out to 1 (an attention scale of 1, not head_dim ** -0.5)
-        ("granite", llama_like_reader(HFDefaults(biases=attention_and_mlp_biases),
-                            lambda config: {key: float(config.get(key) or 1.0) for key in GRANITE_SCALARS}),
-         GGUFReading(("granite",), read_fields=_gguf_granite_scalars, is_rope_interleaved=True), False),
-    )
+def _smollm3_nope_layers(config: dict[str, Any]) -> dict[str, Any]:
+    return {"nope_layers": tuple(i for i, rotates in enumerate(_smollm3_rope_layers(config)) if not rotates)}
+
+
+def _granite_scalars(config: dict[str, Any]) -> dict[str, Any]:
+    """transformers' Granite defaults every scalar left out to 1 (an attention scale of 1, not head_dim ** -0.5)."""
+    return {key: float(config.get(key) or 1.0) for key in GRANITE_SCALARS}
+
+
+def _llama_block(architecture: str, read_hf: Callable[[dict[str, Any]], ModelConfig], gguf: GGUFReading | None,
+                 is_tensor_parallel: bool) -> FamilySpec:
+    """An architecture the Llama block runs: `ember quantize` writes both checkpoint formats of it back."""
+    return FamilySpec(architecture, LlamaForCausalLM, read_hf, gguf=gguf, is_tensor_parallel=is_tensor_parallel,
+                      quantize_formats=QUANTIZE_FORMATS)
+
+
+_QWEN_WINDOWS = HFDefaults(windows_need_flag=True, default_layer_types=_slides_from_max_window_layers)
+FAMILIES = (
+    _llama_block("llama", llama_like_reader(HFDefaults(biases=attention_and_mlp_biases)),
+                 GGUFReading(("llama", "mistral"), is_rope_interleaved=True), is_tensor_parallel=True),
+    _llama_block("qwen2", llama_like_reader(replace(_QWEN_WINDOWS, biases=qwen2_biases)),
+                 GGUFReading(("qwen2",), read_fields=lambda key: {"qkv_bias": True}), is_tensor_parallel=True),
+    _llama_block("qwen3", llama_like_reader(_QWEN_WINDOWS, lambda config: {"qk_norm": True}),
+                 GGUFReading(("qwen3",), read_fields=lambda key: {"qk_norm": True}), is_tensor_parallel=True),
+    _llama_block("mistral", llama_like_reader(HFDefaults(biases=no_biases, ignores_layer_types=True)),
+                 None, is_tensor_parallel=True),  # its GGUFs run as llama
+    _llama_block("phi3", llama_like_reader(HFDefaults(biases=no_biases, rms_norm_eps=1e-5, ignores_layer_types=True),
+                                           _phi3_extras),
+                 GGUFReading(("phi3",), read_fields=_gguf_phi3_window, rotates_part_of_head=True,
+                             layer_names={"ffn_up": "mlp.gate_up_proj"}),  # its ffn_up holds gate and up, gate first
+                 is_tensor_parallel=False),
+    _llama_block("smollm3", llama_like_reader(HFDefaults(biases=attention_and_mlp_biases, is_tied=True, windows_need_flag=True,
+                                                         default_layer_types=_smollm3_slides_off_rope), _smollm3_nope_layers),
+                 GGUFReading(("smollm3",), read_fields=_gguf_smollm3_nope, is_rope_interleaved=True), is_tensor_parallel=True),
+    _llama_block("granite", llama_like_reader(HFDefaults(biases=attention_and_mlp_biases), _granite_scalars),
+                 GGUFReading(("granite",), read_fields=_gguf_granite_scalars, is_rope_interleaved=True),
+                 is_tensor_parallel=False),
 )
