@@ -13,6 +13,7 @@ from ember.config.model import ModelConfig
 from ember.layers.activation import SILU_NAMES, gated_activation
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.cpu_decoder_layer import CompiledDecoderLayer, LayerShape, LayerWeights
+from ember.layers.cpu_gemm import CompiledProductSource
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding, UnrotatedEmbedding
@@ -118,7 +119,7 @@ class LlamaDecoderLayer(nn.Module):
         """Hand the forward to one compiled call where every product has a compiled form (see `CompiledProduct`)."""
         attention, mlp = self.self_attn, self.mlp
         modules = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        products = [getattr(module, "compiled_product", lambda: None)() for module in modules]
+        products = [module.compiled_product() if isinstance(module, CompiledProductSource) else None for module in modules]
         norms = (self.input_layernorm, self.post_attention_layernorm, attention.q_norm, attention.k_norm)
         if None in products or not mlp.is_swiglu or self.residual_multiplier != 1.0 or len({norm.eps for norm in norms if norm is not None}) != 1:  # the kernel takes one eps
             return False
