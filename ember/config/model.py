@@ -82,7 +82,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of one decoder-only transformer of the Llama family."""
+    """Architecture of one decoder-only transformer, of any family ember runs (its `architecture`: transformers' model_type)."""
 
     architecture: str
     vocab_size: int
