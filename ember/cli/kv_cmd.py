@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ember.config.model import ModelConfig
 from ember.engine.config import parse_bytes
 from ember.kv.planner import (
     ELEMENT_SIZES,
@@ -17,7 +18,6 @@ from ember.kv.planner import (
     format_table,
     plan,
 )
-from ember.models.config import ModelConfig
 
 if TYPE_CHECKING:  # torch loads when a checkpoint is measured, not to build the parser
     import torch
@@ -83,12 +83,14 @@ def _read_model(
     name: str, dtype: str, block_size: int, context: int, measure: bool
 ) -> tuple[ModelConfig, int | None]:
     """The model's config, and the KV bytes per token its engine allocates when it is a checkpoint."""
+    from ember.models.family_registry import config_from_hf
+
     if name in KNOWN_SHAPES:
-        return ModelConfig.from_hf(KNOWN_SHAPES[name]), None
+        return config_from_hf(KNOWN_SHAPES[name]), None
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".json":
         with open(path, encoding="utf-8") as f:
-            return ModelConfig.from_hf(json.load(f)), None
+            return config_from_hf(json.load(f)), None
     import torch
 
     from ember.models.loader import load_model

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ember.config.model import ModelConfig
 from ember.engine.bad_words import bad_word_token_ids
 from ember.engine.config import DEFAULT_TREE_NODES, EngineConfig
 from ember.engine.limits import RequestLimits
@@ -33,7 +34,6 @@ from ember.engine.structured.structured_outputs import StructuredOutputs
 from ember.kv.cache_manager import KVCacheManager
 from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import SampledToken, Sampler
-from ember.models.config import ModelConfig
 from ember.models.loader import LoadedModel, compute_dtype, load_model
 from ember.models.registry import resolve_model
 from ember.quant.ggml_kernels import MAX_GEMV_ROWS

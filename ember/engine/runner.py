@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ember.config.model import ModelConfig
 from ember.engine.bad_words import banned_by_bad_words
 from ember.engine.request import Sequence
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
@@ -18,8 +19,7 @@ from ember.layers.attention import AttentionMetadata, DecodeRows, PrefillSegment
 from ember.layers.cpu_attention import PagedBatch
 from ember.layers.rejection_sampler import DraftRow, RejectionSampler, greedy_tree_path
 from ember.layers.sampler import SampledToken, Sampler, SamplingRow, row_argmax
-from ember.models.config import ModelConfig
-from ember.models.llama import LlamaForCausalLM
+from ember.models.causal_lm import CausalLM
 
 if TYPE_CHECKING:
     from ember.parallel.driver import WorkerGroup
@@ -73,13 +73,9 @@ def kv_cache_torch_dtype(name: str) -> torch.dtype | None:
     return KV_CACHE_TORCH_DTYPES.get(name)
 
 
-def kv_cache_layout(model: torch.nn.Module) -> KVCacheLayout:
-    """The model's per-layer KV specs (`model.kv_cache_specs()`), or full attention on every layer."""
-    specs = getattr(model, "kv_cache_specs", None)
-    if specs is not None:
-        return KVCacheLayout.from_specs(specs())
-    config = model.config
-    return KVCacheLayout.from_specs([FullAttentionSpec(config.num_kv_heads, config.head_dim)] * config.num_layers)
+def kv_cache_layout(model: CausalLM) -> KVCacheLayout:
+    """The model's per-layer KV specs (`model.kv_cache_specs()`) as layer groups."""
+    return KVCacheLayout.from_specs(model.kv_cache_specs())
 
 
 def verifies_trees(layout: KVCacheLayout, workers: WorkerGroup | None) -> bool:
@@ -144,7 +140,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         num_blocks: int,
         block_size: int,
         kv: KVCacheManager,

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ember.config.model import LatentAttentionConfig, ModelConfig
 from ember.kv.specs import KVCacheLayout, kv_specs_for
-from ember.models.config import LatentAttentionConfig, ModelConfig
 
 ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ember.models.config import ModelConfig
+    from ember.config.model import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,10 @@ SOURCE_PATH = Path(__file__).parent / "csrc" / "decoder_layer.c"
 
 @runtime_checkable
 class CompilableLayer(Protocol):
-    """A decoder layer that can hand its forward to `CompiledDecoderLayer` (cpu_prepare calls these)."""
+    """A decoder layer that can hand its forward to `CompiledDecoderLayer` (cpu_prepare calls these); `compiled` is
+    that call while it runs compiled, else None."""
+
+    compiled: CompiledDecoderLayer | None
 
     def compile_for_cpu(self) -> bool:
         """Run as one compiled call from now on where the weights fit; whether it will."""

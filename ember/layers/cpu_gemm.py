@@ -20,6 +20,7 @@ import ctypes
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -48,6 +49,14 @@ class CompiledProduct:
     in_features: int
     max_rows: int | None
     owner: object
+
+
+@runtime_checkable
+class CompiledProductSource(Protocol):
+    """A layer whose product a compiled caller can take (a packed `Linear`, GGML block layers)."""
+
+    def compiled_product(self) -> CompiledProduct | None:
+        """The product as C code calls it; None where this layer cannot hand it over now."""
 
 
 @dataclass(frozen=True)

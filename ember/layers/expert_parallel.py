@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember.config.model import MoEConfig
 from ember.layers.moe import ExpertDispatch, SparseMoE
-from ember.models.config import MoEConfig
 from ember.parallel.communicator import Communicator
 
 

@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember.config.model import LatentAttentionConfig, ModelConfig, YarnRope
 from ember.layers import cpu_attention
 from ember.layers.attention import AttentionMetadata, DecodeBatch, PrefillSegment
 from ember.layers.linear import DenseLinear, Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import rope_inverse_frequencies
-from ember.models.config import LatentAttentionConfig, ModelConfig, YarnRope
 
 LATENT_NORM_EPS = 1e-6  # transformers' DeepSeek-V2 builds its latent norms with the default eps
 

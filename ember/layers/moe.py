@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember.config.model import MoEConfig
 from ember.layers.linear import Linear
-from ember.models.config import MoEConfig
 
 
 class GatedMLP(nn.Module):

@@ -6,8 +6,8 @@ import math
 
 import torch
 
+from ember.config.model import RopeScaling
 from ember.layers.cpu_elementwise import load_elementwise
-from ember.models.config import RopeScaling
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:

@@ -10,21 +10,22 @@ Parameter names follow transformers (`model.embed_tokens`, `model.layers.N`, `mo
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.kv.specs import KVCacheLayout, KVCacheSpec, kv_specs_for
 from ember.layers.attention import AttentionMetadata
-from ember.layers.cpu_decoder_layer import CompiledDecoderStack, FinalNorm
+from ember.layers.cpu_decoder_layer import CompilableLayer, CompiledDecoderStack, FinalNorm
 from ember.layers.embedding import VocabEmbedding
 from ember.layers.linear import Linear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
+from ember.models.causal_lm import CausalLM
 
 LayerFactory = Callable[[int, Any], nn.Module]
 
@@ -70,7 +71,7 @@ class DecoderModel(nn.Module):
         """
         if len(set(self.layer_groups)) != 1:
             return None
-        compiled = tuple(getattr(layer, "compiled", None) for layer in self.layers)
+        compiled = tuple(layer.compiled if isinstance(layer, CompilableLayer) else None for layer in self.layers)
         norm = self.norm
         final_norm = FinalNorm.of(norm.weight.detach(), norm.eps) if type(norm) is RMSNorm else None
         if self._stack is None or not self._stack.matches(compiled, final_norm):
@@ -78,7 +79,7 @@ class DecoderModel(nn.Module):
         return self._stack
 
 
-class DecoderForCausalLM(nn.Module, ABC):
+class DecoderForCausalLM(CausalLM):
     """A `DecoderModel` plus the LM head; subclasses give `make_layer` and (if not plain attention) specs, and
     (if not RMSNorm) the final norm; `lm_head_bias` where the head has one (Phi)."""
 
@@ -123,5 +124,6 @@ class DecoderForCausalLM(nn.Module, ABC):
         return self.model.embed_tokens
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's logits, divided by Granite's `logits_scaling` (1 elsewhere)."""
         logits = self.lm_head(hidden)
         return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling

@@ -8,15 +8,20 @@ Falcon-40B's grouped layout (`new_decoder_architecture`) and ALiBi are not suppo
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.kv.specs import FullAttentionSpec, KVCacheSpec
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
+from ember.models.causal_lm import CausalLM
+from ember.models.config_reading import hf_rope_scaling, hf_rope_theta
+from ember.models.family_spec import FamilySpec
 
 
 class FalconAttention(nn.Module):
@@ -94,7 +99,7 @@ class FalconModel(nn.Module):
         return self.ln_f(h)
 
 
-class FalconForCausalLM(nn.Module):
+class FalconForCausalLM(CausalLM):
     """Falcon with its LM head tied to the word embedding; names follow transformers."""
 
     tied_weights = {"lm_head.weight": "transformer.word_embeddings.weight"}
@@ -120,3 +125,39 @@ class FalconForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+
+def _read_hf(config: dict[str, Any]) -> ModelConfig:
+    """Falcon-7B-style configs; ALiBi, Falcon-40B's grouped layout and sequential blocks are refused by name."""
+    if config.get("alibi") or config.get("new_decoder_architecture") or not config.get("parallel_attn", True):
+        raise ValueError(
+            "ember runs Falcon-7B-style models (parallel attention, rotary, multi-query or MHA); "
+            "ALiBi, new_decoder_architecture (Falcon-40B) and sequential blocks are not supported"
+        )
+    if config.get("activation", "gelu") != "gelu":
+        raise ValueError(f"Falcon activation {config['activation']!r} is not supported; ember runs gelu")
+    hidden = config["hidden_size"]
+    num_heads = config["num_attention_heads"]
+    bias = bool(config.get("bias", False))
+    return ModelConfig(
+        architecture="falcon",
+        vocab_size=config["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=config.get("ffn_hidden_size") or 4 * hidden,
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=1 if config.get("multi_query", True) else num_heads,
+        head_dim=hidden // num_heads,
+        max_position_embeddings=config.get("max_position_embeddings", 2048),
+        rope_theta=hf_rope_theta(config),
+        rope_scaling=hf_rope_scaling(config),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        qkv_bias=bias,
+        output_bias=bias,
+        mlp_bias=bias,
+        hidden_act="gelu",
+        layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+    )
+
+
+FAMILIES = (FamilySpec("falcon", FalconForCausalLM, _read_hf, quantize_formats=("safetensors",)),)

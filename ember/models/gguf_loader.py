@@ -21,9 +21,11 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from ember.config.model import ModelConfig, RopeScaling
 from ember.gguf_file import GGUF_MAGIC, GGUFFile, GGUFTensor
-from ember.models.config import ModelConfig, RopeScaling
-from ember.quant.checkpoint import EMBER_BLOCK_FORMATS_KEY
+from ember.models.family_registry import config_from_gguf, family_of
+from ember.models.family_spec import GGUFReading
+from ember.quant.checkpoint import EMBER_BLOCK_FORMATS_KEY, SourceNames
 from ember.quant.ggml_blocks import FORMATS, GGMLTensor
 from ember.quant.int8_channel import FORMAT_NAME as INT8_ROWS_FORMAT
 from ember.quant.int8_channel import Int8ChannelTensor
@@ -66,28 +68,11 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# Parts an architecture names differently: phi3's ffn_up holds gate and up fused, gate first (the packed layer's order);
-# Gemma 2 and 3 norm the attention's output and both sides of the MLP (ffn_norm is the norm before it).
-_GEMMA2_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
-                       "post_ffw_norm": "post_feedforward_layernorm"}
-# Mixture-of-experts files: the router, Qwen2-MoE's shared expert and its gate (one weight per hidden unit).
-_QWEN_MOE_LAYER_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-                         "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
-                         "ffn_down_shexp": "mlp.shared_expert.down_proj"}
-_ARCHITECTURE_LAYER_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}, "gemma2": _GEMMA2_LAYER_NAMES, "gemma3_text": _GEMMA2_LAYER_NAMES,
-                             "qwen2_moe": _QWEN_MOE_LAYER_NAMES, "qwen3_moe": _QWEN_MOE_LAYER_NAMES,
-                             "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate"},
-                             "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
-                             "starcoder2": {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
-                             "phi": {"attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}}
 # Every expert's matrix of a layer stacked in one 3-D tensor, split here into one tensor per expert (`split_experts`).
 _EXPERT_STACK = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
 _ROUTER = re.compile(r"blk\.(\d+)\.ffn_gate_inp\.weight")
 _ONE_EXPERT = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.(\d+)\.weight")
-_EXPERT_NAMES = {"mixtral": ("block_sparse_moe.experts", {"gate": "w1", "up": "w3", "down": "w2"})}
-_QWEN_EXPERT_NAMES = ("mlp.experts", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
-# llama.cpp's converter stores Gemma's (1 + weight) norms as 1 + weight; ember's norms hold transformers' weight.
-_UNIT_OFFSET_NORM_ARCHITECTURES = ("gemma", "gemma2", "gemma3_text")
+_EXPERT_NAMES = ("mlp.experts", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})  # unless a family names its own
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -118,8 +103,7 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     embedding = next((t for t in file.tensors if t.name == "token_embd.weight"), None)
     if embedding is not None:  # the embedding's rows are the vocabulary, whatever the metadata says
         metadata[f"{metadata['general.architecture']}.vocab_size"] = int(embedding.shape[1])
-    has_output = any(t.name == "output.weight" for t in file.tensors)
-    config = _with_biases(_with_dense_layers(ModelConfig.from_gguf(metadata, has_output_tensor=has_output), file), file)
+    config = _with_dense_layers(config_from_gguf(metadata, frozenset(t.name for t in file.tensors)), file)
     factors = {t.name: tuple(dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1).tolist())
                for t in file.tensors if t.name in ROPE_CONFIG_TENSORS}
     if ROPE_FREQS_TENSOR in factors:
@@ -127,19 +111,6 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
     if any(name in factors for name in LONGROPE_TENSORS):
         return dataclasses.replace(config, rope_scaling=_gguf_longrope(metadata, config, factors))
     return config
-
-
-def _with_biases(config: ModelConfig, file: GGUFFile) -> ModelConfig:
-    """A StarCoder2, Phi-2 or StableLM config with the biases its file holds (llama.cpp adds each only where the tensor
-    is there); a StableLM block without an ffn_norm adds attention and MLP side by side (use_parallel_residual)."""
-    if config.architecture not in ("starcoder2", "phi", "stablelm"):
-        return config
-    names = {t.name for t in file.tensors}
-    if config.architecture == "stablelm" and "blk.0.attn_q_norm.weight" in names:
-        raise ValueError("this StableLM GGUF has per-head q/k norms (qk_layernorm): ember reads those from HF folders only")
-    return dataclasses.replace(config, qkv_bias="blk.0.attn_q.bias" in names, output_bias="blk.0.attn_output.bias" in names,
-                               mlp_bias="blk.0.ffn_up.bias" in names,
-                               parallel_residual=config.architecture == "stablelm" and "blk.0.ffn_norm.weight" not in names)  # fmt: skip
 
 
 def _with_dense_layers(config: ModelConfig, file: GGUFFile) -> ModelConfig:
@@ -165,22 +136,37 @@ def _gguf_longrope(metadata: dict, config: ModelConfig, factors: dict[str, tuple
                        frequency_factors=factors[LONGROPE_TENSORS[0]], long_frequency_factors=factors[LONGROPE_TENSORS[1]])
 
 
-def hf_name(gguf_name: str, architecture: str = "llama") -> str:
+def hf_name(gguf_name: str, reading: GGUFReading) -> str:
     """GGUF tensor name -> transformers' name (e.g. blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight) in a
-    model of `architecture` (ember's config name: some store parts fused under a plain part's name)."""
+    model of the family that reads the file (`reading`: some store parts fused under a plain part's name)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     expert = _ONE_EXPERT.fullmatch(gguf_name)
     if expert is not None:
         layer, part, index = expert.groups()
-        prefix, parts = _EXPERT_NAMES.get(architecture, _QWEN_EXPERT_NAMES)
+        prefix, parts = reading.expert_names or _EXPERT_NAMES
         return f"model.layers.{layer}.{prefix}.{index}.{parts[part]}.weight"
     match = _LAYER_PATTERN.fullmatch(gguf_name)
-    names = {**_LAYER_NAMES, **_ARCHITECTURE_LAYER_NAMES.get(architecture, {})}
+    names = {**_LAYER_NAMES, **reading.layer_names}
     if match is None or match.group(2) not in names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no counterpart in ember's Llama model")
     layer, part, kind = match.groups()
     return f"model.layers.{layer}.{names[part]}.{kind}"
+
+
+def gguf_reading(config: ModelConfig) -> GGUFReading:
+    """How the family of `config` reads GGUF files (a family that reads none has no GGUF to load)."""
+    reading = family_of(config.architecture).gguf
+    if reading is None:
+        raise ValueError(f"{config.architecture} models are read from HF folders only: ember reads no GGUF of theirs")
+    return reading
+
+
+def gguf_source_names(file: GGUFFile, config: ModelConfig) -> SourceNames:
+    """The file's tensors as the model names them (its rotary tables: configuration), for writing it back quantized."""
+    reading = gguf_reading(config)
+    names = {t.name: None if t.name in ROPE_CONFIG_TENSORS else hf_name(t.name, reading) for t in file.tensors}
+    return SourceNames(names, is_rope_interleaved=reading.is_rope_interleaved)
 
 
 def unpermute_rope(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -205,13 +191,14 @@ def iter_gguf_tensors(
     dequantized to float32 (rows always; columns on block boundaries): a rank's shard runs in
     float32, quantized tensor-parallel layers are not there yet. Tensors `keep` says no to are skipped unread.
     """
-    permute_rope = config.architecture in ("llama", "mixtral", "smollm3", "granite")  # llama.cpp's converter reorders these q/k rows
+    reading = gguf_reading(config)
+    permute_rope = reading.is_rope_interleaved
     ember_formats = ember_block_formats(file)
     _check_tensor_types(file, ember_formats)
     for tensor in split_experts(file.tensors):
         if tensor.name in ROPE_CONFIG_TENSORS:
             continue  # read into the config (read_gguf_config)
-        name = hf_name(tensor.name, config.architecture)
+        name = hf_name(tensor.name, reading)
         if keep is not None and not keep(name):
             continue  # another rank's layer or expert
         part = select(name) if select is not None else None
@@ -232,7 +219,7 @@ def iter_gguf_tensors(
         else:
             values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
             values = values.reshape([int(d) for d in reversed(tensor.shape)])
-        if config.architecture in _UNIT_OFFSET_NORM_ARCHITECTURES and tensor.name.endswith("norm.weight"):
+        if reading.has_unit_offset_norms and tensor.name.endswith("norm.weight"):
             values = values - 1
         if tensor.name.endswith("ffn_gate_inp_shexp.weight"):
             values = values.reshape(1, -1)  # one output: llama.cpp stores it as a vector

@@ -6,14 +6,18 @@ that layout too, so checkpoint tensors load as they are.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.kv.specs import FullAttentionSpec, KVCacheSpec
 from ember.layers.activation import activation
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.linear import Linear
-from ember.models.config import ModelConfig
+from ember.models.causal_lm import CausalLM
+from ember.models.family_spec import FamilySpec
 
 
 class Conv1D(nn.Module):
@@ -93,7 +97,7 @@ class GPT2Model(nn.Module):
         return self.ln_f(h)
 
 
-class GPT2LMHeadModel(nn.Module):
+class GPT2LMHeadModel(CausalLM):
     """GPT-2 with its LM head tied to the token embedding; names follow transformers."""
 
     tied_weights = {"lm_head.weight": "transformer.wte.weight"}
@@ -104,8 +108,7 @@ class GPT2LMHeadModel(nn.Module):
         self.transformer = GPT2Model(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    @staticmethod
-    def is_derived_tensor(name: str) -> bool:
+    def is_derived_tensor(self, name: str) -> bool:
         """Old GPT-2 checkpoints carry their causal-mask buffers; ember builds masks per step."""
         return name.endswith((".attn.bias", ".attn.masked_bias"))
 
@@ -124,3 +127,33 @@ class GPT2LMHeadModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+
+def _read_hf(config: dict[str, Any]) -> ModelConfig:
+    """GPT-2's config.json (`n_embd`, `n_head`, ...): decoder-only, attention scaled by head_dim ** -0.5."""
+    if config.get("scale_attn_by_inverse_layer_idx") or not config.get("scale_attn_weights", True):
+        raise ValueError("GPT-2 with scale_attn_by_inverse_layer_idx or without scale_attn_weights is not supported")
+    if config.get("add_cross_attention"):
+        raise ValueError("GPT-2 with cross-attention is an encoder-decoder; ember runs decoder-only GPT-2")
+    hidden = config["n_embd"]
+    num_heads = config["n_head"]
+    return ModelConfig(
+        architecture="gpt2",
+        vocab_size=config["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=config.get("n_inner") or 4 * hidden,
+        num_layers=config["n_layer"],
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=hidden // num_heads,
+        max_position_embeddings=config.get("n_positions", 1024),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        qkv_bias=True,
+        output_bias=True,
+        mlp_bias=True,
+        hidden_act=config.get("activation_function", "gelu_new"),
+        layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+    )
+
+
+FAMILIES = (FamilySpec("gpt2", GPT2LMHeadModel, _read_hf),)

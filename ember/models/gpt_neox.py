@@ -9,15 +9,20 @@ quarter in Pythia), in the half-split layout. Pythia checkpoints call the LM hea
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.kv.specs import FullAttentionSpec, KVCacheSpec
 from ember.layers.activation import activation
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
+from ember.models.causal_lm import CausalLM
+from ember.models.config_reading import partial_rotary_decoder
+from ember.models.family_spec import FamilySpec
 
 
 class GPTNeoXAttention(nn.Module):
@@ -92,7 +97,7 @@ class GPTNeoXModel(nn.Module):
         return self.final_layer_norm(h)
 
 
-class GPTNeoXForCausalLM(nn.Module):
+class GPTNeoXForCausalLM(CausalLM):
     """GPT-NeoX with its own LM head (tied only where the config says); names follow transformers."""
 
     tied_weights = {"lm_head.weight": "gpt_neox.embed_in.weight"}
@@ -104,8 +109,7 @@ class GPTNeoXForCausalLM(nn.Module):
         self.gpt_neox = GPTNeoXModel(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    @staticmethod
-    def is_derived_tensor(name: str) -> bool:
+    def is_derived_tensor(self, name: str) -> bool:
         """Older checkpoints carry causal-mask buffers and rotary frequencies; ember builds both itself."""
         return name.endswith((".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq"))
 
@@ -124,3 +128,24 @@ class GPTNeoXForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+
+def _read_hf(config: dict[str, Any]) -> ModelConfig:
+    """GPT-NeoX / Pythia, its rotary settings as transformers 5 writes them (`rope_parameters`) or as older configs
+    did (`rotary_pct`, `rotary_emb_base`, `rope_scaling`)."""
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    partial = float(parameters.get("partial_rotary_factor") or config.get("rotary_pct") or 0.25)
+    theta = float(parameters.get("rope_theta") or config.get("rotary_emb_base") or config.get("rope_theta") or 10_000.0)
+    bias = bool(config.get("attention_bias", True))
+    return ModelConfig(
+        architecture="gpt_neox",
+        **partial_rotary_decoder(config, parameters, partial, "rotary_pct", theta, max_positions=2048),
+        qkv_bias=bias,
+        output_bias=bias,
+        mlp_bias=True,
+        hidden_act=config.get("hidden_act", "gelu"),
+        parallel_residual=bool(config.get("use_parallel_residual", True)),
+    )
+
+
+FAMILIES = (FamilySpec("gpt_neox", GPTNeoXForCausalLM, _read_hf),)

@@ -11,10 +11,10 @@ from abc import ABC, abstractmethod
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
 
 
 class FusedQKVAttention(nn.Module, ABC):

@@ -11,7 +11,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ember.models.config import ModelConfig
+from ember.config.model import ModelConfig
+from ember.models.family_registry import config_from_hf
+from ember.quant.checkpoint import SourceNames
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -20,7 +22,7 @@ def is_hf_folder(path: Path) -> bool:
 
 def read_hf_config(folder: Path) -> ModelConfig:
     with open(folder / "config.json", encoding="utf-8") as f:
-        return ModelConfig.from_hf(json.load(f))
+        return config_from_hf(json.load(f))
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -49,6 +51,16 @@ def safetensors_files(folder: Path) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"{folder} has a config.json but no .safetensors weights")
     return files
+
+
+def hf_source_names(folder: Path) -> SourceNames:
+    """The folder's safetensors tensors, named as the model names them (transformers' names), for writing it back
+    quantized."""
+    names: dict[str, str | None] = {}
+    for file in safetensors_files(folder):
+        with safe_open(str(file), framework="pt") as shard:
+            names.update((name, name) for name in shard.keys())  # noqa: SIM118 (safe_open is not iterable)
+    return SourceNames(names)
 
 
 def iter_hf_tensors(

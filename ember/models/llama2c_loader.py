@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ember.models.config import ModelConfig
+from ember.config.model import ModelConfig
 
 _V1_MAGIC = 0x616B3432  # "ak42"
 _V1_HEADER_BYTES = 256

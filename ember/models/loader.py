@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-import importlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,12 +12,24 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.gguf_file import GGUFFile
 from ember.layers.cpu_prepare import prepare_for_cpu_kernels
-from ember.models.config import ModelConfig
-from ember.models.gguf_loader import is_gguf_file, iter_gguf_tensors, read_gguf_config
-from ember.models.hf_loader import find_hf_tokenizer, is_hf_folder, iter_hf_tensors, read_hf_config
-from ember.models.llama import LLAMA_ARCHITECTURES, LlamaForCausalLM
+from ember.models.causal_lm import CausalLM
+from ember.models.family_registry import family_of
+from ember.models.gguf_loader import (
+    gguf_source_names,
+    is_gguf_file,
+    iter_gguf_tensors,
+    read_gguf_config,
+)
+from ember.models.hf_loader import (
+    find_hf_tokenizer,
+    hf_source_names,
+    is_hf_folder,
+    iter_hf_tensors,
+    read_hf_config,
+)
 from ember.models.llama2c_loader import (
     is_llama2c_file,
     iter_llama2c_tensors,
@@ -28,7 +39,7 @@ from ember.models.llama2c_loader import (
 from ember.models.packing import PackingPlan
 from ember.models.registry import single_gguf_in
 from ember.quant.at_load import check_checkpoint_method, round_at_load, weights_rounded_at_load
-from ember.quant.checkpoint import read_block_tensors
+from ember.quant.checkpoint import SourceNames, read_block_tensors
 from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
 from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
 from ember.quant.hf_quantized import hf_quantization, read_quantized
@@ -57,7 +68,7 @@ def compute_dtype(dtype: str) -> torch.dtype:
 class LoadedModel:
     """A model with its weights in place, and where its tokenizer can be read from (if anywhere)."""
 
-    model: nn.Module  # LlamaForCausalLM or another family's model with the same forward
+    model: CausalLM
     config: ModelConfig
     tokenizer_path: Path | None
     format: str
@@ -116,6 +127,13 @@ def load_model(
     )
 
 
+def source_names(path: Path, config: ModelConfig) -> SourceNames:
+    """The tensors of the checkpoint at `path` (a GGUF file or an HF safetensors folder) as a `config` model names them."""
+    if is_gguf_file(path):
+        return gguf_source_names(GGUFFile.open(path), config)
+    return hf_source_names(path)
+
+
 def _build(
     config: ModelConfig,
     tensors: Iterable[tuple[str, torch.Tensor | Quantized]],
@@ -135,8 +153,6 @@ def _build(
         if shard is not None:
             shard.shard_modules(model)
     expected = dict(model.state_dict())
-    is_derived = getattr(model, "is_derived_tensor", lambda name: name.endswith("rotary_emb.inv_freq"))
-    aliases = getattr(model, "checkpoint_prefixes", {})  # checkpoint name prefix -> the model's
     state: dict[str, torch.Tensor] = {}
     blocks: dict[str, Quantized] = {}  # weights kept quantized, swapped into quantized layers below
     packing = PackingPlan.for_model(model, set(expected))
@@ -146,7 +162,7 @@ def _build(
         task = progress.add_task("loading weights", total=total)
         for stored_name, checkpoint_tensor in tensors:
             progress.advance(task)
-            checkpoint_name = _aliased(stored_name, aliases)
+            checkpoint_name = _aliased(stored_name, model.checkpoint_prefixes)
             if checkpoint_name in packing.targets:
                 fused = packing.add(checkpoint_name, checkpoint_tensor)
                 if fused is None:
@@ -155,7 +171,7 @@ def _build(
             else:
                 name, tensor = checkpoint_name, checkpoint_tensor
             if name not in expected:
-                if is_derived(name):
+                if model.is_derived_tensor(name):
                     continue  # derived, not a weight
                 raise ValueError(f"checkpoint tensor {name!r} does not belong to a {config.architecture} model")
             if tuple(tensor.shape) != tuple(expected[name].shape):
@@ -173,7 +189,7 @@ def _build(
                 continue
             state[name] = tensor
     check_checkpoint_method(quantization, num_quantized, path)
-    tied_weights = getattr(model, "tied_weights", {"lm_head.weight": "model.embed_tokens.weight"}) if config.tie_word_embeddings else {}
+    tied_weights = dict(model.tied_weights) if config.tie_word_embeddings else {}
     for tied, source in tied_weights.items():
         if tied not in expected:
             continue  # a pipeline stage without the head
@@ -193,7 +209,7 @@ def _build(
     return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt, shard=shard)
 
 
-def _aliased(name: str, prefixes: dict[str, str]) -> str:
+def _aliased(name: str, prefixes: Mapping[str, str]) -> str:
     """`name` with a checkpoint prefix the model names otherwise replaced (e.g. a bare OPTModel's `decoder.`)."""
     prefix = next((p for p in prefixes if name.startswith(p)), None)
     return name if prefix is None else prefixes[prefix] + name.removeprefix(prefix)
@@ -240,32 +256,9 @@ def _sliced(tensors: Iterable[tuple[str, torch.Tensor]], shard: ModelShard | Non
             yield name, tensor if part is None else part.of(tensor).contiguous()
 
 
-def model_class(config: ModelConfig) -> type[nn.Module]:
+def model_class(config: ModelConfig) -> type[CausalLM]:
     """The family class that runs `config`."""
-    architecture = config.architecture
-    if architecture in LLAMA_ARCHITECTURES:
-        return LlamaForCausalLM
-    families = {
-        "mixtral": ("ember.models.mixtral", "MixtralForCausalLM"),
-        "qwen2_moe": ("ember.models.qwen2_moe", "Qwen2MoeForCausalLM"),
-        "qwen3_moe": ("ember.models.qwen2_moe", "Qwen2MoeForCausalLM"),
-        "deepseek_v2": ("ember.models.deepseek_v2", "DeepseekV2ForCausalLM"),
-        "gpt2": ("ember.models.gpt2", "GPT2LMHeadModel"),
-        "gemma": ("ember.models.gemma2", "Gemma2ForCausalLM"),
-        "gemma2": ("ember.models.gemma2", "Gemma2ForCausalLM"),
-        "gemma3_text": ("ember.models.gemma2", "Gemma2ForCausalLM"),
-        "falcon": ("ember.models.falcon", "FalconForCausalLM"),
-        "olmo2": ("ember.models.olmo2", "Olmo2ForCausalLM"),
-        "opt": ("ember.models.opt", "OPTForCausalLM"),
-        "gpt_neox": ("ember.models.gpt_neox", "GPTNeoXForCausalLM"),
-        "stablelm": ("ember.models.stablelm", "StableLmForCausalLM"),
-        "phi": ("ember.models.phi", "PhiForCausalLM"),
-        "starcoder2": ("ember.models.starcoder2", "Starcoder2ForCausalLM"),
-    }
-    if architecture not in families:
-        raise ValueError(f"architecture {architecture!r} has no ember model; ember runs {', '.join([*LLAMA_ARCHITECTURES, *families])}")
-    module_name, class_name = families[architecture]
-    return getattr(importlib.import_module(module_name), class_name)
+    return family_of(config.architecture).model_class
 
 
 def _freeze(model: nn.Module) -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.attention import AttentionMetadata
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
+from ember.models.config_reading import HFDefaults, llama_like_reader
 from ember.models.decoder import DecoderForCausalLM
+from ember.models.family_spec import FamilySpec, GGUFReading
 from ember.models.llama import LlamaAttention, LlamaMLP
 
 
@@ -57,3 +59,11 @@ class Olmo2ForCausalLM(DecoderForCausalLM):
 
     def make_layer(self, layer_index: int, rotary: RotaryEmbedding) -> nn.Module:
         return Olmo2DecoderLayer(self.config, rotary)
+
+
+FAMILIES = (
+    FamilySpec("olmo2", Olmo2ForCausalLM, llama_like_reader(HFDefaults(rms_norm_eps=1e-5)),
+               gguf=GGUFReading(("olmo2",), layer_names={"post_attention_norm": "post_attention_layernorm",
+                                                         "post_ffw_norm": "post_feedforward_layernorm"}),
+               quantize_formats=("safetensors",)),
+)

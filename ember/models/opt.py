@@ -9,14 +9,18 @@ name their tensors `decoder.*`; ember reads them as `model.decoder.*`, as transf
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.kv.specs import FullAttentionSpec, KVCacheSpec
 from ember.layers.activation import activation
 from ember.layers.attention import AttentionMetadata, paged_attention
 from ember.layers.linear import Linear
-from ember.models.config import ModelConfig
+from ember.models.causal_lm import CausalLM
+from ember.models.family_spec import FamilySpec
 
 POSITION_OFFSET = 2  # OPT's learned position table starts two rows before position 0
 
@@ -93,7 +97,7 @@ class OPTModel(nn.Module):
         self.decoder = OPTDecoder(config)
 
 
-class OPTForCausalLM(nn.Module):
+class OPTForCausalLM(CausalLM):
     """OPT with its LM head tied to the token embedding; names follow transformers."""
 
     tied_weights = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
@@ -120,3 +124,34 @@ class OPTForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+
+def _read_hf(config: dict[str, Any]) -> ModelConfig:
+    """OPT: learned positions, LayerNorm before (or after) each branch, ReLU, biases (`enable_bias`), the token
+    embedding `word_embed_proj_dim` wide."""
+    if config.get("_remove_final_layer_norm") or not config.get("layer_norm_elementwise_affine", True):
+        raise ValueError("OPT without a final LayerNorm or with weightless LayerNorms is not supported")
+    hidden = config["hidden_size"]
+    num_heads = config["num_attention_heads"]
+    bias = bool(config.get("enable_bias", True))
+    return ModelConfig(
+        architecture="opt",
+        vocab_size=config["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=config["ffn_dim"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=hidden // num_heads,
+        max_position_embeddings=config.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        qkv_bias=bias,
+        output_bias=bias,
+        mlp_bias=bias,
+        hidden_act=config.get("activation_function", "relu"),
+        layer_norm_before=bool(config.get("do_layer_norm_before", True)),
+        embedding_dim=config.get("word_embed_proj_dim") or hidden,
+    )
+
+
+FAMILIES = (FamilySpec("opt", OPTForCausalLM, _read_hf),)

@@ -9,7 +9,9 @@ that is exact (Q4_0 / Q5_0 / Q8_0), else `GGMLRowParts` (each part in its blocks
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -20,6 +22,13 @@ from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.zero_point import ZeroPointTensor
 
 QuantizedPart = GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor
+
+
+@runtime_checkable
+class FusedProjections(Protocol):
+    """A module with fused projections: {fused name: the checkpoint's parts, in the fused order}."""
+
+    packed_modules: Mapping[str, tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -42,9 +51,9 @@ class PackingPlan:
     def for_model(cls, model: nn.Module, parameter_names: set[str]) -> PackingPlan:
         targets = {}
         for module_name, module in model.named_modules():
-            packed = getattr(module, "packed_modules", None)
-            if not packed:
+            if not isinstance(module, FusedProjections):
                 continue
+            packed = module.packed_modules
             prefix = f"{module_name}." if module_name else ""
             for fused, parts in packed.items():
                 for suffix in ("weight", "bias"):

@@ -10,15 +10,24 @@ bias, the LM head's included (tied to the token embedding only where the config 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.activation import activation
 from ember.layers.attention import AttentionMetadata
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
+from ember.models.config_reading import (
+    first_given,
+    gguf_layer_norms,
+    partial_rotary_decoder,
+    tensor_biases,
+)
 from ember.models.decoder import DecoderForCausalLM
+from ember.models.family_spec import FamilySpec, GGUFReading
 from ember.models.grouped_attention import FusedQKVAttention
 
 
@@ -81,3 +90,29 @@ class PhiForCausalLM(DecoderForCausalLM):
 
     def make_final_norm(self) -> nn.Module:
         return nn.LayerNorm(self.config.hidden_size, eps=self.config.layer_norm_eps)
+
+
+def _read_hf(config: dict[str, Any]) -> ModelConfig:
+    """Phi (phi-1, phi-1.5, phi-2), its rotary settings as transformers 5 writes them (`rope_parameters`) or as older
+    configs did (top-level `partial_rotary_factor`, `rope_theta`, `rope_scaling`); a key inside the dict wins, as in
+    transformers. Every linear has a bias; half of each head rotates unless the config says otherwise."""
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    partial = float(first_given(parameters.get("partial_rotary_factor"), config.get("partial_rotary_factor"), 0.5))
+    theta = float(first_given(parameters.get("rope_theta"), config.get("rope_theta"), 10_000.0))
+    return ModelConfig(
+        architecture="phi",
+        **partial_rotary_decoder(config, parameters, partial, "partial_rotary_factor", theta, max_positions=2048),
+        qkv_bias=True,
+        qk_norm=bool(config.get("qk_layernorm", False)),
+        output_bias=True,
+        mlp_bias=True,
+        hidden_act=config.get("hidden_act", "gelu_new"),
+    )
+
+
+FAMILIES = (
+    FamilySpec("phi", PhiForCausalLM, _read_hf,
+               gguf=GGUFReading(("phi2",), read_fields=lambda key: gguf_layer_norms(key, "gelu_new"), from_tensors=tensor_biases,
+                                rotates_part_of_head=True,
+                                layer_names={"attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"})),
+)

@@ -11,15 +11,20 @@ well) a block has one input LayerNorm whose output feeds attention and the MLP s
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.attention import AttentionMetadata
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
+from ember.models.config_reading import gguf_layer_norms, partial_rotary_decoder, tensor_biases
 from ember.models.decoder import DecoderForCausalLM
+from ember.models.family_spec import FamilySpec, GGUFReading
 from ember.models.grouped_attention import FusedQKVAttention
 from ember.models.llama import LlamaMLP
 
@@ -90,3 +95,38 @@ class StableLmForCausalLM(DecoderForCausalLM):
 
     def make_final_norm(self) -> nn.Module:
         return nn.LayerNorm(self.config.hidden_size, eps=self.config.layer_norm_eps)
+
+
+def _read_hf(config: dict[str, Any]) -> ModelConfig:
+    """StableLM, its rotary settings as transformers 5 writes them (`rope_parameters`) or as the hub's configs do
+    (`rope_theta`, `partial_rotary_factor` and `rope_scaling` beside the rest); a key inside the dict wins, as in
+    transformers, and a quarter of each head rotates unless the config says otherwise. A rope type ember cannot
+    compute is refused by name (`hf_rope_scaling`)."""
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    partial = float(parameters.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25)))
+    theta = float(parameters.get("rope_theta", config.get("rope_theta", 10_000.0)))
+    head_dim = config["hidden_size"] // config["num_attention_heads"]  # StableLM derives it; a head_dim key is not read
+    return ModelConfig(
+        architecture="stablelm",
+        **partial_rotary_decoder(config, parameters, partial, "partial_rotary_factor", theta, max_positions=4096,
+                                  head_dim=head_dim),
+        qkv_bias=bool(config.get("use_qkv_bias", False)),
+        qk_norm=bool(config.get("qk_layernorm", False)),
+        hidden_act=config.get("hidden_act", "silu"),
+        parallel_residual=bool(config.get("use_parallel_residual", False)),
+    )
+
+
+def _tensor_fields(config: ModelConfig, tensor_names: frozenset[str]) -> ModelConfig:
+    """The biases a StableLM GGUF holds; a block without an ffn_norm adds attention and MLP side by side
+    (use_parallel_residual)."""
+    if "blk.0.attn_q_norm.weight" in tensor_names:
+        raise ValueError("this StableLM GGUF has per-head q/k norms (qk_layernorm): ember reads those from HF folders only")
+    return replace(tensor_biases(config, tensor_names), parallel_residual="blk.0.ffn_norm.weight" not in tensor_names)
+
+
+FAMILIES = (
+    FamilySpec("stablelm", StableLmForCausalLM, _read_hf,
+               gguf=GGUFReading(("stablelm",), read_fields=lambda key: gguf_layer_norms(key, "silu"), from_tensors=_tensor_fields,
+                                rotates_part_of_head=True)),
+)

@@ -9,15 +9,19 @@ config says otherwise (starcoder2-15b keeps its own). Parameter names follow tra
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.activation import activation
 from ember.layers.attention import AttentionMetadata
 from ember.layers.linear import Linear
 from ember.layers.rotary import RotaryEmbedding
-from ember.models.config import ModelConfig
+from ember.models.config_reading import gguf_layer_norms, hf_rope_scaling, tensor_biases
 from ember.models.decoder import DecoderForCausalLM
+from ember.models.family_spec import FamilySpec, GGUFReading
 from ember.models.llama import LlamaAttention
 
 
@@ -62,3 +66,42 @@ class Starcoder2ForCausalLM(DecoderForCausalLM):
 
     def make_final_norm(self) -> nn.Module:
         return nn.LayerNorm(self.config.hidden_size, eps=self.config.layer_norm_eps)
+
+
+def _read_hf(config: dict[str, Any]) -> ModelConfig:
+    """StarCoder2: GQA with rotary (`rope_parameters`, or `rope_theta` as the released configs write it), LayerNorm
+    (`norm_epsilon`), biases everywhere or nowhere (`use_bias`), a `sliding_window` on every layer; missing keys take
+    Starcoder2Config's defaults."""
+    hidden = config.get("hidden_size", 3072)
+    num_heads = config.get("num_attention_heads", 24)
+    num_layers = config.get("num_hidden_layers", 30)
+    bias = bool(config.get("use_bias", True))
+    window = config.get("sliding_window")
+    rope = config.get("rope_parameters") or {}
+    return ModelConfig(
+        architecture="starcoder2",
+        vocab_size=config.get("vocab_size", 49152),
+        hidden_size=hidden,
+        intermediate_size=config.get("intermediate_size", 12288),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=config.get("num_key_value_heads", 2),
+        head_dim=config.get("head_dim") or hidden // num_heads,
+        max_position_embeddings=config.get("max_position_embeddings", 4096),
+        rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10_000.0),  # the dict's wins, as in transformers
+        rope_scaling=hf_rope_scaling(config),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        qkv_bias=bias,
+        output_bias=bias,
+        mlp_bias=bias,
+        layer_windows=(int(window),) * num_layers if window else None,
+        hidden_act=config.get("hidden_act", "gelu_pytorch_tanh"),
+        layer_norm_eps=config.get("norm_epsilon", 1e-5),
+    )
+
+
+FAMILIES = (
+    FamilySpec("starcoder2", Starcoder2ForCausalLM, _read_hf,
+               gguf=GGUFReading(("starcoder2",), read_fields=lambda key: gguf_layer_norms(key, "gelu_pytorch_tanh"),
+                                from_tensors=tensor_biases, layer_names={"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"})),
+)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.expert_parallel import ExpertParallelMoE
 from ember.layers.moe import SparseMoE
-from ember.models.config import ModelConfig
 from ember.parallel.communicator import Communicator
 from ember.parallel.sharding import ModelShard, balanced_spans
 

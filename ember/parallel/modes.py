@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ember.models.config import ModelConfig
+from ember.config.model import ModelConfig
 from ember.parallel.communicator import Communicator
 from ember.parallel.config import ParallelConfig
 from ember.parallel.expert import ExpertParallelShard

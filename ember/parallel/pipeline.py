@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.pipeline import PipelineStage
-from ember.models.config import ModelConfig
 from ember.models.decoder import DecoderModel
 from ember.parallel.communicator import Communicator
 from ember.parallel.sharding import ModelShard

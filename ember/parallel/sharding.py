@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from ember.config.model import ModelConfig
 from ember.layers.norm import RMSNorm
 from ember.layers.parallel import (
     GatheredRowLinear,
@@ -35,10 +36,8 @@ from ember.layers.sequence_parallel import (
     SequenceParallelRowLinear,
     SequenceSplit,
 )
-from ember.models.config import ModelConfig
+from ember.models.family_registry import family_of, family_specs
 from ember.parallel.communicator import Communicator
-
-TENSOR_PARALLEL_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3", "smollm3")
 
 # Checkpoint (transformers) name of a projection -> which split of its output rows (column) or input columns (row).
 _COLUMN_PARALLEL = {
@@ -152,9 +151,10 @@ class TensorParallelShard(ModelShard):
     is_exact_row_parallel: bool = False  # row layers as GatheredRowLinear: one process's sums, more bytes
 
     def __post_init__(self) -> None:
-        if self.config.architecture not in TENSOR_PARALLEL_ARCHITECTURES:
+        if not family_of(self.config.architecture).is_tensor_parallel:
+            splittable = ", ".join(spec.architecture for spec in family_specs() if spec.is_tensor_parallel)
             raise ValueError(
-                f"tensor parallelism runs the {', '.join(TENSOR_PARALLEL_ARCHITECTURES)} families, not "
+                f"tensor parallelism runs the {splittable} families, not "
                 f"{self.config.architecture!r}; run it with tensor_parallel_size=1"
             )
         if self.config.intermediate_size < self.world_size or self.config.vocab_size < self.world_size:

@@ -10,7 +10,7 @@ Every rank computes the same split from the same config.
 
 from __future__ import annotations
 
-from ember.models.config import ModelConfig
+from ember.config.model import ModelConfig
 from ember.parallel.sharding import Span
 
 

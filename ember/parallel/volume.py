@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ember.config.model import ModelConfig
 from ember.layers.pipeline import WIRE_DTYPE
-from ember.models.config import ModelConfig
 from ember.parallel.config import ParallelConfig
 from ember.parallel.sharding import TensorParallelShard
 

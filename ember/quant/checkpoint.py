@@ -16,13 +16,14 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from ember.models.config import ModelConfig
+from ember.config.model import ModelConfig
 from ember.quant.config import QuantizeConfig
 from ember.quant.ggml_blocks import FORMATS, GGUF_FORMATS, GGMLTensor
 from ember.quant.int8_channel import Int8ChannelTensor
@@ -37,20 +38,30 @@ FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # gguf.LlamaFileType
 EMBER_BLOCK_FORMATS_KEY = "ember.block_formats"
 
 
+@dataclass(frozen=True)
+class SourceNames:
+    """The source checkpoint's tensors as the model names them: given by ember.models, which knows each family's
+    naming, so that `write_quantized` writes every tensor back under the source's own name and layout."""
+
+    model_names: dict[str, str | None]  # source tensor name -> the model's name for it; None: configuration, copied as is
+    is_rope_interleaved: bool = False  # q/k rows stored in llama.cpp's interleaved rotary order (the GGUF loader undoes it)
+
+
 def write_quantized(
-    source: Path, model: nn.Module, model_config: ModelConfig, blocks: dict[str, Quantized], config: QuantizeConfig, calib_tokens: int,
-    notes: dict | None = None,
+    source: Path, names: SourceNames, model: nn.Module, model_config: ModelConfig, blocks: dict[str, Quantized],
+    config: QuantizeConfig, calib_tokens: int, notes: dict | None = None,
 ) -> tuple[int, int, int]:
     """Write the checkpoint to config.out atomically; returns (quantized bytes, float bytes, parameters).
-    `notes`: what the method found on the way (e.g. an alpha search's scores), added to the description."""
+    `names`: the source's tensors as the model names them. `notes`: what the method found on the way (e.g. an alpha
+    search's scores), added to the description."""
     tensors = checkpoint_tensors(model, model_config, blocks)
     partial = config.out.parent / f".{config.out.name}.partial-{os.getpid()}"
     partial.mkdir(parents=True)
     try:
         if source.is_file():
-            written = _write_gguf(source, partial / "model.gguf", tensors, model_config, config.format_name)
+            written = _write_gguf(source, partial / "model.gguf", tensors, names, model_config, config.format_name)
         else:
-            written = _write_safetensors(source, partial, tensors)
+            written = _write_safetensors(source, partial, tensors, names)
         _write_description(partial / QUANTIZATION_FILE, config, calib_tokens, written, notes or {})
         os.rename(partial, config.out)
     except BaseException:
@@ -96,11 +107,11 @@ def _name_parts(name: str) -> tuple[str, str, str]:
     return (f"{prefix}." if prefix else ""), module, kind
 
 
-def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, format_name: str) -> dict[str, torch.Tensor | Quantized]:
+def _write_gguf(source: Path, target: Path, tensors: dict, names: SourceNames, config: ModelConfig,
+                format_name: str) -> dict[str, torch.Tensor | Quantized]:
     from gguf import GGMLQuantizationType, GGUFWriter
 
     from ember.gguf_file import GGUFFile
-    from ember.models.gguf_loader import ROPE_CONFIG_TENSORS, hf_name
 
     reader = GGUFFile.open(source)
     writer = GGUFWriter(str(target), reader.metadata["general.architecture"])
@@ -110,11 +121,11 @@ def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, 
     ember_formats = {}
     written = {}
     for source_tensor in reader.tensors:
-        if source_tensor.name in ROPE_CONFIG_TENSORS:  # configuration, copied as it is
+        name = names.model_names[source_tensor.name]
+        if name is None:  # configuration, copied as it is
             writer.add_tensor(source_tensor.name, np.array(source_tensor.data))
             continue
-        name = hf_name(source_tensor.name, config.architecture)
-        value = _llama_cpp_rows(source_tensor.name, tensors[name], config)
+        value = _llama_cpp_rows(source_tensor.name, tensors[name], config) if names.is_rope_interleaved else tensors[name]
         written[name] = tensors[name]
         if isinstance(value, GGMLTensor) and value.format.name in GGUF_FORMATS:
             raw = value.data.numpy()
@@ -135,7 +146,7 @@ def _write_gguf(source: Path, target: Path, tensors: dict, config: ModelConfig, 
 
 def _llama_cpp_rows(gguf_name: str, value: torch.Tensor | Quantized, config: ModelConfig) -> torch.Tensor | Quantized:
     """q/k rows back in llama.cpp's interleaved rotary order (what the GGUF loader undoes)."""
-    if config.architecture != "llama" or not gguf_name.endswith(("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias")):
+    if not gguf_name.endswith(("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias")):
         return value
     heads = config.num_heads if "attn_q" in gguf_name else config.num_kv_heads
     rows = value.shape[0]
@@ -143,16 +154,10 @@ def _llama_cpp_rows(gguf_name: str, value: torch.Tensor | Quantized, config: Mod
     return value[order] if isinstance(value, torch.Tensor) else value.rows(order)
 
 
-def _write_safetensors(source: Path, target: Path, tensors: dict) -> dict[str, torch.Tensor | Quantized]:
-    from safetensors import safe_open
+def _write_safetensors(source: Path, target: Path, tensors: dict, source_names: SourceNames) -> dict[str, torch.Tensor | Quantized]:
     from safetensors.torch import save_file
 
-    from ember.models.hf_loader import safetensors_files
-
-    names = []
-    for file in safetensors_files(source):
-        with safe_open(str(file), framework="pt") as shard:
-            names.extend(shard.keys())
+    names = list(source_names.model_names)
     unknown = [name for name in names if name not in tensors]
     if unknown:
         raise ValueError(f"the model has no tensor for the checkpoint's {unknown[0]!r}, so ember quantize cannot write this "

@@ -28,7 +28,7 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from ember.models.llama import LLAMA_ARCHITECTURES
+from ember.models.family_registry import family_of, quantizable_architectures
 from ember.quant.alpha_search import search_alpha
 from ember.quant.at_load import decoder_linears
 from ember.quant.awq import awq_clipped_ranges, awq_scales
@@ -47,10 +47,6 @@ from ember.quant.smoothquant import (
 )
 
 EMBEDDING_GRID = BlockGrid(bits=8, group_size=32)
-# Families whose HF checkpoints `ember quantize` writes back (GPT-2's stores its Conv1D weights transposed; an
-# image-text Gemma 3 nests its language model's names): every linear of their decoder layers is rounded.
-QUANTIZE_ARCHITECTURES = (*LLAMA_ARCHITECTURES, "gemma", "gemma2", "gemma3_text", "olmo2", "mixtral", "qwen2_moe",
-                          "qwen3_moe", "deepseek_v2", "falcon")
 # AWQ and SmoothQuant fold their input scales into the norm before qkv / gate_up and into up_proj (smoothquant.py).
 FOLDING_METHODS = ("awq", "smoothquant")
 FLOAT_CODE_QUANTIZERS = {"nf4": quantize_nf4, "fp8": quantize_fp8}
@@ -73,6 +69,7 @@ class QuantizeResult:
 
 def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> QuantizeResult:
     from ember.layers.cpu_prepare import restore_dense_weights
+    from ember.models.loader import source_names
     from ember.models.registry import resolve_model
     from ember.quant.checkpoint import write_quantized
 
@@ -102,7 +99,9 @@ def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> Q
     if not engine.model_config.tie_word_embeddings:
         blocks["lm_head.weight"] = EMBEDDING_GRID.round_to_blocks(model.lm_head.weight)
     calib_tokens = sum(map(len, chunks))
-    written = write_quantized(resolve_model(config.model), model, engine.model_config, blocks, config, calib_tokens, notes)
+    source = resolve_model(config.model)
+    names = source_names(source, engine.model_config)
+    written = write_quantized(source, names, model, engine.model_config, blocks, config, calib_tokens, notes)
     return QuantizeResult(config.out, *written, calib_tokens)
 
 
@@ -112,13 +111,14 @@ class FamilyRefused(ValueError):
 
 def _check_family(architecture: str, source: Path, config: QuantizeConfig, model: nn.Module) -> None:
     """Raise, naming the fix, where the method or the writer cannot take this family."""
-    if architecture not in QUANTIZE_ARCHITECTURES:
-        raise FamilyRefused(f"ember quantize runs {', '.join(QUANTIZE_ARCHITECTURES)}; {config.model} is {architecture}")
+    formats = family_of(architecture).quantize_formats  # the checkpoints it writes back: every decoder linear rounded
+    if not formats:
+        raise FamilyRefused(f"ember quantize runs {', '.join(quantizable_architectures())}; {config.model} is {architecture}")
     if config.method in FOLDING_METHODS and not folds_input_scales(model):
         raise FamilyRefused(f"--method {config.method} folds its scales into the norms before attention and the MLP, which "
                             f"{config.model} ({architecture}: experts or post-norm blocks) does not have: use --method gptq, "
                             "rtn, nf4 or fp8")
-    if architecture not in LLAMA_ARCHITECTURES and source.is_file():
+    if "gguf" not in formats and source.is_file():
         raise FamilyRefused(f"ember quantize writes GGUFs of the Llama family; {config.model} is a {architecture} GGUF: "
                          "quantize its HF folder instead")
 

@@ -64,9 +64,9 @@ def apply_smoothing(model: nn.Module, stats: dict[str, InputStats], alpha: float
 
 
 def folds_input_scales(model: nn.Module) -> bool:
-    """Whether every decoder layer names the norms feeding attention and its MLP (`input_norms`: the Llama family, Gemma
-    1/2/3), into which AWQ and SmoothQuant fold their scales."""
-    return all(hasattr(layer, "input_norms") for layer in model.model.layers)
+    """Whether the model (an ember.models CausalLM) names the norms feeding each layer's attention and MLP
+    (`input_norms()`: the Llama family, Gemma 1/2/3), into which AWQ and SmoothQuant fold their scales."""
+    return model.input_norms() is not None
 
 
 def smoothing_targets(layer: nn.Module) -> dict[str, tuple[nn.Linear, Feeder]]:

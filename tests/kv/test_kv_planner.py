@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from ember.config.model import ModelConfig
 from ember.kv.planner import KNOWN_SHAPES, compare_variants, plan
-from ember.models.config import ModelConfig
+from ember.models.family_registry import config_from_hf
 
 
 def _config(name: str) -> ModelConfig:
-    return ModelConfig.from_hf(KNOWN_SHAPES[name])
+    return config_from_hf(KNOWN_SHAPES[name])
 
 
 def test_llama_2_7b_at_4096_tokens_in_fp16_costs_two_gib_with_mha_and_a_quarter_with_gqa_8():

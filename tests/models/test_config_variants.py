@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from ember.models.config import ModelConfig
+from ember.models.family_registry import config_from_hf
 from ember.models.llama import LlamaMLP
 from tests.model_factory import save_tiny_model
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
@@ -77,20 +77,20 @@ def _config(model_type: str, **fields) -> dict:
 
 def test_windowed_layers_follow_each_familys_rule() -> None:
     # Qwen3-MoE's attention windows every layer (max_window_layers unread); Qwen2-MoE every other one below it.
-    assert ModelConfig.from_hf(_config("qwen3_moe", use_sliding_window=True, sliding_window=8, max_window_layers=2,
+    assert config_from_hf(_config("qwen3_moe", use_sliding_window=True, sliding_window=8, max_window_layers=2,
                                        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)).layer_windows == (8,) * 4
     qwen2_moe = _config("qwen2_moe", use_sliding_window=True, sliding_window=8, max_window_layers=3, num_experts=4,
                         num_experts_per_tok=2, moe_intermediate_size=16)
-    assert ModelConfig.from_hf(qwen2_moe).layer_windows == (8, None, 8, None)
+    assert config_from_hf(qwen2_moe).layer_windows == (8, None, 8, None)
     # Phi-3 and Mixtral window every layer whatever layer_types says; Qwen2 follows it.
     types = ["full_attention", "sliding_attention"] * 2
-    assert ModelConfig.from_hf(_config("phi3", sliding_window=8, layer_types=types)).layer_windows == (8,) * 4
-    assert ModelConfig.from_hf(_config("qwen2", use_sliding_window=True, sliding_window=8, layer_types=types)).layer_windows == (None, 8) * 2
+    assert config_from_hf(_config("phi3", sliding_window=8, layer_types=types)).layer_windows == (8,) * 4
+    assert config_from_hf(_config("qwen2", use_sliding_window=True, sliding_window=8, layer_types=types)).layer_windows == (None, 8) * 2
 
 
 def test_an_activation_ember_cannot_run_is_refused_by_name() -> None:
-    config = ModelConfig.from_hf(_config("llama", hidden_act="mish"))
+    config = config_from_hf(_config("llama", hidden_act="mish"))
     with pytest.raises(ValueError, match="llama activation 'mish' is not supported"):
         LlamaMLP(config)
     with pytest.raises(ValueError, match="experts run silu"):
-        ModelConfig.from_hf(_config("mixtral", hidden_act="gelu", num_local_experts=4, num_experts_per_tok=2))
+        config_from_hf(_config("mixtral", hidden_act="gelu", num_local_experts=4, num_experts_per_tok=2))

@@ -86,13 +86,14 @@ def test_gemma3_prompt_logits_and_greedy_generation_past_the_window_match_transf
 def test_a_gemma3_config_in_transformers_4s_spelling_reads_the_same():
     """rope_theta / rope_local_base_freq / sliding_window_pattern (as the published Gemma 3 configs still read) give the
     layers, windows and bases that transformers 5's rope_parameters and layer_types give."""
-    from ember.models.config import ModelConfig
 
     current = transformers.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=7,
                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=12).to_dict()
+    from ember.models.family_registry import config_from_hf
+
     older = {k: v for k, v in current.items() if k not in ("rope_parameters", "layer_types")}
     older.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, rope_scaling=None, sliding_window_pattern=6)
-    new, old = ModelConfig.from_hf(current), ModelConfig.from_hf(older)
+    new, old = config_from_hf(current), config_from_hf(older)
     assert old == new
     assert new.layer_windows == (12, 12, 12, 12, 12, None, 12)
     assert (new.rope_theta, new.local_rope_theta) == (1_000_000.0, 10_000.0)
@@ -212,13 +213,14 @@ def test_a_quantized_gemma2_gguf_runs_in_its_blocks_like_its_float_copy(model_fo
 def test_gemma_gguf_metadata_reads_as_llama_cpp_reads_it():
     """Gemma 2's even layers slide, Gemma 3's five of six (its sliding ones at base 10,000); queries scale by head_dim,
     by hidden / heads in the 27B models (llama.cpp's rule: their files do not say)."""
-    from ember.models.config import ModelConfig
+    from ember.config.model import ModelConfig
+    from ember.models.family_registry import config_from_gguf
 
     def read(arch: str, num_layers: int) -> ModelConfig:
         metadata = {"general.architecture": arch, f"{arch}.block_count": num_layers, f"{arch}.embedding_length": 4608,
                     f"{arch}.attention.head_count": 32, f"{arch}.attention.key_length": 128, f"{arch}.feed_forward_length": 64,
                     f"{arch}.attention.sliding_window": 4096, f"{arch}.vocab_size": 256}
-        return ModelConfig.from_gguf(metadata, has_output_tensor=False)
+        return config_from_gguf(metadata, tensor_names=frozenset())
 
     gemma2, gemma3, big = read("gemma2", 4), read("gemma3", 7), read("gemma2", 46)
     assert gemma2.architecture == "gemma2" and gemma2.layer_windows == (4096, None, 4096, None)

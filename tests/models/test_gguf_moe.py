@@ -12,8 +12,8 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from safetensors.numpy import load_file
 
+from ember.config.model import ModelConfig
 from ember.gguf_file import GGUFFile
-from ember.models.config import ModelConfig
 from ember.models.gguf_loader import read_gguf_config
 from ember.models.hf_loader import read_hf_config
 from ember.models.loader import load_model

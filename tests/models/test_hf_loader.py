@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from ember.models.config import ModelConfig
+from ember.models.family_registry import config_from_hf
 from ember.models.hf_loader import safetensors_files
 from ember.models.loader import load_model
 from tests.model_factory import load_reference, save_tiny_model
@@ -45,8 +45,8 @@ def test_the_tokenizer_of_a_folder_is_found_whatever_file_holds_it(tmp_path, sha
 
 def test_a_phi3_config_reads_as_phi3_with_its_partial_rotation():
     shape = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, pad_token_id=0)
-    assert ModelConfig.from_hf(transformers.Phi3Config(**shape).to_dict()).rotary_dim is None
-    assert ModelConfig.from_hf(transformers.Phi3Config(**shape, partial_rotary_factor=0.75).to_dict()).rotary_dim == 12
+    assert config_from_hf(transformers.Phi3Config(**shape).to_dict()).rotary_dim is None
+    assert config_from_hf(transformers.Phi3Config(**shape, partial_rotary_factor=0.75).to_dict()).rotary_dim == 12
 
 
 def test_a_pytorch_bin_checkpoint_loads_the_same_weights(tmp_path):

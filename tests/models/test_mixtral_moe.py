@@ -6,11 +6,11 @@ import pytest
 import torch
 import transformers
 
+from ember.config.model import MoEConfig
 from ember.engine.config import CacheConfig, EngineConfig
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.layers.moe import GatedMLP, SparseMoE, group_by_expert, route_top_k
-from ember.models.config import MoEConfig
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
     assert_prompt_logits_match,

@@ -8,7 +8,7 @@ import json
 import pytest
 import transformers
 
-from ember.models.config import ModelConfig
+from ember.models.family_registry import config_from_hf
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
     assert_prompt_logits_match,
@@ -46,7 +46,7 @@ def test_a_phi_2_config_as_the_hub_writes_it_reads_its_top_level_rotary_keys():
     hub = {"model_type": "phi", "vocab_size": 51200, "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
            "num_attention_heads": 32, "num_key_value_heads": None, "partial_rotary_factor": 0.4, "rope_theta": 10000.0,
            "rope_scaling": None, "qk_layernorm": False, "hidden_act": "gelu_new", "tie_word_embeddings": False}  # fmt: skip
-    config = ModelConfig.from_hf(hub)
+    config = config_from_hf(hub)
     assert (config.head_dim, config.rotary_dim, config.num_kv_heads, config.rope_scaling) == (80, 32, 32, None)
 
 
@@ -54,11 +54,11 @@ def test_a_phi_2_config_as_the_hub_writes_it_reads_its_top_level_rotary_keys():
 def test_a_rope_scaling_ember_cannot_run_is_refused_by_name(tmp_path, rope_type):
     config = json.loads(_phi(rope_parameters={"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0}).to_json_string())
     with pytest.raises(ValueError, match=rope_type):
-        ModelConfig.from_hf(config)
+        config_from_hf(config)
 
 
 def test_a_rotary_fraction_that_leaves_an_odd_number_of_dims_is_refused():
     config = json.loads(_phi().to_json_string())
     config["rope_parameters"]["partial_rotary_factor"] = 0.1875  # 3 of a 16-wide head: no half-split pairs
     with pytest.raises(ValueError, match="partial_rotary_factor"):
-        ModelConfig.from_hf(config)
+        config_from_hf(config)

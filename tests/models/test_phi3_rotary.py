@@ -19,7 +19,7 @@ import transformers
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from ember.gguf_file import GGUFFile
-from ember.models.config import ModelConfig
+from ember.models.family_registry import config_from_hf
 from ember.models.gguf_loader import read_gguf_config
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_prompt_logits_match,
@@ -68,7 +68,7 @@ def _greedy(path, prompt: list[int], num_tokens: int, max_model_len: int | None 
 
 
 def test_longrope_config_reads_both_factor_sets_and_the_attention_factor(longrope_folder):
-    scaling = ModelConfig.from_hf(transformers.AutoConfig.from_pretrained(longrope_folder).to_dict()).rope_scaling
+    scaling = config_from_hf(transformers.AutoConfig.from_pretrained(longrope_folder).to_dict()).rope_scaling
     assert scaling.kind == "longrope" and scaling.original_max_position_embeddings == ORIGINAL
     assert len(scaling.frequency_factors) == len(scaling.long_frequency_factors) == HEAD_DIM // 2
     assert scaling.attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(ORIGINAL)))
@@ -103,16 +103,16 @@ def test_the_rotary_tables_cover_the_served_context_not_the_whole_model_context(
 
 
 def test_a_partial_rotation_reads_its_dims_and_an_odd_one_is_refused_by_name(partial_folder):
-    config = ModelConfig.from_hf(transformers.AutoConfig.from_pretrained(partial_folder).to_dict())
+    config = config_from_hf(transformers.AutoConfig.from_pretrained(partial_folder).to_dict())
     assert (config.head_dim, config.rotary_dim) == (HEAD_DIM, 12)
     odd = dict(transformers.AutoConfig.from_pretrained(partial_folder).to_dict(), partial_rotary_factor=0.5625)  # 9 of 16
     with pytest.raises(ValueError, match="partial_rotary_factor 0.5625 rotates 9 of 16"):
-        ModelConfig.from_hf(odd)
+        config_from_hf(odd)
 
 
 def test_a_context_within_the_original_one_rotates_with_the_short_factors():
+    from ember.config.model import RopeScaling
     from ember.layers.rotary import rope_inverse_frequencies, rotation_angles
-    from ember.models.config import RopeScaling
 
     scaling = RopeScaling("longrope", original_max_position_embeddings=16, frequency_factors=(1.0, 2.0),
                           long_frequency_factors=(4.0, 8.0))
@@ -142,7 +142,7 @@ def test_a_longrope_gguf_matches_transformers_past_the_original_context(request,
     folder = request.getfixturevalue(folder_fixture)
     path = tmp_path / "phi3.gguf"
     write_longrope_gguf(folder, path)
-    ours, theirs = read_gguf_config(GGUFFile.open(path)), ModelConfig.from_hf(transformers.AutoConfig.from_pretrained(folder).to_dict())
+    ours, theirs = read_gguf_config(GGUFFile.open(path)), config_from_hf(transformers.AutoConfig.from_pretrained(folder).to_dict())
     assert (ours.head_dim, ours.rotary_dim) == (theirs.head_dim, theirs.rotary_dim)
     assert ours.rope_scaling.kind == "longrope" and ours.rope_scaling.original_max_position_embeddings == ORIGINAL
     assert ours.rope_scaling.attention_factor == pytest.approx(theirs.rope_scaling.attention_factor)

@@ -9,7 +9,7 @@ import json
 import pytest
 import transformers
 
-from ember.models.config import ModelConfig
+from ember.models.family_registry import config_from_hf
 from ember.models.loader import model_class
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
@@ -53,7 +53,7 @@ def test_a_hub_config_with_rotary_keys_beside_the_rest_loads_as_transformers_rea
     del config["rope_parameters"]
     config.update(rope_theta=500.0, partial_rotary_factor=0.5, rope_scaling=None)
     (folder / "config.json").write_text(json.dumps(config))
-    assert (ModelConfig.from_hf(config).rotary_dim, ModelConfig.from_hf(config).rope_theta) == (8, 500.0)
+    assert (config_from_hf(config).rotary_dim, config_from_hf(config).rope_theta) == (8, 500.0)
     assert_prompt_logits_match(folder, reference, make_prompts(VOCAB))
 
 
@@ -70,5 +70,5 @@ def _hub_config(**overrides) -> dict:
 ], ids=["dynamic-rope", "odd-rotary-dims", "unknown-activation"])  # fmt: skip
 def test_options_ember_cannot_run_are_refused_by_name(overrides, named):
     with pytest.raises(ValueError, match=named):
-        config = ModelConfig.from_hf(_hub_config(**overrides))
+        config = config_from_hf(_hub_config(**overrides))
         model_class(config)(config)

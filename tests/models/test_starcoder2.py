@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from ember.models.config import ModelConfig
+from ember.models.family_registry import config_from_hf
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,
     assert_prompt_logits_match,
@@ -47,7 +47,7 @@ def test_a_sliding_window_on_every_layer_matches_transformers_past_the_window(tm
 def test_the_config_reads_starcoder2s_own_keys_and_release_defaults():
     """A released config's keys (bigcode/starcoder2-3b's shape): norm_epsilon, use_bias, a top-level rope_theta,
     sliding_window on every layer; the head tied when the config is silent."""
-    config = ModelConfig.from_hf({
+    config = config_from_hf({
         "model_type": "starcoder2", "vocab_size": 49152, "hidden_size": 3072, "intermediate_size": 12288,
         "num_hidden_layers": 30, "num_attention_heads": 24, "num_key_value_heads": 2, "norm_epsilon": 1e-5,
         "rope_theta": 999999.4420358813, "sliding_window": 4096, "use_bias": True, "hidden_act": "gelu_pytorch_tanh",
@@ -61,4 +61,4 @@ def test_the_config_reads_starcoder2s_own_keys_and_release_defaults():
 def test_a_rope_type_ember_cannot_run_is_refused_by_name():
     config = _starcoder2(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}).to_dict()
     with pytest.raises(ValueError, match="'dynamic'"):
-        ModelConfig.from_hf(config)
+        config_from_hf(config)

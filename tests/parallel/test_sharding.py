@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ember.models.config import ModelConfig
+from ember.config.model import ModelConfig
 from ember.parallel.sharding import (
     Span,
     TensorParallelShard,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ember.models.config import ModelConfig, MoEConfig
+from ember.config.model import ModelConfig, MoEConfig
 from ember.parallel.sharding import Span
 from ember.parallel.stage_split import first_stage_parameters, layer_parameters, stage_spans
 

@@ -34,6 +34,7 @@ from ember.engine.spec.medusa_heads import (
     read_saved_head,
     saved_identity,
 )
+from ember.models.causal_lm import CausalLM
 
 HEAD_FILE = "eagle.safetensors"
 CONFIG_FILE = "eagle_config.json"
@@ -77,10 +78,8 @@ class EagleHead(nn.Module):
         (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
-def token_embeddings(target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
-    """The target's input embeddings of `token_ids` (its `input_embedding()` table; a model without one is refused)."""
-    if not hasattr(target, "input_embedding"):
-        raise ValueError(f"{type(target).__name__} exposes no input_embedding(); an EAGLE head reads the target's token embeddings")
+def token_embeddings(target: CausalLM, token_ids: torch.Tensor) -> torch.Tensor:
+    """The target's input embeddings of `token_ids` (its `input_embedding()` table)."""
     return target.input_embedding()(token_ids)
 
 
