@@ -14,15 +14,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ember.gateway.errors import GatewayError
-from ember.gateway.serving import GatewayState, handle_generation, read_json_body
+from ember.gateway.request_body import read_validated_body
+from ember.gateway.serving import GatewayState, handle_generation
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
 
 def to_chat_request(body: dict) -> dict:
-    """The OpenAI chat request for an Anthropic Messages request."""
-    if not isinstance(body.get("max_tokens"), int):
-        raise GatewayError("`max_tokens` is required (an integer) in a Messages request", param="max_tokens")
+    """The OpenAI chat request for an Anthropic Messages request (one `validate_body` accepted)."""
     messages = []
     system = body.get("system")
     if system:
@@ -55,7 +54,7 @@ def to_message(response: dict) -> dict:
 
 async def handle_messages(state: GatewayState, request: Request) -> Response:
     try:
-        body = to_chat_request(await read_json_body(request))
+        body = to_chat_request(await read_validated_body(request, state.config.limits, "/messages"))
         response = await handle_generation(state, request, "/chat/completions", body)
     except GatewayError as error:
         return anthropic_error(error)

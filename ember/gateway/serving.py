@@ -39,10 +39,11 @@ from ember.gateway.dispatch import Attempt, AttemptObserver, Dispatcher, OpenedS
 from ember.gateway.errors import GatewayError, error_body
 from ember.gateway.keys import KeyRing
 from ember.gateway.metrics import GatewayMetrics
+from ember.gateway.request_body import read_validated_body
 from ember.gateway.request_log import RequestLogger
 from ember.gateway.response_owners import ResponseOwners
 from ember.gateway.responses import RESPONSES_ENDPOINT, event_type, is_final_event
-from ember.gateway.store import Denial, LedgerRow, Reservation, Store, window_of
+from ember.gateway.store import MAX_RESERVATION, Denial, LedgerRow, Reservation, Store, window_of
 from ember.gateway.tracing import GatewayTracing
 from ember.gateway.upstream import UpstreamError
 
@@ -128,7 +129,7 @@ class RequestObserver(AttemptObserver):
 async def handle_generation(state: GatewayState, request: Request, endpoint: str, body: dict | None = None) -> Response:
     """Serve /v1/chat/completions, /v1/completions, /v1/responses or /v1/embeddings (`body`:
     already parsed and translated, for the Anthropic front)."""
-    body = await read_json_body(request) if body is None else body
+    body = await read_validated_body(request, state.config.limits, endpoint) if body is None else body
     key = await state.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
     model = resolve_model(state.config, body, key)
     check_endpoint(state.dispatcher, model, endpoint)
@@ -166,16 +167,6 @@ async def handle_stored_response(state: GatewayState, request: Request, method: 
     if method == "DELETE" and status == 200:
         state.response_owners.forget(response_id)
     return JSONResponse(body, status_code=status)
-
-
-async def read_json_body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except ValueError:
-        raise GatewayError("request body is not valid JSON", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise GatewayError("request body must be a JSON object", code="invalid_json")
-    return body
 
 
 def resolve_model(config: GatewayConfig, body: dict, key: KeyConfig) -> ModelConfig:
@@ -287,7 +278,12 @@ async def replay_as_stream(response: dict, call: Call):
 async def reserve(state: GatewayState, call: Call) -> Reservation:
     chain_prices = [call.model.price] + [state.config.resolve_model(name).price for name in call.model.fallbacks]
     cost_bound = max(price.cost_nano_usd(call.prompt_bound, call.completion_bound) for price in chain_prices)
-    tokens = call.prompt_bound + call.completion_bound
+    tokens = max(1, call.prompt_bound + call.completion_bound)  # an empty prompt with max_tokens 0 still holds a token
+    if max(tokens, cost_bound) > MAX_RESERVATION:
+        raise GatewayError(
+            f"the request's upper bound ({tokens} tokens: prompt + max_tokens x n per prompt) is too large to reserve; "
+            "lower max_tokens, n or the number of prompts", param="max_tokens", code="invalid_value",
+        )  # fmt: skip
     outcome = await state.store.reserve(call.key, call.request_id, tokens, cost_bound, time.time())
     if isinstance(outcome, Denial):
         state.metrics.rejections.labels(call.key.name, outcome.code).inc()
