@@ -198,18 +198,35 @@ def parse_json(raw: bytes, max_depth: int) -> dict:
 
 def check_structure(body: dict, max_depth: int) -> None:
     """Refuse a body nesting arrays and objects deeper than `max_depth` (the top object is level 1)
-    or holding NaN / Infinity anywhere (Python's parser reads them; no backend should, and no
-    bound may be computed from one). Iterative, so no body can exhaust the stack here."""
+    or holding NaN / Infinity or a lone surrogate anywhere (Python's parser reads them; no backend
+    should, no bound may be computed from one, and neither can be sent on as JSON text). Iterative, so no body can exhaust the stack here."""
     pending: list[tuple[object, tuple]] = [(body, ())]
     while pending:
         item, path = pending.pop()
         if isinstance(item, float) and not math.isfinite(item):
-            param = param_name(path)
-            raise GatewayError(f"invalid value for `{param}`: {item} is not a finite number", param=param, code="invalid_value")
+            raise invalid_value(path, f"{item} is not a finite number")
+        if isinstance(item, str) and not is_utf8(item):
+            raise invalid_value(path, "a string with an unpaired UTF-16 surrogate (\\ud800-\\udfff) is no text")
         if isinstance(item, (dict, list)):
             if len(path) >= max_depth:
                 raise too_deep(max_depth)
+            if isinstance(item, dict) and not all(is_utf8(name) for name in item):
+                raise invalid_value(path, "a field name with an unpaired UTF-16 surrogate is no text")
             pending.extend((child, (*path, name)) for name, child in (item.items() if isinstance(item, dict) else enumerate(item)))
+
+
+def is_utf8(text: str) -> bool:
+    """Whether `text` can be sent on as UTF-8 (JSON's \\u escapes can spell lone surrogates, which cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def invalid_value(path: tuple, reason: str) -> GatewayError:
+    param = param_name(path)
+    return GatewayError(f"invalid value for `{param}`: {reason}", param=param, code="invalid_value")
 
 
 def param_name(path: tuple) -> str | None:

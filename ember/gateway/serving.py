@@ -95,7 +95,8 @@ class Call:
 
     @property
     def is_stream(self) -> bool:
-        return self.body.get("stream") is True
+        """Embeddings are never streamed: their `stream` field, if any, is the backend's to refuse."""
+        return self.body.get("stream") is True and self.endpoint != "/embeddings"
 
     @property
     def client_stream_options(self) -> dict:
