@@ -149,6 +149,7 @@ class StreamMeter:
         self._token_chunks = 0
         self._text_parts: list[str] = []
         self.finished = False
+        self.finish_reason: str | None = None  # choice 0's, as the backend sent it (a cached replay keeps `length`)
 
     def note_upstream(self, chunk: dict) -> None:
         """A chunk the backend sent, delivered or not: it may tell the real prompt size."""
@@ -168,8 +169,9 @@ class StreamMeter:
                 self._text_parts.append(text)
             if text or choice.get("finish_reason"):
                 self._token_chunks += 1
-            if choice.get("finish_reason"):
+            if choice.get("finish_reason") and choice.get("index", 0) == 0:
                 self.finished = True
+                self.finish_reason = choice["finish_reason"]
 
     def usage(self) -> TokenUsage:
         """The tokens received so far."""

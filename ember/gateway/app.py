@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse, Response
 
 from ember.gateway.anthropic import AnthropicUpstream
 from ember.gateway.anthropic_front import handle_messages
-from ember.gateway.cache import SemanticCache
-from ember.gateway.config import GatewayConfig, StoreConfig
+from ember.gateway.cache import CacheEntries, LocalEntries, RedisEntries, SemanticCache
+from ember.gateway.config import GatewayConfig
 from ember.gateway.dispatch import Dispatcher
 from ember.gateway.errors import GatewayError, install_error_handlers
 from ember.gateway.keys import KeyRing
@@ -41,14 +41,14 @@ def build_state(config: GatewayConfig) -> GatewayState:
         backend.name: (AnthropicUpstream if backend.kind == "anthropic" else OpenAIUpstream)(backend, client)
         for backend in config.backends
     }
-    store = open_store(config.store)
+    store = open_store(config)
     dispatcher = Dispatcher(config, upstreams)
     return GatewayState(
         config=config,
         dispatcher=dispatcher,
         store=store,
         keys=KeyRing(config, store),
-        cache=SemanticCache(config.cache),
+        cache=SemanticCache(config.cache, open_cache_entries(config)),
         metrics=GatewayMetrics(dispatcher.states),
         tracing=GatewayTracing(config.observability.trace_exporter),
         request_logger=RequestLogger(config.observability.log_prompts),
@@ -56,11 +56,18 @@ def build_state(config: GatewayConfig) -> GatewayState:
     )
 
 
-def open_store(config: StoreConfig) -> Store:
+def open_store(config: GatewayConfig) -> Store:
     """The store the config names (chosen here, above the stores, so store.py imports neither)."""
-    if config.kind == "redis":
-        return RedisStore(config.url, config.namespace)
-    return SQLiteStore(config.path)
+    if config.store.kind == "redis":
+        return RedisStore(config.store.url, config.store.namespace)
+    return SQLiteStore(config.store.path)
+
+
+def open_cache_entries(config: GatewayConfig) -> CacheEntries:
+    """Cache entries in Redis (shared by the replicas) with the Redis store, else in this process."""
+    if config.store.kind == "redis":
+        return RedisEntries(config.cache, config.store.url, config.store.namespace)
+    return LocalEntries(config.cache)
 
 
 def build_app(config: GatewayConfig) -> FastAPI:
@@ -74,6 +81,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
             await task
         await state.client.aclose()
         await state.store.close()
+        await state.cache.entries.close()
         state.tracing.shutdown()
 
     app = FastAPI(title="ember gateway", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)

@@ -165,16 +165,14 @@ class PrefixRoutingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
-    """Semantic cache: exact match, then embedding similarity >= `similarity_threshold`."""
+    """Semantic cache: exact prompt match, then canonical-form match (`ember/gateway/canonical.py`)."""
 
     enabled: bool = False
-    similarity_threshold: float = 0.92
     ttl_s: float = 300.0
     max_entries_per_scope: int = 1024
     cache_sampled: bool = False
 
     def __post_init__(self) -> None:
-        _check(0.0 < self.similarity_threshold <= 1.0, "cache.similarity_threshold", "must be in (0, 1]")
         _check(self.ttl_s > 0, "cache.ttl_s", "must be > 0")
         _check(self.max_entries_per_scope >= 1, "cache.max_entries_per_scope", "must be >= 1")
 

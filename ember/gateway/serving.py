@@ -136,7 +136,7 @@ async def handle_generation(state: GatewayState, request: Request, endpoint: str
     check_endpoint(state.dispatcher, model, endpoint)
     call = new_call(state, request, endpoint, key, model, body)
     try:
-        cached = cached_response(state, call)
+        cached = await cached_response(state, call)
         if cached is not None:
             await settle(state, call, None, TokenUsage(), "cached", backend=None)
             finish_span(call.span)
@@ -240,17 +240,17 @@ def is_cacheable(endpoint: str, body: dict) -> bool:
     return endpoint != "/embeddings"
 
 
-def cached_response(state: GatewayState, call: Call) -> Response | None:
+async def cached_response(state: GatewayState, call: Call) -> Response | None:
     if not call.is_cacheable:
         return None
-    answer = state.cache.lookup(call.cache_scope, call.prompt_text)
+    answer = await state.cache.lookup(call.cache_scope, call.prompt_text)
     state.metrics.cache_lookups.labels(call.model.name, "miss" if answer is None else "hit").inc()
     if answer is None:
         return None
     usage = TokenUsage.from_openai(answer.response.get("usage")) or TokenUsage()
     state.metrics.cache_saved_tokens.labels(call.model.name).inc(usage.total_tokens)
-    call.span.set_attribute("cache_similarity", answer.similarity)
-    headers = {"x-ember-cache": "hit", "x-ember-cache-similarity": f"{answer.similarity:.4f}"}
+    call.span.set_attribute("cache_match", answer.match)
+    headers = {"x-ember-cache": "hit", "x-ember-cache-match": answer.match}
     if call.is_stream:
         return StreamingResponse(replay_as_stream(answer.response, call), media_type="text/event-stream", headers=headers)
     return JSONResponse(answer.response, headers=headers)
@@ -309,7 +309,7 @@ async def complete(state: GatewayState, call: Call, reservation: Reservation) ->
         state.response_owners.remember(response.get("id"), attempt.backend.name, call.key.tenant)
     await settle(state, call, reservation, usage, "ok", backend=attempt.backend.name, served_by=attempt.model)
     if call.is_cacheable:
-        state.cache.store(call.cache_scope, call.prompt_text, response)
+        await state.cache.store(call.cache_scope, call.prompt_text, response)
     finish_span(call.span)
     return JSONResponse(response)
 
@@ -376,7 +376,7 @@ class StreamRelay:
         await self._opened.close()
         usage = self._meter.usage()
         if self._status == "ok" and call.is_cacheable and self._meter.finished:
-            self._state.cache.store(call.cache_scope, call.prompt_text, assembled_response(call, self._meter, usage))
+            await self._state.cache.store(call.cache_scope, call.prompt_text, assembled_response(call, self._meter, usage))
         await settle(self._state, call, self._reservation, usage, self._status, backend=attempt.backend.name, served_by=attempt.model)
         finish_span(call.span, None if self._status == "ok" else self._status)
 
@@ -411,9 +411,9 @@ def assembled_response(call: Call, meter: StreamMeter, usage: TokenUsage) -> dic
     """A non-streamed response body built from a finished stream, for the cache."""
     usage_body = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens, "total_tokens": usage.total_tokens}
     if call.endpoint == "/chat/completions":
-        choice = {"index": 0, "message": {"role": "assistant", "content": meter.text()}, "finish_reason": "stop"}
+        choice = {"index": 0, "message": {"role": "assistant", "content": meter.text()}, "finish_reason": meter.finish_reason}
         return {"id": call.request_id, "object": "chat.completion", "created": int(time.time()), "model": call.model.name, "choices": [choice], "usage": usage_body}
-    choice = {"index": 0, "text": meter.text(), "finish_reason": "stop"}
+    choice = {"index": 0, "text": meter.text(), "finish_reason": meter.finish_reason}
     return {"id": call.request_id, "object": "text_completion", "created": int(time.time()), "model": call.model.name, "choices": [choice], "usage": usage_body}
 
 
