@@ -14,8 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ember.gateway.errors import GatewayError
-from ember.gateway.request_body import read_validated_body
-from ember.gateway.serving import GatewayState, handle_generation
+from ember.gateway.serving import Front, GatewayState, handle_generation
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
@@ -53,20 +52,21 @@ def to_message(response: dict) -> dict:
 
 
 async def handle_messages(state: GatewayState, request: Request) -> Response:
+    """`POST /v1/messages`: validated as a Messages request, served as a chat completion."""
     try:
-        body = to_chat_request(await read_validated_body(request, state.config.limits, "/messages"))
-        response = await handle_generation(state, request, "/chat/completions", body)
+        response = await handle_generation(state, request, "/chat/completions", Front("/messages", to_chat_request))
     except GatewayError as error:
         return anthropic_error(error)
     if isinstance(response, StreamingResponse):
-        return StreamingResponse(as_message_events(response.body_iterator, body.get("model")), media_type="text/event-stream")
+        return StreamingResponse(as_message_events(response.body_iterator), media_type="text/event-stream")
     if response.status_code != 200:
         return response
     return JSONResponse(to_message(json.loads(response.body)), headers={k: v for k, v in response.headers.items() if k.startswith("x-ember")})
 
 
-async def as_message_events(chunks, model: str | None):
-    """OpenAI stream chunks (SSE text) -> Anthropic stream events."""
+async def as_message_events(chunks):
+    """OpenAI stream chunks (SSE text) -> Anthropic stream events (the model named as the backend names it, as in
+    `to_message`)."""
     started = False
     usage = {"prompt_tokens": 0, "completion_tokens": 0}
     stop_reason = "end_turn"
@@ -80,7 +80,7 @@ async def as_message_events(chunks, model: str | None):
                 return
             if not started:
                 started = True
-                yield event("message_start", {"message": {"id": chunk.get("id"), "type": "message", "role": "assistant", "model": model, "content": [], "usage": {"input_tokens": 0, "output_tokens": 0}}})
+                yield event("message_start", {"message": {"id": chunk.get("id"), "type": "message", "role": "assistant", "model": chunk.get("model"), "content": [], "usage": {"input_tokens": 0, "output_tokens": 0}}})
                 yield event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or ():

@@ -49,7 +49,7 @@ def build_state(config: GatewayConfig) -> GatewayState:
         store=store,
         keys=KeyRing(config, store),
         cache=SemanticCache(config.cache, open_cache_entries(config)),
-        metrics=GatewayMetrics(dispatcher.states),
+        metrics=GatewayMetrics(dispatcher.states, dispatcher.is_cooling_down),
         tracing=GatewayTracing(config.observability.trace_exporter),
         request_logger=RequestLogger(config.observability.log_prompts),
         client=client,

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import time
 import uuid
+from collections.abc import Callable
 
 import httpx
 from fastapi import Request
@@ -74,6 +75,14 @@ class GatewayState:
         return task
 
 
+@dataclasses.dataclass(frozen=True)
+class Front:
+    """Another API's route served as one of ours: its body is checked against `endpoint`'s model, then translated."""
+
+    endpoint: str
+    translate: Callable[[dict], dict]
+
+
 @dataclasses.dataclass
 class Call:
     """One client request as the gateway sees it."""
@@ -127,14 +136,25 @@ class RequestObserver(AttemptObserver):
         handle.end()
 
 
-async def handle_generation(state: GatewayState, request: Request, endpoint: str, body: dict | None = None) -> Response:
-    """Serve /v1/chat/completions, /v1/completions, /v1/responses or /v1/embeddings (`body`:
-    already parsed and translated, for the Anthropic front)."""
-    body = await read_validated_body(request, state.config.limits, endpoint) if body is None else body
-    key = await state.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
-    model = resolve_model(state.config, body, key)
-    check_endpoint(state.dispatcher, model, endpoint)
-    call = new_call(state, request, endpoint, key, model, body)
+async def handle_generation(state: GatewayState, request: Request, endpoint: str, front: Front | None = None) -> Response:
+    """Serve /v1/chat/completions, /v1/completions, /v1/responses or /v1/embeddings (or, through `front`, another API's
+    route as one of them). The key is checked before the body is read. Every request writes one log line: `settle`
+    writes it for the requests that reach the store, `record_refusal` for the others."""
+    started_s = time.monotonic()
+    key: KeyConfig | None = None
+    model: ModelConfig | None = None
+    try:
+        key = await state.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+        if front is None:
+            body = await read_validated_body(request, state.config.limits, endpoint)
+        else:
+            body = front.translate(await read_validated_body(request, state.config.limits, front.endpoint))
+        model = resolve_model(state.config, body, key)
+        check_endpoint(state.dispatcher, model, endpoint)
+        call = new_call(state, request, endpoint, key, model, body)
+    except GatewayError as error:
+        record_refusal(state, endpoint, error, started_s, key, model)
+        raise
     try:
         cached = await cached_response(state, call)
         if cached is not None:
@@ -144,12 +164,28 @@ async def handle_generation(state: GatewayState, request: Request, endpoint: str
         reservation = await reserve(state, call)
         if call.is_stream:
             return await start_stream(state, call, reservation)
-        return await complete(state, call, reservation)
+        return await complete(state, call, reservation, request)
     except GatewayError as error:
         finish_span(call.span, error.message)
         if not call.is_settled:
-            state.metrics.requests.labels(call.model.name, call.key.name, str(error.status_code)).inc()
+            record_refusal(state, endpoint, error, call.started_s, key, model, call.request_id)
         raise
+
+
+def record_refusal(
+    state: GatewayState, endpoint: str, error: GatewayError, started_s: float,
+    key: KeyConfig | None = None, model: ModelConfig | None = None, request_id: str | None = None,
+) -> None:  # fmt: skip
+    """The metric and the log line of a request refused before the store saw it: a bad body, key or model, a limit
+    (429), an impossible bound. `key` and `model` are None when the refusal came before they were known."""
+    state.metrics.requests.labels(model.name if model else "", key.name if key else "", str(error.status_code)).inc()
+    state.request_logger.log(
+        {
+            "request_id": request_id or f"gw-{uuid.uuid4().hex}", "key": key and key.name, "tenant": key and key.tenant,
+            "endpoint": endpoint, "model": model and model.name, "backend": None, "status": "refused",
+            "http_status": error.status_code, "code": error.code, "latency_ms": round((time.monotonic() - started_s) * 1000, 2),
+        }
+    )  # fmt: skip
 
 
 async def handle_stored_response(state: GatewayState, request: Request, method: str, response_id: str, suffix: str = "") -> Response:
@@ -293,11 +329,14 @@ async def reserve(state: GatewayState, call: Call) -> Reservation:
     return outcome
 
 
-async def complete(state: GatewayState, call: Call, reservation: Reservation) -> Response:
+async def complete(state: GatewayState, call: Call, reservation: Reservation, request: Request) -> Response:
+    """A non-streamed request. A client that leaves before the answer cancels it upstream (closing the backend
+    connection, which aborts the generation there) and is billed for what the backend reported: nothing."""
     observer = RequestObserver(state, call.span)
     try:
-        response, attempt = await state.dispatcher.complete(call.endpoint, call.body, call.model, call.prompt_text, observer,
-                                                            call.pinned_backend)  # fmt: skip
+        response, attempt = await until_client_leaves(
+            request, state.dispatcher.complete(call.endpoint, call.body, call.model, call.prompt_text, observer, call.pinned_backend)
+        )
     except UpstreamError as error:
         await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
         raise gateway_error_of(error) from None
@@ -312,6 +351,31 @@ async def complete(state: GatewayState, call: Call, reservation: Reservation) ->
         await state.cache.store(call.cache_scope, call.prompt_text, response)
     finish_span(call.span)
     return JSONResponse(response)
+
+
+async def until_client_leaves(request: Request, work):
+    """The result of coroutine `work`, unless the client disconnects first: then `work` is cancelled (and awaited, so
+    its upstream connection is closed) and a 499 GatewayError raised."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(client_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request itself was cancelled
+        task.cancel()
+        watcher.cancel()
+        raise
+    watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise GatewayError("the client disconnected before the answer", status_code=499, code="client_disconnected")
+
+
+async def client_disconnect(request: Request) -> None:
+    """Returns when the client has closed its connection (the body is read: what comes next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def start_stream(state: GatewayState, call: Call, reservation: Reservation) -> Response:
