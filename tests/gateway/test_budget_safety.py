@@ -66,7 +66,7 @@ async def totals_then_close(store):
         await store.close()
 
 
-async def mixed_burst(base_url: str) -> list[int]:
+async def mixed_burst(base_urls: list[str]) -> list[int]:
     """40 concurrent chat requests: every fourth a normal one, the rest negative, zero, huge,
     fractional or non-numeric caps and choice counts; the last of HOSTILE is valid but its bound
     (2**31 - 1 tokens x 128 choices) is far past any budget."""
@@ -75,7 +75,8 @@ async def mixed_burst(base_url: str) -> list[int]:
         extra = {"max_tokens": 10} if index % 4 == 0 else HOSTILE[index % len(HOSTILE)]
         bodies.append({"model": "m", "messages": [{"role": "user", "content": "Hi"}], **extra})
     async with httpx.AsyncClient(timeout=60, headers={"authorization": "Bearer sk-k"}) as client:
-        responses = await asyncio.gather(*(client.post(base_url + "/v1/chat/completions", json=body) for body in bodies))
+        posts = (client.post(base_urls[index // 4 % len(base_urls)] + "/v1/chat/completions", json=body) for index, body in enumerate(bodies))
+        responses = await asyncio.gather(*posts)
     return [response.status_code for response in responses]
 
 
@@ -88,8 +89,10 @@ def test_hostile_values_under_concurrency_never_move_spend_below_zero_or_past_bu
             "keys": [{"name": "k", "key_sha256": hash_key("sk-k"), "budget_usd": BUDGET_NANO_USD / 1e9}],
             "store": store_config,
         }
-        with ThreadedApp(build_app(config_from_dict(config))) as gateway:
-            statuses = asyncio.run(mixed_burst(gateway.base_url))
+        # Redis is the store of replicas: two gateways share it, the burst alternating between them.
+        with contextlib.ExitStack() as stack:
+            gateways = [stack.enter_context(ThreadedApp(build_app(config_from_dict(config)))) for _ in range(2 if kind == "redis" else 1)]
+            statuses = asyncio.run(mixed_burst([gateway.base_url for gateway in gateways]))
         totals = asyncio.run(totals_then_close(store))
     normal = statuses[::4]
     hostile = {index % len(HOSTILE): status for index, status in enumerate(statuses) if index % 4}
