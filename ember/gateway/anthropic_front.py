@@ -105,4 +105,4 @@ def anthropic_error(error: GatewayError) -> JSONResponse:
 
 
 def _text(blocks) -> str:
-    return "".join(block.get("text", "") for block in blocks if isinstance(block, dict) and block.get("type") == "text")
+    return "".join(block["text"] for block in blocks if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str))

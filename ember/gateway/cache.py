@@ -49,6 +49,7 @@ class PromptKeys:
 
     @staticmethod
     def of(prompt_text: str) -> PromptKeys:
+        """The keys of `prompt_text` (CPU-bound for long prompts: callers run it on a worker thread)."""
         return PromptKeys("e:" + hashlib.sha256(prompt_text.encode("utf-8")).hexdigest(), "c:" + canonical_digest(prompt_text))
 
 
@@ -104,7 +105,8 @@ class _Entry:
 
 
 class LocalEntries:
-    """Entries in this gateway process: an insertion-ordered map per scope."""
+    """Entries in this gateway process: an insertion-ordered map per scope, oldest evicted first,
+    an expired entry dropped when it is read."""
 
     def __init__(self, config: CacheConfig, clock=time.monotonic) -> None:
         self._config = config

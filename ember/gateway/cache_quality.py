@@ -23,6 +23,8 @@ PAIRS_PATH = Path(__file__).with_name("cache_pairs.jsonl")
 
 @dataclasses.dataclass(frozen=True)
 class LabelledPair:
+    """Two prompts and whether they ask the same question (`why` says what differs)."""
+
     first: str
     second: str
     is_same_question: bool
@@ -41,19 +43,23 @@ class MatchQuality:
 
     @property
     def recall(self) -> float:
+        """The share of same-question pairs the cache answered."""
         return self.true_hits / self.same_pairs
 
     @property
     def precision(self) -> float:
+        """The share of hits that answered the same question."""
         hits = self.true_hits + len(self.false_hits)
         return self.true_hits / hits if hits else 1.0
 
     def summary(self) -> dict:
+        """The counts and rates, as `ember bench gateway` reports them."""
         return {"same_question_pairs": self.same_pairs, "different_question_pairs": self.different_pairs,
                 "true_hits": self.true_hits, "false_hits": len(self.false_hits), "precision": self.precision, "recall": self.recall}  # fmt: skip
 
 
 def labelled_pairs(path: Path = PAIRS_PATH) -> list[LabelledPair]:
+    """The labelled pairs of a JSON-lines file (`a`, `b`, `same_question`, `why`)."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [LabelledPair(row["a"], row["b"], row["same_question"], row["why"]) for row in rows]
 

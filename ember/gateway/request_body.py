@@ -38,6 +38,8 @@ class Forwarded(BaseModel):
 
 
 class StreamOptions(Forwarded):
+    """`stream_options`: the gateway reads include_usage (its own streams always ask for usage)."""
+
     include_usage: StrictBool | None = None
     continuous_usage_stats: StrictBool | None = None
 
@@ -64,6 +66,8 @@ class GenerationFields(Forwarded):
 
 
 class ChatMessage(Forwarded):
+    """One chat message: its role and text (or parts) are the prompt the gateway bounds and caches."""
+
     role: StrictStr
     content: Content | None = None
 
@@ -113,6 +117,8 @@ class EmbeddingBody(Forwarded):
 
 
 class AnthropicBlock(Forwarded):
+    """One content block of a Messages request; text blocks become the chat message's text."""
+
     type: StrictStr
     text: StrictStr | None = None
 
@@ -121,6 +127,8 @@ AnthropicContent = StrictStr | list[AnthropicBlock]
 
 
 class AnthropicMessage(Forwarded):
+    """One message of a Messages request."""
+
     role: StrictStr
     content: AnthropicContent
 
@@ -225,6 +233,7 @@ def is_utf8(text: str) -> bool:
 
 
 def invalid_value(path: tuple, reason: str) -> GatewayError:
+    """The 400 naming the field at `path` and what is wrong with its value."""
     param = param_name(path)
     return GatewayError(f"invalid value for `{param}`: {reason}", param=param, code="invalid_value")
 
@@ -256,10 +265,12 @@ def invalid_field(error: ValidationError) -> GatewayError:
 
 
 def body_too_large(max_bytes: int) -> GatewayError:
+    """The 413 for a body past `limits.max_body_bytes`."""
     return GatewayError(
         f"request body is larger than {max_bytes} bytes (limits.max_body_bytes)", status_code=413, code="request_too_large"
     )
 
 
 def too_deep(max_depth: int) -> GatewayError:
+    """The 400 for a body nesting past `limits.max_json_depth`."""
     return GatewayError(f"request body nests deeper than {max_depth} levels (limits.max_json_depth)", code="too_deeply_nested")

@@ -1,13 +1,14 @@
 """The path of one generation request through the gateway.
 
-authenticate -> resolve the model (aliases, allow list, a backend that has the endpoint) ->
-semantic cache -> reserve the request's upper-bound tokens and cost in the store -> dispatch
-(routing, retries, fallbacks) -> settle the reservation to the usage received -> metrics,
-trace, JSON log line.
+authenticate -> read and check the body (`request_body.py`) -> resolve the model (aliases, allow
+list, a backend that has the endpoint) -> semantic cache -> reserve the request's upper-bound
+tokens and cost in the store -> dispatch (routing, retries, fallbacks) -> settle the reservation
+to the usage received -> metrics, trace, JSON log line (a refused request gets its metric and log
+line too).
 
 Every reservation is settled exactly once, whatever happens: success, backend failure, or a
-client that goes away mid-stream (settlement then runs as a detached task, so cancellation of
-the request cannot skip it).
+client that goes away (mid-stream, or before a non-streamed answer, which is then cancelled
+upstream; settlement runs as a detached task, so cancellation of the request cannot skip it).
 """
 
 from __future__ import annotations

@@ -114,3 +114,11 @@ def test_max_tokens_zero_with_echo_is_passed_as_sent(gateway):
     response = post(app, "/v1/completions", {"model": "m", "prompt": "score me", "max_tokens": 0, "echo": True})
     assert response.status_code == 200, response.text
     assert backend.record.bodies[-1]["max_tokens"] == 0
+
+
+def test_a_content_part_with_null_text_counts_as_no_text(gateway):
+    app, backend = gateway
+    parts = [{"type": "text", "text": None}, {"type": "text", "text": "Hi"}]
+    response = post(app, "/v1/chat/completions", {**CHAT, "max_tokens": 4, "messages": [{"role": "user", "content": parts}]})
+    assert response.status_code == 200, response.text
+    assert backend.record.bodies[-1]["messages"][0]["content"] == parts

@@ -24,7 +24,7 @@ def config_for(backend: FakeBackend, tmp_path, **sections) -> dict:
     return {
         "backends": [{"name": "a", "url": backend.url}],
         "models": [{"name": "m", "backends": ["a"], "price": {"input_per_million": 1.0, "output_per_million": 2.0}}],
-        "keys": [{"name": "k", "key_sha256": hash_key("sk-k"), "rpm": 3}],
+        "keys": [{"name": "k", "key_sha256": hash_key("sk-k"), "budget_usd": 0.00007}],  # 3 requests' worth (see below)
         "store": {"path": str(tmp_path / "gw.sqlite3")},
         **sections,
     }
@@ -42,7 +42,7 @@ def test_every_request_writes_one_log_line_refusals_included(tmp_path, caplog):
             post("/v1/messages", {"model": "m", "messages": "Hi", "max_tokens": 4}).status_code,
             post("/v1/chat/completions", CHAT).status_code,
             post("/v1/chat/completions", CHAT).status_code,
-            post("/v1/chat/completions", CHAT).status_code,  # the fourth of a 3-a-minute key
+            post("/v1/chat/completions", CHAT).status_code,  # bound 47000 nano-USD, spent 3 x 10000: past 70000
         ]
         metrics = httpx.get(gateway.base_url + "/metrics").text
     lines = [json.loads(record.getMessage()) for record in caplog.records if record.name == "ember.gateway.requests"]
@@ -50,7 +50,7 @@ def test_every_request_writes_one_log_line_refusals_included(tmp_path, caplog):
     assert [(line["status"], line.get("http_status"), line.get("code")) for line in lines] == [
         ("ok", None, None), ("refused", 400, "invalid_value"), ("refused", 401, "invalid_api_key"),
         ("refused", 404, "model_not_found"), ("refused", 400, "invalid_value"), ("ok", None, None), ("ok", None, None),
-        ("refused", 429, "rate_limit_exceeded"),
+        ("refused", 429, "budget_exceeded"),
     ]  # fmt: skip
     assert [line["key"] for line in lines] == ["k", "k", None, "k", "k", "k", "k", "k"]  # the key is checked before the body
     counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("ember_gateway_requests_total"))
