@@ -128,4 +128,4 @@ def test_two_thousand_generated_requests_get_no_5xx_and_the_gateway_stays_up(tmp
                                 headers={"authorization": "Bearer sk-k"})  # fmt: skip
     assert len(statuses) >= EXAMPLES
     assert health.status_code == 200 and after.status_code == 200, after.text
-    assert statuses.count(200) >= EXAMPLES // 5 and statuses.count(400) >= EXAMPLES // 5  # both valid and invalid bodies got through
+    assert statuses.count(200) >= EXAMPLES // 10 and statuses.count(400) >= EXAMPLES // 10  # both valid and invalid bodies got through
