@@ -164,7 +164,7 @@ async def handle_generation(state: GatewayState, request: Request, endpoint: str
             return cached
         reservation = await reserve(state, call)
         if call.is_stream:
-            return await start_stream(state, call, reservation)
+            return await start_stream(state, call, reservation, request)
         return await complete(state, call, reservation, request)
     except GatewayError as error:
         finish_span(call.span, error.message)
@@ -334,16 +334,8 @@ async def complete(state: GatewayState, call: Call, reservation: Reservation, re
     """A non-streamed request. A client that leaves before the answer cancels it upstream (closing the backend
     connection, which aborts the generation there) and is billed for what the backend reported: nothing."""
     observer = RequestObserver(state, call.span)
-    try:
-        response, attempt = await until_client_leaves(
-            request, state.dispatcher.complete(call.endpoint, call.body, call.model, call.prompt_text, observer, call.pinned_backend)
-        )
-    except UpstreamError as error:
-        await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
-        raise gateway_error_of(error) from None
-    except BaseException:
-        await asyncio.shield(state.detach(settle(state, call, reservation, TokenUsage(), "cancelled", backend=None)))
-        raise
+    work = state.dispatcher.complete(call.endpoint, call.body, call.model, call.prompt_text, observer, call.pinned_backend)
+    response, attempt = await dispatched(state, call, reservation, request, work)
     usage = TokenUsage.from_openai(response.get("usage")) or TokenUsage(call.prompt_bound, 0)
     if call.endpoint == RESPONSES_ENDPOINT:
         state.response_owners.remember(response.get("id"), attempt.backend.name, call.key.tenant)
@@ -352,6 +344,19 @@ async def complete(state: GatewayState, call: Call, reservation: Reservation, re
         await state.cache.store(call.cache_scope, call.prompt_text, response)
     finish_span(call.span)
     return JSONResponse(response)
+
+
+async def dispatched(state: GatewayState, call: Call, reservation: Reservation, request: Request, work):
+    """The result of `work` (a dispatcher call), settling the reservation when nothing came of it: no backend served
+    the request (`failed`, and the client gets the error), or the client left first (`cancelled`)."""
+    try:
+        return await until_client_leaves(request, work)
+    except UpstreamError as error:
+        await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
+        raise gateway_error_of(error) from None
+    except BaseException:
+        await asyncio.shield(state.detach(settle(state, call, reservation, TokenUsage(), "cancelled", backend=None)))
+        raise
 
 
 async def until_client_leaves(request: Request, work):
@@ -379,16 +384,13 @@ async def client_disconnect(request: Request) -> None:
         pass
 
 
-async def start_stream(state: GatewayState, call: Call, reservation: Reservation) -> Response:
+async def start_stream(state: GatewayState, call: Call, reservation: Reservation, request: Request) -> Response:
     """Opens the upstream stream before answering, so failures before the first token are
-    retried and, if every attempt fails, reported as a plain HTTP error."""
+    retried and, if every attempt fails, reported as a plain HTTP error (a client that leaves
+    before the first token cancels it, as a non-streamed request)."""
     observer = RequestObserver(state, call.span)
-    try:
-        opened = await state.dispatcher.open_stream(call.endpoint, call.body, call.model, call.prompt_text, observer,
-                                                    call.pinned_backend)  # fmt: skip
-    except UpstreamError as error:
-        await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
-        raise gateway_error_of(error) from None
+    work = state.dispatcher.open_stream(call.endpoint, call.body, call.model, call.prompt_text, observer, call.pinned_backend)
+    opened = await dispatched(state, call, reservation, request, work)
     state.metrics.ttft.labels(call.model.name).observe(time.monotonic() - call.started_s)
     return RelayResponse(StreamRelay(state, call, reservation, opened))
 

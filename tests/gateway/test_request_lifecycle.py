@@ -74,11 +74,13 @@ def test_the_breaker_gauge_reads_0_once_the_cooldown_is_over(tmp_path):
     assert after_cooldown == 'ember_gateway_backend_breaker_open{backend="a"} 0.0'
 
 
-def test_a_client_leaving_a_non_streamed_request_aborts_it_upstream(tmp_path):
+@pytest.mark.parametrize("is_stream", [False, True])
+def test_a_client_leaving_before_the_answer_aborts_the_request_upstream(tmp_path, is_stream):
     with FakeBackend("a", Behaviour("stall")) as backend, ThreadedApp(build_app(config_from_dict(config_for(backend, tmp_path)))) as gateway:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(gateway.base_url + "/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-k"}, timeout=0.5)
-        deadline = time.monotonic() + 5  # the backend's timeout_s is 60: only an abort ends it sooner
+            body = {**CHAT, "stream": is_stream}
+            httpx.post(gateway.base_url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-k"}, timeout=0.5)
+        deadline = time.monotonic() + 5  # timeout_s is 60 and first_token_timeout_s 30: only an abort ends it sooner
         while backend.record.disconnects == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         disconnects = backend.record.disconnects
