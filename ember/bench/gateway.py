@@ -212,7 +212,7 @@ def run_gateway_bench(settings: GatewayBenchSettings, tick, advance=lambda: None
 
 
 def semantic_cache_quality() -> dict:
-    """The semantic cache's hits on the labelled prompt pairs (`ember/gateway/cache_pairs.jsonl`):
+    """The semantic cache's hits on the labelled prompt pairs (`ember/gateway/cache_pairs.json`):
     false hits on different questions (the bar: 0), precision, and recall on same-question pairs."""
     from ember.gateway.cache_quality import labelled_pairs, match_quality
 
@@ -262,7 +262,7 @@ def semantic_cache_rows(quality: dict) -> list[str]:
     """The markdown table of the semantic cache's precision and recall on the labelled pairs."""
     return [
         f"Semantic cache on {quality['same_question_pairs'] + quality['different_question_pairs']} labelled prompt pairs "
-        "(ember/gateway/cache_pairs.jsonl; exact, then canonical-form match):",
+        "(ember/gateway/cache_pairs.json; exact, then canonical-form match):",
         "",
         "| pairs | count | hits | rate |",
         "|---|---|---|---|",

@@ -1,6 +1,6 @@
 """How often the semantic cache answers right: its hits on labelled prompt pairs.
 
-`ember/gateway/cache_pairs.jsonl` holds pairs of prompts labelled `same_question` (near
+`ember/gateway/cache_pairs.json` holds pairs of prompts labelled `same_question` (near
 duplicates, and paraphrases the cache is not expected to catch) or not (numbers, negations,
 named entities, word order, operators, a long document with two questions). For each pair the
 real cache stores an answer for the first prompt and looks up the second. A hit on a
@@ -18,7 +18,7 @@ from pathlib import Path
 from ember.gateway.cache import LocalEntries, SemanticCache
 from ember.gateway.config import CacheConfig
 
-PAIRS_PATH = Path(__file__).with_name("cache_pairs.jsonl")
+PAIRS_PATH = Path(__file__).with_name("cache_pairs.json")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +59,9 @@ class MatchQuality:
 
 
 def labelled_pairs(path: Path = PAIRS_PATH) -> list[LabelledPair]:
-    """The labelled pairs of a JSON-lines file (`a`, `b`, `same_question`, `why`)."""
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The labelled pairs of a JSON file: a list of {`a`, `b`, `same_question`, `why`} (one a line; `.json` so the
+    package data carries it)."""
+    rows = json.loads(path.read_text(encoding="utf-8"))
     return [LabelledPair(row["a"], row["b"], row["same_question"], row["why"]) for row in rows]
 
 

@@ -10,7 +10,7 @@ Celsius-to-Fahrenheit differ, and a document with two different questions differ
 "What's the capital of France?" and "what is the capital of france" are one question.
 
 The rule misses paraphrases (different words for the same question): recall is traded for a
-false-hit rate of zero on the labelled pairs (`ember/gateway/cache_pairs.jsonl`).
+false-hit rate of zero on the labelled pairs (`ember/gateway/cache_pairs.json`).
 """
 
 from __future__ import annotations
