@@ -181,7 +181,7 @@ def run_gateway_bench(settings: GatewayBenchSettings, tick, advance=lambda: None
 
     `tick(description)` is called at each phase, `advance()` after each request or pair."""
     prompts = build_requests(settings.documents, settings.doc_chars, settings.questions, settings.seed)
-    results: dict = {"workload": {**dataclasses.asdict(settings), "requests": len(prompts)}}
+    results: dict = {"workload": {**dataclasses.asdict(settings), "requests": len(prompts)}, "semantic_cache": semantic_cache_quality()}
     serve_args = ("--served-model-name", SERVED_NAME)
     with tempfile.TemporaryDirectory(prefix="ember-bench-gateway-") as folder:
         for routing in POLICIES:
@@ -209,6 +209,14 @@ def run_gateway_bench(settings: GatewayBenchSettings, tick, advance=lambda: None
     if plot is not None:
         draw(results, plot)
     return results
+
+
+def semantic_cache_quality() -> dict:
+    """The semantic cache's hits on the labelled prompt pairs (`ember/gateway/cache_pairs.json`):
+    false hits on different questions (the bar: 0), precision, and recall on same-question pairs."""
+    from ember.gateway.cache_quality import labelled_pairs, match_quality
+
+    return match_quality(labelled_pairs()).summary()
 
 
 def run_with_progress(settings: GatewayBenchSettings, plot: Path | None = None) -> dict:
@@ -244,8 +252,25 @@ def markdown(results: dict) -> str:
         f"Gateway overhead ({overhead['pairs']} paired 1-token requests): added p50 {overhead['added']['p50_ms']:.2f} ms, "
         f"p99 {overhead['added']['p99_ms']:.2f} ms (direct p50 {overhead['direct']['p50_ms']:.1f} ms, "
         f"through the gateway p50 {overhead['gateway']['p50_ms']:.1f} ms)",
+        "",
+        *(semantic_cache_rows(results["semantic_cache"]) if "semantic_cache" in results else []),  # results saved before it
     ]
     return "\n".join(lines)
+
+
+def semantic_cache_rows(quality: dict) -> list[str]:
+    """The markdown table of the semantic cache's precision and recall on the labelled pairs."""
+    return [
+        f"Semantic cache on {quality['same_question_pairs'] + quality['different_question_pairs']} labelled prompt pairs "
+        "(ember/gateway/cache_pairs.json; exact, then canonical-form match):",
+        "",
+        "| pairs | count | hits | rate |",
+        "|---|---|---|---|",
+        f"| same question (recall) | {quality['same_question_pairs']} | {quality['true_hits']} | {quality['recall']:.1%} |",
+        f"| different question (false hits) | {quality['different_question_pairs']} | {quality['false_hits']} | "
+        f"{quality['false_hits'] / quality['different_question_pairs']:.1%} |",
+        f"| precision | | | {quality['precision']:.1%} |",
+    ]
 
 
 def draw(results: dict, path: Path) -> None:

@@ -11,6 +11,7 @@ import dataclasses
 
 from ember.gateway.config import AccountingConfig
 from ember.gateway.responses import DELTA_EVENTS, RESPONSES_ENDPOINT, event_type, final_usage
+from ember.gateway.store import MAX_RESERVATION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,11 +30,17 @@ class TokenUsage:
         completions name the counts prompt/completion tokens, the Responses API input/output tokens."""
         if not isinstance(usage, dict):
             return None
-        if "input_tokens" in usage:
-            details = usage.get("input_tokens_details") or {}
-            return TokenUsage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0), int(details.get("cached_tokens") or 0))
-        details = usage.get("prompt_tokens_details") or {}
-        return TokenUsage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), int(details.get("cached_tokens") or 0))
+        prompt, completion, details = ("input_tokens", "output_tokens", "input_tokens_details") if "input_tokens" in usage else (
+            "prompt_tokens", "completion_tokens", "prompt_tokens_details")  # fmt: skip
+        details = usage.get(details)
+        cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+        return TokenUsage(_count(usage.get(prompt)), _count(usage.get(completion)), _count(cached))
+
+
+def _count(value: object) -> int:
+    """A token count a backend reported, as a non-negative int: a missing, negative or malformed
+    count is 0, so no backend's answer can move a key's spend backwards or crash the settlement."""
+    return value if type(value) is int and 0 <= value <= MAX_RESERVATION else 0
 
 
 def prompt_text(endpoint: str, body: dict) -> str:
@@ -42,7 +49,7 @@ def prompt_text(endpoint: str, body: dict) -> str:
         return "".join(f"{message.get('role', '')}\n{content_text(message.get('content'))}\n" for message in body.get("messages") or ())
     if endpoint == RESPONSES_ENDPOINT:
         return "".join(f"{role}\n{text}\n" for role, text in response_turns(body))
-    prompt = body.get("prompt", "")
+    prompt = body.get("input" if endpoint == "/embeddings" else "prompt", "")
     if isinstance(prompt, str):
         return prompt
     return "\n".join(item if isinstance(item, str) else " ".join(map(str, item)) if isinstance(item, list) else str(item) for item in prompt)
@@ -77,7 +84,7 @@ def content_text(content) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
     return ""
 
 
@@ -92,7 +99,7 @@ def prompt_token_bound(endpoint: str, body: dict, config: AccountingConfig) -> i
         turns = response_turns(body)
         text_bytes = sum(len(text.encode("utf-8")) for _, text in turns)
         return text_bytes + config.template_tokens_per_message * (len(turns) + 1)
-    prompt = body.get("prompt", "")
+    prompt = body.get("input" if endpoint == "/embeddings" else "prompt", "")
     prompts = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
     bound = 0
     for item in prompts:
@@ -104,27 +111,27 @@ def prompt_token_bound(endpoint: str, body: dict, config: AccountingConfig) -> i
 def completion_limit(endpoint: str, body: dict) -> int | None:
     """The cap on the completion the request names: max_output_tokens in the Responses API (whose
     servers refuse max_tokens), max_completion_tokens or max_tokens elsewhere."""
-    if endpoint == RESPONSES_ENDPOINT:
-        return body.get("max_output_tokens")
-    return body.get("max_completion_tokens") or body.get("max_tokens")
+    names = ("max_output_tokens",) if endpoint == RESPONSES_ENDPOINT else ("max_completion_tokens", "max_tokens")
+    return next((body[name] for name in names if body.get(name) is not None), None)
 
 
 def with_completion_limit(endpoint: str, body: dict, config: AccountingConfig) -> dict:
     """The body, capped at `default_max_tokens` if it names no cap: the reservation needs a bound,
     and the backend must not generate past it."""
-    if completion_limit(endpoint, body):
+    if completion_limit(endpoint, body) is not None:  # 0 (completions with echo) is a cap too
         return body
     field = "max_output_tokens" if endpoint == RESPONSES_ENDPOINT else "max_tokens"
     return {**body, field: config.default_max_tokens}
 
 
 def completion_token_bound(endpoint: str, body: dict, config: AccountingConfig) -> int:
-    """The completion cap times the number of choices and prompts."""
-    max_tokens = completion_limit(endpoint, body) or config.default_max_tokens
-    choices = int(body.get("n") or 1)
+    """The completion cap times the number of choices (best_of's, if more) and prompts."""
+    limit = completion_limit(endpoint, body)
+    max_tokens = config.default_max_tokens if limit is None else limit
+    choices = max(body.get("n") or 1, body.get("best_of") or 1)
     prompt = body.get("prompt")
     prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
-    return int(max_tokens) * choices * prompts
+    return max_tokens * choices * prompts
 
 
 class StreamMeter:
@@ -142,6 +149,7 @@ class StreamMeter:
         self._token_chunks = 0
         self._text_parts: list[str] = []
         self.finished = False
+        self.finish_reason: str | None = None  # choice 0's, as the backend sent it (a cached replay keeps `length`)
 
     def note_upstream(self, chunk: dict) -> None:
         """A chunk the backend sent, delivered or not: it may tell the real prompt size."""
@@ -161,8 +169,9 @@ class StreamMeter:
                 self._text_parts.append(text)
             if text or choice.get("finish_reason"):
                 self._token_chunks += 1
-            if choice.get("finish_reason"):
+            if choice.get("finish_reason") and choice.get("index", 0) == 0:
                 self.finished = True
+                self.finish_reason = choice["finish_reason"]
 
     def usage(self) -> TokenUsage:
         """The tokens received so far."""

@@ -14,15 +14,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ember.gateway.errors import GatewayError
-from ember.gateway.serving import GatewayState, handle_generation, read_json_body
+from ember.gateway.serving import Front, GatewayState, handle_generation
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
 
 def to_chat_request(body: dict) -> dict:
-    """The OpenAI chat request for an Anthropic Messages request."""
-    if not isinstance(body.get("max_tokens"), int):
-        raise GatewayError("`max_tokens` is required (an integer) in a Messages request", param="max_tokens")
+    """The OpenAI chat request for an Anthropic Messages request (one `validate_body` accepted)."""
     messages = []
     system = body.get("system")
     if system:
@@ -54,20 +52,21 @@ def to_message(response: dict) -> dict:
 
 
 async def handle_messages(state: GatewayState, request: Request) -> Response:
+    """`POST /v1/messages`: validated as a Messages request, served as a chat completion."""
     try:
-        body = to_chat_request(await read_json_body(request))
-        response = await handle_generation(state, request, "/chat/completions", body)
+        response = await handle_generation(state, request, "/chat/completions", Front("/messages", to_chat_request))
     except GatewayError as error:
         return anthropic_error(error)
     if isinstance(response, StreamingResponse):
-        return StreamingResponse(as_message_events(response.body_iterator, body.get("model")), media_type="text/event-stream")
+        return StreamingResponse(as_message_events(response.body_iterator), media_type="text/event-stream")
     if response.status_code != 200:
         return response
     return JSONResponse(to_message(json.loads(response.body)), headers={k: v for k, v in response.headers.items() if k.startswith("x-ember")})
 
 
-async def as_message_events(chunks, model: str | None):
-    """OpenAI stream chunks (SSE text) -> Anthropic stream events."""
+async def as_message_events(chunks):
+    """OpenAI stream chunks (SSE text) -> Anthropic stream events (the model named as the backend names it, as in
+    `to_message`)."""
     started = False
     usage = {"prompt_tokens": 0, "completion_tokens": 0}
     stop_reason = "end_turn"
@@ -81,7 +80,7 @@ async def as_message_events(chunks, model: str | None):
                 return
             if not started:
                 started = True
-                yield event("message_start", {"message": {"id": chunk.get("id"), "type": "message", "role": "assistant", "model": model, "content": [], "usage": {"input_tokens": 0, "output_tokens": 0}}})
+                yield event("message_start", {"message": {"id": chunk.get("id"), "type": "message", "role": "assistant", "model": chunk.get("model"), "content": [], "usage": {"input_tokens": 0, "output_tokens": 0}}})
                 yield event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or ():
@@ -106,4 +105,4 @@ def anthropic_error(error: GatewayError) -> JSONResponse:
 
 
 def _text(blocks) -> str:
-    return "".join(block.get("text", "") for block in blocks if isinstance(block, dict) and block.get("type") == "text")
+    return "".join(block["text"] for block in blocks if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str))

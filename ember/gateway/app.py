@@ -11,21 +11,23 @@ from fastapi.responses import JSONResponse, Response
 
 from ember.gateway.anthropic import AnthropicUpstream
 from ember.gateway.anthropic_front import handle_messages
-from ember.gateway.cache import SemanticCache
+from ember.gateway.cache import CacheEntries, LocalEntries, RedisEntries, SemanticCache
 from ember.gateway.config import GatewayConfig
 from ember.gateway.dispatch import Dispatcher
 from ember.gateway.errors import GatewayError, install_error_handlers
 from ember.gateway.keys import KeyRing
 from ember.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from ember.gateway.redis_store import RedisStore
+from ember.gateway.request_body import read_json_body
 from ember.gateway.request_log import RequestLogger
 from ember.gateway.responses import RESPONSES_ENDPOINT
 from ember.gateway.serving import (
     GatewayState,
     handle_generation,
     handle_stored_response,
-    read_json_body,
 )
-from ember.gateway.store import open_store
+from ember.gateway.sqlite_store import SQLiteStore
+from ember.gateway.store import Store
 from ember.gateway.tracing import GatewayTracing
 from ember.gateway.upstream import OpenAIUpstream, Upstream
 
@@ -39,19 +41,33 @@ def build_state(config: GatewayConfig) -> GatewayState:
         backend.name: (AnthropicUpstream if backend.kind == "anthropic" else OpenAIUpstream)(backend, client)
         for backend in config.backends
     }
-    store = open_store(config.store)
+    store = open_store(config)
     dispatcher = Dispatcher(config, upstreams)
     return GatewayState(
         config=config,
         dispatcher=dispatcher,
         store=store,
         keys=KeyRing(config, store),
-        cache=SemanticCache(config.cache),
-        metrics=GatewayMetrics(dispatcher.states),
+        cache=SemanticCache(config.cache, open_cache_entries(config)),
+        metrics=GatewayMetrics(dispatcher.states, dispatcher.is_cooling_down),
         tracing=GatewayTracing(config.observability.trace_exporter),
         request_logger=RequestLogger(config.observability.log_prompts),
         client=client,
     )
+
+
+def open_store(config: GatewayConfig) -> Store:
+    """The store the config names (chosen here, above the stores, so store.py imports neither)."""
+    if config.store.kind == "redis":
+        return RedisStore(config.store.url, config.store.namespace)
+    return SQLiteStore(config.store.path)
+
+
+def open_cache_entries(config: GatewayConfig) -> CacheEntries:
+    """Cache entries in Redis (shared by the replicas) with the Redis store, else in this process."""
+    if config.store.kind == "redis":
+        return RedisEntries(config.cache, config.store.url, config.store.namespace)
+    return LocalEntries(config.cache)
 
 
 def build_app(config: GatewayConfig) -> FastAPI:
@@ -65,6 +81,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
             await task
         await state.client.aclose()
         await state.store.close()
+        await state.cache.entries.close()
         state.tracing.shutdown()
 
     app = FastAPI(title="ember gateway", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
@@ -131,7 +148,7 @@ def _add_service_routes(app: FastAPI, state: GatewayState) -> None:
     async def revoke_key(request: Request) -> JSONResponse:
         """Body `{"key_sha256": ...}`: every replica sharing the store refuses the key from now on."""
         state.keys.check_admin(request.headers.get("authorization"))
-        body = await read_json_body(request)
+        body = await read_json_body(request, state.config.limits)
         digest = body.get("key_sha256")
         if not isinstance(digest, str) or len(digest) != 64:
             raise GatewayError("`key_sha256` must be the key's SHA-256 hex digest", param="key_sha256")

@@ -165,16 +165,14 @@ class PrefixRoutingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
-    """Semantic cache: exact match, then embedding similarity >= `similarity_threshold`."""
+    """Semantic cache: exact prompt match, then canonical-form match (`ember/gateway/canonical.py`)."""
 
     enabled: bool = False
-    similarity_threshold: float = 0.92
     ttl_s: float = 300.0
     max_entries_per_scope: int = 1024
     cache_sampled: bool = False
 
     def __post_init__(self) -> None:
-        _check(0.0 < self.similarity_threshold <= 1.0, "cache.similarity_threshold", "must be in (0, 1]")
         _check(self.ttl_s > 0, "cache.ttl_s", "must be > 0")
         _check(self.max_entries_per_scope >= 1, "cache.max_entries_per_scope", "must be >= 1")
 
@@ -210,6 +208,19 @@ class AccountingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LimitsConfig:
+    """What the gateway reads of a request body at most: `max_body_bytes` (larger bodies get 413
+    before they are read whole) and `max_json_depth` nested arrays and objects (deeper get 400)."""
+
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_json_depth: int = 64
+
+    def __post_init__(self) -> None:
+        _check(self.max_body_bytes >= 1024, "limits.max_body_bytes", "must be >= 1024")
+        _check(4 <= self.max_json_depth <= 500, "limits.max_json_depth", "must be in [4, 500] (JSON parsers recurse per level)")
+
+
+@dataclasses.dataclass(frozen=True)
 class ObservabilityConfig:
     """JSON request logs (prompts only when `log_prompts`) and the trace exporter."""
 
@@ -234,6 +245,7 @@ class GatewayConfig:
     cache: CacheConfig = CacheConfig()
     store: StoreConfig = StoreConfig()
     accounting: AccountingConfig = AccountingConfig()
+    limits: LimitsConfig = LimitsConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
 
     def __post_init__(self) -> None:
@@ -298,6 +310,7 @@ def config_from_dict(raw: dict[str, Any]) -> GatewayConfig:
             cache=_section(raw, "cache", CacheConfig),
             store=_section(raw, "store", StoreConfig),
             accounting=_section(raw, "accounting", AccountingConfig),
+            limits=_section(raw, "limits", LimitsConfig),
             observability=_section(raw, "observability", ObservabilityConfig),
         )
     except TypeError as error:

@@ -101,6 +101,10 @@ class Dispatcher:
             self._upstreams[deployment.backend].serves(endpoint) for chain_model in self._chain(model) for deployment in chain_model.deployments
         )
 
+    def is_cooling_down(self, name: str) -> bool:
+        """Whether backend `name`'s breaker keeps it out of routing now."""
+        return self.states[name].breaker.is_open(self._clock())
+
     def upstream(self, name: str) -> Upstream:
         return self._upstreams[name]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -13,7 +15,7 @@ __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 class GatewayMetrics:
     """Counters and histograms the request path updates; gauges read live backend state."""
 
-    def __init__(self, backend_states: dict) -> None:
+    def __init__(self, backend_states: dict, is_cooling_down: Callable[[str], bool]) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
         self.requests = Counter("ember_gateway_requests", "Client requests by outcome.", ["model", "key", "status"], registry=registry)
@@ -29,7 +31,7 @@ class GatewayMetrics:
         breaker_open = Gauge("ember_gateway_backend_breaker_open", "1 while a backend cools down.", ["backend"], registry=registry)
         for name, state in backend_states.items():
             outstanding.labels(name).set_function(lambda state=state: state.outstanding)
-            breaker_open.labels(name).set_function(lambda state=state: float(state.breaker.open_until_s > 0))
+            breaker_open.labels(name).set_function(lambda name=name: float(is_cooling_down(name)))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

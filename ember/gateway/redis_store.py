@@ -13,6 +13,7 @@ from ember.gateway.store import (
     KeyTotals,
     LedgerRow,
     Reservation,
+    check_reservation,
     denial_for,
     window_of,
 )
@@ -23,7 +24,11 @@ local committed = tonumber(redis.call('HGET', KEYS[1], 'committed_nano_usd') or 
 local requests = tonumber(redis.call('HGET', KEYS[2], 'requests') or '0')
 local tokens = tonumber(redis.call('HGET', KEYS[2], 'tokens') or '0')
 local cost, want, budget, rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if budget >= 0 and committed + cost > budget then return 'budget' end
+local spent = tonumber(redis.call('HGET', KEYS[1], 'spent_nano_usd') or '0')
+if budget >= 0 and committed + cost > budget then
+  if spent + cost > budget then return 'budget_spent' end
+  return 'budget'
+end
 if rpm >= 0 and requests + 1 > rpm then return 'rpm' end
 if tpm >= 0 and tokens + want > tpm then return 'tpm' end
 redis.call('HINCRBY', KEYS[1], 'committed_nano_usd', cost)
@@ -61,6 +66,7 @@ class RedisStore:
         return ":".join((self._namespace, *map(str, parts)))
 
     async def reserve(self, key: KeyConfig, request_id: str, tokens: int, cost_nano_usd: int, now_s: float) -> Reservation | Denial:
+        check_reservation(tokens, cost_nano_usd)
         window = window_of(now_s)
         limits = [-1 if limit is None else limit for limit in (key.budget_nano_usd, key.rpm, key.tpm)]
         outcome = await self._reserve(

@@ -1,13 +1,14 @@
 """The path of one generation request through the gateway.
 
-authenticate -> resolve the model (aliases, allow list, a backend that has the endpoint) ->
-semantic cache -> reserve the request's upper-bound tokens and cost in the store -> dispatch
-(routing, retries, fallbacks) -> settle the reservation to the usage received -> metrics,
-trace, JSON log line.
+authenticate -> read and check the body (`request_body.py`) -> resolve the model (aliases, allow
+list, a backend that has the endpoint) -> semantic cache -> reserve the request's upper-bound
+tokens and cost in the store -> dispatch (routing, retries, fallbacks) -> settle the reservation
+to the usage received -> metrics, trace, JSON log line (a refused request gets its metric and log
+line too).
 
 Every reservation is settled exactly once, whatever happens: success, backend failure, or a
-client that goes away mid-stream (settlement then runs as a detached task, so cancellation of
-the request cannot skip it).
+client that goes away (mid-stream, or before a non-streamed answer, which is then cancelled
+upstream; settlement runs as a detached task, so cancellation of the request cannot skip it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 import json
 import time
 import uuid
+from collections.abc import Callable
 
 import httpx
 from fastapi import Request
@@ -39,10 +41,11 @@ from ember.gateway.dispatch import Attempt, AttemptObserver, Dispatcher, OpenedS
 from ember.gateway.errors import GatewayError, error_body
 from ember.gateway.keys import KeyRing
 from ember.gateway.metrics import GatewayMetrics
+from ember.gateway.request_body import read_validated_body
 from ember.gateway.request_log import RequestLogger
 from ember.gateway.response_owners import ResponseOwners
 from ember.gateway.responses import RESPONSES_ENDPOINT, event_type, is_final_event
-from ember.gateway.store import Denial, LedgerRow, Reservation, Store, window_of
+from ember.gateway.store import MAX_RESERVATION, Denial, LedgerRow, Reservation, Store, window_of
 from ember.gateway.tracing import GatewayTracing
 from ember.gateway.upstream import UpstreamError
 
@@ -73,6 +76,14 @@ class GatewayState:
         return task
 
 
+@dataclasses.dataclass(frozen=True)
+class Front:
+    """Another API's route served as one of ours: its body is checked against `endpoint`'s model, then translated."""
+
+    endpoint: str
+    translate: Callable[[dict], dict]
+
+
 @dataclasses.dataclass
 class Call:
     """One client request as the gateway sees it."""
@@ -94,7 +105,8 @@ class Call:
 
     @property
     def is_stream(self) -> bool:
-        return self.body.get("stream") is True
+        """Embeddings are never streamed: their `stream` field, if any, is the backend's to refuse."""
+        return self.body.get("stream") is True and self.endpoint != "/embeddings"
 
     @property
     def client_stream_options(self) -> dict:
@@ -125,29 +137,56 @@ class RequestObserver(AttemptObserver):
         handle.end()
 
 
-async def handle_generation(state: GatewayState, request: Request, endpoint: str, body: dict | None = None) -> Response:
-    """Serve /v1/chat/completions, /v1/completions, /v1/responses or /v1/embeddings (`body`:
-    already parsed and translated, for the Anthropic front)."""
-    body = await read_json_body(request) if body is None else body
-    key = await state.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
-    model = resolve_model(state.config, body, key)
-    check_endpoint(state.dispatcher, model, endpoint)
-    call = new_call(state, request, endpoint, key, model, body)
+async def handle_generation(state: GatewayState, request: Request, endpoint: str, front: Front | None = None) -> Response:
+    """Serve /v1/chat/completions, /v1/completions, /v1/responses or /v1/embeddings (or, through `front`, another API's
+    route as one of them). The key is checked before the body is read. Every request writes one log line: `settle`
+    writes it for the requests that reach the store, `record_refusal` for the others."""
+    started_s = time.monotonic()
+    key: KeyConfig | None = None
+    model: ModelConfig | None = None
     try:
-        cached = cached_response(state, call)
+        key = await state.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+        if front is None:
+            body = await read_validated_body(request, state.config.limits, endpoint)
+        else:
+            body = front.translate(await read_validated_body(request, state.config.limits, front.endpoint))
+        model = resolve_model(state.config, body, key)
+        check_endpoint(state.dispatcher, model, endpoint)
+        call = new_call(state, request, endpoint, key, model, body)
+    except GatewayError as error:
+        record_refusal(state, endpoint, error, started_s, key, model)
+        raise
+    try:
+        cached = await cached_response(state, call)
         if cached is not None:
             await settle(state, call, None, TokenUsage(), "cached", backend=None)
             finish_span(call.span)
             return cached
         reservation = await reserve(state, call)
         if call.is_stream:
-            return await start_stream(state, call, reservation)
-        return await complete(state, call, reservation)
+            return await start_stream(state, call, reservation, request)
+        return await complete(state, call, reservation, request)
     except GatewayError as error:
         finish_span(call.span, error.message)
         if not call.is_settled:
-            state.metrics.requests.labels(call.model.name, call.key.name, str(error.status_code)).inc()
+            record_refusal(state, endpoint, error, call.started_s, key, model, call.request_id)
         raise
+
+
+def record_refusal(
+    state: GatewayState, endpoint: str, error: GatewayError, started_s: float,
+    key: KeyConfig | None = None, model: ModelConfig | None = None, request_id: str | None = None,
+) -> None:  # fmt: skip
+    """The metric and the log line of a request refused before the store saw it: a bad body, key or model, a limit
+    (429), an impossible bound. `key` and `model` are None when the refusal came before they were known."""
+    state.metrics.requests.labels(model.name if model else "", key.name if key else "", str(error.status_code)).inc()
+    state.request_logger.log(
+        {
+            "request_id": request_id or f"gw-{uuid.uuid4().hex}", "key": key and key.name, "tenant": key and key.tenant,
+            "endpoint": endpoint, "model": model and model.name, "backend": None, "status": "refused",
+            "http_status": error.status_code, "code": error.code, "latency_ms": round((time.monotonic() - started_s) * 1000, 2),
+        }
+    )  # fmt: skip
 
 
 async def handle_stored_response(state: GatewayState, request: Request, method: str, response_id: str, suffix: str = "") -> Response:
@@ -166,16 +205,6 @@ async def handle_stored_response(state: GatewayState, request: Request, method: 
     if method == "DELETE" and status == 200:
         state.response_owners.forget(response_id)
     return JSONResponse(body, status_code=status)
-
-
-async def read_json_body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except ValueError:
-        raise GatewayError("request body is not valid JSON", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise GatewayError("request body must be a JSON object", code="invalid_json")
-    return body
 
 
 def resolve_model(config: GatewayConfig, body: dict, key: KeyConfig) -> ModelConfig:
@@ -248,17 +277,17 @@ def is_cacheable(endpoint: str, body: dict) -> bool:
     return endpoint != "/embeddings"
 
 
-def cached_response(state: GatewayState, call: Call) -> Response | None:
+async def cached_response(state: GatewayState, call: Call) -> Response | None:
     if not call.is_cacheable:
         return None
-    answer = state.cache.lookup(call.cache_scope, call.prompt_text)
+    answer = await state.cache.lookup(call.cache_scope, call.prompt_text)
     state.metrics.cache_lookups.labels(call.model.name, "miss" if answer is None else "hit").inc()
     if answer is None:
         return None
     usage = TokenUsage.from_openai(answer.response.get("usage")) or TokenUsage()
     state.metrics.cache_saved_tokens.labels(call.model.name).inc(usage.total_tokens)
-    call.span.set_attribute("cache_similarity", answer.similarity)
-    headers = {"x-ember-cache": "hit", "x-ember-cache-similarity": f"{answer.similarity:.4f}"}
+    call.span.set_attribute("cache_match", answer.match)
+    headers = {"x-ember-cache": "hit", "x-ember-cache-match": answer.match}
     if call.is_stream:
         return StreamingResponse(replay_as_stream(answer.response, call), media_type="text/event-stream", headers=headers)
     return JSONResponse(answer.response, headers=headers)
@@ -287,7 +316,12 @@ async def replay_as_stream(response: dict, call: Call):
 async def reserve(state: GatewayState, call: Call) -> Reservation:
     chain_prices = [call.model.price] + [state.config.resolve_model(name).price for name in call.model.fallbacks]
     cost_bound = max(price.cost_nano_usd(call.prompt_bound, call.completion_bound) for price in chain_prices)
-    tokens = call.prompt_bound + call.completion_bound
+    tokens = max(1, call.prompt_bound + call.completion_bound)  # an empty prompt with max_tokens 0 still holds a token
+    if max(tokens, cost_bound) > MAX_RESERVATION:
+        raise GatewayError(
+            f"the request's upper bound ({tokens} tokens: prompt + max_tokens x n per prompt) is too large to reserve; "
+            "lower max_tokens, n or the number of prompts", param="max_tokens", code="invalid_value",
+        )  # fmt: skip
     outcome = await state.store.reserve(call.key, call.request_id, tokens, cost_bound, time.time())
     if isinstance(outcome, Denial):
         state.metrics.rejections.labels(call.key.name, outcome.code).inc()
@@ -296,37 +330,67 @@ async def reserve(state: GatewayState, call: Call) -> Reservation:
     return outcome
 
 
-async def complete(state: GatewayState, call: Call, reservation: Reservation) -> Response:
+async def complete(state: GatewayState, call: Call, reservation: Reservation, request: Request) -> Response:
+    """A non-streamed request. A client that leaves before the answer cancels it upstream (closing the backend
+    connection, which aborts the generation there) and is billed for what the backend reported: nothing."""
     observer = RequestObserver(state, call.span)
+    work = state.dispatcher.complete(call.endpoint, call.body, call.model, call.prompt_text, observer, call.pinned_backend)
+    response, attempt = await dispatched(state, call, reservation, request, work)
+    usage = TokenUsage.from_openai(response.get("usage")) or TokenUsage(call.prompt_bound, 0)
+    if call.endpoint == RESPONSES_ENDPOINT:
+        state.response_owners.remember(response.get("id"), attempt.backend.name, call.key.tenant)
+    await settle(state, call, reservation, usage, "ok", backend=attempt.backend.name, served_by=attempt.model)
+    if call.is_cacheable:
+        await state.cache.store(call.cache_scope, call.prompt_text, response)
+    finish_span(call.span)
+    return JSONResponse(response)
+
+
+async def dispatched(state: GatewayState, call: Call, reservation: Reservation, request: Request, work):
+    """The result of `work` (a dispatcher call), settling the reservation when nothing came of it: no backend served
+    the request (`failed`, and the client gets the error), or the client left first (`cancelled`)."""
     try:
-        response, attempt = await state.dispatcher.complete(call.endpoint, call.body, call.model, call.prompt_text, observer,
-                                                            call.pinned_backend)  # fmt: skip
+        return await until_client_leaves(request, work)
     except UpstreamError as error:
         await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
         raise gateway_error_of(error) from None
     except BaseException:
         await asyncio.shield(state.detach(settle(state, call, reservation, TokenUsage(), "cancelled", backend=None)))
         raise
-    usage = TokenUsage.from_openai(response.get("usage")) or TokenUsage(call.prompt_bound, 0)
-    if call.endpoint == RESPONSES_ENDPOINT:
-        state.response_owners.remember(response.get("id"), attempt.backend.name, call.key.tenant)
-    await settle(state, call, reservation, usage, "ok", backend=attempt.backend.name, served_by=attempt.model)
-    if call.is_cacheable:
-        state.cache.store(call.cache_scope, call.prompt_text, response)
-    finish_span(call.span)
-    return JSONResponse(response)
 
 
-async def start_stream(state: GatewayState, call: Call, reservation: Reservation) -> Response:
-    """Opens the upstream stream before answering, so failures before the first token are
-    retried and, if every attempt fails, reported as a plain HTTP error."""
-    observer = RequestObserver(state, call.span)
+async def until_client_leaves(request: Request, work):
+    """The result of coroutine `work`, unless the client disconnects first: then `work` is cancelled (and awaited, so
+    its upstream connection is closed) and a 499 GatewayError raised."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(client_disconnect(request))
     try:
-        opened = await state.dispatcher.open_stream(call.endpoint, call.body, call.model, call.prompt_text, observer,
-                                                    call.pinned_backend)  # fmt: skip
-    except UpstreamError as error:
-        await settle(state, call, reservation, TokenUsage(), "failed", backend=None)
-        raise gateway_error_of(error) from None
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request itself was cancelled
+        task.cancel()
+        watcher.cancel()
+        raise
+    watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise GatewayError("the client disconnected before the answer", status_code=499, code="client_disconnected")
+
+
+async def client_disconnect(request: Request) -> None:
+    """Returns when the client has closed its connection (the body is read: what comes next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def start_stream(state: GatewayState, call: Call, reservation: Reservation, request: Request) -> Response:
+    """Opens the upstream stream before answering, so failures before the first token are
+    retried and, if every attempt fails, reported as a plain HTTP error (a client that leaves
+    before the first token cancels it, as a non-streamed request)."""
+    observer = RequestObserver(state, call.span)
+    work = state.dispatcher.open_stream(call.endpoint, call.body, call.model, call.prompt_text, observer, call.pinned_backend)
+    opened = await dispatched(state, call, reservation, request, work)
     state.metrics.ttft.labels(call.model.name).observe(time.monotonic() - call.started_s)
     return RelayResponse(StreamRelay(state, call, reservation, opened))
 
@@ -379,7 +443,7 @@ class StreamRelay:
         await self._opened.close()
         usage = self._meter.usage()
         if self._status == "ok" and call.is_cacheable and self._meter.finished:
-            self._state.cache.store(call.cache_scope, call.prompt_text, assembled_response(call, self._meter, usage))
+            await self._state.cache.store(call.cache_scope, call.prompt_text, assembled_response(call, self._meter, usage))
         await settle(self._state, call, self._reservation, usage, self._status, backend=attempt.backend.name, served_by=attempt.model)
         finish_span(call.span, None if self._status == "ok" else self._status)
 
@@ -414,9 +478,9 @@ def assembled_response(call: Call, meter: StreamMeter, usage: TokenUsage) -> dic
     """A non-streamed response body built from a finished stream, for the cache."""
     usage_body = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens, "total_tokens": usage.total_tokens}
     if call.endpoint == "/chat/completions":
-        choice = {"index": 0, "message": {"role": "assistant", "content": meter.text()}, "finish_reason": "stop"}
+        choice = {"index": 0, "message": {"role": "assistant", "content": meter.text()}, "finish_reason": meter.finish_reason}
         return {"id": call.request_id, "object": "chat.completion", "created": int(time.time()), "model": call.model.name, "choices": [choice], "usage": usage_body}
-    choice = {"index": 0, "text": meter.text(), "finish_reason": "stop"}
+    choice = {"index": 0, "text": meter.text(), "finish_reason": meter.finish_reason}
     return {"id": call.request_id, "object": "text_completion", "created": int(time.time()), "model": call.model.name, "choices": [choice], "usage": usage_body}
 
 

@@ -8,7 +8,16 @@ import sqlite3
 import threading
 
 from ember.gateway.config import KeyConfig
-from ember.gateway.store import Denial, KeyTotals, LedgerRow, Reservation, denial_for, window_of
+from ember.gateway.store import (
+    Denial,
+    KeyTotals,
+    LedgerRow,
+    Reservation,
+    budget_refusal,
+    check_reservation,
+    denial_for,
+    window_of,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS key_totals (
@@ -40,6 +49,7 @@ class SQLiteStore:
         self._lock = threading.Lock()
 
     async def reserve(self, key: KeyConfig, request_id: str, tokens: int, cost_nano_usd: int, now_s: float) -> Reservation | Denial:
+        check_reservation(tokens, cost_nano_usd)
         window = window_of(now_s)
         reason = await self._run(self._reserve, key, window, tokens, cost_nano_usd)
         if reason is not None:
@@ -47,12 +57,15 @@ class SQLiteStore:
         return Reservation(request_id, key.key_sha256, window, tokens, cost_nano_usd)
 
     def _reserve(self, db: sqlite3.Connection, key: KeyConfig, window: int, tokens: int, cost: int) -> str | None:
-        committed = db.execute("SELECT committed_nano_usd FROM key_totals WHERE key_sha256 = ?", (key.key_sha256,)).fetchone()
+        committed, spent = db.execute(
+            "SELECT committed_nano_usd, spent_nano_usd FROM key_totals WHERE key_sha256 = ?", (key.key_sha256,)
+        ).fetchone() or (0, 0)
         used = db.execute(
             "SELECT requests, tokens FROM rate_windows WHERE key_sha256 = ? AND window = ?", (key.key_sha256, window)
         ).fetchone() or (0, 0)
-        if key.budget_nano_usd is not None and (committed[0] if committed else 0) + cost > key.budget_nano_usd:
-            return "budget"
+        refusal = budget_refusal(key, committed, spent, cost)
+        if refusal is not None:
+            return refusal
         if key.rpm is not None and used[0] + 1 > key.rpm:
             return "rpm"
         if key.tpm is not None and used[1] + tokens > key.tpm:

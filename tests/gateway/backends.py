@@ -34,6 +34,7 @@ class Behaviour:
 @dataclasses.dataclass
 class BackendRecord:
     requests: int = 0
+    disconnects: int = 0  # stalled requests whose client (the gateway) closed the connection
     bodies: list = dataclasses.field(default_factory=list)
 
 
@@ -135,8 +136,11 @@ def openai_backend(name: str, behaviour: Behaviour, record: BackendRecord) -> Fa
         record.bodies.append(body)
         if behaviour.mode == "fail":
             return JSONResponse({"error": {"message": "boom", "type": "server_error", "param": None, "code": None}}, status_code=500)
-        if behaviour.mode == "stall":
-            await asyncio.sleep(3600)
+        if behaviour.mode == "stall":  # never answers; notes when the gateway gives up on it
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.02)
+            record.disconnects += 1
+            return JSONResponse({}, status_code=499)
         if body.get("model") == "reject-me":
             return JSONResponse({"error": {"message": "bad model", "type": "invalid_request_error", "param": "model", "code": "x"}}, status_code=400)
         words = reply_words(name, body)

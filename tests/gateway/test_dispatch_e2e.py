@@ -103,8 +103,9 @@ def test_client_errors_pass_through_and_are_not_retried(tmp_path):
     with FakeBackend("a") as a, FakeBackend("b") as b:
         config = gateway_config([a, b], tmp_path, models=[{"name": "m", "backends": ["a", "b"], "upstream_model": "reject-me"}])
         with ThreadedApp(build_app(config_from_dict(config))) as gateway:
-            response = httpx.post(gateway.base_url + "/v1/chat/completions", json={"model": "m", "messages": []})
-            unknown = httpx.post(gateway.base_url + "/v1/chat/completions", json={"model": "nope", "messages": []})
+            messages = [{"role": "user", "content": "hi"}]
+            response = httpx.post(gateway.base_url + "/v1/chat/completions", json={"model": "m", "messages": messages})
+            unknown = httpx.post(gateway.base_url + "/v1/chat/completions", json={"model": "nope", "messages": messages})
             not_json = httpx.post(gateway.base_url + "/v1/chat/completions", content=b"{")
     assert assert_openai_error(response, 400)["code"] == "x"
     assert a.record.requests + b.record.requests == 1

@@ -73,7 +73,9 @@ def test_budget_admits_only_what_it_can_pay_for_and_the_ledger_matches_the_clien
     # 100000 - 61000 allows the first; after each settles at 13000 the bound fits again until
     # committed spend + 61000 > 100000: 13000 x 3 + 61000 = 100000 fits, 13000 x 4 + 61000 does not.
     assert statuses == [200, 200, 200, 200, 429, 429, 429, 429]
-    assert assert_openai_error(responses[-1], 429)["code"] == "budget_exceeded"
+    error = assert_openai_error(responses[-1], 429)
+    assert error["code"] == "budget_exceeded" and "no retry will succeed" in error["message"]
+    assert "retry-after" not in responses[-1].headers  # nothing in flight: the spend itself leaves no room
     rows, totals = ledger(tmp_path, "sk-a")
     assert [(row.prompt_tokens, row.completion_tokens, row.cost_nano_usd) for row in rows] == [(3, 5, 13000)] * 4
     client_usage = [(r.json()["usage"]["prompt_tokens"], r.json()["usage"]["completion_tokens"]) for r in responses[:4]]
