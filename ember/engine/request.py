@@ -35,9 +35,14 @@ class Request:
     has_reported_prompt: bool = False
     bad_word_ids: tuple[tuple[int, ...], ...] = ()  # params.bad_words as token sequences (ember.engine.bad_words)
     embedding: list[float] | None = None  # an `embed` request's pooled prompt, once computed
+    # What the scheduler and runner read of `asked` on every step, as plain attributes (not properties through it).
+    request_id: str = field(init=False)
+    prompt_token_ids: list[int] = field(init=False)
+    params: SamplingParams = field(init=False)
+    priority: int = field(init=False)
+    cache_keys: tuple = field(init=False)
 
     def __post_init__(self) -> None:
-        # Read on every step: plain attributes, not properties through `asked`.
         self.request_id = self.asked.request_id
         self.prompt_token_ids = self.asked.prompt_token_ids
         self.params = self.asked.params

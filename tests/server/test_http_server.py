@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 
 from ember.server import ServerConfig, build_app
-from tests.server.bad_inputs import BadRequest, bad_requests
+from tests.server.bad_inputs import BadRequest, bad_requests, send
 from tests.server.harness import ThreadedServer, assert_openai_error, parse_sse
 from tests.server.real_engine import (
     GREEDY,
@@ -218,13 +218,7 @@ def test_health_and_version(http: httpx.Client) -> None:
 
 @pytest.mark.parametrize("bad", bad_requests(MODEL, CONTEXT), ids=lambda bad: bad.name)
 def test_bad_input_gets_an_openai_error(http: httpx.Client, bad: BadRequest) -> None:
-    if isinstance(bad.body, bytes):
-        response = http.request(bad.method, bad.path, content=bad.body, headers={"content-type": "application/json"})
-    elif bad.body is None:
-        response = http.request(bad.method, bad.path)
-    else:
-        response = http.request(bad.method, bad.path, json=bad.body)
-    error = assert_openai_error(response, bad.status_code)
+    error = assert_openai_error(send(http, bad), bad.status_code)
     if bad.param is not None:
         assert error["param"] == bad.param, error
     if bad.message_mentions is not None:
