@@ -71,7 +71,7 @@ async def _run_completion(
     request_id = response_id("cmpl", request)
     echoes = [_echo_text(prompt, context) for prompt in prompts] if request.echo else None
     streams = []
-    try:  # every prompt is checked before any response starts; one refused closes those already started
+    try:  # every prompt is checked before any response starts (a stream reaches the engine at its first read)
         for index, prompt in enumerate(prompts):
             streams.append(tracked_generate(context, engine_request_id(f"{request_id}-{index}", request), prompt, params,
                                             request, ticket))  # fmt: skip

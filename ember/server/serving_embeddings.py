@@ -59,7 +59,7 @@ async def _embedded(context: ServingContext, raw_request: Request, request: Embe
                                      request.truncate_prompt_tokens)  # fmt: skip
     request_id = f"embd-{uuid.uuid4().hex}"
     streams = []
-    try:  # every input is checked before any is embedded; one refused closes those already started
+    try:  # every input is checked before any is embedded (a stream reaches the engine at its first read)
         for index, prompt in enumerate(prompts):
             streams.append(tracked_generate(context, f"{request_id}-{index}", prompt, EMBED, None, ticket, {"prompt": "input"}))
     except BaseException:

@@ -369,3 +369,13 @@ def test_bookkeeping_fields_clients_send_are_accepted_and_change_nothing(client:
     assert kept.choices[0].message.content == plain
     completion = client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, **GREEDY, extra_body=bookkeeping)
     assert completion.choices[0].text == client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, **GREEDY).choices[0].text
+
+
+def test_embeddings_are_checked_whole_before_any_input_runs_and_name_the_input(http: httpx.Client, engine: RecordingEngine) -> None:
+    before = len(engine.requests)
+    refused = http.post("/v1/embeddings", json={"model": MODEL, "input": [[1, 2], [engine.limits.vocab_size]]})
+    assert assert_openai_error(refused, 400)["param"] == "input"
+    assert len(engine.requests) == before + 1  # the first was checked and made, never run: nothing waits or runs
+    assert wait_until_idle(engine)
+    answered = http.post("/v1/embeddings", json={"model": MODEL, "input": ["a b", "c"]})
+    assert answered.status_code == 200 and [len(item["embedding"]) for item in answered.json()["data"]] == [64, 64]
