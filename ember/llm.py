@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from rich.progress import Progress
 
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_defaults import AUTO, sampling_defaults
@@ -82,8 +83,8 @@ class LLM:
         """Token ids of a prompt: text goes through the model's tokenizer (BOS added if it wants one)."""
         if isinstance(prompt, Mapping):
             return self.encode(_prompt_field(prompt))
-        if not isinstance(prompt, str):
-            return _token_ids(prompt)
+        if not isinstance(prompt, str):  # token ids (numpy's too): EngineRequest checks them
+            return prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
         if self.tokenizer is None:
             raise ValueError("this model carries no tokenizer; pass tokenizer=PATH or give token ids")
         return self.tokenizer.encode(prompt, add_special_tokens=True)
@@ -100,15 +101,15 @@ class LLM:
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(batch)
         if len(params_list) != len(batch):
             raise ValueError(f"{len(batch)} prompts but {len(params_list)} sampling params")
-        encoded = [self.encode(prompt) for prompt in batch]
-        for token_ids, request_params in zip(encoded, params_list, strict=True):
-            self.engine.validate_request(token_ids, request_params)  # all of them before any runs: none left behind
+        requests = [EngineRequest(str(self._next_id + index), self.encode(prompt), request_params, prompt=_prompt_text(prompt))
+                    for index, (prompt, request_params) in enumerate(zip(batch, params_list, strict=True))]
+        for request in requests:
+            self.engine.limits.check(request)  # all of them before any runs: none left behind
+        self._next_id += len(requests)
         accumulators: dict[str, OutputAccumulator] = {}
-        for prompt, token_ids, request_params in zip(batch, encoded, params_list, strict=True):
-            request_id = str(self._next_id)
-            self._next_id += 1
-            self.engine.add_request(request_id, token_ids, request_params, prompt=_prompt_text(prompt))
-            accumulators[request_id] = OutputAccumulator(request_id, request_params.n)
+        for request in requests:
+            self.engine.add_checked_request(request)
+            accumulators[request.request_id] = OutputAccumulator(request.request_id, request.params.n)
         self._run(accumulators, show_progress)
         return [accumulator.result() for accumulator in accumulators.values()]
 
@@ -189,13 +190,3 @@ def _prompt_text(prompt: PromptInput) -> str | None:
         text = prompt.get("prompt")
         return text if isinstance(text, str) else None
     return prompt if isinstance(prompt, str) else None
-
-
-def _token_ids(prompt: Sequence[int]) -> list[int]:
-    """A prompt of token ids as plain ints (numpy integers too); anything else is named."""
-    ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
-    wrong = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
-    if wrong is not None:
-        raise ValueError(f"a prompt is text, a list of token ids or a prompt dict; {wrong!r} in it is not a token id")
-    return [int(t) for t in ids]
-

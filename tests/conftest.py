@@ -32,3 +32,26 @@ def smollm2_gguf(shared_dir: Path) -> Path:
 def stories_dir(shared_dir: Path) -> Path:
     """The llama2.c stories260K checkpoint folder from the shared assets."""
     return shared_file(shared_dir, "models/stories260K/stories260K.bin").parent
+
+
+TINY_CONTEXT = 2048
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(shared_dir: Path) -> Path:
+    """The SmolLM2 tokenizer folder (tokenizer.json with its chat template) from the shared assets."""
+    path = shared_dir / "tokenizers" / "smollm2"
+    if not (path / "tokenizer.json").is_file():
+        pytest.skip(f"{path}/tokenizer.json is missing from the shared assets")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama whose vocabulary fits the SmolLM2 tokenizer (fast to serve, real tokenizer): the model the
+    server and gateway tests serve."""
+    from tests.model_factory import save_tiny_model
+
+    return save_tiny_model(
+        "llama", tmp_path_factory.mktemp("tiny-llama-smollm2"), vocab_size=49152, max_position_embeddings=TINY_CONTEXT
+    )

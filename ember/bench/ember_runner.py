@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from ember.bench.results import RequestTiming, RunResult
 from ember.bench.workloads import BenchRequest, Workload
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.structured import StructuredOutput
 
 
@@ -99,7 +100,7 @@ def make_engine(model: str, dtype: str, settings: EmberSettings):
 def _warm_up(engine) -> None:
     from ember.engine.sampling_params import SamplingParams
 
-    engine.add_request("warmup", [7] * 24, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    engine.add_request(EngineRequest("warmup", [7] * 24, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)))
     while engine.has_unfinished_requests():
         engine.step()
 
@@ -145,7 +146,7 @@ def _add(engine, request: BenchRequest, timings: dict[str, RequestTiming], const
          arrival: float | None = None) -> None:
     arrival = time.monotonic() if arrival is None else arrival
     timings[request.request_id] = RequestTiming(request.request_id, request.role, request.prompt_len, 0, arrival)
-    engine.add_request(request.request_id, request.prompt_token_ids, _sampling(request, constraint))
+    engine.add_request(EngineRequest(request.request_id, request.prompt_token_ids, _sampling(request, constraint)))
 
 
 def _step(engine, timings: dict[str, RequestTiming]) -> Iterator[str]:

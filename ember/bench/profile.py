@@ -10,12 +10,13 @@ def profile_ember(model: str, dtype: str = "float32", batch: int = 16, prompt_le
     from torch.profiler import ProfilerActivity, profile
 
     from ember.bench.ember_runner import EmberSettings, make_engine
+    from ember.engine.engine_request import EngineRequest
     from ember.engine.sampling_params import SamplingParams
 
     engine = make_engine(model, dtype, EmberSettings())
     params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
     for i in range(batch):
-        engine.add_request(f"profile-{i}", [(13 * i + j) % 1000 + 100 for j in range(prompt_len)], params)
+        engine.add_request(EngineRequest(f"profile-{i}", [(13 * i + j) % 1000 + 100 for j in range(prompt_len)], params))
     for _ in range(3):  # prefill and a couple of decode steps before measuring
         engine.step()
     started = time.perf_counter()

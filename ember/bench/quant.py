@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ember.bench.quant_methods import DEFAULT_METHODS, METHOD_SPECS
+from ember.engine.engine_request import EngineRequest
 from ember.quant.checkpoint import QUANTIZATION_FILE
 from ember.quant.config import ALPHA_AUTO
 
@@ -237,7 +238,7 @@ def _decode_tok_s(engine, decode_tokens: int) -> float:
     """Median single-stream decode steps per second after a 64-token prompt."""
     from ember.engine.sampling_params import SamplingParams
 
-    engine.add_request("decode", list(range(10, 74)), SamplingParams(max_tokens=decode_tokens, temperature=0.0, ignore_eos=True))
+    engine.add_request(EngineRequest("decode", list(range(10, 74)), SamplingParams(max_tokens=decode_tokens, temperature=0.0, ignore_eos=True)))
     step_s = []
     while engine.has_unfinished_requests():
         start = time.perf_counter()

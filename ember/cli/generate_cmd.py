@@ -38,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ember.engine.engine_request import EngineRequest
     from ember.engine.llm_engine import LLMEngine
     from ember.engine.sampling_params import SamplingParams
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         structured_output=structured_output(args),
     )
-    engine.add_request("cli", prompt_ids, params, prompt=args.prompt)
+    engine.add_request(EngineRequest("cli", prompt_ids, params, prompt=args.prompt))
     while engine.has_unfinished_requests():
         for output in engine.step():
             for completion in output.outputs:

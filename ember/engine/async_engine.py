@@ -15,21 +15,11 @@ from dataclasses import dataclass
 
 from ember.engine.client import EngineDeadError
 from ember.engine.config import EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import EngineStats, LLMEngine, StepRecord
 from ember.engine.outputs import RequestOutput
-from ember.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Add:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    prompt: str | None
-    priority: int
-    cache_salt: str | None
 
 
 @dataclass(frozen=True)
@@ -60,7 +50,8 @@ class AsyncEngine:
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self.limits = self.engine.limits
+        self._commands: queue.SimpleQueue[EngineRequest | _Abort | None] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._streams_lock = threading.Lock()
         self._stats = self.engine.stats()
@@ -69,29 +60,21 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="ember-engine", daemon=True)
         self._thread.start()
 
-    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError, saying what to change, if this request could never run (checked up front)."""
-        self.engine.validate_request(prompt_token_ids, params)
-
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        prompt: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's deltas; the last has `finished=True`. Leaving early aborts the request."""
-        self.engine.validate_request(prompt_token_ids, params)
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Check `request` now (RequestRejected, EngineDeadError), then stream its deltas (EngineClient.generate)."""
+        self.limits.check(request)
         if self._stopped.is_set():
             raise EngineDeadError("the engine has been shut down")
+        return self._stream(request)
+
+    async def _stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        request_id = request.request_id
         stream = _Stream(asyncio.get_running_loop())
         with self._streams_lock:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._streams[request_id] = stream
-        self._commands.put(_Add(request_id, list(prompt_token_ids), params, prompt, priority, cache_salt))
+        self._commands.put(request)
         finished = False
         try:
             while not finished:
@@ -157,14 +140,12 @@ class AsyncEngine:
                 return
         self._stopped.set()
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _apply(self, command: EngineRequest | _Abort) -> None:
         if isinstance(command, _Abort):
             self.engine.abort_request(command.request_id)
             return
         try:
-            self.engine.add_request(
-                command.request_id, command.prompt_token_ids, command.params, command.prompt, command.priority, command.cache_salt
-            )
+            self.engine.add_checked_request(command)
         except ValueError as error:
             self._deliver_error(command.request_id, error)
 

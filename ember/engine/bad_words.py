@@ -11,16 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ember.engine.limits import RequestRejected
 from ember.tokenizers.base import Tokenizer
 
 
 def bad_word_token_ids(tokenizer: Tokenizer | None, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
-    """The token sequences `words` stand for with `tokenizer`; RequestRejected when there is none to read them."""
+    """The token sequences `words` stand for with `tokenizer` (RequestLimits.check refuses bad words without one)."""
     if not words:
         return ()
-    if tokenizer is None:
-        raise RequestRejected("bad_words need a tokenizer to read them; give the engine one (--tokenizer) or drop bad_words", "bad_words")
     spellings: list[tuple[int, ...]] = []
     for word in words:
         plain = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
+from ember.engine.engine_request import EngineRequest
+from ember.engine.limits import RequestLimits
 from ember.engine.llm_engine import EngineStats, StepRecord
 from ember.engine.outputs import RequestOutput
-from ember.engine.sampling_params import SamplingParams
 from ember.tokenizers.base import Tokenizer
 
 
@@ -27,24 +28,12 @@ class EngineClient(Protocol):
     model_name: str
     tokenizer: Tokenizer | None
     max_model_len: int
+    limits: RequestLimits
 
-    def validate_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raise RequestRejected (a ValueError naming the parameter) if the request could never run."""
-        ...
-
-    def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        prompt: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's deltas; the last has `finished=True`; leaving early aborts it.
-
-        Raises EngineDeadError (before or during the stream) when the engine has stopped.
-        """
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Check `request` now (RequestRejected naming the field, EngineDeadError when the engine has stopped),
+        then stream its deltas: it is handed to the engine at the first read; the last delta has `finished=True`;
+        leaving early aborts it. EngineDeadError during the stream when the engine stops."""
         ...
 
     def abort(self, request_id: str) -> None:

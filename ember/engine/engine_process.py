@@ -100,11 +100,9 @@ class _EngineLoop:
             self.engine.abort_request(command.request_id)
         elif isinstance(command, AddRequest):
             try:
-                self.engine.add_request(
-                    command.request_id, command.prompt_token_ids, command.params, command.prompt, command.priority, command.cache_salt
-                )
+                self.engine.add_checked_request(command.request)
             except ValueError as error:
-                self.outputs.send(RequestFailed(command.request_id, _picklable(error)))
+                self.outputs.send(RequestFailed(command.request.request_id, _picklable(error)))
 
     def _step(self) -> None:
         steps_before = self.engine.num_steps

@@ -15,6 +15,7 @@ import torch
 from ember.config.model import ModelConfig
 from ember.engine.bad_words import bad_word_token_ids
 from ember.engine.config import DEFAULT_TREE_NODES, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.limits import RequestLimits
 from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
@@ -26,7 +27,6 @@ from ember.engine.runner import (
     kv_cache_torch_dtype,
     verifies_trees,
 )
-from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from ember.engine.spec.speculator import Proposer, Speculator
 from ember.engine.stop_checker import StopChecker
@@ -143,6 +143,7 @@ class LLMEngine:
             max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
             max_num_seqs=config.scheduler.max_num_seqs,
             enable_chunked_prefill=config.scheduler.enable_chunked_prefill,
+            has_tokenizer=self.tokenizer is not None,
         )
         generator = torch.Generator().manual_seed(config.seed)
         self.eos_ids = self.tokenizer.eos_ids if self.tokenizer is not None else frozenset()
@@ -162,33 +163,28 @@ class LLMEngine:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        prompt: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-    ) -> None:
-        """Queue a request; raises ValueError (saying what to change) if it can never run. A `cache_salt` keeps its KV
-        blocks out of other requests' prefix-cache hits (only requests with the same salt share them)."""
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        self.validate_request(prompt_token_ids, params)
-        bad_words = bad_word_token_ids(self.tokenizer, params.bad_words)
-        request = Request(request_id, list(prompt_token_ids), params, prompt, priority, next(self._arrivals), bad_word_ids=bad_words,
-                          cache_salt=cache_salt)
-        forks = params.n > 1 and len(prompt_token_ids) > 1
+    def add_request(self, request: EngineRequest) -> None:
+        """Check `request` against this engine's limits (RequestRejected naming the field to change), then queue it."""
+        self.limits.check(request)
+        self.add_checked_request(request)
+
+    def add_checked_request(self, request: EngineRequest) -> None:
+        """Queue a request already checked against `self.limits` (by an EngineClient at its door); ValueError when
+        its id is in use."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        params = request.params
+        queued = Request(request, next(self._arrivals), bad_word_ids=bad_word_token_ids(self.tokenizer, params.bad_words))
+        forks = params.n > 1 and len(request.prompt_token_ids) > 1
         count = 1 if forks else params.n
-        request.sequences = [self._new_sequence(request, i, prompt_token_ids) for i in range(count)]
-        request.sequences[0].fork_pending = forks
+        queued.sequences = [self._new_sequence(queued, i, request.prompt_token_ids) for i in range(count)]
+        queued.sequences[0].fork_pending = forks
         if params.prompt_logprobs is not None:
-            request.prompt_logprobs = [None]
-        self.requests[request_id] = request
-        for seq in request.sequences:
+            queued.prompt_logprobs = [None]
+        self.requests[request.request_id] = queued
+        for seq in queued.sequences:
             self.scheduler.add_sequence(seq)
-        self._counters["prompt_tokens"] += len(prompt_token_ids)
+        self._counters["prompt_tokens"] += len(request.prompt_token_ids)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now; its blocks go back to the pool. Unknown ids are ignored."""
@@ -304,7 +300,7 @@ class LLMEngine:
             prompt_token_ids=request.prompt_token_ids,
             outputs=completions,
             finished=request.finished or all(s.finish_reason == "abort" for s in seqs),
-            prompt=request.prompt,
+            prompt=request.asked.prompt,
             num_cached_tokens=request.num_cached_tokens,
             prompt_logprobs=request.prompt_logprobs,
             metrics=request.metrics,
@@ -497,11 +493,6 @@ class LLMEngine:
             return blocks
         wanted = -(-self.max_model_len // self.block_size) * self.config.scheduler.max_num_seqs
         return max(1, min(wanted, DEFAULT_KV_CACHE_BYTES // per_block))
-
-    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise RequestRejected (a ValueError saying what to change) if this request could never run here."""
-        self.limits.validate(prompt_token_ids, params)
-        self.structured_outputs.check(params.structured_output)
 
 
 def rounds_activations(model: torch.nn.Module, num_ggml_layers: int, quant_activations: str) -> bool:

@@ -12,20 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ember.engine.engine_request import EngineRequest
 from ember.engine.limits import RequestLimits
 from ember.engine.llm_engine import EngineStats, StepRecord
 from ember.engine.outputs import RequestOutput
-from ember.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
 class AddRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    prompt: str | None
-    priority: int
-    cache_salt: str | None = None
+    """Queue `request`, which the client checked against the engine's limits (`EngineReady.limits`)."""
+
+    request: EngineRequest
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ import multiprocessing.connection
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ember.engine.client import EngineDeadError
 from ember.engine.config import EngineConfig
 from ember.engine.engine_process import run_engine_process
+from ember.engine.engine_request import EngineRequest
 from ember.engine.frames import FrameReader
 from ember.engine.llm_engine import EngineStats, StepRecord, load_tokenizer_from
 from ember.engine.messages import (
@@ -41,7 +42,6 @@ from ember.engine.messages import (
     ToEngine,
 )
 from ember.engine.outputs import RequestOutput
-from ember.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -108,29 +108,25 @@ class EngineProcessClient:
     def dead_reason(self) -> str | None:
         return self._dead_reason
 
-    def validate_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        self.limits.validate(prompt_token_ids, params)
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Check `request` here, with the engine's limits (RequestRejected, EngineDeadError), then stream it."""
+        self.limits.check(request)
+        if self._dead_reason is not None:
+            raise EngineDeadError(self._dead_reason)
+        return self._stream(request)
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        prompt: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        self.validate_request(prompt_token_ids, params)
+    async def _stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        request_id = request.request_id
         loop = asyncio.get_running_loop()
         self._read_on(loop)
-        stream = _Stream(loop, asyncio.Queue(), list(prompt_token_ids), prompt)
+        stream = _Stream(loop, asyncio.Queue(), request.prompt_token_ids, request.prompt)
         with self._lock:
             if self._dead_reason is not None:
                 raise EngineDeadError(self._dead_reason)
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._streams[request_id] = stream
-        self._outbox.put(AddRequest(request_id, stream.prompt_token_ids, params, prompt, priority, cache_salt))
+        self._outbox.put(AddRequest(request))
         finished = False
         try:
             while not finished:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ember.engine.engine_request import EngineRequest
 from ember.engine.outputs import PositionLogprobs, RequestMetrics
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.structured.token_masks import JsonGuide
@@ -22,13 +23,10 @@ class SequenceStatus(enum.Enum):
 
 @dataclass
 class Request:
-    """One user request: a prompt, its sampling rules, and its `n` sequences once forked."""
+    """One user request in the scheduler: what was asked (`asked`, the EngineRequest, whole) and its
+    state: its `n` sequences once forked, its metrics, its prompt logprobs."""
 
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    prompt: str | None = None
-    priority: int = 0
+    asked: EngineRequest
     arrival_index: int = 0
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=time.monotonic()))
     sequences: list[Sequence] = field(default_factory=list)
@@ -36,13 +34,20 @@ class Request:
     num_cached_tokens: int = 0
     has_reported_prompt: bool = False
     bad_word_ids: tuple[tuple[int, ...], ...] = ()  # params.bad_words as token sequences (ember.engine.bad_words)
-    cache_salt: str | None = None  # mixed into its KV blocks' prefix-cache keys: shared only with the same salt
     embedding: list[float] | None = None  # an `embed` request's pooled prompt, once computed
+    # What the scheduler and runner read of `asked` on every step, as plain attributes (not properties through it).
+    request_id: str = field(init=False)
+    prompt_token_ids: list[int] = field(init=False)
+    params: SamplingParams = field(init=False)
+    priority: int = field(init=False)
+    cache_keys: tuple = field(init=False)
 
-    @property
-    def cache_keys(self) -> tuple:
-        """The extra keys of its blocks' prefix-cache hashes."""
-        return () if self.cache_salt is None else (self.cache_salt,)
+    def __post_init__(self) -> None:
+        self.request_id = self.asked.request_id
+        self.prompt_token_ids = self.asked.prompt_token_ids
+        self.params = self.asked.params
+        self.priority = self.asked.priority
+        self.cache_keys = self.asked.cache_keys
 
     @property
     def finished(self) -> bool:

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ember.engine.rejection import check as _check
 from ember.engine.structured.structured_output import StructuredOutput
 
 # A bound on a single request's output, so a typo cannot pin the engine for hours.
 MAX_TOKENS_LIMIT = 1_000_000
+MAX_N = 128
 MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
 LOGIT_BIAS_LIMIT = 100  # OpenAI's range for a logit_bias value
+# OpenAI's range, served and offline alike: past 2 the distribution is close to uniform noise on any vocabulary,
+# and a request valid here stays valid at any OpenAI-compatible provider a gateway may send it to.
+MAX_TEMPERATURE = 2.0
 
 
 @dataclass
 class SamplingParams:
-    """Sampling and stopping rules of one request; validated on construction.
+    """Sampling and stopping rules of one request; validated on construction, completely: every field's range is
+    checked here and nowhere else (RequestRejected names the field). What depends on the engine (token ids inside
+    its vocabulary, the context window, the KV cache) is `RequestLimits.check`'s.
 
     `temperature == 0` means greedy. `top_k <= 0` and `top_p == 1` disable those filters.
     `logprobs=k` returns the sampled token's logprob plus the `k` most likely alternatives
@@ -84,43 +92,43 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def _validate(self) -> None:
-        _check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "an integer from 1 to 128")
+        _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"an integer from 1 to {MAX_N}")
         if self.max_tokens is not None:
             _check(
-                isinstance(self.max_tokens, int) and 1 <= self.max_tokens <= MAX_TOKENS_LIMIT,
+                _is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_TOKENS_LIMIT,
                 "max_tokens",
                 f"an integer from 1 to {MAX_TOKENS_LIMIT}",
             )
-        _check(self.min_tokens >= 0, "min_tokens", "a non-negative integer")
+        _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "a non-negative integer")
         if self.max_tokens is not None:
             _check(self.min_tokens <= self.max_tokens, "min_tokens", "at most max_tokens")
-        _check(0.0 <= self.temperature <= 100.0, "temperature", "a number from 0 to 100")
-        _check(0.0 < self.top_p <= 1.0, "top_p", "a number in (0, 1]")
-        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "-1, 0 (off) or a positive integer")
-        _check(0.0 <= self.min_p <= 1.0, "min_p", "a number from 0 to 1")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "a number from -2 to 2")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "a number from -2 to 2")
-        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "a number in (0, 2]")
+        _check(_in(self.temperature, 0.0, MAX_TEMPERATURE), "temperature", f"a number from 0 to {MAX_TEMPERATURE:g}")
+        _check(_in(self.top_p, 0.0, 1.0) and self.top_p > 0.0, "top_p", "a number in (0, 1]")
+        _check(_is_int(self.top_k) and self.top_k >= -1, "top_k", "-1, 0 (off) or a positive integer")
+        _check(_in(self.min_p, 0.0, 1.0), "min_p", "a number from 0 to 1")
+        _check(_in(self.presence_penalty, -2.0, 2.0), "presence_penalty", "a number from -2 to 2")
+        _check(_in(self.frequency_penalty, -2.0, 2.0), "frequency_penalty", "a number from -2 to 2")
+        _check(_in(self.repetition_penalty, 0.0, 2.0) and self.repetition_penalty > 0.0, "repetition_penalty", "a number in (0, 2]")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings")
-        _check(len(self.stop) <= 16, "stop", "at most 16 strings")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "non-negative token ids")
+        _check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} strings")
+        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "non-negative token ids")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
-                _check(isinstance(value, int) and 0 <= value <= MAX_LOGPROBS, name, f"an integer from 0 to {MAX_LOGPROBS}")
+                _check(_is_int(value) and 0 <= value <= MAX_LOGPROBS, name, f"an integer from 0 to {MAX_LOGPROBS}")
         _check(
-            all(isinstance(t, int) and t >= 0 and isinstance(b, int | float) and -LOGIT_BIAS_LIMIT <= b <= LOGIT_BIAS_LIMIT for t, b in self.logit_bias.items()),
+            all(_is_int(t) and t >= 0 and _in(b, -LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT) for t, b in self.logit_bias.items()),
             "logit_bias", f"a map of non-negative token ids to numbers from {-LOGIT_BIAS_LIMIT} to {LOGIT_BIAS_LIMIT}",
         )
         if self.allowed_token_ids is not None:
-            _check(bool(self.allowed_token_ids) and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids),
+            _check(bool(self.allowed_token_ids) and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids),
                    "allowed_token_ids", "a non-empty list of non-negative token ids")
         _check(all(isinstance(w, str) and w.strip() for w in self.bad_words), "bad_words", "a list of non-blank strings")
         if self.embed:
             _check(self.n == 1 and self.max_tokens == 1, "embed", "asked with n=1 and max_tokens=1 (an embedding generates nothing)")
         _check(self.structured_output is None or isinstance(self.structured_output, StructuredOutput), "structured_output", "a StructuredOutput or None")
         if self.seed is not None:
-            _check(isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63, "seed", "a 64-bit integer")
+            _check(_is_int(self.seed) and -(2**63) <= self.seed < 2**63, "seed", "a 64-bit integer")
 
 
 def embedding_params() -> SamplingParams:
@@ -128,6 +136,10 @@ def embedding_params() -> SamplingParams:
     return SamplingParams(max_tokens=1, temperature=0.0, embed=True)
 
 
-def _check(condition: bool, name: str, expected: str) -> None:
-    if not condition:
-        raise ValueError(f"sampling parameter {name!r} must be {expected}")
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _in(value: object, low: float, high: float) -> bool:
+    """Whether `value` is a number (not a bool) from `low` to `high`."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.outputs import OutputAccumulator
 from ember.engine.sampling_params import SamplingParams
@@ -65,7 +66,7 @@ def windowed_perplexity(engine: LLMEngine, text: str, window_tokens: int, window
 def token_nll(engine: LLMEngine, request_id: str, token_ids: list[int]) -> list[float]:
     """Negative log-likelihood of every token after the first, each predicted from all tokens before it
     (one prefill with prompt logprobs; `request_id` must not be running)."""
-    engine.add_request(request_id, token_ids, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
+    engine.add_request(EngineRequest(request_id, token_ids, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)))
     accumulator = OutputAccumulator(request_id, 1)
     while engine.has_unfinished_requests():
         for output in engine.step():

@@ -28,6 +28,7 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
+from ember.engine.engine_request import EngineRequest
 from ember.models.family_registry import family_of, quantizable_architectures
 from ember.quant.alpha_search import search_alpha
 from ember.quant.at_load import decoder_linears
@@ -187,7 +188,7 @@ def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]
 
     def feed() -> None:
         for index, chunk in enumerate(chunks):
-            engine.add_request(f"calibration-{index}", chunk, SamplingParams(max_tokens=1, temperature=0.0))
+            engine.add_request(EngineRequest(f"calibration-{index}", chunk, SamplingParams(max_tokens=1, temperature=0.0)))
             while engine.has_unfinished_requests():
                 engine.step()
             progress.advance(task)
@@ -228,7 +229,7 @@ def gptq_sequential(engine, model: nn.Module, names: list[str], chunks: list[lis
     try:
         with torch.inference_mode():
             for index, chunk in enumerate(chunks):
-                engine.add_request(f"calibration-{index}", chunk, SamplingParams(max_tokens=1, temperature=0.0))
+                engine.add_request(EngineRequest(f"calibration-{index}", chunk, SamplingParams(max_tokens=1, temperature=0.0)))
             engine.step()  # every chunk's prefill: the scheduler's budget holds all calibration tokens
             while engine.has_unfinished_requests():
                 engine.step()

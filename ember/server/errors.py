@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator, Mapping
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
@@ -11,6 +13,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+
+from ember.engine.rejection import RequestRejected
 
 logger = logging.getLogger("ember.server")
 
@@ -61,6 +65,18 @@ def engine_unavailable(reason: str) -> ApiError:
         code="engine_unavailable",
         headers={"Retry-After": str(ENGINE_RETRY_AFTER_S)},
     )
+
+
+@contextlib.contextmanager
+def engine_rejections(names: Mapping[str, str] | None = None) -> Iterator[None]:
+    """The one place an engine's rejection (from SamplingParams, EngineRequest or the engine's limits) becomes the
+    OpenAI 400: `param` is the field as the API names it (`names` maps the engine's name to the API's where they
+    differ: "prompt" is a chat's "messages"), `code` the rejection's own ("invalid_value", "context_length_exceeded")."""
+    try:
+        yield
+    except RequestRejected as error:
+        param = (names or {}).get(error.param, error.param)
+        raise ApiError(f"Invalid value for {param!r}: {error}.", param=param, code=error.code) from error
 
 
 def error_body(message: str, error_type: str, param: str | None, code: str) -> dict:

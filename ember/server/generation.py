@@ -11,13 +11,15 @@ from typing import TypeVar
 from fastapi import Request
 
 from ember.engine.client import EngineDeadError
+from ember.engine.engine_request import EngineRequest
 from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_params import SamplingParams
 from ember.server.admission import AdmissionTicket
 from ember.server.context import ServingContext
-from ember.server.errors import ApiError, engine_unavailable
+from ember.server.errors import ApiError, engine_rejections, engine_unavailable
 from ember.server.metrics import FinishedRequest
-from ember.server.requests import PreparedPrompt
+from ember.server.protocol import SamplingFields
+from ember.server.requests import PreparedPrompt, engine_request
 
 T = TypeVar("T")
 
@@ -84,30 +86,33 @@ def tracked_generate(
     request_id: str,
     prompt: PreparedPrompt,
     params: SamplingParams,
+    fields: SamplingFields | None,
     ticket: AdmissionTicket,
-    priority: int = 0,
-    cache_salt: str | None = None,
+    names: dict[str, str] | None = None,
 ) -> AsyncIterator[RequestOutput]:
-    """The engine's deltas for one prompt, which is handed over to the engine now (queued by `priority`, lower
-    first, then arrival, as vLLM's priority scheduling orders them; sharing cached prefixes only with requests of
-    the same `cache_salt`).
+    """The engine's deltas for one prompt of an API request (`fields`, None for one without engine extras), which
+    is checked and handed over to the engine now: a request the engine refuses is a 400 naming the field (as `names`
+    spells it) and a stopped engine a 503, both before any response starts.
 
     From here on the engine's queue counts the request as waiting, not the server (the engine
     takes it at the first step of the stream). However the caller stops (finished, closed
     early, cancelled by a disconnect), the engine request is aborted unless it finished, and
     one metrics observation and one log line are written.
     """
+    with engine_rejections(names):
+        request = engine_request(request_id, prompt, params, fields)
+        try:
+            stream = context.engine.generate(request)
+        except EngineDeadError as error:
+            raise engine_unavailable(str(error)) from error
     ticket.hand_over()
-    return _tracked_stream(context, request_id, prompt, params, priority, cache_salt)
+    return _tracked_stream(context, request, stream)
 
 
 async def _tracked_stream(
-    context: ServingContext, request_id: str, prompt: PreparedPrompt, params: SamplingParams, priority: int,
-    cache_salt: str | None,
+    context: ServingContext, request: EngineRequest, stream: AsyncIterator[RequestOutput]
 ) -> AsyncIterator[RequestOutput]:
-    tracker = _RequestTracker(request_id, len(prompt.token_ids))
-    stream = context.engine.generate(request_id, prompt.token_ids, params, prompt=prompt.text, priority=priority,
-                                     cache_salt=cache_salt)
+    tracker = _RequestTracker(request.request_id, len(request.prompt_token_ids))
     try:
         async for delta in stream:
             tracker.add(delta)
@@ -115,19 +120,15 @@ async def _tracked_stream(
     except EngineDeadError as error:
         tracker.is_rejected = True
         raise engine_unavailable(str(error)) from error
-    except ValueError as error:
-        # The engine's own admission check (e.g. the request cannot fit); the client's fault.
-        tracker.is_rejected = True
-        raise ApiError(f"The engine cannot run this request: {error}.", code="invalid_request") from error
     finally:
         with contextlib.suppress(Exception):
             await stream.aclose()
         if not tracker.is_finished:
-            context.engine.abort(request_id)
+            context.engine.abort(request.request_id)
         finished = tracker.finished()
         if not tracker.is_rejected:
             context.metrics.observe_finished(finished)
-        context.request_logger.log_finished(finished, prompt.text)
+        context.request_logger.log_finished(finished, request.prompt)
 
 
 async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

@@ -1,7 +1,9 @@
 """The OpenAI wire format: request models (validated strictly) and response models.
 
-Requests forbid unknown fields, so a parameter ember does not implement is named in a 400
-instead of being silently ignored. Fields that OpenAI defines but ember cannot honour are
+Request models hold types and shapes only: a value's range is checked once, by the engine's own types
+(`SamplingParams`, `EngineRequest`, `RequestLimits`), whose rejection the server maps to a 400 naming the field
+(`ember.server.errors.engine_rejections`). Requests forbid unknown fields, so a parameter ember does not implement
+is named in a 400 instead of being silently ignored. Fields that OpenAI defines but ember cannot honour are
 declared here and rejected by `ember.server.requests` when set to anything but their no-op value.
 """
 
@@ -12,12 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-MAX_N = 128
-MAX_TOP_LOGPROBS = 20
-MAX_STOP_STRINGS = 16
-
 NonNegativeInt = Annotated[int, Field(ge=0)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
 class StrictModel(BaseModel):
@@ -136,19 +133,19 @@ class SamplingFields(StrictModel):
     """Sampling and stopping fields shared by chat and text completions (OpenAI plus vLLM extras)."""
 
     model: str | None = None
-    n: int | None = Field(default=1, ge=1, le=MAX_N)
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    n: int | None = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[NonNegativeInt] | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
-    min_tokens: int | None = Field(default=0, ge=0)
+    stop_token_ids: list[int] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = 0
     ignore_eos: bool | None = False
     skip_special_tokens: bool | None = True
     include_stop_str_in_output: bool | None = False
@@ -167,14 +164,14 @@ class SamplingFields(StrictModel):
     # vLLM's extras: tokens the reply may use or must not spell, the prompt's own logprobs, the prompt cut to its
     # last k tokens (-1: to the context window), logprob tokens written "token_id:<id>", the request's place in the
     # queue (lower first), the id its response takes, a salt its cached prefix is shared under (only with the same).
-    allowed_token_ids: list[NonNegativeInt] | None = None
+    allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
     return_tokens_as_token_ids: bool | None = False
     priority: int | None = 0
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    cache_salt: str | None = None
     # Accepted, no effect: ember decodes as Hugging Face's fast tokenizers do, where vLLM's option changes nothing
     # either; a length penalty only weighs beams, and ember has one backend for guided outputs.
     spaces_between_special_tokens: bool | None = True
@@ -213,9 +210,9 @@ class ChatCompletionRequest(SamplingFields, ChatRenderFields):
     """`POST /v1/chat/completions`."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -242,12 +239,12 @@ class CompletionRequest(SamplingFields):
     """`POST /v1/completions`; `prompt` is text, texts, token ids or lists of token ids."""
 
     prompt: PromptInput
-    max_tokens: int | None = Field(default=16, ge=0)  # 0 only with echo: the prompt scored, nothing generated
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    max_tokens: int | None = 16  # 0 only with echo: the prompt scored, nothing generated
+    logprobs: int | None = None
     echo: bool | None = False
     add_special_tokens: bool | None = True
     suffix: str | None = None
-    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    best_of: int | None = None
 
 
 class EmbeddingRequest(StrictModel):
@@ -257,9 +254,9 @@ class EmbeddingRequest(StrictModel):
     model: str | None = None
     input: PromptInput
     encoding_format: Literal["float", "base64"] | None = "float"
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: int | None = None
     user: str | None = None
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncate_prompt_tokens: int | None = None
     add_special_tokens: bool | None = True
 
 

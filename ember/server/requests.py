@@ -1,14 +1,13 @@
-"""From a validated OpenAI request to what the engine takes: prompt token ids and SamplingParams.
+"""From a parsed OpenAI request to what the engine takes: an EngineRequest (prompt token ids, SamplingParams, ...).
 
-Every check a client can fail lives here and raises ApiError naming the field, so the engine
-only ever sees requests it can serve.
+The API's own rules (fields ember does not implement, fields that contradict each other) are checked here and
+raise ApiError naming the field; a value's range and what the engine can run are checked by the engine's types
+(SamplingParams, EngineRequest, RequestLimits), whose one rejection `ember.server.errors.engine_rejections` maps.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import re
 import uuid
 from dataclasses import dataclass, replace
 from http import HTTPStatus
@@ -16,11 +15,12 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ember.engine.engine_request import EngineRequest
 from ember.engine.sampling_defaults import SamplingDefaults
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.structured import SchemaError, StructuredOutput
 from ember.server.chat_template import ChatTemplate, RenderRequest, RequestTemplates
-from ember.server.errors import ApiError, engine_unavailable, from_validation_error
+from ember.server.errors import ApiError, engine_rejections, from_validation_error
 from ember.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -35,8 +35,6 @@ from ember.server.tool_calls import ToolPlan
 from ember.tokenizers import chat_template as templates
 
 M = TypeVar("M", bound=BaseModel)
-
-logger = logging.getLogger("ember.server")
 
 
 @dataclass
@@ -94,7 +92,12 @@ def _check_common(request: SamplingFields) -> None:
     if request.prompt_logprobs is not None and request.stream:
         raise ApiError("'prompt_logprobs' is only returned whole: drop 'stream' or 'prompt_logprobs'.",
                        param="prompt_logprobs", code="invalid_value")  # fmt: skip
-    if request.truncate_prompt_tokens == 0:
+    check_truncation(request.truncate_prompt_tokens)
+
+
+def check_truncation(keep: int | None) -> None:
+    """`truncate_prompt_tokens` (vLLM's) keeps a prompt's last k >= 1 tokens, or -1: the context window's worth."""
+    if keep is not None and keep < 1 and keep != -1:
         raise ApiError("'truncate_prompt_tokens' keeps the prompt's last k tokens: give k >= 1, or -1 for the context window.",
                        param="truncate_prompt_tokens", code="invalid_value")  # fmt: skip
 
@@ -187,12 +190,14 @@ def sampling_params(
     prompt_logprobs: int | None = None,
     tool_constraint: StructuredOutput | None = None,
     keeps_special_tokens: bool = False,
+    names: dict[str, str] | None = None,
 ) -> SamplingParams:
     """SamplingParams of a request (prompt logprobs: the most asked for, by `prompt_logprobs` or the caller's
     argument), `defaults` where it leaves a field out (OpenAI's: temperature 1, top_p 1, or the
     model's generation config); `max_tokens` None: the default's, else up to the context window; `tool_constraint`
     holds a forced tool call's reply to its JSON (and excludes every other output constraint);
-    `keeps_special_tokens` keeps special tokens in the text (where tool-call markers are special tokens)."""
+    `keeps_special_tokens` keeps special tokens in the text (where tool-call markers are special tokens); `names`: the
+    request's names of SamplingParams' fields where they differ (`param_names`), for the 400 a bad value gets."""
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     asked = [value for value in (prompt_logprobs, request.prompt_logprobs) if value is not None]
     prompt_logprobs = max(asked, default=None)
@@ -200,7 +205,7 @@ def sampling_params(
     def given(value, default):
         return default if value is None else value
 
-    try:
+    with engine_rejections(names):
         return SamplingParams(
             n=given(request.n, 1),
             max_tokens=given(max_tokens, defaults.max_tokens),
@@ -225,11 +230,27 @@ def sampling_params(
             bad_words=list(request.bad_words or []),
             structured_output=_output_constraint(request, tool_constraint),
         )
-    except ValueError as error:
-        # SamplingParams names the field as "sampling parameter 'x' ..."; pass it on as `param`.
-        named = re.search(r"parameter '(\w+)'", str(error))
-        param = named.group(1) if named else None
-        raise ApiError(f"Invalid value: {error}.", param=param, code="invalid_value") from error
+
+
+def param_names(request: SamplingFields) -> dict[str, str]:
+    """Where the request names an engine field otherwise: the prompt is a chat's `messages`, its logprobs count
+    `top_logprobs`, its max_tokens `max_completion_tokens` when given that way."""
+    if not isinstance(request, ChatCompletionRequest):
+        return {}
+    names = {"prompt": "messages", "logprobs": "top_logprobs"}
+    if request.max_completion_tokens is not None:
+        names["max_tokens"] = "max_completion_tokens"
+    return names
+
+
+def engine_request(request_id: str, prompt: PreparedPrompt, params: SamplingParams, fields: SamplingFields | None
+                   ) -> EngineRequest:  # fmt: skip
+    """The engine's request for one prompt of an API request (`fields`: its priority and cache salt; None: neither);
+    a field the API adds for the engine is read here."""
+    if fields is None:
+        return EngineRequest(request_id, prompt.token_ids, params, prompt.text)
+    return EngineRequest(request_id, prompt.token_ids, params, prompt.text, priority=fields.priority or 0,
+                         cache_salt=fields.cache_salt)  # fmt: skip
 
 
 def _output_constraint(request: SamplingFields, tool_constraint: StructuredOutput | None) -> StructuredOutput | None:
@@ -322,13 +343,14 @@ def _token_biases(logit_bias: dict[str, float] | None) -> dict[int, float]:
 
 def chat_sampling_params(request: ChatCompletionRequest, defaults: SamplingDefaults, tools: ToolPlan | None = None) -> SamplingParams:
     """SamplingParams of a chat request; no max tokens means the default's, else up to the context window."""
-    max_tokens = request.max_completion_tokens or request.max_tokens
+    max_tokens = request.max_tokens if request.max_completion_tokens is None else request.max_completion_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    names = param_names(request)
     if tools is None:
-        return sampling_params(request, defaults, max_tokens, logprobs)
+        return sampling_params(request, defaults, max_tokens, logprobs, names=names)
     # Auto mode reads calls from the text, and templates such as Qwen2.5's mark them with special tokens.
     return sampling_params(request, defaults, max_tokens, logprobs, tool_constraint=tools.constraint(),
-                           keeps_special_tokens=tools.mode == "auto")
+                           keeps_special_tokens=tools.mode == "auto", names=names)
 
 
 def completion_sampling_params(request: CompletionRequest, defaults: SamplingDefaults) -> SamplingParams:
@@ -383,13 +405,13 @@ def count_prompts(prompt: PromptInput, max_waiting: int, param: str) -> int:
     return count
 
 
-async def completion_prompts(request: CompletionRequest, encoder: PromptEncoder, tokenizer) -> list[PreparedPrompt]:
+async def completion_prompts(request: CompletionRequest, encoder: PromptEncoder) -> list[PreparedPrompt]:
     """Each prompt of a completion request, tokenized (`prepared_prompts`)."""
-    return await prepared_prompts(request.prompt, encoder, tokenizer, "prompt", request.add_special_tokens is not False,
+    return await prepared_prompts(request.prompt, encoder, "prompt", request.add_special_tokens is not False,
                                   request.truncate_prompt_tokens)  # fmt: skip
 
 
-async def prepared_prompts(prompt: PromptInput, encoder: PromptEncoder, tokenizer, param: str, add_special_tokens: bool,
+async def prepared_prompts(prompt: PromptInput, encoder: PromptEncoder, param: str, add_special_tokens: bool,
                            keep: int | None) -> list[PreparedPrompt]:  # fmt: skip
     """Each prompt of `prompt` (text, texts, ids, or lists of ids; `param` names the field), tokenized, and cut to its
     last `keep` tokens where given (vLLM's truncate_prompt_tokens).
@@ -398,35 +420,25 @@ async def prepared_prompts(prompt: PromptInput, encoder: PromptEncoder, tokenize
     prompt in a batch is refused without tokenizing the others.
     """
     return [_truncated(prepared, keep, encoder.max_model_len)
-            for prepared in await _encoded_prompts(prompt, encoder, tokenizer, param, add_special_tokens, keep is not None)]  # fmt: skip
+            for prepared in await _encoded_prompts(prompt, encoder, param, add_special_tokens, keep is not None)]  # fmt: skip
 
 
-async def _encoded_prompts(prompt: PromptInput, encoder: PromptEncoder, tokenizer, param: str, add_special_tokens: bool,
+async def _encoded_prompts(prompt: PromptInput, encoder: PromptEncoder, param: str, add_special_tokens: bool,
                            truncates: bool) -> list[PreparedPrompt]:  # fmt: skip
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
         raise ApiError(f"'{param}' must not be an empty list.", param=param, code="invalid_value")
-    if isinstance(prompt[0], int):
-        return [_id_prompt(prompt, tokenizer, param)]
+    if isinstance(prompt[0], int):  # token ids: EngineRequest and the engine's limits check them
+        return [PreparedPrompt(list(prompt))]
     if isinstance(prompt[0], list):
-        return [_id_prompt(ids, tokenizer, f"{param}.{index}") for index, ids in enumerate(prompt)]
+        return [PreparedPrompt(list(ids)) for ids in prompt]
     for text in prompt:
         if not text:
             raise ApiError(f"'{param}' must not be an empty string.", param=param, code="invalid_value")
         encoder.refuse_if_too_long(text, param, truncates)
     return [PreparedPrompt(await encoder.encode(text, add_special_tokens=add_special_tokens, param=param, truncates=truncates),
                            text) for text in prompt]  # fmt: skip
-
-
-def _id_prompt(ids: list[int], tokenizer, param: str) -> PreparedPrompt:
-    vocab_size = tokenizer.vocab_size
-    bad = [token for token in ids if not 0 <= token < vocab_size]
-    if bad:
-        raise ApiError(
-            f"Token ids must be from 0 to {vocab_size - 1}; got {bad[:5]}.", param=param, code="invalid_value"
-        )
-    return PreparedPrompt(list(ids))
 
 
 def _truncated(prompt: PreparedPrompt, keep: int | None, max_model_len: int) -> PreparedPrompt:
@@ -447,49 +459,6 @@ def engine_request_id(response: str, request: SamplingFields) -> str:
     """The engine's id for a request answered as `response`: the same (logs and step records name what the client
     saw), with a random suffix where the client chose the id, so two requests reusing one never collide."""
     return response if request.request_id is None else f"{response}-{uuid.uuid4().hex[:8]}"
-
-
-def check_fits(prompt: PreparedPrompt, max_tokens: int | None, max_model_len: int, prompt_param: str) -> None:
-    """Raise a 400 unless the prompt plus `max_tokens` fits in the context window."""
-    num_prompt_tokens = len(prompt.token_ids)
-    if num_prompt_tokens == 0:
-        raise ApiError("The prompt is empty: send at least one token.", param=prompt_param, code="invalid_value")
-    if num_prompt_tokens >= max_model_len:
-        raise ApiError(
-            f"The prompt is {num_prompt_tokens} tokens, but this model's context window is "
-            f"{max_model_len} tokens and leaves no room to generate. Shorten the prompt.",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
-    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
-        raise ApiError(
-            f"max_tokens={max_tokens} does not fit: the prompt is {num_prompt_tokens} tokens and the "
-            f"context window is {max_model_len}, so at most {max_model_len - num_prompt_tokens} "
-            "tokens can be generated. Lower max_tokens or shorten the prompt.",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-
-
-def check_engine_accepts(engine, prompt: PreparedPrompt, params: SamplingParams, prompt_param: str) -> None:
-    """Raise a 400 if the engine could never run this request (e.g. more KV blocks than it has).
-
-    Checked before any response starts, so a streaming client gets a status code, not an event.
-    """
-    if engine.dead_reason is not None:
-        raise engine_unavailable(engine.dead_reason)
-    try:
-        engine.validate_request(prompt.token_ids, params)
-    except ValueError as error:
-        param = getattr(error, "param", None) or prompt_param
-        raise ApiError(f"The engine cannot run this request: {error}.", param=param, code="invalid_request") from error
-    except Exception as error:  # an engine bug on this input must not become a 500
-        logger.exception("the engine's request validation failed")
-        raise ApiError(
-            f"The engine cannot check this request ({type(error).__name__}: {error}).",
-            param=prompt_param,
-            code="unprocessable_prompt",
-        ) from error
 
 
 def parse_request(model_class: type[M], body: bytes) -> M:

@@ -117,9 +117,9 @@ class ResponsesRequest(StrictModel):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
     stream: bool | None = False
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None

@@ -32,9 +32,8 @@ from ember.server.requests import (
     chat_sampling_params,
     chat_template_for,
     check_chat_request,
-    check_engine_accepts,
-    check_fits,
     engine_request_id,
+    param_names,
     parse_request,
     resolve_model,
     response_id,
@@ -107,14 +106,12 @@ async def _run_chat(
 
 async def start_chat(context: ServingContext, request_id: str, request: ChatCompletionRequest, params: SamplingParams,
                      tools: ToolPlan | None, ticket: AdmissionTicket) -> AsyncIterator[RequestOutput]:
-    """Render and tokenize the conversation, check that it fits and that the engine takes it, and start
-    generating (the deltas; `ticket` is released when they end)."""
+    """Render and tokenize the conversation and start generating, once the engine takes it (the deltas; `ticket`
+    is released when they end)."""
     template = chat_template_for(request, context.chat_template, context.request_templates)
     prompt = await chat_prompt(request, template, context.encoder, tools)
-    check_fits(prompt, params.max_tokens, context.max_model_len, "messages")
-    check_engine_accepts(context.engine, prompt, params, "messages")
-    return tracked_generate(context, engine_request_id(request_id, request), prompt, params, ticket, request.priority or 0,
-                           request.cache_salt)
+    return tracked_generate(context, engine_request_id(request_id, request), prompt, params, request, ticket,
+                            param_names(request))
 
 
 def _response(context: ServingContext, request_id: str, model: str, output: RequestOutput, reply: ReplyFormat

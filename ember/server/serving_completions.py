@@ -31,8 +31,6 @@ from ember.server.protocol import (
 from ember.server.requests import (
     PreparedPrompt,
     check_completion_request,
-    check_engine_accepts,
-    check_fits,
     completion_prompts,
     completion_sampling_params,
     count_prompts,
@@ -69,17 +67,18 @@ async def _run_completion(
     params: SamplingParams,
     ticket: AdmissionTicket,
 ) -> Response:
-    prompts = await completion_prompts(request, context.encoder, context.tokenizer)
-    for prompt in prompts:
-        check_fits(prompt, params.max_tokens, context.max_model_len, "prompt")
-        check_engine_accepts(context.engine, prompt, params, "prompt")
+    prompts = await completion_prompts(request, context.encoder)
     request_id = response_id("cmpl", request)
     echoes = [_echo_text(prompt, context) for prompt in prompts] if request.echo else None
-    streams = [
-        tracked_generate(context, engine_request_id(f"{request_id}-{index}", request), prompt, params, ticket, request.priority or 0,
-                         request.cache_salt)
-        for index, prompt in enumerate(prompts)
-    ]
+    streams = []
+    try:  # every prompt is checked before any response starts (a stream reaches the engine at its first read)
+        for index, prompt in enumerate(prompts):
+            streams.append(tracked_generate(context, engine_request_id(f"{request_id}-{index}", request), prompt, params,
+                                            request, ticket))  # fmt: skip
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()
+        raise
     written = CompletionFormat(request.logprobs or 0, echoes, bool(request.return_tokens_as_token_ids), request.prompt_logprobs)
     if scores_prompt_only(request):
         streams = [_without_generated_tokens(stream) for stream in streams]

@@ -22,8 +22,7 @@ from ember.server.errors import ApiError
 from ember.server.generation import cancel_on_disconnect, collect, tracked_generate
 from ember.server.protocol import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from ember.server.requests import (
-    check_engine_accepts,
-    check_fits,
+    check_truncation,
     count_prompts,
     parse_request,
     prepared_prompts,
@@ -41,6 +40,7 @@ async def create_embeddings(context: ServingContext, raw_request: Request) -> Re
     if request.dimensions is not None:
         raise ApiError("Unsupported parameter 'dimensions': ember returns the model's full hidden size (no Matryoshka "
                        "truncation). Remove it from the request.", param="dimensions", code="unsupported_parameter")  # fmt: skip
+    check_truncation(request.truncate_prompt_tokens)
     num_inputs = count_prompts(request.input, context.config.max_waiting, "input")
     ticket = context.admission.admit(max(num_inputs, 1))
     try:
@@ -55,13 +55,17 @@ async def create_embeddings(context: ServingContext, raw_request: Request) -> Re
 async def _embedded(context: ServingContext, raw_request: Request, request: EmbeddingRequest, ticket: AdmissionTicket
                     ) -> list[RequestOutput]:  # fmt: skip
     """Tokenize, check and run every input (the engine's outputs, in input order)."""
-    prompts = await prepared_prompts(request.input, context.encoder, context.tokenizer, "input",
-                                     request.add_special_tokens is not False, request.truncate_prompt_tokens)  # fmt: skip
-    for prompt in prompts:
-        check_fits(prompt, 1, context.max_model_len, "input")
-        check_engine_accepts(context.engine, prompt, EMBED, "input")
+    prompts = await prepared_prompts(request.input, context.encoder, "input", request.add_special_tokens is not False,
+                                     request.truncate_prompt_tokens)  # fmt: skip
     request_id = f"embd-{uuid.uuid4().hex}"
-    streams = [tracked_generate(context, f"{request_id}-{i}", prompt, EMBED, ticket) for i, prompt in enumerate(prompts)]
+    streams = []
+    try:  # every input is checked before any is embedded (a stream reaches the engine at its first read)
+        for index, prompt in enumerate(prompts):
+            streams.append(tracked_generate(context, f"{request_id}-{index}", prompt, EMBED, None, ticket, {"prompt": "input"}))
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()
+        raise
     return await cancel_on_disconnect(context, raw_request, collect(streams, 1))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ember.engine.engine_request import EngineRequest
 from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
@@ -18,7 +19,7 @@ def run_to_completion(llm: LLM, requests: dict[str, tuple[list[int], object]]) -
     engine = llm.engine
     accumulators = {}
     for request_id, (prompt_ids, params) in requests.items():
-        engine.add_request(request_id, prompt_ids, params)
+        engine.add_request(EngineRequest(request_id, prompt_ids, params))
         accumulators[request_id] = OutputAccumulator(request_id, params.n)
     while engine.has_unfinished_requests():
         for output in engine.step():

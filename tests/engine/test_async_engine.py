@@ -10,6 +10,7 @@ import pytest
 from ember.engine.async_engine import AsyncEngine
 from ember.engine.client import EngineClient
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.process_client import EngineProcessClient
 from ember.engine.sampling_params import SamplingParams
 
@@ -30,7 +31,7 @@ def engine(request, stories_dir):
 
 async def _collect(engine: EngineClient, request_id: str, prompt: list[int], params: SamplingParams) -> list[int]:
     tokens: list[int] = []
-    async for delta in engine.generate(request_id, prompt, params):
+    async for delta in engine.generate(EngineRequest(request_id, prompt, params)):
         tokens.extend(delta.outputs[0].token_ids if delta.outputs else [])
     return tokens
 
@@ -55,7 +56,7 @@ def test_leaving_a_stream_early_aborts_the_request_and_frees_its_blocks(engine):
     prompt = engine.tokenizer.encode("Once upon a time", add_special_tokens=True)
 
     async def main():
-        stream = engine.generate("early", prompt, params)
+        stream = engine.generate(EngineRequest("early", prompt, params))
         async for _ in stream:
             break
         await stream.aclose()
@@ -73,7 +74,7 @@ def test_leaving_a_stream_early_aborts_the_request_and_frees_its_blocks(engine):
 
 def test_a_request_that_cannot_fit_is_refused_before_streaming(engine):
     async def main():
-        async for _ in engine.generate("big", [1] * 600, SamplingParams()):
+        async for _ in engine.generate(EngineRequest("big", [1] * 600, SamplingParams())):
             pass
 
     with pytest.raises(ValueError, match="context window"):

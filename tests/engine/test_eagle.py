@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ember.cli.main import main
+from ember.engine.engine_request import EngineRequest
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.spec.eagle_head import CONFIG_FILE, load_eagle_head
 from ember.engine.spec.eagle_training import EagleTrainingConfig, draft_vocabulary, train_eagle_head
@@ -83,8 +84,8 @@ def test_a_sampled_draft_carries_its_distribution_over_the_draft_vocabulary_only
                        adaptive=False)
     proposer = spec.engine.speculator.proposer
     engine = spec.engine
-    engine.add_request("s", spec.tokenizer.encode(STORY_PROMPTS[0], add_special_tokens=True),
-                       SamplingParams(temperature=1.0, max_tokens=8, seed=1, ignore_eos=True))
+    engine.add_request(EngineRequest("s", spec.tokenizer.encode(STORY_PROMPTS[0], add_special_tokens=True),
+                       SamplingParams(temperature=1.0, max_tokens=8, seed=1, ignore_eos=True)))
     engine.step()  # the prompt: the proposer now holds the hidden state behind the first sampled token
     drafts = proposer.propose({seq: 3 for seq in engine.scheduler.running})
     (draft,) = drafts.values()

@@ -20,6 +20,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.request import SequenceStatus
 from ember.engine.sampling_params import SamplingParams
@@ -107,11 +108,11 @@ class Harness:
     def add(self, op: Add) -> None:
         request_id = f"r{len(self.added)}"
         # n is capped at max_num_seqs: a forking request with more siblings than seats can
-        # never be admitted (LLMEngine.validate_request does not refuse it yet).
+        # never be admitted (RequestLimits.check refuses it).
         n = min(op.n, self.scheduler_config.max_num_seqs)
         params = SamplingParams(n=n, max_tokens=op.max_tokens, seed=SEED)
         try:
-            self.engine.add_request(request_id, list(op.prompt), params, priority=op.priority)
+            self.engine.add_request(EngineRequest(request_id, list(op.prompt), params, priority=op.priority))
         except ValueError:
             assert request_id not in self.engine.requests
             return
@@ -167,7 +168,7 @@ class Harness:
         for request_id, params in self.added.items():
             for index in range(params.n):
                 solo = SamplingParams(max_tokens=params.max_tokens, seed=SEED + index)
-                reference.add_request(f"{request_id}/{index}", list(self.prompts[request_id]), solo)
+                reference.add_request(EngineRequest(f"{request_id}/{index}", list(self.prompts[request_id]), solo))
         expected: dict[str, list[int]] = {}
         while reference.has_unfinished_requests():
             for output in reference.step():
@@ -273,7 +274,7 @@ def test_a_request_with_more_siblings_than_seats_is_refused(tiny_llama: Path) ->
     engine = LLMEngine(config)
 
     with pytest.raises(ValueError, match="max_num_seqs"):
-        engine.add_request("r", [1, 2, 3, 4, 5], SamplingParams(n=3, max_tokens=2))
+        engine.add_request(EngineRequest("r", [1, 2, 3, 4, 5], SamplingParams(n=3, max_tokens=2)))
 
 
 @settings(max_examples=10, deadline=None)

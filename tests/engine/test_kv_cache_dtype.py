@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
@@ -54,7 +55,7 @@ def prompt_logits(folder, kv_cache_dtype: str, prompts: list[list[int]]) -> torc
                           scheduler=SchedulerConfig(max_num_batched_tokens=16))  # fmt: skip
     engine = LLMEngine(config)
     for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=1))
+        engine.add_request(EngineRequest(str(i), prompt, SamplingParams(temperature=0, max_tokens=1)))
     logits = []
     while engine.has_unfinished_requests():
         plan = engine.scheduler.schedule()
@@ -93,7 +94,7 @@ def test_the_compiled_layer_and_the_torch_path_read_an_fp8_cache_alike(tiny_llam
                           scheduler=SchedulerConfig(max_num_batched_tokens=16))  # fmt: skip
     engine = LLMEngine(config)
     for i, prompt in enumerate(PROMPTS):
-        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+        engine.add_request(EngineRequest(str(i), prompt, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)))
     steps = 0
     while engine.has_unfinished_requests():
         plan = engine.scheduler.schedule()

@@ -11,6 +11,7 @@ import torch
 
 from ember.cli.main import main
 from ember.engine.config import DEFAULT_TREE_NODES, SpeculativeConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.spec.medusa_heads import CONFIG_FILE, load_medusa_heads
 from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_medusa_heads
@@ -69,8 +70,8 @@ def test_the_hidden_state_handed_to_the_proposer_is_the_one_behind_each_newest_t
                        medusa_heads=str(trained.out), num_speculative_tokens=3, adaptive=False)
     engine, proposer = spec.engine, spec.engine.speculator.proposer
     for i, text in enumerate(STORY_PROMPTS):
-        engine.add_request(str(i), spec.tokenizer.encode(text, add_special_tokens=True),
-                           SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+        engine.add_request(EngineRequest(str(i), spec.tokenizer.encode(text, add_special_tokens=True),
+                           SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)))
     checked = 0
     while engine.has_unfinished_requests():
         engine.step()
@@ -151,8 +152,8 @@ def test_a_tree_keeps_the_greedy_path_and_moves_its_keys_and_values_where_plain_
     assert spec.engine.speculator.proposer.tree_nodes > 0  # greedy rows draft trees on this model
     prompt = plain.tokenizer.encode(STORY_PROMPTS[0], add_special_tokens=True)
     no_drafts = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, allow_speculation=False)
-    plain.engine.add_request("r", prompt, no_drafts)
-    spec.engine.add_request("r", prompt, no_drafts)
+    plain.engine.add_request(EngineRequest("r", prompt, no_drafts))
+    spec.engine.add_request(EngineRequest("r", prompt, no_drafts))
     reference = _decode_until(plain, "r", 6)
     seq = _decode_until(spec, "r", 1)
     g = reference.output_token_ids  # g[0] is the newest token of `seq`, the tree's root

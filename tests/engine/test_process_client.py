@@ -16,8 +16,9 @@ import pytest
 
 from ember.engine.client import EngineDeadError
 from ember.engine.config import CacheConfig, EngineConfig
-from ember.engine.limits import RequestRejected
+from ember.engine.engine_request import EngineRequest
 from ember.engine.process_client import EngineProcessClient
+from ember.engine.rejection import RequestRejected
 from ember.engine.sampling_params import SamplingParams
 
 
@@ -38,7 +39,7 @@ def test_a_killed_engine_ends_open_streams_and_refuses_new_requests(stories_dir)
     async def stream_until_killed() -> tuple[int, BaseException | None]:
         received = 0
         try:
-            async for _ in client.generate("doomed", prompt, params):
+            async for _ in client.generate(EngineRequest("doomed", prompt, params)):
                 received += 1
                 if received == 3:
                     os.kill(client.pid, signal.SIGKILL)
@@ -53,7 +54,7 @@ def test_a_killed_engine_ends_open_streams_and_refuses_new_requests(stories_dir)
     assert client.dead_reason is not None and "exit" in client.dead_reason
 
     async def new_request() -> None:
-        async for _ in client.generate("late", prompt, params):
+        async for _ in client.generate(EngineRequest("late", prompt, params)):
             pass
 
     with pytest.raises(EngineDeadError):
@@ -71,10 +72,10 @@ def test_requests_are_validated_on_the_client_side_with_the_engines_limits(stori
     client = EngineProcessClient(_config(stories_dir), show_progress=False)
     try:
         with pytest.raises(RequestRejected) as too_long:
-            client.validate_request([1] * 300, SamplingParams(max_tokens=1))
-        assert too_long.value.param == "prompt"
+            client.generate(EngineRequest("long", [1] * 300, SamplingParams(max_tokens=1)))
+        assert too_long.value.param == "prompt" and too_long.value.code == "context_length_exceeded"
         with pytest.raises(RequestRejected) as too_many:
-            client.validate_request([1, 2], SamplingParams(max_tokens=255))
+            client.generate(EngineRequest("many", [1, 2], SamplingParams(max_tokens=255)))
         assert too_many.value.param == "max_tokens"
         assert client.limits.vocab_size == 512 and client.max_model_len == 256
     finally:
@@ -99,7 +100,7 @@ def test_one_client_serves_successive_event_loops_and_shuts_down_promptly(storie
     prompt = client.tokenizer.encode("Once upon a time", add_special_tokens=True)
 
     async def tokens(request_id: str) -> list[int]:
-        return [t async for delta in client.generate(request_id, prompt, params) for t in delta.outputs[0].token_ids]
+        return [t async for delta in client.generate(EngineRequest(request_id, prompt, params)) for t in delta.outputs[0].token_ids]
 
     first, second = asyncio.run(tokens("a")), asyncio.run(tokens("b"))
     started = time.monotonic()
@@ -114,7 +115,7 @@ def test_a_step_message_larger_than_the_pipe_arrives_whole(stories_dir):
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=20, logprobs=20)
 
     async def outputs():
-        return [delta async for delta in client.generate("big", prompt, params)]
+        return [delta async for delta in client.generate(EngineRequest("big", prompt, params))]
 
     try:
         deltas = asyncio.run(asyncio.wait_for(outputs(), timeout=60))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 from ember.engine.config import SchedulerConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import Scheduler, SchedulerOutput
@@ -42,7 +43,7 @@ class Bench:
     ) -> Request:
         params = SamplingParams(n=n, max_tokens=max_tokens)
         arrival_index = next(self._arrivals)
-        request = Request(request_id, list(prompt), params, priority=priority, arrival_index=arrival_index)
+        request = Request(EngineRequest(request_id, list(prompt), params, priority=priority), arrival_index=arrival_index)
         forks = n > 1 and len(prompt) > 1
         request.sequences = [make_sequence(request, i, None, prompt) for i in range(1 if forks else n)]
         request.sequences[0].fork_pending = forks

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ember.engine.config import SpeculativeConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.request import Request, Sequence, SequenceStatus
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.spec.ngram import NgramIndex
@@ -97,7 +98,7 @@ class PricedProposer:
 def _decoding(max_tokens: int, num_prompt: int = 8) -> Sequence:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     tokens = list(range(num_prompt + 1))
-    seq = Sequence("s", Request("r", tokens[:num_prompt], params), 0, tokens, num_prompt)
+    seq = Sequence("s", Request(EngineRequest("r", tokens[:num_prompt], params)), 0, tokens, num_prompt)
     seq.status = SequenceStatus.RUNNING
     seq.num_computed_tokens = len(tokens) - 1
     return seq
@@ -203,7 +204,7 @@ def _decoding_batch(size: int, params: SamplingParams | None = None) -> list[Seq
     params = params or SamplingParams(temperature=0.0, max_tokens=100)
     batch = []
     for i in range(size):
-        seq = Sequence(f"s{i}", Request(f"r{i}", list(range(8)), params), 0, list(range(9)), 8)
+        seq = Sequence(f"s{i}", Request(EngineRequest(f"r{i}", list(range(8)), params)), 0, list(range(9)), 8)
         seq.status = SequenceStatus.RUNNING
         seq.num_computed_tokens = 8
         batch.append(seq)

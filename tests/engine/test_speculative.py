@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ember.engine.config import EngineConfig, SpeculativeConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.request import Request, Sequence
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.spec.draft_model import DraftModelProposer
@@ -199,7 +200,7 @@ def test_a_lookup_drafts_deeper_than_a_priced_proposer_unless_told():
 def _fresh_sequence(prompt_len: int) -> Sequence:
     params = SamplingParams(temperature=0, max_tokens=8)
     prompt = [1] * prompt_len
-    return Sequence("fresh", Request("fresh", prompt, params), 0, list(prompt), prompt_len)
+    return Sequence("fresh", Request(EngineRequest("fresh", prompt, params)), 0, list(prompt), prompt_len)
 
 
 def test_a_draft_model_shorter_than_the_calibration_prompts_calibrates_within_its_length(tiny_models):

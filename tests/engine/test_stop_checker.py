@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ember.engine.engine_request import EngineRequest
 from ember.engine.request import Request, make_sequence
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.stop_checker import StopChecker
@@ -29,7 +30,7 @@ class LetterTokenizer(Tokenizer):
 
 def _sequence(params: SamplingParams):
     tokenizer = LetterTokenizer()
-    request = Request("r", [1, 2], params)
+    request = Request(EngineRequest("r", [1, 2], params))
     return make_sequence(request, 0, tokenizer, [1, 2]), StopChecker(frozenset({EOS}), max_model_len=12)
 
 

@@ -1,4 +1,4 @@
-"""`POST /v1/responses` through the gateway: ember's own server (on a fake engine) and test backends
+"""`POST /v1/responses` through the gateway: ember's own server (on the real engine, a tiny model) and test backends
 behind it, read with the `openai` client. Whole and streamed responses, their billing from the
 Responses API's usage (budgets, token limits, a stream cut by its client), retries before the first
 delta but not after, the cache for whole responses only, and models whose backends speak only
@@ -23,27 +23,33 @@ from ember.gateway.app import build_app
 from ember.gateway.config import AccountingConfig, config_from_dict, hash_key
 from ember.gateway.sqlite_store import SQLiteStore
 from ember.gateway.store import window_of
-from ember.server import ServerConfig
-from ember.server import build_app as build_server_app
 from tests.gateway.backends import Behaviour, FakeBackend
 from tests.gateway.harness import ThreadedApp
-from tests.server.fake_engine import FAKE_REPLY, FakeEngine
 from tests.server.harness import ThreadedServer, assert_openai_error, parse_sse
+from tests.server.real_engine import MODEL, tiny_app, tiny_engine
 
 KEY = "sk-k"
 
 
 @pytest.fixture(scope="module")
-def ember():
-    """ember's server (its real /v1/responses) on a fake engine whose tokenizer makes a token of each byte."""
-    with ThreadedServer(build_server_app(FakeEngine(step_s=0.002, max_model_len=256), ServerConfig())) as server:
+def engine(tiny_model_dir, smollm2_tokenizer_dir):
+    """The real engine over the tiny model, shared by the module's ember servers."""
+    engine = tiny_engine(tiny_model_dir, smollm2_tokenizer_dir)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ember(engine):
+    """ember's server (its real /v1/responses) on the real engine."""
+    with ThreadedServer(tiny_app(engine)) as server:
         yield server
 
 
 def gateway_config(tmp_path, backends: list[dict], **overrides) -> dict:
     config = {
         "backends": [{"first_token_timeout_s": 2, "timeout_s": 5, **backend} for backend in backends],
-        "models": [{"name": "m", "backends": [backend["name"] for backend in backends], "upstream_model": "fake-model",
+        "models": [{"name": "m", "backends": [backend["name"] for backend in backends], "upstream_model": MODEL,
                     "price": {"input_per_million": 1.0, "output_per_million": 2.0}}],  # fmt: skip
         "keys": [{"name": "k", "key_sha256": hash_key(KEY)}],
         "retry": {"max_attempts": 3, "backoff_base_s": 0.01, "backoff_max_s": 0.02},
@@ -72,19 +78,21 @@ def ledger(tmp_path) -> list[tuple[str, int, int, int]]:
     return [(row.status, row.prompt_tokens, row.completion_tokens, row.cost_nano_usd) for row in rows]
 
 
-def prompt_bytes(*turns: tuple[str, str]) -> int:
-    """The fake engine's prompt tokens for a conversation: the bytes of its rendered chat template."""
-    return len("".join(f"<|{role}|>{text}\n" for role, text in turns) + "<|assistant|>")
+def prompt_tokens(engine, *turns: tuple[str, str]) -> int:
+    """The engine's prompt tokens for a conversation: its rendered chat template, tokenized."""
+    return len(engine.tokenizer.encode("".join(f"<|{role}|>{text}\n" for role, text in turns) + "<|assistant|>"))
 
 
-def test_a_response_is_embers_whole_response_with_the_default_cap_and_is_billed_from_its_usage(ember, tmp_path):
+def test_a_response_is_embers_whole_response_with_the_default_cap_and_is_billed_from_its_usage(ember, engine, tmp_path):
     with ember_gateway(ember, tmp_path, accounting={"default_max_tokens": 6}) as gateway:
         response = client_of(gateway).responses.create(model="m", input="Hi", instructions="Be brief.", temperature=0)
         metrics = httpx.get(gateway.base_url + "/metrics").text
-    input_tokens = prompt_bytes(("system", "Be brief."), ("user", "Hi"))
+    direct = openai.OpenAI(base_url=ember.base_url + "/v1", api_key="none", max_retries=0).responses.create(
+        model=MODEL, input="Hi", instructions="Be brief.", temperature=0, max_output_tokens=6)
+    input_tokens = prompt_tokens(engine, ("system", "Be brief."), ("user", "Hi"))
     assert response.object == "response" and response.id.startswith("resp_")
     # The gateway capped the request in the field ember knows (it refuses max_tokens here).
-    assert response.max_output_tokens == 6 and response.output_text == FAKE_REPLY[:6] and response.status == "incomplete"
+    assert response.max_output_tokens == 6 and response.output_text == direct.output_text and response.status == "incomplete"
     assert (response.usage.input_tokens, response.usage.output_tokens) == (input_tokens, 6)
     assert ledger(tmp_path) == [("ok", input_tokens, 6, input_tokens * 1000 + 6 * 2000)]
     assert f'ember_gateway_tokens_total{{key="k",kind="prompt",model="m"}} {float(input_tokens)}' in metrics
@@ -92,18 +100,21 @@ def test_a_response_is_embers_whole_response_with_the_default_cap_and_is_billed_
     assert 'ember_gateway_requests_total{key="k",model="m",status="ok"} 1.0' in metrics
 
 
-def test_a_streamed_response_arrives_event_by_event_and_is_billed_from_its_final_event(ember, tmp_path):
+def test_a_streamed_response_arrives_event_by_event_and_is_billed_from_its_final_event(ember, engine, tmp_path):
     with ember_gateway(ember, tmp_path) as gateway:
-        events = list(client_of(gateway).responses.create(model="m", input="Hi", max_output_tokens=7, stream=True))
-        raw = httpx.post(gateway.base_url + "/v1/responses", json={"model": "m", "input": "Hi", "max_output_tokens": 3, "stream": True},
+        events = list(client_of(gateway).responses.create(model="m", input="Hi", max_output_tokens=7, temperature=0, stream=True))
+        raw = httpx.post(gateway.base_url + "/v1/responses", json={"model": "m", "input": "Hi", "max_output_tokens": 3, "temperature": 0,
+                                                                   "stream": True},
                          headers={"authorization": f"Bearer {KEY}"}, timeout=10)  # fmt: skip
         metrics = httpx.get(gateway.base_url + "/metrics").text
     kinds = [event.type for event in events]
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"]
     assert [event.sequence_number for event in events] == list(range(len(events)))
-    assert "".join(event.delta for event in events if event.type == "response.output_text.delta") == FAKE_REPLY[:7]
-    input_tokens = prompt_bytes(("user", "Hi"))
+    direct = openai.OpenAI(base_url=ember.base_url + "/v1", api_key="none", max_retries=0).responses.create(
+        model=MODEL, input="Hi", temperature=0, max_output_tokens=7)
+    assert "".join(event.delta for event in events if event.type == "response.output_text.delta") == direct.output_text
+    input_tokens = prompt_tokens(engine, ("user", "Hi"))
     assert (events[-1].response.usage.input_tokens, events[-1].response.usage.output_tokens) == (input_tokens, 7)
     # Each event keeps its `event:` line; the stream ends with [DONE] as ember's does.
     assert raw.text.startswith("event: response.created\ndata: ") and parse_sse(raw.text)[-1] == "[DONE]"
@@ -111,38 +122,41 @@ def test_a_streamed_response_arrives_event_by_event_and_is_billed_from_its_final
     assert 'ember_gateway_tokens_total{key="k",kind="completion",model="m"} 10.0' in metrics
 
 
-def test_a_budget_admits_responses_by_their_bound_and_settles_them_to_their_usage(ember, tmp_path):
+def test_a_budget_admits_responses_by_their_bound_and_settles_them_to_their_usage(ember, engine, tmp_path):
     # Bound: "Hi" is 2 bytes + 16 x 2 template tokens = 34 input, 4 output: 34000 + 8000 = 42000 nano-USD.
-    # Used: 24 input (the rendered template), 4 output: 24000 + 8000 = 32000. Settled to that, a
-    # 110000 budget admits 3 (2 x 32000 + 42000 fits, 3 x 32000 + 42000 does not); settled to the
-    # bound it would admit 2.
-    keys = [{"name": "k", "key_sha256": hash_key(KEY), "budget_usd": 0.00011}]
+    # Used: the rendered template's tokens, 4 output. Settled to that, a budget of 2 x used + bound + half a used admits
+    # 3 (2 x used + bound fits, 3 x used + bound does not); settled to the bound it would admit 2.
+    used_tokens = prompt_tokens(engine, ("user", "Hi"))
+    used = used_tokens * 1000 + 4 * 2000
+    assert used < 42000 / 1.5  # the prompt's bound is well above what it uses, or the test would not tell them apart
+    keys = [{"name": "k", "key_sha256": hash_key(KEY), "budget_usd": (2.5 * used + 42000) / 1e9}]
     with ember_gateway(ember, tmp_path, keys=keys) as gateway:
-        body = {"model": "m", "input": "Hi", "max_output_tokens": 4}
+        body = {"model": "m", "input": "Hi", "max_output_tokens": 4, "temperature": 0}
         responses = [httpx.post(gateway.base_url + "/v1/responses", json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=10)
                      for _ in range(5)]  # fmt: skip
-    assert prompt_bytes(("user", "Hi")) == 24
     assert [response.status_code for response in responses] == [200, 200, 200, 429, 429]
     assert assert_openai_error(responses[3], 429)["code"] == "budget_exceeded"
-    assert ledger(tmp_path) == [("ok", 24, 4, 32000)] * 3
+    assert ledger(tmp_path) == [("ok", used_tokens, 4, used)] * 3
 
 
-def test_a_token_limit_counts_streamed_responses_at_their_final_usage(ember, tmp_path):
-    # Bound 34 + 4 = 38 tokens, used 24 + 4 = 28: a 94-token minute admits 3 (2 x 28 + 38), not 2 (2 x 38 + 38 > 94).
-    keys = [{"name": "k", "key_sha256": hash_key(KEY), "tpm": 94}]
+def test_a_token_limit_counts_streamed_responses_at_their_final_usage(ember, engine, tmp_path):
+    # Bound 34 + 4 = 38 tokens, used (the rendered template's) + 4: a minute of 2 x used + 38 admits 3, not 2 (3 x 38 > it).
+    used_tokens = prompt_tokens(engine, ("user", "Hi"))
+    keys = [{"name": "k", "key_sha256": hash_key(KEY), "tpm": 2 * (used_tokens + 4) + 38}]
     with ember_gateway(ember, tmp_path, keys=keys) as gateway:
         client = client_of(gateway)
         started = time.time()
         outcomes = []
         for _ in range(4):
             try:
-                outcomes.append(list(client.responses.create(model="m", input="Hi", max_output_tokens=4, stream=True))[-1].type)
+                outcomes.append(list(client.responses.create(model="m", input="Hi", max_output_tokens=4, temperature=0,
+                                                             stream=True))[-1].type)  # fmt: skip
             except openai.RateLimitError as error:
                 outcomes.append(error.code)
     if window_of(started) != window_of(time.time()):
         pytest.skip("the requests straddled a one-minute rate window boundary; rerun")
     assert outcomes == ["response.incomplete"] * 3 + ["rate_limit_exceeded"]
-    assert [row[:3] for row in ledger(tmp_path)] == [("ok", 24, 4)] * 3
+    assert [row[:3] for row in ledger(tmp_path)] == [("ok", used_tokens, 4)] * 3
 
 
 def test_a_responses_stream_cut_by_the_client_is_billed_for_the_deltas_it_received(tmp_path):
@@ -254,10 +268,10 @@ def test_a_responses_conversation_is_bounded_and_routed_like_the_same_chat():
     assert prompt_text("/responses", {"instructions": "Use tools.", "input": "Hello"}) == prompt_text("/chat/completions", chat)
 
 
-def test_a_continued_response_reaches_the_server_that_stored_it_and_reads_go_there_too(tmp_path):
+def test_a_continued_response_reaches_the_server_that_stored_it_and_reads_go_there_too(engine, tmp_path):
     """Two ember servers behind round-robin routing: each keeps only the responses it answered, so continuations
     (whole and streamed) and reads must follow the response; another tenant's key cannot read it."""
-    servers = [ThreadedServer(build_server_app(FakeEngine(step_s=0.001, max_model_len=512), ServerConfig())) for _ in range(2)]
+    servers = [ThreadedServer(tiny_app(engine)) for _ in range(2)]  # one engine, two servers each with its own store
     with servers[0] as first, servers[1] as second:
         backends = [{"name": "a", "url": first.base_url + "/v1"}, {"name": "b", "url": second.base_url + "/v1"}]
         config = gateway_config(tmp_path, backends)

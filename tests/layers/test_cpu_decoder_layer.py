@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.layers.cpu_decoder_layer import (
@@ -57,7 +58,7 @@ def make_engine(folder, dtype: str) -> LLMEngine:
     engine = LLMEngine(config)
     prompts = [[5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 11], [4, 4, 1], [7, 3, 9, 12, 2, 5, 5, 1, 9, 3, 3, 8, 2, 7, 1, 6, 4]]
     for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        engine.add_request(EngineRequest(str(i), prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)))
     return engine
 
 

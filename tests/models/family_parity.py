@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
@@ -62,7 +63,7 @@ def ember_prompt_logits(folder: Path, prompts: list[list[int]], max_model_len: i
     cache = CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=256)
     engine = LLMEngine(EngineConfig(model=str(folder), cache=cache, max_model_len=max_model_len))
     for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=1))
+        engine.add_request(EngineRequest(str(i), prompt, SamplingParams(max_tokens=1)))
     plan = engine.scheduler.schedule()
     assert len(plan.scheduled) == len(prompts)
     input_ids, positions, metadata = engine.runner._prepare(plan.scheduled)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from tests.model_factory import save_tiny_model
@@ -75,7 +76,7 @@ BUILDERS = {
 def _ember_logits(folder: Path, prompts: list[list[int]], dtype: str) -> list[torch.Tensor]:
     engine = LLMEngine(EngineConfig(model=str(folder), dtype=dtype, cache=CacheConfig(block_size=4, num_kv_blocks=128)))
     for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=1))
+        engine.add_request(EngineRequest(str(i), prompt, SamplingParams(max_tokens=1)))
     plan = engine.scheduler.schedule()
     input_ids, positions, metadata = engine.runner._prepare(plan.scheduled)
     with torch.inference_mode():

@@ -9,6 +9,7 @@ import transformers
 from torch.overrides import TorchFunctionMode
 
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
@@ -120,7 +121,7 @@ def test_decode_steps_never_expand_the_latent(tmp_path):
     folder = _deepseek_v2(tmp_path)
     engine = LLMEngine(EngineConfig(model=str(folder), cache=CacheConfig(block_size=4, num_kv_blocks=64)))
     weights = [layer.self_attn.kv_b_proj.weight for layer in engine.runner.model.model.layers]
-    engine.add_request("r", list(range(1, 30)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    engine.add_request(EngineRequest("r", list(range(1, 30)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)))
     expansions_per_step = []
     while engine.has_unfinished_requests():
         with LinearCallCounter(weights) as counter:

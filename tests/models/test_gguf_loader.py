@@ -13,6 +13,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
+from ember.engine.engine_request import EngineRequest
 from ember.gguf_file import GGUFFile
 from ember.models.gguf_loader import read_gguf_config, unpermute_rope
 from ember.models.loader import load_model
@@ -204,7 +205,7 @@ def _prompt_logprobs(gguf_path: Path, prompt: list[int]) -> torch.Tensor:
     from ember.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=str(gguf_path), tokenizer=None, cache=CacheConfig(num_kv_blocks=16)))
-    engine.add_request("r", prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
+    engine.add_request(EngineRequest("r", prompt, SamplingParams(max_tokens=1, prompt_logprobs=0)))
     outputs = []
     while engine.has_unfinished_requests():
         outputs.extend(engine.step())
@@ -359,7 +360,7 @@ def _greedy_tokens(gguf_path: Path, dtype: str, activations: str) -> list[int]:
 
     engine = LLMEngine(EngineConfig(model=str(gguf_path), tokenizer=None, dtype=dtype, quant_activations=activations,
                                     cache=CacheConfig(num_kv_blocks=16)))
-    engine.add_request("r", list(range(3, 40)), SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+    engine.add_request(EngineRequest("r", list(range(3, 40)), SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)))
     tokens: list[int] = []
     while engine.has_unfinished_requests():
         for output in engine.step():  # step deltas: each holds the tokens new since the last

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
@@ -47,7 +48,7 @@ def _ember_batch_logits(folder: Path, prompts: list[list[int]]) -> list[torch.Te
     """Logits of every prompt position, all prompts in one flat batch (one forward pass)."""
     engine = LLMEngine(EngineConfig(model=str(folder), cache=CacheConfig(block_size=4, num_kv_blocks=256)))
     for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=1))
+        engine.add_request(EngineRequest(str(i), prompt, SamplingParams(max_tokens=1)))
     plan = engine.scheduler.schedule()
     assert len(plan.scheduled) == len(prompts)
     input_ids, positions, metadata = engine.runner._prepare(plan.scheduled)

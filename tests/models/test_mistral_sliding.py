@@ -6,6 +6,7 @@ import pytest
 import transformers
 
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
@@ -68,7 +69,7 @@ def test_greedy_generation_past_the_window_matches_transformers(model_folder):
 def test_a_windowed_request_holds_window_plus_one_block_while_decoding_ten_windows(tmp_path, make_model):
     folder = make_model(tmp_path)
     engine = LLMEngine(EngineConfig(model=str(folder), cache=CacheConfig(block_size=4, num_kv_blocks=80)))
-    engine.add_request("r", list(range(10)), SamplingParams(temperature=0, max_tokens=10 * WINDOW, ignore_eos=True))
+    engine.add_request(EngineRequest("r", list(range(10)), SamplingParams(temperature=0, max_tokens=10 * WINDOW, ignore_eos=True)))
     windowed = engine.kv.group_windows.index(WINDOW)
     most_held = [0] * len(engine.kv.group_windows)
     while engine.has_unfinished_requests():

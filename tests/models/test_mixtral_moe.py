@@ -8,6 +8,7 @@ import transformers
 
 from ember.config.model import MoEConfig
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.layers.moe import GatedMLP, SparseMoE, group_by_expert, route_top_k
@@ -117,7 +118,7 @@ def test_a_forward_of_many_tokens_calls_each_chosen_expert_once_whatever_the_tok
         for number, expert in enumerate(layer.experts):
             expert.register_forward_hook(lambda _m, inputs, _o, index=index, number=number: calls[index][number].append(inputs[0].shape[0]))
     for i, prompt in enumerate(make_prompts(VOCAB, (20, 25, 15))):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=1))
+        engine.add_request(EngineRequest(str(i), prompt, SamplingParams(max_tokens=1)))
     engine.step()
     assert engine.stats().computed_tokens_total == 60
     for index, layer in enumerate(layers):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -40,7 +41,7 @@ def prompts() -> dict[str, list[int]]:
 
 def run(engine: LLMEngine, request_id: str, prompt: list[int], params: SamplingParams) -> RequestOutput:
     """Run one request alone to its end; its accumulated output."""
-    engine.add_request(request_id, prompt, params)
+    engine.add_request(EngineRequest(request_id, prompt, params))
     accumulator = OutputAccumulator(request_id, params.n)
     while engine.has_unfinished_requests():
         for output in engine.step():

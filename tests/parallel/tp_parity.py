@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ember.engine.engine_request import EngineRequest
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
 from ember.parallel.volume import parallel_volume
@@ -20,7 +21,7 @@ def prompt_logits(llm: LLM, prompts: list[list[int]]) -> list[torch.Tensor]:
     """Logits of every prompt position, all prompts in one flat batch; the requests are dropped after."""
     engine = llm.engine
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"logits-{i}", prompt, SamplingParams(max_tokens=1))
+        engine.add_request(EngineRequest(f"logits-{i}", prompt, SamplingParams(max_tokens=1)))
     plan = engine.scheduler.schedule()
     assert [item.num_new_tokens for item in plan.scheduled] == [len(p) for p in prompts]
     logits = engine.runner.all_logits(plan)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
@@ -98,7 +99,7 @@ def test_weights_blocks_cannot_hold_load_as_exact_float32(sources, tmp_path, cap
 def _prompt_logits(folder: Path) -> list[torch.Tensor]:
     engine = LLMEngine(EngineConfig(model=str(folder), quant_activations="float32", cache=CacheConfig(block_size=4, num_kv_blocks=256)))
     for i, prompt in enumerate(PROMPTS):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=1))
+        engine.add_request(EngineRequest(str(i), prompt, SamplingParams(max_tokens=1)))
     plan = engine.scheduler.schedule()
     input_ids, positions, metadata = engine.runner._prepare(plan.scheduled)
     with torch.inference_mode():

@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 from ember.cli.main import main
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
 from ember.models.loader import load_model
@@ -44,7 +45,7 @@ def calib(shared_dir) -> Path:
 
 def _greedy(model: str, dtype: str, activations: str = "int8") -> list[int]:
     engine = LLMEngine(EngineConfig(model=model, dtype=dtype, quant_activations=activations, cache=CacheConfig(num_kv_blocks=16)))
-    engine.add_request("r", list(range(5, 40)), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    engine.add_request(EngineRequest("r", list(range(5, 40)), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)))
     tokens: list[int] = []
     while engine.has_unfinished_requests():
         for output in engine.step():  # step deltas: each holds the tokens new since the last
@@ -177,7 +178,7 @@ def test_an_existing_out_folder_is_never_overwritten(tiny_folder, tmp_path):
 
 
 def _prompt_logprobs(engine: LLMEngine, request_id: str, prompt: list[int]) -> torch.Tensor:
-    engine.add_request(request_id, prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
+    engine.add_request(EngineRequest(request_id, prompt, SamplingParams(max_tokens=1, prompt_logprobs=0)))
     outputs = []
     while engine.has_unfinished_requests():
         outputs.extend(engine.step())
@@ -240,7 +241,7 @@ def test_smoothquant_checkpoint_loads_w8a8_layers_that_run_like_their_float_copy
     dequantized = _prompt_logprobs(_engine(checkpoint, "float32"), "float", prompt)
     assert (w8a8 - dequantized).abs().max() < W8A8_LOGPROB_BOUND  # only the per-token activation rounding differs
     engine = _engine(checkpoint, "auto")
-    engine.add_request("generate", prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    engine.add_request(EngineRequest("generate", prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)))
     generated: list[int] = []
     while engine.has_unfinished_requests():
         for output in engine.step():

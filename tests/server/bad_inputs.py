@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import httpx
+
 
 @dataclass
 class BadRequest:
@@ -16,6 +18,15 @@ class BadRequest:
     status_code: int = 400
     param: str | None = None
     message_mentions: str | None = None
+
+
+def send(client: httpx.Client, bad: BadRequest) -> httpx.Response:
+    """Send one bad request as its body says (JSON, raw bytes, or none)."""
+    if isinstance(bad.body, bytes):
+        return client.request(bad.method, bad.path, content=bad.body, headers={"content-type": "application/json"})
+    if bad.body is None:
+        return client.request(bad.method, bad.path)
+    return client.request(bad.method, bad.path, json=bad.body)
 
 
 def bad_requests(model: str, max_model_len: int) -> list[BadRequest]:

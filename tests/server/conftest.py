@@ -1,4 +1,5 @@
-"""Fixtures of the server tests: a real `serve` process on the SmolLM2 GGUF."""
+"""Fixtures of the server tests: a real `serve` process on the SmolLM2 GGUF or a tiny model, or the real engine
+over the tiny model in this process (tests/server/real_engine.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.server.harness import ServeProcess, smollm2_server_process, tiny_server_process
+from tests.server.real_engine import RecordingEngine, tiny_engine
 
 
 @pytest.fixture(scope="module")
@@ -18,28 +20,6 @@ def smollm2_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory)
     with server:
         yield server
     assert server.returncode is not None, "the server did not stop when terminated"
-
-
-TINY_CONTEXT = 2048
-
-
-@pytest.fixture(scope="session")
-def smollm2_tokenizer_dir(shared_dir: Path) -> Path:
-    """The SmolLM2 tokenizer folder (tokenizer.json with its chat template) from the shared assets."""
-    path = shared_dir / "tokenizers" / "smollm2"
-    if not (path / "tokenizer.json").is_file():
-        pytest.skip(f"{path}/tokenizer.json is missing from the shared assets")
-    return path
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama whose vocabulary fits the SmolLM2 tokenizer (fast to serve, real tokenizer)."""
-    from tests.model_factory import save_tiny_model
-
-    return save_tiny_model(
-        "llama", tmp_path_factory.mktemp("tiny-llama-smollm2"), vocab_size=49152, max_position_embeddings=TINY_CONTEXT
-    )
 
 
 TINY_KV_BLOCKS = 40  # x 16 tokens: a few concurrent requests fill it, so load forces preemption
@@ -57,3 +37,11 @@ def tiny_server(
     with process:
         yield process
     assert process.returncode is not None, "the server did not stop when terminated"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path, smollm2_tokenizer_dir: Path) -> Iterator[RecordingEngine]:
+    """The real engine over the tiny model for one test module (256 tokens of context), recording what reaches it."""
+    recording = RecordingEngine(tiny_engine(tiny_model_dir, smollm2_tokenizer_dir))
+    yield recording
+    recording.shutdown()

@@ -1,4 +1,4 @@
-"""`POST /v1/responses` over a fake engine: the Responses API's objects and stream events as the `openai`
+"""`POST /v1/responses` over the real engine: the Responses API's objects and stream events as the `openai`
 client reads them, its input items as the conversation they amount to, its refusals as named 400s."""
 
 from __future__ import annotations
@@ -7,23 +7,15 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from ember.server import ServerConfig, build_app
 from ember.server.responses_api import ResponsesRequest
 from ember.server.responses_conversion import chat_messages
-from tests.server.fake_engine import FAKE_REPLY, FakeEngine
 from tests.server.harness import ThreadedServer, assert_openai_error, parse_sse
-
-MODEL = "fake-model"
-
-
-@pytest.fixture(scope="module")
-def engine() -> FakeEngine:
-    return FakeEngine(step_s=0.002, max_model_len=256)
+from tests.server.real_engine import MODEL, RecordingEngine, tiny_app
 
 
 @pytest.fixture(scope="module")
-def server(engine: FakeEngine):
-    with ThreadedServer(build_app(engine, ServerConfig())) as running:
+def server(engine: RecordingEngine):
+    with ThreadedServer(tiny_app(engine)) as running:
         yield running
 
 
@@ -32,14 +24,15 @@ def client(server: ThreadedServer) -> OpenAI:
     return OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
 
 
-def expected_text(num_tokens: int) -> str:
-    return (FAKE_REPLY * (num_tokens // len(FAKE_REPLY) + 1))[:num_tokens]
+def chat_reply(client: OpenAI, messages: list[dict], max_tokens: int) -> str:
+    """The greedy chat reply the same conversation gets."""
+    return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0).choices[0].message.content
 
 
-def test_a_response_carries_its_text_status_and_usage_as_the_client_reads_them(client: OpenAI, engine: FakeEngine) -> None:
+def test_a_response_carries_its_text_status_and_usage_as_the_client_reads_them(client: OpenAI, engine: RecordingEngine) -> None:
     response = client.responses.create(model=MODEL, input="Hi", instructions="Be brief.", max_output_tokens=9, temperature=0)
     assert response.object == "response" and response.id.startswith("resp_") and response.model == MODEL
-    assert response.output_text == expected_text(9)
+    assert response.output_text == chat_reply(client, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], 9)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     (message,) = response.output
     assert message.type == "message" and message.role == "assistant" and message.content[0].type == "output_text"
@@ -50,16 +43,17 @@ def test_a_response_carries_its_text_status_and_usage_as_the_client_reads_them(c
 
 
 def test_a_streamed_response_is_numbered_typed_events_ending_with_the_whole_response(client: OpenAI) -> None:
-    events = list(client.responses.create(model=MODEL, input="Hi", max_output_tokens=7, stream=True))
+    events = list(client.responses.create(model=MODEL, input="Hi", max_output_tokens=7, temperature=0, stream=True))
+    expected = chat_reply(client, [{"role": "user", "content": "Hi"}], 7)
     kinds = [event.type for event in events]
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"]
     assert [event.sequence_number for event in events] == list(range(len(events)))
     deltas = [event for event in events if event.type == "response.output_text.delta"]
-    assert "".join(event.delta for event in deltas) == expected_text(7)
+    assert "".join(event.delta for event in deltas) == expected
     assert len({event.item_id for event in deltas}) == 1 and deltas[0].item_id == events[2].item.id
     final = events[-1].response
-    assert final.output_text == expected_text(7) and final.usage.output_tokens == 7 and final.id == events[0].response.id
+    assert final.output_text == expected and final.usage.output_tokens == 7 and final.id == events[0].response.id
     assert events[0].response.status == "in_progress" and events[0].response.output == []
 
 
@@ -86,12 +80,12 @@ def test_input_items_become_the_conversation_calls_and_results_included() -> Non
 
 def test_a_history_with_tool_results_is_served(client: OpenAI) -> None:
     tool = {"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
-    response = client.responses.create(model=MODEL, tools=[tool], max_output_tokens=4, input=[
+    response = client.responses.create(model=MODEL, tools=[tool], max_output_tokens=4, temperature=0, input=[
         {"role": "user", "content": "Weather?"},
         {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": '{"city": "Paris"}'},
         {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
     ])  # fmt: skip
-    assert response.output_text == expected_text(4) and response.tools[0].name == "weather" and response.tool_choice == "auto"
+    assert response.usage.output_tokens == 4 and response.tools[0].name == "weather" and response.tool_choice == "auto"
 
 
 @pytest.mark.parametrize(("body", "param"), [

@@ -10,13 +10,12 @@ import pytest
 from openai import OpenAI
 
 from ember.engine.sampling_defaults import SamplingDefaults, sampling_defaults
-from ember.server.app import build_app
 from ember.server.cli import with_generation_config
 from ember.server.config import ServerConfig
 from ember.server.protocol import ChatCompletionRequest
 from ember.server.requests import chat_sampling_params
-from tests.server.fake_engine import FakeEngine
 from tests.server.harness import ThreadedServer
+from tests.server.real_engine import MODEL, RecordingEngine, tiny_app
 
 QWEN_LIKE = {"bos_token_id": 1, "do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05,
              "max_new_tokens": 9}
@@ -41,13 +40,16 @@ def test_a_folders_generation_config_fills_what_a_request_leaves_out(folder):
     assert sampling_defaults(str(folder), None) == sampling_defaults("auto", folder)
 
 
-def test_the_served_api_answers_with_the_models_defaults(folder):
-    config = with_generation_config(ServerConfig(), "auto", str(folder))
-    with ThreadedServer(build_app(FakeEngine(step_s=0.001), config)) as server:
+def test_the_served_api_answers_with_the_models_defaults(folder, engine: RecordingEngine):
+    defaults = with_generation_config(ServerConfig(), "auto", str(folder)).sampling_defaults
+    with ThreadedServer(tiny_app(engine, sampling_defaults=defaults)) as server:
         client = OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
-        chat = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "Hi"}])
+        chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], extra_body={
+            "request_id": "defaults", "ignore_eos": True})  # fmt: skip
         assert chat.usage.completion_tokens == 9 and chat.choices[0].finish_reason == "length"
-        response = client.responses.create(model="fake-model", input="Hi", max_output_tokens=4)
+        params = engine.only("chatcmpl-defaults").params
+        assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (0.7, 0.8, 20, 1.05)
+        response = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
         assert (response.temperature, response.top_p) == (0.7, 0.8)
 
 

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.server.bad_inputs import bad_requests
+from tests.server.bad_inputs import bad_requests, send
 from tests.server.harness import SERVED_MODEL, ServeProcess, assert_openai_error
 
 PROMPTS = [
@@ -124,14 +124,7 @@ def test_bad_inputs_get_openai_errors_and_leave_the_server_healthy(smollm2_serve
     assert len(table) >= 20
     with httpx.Client(base_url=base_url, timeout=60) as client:
         for bad in table:
-            if isinstance(bad.body, bytes):
-                headers = {"content-type": "application/json"}
-                response = client.request(bad.method, bad.path, content=bad.body, headers=headers)
-            elif bad.body is None:
-                response = client.request(bad.method, bad.path)
-            else:
-                response = client.request(bad.method, bad.path, json=bad.body)
-            error = assert_openai_error(response, bad.status_code)
+            error = assert_openai_error(send(client, bad), bad.status_code)
             if bad.param is not None:
                 assert error["param"] == bad.param, (bad.name, error)
         assert client.get("/health").status_code == 200

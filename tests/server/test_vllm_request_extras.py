@@ -1,4 +1,4 @@
-"""vLLM's extra request fields over a fake engine: ids, priority, truncation, token-id logprobs, echo, documents.
+"""vLLM's extra request fields over the real engine: ids, priority, truncation, token-id logprobs, echo, documents.
 
 Clients written for vLLM send these beside OpenAI's fields; each either does what vLLM does with it or is
 refused by name (a 400 naming the field), never ignored silently.
@@ -10,22 +10,16 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from ember.server import ServerConfig, build_app
-from tests.server.fake_engine import FakeEngine
 from tests.server.harness import ThreadedServer, assert_openai_error, parse_sse
+from tests.server.real_engine import GREEDY, MODEL, RecordingEngine, tiny_app
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
-def engine() -> FakeEngine:
-    return FakeEngine(step_s=0.001, max_model_len=128)
-
-
-@pytest.fixture(scope="module")
-def http(engine: FakeEngine):
-    app = build_app(engine, ServerConfig(trust_request_chat_template=True))
-    with ThreadedServer(app) as running, httpx.Client(base_url=running.base_url, timeout=30) as client:
+def http(engine: RecordingEngine):
+    with ThreadedServer(tiny_app(engine, trust_request_chat_template=True)) as running, \
+            httpx.Client(base_url=running.base_url, timeout=30) as client:  # fmt: skip
         yield client
 
 
@@ -34,85 +28,88 @@ def _refused(response: httpx.Response) -> str | None:
     return assert_openai_error(response, 400)["param"]
 
 
-def _only_request(engine: FakeEngine, prefix: str) -> str:
-    (engine_id,) = [request_id for request_id in engine.prompts if request_id.startswith(prefix)]
-    return engine_id
-
-
-def test_a_clients_request_id_names_the_response_and_the_engine_request(http: httpx.Client, engine: FakeEngine) -> None:
+def test_a_clients_request_id_names_the_response_and_the_engine_request(http: httpx.Client, engine: RecordingEngine) -> None:
     chat = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, "request_id": "trace-7"}).json()
     assert chat["id"] == "chatcmpl-trace-7"
     again = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, "request_id": "trace-7"})
     assert again.json()["id"] == "chatcmpl-trace-7"  # reused by the client: the engine still tells them apart
-    assert len([i for i in engine.prompts if i.startswith("chatcmpl-trace-7")]) == 2
+    assert len([i for i in engine.requests if i.startswith("chatcmpl-trace-7")]) == 2
     text = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "request_id": "trace-8"}).json()
     assert text["id"] == "cmpl-trace-8"
-    assert _only_request(engine, "cmpl-trace-8-0")
+    assert engine.only("cmpl-trace-8-0")
 
 
-def test_priority_reaches_the_engine(http: httpx.Client, engine: FakeEngine) -> None:
+def test_priority_reaches_the_engine(http: httpx.Client, engine: RecordingEngine) -> None:
     http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1, "request_id": "urgent", "priority": -5})
     http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "request_id": "later", "priority": 3})
     http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "request_id": "plain"})
-    assert engine.priorities[_only_request(engine, "chatcmpl-urgent")] == -5
-    assert engine.priorities[_only_request(engine, "cmpl-later")] == 3
-    assert engine.priorities[_only_request(engine, "cmpl-plain")] == 0
+    assert engine.only("chatcmpl-urgent").priority == -5
+    assert engine.only("cmpl-later").priority == 3
+    assert engine.only("cmpl-plain").priority == 0
 
 
-def test_cache_salt_reaches_the_engine(http: httpx.Client, engine: FakeEngine) -> None:
+def test_cache_salt_reaches_the_engine(http: httpx.Client, engine: RecordingEngine) -> None:
     http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1, "request_id": "salted", "cache_salt": "s3cret"})
     http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "request_id": "salted-text", "cache_salt": "pepper"})
-    assert engine.salts[_only_request(engine, "chatcmpl-salted")] == "s3cret"
-    assert engine.salts[_only_request(engine, "cmpl-salted-text")] == "pepper"
+    assert engine.only("chatcmpl-salted").cache_salt == "s3cret"
+    assert engine.only("cmpl-salted-text").cache_salt == "pepper"
     assert _refused(http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "cache_salt": ""})) == "cache_salt"
 
 
-def test_truncate_prompt_tokens_keeps_the_last_tokens_even_of_a_prompt_too_long_to_fit(http: httpx.Client, engine: FakeEngine) -> None:
-    prompt = "x" * 500 + "tail"  # 504 tokens against a context window of 128
+def test_truncate_prompt_tokens_keeps_the_last_tokens_even_of_a_prompt_too_long_to_fit(http: httpx.Client, engine: RecordingEngine) -> None:
+    prompt = " ".join(str(i) for i in range(300))  # over 256 tokens against a context window of 256
     assert _refused(http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})) == "prompt"
     reply = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "truncate_prompt_tokens": 6,
                                                "request_id": "cut"}).json()  # fmt: skip
     assert reply["usage"]["prompt_tokens"] == 6
-    assert engine.prompts[_only_request(engine, "cmpl-cut")] == list(b"xxtail")
+    assert engine.only("cmpl-cut").prompt_token_ids == engine.tokenizer.encode(prompt, add_special_tokens=True)[-6:]
     chat = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, "truncate_prompt_tokens": 3,
                                                    "request_id": "cut-chat"}).json()  # fmt: skip
-    assert engine.prompts[_only_request(engine, "chatcmpl-cut-chat")] == list(b"t|>")  # "...<|assistant|>"
+    assert engine.only("chatcmpl-cut-chat").prompt_token_ids == engine.tokenizer.encode("<|user|>Hi\n<|assistant|>")[-3:]
     assert chat["usage"]["prompt_tokens"] == 3
     whole = http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "truncate_prompt_tokens": -1}).json()
-    assert whole["usage"]["prompt_tokens"] == 3  # BOS + "ab": shorter than the window, kept whole
+    assert whole["usage"]["prompt_tokens"] == len(engine.tokenizer.encode("ab", add_special_tokens=True))  # kept whole
 
 
-def test_return_tokens_as_token_ids_writes_logprob_tokens_as_ids(http: httpx.Client) -> None:
-    body = {"messages": MESSAGES, "max_tokens": 2, "logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True}
-    content = http.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"]["content"]
-    assert [position["token"] for position in content] == ["token_id:104", "token_id:101"]  # "he"
-    assert content[0]["bytes"] == list(b"token_id:104")
-    assert [top["token"] for top in content[0]["top_logprobs"]] == ["token_id:104", "token_id:2"]
-    legacy = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "logprobs": 1, "return_tokens_as_token_ids": True})
-    assert legacy.json()["choices"][0]["logprobs"]["tokens"] == ["token_id:104", "token_id:101"]
+def test_return_tokens_as_token_ids_writes_logprob_tokens_as_ids(http: httpx.Client, engine: RecordingEngine) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 2, "logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True,
+            "ignore_eos": True, **GREEDY}  # fmt: skip
+    reply = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    ids = engine.tokenizer.encode(reply["message"]["content"])
+    content = reply["logprobs"]["content"]
+    assert [position["token"] for position in content] == [f"token_id:{i}" for i in ids]
+    assert content[0]["bytes"] == list(f"token_id:{ids[0]}".encode())
+    assert content[0]["top_logprobs"][0]["token"] == f"token_id:{ids[0]}" and len(content[0]["top_logprobs"]) == 2
+    legacy = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "logprobs": 1, "return_tokens_as_token_ids": True,
+                                                "ignore_eos": True, **GREEDY}).json()["choices"][0]  # fmt: skip
+    assert legacy["logprobs"]["tokens"] == [f"token_id:{i}" for i in engine.tokenizer.encode(legacy["text"])]
 
 
 def test_echo_writes_the_continued_assistant_message_before_the_reply(http: httpx.Client) -> None:
     messages = [*MESSAGES, {"role": "assistant", "content": "Sure: "}]
-    body = {"messages": messages, "max_tokens": 5, "echo": True, "continue_final_message": True, "add_generation_prompt": False}
-    whole = http.post("/v1/chat/completions", json=body).json()
-    assert whole["choices"][0]["message"]["content"] == "Sure: hello"
-    *chunks, done = parse_sse(http.post("/v1/chat/completions", json={**body, "stream": True}).text)
+    body = {"messages": messages, "max_tokens": 5, "continue_final_message": True, "add_generation_prompt": False, **GREEDY}
+    reply = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+    whole = http.post("/v1/chat/completions", json={**body, "echo": True}).json()
+    assert whole["choices"][0]["message"]["content"] == "Sure: " + reply
+    *chunks, done = parse_sse(http.post("/v1/chat/completions", json={**body, "echo": True, "stream": True}).text)
     assert done == "[DONE]"
-    assert "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks) == "Sure: hello"
-    user_last = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 5, "echo": True}).json()
-    assert user_last["choices"][0]["message"]["content"] == "hello"  # only an assistant message is echoed
+    assert "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks) == "Sure: " + reply
+    user_last = {"messages": MESSAGES, "max_tokens": 5, **GREEDY}
+    plain = http.post("/v1/chat/completions", json=user_last).json()["choices"][0]["message"]["content"]
+    echoed = http.post("/v1/chat/completions", json={**user_last, "echo": True}).json()
+    assert echoed["choices"][0]["message"]["content"] == plain  # only an assistant message is echoed
 
 
-def test_documents_reach_the_chat_template_and_add_special_tokens_adds_bos(http: httpx.Client, engine: FakeEngine) -> None:
+def test_documents_reach_the_chat_template_and_add_special_tokens_asks_the_tokenizers(http: httpx.Client,
+                                                                                      engine: RecordingEngine) -> None:
     template = "{% for d in documents %}[{{ d.title }}]{% endfor %}{{ messages[-1].content }}"
     body = {"messages": MESSAGES, "max_tokens": 1, "chat_template": template, "documents": [{"title": "A"}, {"title": "B"}]}
     http.post("/v1/chat/completions", json={**body, "request_id": "docs"})
-    assert engine.prompts[_only_request(engine, "chatcmpl-docs")] == list(b"[A][B]Hi")
+    assert engine.only("chatcmpl-docs").prompt_token_ids == engine.tokenizer.encode("[A][B]Hi")
     http.post("/v1/chat/completions", json={**body, "request_id": "bos", "add_special_tokens": True})
-    assert engine.prompts[_only_request(engine, "chatcmpl-bos")] == [256, *b"[A][B]Hi"]
+    assert engine.only("chatcmpl-bos").prompt_token_ids == engine.tokenizer.encode("[A][B]Hi", add_special_tokens=True)
     http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 1, "request_id": "no-bos", "add_special_tokens": False})
-    assert engine.prompts[_only_request(engine, "cmpl-no-bos")] == list(b"ab")
+    assert engine.only("cmpl-no-bos").prompt_token_ids == engine.tokenizer.encode("ab")
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -147,13 +144,12 @@ def test_bad_values_of_vllm_fields_are_400s_naming_them(http: httpx.Client) -> N
         assert _refused(http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, **fields})) == param
 
 
-def test_openai_client_sends_them_as_extra_body() -> None:
+def test_openai_client_sends_them_as_extra_body(engine: RecordingEngine) -> None:
     """The way a vLLM user's code sends them: `extra_body` of the openai client."""
-    engine = FakeEngine(step_s=0.001, max_model_len=128)
-    with ThreadedServer(build_app(engine, ServerConfig())) as running:
+    with ThreadedServer(tiny_app(engine)) as running:
         client = OpenAI(base_url=f"{running.base_url}/v1", api_key="none", max_retries=0)
-        reply = client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=3,
-                                               extra_body={"request_id": "sdk", "priority": 2, "truncate_prompt_tokens": 4})  # fmt: skip
-    assert reply.id == "chatcmpl-sdk" and reply.choices[0].message.content == "hel"
-    (engine_id,) = engine.prompts
-    assert engine.priorities[engine_id] == 2 and len(engine.prompts[engine_id]) == 4
+        reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, extra_body={
+            "request_id": "sdk", "priority": 2, "truncate_prompt_tokens": 4, "ignore_eos": True})  # fmt: skip
+    assert reply.id == "chatcmpl-sdk" and reply.usage.completion_tokens == 3
+    sent = engine.only("chatcmpl-sdk")
+    assert sent.priority == 2 and len(sent.prompt_token_ids) == 4

@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from ember.engine.engine_request import EngineRequest
 from ember.engine.request import Request, Sequence
 from ember.engine.runner import ModelRunner, kv_cache_layout
 from ember.engine.sampling_params import SamplingParams
@@ -74,7 +75,7 @@ class TargetForward:
         scheduled = []
         for i, window in enumerate(windows):
             seq_id = f"distill-{i}"
-            seq = Sequence(seq_id, Request(seq_id, window, SamplingParams(max_tokens=1)), 0, list(window), len(window))
+            seq = Sequence(seq_id, Request(EngineRequest(seq_id, window, SamplingParams(max_tokens=1))), 0, list(window), len(window))
             if self.kv.allocate_slots(seq_id, window, 0, len(window)) is None:
                 raise RuntimeError("the training KV cache is sized for one batch of windows and must have room")
             scheduled.append(ScheduledSequence(seq, len(window)))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ember.engine.engine_request import EngineRequest
 from ember.engine.request import Request, Sequence
 from ember.engine.runner import LastHidden, ModelRunner, kv_cache_layout
 from ember.engine.sampling_params import SamplingParams
@@ -175,7 +176,7 @@ class DraftModelProposer:
         """Catch up on a throwaway prompt and draft after it (the forwards are timed as real ones), then forget it."""
         params = SamplingParams(temperature=0.0, max_tokens=CALIBRATION_DRAFTS)
         prompt = [0] * prompt_len
-        seq = Sequence("draft-calibration", Request("draft-calibration", prompt, params), 0, list(prompt), len(prompt))
+        seq = Sequence("draft-calibration", Request(EngineRequest("draft-calibration", prompt, params)), 0, list(prompt), len(prompt))
         self._catch_up(seq)
         tokens: dict[str, list[int]] = {seq.seq_id: []}
         for _ in range(1 + CALIBRATION_DRAFTS):

@@ -67,11 +67,6 @@ def test_a_finished_value_finishes_the_guide_and_a_special_token_stops_it(tokeni
     assert stuck.is_finished and not stuck.states
 
 
-def test_an_engine_without_a_tokenizer_refuses_a_json_constraint():
-    with pytest.raises(ValueError, match="tokenizer"):
-        StructuredOutputs(None, 100).check(StructuredOutput(json_object=True))
-
-
 def test_holding_a_greedy_row_keeps_an_allowed_best_token_and_masks_otherwise_as_a_sampled_row_always_is(tokenizer):
     grammar = StructuredOutputs(tokenizer, tokenizer.vocab_size).grammar(StructuredOutput(json_object=True))
     states = grammar.recognizer.read(grammar.recognizer.initial, b'{"a": ')
