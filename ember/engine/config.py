@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ember.engine.lora_request import LoRAConfig
 from ember.parallel.config import ParallelConfig, add_parallel_arguments
 
 # "auto": a quantized checkpoint stays quantized (float32 activations), a float one loads as float32.
@@ -163,7 +164,7 @@ class EngineConfig:
     """Everything needed to build an engine: which model, which tokenizer, dtype, cache, scheduler.
 
     `model` is a path (GGUF file, HF safetensors folder, llama2.c .bin) or a registered name;
-    `tokenizer` overrides the model's own tokenizer.
+    `tokenizer` overrides the model's own tokenizer. `lora`: serve LoRA adapters chosen per request (None: none).
     """
 
     model: str
@@ -178,6 +179,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     quant_activations: str = "int8"  # GGML layers: "int8" (fast, rounded per 32 values) or "float32" (exact)
     quantization: str | None = None  # one of QUANTIZATIONS (an alias becomes its name); None: the checkpoint as it is
+    lora: LoRAConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):
@@ -189,6 +191,18 @@ class EngineConfig:
         if self.quant_activations not in QUANT_ACTIVATIONS:
             raise ValueError(f"quant_activations {self.quant_activations!r} is not supported; choose one of {', '.join(QUANT_ACTIVATIONS)}")
         self._check_quantization()
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        """Adapters run in one process on the target model only: refused with speculation or parallel ranks."""
+        if self.lora is None:
+            return
+        if self.parallel.is_parallel:
+            raise ValueError("LoRA adapters (--enable-lora) run in one process: ember does not yet split adapters across "
+                             "tensor / pipeline parallel ranks; drop --tensor-parallel-size / --pipeline-parallel-size")
+        if self.speculative.enabled:
+            raise ValueError("LoRA adapters (--enable-lora) do not yet run with speculative decoding (a draft would "
+                             "propose without the adapter); drop --speculative-method")
 
     def _check_quantization(self) -> None:
         if self.quantization is None:

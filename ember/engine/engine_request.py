@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 
+from ember.engine.lora_request import LoRARequest
 from ember.engine.rejection import RequestRejected, check
 from ember.engine.sampling_params import SamplingParams
 
@@ -22,7 +23,8 @@ class EngineRequest:
 
     `priority`: lower runs first (then arrival order), as vLLM's priority scheduling.
     `cache_salt`: mixed into its KV blocks' prefix-cache keys, so cached prefixes are shared only with
-    requests of the same salt. `prompt`: the prompt's text when it was text (echoed back in outputs).
+    requests of the same salt. `lora_request`: the LoRA adapter it runs with (None: the base model); its id joins
+    the prefix-cache keys, so two adapters never share KV blocks. `prompt`: the prompt's text when it was text (echoed back in outputs).
     The output constraint (`params.structured_output`) stays in SamplingParams, where vLLM's LLM takes it.
     """
 
@@ -32,6 +34,7 @@ class EngineRequest:
     prompt: str | None = None
     priority: int = 0
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None
 
     def __post_init__(self) -> None:
         check(isinstance(self.request_id, str) and bool(self.request_id), "request_id", "a non-empty string")
@@ -48,8 +51,10 @@ class EngineRequest:
         if self.cache_salt is not None:
             check(isinstance(self.cache_salt, str) and 0 < len(self.cache_salt) <= MAX_CACHE_SALT_CHARS, "cache_salt",
                   f"a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters")
+        check(self.lora_request is None or isinstance(self.lora_request, LoRARequest), "lora_request", "a LoRARequest or None")
 
     @property
     def cache_keys(self) -> tuple:
         """The extra keys of its blocks' prefix-cache hashes."""
-        return () if self.cache_salt is None else (self.cache_salt,)
+        salt = () if self.cache_salt is None else (self.cache_salt,)
+        return salt if self.lora_request is None else (*salt, self.lora_request.cache_key)

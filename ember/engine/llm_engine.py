@@ -17,7 +17,10 @@ from ember.engine.bad_words import bad_word_token_ids
 from ember.engine.config import DEFAULT_TREE_NODES, EngineConfig
 from ember.engine.engine_request import EngineRequest
 from ember.engine.limits import RequestLimits
+from ember.engine.lora import AdapterPool
+from ember.engine.lora_request import LoRARequest
 from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from ember.engine.rejection import RequestRejected
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
 from ember.engine.runner import (
     ModelRunner,
@@ -133,7 +136,9 @@ class LLMEngine:
         self.kv = KVCacheManager(
             num_blocks, self.block_size, config.cache.enable_prefix_caching, self.kv_layout.group_windows
         )
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        # LoRA: adapters beside the model's linears, at most max_loras of them in a step (the scheduler holds to it)
+        self.adapters = AdapterPool(loaded.model, config.lora) if config.lora is not None else None
+        self.scheduler = Scheduler(config.scheduler, self.kv, None if config.lora is None else config.lora.max_loras)
         self.limits = RequestLimits(
             vocab_size=loaded.config.vocab_size,
             max_model_len=self.max_model_len,
@@ -152,6 +157,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids, rejection, self.workers,
             self.kv_cache_dtype, keeps_last_hidden=self.speculator is not None and self.speculator.proposer.uses_last_hidden,
+            adapters=self.adapters,
         )
         self.stop_checker = StopChecker(self.eos_ids, self.max_model_len)
         self.structured_outputs = StructuredOutputs(self.tokenizer, loaded.config.vocab_size)
@@ -170,9 +176,11 @@ class LLMEngine:
 
     def add_checked_request(self, request: EngineRequest) -> None:
         """Queue a request already checked against `self.limits` (by an EngineClient at its door); ValueError when
-        its id is in use."""
+        its id is in use, RequestRejected naming "lora_request" when its adapter cannot be served."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
+        if request.lora_request is not None:
+            self.check_adapter(request.lora_request)
         params = request.params
         queued = Request(request, next(self._arrivals), bad_word_ids=bad_word_token_ids(self.tokenizer, params.bad_words))
         forks = params.n > 1 and len(request.prompt_token_ids) > 1
@@ -185,6 +193,14 @@ class LLMEngine:
         for seq in queued.sequences:
             self.scheduler.add_sequence(seq)
         self._counters["prompt_tokens"] += len(request.prompt_token_ids)
+
+    def check_adapter(self, lora_request: LoRARequest) -> None:
+        """Read the adapter `lora_request` names (kept for its requests); RequestRejected naming "lora_request" when
+        this engine serves no adapters or cannot serve this one."""
+        if self.adapters is None:
+            raise RequestRejected("this engine serves no LoRA adapters: start it with enable_lora=True (--enable-lora)",
+                                  "lora_request")
+        self.adapters.add(lora_request)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now; its blocks go back to the pool. Unknown ids are ignored."""

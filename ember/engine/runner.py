@@ -11,6 +11,7 @@ import torch
 
 from ember.config.model import ModelConfig
 from ember.engine.bad_words import banned_by_bad_words
+from ember.engine.lora import AdapterPool
 from ember.engine.request import Sequence
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.kv.cache_manager import BlockCopy, KVCacheManager
@@ -150,10 +151,13 @@ class ModelRunner:
         workers: WorkerGroup | None = None,
         cache_dtype: torch.dtype | None = None,
         keeps_last_hidden: bool = False,
+        adapters: AdapterPool | None = None,
     ) -> None:
         """`cache_dtype` None: the KV cache takes the model's parameter dtype. `keeps_last_hidden`: each
-        step's result carries the hidden state behind every sequence's newest token (a Medusa proposer's input)."""
+        step's result carries the hidden state behind every sequence's newest token (a Medusa proposer's input).
+        `adapters`: the LoRA adapter pool installed on `model` (None: no adapters)."""
         self.model = model
+        self.adapters = adapters
         self.keeps_last_hidden = keeps_last_hidden
         self.block_size = block_size
         self.kv = kv
@@ -208,6 +212,9 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.forward(plan.block_copies, input_ids, positions, metadata)
         self.caches.copy_blocks(plan.block_copies)
+        if self.adapters is not None:
+            self.adapters.prepare_step([item.seq.request.asked.lora_request for item in plan.scheduled
+                                        for _ in range(item.num_new_tokens)])
         return self.model(input_ids, positions, self.kv_caches, metadata)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -59,9 +59,11 @@ class SchedulerOutput:
 class Scheduler:
     """Continuous batching with chunked prefill, FCFS (or priority) admission, preemption by recompute."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_loras: int | None = None) -> None:
+        """`max_loras`: at most that many distinct LoRA adapters among the running sequences (None: no adapters)."""
         self.config = config
         self.kv = kv
+        self.max_loras = max_loras
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -92,7 +94,8 @@ class Scheduler:
           lowest priority, where priorities differ) is preempted by recompute: its blocks are freed and it
           goes back to the queue ahead of every sequence of its priority or lower, its output kept;
         - waiting sequences are admitted in queue order, only in steps without preemption, with
-          prefix-cache hits counted as computed and long prompts cut to fit the budget;
+          prefix-cache hits counted as computed and long prompts cut to fit the budget, and only while the
+          running sequences hold at most `max_loras` distinct adapters (each a slot of the adapter pool);
         - every sequence is in exactly one of waiting, running or finished: none lost, none twice.
         """
         out = SchedulerOutput()
@@ -196,7 +199,7 @@ class Scheduler:
             seq = self.waiting[0]
             # A running sequence about to fork will need a seat for each sibling too.
             seats_taken = sum(_seats_needed(s) for s in self.running)
-            if seats_taken + _seats_needed(seq) > self.config.max_num_seqs:
+            if seats_taken + _seats_needed(seq) > self.config.max_num_seqs or not self._adapter_fits(seq):
                 break
             prefix = self._cached_prefix(seq)
             num_uncomputed = seq.compute_target - prefix.num_tokens
@@ -214,6 +217,14 @@ class Scheduler:
             out.scheduled.append(ScheduledSequence(seq, num_new))
             out.block_copies.extend(copies)
             budget -= num_new
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """Whether `seq`'s adapter is already running or a slot is left for it (always, without an adapter)."""
+        wanted = seq.request.asked.lora_request
+        if wanted is None:
+            return True
+        running = {s.request.asked.lora_request.lora_int_id for s in self.running if s.request.asked.lora_request is not None}
+        return wanted.lora_int_id in running or len(running) < (self.max_loras or 0)
 
     def _cached_prefix(self, seq: Sequence) -> CachedPrefix:
         # At least one token is always computed: its logits are what the step samples from.
