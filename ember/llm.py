@@ -10,6 +10,7 @@ from rich.progress import Progress
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
+from ember.engine.lora_request import LoRAConfig, LoRARequest
 from ember.engine.outputs import OutputAccumulator, RequestOutput
 from ember.engine.sampling_defaults import AUTO, sampling_defaults
 from ember.engine.sampling_params import SamplingParams, embedding_params
@@ -33,7 +34,9 @@ class LLM:
     tensor parallelism: `tensor_parallel_size=T` (T - 1 worker processes; `shutdown()` stops them);
     `quantization="int8"|"int4"|"fp8"|"nf4"` rounds a float checkpoint's decoder linears as it loads (vLLM's in-flight
     quantization; "bitsandbytes" is nf4); `generation_config="auto"|"vllm"|DIR`: where `generate` and `chat` without
-    sampling params take theirs from (auto: the model folder's generation_config.json, as vLLM's LLM does).
+    sampling params take theirs from (auto: the model folder's generation_config.json, as vLLM's LLM does);
+    LoRA: `enable_lora=True, max_loras=N, max_lora_rank=R, max_cpu_loras=M` (vLLM's names), then
+    `generate(..., lora_request=LoRARequest(name, int_id, path))` per call or per prompt.
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
@@ -51,6 +54,7 @@ class LLM:
         quant_activations = options.pop("quant_activations", "int8")
         quantization = options.pop("quantization", None)
         generation_config = options.pop("generation_config", AUTO)
+        lora = _lora_config(options)
         if options:
             raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
         config = EngineConfig(
@@ -65,6 +69,7 @@ class LLM:
             scheduler=SchedulerConfig(**scheduler_fields),
             speculative=SpeculativeConfig(**speculative_fields),
             parallel=ParallelConfig(**parallel_fields),
+            lora=lora,
         )
         self.engine = LLMEngine(config, loaded=loaded)
         self.tokenizer = self.engine.tokenizer
@@ -94,17 +99,25 @@ class LLM:
         prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         show_progress: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (one params for all, or one per prompt); outputs in prompt order."""
+        """Generate for every prompt (one params for all, or one per prompt; one adapter for all, or one per prompt,
+        None the base model); outputs in prompt order."""
         batch = _as_batch(prompts)
         params = sampling_params or self.get_default_sampling_params()
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(batch)
         if len(params_list) != len(batch):
             raise ValueError(f"{len(batch)} prompts but {len(params_list)} sampling params")
-        requests = [EngineRequest(str(self._next_id + index), self.encode(prompt), request_params, prompt=_prompt_text(prompt))
-                    for index, (prompt, request_params) in enumerate(zip(batch, params_list, strict=True))]
+        adapters = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * len(batch)
+        if len(adapters) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(adapters)} LoRA requests")
+        requests = [EngineRequest(str(self._next_id + index), self.encode(prompt), request_params, prompt=_prompt_text(prompt),
+                                  lora_request=adapter)
+                    for index, (prompt, request_params, adapter) in enumerate(zip(batch, params_list, adapters, strict=True))]
         for request in requests:
             self.engine.limits.check(request)  # all of them before any runs: none left behind
+            if request.lora_request is not None:
+                self.engine.check_adapter(request.lora_request)
         self._next_id += len(requests)
         accumulators: dict[str, OutputAccumulator] = {}
         for request in requests:
@@ -130,13 +143,14 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
         chat_template_kwargs: Mapping[str, object] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a batch of them, rendered with the model's chat template.
 
         A conversation is a list of `{"role": ..., "content": ...}`; `chat_template` (template
         text) overrides the model's own. As vLLM's `LLM.chat`: `continue_final_message` goes on
         writing a last assistant turn (with `add_generation_prompt=False`), `tools` are function
-        definitions the template renders, `chat_template_kwargs` more template variables.
+        definitions the template renders, `chat_template_kwargs` more template variables; `lora_request` as `generate`.
         """
         from ember.tokenizers.chat_template import load_chat_template
 
@@ -151,7 +165,7 @@ class LLM:
                                                   continue_final_message=continue_final_message), add_special_tokens=False)
             for conversation in conversations
         ]
-        return self.generate(prompts, sampling_params, show_progress)
+        return self.generate(prompts, sampling_params, show_progress, lora_request)
 
     def _run(self, accumulators: dict[str, OutputAccumulator], show_progress: bool) -> None:
         remaining = set(accumulators)
@@ -164,6 +178,17 @@ class LLM:
                     if output.finished and output.request_id in remaining:
                         remaining.discard(output.request_id)
                         progress.advance(task)
+
+
+def _lora_config(options: dict[str, object]) -> LoRAConfig | None:
+    """vLLM's LoRA options taken out of `options`: a LoRAConfig with enable_lora=True, None without (refusing the
+    others then, as they would do nothing)."""
+    fields = {k: options.pop(k) for k in list(options) if k in LoRAConfig.__dataclass_fields__}
+    if not options.pop("enable_lora", False):
+        if fields:
+            raise TypeError(f"{', '.join(sorted(fields))} need enable_lora=True")
+        return None
+    return LoRAConfig(**fields)
 
 
 def _as_batch(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
