@@ -148,8 +148,25 @@ def load_lora_adapter(folder: str | Path, model: CausalLM, max_rank: int, dtype:
                                f"start the engine with max_lora_rank={_next_power_of_two(rank)} (--max-lora-rank)")
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     targets = adaptable_modules(model)
+    _check_target_modules(config.get("target_modules"), folder, targets)
     pairs = _lora_pairs(read_adapter_tensors(folder), folder, targets)
     return LoRAAdapter(folder, rank, _fused_products(pairs, targets, scaling, dtype))
+
+
+def _check_target_modules(target_modules: object, folder: Path, targets: dict[str, AdaptedModule]) -> None:
+    """Every module name in the config's `target_modules` list names a linear of this family (a regex is checked
+    through the tensors it produced)."""
+    if not isinstance(target_modules, list):
+        return
+    adaptable = sorted({target.rsplit(".", 1)[-1] for target in targets})
+    for name in target_modules:
+        if name not in adaptable and not any(target.endswith(f".{name}") for target in targets):
+            raise LoRAAdapterError(_lacking(folder, name, adaptable))
+
+
+def _lacking(folder: Path, module: str, adaptable: list[str]) -> str:
+    return (f"adapter {folder} targets {module!r}, which this model family has no adaptable linear for (embeddings, "
+            f"the LM head and experts are not adapted); target_modules may name: {', '.join(adaptable)}")
 
 
 def _lora_pairs(
@@ -164,9 +181,7 @@ def _lora_pairs(
             raise LoRAAdapterError(f"adapter {folder} holds {key!r}, which ember does not serve (only lora_A / lora_B "
                                    "weights of linear layers: no embedding, LM-head or DoRA tensors)")
         if module not in targets:
-            adaptable = sorted({target.rsplit(".", 1)[-1] for target in targets})
-            raise LoRAAdapterError(f"adapter {folder} targets {module!r}, which this model family has no adaptable linear "
-                                   f"for; target_modules may name: {', '.join(adaptable)}")
+            raise LoRAAdapterError(_lacking(folder, module, sorted({target.rsplit(".", 1)[-1] for target in targets})))
         halves.setdefault(module, {})[kind[0]] = tensor
     incomplete = sorted(module for module, pair in halves.items() if len(pair) != 2)
     if incomplete:
