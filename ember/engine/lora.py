@@ -89,23 +89,27 @@ class AdapterPool:
     def _fill(self, slot: int, request: LoRARequest) -> None:
         adapter = self.add(request)  # read again if it left the in-memory adapters
         for name, layer in self.layers.items():
-            layer.slots[slot] = adapter.products.get(name)
+            layer.set_slot(slot, adapter.products.get(name))
         self.slot_ids[slot] = request.lora_int_id
 
 
 def _install(model: CausalLM, rows: LoRARows, num_slots: int) -> dict[str, LoRALinear]:
-    """Wrap each adaptable linear of `model` in a LoRALinear sharing `rows`; ValueError if already adapted."""
+    """Wrap each adaptable linear of `model` in a LoRALinear reading `rows`, with `num_slots` empty slots.
+
+    Weights reused by a later engine (`LLMEngine(loaded=...)`, one engine after another as benchmarks build them)
+    already hold wrappers: the new pool takes them over, empty, and the earlier engine must not step again."""
     modules = dict(model.named_modules())
-    if any(isinstance(module, LoRALinear) for module in modules.values()):
-        raise ValueError("this model already serves adapters for another engine: load its weights again for this one")
-    names = sorted({target.module_name for target in adaptable_modules(model).values()})
     layers = {}
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        layer = LoRALinear(modules[name], rows, num_slots)
-        setattr(modules[parent_name], child, layer)
+    for name in sorted({target.module_name for target in adaptable_modules(model).values()}):
+        layer = modules[name]
+        if isinstance(layer, LoRALinear):
+            layer.reset(rows, num_slots)
+        else:
+            parent_name, _, child = name.rpartition(".")
+            layer = LoRALinear(layer, rows, num_slots)
+            setattr(modules[parent_name], child, layer)
         layers[name] = layer
-    for module in model.modules():  # a compiled layer would skip the wrappers: its Python forward calls them
-        if isinstance(module, CompilableLayer):
-            module.drop_compiled()
+    for module in model.modules():  # compiled again, through the wrappers' products (or left to the Python forward)
+        if isinstance(module, CompilableLayer) and module.drop_compiled():
+            module.compile_for_cpu()
     return layers

@@ -9,10 +9,18 @@ panels, GGML blocks, W8A8 rows: whatever `base` is); the adapter stays float bes
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
+
+from ember.layers.cpu_gemm import CompiledProduct, CompiledProductSource
+from ember.native_build import load_cpu_kernels
+
+SOURCE_PATH = Path(__file__).parent / "csrc" / "lora.c"
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,11 @@ class LoRARows:
     forward (the rows of a step are the same for every layer); empty when no row of the step has an adapter."""
 
     groups: list[tuple[int, slice | torch.Tensor]] = field(default_factory=list)
+    # For compiled callers (lora.c): the address of the step's int32 slot per row (0: no adapter in the step), and
+    # how many rows it covers; the cells stay put, so every layer's C struct points at them once.
+    slots_address: ctypes.c_void_p = field(default_factory=ctypes.c_void_p)
+    num_rows: ctypes.c_int64 = field(default_factory=ctypes.c_int64)
+    _row_slots: torch.Tensor | None = None
 
     def set_rows(self, row_slots: list[int]) -> None:
         """Group rows by their slot (-1: no adapter) for the next forward."""
@@ -46,6 +59,9 @@ class LoRARows:
             if slot >= 0:
                 by_slot.setdefault(slot, []).append(row)
         self.groups = [(slot, _as_rows(rows)) for slot, rows in by_slot.items()]
+        self._row_slots = torch.tensor(row_slots, dtype=torch.int32) if self.groups else None
+        self.slots_address.value = None if self._row_slots is None else self._row_slots.data_ptr()
+        self.num_rows.value = len(row_slots)
 
 
 def _as_rows(rows: list[int]) -> slice | torch.Tensor:
@@ -65,8 +81,36 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Module, rows: LoRARows, num_slots: int) -> None:
         super().__init__()
         self.base = base
+        self.reset(rows, num_slots)
+
+    def reset(self, rows: LoRARows, num_slots: int) -> None:
+        """Empty slots, reading `rows` (a new adapter pool taking this layer over)."""
         self.rows = rows
         self.slots: list[LoRAProduct | None] = [None] * num_slots
+        self._c_a, self._c_b = (ctypes.c_void_p * num_slots)(), (ctypes.c_void_p * num_slots)()
+        self._c_ranks = (ctypes.c_int64 * num_slots)()
+        self._c_weight = _LoRAWeight(row_slots=ctypes.addressof(rows.slots_address), num_rows=ctypes.addressof(rows.num_rows),
+                                     a=ctypes.addressof(self._c_a), b=ctypes.addressof(self._c_b),
+                                     ranks=ctypes.addressof(self._c_ranks), num_slots=num_slots)
+
+    def set_slot(self, slot: int, product: LoRAProduct | None) -> None:
+        """Put an adapter's product (None: it skips this layer) into `slot`, for the Python and the compiled path."""
+        self.slots[slot] = product
+        self._c_a[slot] = None if product is None else product.a.data_ptr()
+        self._c_b[slot] = None if product is None else product.b.data_ptr()
+        self._c_ranks[slot] = 0 if product is None else product.a.shape[0]
+
+    def compiled_product(self) -> CompiledProduct | None:
+        """The base's compiled product with the slots' products after it (lora.c), for the compiled decoder layer;
+        None where the base has none or the kernel is unavailable (the Python forward runs then). The adapters' products
+        are float32 (the adapter pool reads them so), as the compiled layer's activations are."""
+        library = load_lora_kernel()
+        base = self.base.compiled_product() if isinstance(self.base, CompiledProductSource) else None
+        if library is None or base is None:
+            return None
+        self._c_weight.base, self._c_weight.base_weight, self._c_weight.base_bias = base.gemm, base.weight, base.bias
+        address = ctypes.cast(library.ember_lora_gemm, ctypes.c_void_p).value
+        return CompiledProduct(address, ctypes.addressof(self._c_weight), None, base.in_features, base.max_rows, (self, base))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
@@ -79,3 +123,19 @@ class LoRALinear(nn.Module):
             else:
                 out.index_add_(0, rows, product.delta(x.index_select(0, rows)).to(out.dtype))
         return out
+
+
+class _LoRAWeight(ctypes.Structure):
+    """lora.c's lora_weight: the base product, the step's rows and the slots' matrices (addresses)."""
+
+    _fields_ = [
+        ("base", ctypes.c_void_p), ("base_weight", ctypes.c_void_p), ("base_bias", ctypes.c_void_p),
+        ("row_slots", ctypes.c_void_p), ("num_rows", ctypes.c_void_p), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p),
+        ("ranks", ctypes.c_void_p), ("num_slots", ctypes.c_int64),
+    ]
+
+
+@functools.cache
+def load_lora_kernel() -> ctypes.CDLL | None:
+    """lora.c built and loaded once per process; None when unavailable."""
+    return load_cpu_kernels("ember_lora", SOURCE_PATH)

@@ -1,0 +1,49 @@
+/* LoRA beside a compiled product, for C callers (the compiled decoder layer): the base product, then for each row
+   whose request holds an adapter slot, y[row] += B_s (A_s x[row]) (punica's BGMV: one gather-free pass over the rows,
+   each row reading its own slot's two small matrices). It has the decoder layer's gemm_fn signature; `weight` is a
+   lora_weight naming the base product and the slots (ember/layers/lora.py fills it). */
+#include <stdint.h>
+
+typedef void (*gemm_fn)(const float *x, const void *packed, const float *bias, float *y,
+                        int64_t m, int64_t n, int64_t k);
+
+typedef struct {
+    gemm_fn base;
+    const void *base_weight;
+    const float *base_bias;
+    const int32_t *const *row_slots; /* the step's slot per row (-1: none), through the rows holder's pointer */
+    const int64_t *num_rows;         /* how many rows *row_slots covers this step */
+    const float *const *a;           /* per slot: A [rank, k], or NULL where the slot's adapter skips this layer */
+    const float *const *b;           /* per slot: B [n, rank], scaling folded in */
+    const int64_t *ranks;            /* per slot */
+    int64_t num_slots;
+} lora_weight;
+
+void ember_lora_gemm(const float *x, const void *weight, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+    const lora_weight *w = (const lora_weight *)weight;
+    (void)bias; /* the base product takes the base bias */
+    w->base(x, w->base_weight, w->base_bias, y, m, n, k);
+    const int32_t *slots = *w->row_slots;
+    if (slots == 0 || *w->num_rows != m) return; /* no adapter in this step (or rows the holder does not describe) */
+#pragma omp parallel for schedule(static) if (m > 4)
+    for (int64_t row = 0; row < m; row++) {
+        int32_t slot = slots[row];
+        if (slot < 0 || slot >= w->num_slots || w->a[slot] == 0) continue;
+        const float *a = w->a[slot], *b = w->b[slot], *xr = x + row * k;
+        int64_t rank = w->ranks[slot];
+        float shrunk[rank];
+        for (int64_t r = 0; r < rank; r++) {
+            const float *ar = a + r * k;
+            float sum = 0.0f;
+            for (int64_t i = 0; i < k; i++) sum += ar[i] * xr[i];
+            shrunk[r] = sum;
+        }
+        float *yr = y + row * n;
+        for (int64_t j = 0; j < n; j++) {
+            const float *bj = b + j * rank;
+            float sum = 0.0f;
+            for (int64_t r = 0; r < rank; r++) sum += bj[r] * shrunk[r];
+            yr[j] += sum;
+        }
+    }
+}
