@@ -97,6 +97,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     structured.add_argument("--num-prompts", type=int, default=3, help="chat prompts asking for an item as JSON")
     structured.add_argument("--output-len", type=int, default=128, help="most tokens per reply")
     structured.set_defaults(func=_run_structured)
+    lora = commands.add_parser("lora", help="LoRA: mixed output tok/s with 0, 1, 4, 16 adapters of rank 8 and 64 vs the base model")
+    _common(lora, peers=False, default_dtype="auto")
+    lora.add_argument("--num-requests", type=int, default=64, help="requests of the mixed workload")
+    lora.add_argument("--max-output", type=int, default=256, help="longest output of the mixed workload")
+    lora.add_argument("--adapter-dir", type=Path, default=Path("benchmarks/lora_adapters"), help="where the random adapters are written")
+    lora.set_defaults(func=_run_lora)
     soak = commands.add_parser("soak", help="many mixed requests against a real server: nothing lost, no 5xx, bounded memory")
     _common(soak, peers=False)
     soak.add_argument("--url", default=None, help="base URL of a running server (default: start `ember serve` with a small KV pool)")
@@ -297,6 +303,18 @@ def _run_structured(args: argparse.Namespace) -> int:
         raise ValueError("--num-prompts must be at least 1 and --output-len at least 2")
     section = bench_structured(_options(args), args.num_prompts, args.output_len)
     print(format_structured_section(section))
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, section)
+    return 0
+
+
+def _run_lora(args: argparse.Namespace) -> int:
+    from ember.bench.lora import bench_lora, format_lora_section
+
+    if args.num_requests < 1 or args.max_output < 16:
+        raise ValueError("--num-requests must be at least 1 and --max-output at least 16")
+    section = bench_lora(_options(args), args.adapter_dir, args.num_requests, args.max_output)
+    print(format_lora_section(section))
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)
     return 0

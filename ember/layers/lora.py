@@ -25,17 +25,30 @@ SOURCE_PATH = Path(__file__).parent / "csrc" / "lora.c"
 
 @dataclass(frozen=True)
 class LoRAProduct:
-    """One adapter's product on one layer: `a` [k, in] then `b` [out, k], the scaling folded into `b`.
+    """One adapter's product on one layer: shrink by `a` [k, in], then expand each segment of the output by `b`.
 
-    A fused layer (q/k/v, gate/up) takes each part's A stacked (k = parts x r) and a block-diagonal B, so the
-    parts' adapters run as the same two products; a part the adapter leaves out has zero rows in both."""
+    A plain layer has one segment. A fused layer (q/k/v, gate/up) stacks the A of each part the adapter adapts
+    (k = parts x r), and each part's B [rows, r] reads its own r columns of the shrunk row: `segments` holds
+    (first output row, end output row, first column) per adapted part, and `b` their B rows one after another
+    (no block-diagonal zeros to read). The scaling (alpha / r, or alpha / sqrt(r)) is folded into `b`."""
 
     a: torch.Tensor
     b: torch.Tensor
+    segments: torch.Tensor  # int64 [num_segments, 3]
 
-    def delta(self, x: torch.Tensor) -> torch.Tensor:
-        """B (A x) for rows x [rows, in], in the adapter's dtype."""
-        return (x.to(self.a.dtype) @ self.a.T) @ self.b.T
+    @property
+    def part_rank(self) -> int:
+        return self.b.shape[1]
+
+    def delta(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
+        """B (A x) for rows x [rows, in] as [rows, out_features], in the adapter's dtype."""
+        shrunk = x.to(self.a.dtype) @ self.a.T
+        delta = shrunk.new_zeros(x.shape[0], out_features)
+        first_b_row, rank = 0, self.part_rank
+        for start, end, column in self.segments.tolist():
+            delta[:, start:end] = shrunk[:, column : column + rank] @ self.b[first_b_row : first_b_row + end - start].T
+            first_b_row += end - start
+        return delta
 
 
 @dataclass
@@ -88,10 +101,14 @@ class LoRALinear(nn.Module):
         self.rows = rows
         self.slots: list[LoRAProduct | None] = [None] * num_slots
         self._c_a, self._c_b = (ctypes.c_void_p * num_slots)(), (ctypes.c_void_p * num_slots)()
-        self._c_ranks = (ctypes.c_int64 * num_slots)()
-        self._c_weight = _LoRAWeight(row_slots=ctypes.addressof(rows.slots_address), num_rows=ctypes.addressof(rows.num_rows),
-                                     a=ctypes.addressof(self._c_a), b=ctypes.addressof(self._c_b),
-                                     ranks=ctypes.addressof(self._c_ranks), num_slots=num_slots)
+        self._c_ranks, self._c_part_ranks = (ctypes.c_int64 * num_slots)(), (ctypes.c_int64 * num_slots)()
+        self._c_segments, self._c_num_segments = (ctypes.c_void_p * num_slots)(), (ctypes.c_int64 * num_slots)()
+        self._c_weight = _LoRAWeight(
+            row_slots=ctypes.addressof(rows.slots_address), num_rows=ctypes.addressof(rows.num_rows),
+            a=ctypes.addressof(self._c_a), b=ctypes.addressof(self._c_b), ranks=ctypes.addressof(self._c_ranks),
+            part_ranks=ctypes.addressof(self._c_part_ranks), segments=ctypes.addressof(self._c_segments),
+            num_segments=ctypes.addressof(self._c_num_segments), num_slots=num_slots,
+        )
 
     def set_slot(self, slot: int, product: LoRAProduct | None) -> None:
         """Put an adapter's product (None: it skips this layer) into `slot`, for the Python and the compiled path."""
@@ -99,6 +116,9 @@ class LoRALinear(nn.Module):
         self._c_a[slot] = None if product is None else product.a.data_ptr()
         self._c_b[slot] = None if product is None else product.b.data_ptr()
         self._c_ranks[slot] = 0 if product is None else product.a.shape[0]
+        self._c_part_ranks[slot] = 0 if product is None else product.part_rank
+        self._c_segments[slot] = None if product is None else product.segments.data_ptr()
+        self._c_num_segments[slot] = 0 if product is None else product.segments.shape[0]
 
     def compiled_product(self) -> CompiledProduct | None:
         """The base's compiled product with the slots' products after it (lora.c), for the compiled decoder layer;
@@ -119,9 +139,9 @@ class LoRALinear(nn.Module):
             if product is None:
                 continue
             if isinstance(rows, slice):
-                out[rows] += product.delta(x[rows]).to(out.dtype)
+                out[rows] += product.delta(x[rows], out.shape[-1]).to(out.dtype)
             else:
-                out.index_add_(0, rows, product.delta(x.index_select(0, rows)).to(out.dtype))
+                out.index_add_(0, rows, product.delta(x.index_select(0, rows), out.shape[-1]).to(out.dtype))
         return out
 
 
@@ -131,7 +151,8 @@ class _LoRAWeight(ctypes.Structure):
     _fields_ = [
         ("base", ctypes.c_void_p), ("base_weight", ctypes.c_void_p), ("base_bias", ctypes.c_void_p),
         ("row_slots", ctypes.c_void_p), ("num_rows", ctypes.c_void_p), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p),
-        ("ranks", ctypes.c_void_p), ("num_slots", ctypes.c_int64),
+        ("ranks", ctypes.c_void_p), ("part_ranks", ctypes.c_void_p), ("segments", ctypes.c_void_p),
+        ("num_segments", ctypes.c_void_p), ("num_slots", ctypes.c_int64),
     ]
 
 

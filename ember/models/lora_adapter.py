@@ -57,8 +57,10 @@ def adaptable_modules(model: CausalLM) -> dict[str, AdaptedModule]:
     """transformers module name -> where its adapter goes, for every linear of the decoder layers (fused ones by part)."""
     modules = dict(model.named_modules())
     found: dict[str, AdaptedModule] = {}
-    for name, module in modules.items():
+    for name, module in modules.items():  # parents come before their children: a linear's insides are not linears of their own
         if not name.startswith("model.layers.") or not isinstance(module, ADAPTABLE_LINEARS + (LoRALinear,)):
+            continue
+        if any(outer in found for outer in _parents(name)):
             continue
         linear = _linear_of(module)
         found[name] = AdaptedModule(name, 0, (linear.out_features,), linear.in_features)
@@ -76,6 +78,11 @@ def adaptable_modules(model: CausalLM) -> dict[str, AdaptedModule]:
             for index, part in enumerate(parts):
                 found[f"{name}.{part}"] = AdaptedModule(fused_name, index, sizes, fused_module.in_features)
     return found
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:end]) for end in range(1, len(parts))]
 
 
 def _linear_of(module: nn.Module) -> nn.Module:
@@ -192,26 +199,25 @@ def _lora_pairs(
 def _fused_products(
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], targets: dict[str, AdaptedModule], scaling: float, dtype: torch.dtype
 ) -> dict[str, LoRAProduct]:
-    """One product per ember linear: the parts' A stacked, their B block-diagonal (zeros where a part has none)."""
+    """One product per ember linear: the adapted parts' A stacked, each part's B a segment of the output rows."""
     by_linear: dict[str, list[tuple[AdaptedModule, torch.Tensor, torch.Tensor]]] = {}
     for module, (a, b) in pairs.items():
         by_linear.setdefault(targets[module].module_name, []).append((targets[module], a, b))
     products = {}
     for linear_name, parts in by_linear.items():
+        parts.sort(key=lambda part: part[0].part)
         sizes = parts[0][0].part_sizes
         offsets = [0, *torch.tensor(sizes).cumsum(0).tolist()]
-        inner = sum(a.shape[0] for _, a, _ in parts)
-        stacked_a = torch.cat([a.to(dtype) for _, a, _ in parts])
-        block_b = torch.zeros(offsets[-1], inner, dtype=dtype)
-        column = 0
-        for target, a, b in parts:
-            if b.shape[0] != sizes[target.part] or b.shape[1] != a.shape[0] or a.shape[1] != target.in_features:
+        segments = []
+        for index, (target, a, b) in enumerate(parts):
+            if b.shape != (sizes[target.part], a.shape[0]) or a.shape[1] != target.in_features or a.shape[0] != parts[0][1].shape[0]:
                 raise LoRAAdapterError(f"adapter of {linear_name} part {target.part} has A {tuple(a.shape)} and B {tuple(b.shape)}; "
                                        f"the model's layer takes {target.in_features} inputs and gives {sizes[target.part]} "
                                        "outputs: an adapter trained on another base model?")
-            block_b[offsets[target.part] : offsets[target.part + 1], column : column + a.shape[0]] = b.to(dtype) * scaling
-            column += a.shape[0]
-        products[linear_name] = LoRAProduct(stacked_a.contiguous(), block_b)
+            segments.append((offsets[target.part], offsets[target.part + 1], index * a.shape[0]))
+        stacked_a = torch.cat([a.to(dtype) for _, a, _ in parts]).contiguous()
+        stacked_b = (torch.cat([b.to(dtype) for _, _, b in parts]) * scaling).contiguous()
+        products[linear_name] = LoRAProduct(stacked_a, stacked_b, torch.tensor(segments, dtype=torch.int64))
     return products
 
 

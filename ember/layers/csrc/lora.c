@@ -1,5 +1,5 @@
 /* LoRA beside a compiled product, for C callers (the compiled decoder layer): the base product, then for each row
-   whose request holds an adapter slot, y[row] += B_s (A_s x[row]) (punica's BGMV: one gather-free pass over the rows,
+   whose request holds an adapter slot, y[row] += B_s (A_s x[row]) (B by output segment: a fused layer's parts) (punica's BGMV: one gather-free pass over the rows,
    each row reading its own slot's two small matrices). It has the decoder layer's gemm_fn signature; `weight` is a
    lora_weight naming the base product and the slots (ember/layers/lora.py fills it). */
 #include <stdint.h>
@@ -14,8 +14,11 @@ typedef struct {
     const int32_t *const *row_slots; /* the step's slot per row (-1: none), through the rows holder's pointer */
     const int64_t *num_rows;         /* how many rows *row_slots covers this step */
     const float *const *a;           /* per slot: A [rank, k], or NULL where the slot's adapter skips this layer */
-    const float *const *b;           /* per slot: B [n, rank], scaling folded in */
-    const int64_t *ranks;            /* per slot */
+    const float *const *b;           /* per slot: each segment's B rows [rows, part_rank], one after another */
+    const int64_t *ranks;            /* per slot: A's rows (parts x part_rank) */
+    const int64_t *part_ranks;       /* per slot: the columns one segment reads */
+    const int64_t *const *segments;  /* per slot: [num_segments][3] = first output row, end output row, first column */
+    const int64_t *num_segments;     /* per slot */
     int64_t num_slots;
 } lora_weight;
 
@@ -39,11 +42,15 @@ void ember_lora_gemm(const float *x, const void *weight, const float *bias, floa
             shrunk[r] = sum;
         }
         float *yr = y + row * n;
-        for (int64_t j = 0; j < n; j++) {
-            const float *bj = b + j * rank;
-            float sum = 0.0f;
-            for (int64_t r = 0; r < rank; r++) sum += bj[r] * shrunk[r];
-            yr[j] += sum;
+        int64_t part_rank = w->part_ranks[slot];
+        const int64_t *segment = w->segments[slot];
+        for (int64_t s = 0; s < w->num_segments[slot]; s++, segment += 3) {
+            const float *column = shrunk + segment[2];
+            for (int64_t j = segment[0]; j < segment[1]; j++, b += part_rank) {
+                float sum = 0.0f;
+                for (int64_t r = 0; r < part_rank; r++) sum += b[r] * column[r];
+                yr[j] += sum;
+            }
         }
     }
 }
