@@ -77,3 +77,18 @@ def load_reference(folder: Path):
     import transformers
 
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def save_random_adapter(base: Path, folder: Path, targets: list[str], rank: int = 8, seed: int = 0,
+                        safe_serialization: bool = True, **options) -> Path:
+    """A PEFT LoRA adapter of `base` over `targets` with random A and B (peft starts B at zero), saved by peft."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(load_reference(base), LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, **options))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    model.save_pretrained(folder, safe_serialization=safe_serialization)
+    return folder

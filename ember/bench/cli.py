@@ -100,6 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     lora = commands.add_parser("lora", help="LoRA: mixed output tok/s with 0, 1, 4, 16 adapters of rank 8 and 64 vs the base model")
     _common(lora, peers=False, default_dtype="auto")
     lora.add_argument("--num-requests", type=int, default=64, help="requests of the mixed workload")
+    lora.add_argument("--max-prompt", type=int, default=512, help="longest prompt of the mixed workload")
     lora.add_argument("--max-output", type=int, default=256, help="longest output of the mixed workload")
     lora.add_argument("--adapter-dir", type=Path, default=Path("benchmarks/lora_adapters"), help="where the random adapters are written")
     lora.set_defaults(func=_run_lora)
@@ -311,9 +312,9 @@ def _run_structured(args: argparse.Namespace) -> int:
 def _run_lora(args: argparse.Namespace) -> int:
     from ember.bench.lora import bench_lora, format_lora_section
 
-    if args.num_requests < 1 or args.max_output < 16:
-        raise ValueError("--num-requests must be at least 1 and --max-output at least 16")
-    section = bench_lora(_options(args), args.adapter_dir, args.num_requests, args.max_output)
+    if args.num_requests < 1 or args.max_prompt < 32 or args.max_output < 16:
+        raise ValueError("--num-requests must be at least 1, --max-prompt at least 32 and --max-output at least 16")
+    section = bench_lora(_options(args), args.adapter_dir, args.num_requests, args.max_prompt, args.max_output)
     print(format_lora_section(section))
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)

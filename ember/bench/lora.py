@@ -51,11 +51,11 @@ def save_random_adapter(model: CausalLM, folder: Path, rank: int, seed: int) -> 
     return folder
 
 
-def bench_lora(options: BenchOptions, folder: Path, num_requests: int, max_output: int) -> dict:
+def bench_lora(options: BenchOptions, folder: Path, num_requests: int, max_prompt: int, max_output: int) -> dict:
     """The section: each variant's output tok/s (median, min-max) and its ratio to the base model, and load times."""
     path = model_path(options.model)
     dtype = options.dtypes[0]
-    workload = mixed(token_source(options.model), options.seed, num_requests, max_output=max_output)
+    workload = mixed(token_source(options.model), options.seed, num_requests, max_prompt, max_output)
     base_weights, adapter_weights = load_model(path, dtype), load_model(path, dtype)  # the second gets adapter layers
     adapters = {rank: [LoRARequest(f"r{rank}-{i}", rank * 100 + i + 1,
                                    str(save_random_adapter(adapter_weights.model, folder / f"r{rank}-{i}", rank, i)))

@@ -243,6 +243,7 @@ class EngineConfig:
             ),
             speculative=_speculative_from_args(args),
             parallel=ParallelConfig.from_args(args),
+            lora=LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras) if args.enable_lora else None,
         )
 
 
@@ -350,6 +351,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
                         help="split long prompts across steps beside the decoders (default on; --no-chunked-prefill too)")
     parser.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of unseeded sampling")
+    lora = LoRAConfig()
+    parser.add_argument("--enable-lora", action="store_true", help="serve PEFT LoRA adapters chosen per request")
+    parser.add_argument("--max-loras", type=int, default=lora.max_loras, help="distinct adapters in one step (the slots)")
+    parser.add_argument("--max-lora-rank", type=int, default=lora.max_lora_rank, help="highest adapter rank served")
+    parser.add_argument("--max-cpu-loras", type=int, default=None, help="read adapters kept in memory (default: --max-loras)")
     parser.add_argument("--speculative-method", default=None, choices=SPECULATIVE_METHODS,
                         help="speculative decoding proposer (default: off)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,

@@ -13,6 +13,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from ember.engine.lora_request import LoRARequest
 from ember.server.admission import AdmissionGate
 from ember.server.api_key import ApiKeyGate
 from ember.server.body_limit import BodyLimits
@@ -63,12 +64,14 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
     """
     config = config or ServerConfig()
     model_names = config.served_model_names or [engine.model_name]
+    adapters = {name: LoRARequest(name, number, path) for number, (name, path) in enumerate(config.lora_modules.items(), start=1)}
     metrics = ServerMetrics(engine, model_names[0])
     admission = AdmissionGate(engine, config.max_waiting, config.retry_after_s, metrics.observe_rejected)
     context = ServingContext(
         engine=engine,
         config=config,
-        model_names=model_names,
+        model_names=[*model_names, *adapters],
+        adapters=adapters,
         chat_template=load_chat_template(engine.tokenizer, config.chat_template),
         request_templates=request_templates(engine.tokenizer, config.trust_request_chat_template),
         encoder=PromptEncoder(engine.tokenizer, engine.max_model_len),
@@ -102,20 +105,22 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
     return app
 
 
+def _model_card(context: ServingContext, name: str) -> ModelCard:
+    """A model id's card; an adapter's names the base model it runs on as its `parent` (and `root`), as vLLM's."""
+    parent = context.model_names[0] if name in context.adapters else None
+    return ModelCard(id=name, created=context.created_time, max_model_len=context.max_model_len, parent=parent,
+                     root=context.adapters[name].lora_path if parent else name)
+
+
 def _add_openai_routes(app: FastAPI, context: ServingContext) -> None:
     @app.get("/v1/models", responses=answers(ModelList))
     async def list_models() -> JSONResponse:
-        cards = [
-            ModelCard(id=name, created=context.created_time, max_model_len=context.max_model_len)
-            for name in context.model_names
-        ]
+        cards = [_model_card(context, name) for name in context.model_names]
         return JSONResponse(ModelList(data=cards).model_dump())
 
     @app.get("/v1/models/{model_id:path}", responses=answers(ModelCard))
     async def get_model(model_id: str) -> JSONResponse:
-        name = resolve_model(model_id, context.model_names)
-        card = ModelCard(id=name, created=context.created_time, max_model_len=context.max_model_len)
-        return JSONResponse(card.model_dump())
+        return JSONResponse(_model_card(context, resolve_model(model_id, context.model_names)).model_dump())
 
     @app.post(
         "/v1/chat/completions",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +47,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="model id(s) clients send as 'model' (default: the model's registered name)",
     )
+    group.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                       help="LoRA adapters clients pick by 'model' (with --enable-lora); also vLLM's JSON form "
+                            '\'{"name": "sql", "path": "/adapters/sql"}\'')
     group.add_argument("--chat-template", type=Path, default=None, help="Jinja file overriding the model's chat template")
     group.add_argument("--trust-request-chat-template", action="store_true",
                        help="let chat requests bring their own Jinja template ('chat_template'); off: refused with 400")
@@ -139,9 +143,34 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
             api_keys=tuple(args.api_keys or ()),
             responses_store=args.responses_store,
             max_stored_responses=args.max_stored_responses,
+            lora_modules=lora_modules_from_args(args),
         )
     except ValueError as error:
         raise SystemExit(f"ember serve: {error}") from None
+
+
+def lora_modules_from_args(args: argparse.Namespace) -> dict[str, str]:
+    """--lora-modules as {name: folder}: each NAME=PATH or vLLM's JSON form {"name": ..., "path": ...}; every adapter's
+    config is read now (DoRA, a rank above --max-lora-rank refused by name), so a bad adapter stops the server here."""
+    from ember.models.lora_adapter import read_adapter_config
+
+    modules = {}
+    for spec in args.lora_modules or ():
+        if spec.lstrip().startswith("{"):
+            entry = json.loads(spec)
+            name, path = entry.get("name"), entry.get("path")
+        else:
+            name, _, path = spec.partition("=")
+        if not name or not path:
+            raise ValueError(f"--lora-modules {spec!r}: give NAME=PATH or {{\"name\": ..., \"path\": ...}}")
+        if not args.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora")
+        rank = int(read_adapter_config(Path(path))["r"])
+        if rank > args.max_lora_rank:
+            raise ValueError(f"--lora-modules {name}: adapter rank {rank} is above --max-lora-rank {args.max_lora_rank}; "
+                             f"raise --max-lora-rank to at least {rank}")
+        modules[name] = path
+    return modules
 
 
 def with_generation_config(config: ServerConfig, setting: str, model: str) -> ServerConfig:

@@ -55,6 +55,7 @@ class ServerConfig:
     # the server), and how many at most (the oldest go first; 0: none is kept).
     responses_store: str = ":memory:"
     max_stored_responses: int = 10_000
+    lora_modules: dict[str, str] = field(default_factory=dict)  # adapter name clients send as 'model' -> its folder
 
     def __post_init__(self) -> None:
         self.served_model_names = list(self.served_model_names)

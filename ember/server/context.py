@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ember.engine.lora_request import LoRARequest
 from ember.server.admission import AdmissionGate
 from ember.server.chat_template import ChatTemplate, RequestTemplates
 from ember.server.config import ServerConfig
@@ -17,7 +18,8 @@ from ember.server.tokenization import PromptEncoder
 @dataclass
 class ServingContext:
     """One server's engine, settings, model ids, chat template (and those requests bring), prompt encoder,
-    admission gate, shutdown drain, metrics, log and stored responses."""
+    admission gate, shutdown drain, metrics, log and stored responses. `model_names` holds the base model's ids,
+    then the adapters' names (`adapters`: the LoRA adapter a request naming one runs with)."""
 
     engine: object
     config: ServerConfig
@@ -31,6 +33,7 @@ class ServingContext:
     request_logger: RequestLogger
     created_time: int
     response_store: ResponseStore
+    adapters: dict[str, LoRARequest] = field(default_factory=dict)
 
     @property
     def tokenizer(self):

@@ -100,7 +100,8 @@ def tracked_generate(
     one metrics observation and one log line are written.
     """
     with engine_rejections(names):
-        request = engine_request(request_id, prompt, params, fields)
+        adapter = None if fields is None or fields.model is None else context.adapters.get(fields.model)
+        request = engine_request(request_id, prompt, params, fields, adapter)
         try:
             stream = context.engine.generate(request)
         except EngineDeadError as error:

@@ -456,13 +456,15 @@ class CompletionResponse(BaseModel):
 
 
 class ModelCard(BaseModel):
-    """One entry of `GET /v1/models`."""
+    """One entry of `GET /v1/models`; a LoRA adapter's names its base model as `parent` (vLLM's fields)."""
 
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "ember"
     max_model_len: int
+    root: str | None = None
+    parent: str | None = None
 
 
 class ModelList(BaseModel):

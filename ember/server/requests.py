@@ -16,6 +16,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from ember.engine.engine_request import EngineRequest
+from ember.engine.lora_request import LoRARequest
 from ember.engine.sampling_defaults import SamplingDefaults
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.structured import SchemaError, StructuredOutput
@@ -243,14 +244,14 @@ def param_names(request: SamplingFields) -> dict[str, str]:
     return names
 
 
-def engine_request(request_id: str, prompt: PreparedPrompt, params: SamplingParams, fields: SamplingFields | None
-                   ) -> EngineRequest:  # fmt: skip
-    """The engine's request for one prompt of an API request (`fields`: its priority and cache salt; None: neither);
-    a field the API adds for the engine is read here."""
+def engine_request(request_id: str, prompt: PreparedPrompt, params: SamplingParams, fields: SamplingFields | None,
+                   lora_request: LoRARequest | None = None) -> EngineRequest:  # fmt: skip
+    """The engine's request for one prompt of an API request (`fields`: its priority and cache salt; None: neither;
+    `lora_request`: the adapter its `model` names); a field the API adds for the engine is read here."""
     if fields is None:
-        return EngineRequest(request_id, prompt.token_ids, params, prompt.text)
+        return EngineRequest(request_id, prompt.token_ids, params, prompt.text, lora_request=lora_request)
     return EngineRequest(request_id, prompt.token_ids, params, prompt.text, priority=fields.priority or 0,
-                         cache_salt=fields.cache_salt)  # fmt: skip
+                         cache_salt=fields.cache_salt, lora_request=lora_request)  # fmt: skip
 
 
 def _output_constraint(request: SamplingFields, tool_constraint: StructuredOutput | None) -> StructuredOutput | None:

@@ -21,28 +21,13 @@ from ember.engine.lora_request import LoRAConfig, LoRARequest
 from ember.engine.rejection import RequestRejected
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
-from tests.model_factory import load_reference, save_tiny_model
+from tests.model_factory import load_reference, save_random_adapter, save_tiny_model
 
 LOGIT_TOLERANCE = 1e-4  # fp32, peft's reference
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ATTENTION_AND_MLP = [*ATTENTION, "gate_proj", "up_proj", "down_proj"]
 PROMPTS = ([1, 5, 9, 33, 2, 7, 100, 3, 54, 8, 19], [4, 61, 7, 7, 200, 13])
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-
-
-def save_random_adapter(base: Path, folder: Path, targets: list[str], rank: int = 8, seed: int = 0,
-                        safe_serialization: bool = True, **options) -> Path:
-    """A PEFT LoRA adapter of `base` over `targets` with random A and B (peft starts B at zero), saved by peft."""
-    from peft import LoraConfig, get_peft_model
-
-    model = get_peft_model(load_reference(base), LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, **options))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
-    model.save_pretrained(folder, safe_serialization=safe_serialization)
-    return folder
 
 
 def peft_logits(base: Path, adapter: Path | None, prompt: list[int]) -> torch.Tensor:

@@ -1,0 +1,83 @@
+"""LoRA adapters over HTTP, on the real engine: a request picks an adapter by `model`, /v1/models lists each adapter
+with its parent, and `ember serve --lora-modules` refuses an adapter it cannot serve by name before it starts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from ember.engine.async_engine import AsyncEngine
+from ember.engine.config import CacheConfig, EngineConfig, add_engine_arguments
+from ember.engine.lora_request import LoRAConfig
+from ember.server.cli import add_server_arguments, lora_modules_from_args
+from tests.model_factory import save_random_adapter
+from tests.server.harness import ThreadedServer
+from tests.server.real_engine import MODEL, RecordingEngine, tiny_app
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("served-adapters")
+    return {name: str(save_random_adapter(tiny_model_dir, root / name, TARGETS, rank=8, seed=seed))
+            for seed, name in enumerate(("sql", "poems"), start=1)}
+
+
+@pytest.fixture(scope="module")
+def client(tiny_model_dir: Path, smollm2_tokenizer_dir: Path, adapters: dict[str, str]) -> Iterator[tuple[OpenAI, RecordingEngine]]:
+    config = EngineConfig(model=str(tiny_model_dir), tokenizer=str(smollm2_tokenizer_dir), dtype="float32", max_model_len=256,
+                          cache=CacheConfig(block_size=16), lora=LoRAConfig(max_loras=2, max_lora_rank=8))
+    engine = RecordingEngine(AsyncEngine(config, show_progress=False))
+    with ThreadedServer(tiny_app(engine, lora_modules=adapters)) as running:
+        yield OpenAI(base_url=f"{running.base_url}/v1", api_key="unused", max_retries=0), engine
+    engine.shutdown()
+
+
+def test_models_lists_each_adapter_with_its_parent(client) -> None:
+    openai, _ = client
+    cards = {card.id: card.model_dump() for card in openai.models.list().data}
+    assert set(cards) == {MODEL, "sql", "poems"}
+    assert cards["sql"]["parent"] == MODEL and cards[MODEL]["parent"] is None
+    assert openai.models.retrieve("poems").model_dump()["parent"] == MODEL
+
+
+def test_a_request_picks_its_adapter_by_model(client, adapters: dict[str, str]) -> None:
+    openai, engine = client
+    answers = {}
+    for model in (MODEL, "sql", "poems", "sql"):
+        completion = openai.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+        answers.setdefault(model, []).append(completion.choices[0].text)
+        asked = engine.requests[f"{completion.id}-0"].lora_request
+        expected = None if model == MODEL else (model, adapters[model])
+        assert (None if asked is None else (asked.lora_name, asked.lora_path)) == expected
+    assert answers["sql"][0] == answers["sql"][1]  # the same adapter answers the same, after another ran
+    assert len({answers[MODEL][0], answers["sql"][0], answers["poems"][0]}) == 3
+
+
+def _serve_args(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    add_server_arguments(parser)
+    return parser.parse_args(["--model", "unused", *flags])
+
+
+def test_serve_flags_name_adapters_both_ways_and_refuse_what_cannot_be_served(adapters: dict[str, str], tmp_path: Path) -> None:
+    as_json = json.dumps({"name": "poems", "path": adapters["poems"]})
+    args = _serve_args("--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"sql={adapters['sql']}", as_json)
+    assert lora_modules_from_args(args) == adapters
+    assert EngineConfig.from_args(args).lora == LoRAConfig(max_loras=1, max_lora_rank=8)
+    with pytest.raises(ValueError, match="needs --enable-lora"):
+        lora_modules_from_args(_serve_args("--lora-modules", f"sql={adapters['sql']}"))
+    with pytest.raises(ValueError, match="rank 8 is above --max-lora-rank 4"):
+        lora_modules_from_args(_serve_args("--enable-lora", "--max-lora-rank", "4", "--lora-modules", f"sql={adapters['sql']}"))
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    (dora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "use_dora": True}))
+    with pytest.raises(ValueError, match="uses DoRA"):
+        lora_modules_from_args(_serve_args("--enable-lora", "--lora-modules", f"d={dora}"))
