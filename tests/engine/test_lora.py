@@ -163,13 +163,15 @@ def test_adapters_ember_cannot_serve_are_refused_by_name_with_the_fix(llama_with
     assert llm.engine.scheduler.has_work is False  # nothing was queued by a refused batch
 
 
-def test_an_engine_without_enable_lora_refuses_an_adapter_and_speculation_with_adapters_is_refused(llama_with_adapters) -> None:
+def test_an_engine_without_enable_lora_refuses_an_adapter_and_speculation_or_parallel_ranks_with_adapters_are_refused(llama_with_adapters) -> None:
     base, requests = llama_with_adapters
     llm = LLM(str(base), block_size=4, num_kv_blocks=64)
     with pytest.raises(RequestRejected, match="enable_lora=True"):
         llm.generate([PROMPTS[0]], GREEDY, lora_request=requests[0])
     with pytest.raises(ValueError, match="speculative decoding"):
         LLM(str(base), enable_lora=True, speculative_method="ngram")
+    with pytest.raises(ValueError, match="tensor / pipeline parallel"):
+        LLM(str(base), enable_lora=True, tensor_parallel_size=2)
     with pytest.raises(TypeError, match="need enable_lora=True"):
         LLM(str(base), max_loras=2)
 

@@ -1,0 +1,44 @@
+"""LoRALinear against the per-row definition: out[row] = base(x[row]) + B_s (A_s x[row]) for the slot s its row holds,
+rows of no slot left as the base layer gives them, whatever order the step's rows come in."""
+
+from __future__ import annotations
+
+import torch
+
+from ember.layers.linear import Linear
+from ember.layers.lora import LoRALinear, LoRAProduct, LoRARows
+
+
+def random_product(generator: torch.Generator, segments: list[tuple[int, int, int]], rank: int) -> LoRAProduct:
+    """A product over 8 inputs whose segments (first row, end row, first column) each read `rank` columns."""
+    rows = sum(end - start for start, end, _ in segments)
+    return LoRAProduct(torch.randn(rank * len(segments), 8, generator=generator), torch.randn(rows, rank, generator=generator),
+                       torch.tensor(segments, dtype=torch.int64))
+
+
+def test_each_row_gets_its_own_slots_product_and_rows_without_one_stay_the_base_layers() -> None:
+    generator = torch.Generator().manual_seed(0)
+    base = Linear(8, 12)
+    rows = LoRARows()
+    layer = LoRALinear(base, rows, num_slots=3)
+    fused = random_product(generator, [(0, 4, 0), (8, 12, 2)], rank=2)  # parts 0 and 2 of a three-part layer
+    plain = random_product(generator, [(0, 12, 0)], rank=3)
+    layer.set_slot(0, fused)
+    layer.set_slot(2, plain)
+    row_slots = [2, -1, 0, 2, 0, 1]  # slot 1 holds an adapter that skips this layer
+    x = torch.randn(len(row_slots), 8, generator=generator)
+    rows.set_rows(row_slots)
+    with torch.inference_mode():
+        out = layer(x)
+        base_out = base(x)
+    expected = base_out.clone()  # a normal tensor, updated below
+    a0, b0 = fused.a, fused.b
+    for row, slot in enumerate(row_slots):
+        if slot == 0:
+            shrunk = a0 @ x[row]
+            expected[row, 0:4] += b0[0:4] @ shrunk[0:2]
+            expected[row, 8:12] += b0[4:8] @ shrunk[2:4]
+        elif slot == 2:
+            expected[row] += plain.b @ (plain.a @ x[row])
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[[1, 5]], base_out[[1, 5]])  # untouched: the base layer's bits
