@@ -1,6 +1,6 @@
 """ember: LLM inference and serving on the hardware you have.
 
-`from ember import LLM, SamplingParams` is the offline entry point; `ember serve` the server.
+`from ember import LLM, SamplingParams` (and `LoRARequest` for adapters) is the offline entry point; `ember serve` the server.
 The names are imported on first use, so `import ember.tokenizers` never pulls in torch.
 """
 
@@ -14,6 +14,7 @@ _EXPORTS = {
     "SamplingParams": "ember.engine.sampling_params",
     "RequestOutput": "ember.engine.outputs",
     "CompletionOutput": "ember.engine.outputs",
+    "LoRARequest": "ember.engine.lora_request",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -37,6 +37,9 @@ async def create_embeddings(context: ServingContext, raw_request: Request) -> Re
     """Validate, admit and embed every input of one request."""
     request = parse_request(EmbeddingRequest, await raw_request.body())
     model = resolve_model(request.model, context.model_names)
+    if model in context.adapters:
+        raise ApiError(f"Embeddings run on the base model, not on the LoRA adapter {model!r}; send model "
+                       f"{context.model_names[0]!r}.", param="model", code="invalid_value")
     if request.dimensions is not None:
         raise ApiError("Unsupported parameter 'dimensions': ember returns the model's full hidden size (no Matryoshka "
                        "truncation). Remove it from the request.", param="dimensions", code="unsupported_parameter")  # fmt: skip

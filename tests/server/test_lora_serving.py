@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 
 from ember.engine.async_engine import AsyncEngine
 from ember.engine.config import CacheConfig, EngineConfig, add_engine_arguments
@@ -81,3 +81,10 @@ def test_serve_flags_name_adapters_both_ways_and_refuse_what_cannot_be_served(ad
     (dora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "use_dora": True}))
     with pytest.raises(ValueError, match="uses DoRA"):
         lora_modules_from_args(_serve_args("--enable-lora", "--lora-modules", f"d={dora}"))
+
+
+def test_embeddings_naming_an_adapter_are_refused_naming_the_base_model(client) -> None:
+    openai, _ = client
+    with pytest.raises(BadRequestError, match=f"send model '{MODEL}'") as refused:
+        openai.embeddings.create(model="sql", input="hello")
+    assert refused.value.body["param"] == "model"
