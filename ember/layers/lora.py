@@ -25,29 +25,37 @@ SOURCE_PATH = Path(__file__).parent / "csrc" / "lora.c"
 
 @dataclass(frozen=True)
 class LoRAProduct:
-    """One adapter's product on one layer: shrink by `a` [k, in], then expand each segment of the output by `b`.
+    """One adapter's product on one layer: shrink by `a` [k, in], then expand each segment of the output.
 
     A plain layer has one segment. A fused layer (q/k/v, gate/up) stacks the A of each part the adapter adapts
-    (k = parts x r), and each part's B [rows, r] reads its own r columns of the shrunk row: `segments` holds
-    (first output row, end output row, first column) per adapted part, and `b` their B rows one after another
-    (no block-diagonal zeros to read). The scaling (alpha / r, or alpha / sqrt(r)) is folded into `b`."""
+    (k = parts x r), and each part's B reads its own r columns of the shrunk row: `segments` holds (first output
+    row, end output row, first column) per adapted part. `b_t` holds each segment's B transposed ([r, rows], so the
+    expansion runs along contiguous output rows), one after another, flat: no block-diagonal zeros to read. The
+    scaling (alpha / r, or alpha / sqrt(r)) is folded into it."""
 
     a: torch.Tensor
-    b: torch.Tensor
+    b_t: torch.Tensor
     segments: torch.Tensor  # int64 [num_segments, 3]
+
+    @classmethod
+    def of_parts(cls, a: torch.Tensor, b_parts: list[torch.Tensor], segments: list[tuple[int, int, int]]) -> LoRAProduct:
+        """The product of stacked `a` and each segment's B [rows, r] (scaled already)."""
+        b_t = torch.cat([b.T.contiguous().flatten() for b in b_parts])
+        return cls(a.contiguous(), b_t, torch.tensor(segments, dtype=torch.int64))
 
     @property
     def part_rank(self) -> int:
-        return self.b.shape[1]
+        return self.a.shape[0] // self.segments.shape[0]
 
     def delta(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
         """B (A x) for rows x [rows, in] as [rows, out_features], in the adapter's dtype."""
         shrunk = x.to(self.a.dtype) @ self.a.T
         delta = shrunk.new_zeros(x.shape[0], out_features)
-        first_b_row, rank = 0, self.part_rank
+        offset, rank = 0, self.part_rank
         for start, end, column in self.segments.tolist():
-            delta[:, start:end] = shrunk[:, column : column + rank] @ self.b[first_b_row : first_b_row + end - start].T
-            first_b_row += end - start
+            b_t = self.b_t[offset : offset + rank * (end - start)].view(rank, end - start)
+            delta[:, start:end] = shrunk[:, column : column + rank] @ b_t
+            offset += rank * (end - start)
         return delta
 
 
@@ -114,7 +122,7 @@ class LoRALinear(nn.Module):
         """Put an adapter's product (None: it skips this layer) into `slot`, for the Python and the compiled path."""
         self.slots[slot] = product
         self._c_a[slot] = None if product is None else product.a.data_ptr()
-        self._c_b[slot] = None if product is None else product.b.data_ptr()
+        self._c_b[slot] = None if product is None else product.b_t.data_ptr()
         self._c_ranks[slot] = 0 if product is None else product.a.shape[0]
         self._c_part_ranks[slot] = 0 if product is None else product.part_rank
         self._c_segments[slot] = None if product is None else product.segments.data_ptr()

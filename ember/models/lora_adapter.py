@@ -215,9 +215,8 @@ def _fused_products(
                                        f"the model's layer takes {target.in_features} inputs and gives {sizes[target.part]} "
                                        "outputs: an adapter trained on another base model?")
             segments.append((offsets[target.part], offsets[target.part + 1], index * a.shape[0]))
-        stacked_a = torch.cat([a.to(dtype) for _, a, _ in parts]).contiguous()
-        stacked_b = (torch.cat([b.to(dtype) for _, _, b in parts]) * scaling).contiguous()
-        products[linear_name] = LoRAProduct(stacked_a, stacked_b, torch.tensor(segments, dtype=torch.int64))
+        stacked_a = torch.cat([a.to(dtype) for _, a, _ in parts])
+        products[linear_name] = LoRAProduct.of_parts(stacked_a, [b.to(dtype) * scaling for _, _, b in parts], segments)
     return products
 
 

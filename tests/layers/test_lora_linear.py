@@ -11,9 +11,8 @@ from ember.layers.lora import LoRALinear, LoRAProduct, LoRARows
 
 def random_product(generator: torch.Generator, segments: list[tuple[int, int, int]], rank: int) -> LoRAProduct:
     """A product over 8 inputs whose segments (first row, end row, first column) each read `rank` columns."""
-    rows = sum(end - start for start, end, _ in segments)
-    return LoRAProduct(torch.randn(rank * len(segments), 8, generator=generator), torch.randn(rows, rank, generator=generator),
-                       torch.tensor(segments, dtype=torch.int64))
+    b_parts = [torch.randn(end - start, rank, generator=generator) for start, end, _ in segments]
+    return LoRAProduct.of_parts(torch.randn(rank * len(segments), 8, generator=generator), b_parts, segments)
 
 
 def test_each_row_gets_its_own_slots_product_and_rows_without_one_stay_the_base_layers() -> None:
@@ -32,13 +31,12 @@ def test_each_row_gets_its_own_slots_product_and_rows_without_one_stay_the_base_
         out = layer(x)
         base_out = base(x)
     expected = base_out.clone()  # a normal tensor, updated below
-    a0, b0 = fused.a, fused.b
     for row, slot in enumerate(row_slots):
         if slot == 0:
-            shrunk = a0 @ x[row]
-            expected[row, 0:4] += b0[0:4] @ shrunk[0:2]
-            expected[row, 8:12] += b0[4:8] @ shrunk[2:4]
+            shrunk = fused.a @ x[row]
+            expected[row, 0:4] += fused.b_t[0:8].view(2, 4).T @ shrunk[0:2]
+            expected[row, 8:12] += fused.b_t[8:16].view(2, 4).T @ shrunk[2:4]
         elif slot == 2:
-            expected[row] += plain.b @ (plain.a @ x[row])
+            expected[row] += plain.b_t.view(3, 12).T @ (plain.a @ x[row])
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(out[[1, 5]], base_out[[1, 5]])  # untouched: the base layer's bits

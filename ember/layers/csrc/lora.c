@@ -4,6 +4,8 @@
    lora_weight naming the base product and the slots (ember/layers/lora.py fills it). */
 #include <stdint.h>
 
+#define LANES 16
+
 typedef void (*gemm_fn)(const float *x, const void *packed, const float *bias, float *y,
                         int64_t m, int64_t n, int64_t k);
 
@@ -14,7 +16,7 @@ typedef struct {
     const int32_t *const *row_slots; /* the step's slot per row (-1: none), through the rows holder's pointer */
     const int64_t *num_rows;         /* how many rows *row_slots covers this step */
     const float *const *a;           /* per slot: A [rank, k], or NULL where the slot's adapter skips this layer */
-    const float *const *b;           /* per slot: each segment's B rows [rows, part_rank], one after another */
+    const float *const *b;           /* per slot: each segment's B transposed [part_rank, rows], one after another */
     const int64_t *ranks;            /* per slot: A's rows (parts x part_rank) */
     const int64_t *part_ranks;       /* per slot: the columns one segment reads */
     const int64_t *const *segments;  /* per slot: [num_segments][3] = first output row, end output row, first column */
@@ -36,20 +38,26 @@ void ember_lora_gemm(const float *x, const void *weight, const float *bias, floa
         int64_t rank = w->ranks[slot];
         float shrunk[rank];
         for (int64_t r = 0; r < rank; r++) {
+            /* LANES partial sums: the compiler vectorises the inner loop without reassociating one sum */
             const float *ar = a + r * k;
+            float partial[LANES] = {0};
+            int64_t i = 0;
+            for (; i + LANES <= k; i += LANES)
+                for (int l = 0; l < LANES; l++) partial[l] += ar[i + l] * xr[i + l];
             float sum = 0.0f;
-            for (int64_t i = 0; i < k; i++) sum += ar[i] * xr[i];
+            for (int l = 0; l < LANES; l++) sum += partial[l];
+            for (; i < k; i++) sum += ar[i] * xr[i];
             shrunk[r] = sum;
         }
         float *yr = y + row * n;
         int64_t part_rank = w->part_ranks[slot];
         const int64_t *segment = w->segments[slot];
         for (int64_t s = 0; s < w->num_segments[slot]; s++, segment += 3) {
-            const float *column = shrunk + segment[2];
-            for (int64_t j = segment[0]; j < segment[1]; j++, b += part_rank) {
-                float sum = 0.0f;
-                for (int64_t r = 0; r < part_rank; r++) sum += b[r] * column[r];
-                yr[j] += sum;
+            int64_t rows = segment[1] - segment[0];
+            float *out = yr + segment[0];
+            for (int64_t r = 0; r < part_rank; r++, b += rows) { /* out += shrunk[column + r] * B^T[r]: contiguous */
+                float scale = shrunk[segment[2] + r];
+                for (int64_t j = 0; j < rows; j++) out[j] += scale * b[j];
             }
         }
     }
