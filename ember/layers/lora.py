@@ -69,9 +69,9 @@ class LoRARows:
     groups: list[tuple[int, slice | torch.Tensor]] = field(default_factory=list)
     # For compiled callers (lora.c): the address of the step's int32 slot per row (0: no adapter in the step), and
     # how many rows it covers; the cells stay put, so every layer's C struct points at them once.
-    slots_address: ctypes.c_void_p = field(default_factory=ctypes.c_void_p)
-    num_rows: ctypes.c_int64 = field(default_factory=ctypes.c_int64)
-    _row_slots: torch.Tensor | None = None
+    slots_address: ctypes.c_void_p = field(default_factory=ctypes.c_void_p, init=False)
+    num_rows: ctypes.c_int64 = field(default_factory=ctypes.c_int64, init=False)
+    _row_slots: torch.Tensor | None = field(default=None, init=False, repr=False)  # what slots_address points into
 
     def set_rows(self, row_slots: list[int]) -> None:
         """Group rows by their slot (-1: no adapter) for the next forward."""

@@ -12,6 +12,7 @@ import itertools
 
 from ember.engine.config import SchedulerConfig
 from ember.engine.engine_request import EngineRequest
+from ember.engine.lora_request import LoRARequest
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import Scheduler, SchedulerOutput
@@ -30,20 +31,23 @@ class Bench:
         max_num_seqs: int = 8,
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = False,
+        max_loras: int | None = None,
     ) -> None:
         config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, enable_chunked_prefill)
         self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.kv)
+        self.scheduler = Scheduler(config, self.kv, max_loras)
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
         self._tokens = itertools.count(1000)
 
     def add(
-        self, request_id: str, prompt: list[int], max_tokens: int = 8, n: int = 1, priority: int = 0
+        self, request_id: str, prompt: list[int], max_tokens: int = 8, n: int = 1, priority: int = 0, adapter: int | None = None
     ) -> Request:
         params = SamplingParams(n=n, max_tokens=max_tokens)
         arrival_index = next(self._arrivals)
-        request = Request(EngineRequest(request_id, list(prompt), params, priority=priority), arrival_index=arrival_index)
+        lora = None if adapter is None else LoRARequest(f"adapter{adapter}", adapter, f"/adapters/{adapter}")
+        asked = EngineRequest(request_id, list(prompt), params, priority=priority, lora_request=lora)
+        request = Request(asked, arrival_index=arrival_index)
         forks = n > 1 and len(prompt) > 1
         request.sequences = [make_sequence(request, i, None, prompt) for i in range(1 if forks else n)]
         request.sequences[0].fork_pending = forks
@@ -95,6 +99,23 @@ def ids(seqs: list[Sequence]) -> list[str]:
 
 def prompt(length: int, start: int = 0) -> list[int]:
     return list(range(start, start + length))
+
+
+# -- LoRA adapters ------------------------------------------------------------------------------
+
+
+def test_a_request_of_a_third_adapter_waits_until_one_of_two_slots_frees_and_the_queue_keeps_its_order() -> None:
+    bench = Bench(max_num_batched_tokens=32, max_loras=2)
+    bench.add("a", prompt(4), max_tokens=2, adapter=1)
+    bench.add("b", prompt(4), max_tokens=2, adapter=2)
+    bench.add("c", prompt(4), max_tokens=2, adapter=3)
+    bench.add("d", prompt(4), max_tokens=2, adapter=1)
+    bench.add("e", prompt(4), max_tokens=2)
+
+    plans = [plan(out) for out in bench.run_until_idle()]
+
+    assert plans == [{"a#0": 4, "b#0": 4}, {"a#0": 1, "b#0": 1}, {"c#0": 4, "d#0": 4, "e#0": 4},
+                     {"c#0": 1, "d#0": 1, "e#0": 1}]
 
 
 # -- the token budget --------------------------------------------------------------------------
