@@ -176,12 +176,14 @@ async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[
 
 
 async def collect(streams: list[AsyncIterator[RequestOutput]], n: int) -> list[RequestOutput]:
-    """The accumulated final output of each stream (non-streaming requests)."""
+    """The accumulated final output of each stream (non-streaming requests). A rejection the engine makes once it
+    reads the request (an adapter it cannot serve on this model) is the same 400 as one made at the door."""
     accumulators = [OutputAccumulator(f"prompt-{index}", n) for index in range(len(streams))]
     merged = merge_streams(streams)
     try:
-        async for index, delta in merged:
-            accumulators[index].add(delta)
+        with engine_rejections({"lora_request": "model"}):  # the adapter a request's model names
+            async for index, delta in merged:
+                accumulators[index].add(delta)
     finally:
         await merged.aclose()
     return [accumulator.result() for accumulator in accumulators]

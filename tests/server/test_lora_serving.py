@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
@@ -15,8 +16,8 @@ from ember.engine.async_engine import AsyncEngine
 from ember.engine.config import CacheConfig, EngineConfig, add_engine_arguments
 from ember.engine.lora_request import LoRAConfig
 from ember.server.cli import add_server_arguments, lora_modules_from_args
-from tests.model_factory import save_random_adapter
-from tests.server.harness import ThreadedServer
+from tests.model_factory import save_random_adapter, save_tiny_model
+from tests.server.harness import ThreadedServer, assert_openai_error
 from tests.server.real_engine import MODEL, RecordingEngine, tiny_app
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -88,3 +89,19 @@ def test_embeddings_naming_an_adapter_are_refused_naming_the_base_model(client) 
     with pytest.raises(BadRequestError, match=f"send model '{MODEL}'") as refused:
         openai.embeddings.create(model="sql", input="hello")
     assert refused.value.body["param"] == "model"
+
+
+def test_an_adapter_of_another_model_is_a_400_naming_the_mismatch(tiny_model_dir: Path, smollm2_tokenizer_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    other = save_tiny_model("llama", tmp_path / "other", hidden_size=32, intermediate_size=64)  # another width
+    foreign = str(save_random_adapter(other, tmp_path / "foreign", TARGETS, rank=4))
+    config = EngineConfig(model=str(tiny_model_dir), tokenizer=str(smollm2_tokenizer_dir), dtype="float32", max_model_len=256,
+                          cache=CacheConfig(block_size=16), lora=LoRAConfig(max_loras=1, max_lora_rank=8))
+    engine = AsyncEngine(config, show_progress=False)
+    try:
+        with ThreadedServer(tiny_app(engine, lora_modules={"foreign": foreign})) as running:
+            response = httpx.post(f"{running.base_url}/v1/completions", json={"model": "foreign", "prompt": "a", "max_tokens": 2})
+            error = assert_openai_error(response, 400)
+            assert error["param"] == "model" and "another base model" in error["message"]
+    finally:
+        engine.shutdown()
