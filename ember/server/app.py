@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import time
 from collections.abc import AsyncIterator
 from http import HTTPStatus
 from importlib import metadata
+from pathlib import Path
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ember.engine.lora_request import LoRARequest
+from ember.models.lora_adapter import LoRAAdapterError, read_adapter_config
 from ember.server.admission import AdmissionGate
 from ember.server.api_key import ApiKeyGate
 from ember.server.body_limit import BodyLimits
@@ -33,10 +36,12 @@ from ember.server.protocol import (
     DetokenizeResponse,
     EmbeddingRequest,
     EmbeddingResponse,
+    LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
     TokenizeRequest,
     TokenizeResponse,
+    UnloadLoRAAdapterRequest,
 )
 from ember.server.request_log import RequestLogger
 from ember.server.requests import (
@@ -64,14 +69,12 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
     """
     config = config or ServerConfig()
     model_names = config.served_model_names or [engine.model_name]
-    adapters = {name: LoRARequest(name, number, path) for number, (name, path) in enumerate(config.lora_modules.items(), start=1)}
     metrics = ServerMetrics(engine, model_names[0])
     admission = AdmissionGate(engine, config.max_waiting, config.retry_after_s, metrics.observe_rejected)
     context = ServingContext(
         engine=engine,
         config=config,
-        model_names=[*model_names, *adapters],
-        adapters=adapters,
+        model_names=list(model_names),
         chat_template=load_chat_template(engine.tokenizer, config.chat_template),
         request_templates=request_templates(engine.tokenizer, config.trust_request_chat_template),
         encoder=PromptEncoder(engine.tokenizer, engine.max_model_len),
@@ -93,6 +96,8 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
         context.encoder.close()
         context.response_store.close()
 
+    for name, path in config.lora_modules.items():
+        _add_adapter(context, name, path)
     app = FastAPI(title="ember", version=_version(), lifespan=lifespan)
     app.state.context = context
     install_error_handlers(app)
@@ -102,7 +107,47 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
         app.add_middleware(ApiKeyGate, keys=config.api_keys)  # added last: runs first, before any body is read
     _add_openai_routes(app, context)
     _add_service_routes(app, context)
+    if config.allow_runtime_lora_updating:
+        _add_lora_routes(app, context)
     return app
+
+
+def _add_adapter(context: ServingContext, name: str, path: str) -> None:
+    """Serve the adapter in `path` as model `name` (the engine reads it when a request first asks for it). Its id comes
+    from the folder, so every app over one engine gives one folder one id (the engine keys slots and cached blocks by
+    it, and refuses one id for two folders)."""
+    digest = hashlib.sha256(str(Path(path).resolve()).encode()).digest()
+    context.adapters[name] = LoRARequest(name, int.from_bytes(digest[:7], "big") + 1, path)
+    context.model_names.append(name)
+
+
+def _add_lora_routes(app: FastAPI, context: ServingContext) -> None:
+    """vLLM's runtime adapter routes. Unloading takes the name away from new requests; a request already running
+    with the adapter finishes with it (the engine keeps the adapter until its slot is wanted)."""
+
+    @app.post("/v1/load_lora_adapter", openapi_extra=body_of(LoadLoRAAdapterRequest))
+    async def load_lora_adapter(request: Request) -> Response:
+        body = parse_request(LoadLoRAAdapterRequest, await request.body())
+        if body.lora_name in context.model_names:
+            raise ApiError(f"The model name {body.lora_name!r} is already served; unload it first or choose another name.",
+                           param="lora_name", code="invalid_value")
+        try:
+            read_adapter_config(Path(body.lora_path))
+        except LoRAAdapterError as error:
+            raise ApiError(str(error), param="lora_path", code="invalid_value") from error
+        _add_adapter(context, body.lora_name, body.lora_path)
+        return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter", openapi_extra=body_of(UnloadLoRAAdapterRequest))
+    async def unload_lora_adapter(request: Request) -> Response:
+        body = parse_request(UnloadLoRAAdapterRequest, await request.body())
+        if body.lora_name not in context.adapters:
+            raise ApiError(f"No LoRA adapter is served as {body.lora_name!r}; it serves {sorted(context.adapters)}.",
+                           status_code=HTTPStatus.NOT_FOUND, error_type="not_found_error", param="lora_name",
+                           code="model_not_found")
+        del context.adapters[body.lora_name]
+        context.model_names.remove(body.lora_name)
+        return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.", media_type="text/plain")
 
 
 def _model_card(context: ServingContext, name: str) -> ModelCard:

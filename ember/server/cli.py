@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,6 +51,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                        help="LoRA adapters clients pick by 'model' (with --enable-lora); also vLLM's JSON form "
                             '\'{"name": "sql", "path": "/adapters/sql"}\'')
+    group.add_argument("--allow-runtime-lora-updating", action="store_true",
+                       default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+                       help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with --enable-lora; default: "
+                            "VLLM_ALLOW_RUNTIME_LORA_UPDATING, as vLLM)")
     group.add_argument("--chat-template", type=Path, default=None, help="Jinja file overriding the model's chat template")
     group.add_argument("--trust-request-chat-template", action="store_true",
                        help="let chat requests bring their own Jinja template ('chat_template'); off: refused with 400")
@@ -144,6 +149,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
             responses_store=args.responses_store,
             max_stored_responses=args.max_stored_responses,
             lora_modules=lora_modules_from_args(args),
+            allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         )
     except ValueError as error:
         raise SystemExit(f"ember serve: {error}") from None

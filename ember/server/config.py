@@ -56,6 +56,7 @@ class ServerConfig:
     responses_store: str = ":memory:"
     max_stored_responses: int = 10_000
     lora_modules: dict[str, str] = field(default_factory=dict)  # adapter name clients send as 'model' -> its folder
+    allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's env flag)
 
     def __post_init__(self) -> None:
         self.served_model_names = list(self.served_model_names)

@@ -467,6 +467,19 @@ class ModelCard(BaseModel):
     parent: str | None = None
 
 
+class LoadLoRAAdapterRequest(StrictModel):
+    """Body of `POST /v1/load_lora_adapter` (vLLM's): the name clients will send as `model`, and the adapter's folder."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(StrictModel):
+    """Body of `POST /v1/unload_lora_adapter` (vLLM's)."""
+
+    lora_name: str
+
+
 class ModelList(BaseModel):
     """Body of `GET /v1/models`."""
 

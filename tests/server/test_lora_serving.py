@@ -105,3 +105,26 @@ def test_an_adapter_of_another_model_is_a_400_naming_the_mismatch(tiny_model_dir
             assert error["param"] == "model" and "another base model" in error["message"]
     finally:
         engine.shutdown()
+
+
+def test_adapters_load_and_unload_at_run_time_only_where_allowed(client, adapters: dict[str, str], tmp_path: Path) -> None:
+    openai, engine = client
+    with ThreadedServer(tiny_app(engine, allow_runtime_lora_updating=True)) as running, \
+            httpx.Client(base_url=running.base_url, timeout=30) as http:  # fmt: skip
+        loaded = http.post("/v1/load_lora_adapter", json={"lora_name": "poems-too", "lora_path": adapters["poems"]})
+        assert loaded.status_code == 200 and "poems-too" in loaded.text
+        assert http.get("/v1/models/poems-too").json()["parent"] == MODEL
+        same = [http.post("/v1/completions", json={"model": model, "prompt": "Once", "max_tokens": 6, "temperature": 0}).json()
+                ["choices"][0]["text"] for model in ("poems-too", MODEL)]  # fmt: skip
+        assert same[0] == openai.completions.create(model="poems", prompt="Once", max_tokens=6, temperature=0).choices[0].text
+        assert same[0] != same[1]
+        assert assert_openai_error(http.post("/v1/load_lora_adapter", json={"lora_name": "poems-too", "lora_path": adapters["sql"]}),
+                                   400)["param"] == "lora_name"
+        assert assert_openai_error(http.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path)}),
+                                   400)["param"] == "lora_path"
+        assert http.post("/v1/unload_lora_adapter", json={"lora_name": "poems-too"}).status_code == 200
+        gone = http.post("/v1/completions", json={"model": "poems-too", "prompt": "Once", "max_tokens": 2})
+        assert assert_openai_error(gone, 404)["code"] == "model_not_found"
+        assert assert_openai_error(http.post("/v1/unload_lora_adapter", json={"lora_name": "poems-too"}), 404)["param"] == "lora_name"
+    with ThreadedServer(tiny_app(engine)) as running:
+        assert httpx.post(f"{running.base_url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "b"}).status_code == 404
