@@ -29,30 +29,9 @@ from ember.bench.lookup_ceiling import LookupCeiling, lookup_ceiling, overall_ce
 from ember.bench.results import RunResult
 from ember.bench.spec_workloads import SPEC_WORKLOADS, build_spec_workload
 from ember.bench.stats import ratio, spread
-from ember.bench.suite import BenchOptions, _interleave, make_workload, model_path
+from ember.bench.suite import BenchOptions, SiblingPair, _interleave, make_workload, model_path
 from ember.bench.workloads import Workload
 from ember.engine.config import MAX_SPECULATIVE_TOKENS, default_speculative_tokens
-
-
-@dataclass(frozen=True)
-class SiblingPair:
-    """A target and a smaller model of its family with the same tokenizer, as its draft model, both at `dtype`."""
-
-    target: str
-    draft: str
-    dtype: str = "auto"
-
-    @classmethod
-    def parse(cls, text: str) -> SiblingPair:
-        """'TARGET,DRAFT' as the command line gives it."""
-        parts = [part.strip() for part in text.split(",")]
-        if len(parts) != 2 or not all(parts):
-            raise ValueError(f"a sibling pair reads TARGET,DRAFT (two models with one tokenizer), not {text!r}")
-        return cls(*parts)
-
-    @property
-    def models(self) -> tuple[str, str]:
-        return (self.target, self.draft)
 
 
 def draft_length_cap(spec: SpecBenchOptions, method: str) -> int:
