@@ -15,7 +15,7 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spelling
 QUANT_ACTIVATIONS = ("int8", "float32")  # what ember.quant.ggml_layers' GGML linear layers round activations to
 # "auto": the model's compute dtype; "fp8" (alias "fp8_e4m3"): float8 e4m3 with no scale, as vLLM's
 # uncalibrated default, 1 byte per element; "fp8_e5m2": float8 e5m2 (2 mantissa bits, the range of float16)
-# (torch dtypes: ember.engine.runner.KV_CACHE_TORCH_DTYPES).
+# (torch dtypes: ember.kv.tensors.KV_CACHE_TORCH_DTYPES).
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 # --quantization: the block formats a float checkpoint's decoder linears are rounded to as it loads (ember.quant.at_load),
 # vLLM's name for one of them, and vLLM's names of checkpoint formats (accepted: the checkpoint's own description decides).

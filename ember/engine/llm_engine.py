@@ -21,8 +21,6 @@ from ember.engine.runner import (
     ModelRunner,
     StepResult,
     kv_cache_bytes_per_block,
-    kv_cache_layout,
-    kv_cache_torch_dtype,
     verifies_trees,
 )
 from ember.engine.sampling_params import SamplingParams
@@ -31,6 +29,7 @@ from ember.engine.spec.speculator import Proposer, Speculator
 from ember.engine.stop_checker import StopChecker
 from ember.engine.structured.structured_outputs import StructuredOutputs
 from ember.kv.cache_manager import KVCacheManager
+from ember.kv.tensors import kv_cache_layout, kv_cache_torch_dtype
 from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import SampledToken, Sampler
 from ember.models.config import ModelConfig

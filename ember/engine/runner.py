@@ -12,8 +12,9 @@ import torch
 from ember.engine.bad_words import banned_by_bad_words
 from ember.engine.request import Sequence
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
-from ember.kv.cache_manager import BlockCopy, KVCacheManager
-from ember.kv.specs import FullAttentionSpec, KVCacheLayout, LatentAttentionSpec
+from ember.kv.cache_manager import KVCacheManager
+from ember.kv.specs import FullAttentionSpec, KVCacheLayout
+from ember.kv.tensors import KVCacheTensors
 from ember.layers.attention import AttentionMetadata, DecodeRows, PrefillSegment
 from ember.layers.cpu_attention import PagedBatch
 from ember.layers.rejection_sampler import DraftRow, RejectionSampler, greedy_tree_path
@@ -61,27 +62,6 @@ def kv_cache_bytes_per_block(
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
 
 
-# Every `CacheConfig.kv_cache_dtype` (ember.engine.config.KV_CACHE_DTYPES, validated there) but "auto".
-KV_CACHE_TORCH_DTYPES = {
-    "float32": torch.float32, "bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
-
-
-def kv_cache_torch_dtype(name: str) -> torch.dtype | None:
-    """The torch dtype of a validated `CacheConfig.kv_cache_dtype`; None for "auto" (the model's compute dtype)."""
-    return KV_CACHE_TORCH_DTYPES.get(name)
-
-
-def kv_cache_layout(model: torch.nn.Module) -> KVCacheLayout:
-    """The model's per-layer KV specs (`model.kv_cache_specs()`), or full attention on every layer."""
-    specs = getattr(model, "kv_cache_specs", None)
-    if specs is not None:
-        return KVCacheLayout.from_specs(specs())
-    config = model.config
-    return KVCacheLayout.from_specs([FullAttentionSpec(config.num_kv_heads, config.head_dim)] * config.num_layers)
-
-
 def verifies_trees(layout: KVCacheLayout, workers: WorkerGroup | None) -> bool:
     """Whether a runner may score a tree of drafts: one group of full-attention layers in this process (a tree's
     nodes are masked by ancestry and its kept path is moved into place, which only that layout does here)."""
@@ -90,49 +70,6 @@ def verifies_trees(layout: KVCacheLayout, workers: WorkerGroup | None) -> bool:
         and layout.group_windows == (None,)
         and all(isinstance(spec, FullAttentionSpec) for spec in layout.specs)
     )
-
-
-class KVCacheTensors:
-    """Every layer's KV cache for a model's layout: the tensors, each layer's view, block copies."""
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        num_blocks: int,
-        block_size: int,
-        held_layers: range | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        """`held_layers` (a pipeline stage's): only their cache tensors get blocks; the others stay empty.
-        `dtype` None: the model's parameter dtype."""
-        dtype = dtype or next(model.parameters()).dtype
-        self.dtype = dtype
-        self.layout = kv_cache_layout(model)
-        used = {self.layout.layer_tensors[i] for i in (held_layers if held_layers is not None else range(len(self.layout.specs)))}
-        self.tensors = [
-            torch.zeros(self.layout.tensor_spec(t).cache_shape(num_blocks if t in used else 0, block_size), dtype=dtype)
-            for t in range(self.layout.num_tensors)
-        ]
-        # Layer i's cache; layers of different groups may share a tensor (see KVCacheLayout).
-        self.layer_caches = [self.tensors[t] for t in self.layout.layer_tensors]
-
-    @property
-    def num_bytes(self) -> int:
-        """Bytes allocated for KV, every cache tensor counted once."""
-        return sum(cache.numel() * cache.element_size() for cache in self.tensors)
-
-    def copy_blocks(self, copies: list[BlockCopy]) -> None:
-        if not copies:
-            return
-        sources = torch.tensor([c.source for c in copies])
-        destinations = torch.tensor([c.destination for c in copies])
-        for t, cache in enumerate(self.tensors):
-            if cache.numel() == 0:
-                continue  # another pipeline stage's layers
-            if isinstance(self.layout.tensor_spec(t), LatentAttentionSpec):
-                cache[destinations] = cache[sources]
-            else:
-                cache[:, destinations] = cache[:, sources]
 
 
 class ModelRunner:

@@ -16,11 +16,12 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ember.engine.request import Request, Sequence
-from ember.engine.runner import ModelRunner, kv_cache_layout
+from ember.engine.runner import ModelRunner
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.engine.spec.lm_head_rows import lm_head_rows
 from ember.kv.cache_manager import KVCacheManager
+from ember.kv.tensors import kv_cache_layout
 from ember.layers.sampler import Sampler
 from ember.models.loader import LoadedModel
 from ember.tokenizers.base import Tokenizer

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 import torch
 
 from ember.engine.request import Request, Sequence
-from ember.engine.runner import LastHidden, ModelRunner, kv_cache_layout
+from ember.engine.runner import LastHidden, ModelRunner
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.engine.spec.speculator import StepTimeFit
 from ember.kv.cache_manager import KVCacheManager
+from ember.kv.tensors import kv_cache_layout
 from ember.layers.rejection_sampler import DraftRow
 from ember.layers.sampler import Sampler, draw_proposals
 
