@@ -1,7 +1,7 @@
 """What training a draft head on a frozen target needs, whatever the head: corpus tokens, the target's
 final hidden states over token windows, and its LM head as a differentiable product.
 
-Medusa heads (medusa_training) and the EAGLE-style head (eagle_training) both learn the target's
+Medusa heads (ember.training.medusa) and the EAGLE-style head (ember.training.eagle) both learn the target's
 own outputs (self-distillation), so both read the target the same way.
 """
 
@@ -23,6 +23,7 @@ from ember.engine.spec.lm_head_rows import lm_head_rows
 from ember.kv.cache_manager import KVCacheManager
 from ember.kv.tensors import kv_cache_layout
 from ember.layers.sampler import Sampler
+from ember.llm import LLM
 from ember.models.loader import LoadedModel
 from ember.tokenizers.base import Tokenizer
 
@@ -152,7 +153,6 @@ def self_generated_tokens(
     """
     import random
 
-    from ember.llm import LLM
     from ember.tokenizers.chat_template import load_chat_template
 
     check_corpus(corpus)
