@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from ember.engine.config import parse_bytes
-from ember.kv.planner import (
+from ember.models.config import ModelConfig
+from ember.models.kv_planner import (
     ELEMENT_SIZES,
     KNOWN_SHAPES,
     KVPlan,
@@ -18,7 +19,6 @@ from ember.kv.planner import (
     format_table,
     plan,
 )
-from ember.models.config import ModelConfig
 
 # --dtype values the engine can allocate its cache in (the runner's torch dtype); the rest are formula only.
 ENGINE_CACHE_DTYPES = {

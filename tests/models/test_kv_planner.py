@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ember.kv.planner import KNOWN_SHAPES, compare_variants, plan
 from ember.models.config import ModelConfig
+from ember.models.kv_planner import KNOWN_SHAPES, compare_variants, plan
 
 
 def _config(name: str) -> ModelConfig:
