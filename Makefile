@@ -35,7 +35,10 @@ run: install
 
 test: install-test
 	$(BIN)/ruff check ember tests
+	# The floors of the import order (pyproject.toml [tool.importlinter]): no upward import, no cycle between floors.
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: install-test
 	$(BIN)/ruff check ember tests
+	$(BIN)/lint-imports
