@@ -379,7 +379,7 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             kv_cache_usage=self.kv.usage,
             num_free_blocks=self.kv.num_free_blocks,
-            num_total_blocks=self.kv.pool.num_blocks,
+            num_total_blocks=self.kv.num_blocks,
             block_size=self.block_size,
             kv_cache_bytes=self.runner.kv_cache_bytes,
             prefix_cache_queries=self.kv.prefix_stats.queries,

@@ -92,12 +92,12 @@ class ModelRunner:
         cache_dtype: torch.dtype | None = None,
         keeps_last_hidden: bool = False,
     ) -> None:
-        """`cache_dtype` None: the KV cache takes the model's parameter dtype. `keeps_last_hidden`: each
+        """`kv`: the cache manager whose block ids each plan carries (it must keep a table per layer group of the model).
+        `cache_dtype` None: the KV cache takes the model's parameter dtype. `keeps_last_hidden`: each
         step's result carries the hidden state behind every sequence's newest token (a Medusa proposer's input)."""
         self.model = model
         self.keeps_last_hidden = keeps_last_hidden
         self.block_size = block_size
-        self.kv = kv
         self.sampler = sampler
         self.rejection_sampler = rejection_sampler
         self.eos_ids = eos_ids
@@ -196,7 +196,7 @@ class ModelRunner:
         start = 0
         for item, span in zip(scheduled, spans, strict=True):
             count, first = item.num_new_tokens, span.start
-            block_ids = self.kv.group_tables[group][item.seq.seq_id].block_ids
+            block_ids = item.block_ids[group]
             tables.append(block_ids)
             slots.extend(block_ids[position // size] * size + position % size for position in span)
             if count == 1:
@@ -272,21 +272,21 @@ class ModelRunner:
         path moves into place, and the hidden state that drew the final token is kept if the runner keeps them."""
         own = item.num_new_tokens - item.num_draft_tokens  # the sequence's own tokens scored before the drafts
         if item.draft.is_tree:
-            self._move_kv(item.seq, item.seq.num_computed_tokens + own, kept_nodes)
+            self._move_kv(item.block_ids[0], item.seq.num_computed_tokens + own, kept_nodes)
         if self.keeps_last_hidden:
             root = end - item.num_draft_tokens - 1  # the row of the sequence's own last token
             row = root + 1 + kept_nodes[-1] if kept_nodes else root
             position = item.seq.num_computed_tokens + own - 1 + len(kept_nodes)
             last_hidden[item.seq.seq_id] = LastHidden(position, hidden[row].clone())
 
-    def _move_kv(self, seq: Sequence, first_node: int, kept_nodes: list[int]) -> None:
+    def _move_kv(self, block_ids: list[int], first_node: int, kept_nodes: list[int]) -> None:
         """Copy the keys and values of a tree's kept path (node j sits at cache position first_node + j) to the
         positions first_node, first_node + 1, ... that its tokens now hold. Node j's depth is at most j + 1, so a
         destination never overwrites a source still to be read."""
         moves = [(first_node + j, first_node + d) for d, j in enumerate(kept_nodes) if j != d]
         if not moves:
             return
-        table = torch.tensor(self.kv.group_tables[0][seq.seq_id].block_ids, dtype=torch.long)
+        table = torch.tensor(block_ids, dtype=torch.long)
         positions = torch.tensor(moves, dtype=torch.long)
         slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
         for cache in self.caches.tensors:

@@ -79,7 +79,7 @@ class TargetForward:
             seq = Sequence(seq_id, Request(seq_id, window, SamplingParams(max_tokens=1)), 0, list(window), len(window))
             if self.kv.allocate_slots(seq_id, window, 0, len(window)) is None:
                 raise RuntimeError("the training KV cache is sized for one batch of windows and must have room")
-            scheduled.append(ScheduledSequence(seq, len(window)))
+            scheduled.append(ScheduledSequence(seq, len(window), self.kv.block_ids(seq_id)))
         try:
             hidden = self.runner.hidden_states(SchedulerOutput(scheduled))
         finally:

@@ -144,7 +144,8 @@ class DraftModelProposer:
     def _draft_step(self, batch: list[Sequence], tokens: dict[str, list[int]], probs: dict[str, list[torch.Tensor]]) -> None:
         """One draft forward over `batch` (catch-up or one token each) and one drafted token per sequence."""
         shadows = [self._states[seq.seq_id].shadow for seq in batch]
-        plan = SchedulerOutput([ScheduledSequence(s, len(s.token_ids) - s.num_computed_tokens) for s in shadows])
+        plan = SchedulerOutput([ScheduledSequence(s, len(s.token_ids) - s.num_computed_tokens, self.kv.block_ids(s.seq_id))
+                                for s in shadows])
         started = time.perf_counter()
         logits = self.runner.last_position_logits(plan).float()
         self._record_forward(plan, time.perf_counter() - started)
