@@ -90,7 +90,7 @@ class TargetForward:
 
 def load_training_target(model: str, corpus: list[Path], dtype: str, tokenizer: str | None, show_progress: bool):
     """The frozen target (a `LoadedModel`) and the tokenizer to read the corpus with; raises naming the fix."""
-    from ember.engine.llm_engine import load_tokenizer_from
+    from ember.engine.builder import load_tokenizer_from
     from ember.models.loader import load_model
     from ember.models.registry import resolve_model
 
