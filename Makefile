@@ -35,7 +35,7 @@ run: install
 
 test: install-test
 	$(BIN)/ruff check ember tests
-	# The floors of the import order (pyproject.toml [tool.importlinter]): no upward import, no cycle between floors.
+	# The import contracts (pyproject.toml [tool.importlinter]): no upward import between floors, no cycle in any package.
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
