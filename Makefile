@@ -35,10 +35,13 @@ run: install
 
 test: install-test
 	$(BIN)/ruff check ember tests
+	# The import contracts (pyproject.toml [tool.importlinter]): no upward import between floors, no cycle in any package.
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: install-test
 	$(BIN)/ruff check ember tests
+	$(BIN)/lint-imports
 
 .PHONY: docs
 docs: $(BIN)/python

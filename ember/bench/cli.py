@@ -384,7 +384,7 @@ def _run_all(args: argparse.Namespace) -> int:
 
 def _sibling(text: str | None):
     """The --sibling / --spec-sibling pair, parsed before anything runs (None when not given)."""
-    from ember.bench.spec import SiblingPair
+    from ember.bench.suite import SiblingPair
 
     return None if text is None else SiblingPair.parse(text)
 

@@ -5,14 +5,8 @@ from __future__ import annotations
 from rich.console import Console, Group
 from rich.table import Table
 
-from ember.bench.report import (
-    LABELS,
-    describe_decode_bytes,
-    fmt,
-    fmt_ratio,
-    fmt_spread,
-    roofline_percent,
-)
+from ember.bench.formatting import fmt, fmt_ratio, fmt_spread
+from ember.bench.report import LABELS, describe_decode_bytes, roofline_percent
 
 
 def print_section(name: str, section: dict, skipped: dict[str, str]) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import json
 from pathlib import Path
 
+from ember.bench.formatting import fmt, fmt_ratio, fmt_spread
 from ember.bench.goals import Goal, feature_goals
 from ember.bench.stats import ratio
 from ember.bench.suite import BenchOptions
@@ -105,26 +106,6 @@ def write_summary(results: dict, path: Path) -> None:
              for g in all_goals(results)]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(summary(results), goals=goals), indent=2) + "\n")
-
-
-# -- formatting -----------------------------------------------------------------------------------
-
-
-def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.{digits}f}{suffix}"
-
-
-def fmt_spread(data: dict | None, digits: int = 1) -> str:
-    """'median (min-max)' of a repeated measurement."""
-    if not data:
-        return "n/a"
-    return f"{data['median']:,.{digits}f} ({data['min']:,.{digits}f}–{data['max']:,.{digits}f})"
-
-
-def fmt_ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING
 
 from ember.bench import workloads
 from ember.bench.ember_runner import EmberSettings, run_ember
@@ -21,11 +20,29 @@ from ember.bench.stats import latency_summary, mean, ratio, spread
 from ember.bench.workloads import TokenSource, Workload
 from ember.engine.config import SchedulerConfig
 
-if TYPE_CHECKING:
-    from ember.bench.spec import SiblingPair
-
 PEERS = ("hf", "llamacpp")
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class SiblingPair:
+    """A target and a smaller model of its family with the same tokenizer, as its draft model, both at `dtype`."""
+
+    target: str
+    draft: str
+    dtype: str = "auto"
+
+    @classmethod
+    def parse(cls, text: str) -> SiblingPair:
+        """'TARGET,DRAFT' as the command line gives it."""
+        parts = [part.strip() for part in text.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"a sibling pair reads TARGET,DRAFT (two models with one tokenizer), not {text!r}")
+        return cls(*parts)
+
+    @property
+    def models(self) -> tuple[str, str]:
+        return (self.target, self.draft)
 
 
 @dataclass

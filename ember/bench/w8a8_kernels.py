@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ember.bench.formatting import fmt, fmt_ratio
+
 DEFAULT_ROWS = (1, 4, 8, 16, 64)
 COLUMNS = ("layer", "rows", "in -> out", "compiled", "plain torch", "torch _int_mm", "float32 F.linear", "plain torch / compiled",
            "_int_mm / compiled")
@@ -87,7 +89,5 @@ def _median_us(call: Callable[[], object], repeats: int, group_s: float = 0.02) 
 
 def table_cells(row: dict) -> list[str]:
     """One row of the timings as table cells (COLUMNS): microseconds and ratios."""
-    from ember.bench.report import fmt, fmt_ratio
-
     return [row["layer"], str(row["rows"]), f"{row['in']} -> {row['out']}", fmt(row["compiled_us"]), fmt(row["torch_us"]),
             fmt(row["int_mm_us"]), fmt(row["float32_us"]), fmt_ratio(row["torch_over_compiled"]), fmt_ratio(row["int_mm_over_compiled"])]

@@ -7,22 +7,22 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ember.layers.draft_trees import MAX_TREE_NODES
 from ember.parallel.config import ParallelConfig, add_parallel_arguments
+from ember.quant.choices import (
+    AT_LOAD_QUANTIZATIONS,
+    QUANT_ACTIVATIONS,
+    QUANTIZATION_ALIASES,
+    QUANTIZATIONS,
+)
 
 # "auto": a quantized checkpoint stays quantized (float32 activations), a float one loads as float32.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
-QUANT_ACTIVATIONS = ("int8", "float32")  # what ember.quant.ggml_layers' GGML linear layers round activations to
 # "auto": the model's compute dtype; "fp8" (alias "fp8_e4m3"): float8 e4m3 with no scale, as vLLM's
 # uncalibrated default, 1 byte per element; "fp8_e5m2": float8 e5m2 (2 mantissa bits, the range of float16)
-# (torch dtypes: ember.engine.runner.KV_CACHE_TORCH_DTYPES).
+# (torch dtypes: ember.kv.tensors.KV_CACHE_TORCH_DTYPES).
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
-# --quantization: the block formats a float checkpoint's decoder linears are rounded to as it loads (ember.quant.at_load),
-# vLLM's name for one of them, and vLLM's names of checkpoint formats (accepted: the checkpoint's own description decides).
-AT_LOAD_QUANTIZATIONS = ("int8", "int4", "fp8", "nf4")
-QUANTIZATION_ALIASES = {"bitsandbytes": "nf4"}
-CHECKPOINT_QUANTIZATIONS = ("gptq", "awq", "gguf", "compressed-tensors", "gptq_marlin", "awq_marlin", "marlin")
-QUANTIZATIONS = (*AT_LOAD_QUANTIZATIONS, *QUANTIZATION_ALIASES, *CHECKPOINT_QUANTIZATIONS)
 
 
 @dataclass
@@ -72,7 +72,6 @@ class SchedulerConfig:
 
 SPECULATIVE_METHODS = ("ngram", "draft", "medusa", "eagle")
 MAX_SPECULATIVE_TOKENS = 16  # the deepest draft a sequence may verify in one step
-MAX_TREE_NODES = 62  # a tree's rows and their newest token fit the attention op's 64-bit masks
 DEFAULT_TREE_NODES = 7  # with the newest token, 8 rows: one query chunk of the attention op, as a decode row reads
 # K when none is given. A lookup drafts for free, so a deeper cap costs only the rows verification rejects, which
 # adaptive K weighs; copies run long (n-gram at K=8 over K=4 on SmolLM2, `ember bench spec`: code-edit 2.04x vs 1.93x).

@@ -19,7 +19,7 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from ember.quant.calibration import InputStats
+from ember.quant.calibration import CalibrationRun, InputStats
 from ember.quant.int8_channel import quantize_weight, w8a8_linear_torch
 from ember.quant.smoothquant import apply_smoothing, migrated_tensors
 
@@ -34,7 +34,7 @@ class AlphaSearch:
     nll: dict[float, float]
 
 
-def search_alpha(engine, model: nn.Module, names: list[str], chunks: list[list[int]], stats: dict[str, InputStats],
+def search_alpha(run: CalibrationRun, model: nn.Module, names: list[str], chunks: list[list[int]], stats: dict[str, InputStats],
                  progress: Progress) -> AlphaSearch:
     """Score each candidate alpha's W8A8 model on the calibration chunks; the model's weights are left unchanged."""
     touched = migrated_tensors(model)
@@ -45,21 +45,19 @@ def search_alpha(engine, model: nn.Module, names: list[str], chunks: list[list[i
         try:
             with Progress(disable=True) as quiet:
                 apply_smoothing(model, stats, alpha, quiet)
-            scores[alpha] = w8a8_nll(engine, model, names, chunks, f"alpha-{alpha:g}")
+            scores[alpha] = w8a8_nll(run, model, names, chunks, f"alpha-{alpha:g}")
         finally:
             _restore(touched, saved)
         progress.advance(task)
     return AlphaSearch(min(scores, key=scores.__getitem__), scores)
 
 
-def w8a8_nll(engine, model: nn.Module, names: list[str], chunks: list[list[int]], tag: str) -> float:
+def w8a8_nll(run: CalibrationRun, model: nn.Module, names: list[str], chunks: list[list[int]], tag: str) -> float:
     """Mean NLL per token of the chunks with every named linear run as W8A8 on its current weights."""
-    from ember.eval.perplexity import token_nll
-
     hooks = [_run_as_w8a8(model.get_submodule(name)) for name in names]
     try:
         with torch.inference_mode():
-            nll = [value for index, chunk in enumerate(chunks) for value in token_nll(engine, f"{tag}-{index}", chunk)]
+            nll = [value for index, chunk in enumerate(chunks) for value in run.token_nll(f"{tag}-{index}", chunk)]
     finally:
         for hook in hooks:
             hook.remove()

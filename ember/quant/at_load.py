@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ember.engine.config import CHECKPOINT_QUANTIZATIONS
 from ember.layers.linear import Linear
+from ember.quant.choices import CHECKPOINT_QUANTIZATIONS
 from ember.quant.float_codes import quantize_fp8, quantize_nf4
 from ember.quant.ggml_blocks import GGMLTensor
 from ember.quant.ggml_layers import LOGITS_MODULE
@@ -31,7 +31,7 @@ from ember.quant.grid import BlockGrid
 
 logger = logging.getLogger(__name__)
 
-AT_LOAD_QUANTIZERS: dict[str, Callable[[torch.Tensor], GGMLTensor]] = {  # keys: ember.engine.config.AT_LOAD_QUANTIZATIONS
+AT_LOAD_QUANTIZERS: dict[str, Callable[[torch.Tensor], GGMLTensor]] = {  # keys: ember.quant.choices.AT_LOAD_QUANTIZATIONS
     "int8": BlockGrid(bits=8, group_size=32).round_to_blocks,
     "int4": BlockGrid(bits=4, group_size=32).round_to_blocks,
     "fp8": quantize_fp8,

@@ -11,9 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import nn
+
+
+class CalibrationRun(Protocol):
+    """How quantization runs token sequences through the float model: ember's engine, driven from the floor above
+    (ember.quantize), so quant itself never imports the engine. Every run is a prefill (one token is sampled)."""
+
+    def prefill_each(self, chunks: list[list[int]], after_each: Callable[[], None]) -> None:
+        """Each chunk prefilled on its own, in order; `after_each` called after each one."""
+
+    def prefill_together(self, chunks: list[list[int]]) -> None:
+        """Every chunk prefilled in one engine step (its token budget holds them all)."""
+
+    def token_nll(self, request_id: str, token_ids: list[int]) -> list[float]:
+        """The negative log-likelihood of every token after the first, each predicted from those before it."""
 
 
 @dataclass

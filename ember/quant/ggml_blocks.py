@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ember.quant.ggml_kernels import load_kernels
+
 
 @dataclass(frozen=True)
 class GGMLFormat:
@@ -91,8 +93,6 @@ class GGMLTensor:
 
     def dequantize(self) -> torch.Tensor:
         """float32 [rows, cols], bit-exact with the `gguf` package."""
-        from ember.quant.ggml_kernels import load_kernels
-
         kernels = load_kernels()
         if kernels is None:
             return dequantize_torch(self.data, self.format).reshape(self.shape)

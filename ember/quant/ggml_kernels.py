@@ -16,11 +16,11 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from ember.native_build import EXACT_CPU_KERNEL_FLAGS, load_cpu_kernels
-from ember.quant.ggml_blocks import GGMLFormat, GGMLTensor
 
 SOURCE_PATH = Path(__file__).with_name("ggml_source.c")
 MAX_GEMV_ROWS = 8  # the C kernel's MAX_M: the rows one pass over the weight computes
@@ -34,6 +34,29 @@ INT8_DOT_KINDS = ("avx2", "avx512vnni", "avxvnni")  # ember_ggml_int8_dot_kind()
 # rows, 1.3-3.7x the tiles on SmolLM2's Q4_1 and Qwen2.5-Coder's Q4_K / Q5_0 / Q6_K / Q8_0 layers (a dequantized
 # tile costs a float32 copy of the weight per call; the passes read the blocks and run 4x the MACs per instruction).
 INT8_PASSES_AT_ANY_ROWS = ("avx512vnni", "avxvnni")
+
+
+class BlockFormat(Protocol):
+    """What the kernels read of a block format (ember.quant.ggml_blocks.GGMLFormat)."""
+
+    @property
+    def type_id(self) -> int: ...
+
+    @property
+    def has_int8_kernel(self) -> bool: ...
+
+
+class BlockWeight(Protocol):
+    """What the kernels read of a weight in blocks (ember.quant.ggml_blocks.GGMLTensor, which dequantizes through
+    these kernels, so the kernels name only its shape): uint8 rows of whole blocks, their format, [rows, cols]."""
+
+    data: torch.Tensor
+
+    @property
+    def format(self) -> BlockFormat: ...
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
 
 
 class GGMLWeightPointer(ctypes.Structure):
@@ -82,7 +105,7 @@ class GGMLKernels:
         self.int8_dot_kind = INT8_DOT_KINDS[library.ember_ggml_int8_dot_kind()] if "int8" in self.paths else None
         self._path_index = {activations: GEMV_PATHS.index(self._best_path(activations)) for activations in ("int8", "float32")}
 
-    def dequantize(self, weight: GGMLTensor) -> torch.Tensor:
+    def dequantize(self, weight: BlockWeight) -> torch.Tensor:
         """float32 [rows, cols], bit-exact with the `gguf` package."""
         rows, cols = weight.shape
         out = torch.empty(rows, cols, dtype=torch.float32)
@@ -98,7 +121,7 @@ class GGMLKernels:
         wanted = ("int8", "float32", "portable") if activations == "int8" else ("float32", "portable")
         return next(p for p in wanted if p in self.paths)
 
-    def format_path(self, format: GGMLFormat, activations: str) -> int:
+    def format_path(self, format: BlockFormat, activations: str) -> int:
         """The path index a weight of `format` runs on for `activations` (float32 where the format has no int8 kernel)."""
         return self.path_for(activations if format.has_int8_kernel else "float32")
 
@@ -117,7 +140,7 @@ class GGMLKernels:
         """The C path index for activations "int8" (falls back to float32) or "float32" (falls back to portable)."""
         return self._path_index[activations]
 
-    def gemv(self, x: torch.Tensor, weight: GGMLTensor, bias: torch.Tensor | None, path: str | None = None) -> torch.Tensor:
+    def gemv(self, x: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None, path: str | None = None) -> torch.Tensor:
         """x [m, cols] @ weight.T (+ bias) on `path` (default: the fastest), float32 out, MAX_GEMV_ROWS rows per pass."""
         path = self.default_path if path is None else path
         if path not in self.paths:

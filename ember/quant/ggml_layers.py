@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ember.engine.config import QUANT_ACTIVATIONS
 from ember.layers.cpu_decoder_layer import CompilableLayer
 from ember.layers.cpu_gemm import CompiledProduct, PackedWeight, load_gemm
 from ember.layers.linear import DenseLinear
+from ember.quant.choices import QUANT_ACTIVATIONS
 from ember.quant.exact_top_logits import BFLOAT16_UNIT_ROUNDOFF, refine_near_top, row_norms
 from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor, dequantize_torch
 from ember.quant.ggml_interleave import ROWS_PER_GROUP, can_interleave, interleaved, plain, rows_of

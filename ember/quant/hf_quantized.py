@@ -21,21 +21,17 @@ and a warning says so. Layouts ember does not read raise an error naming what to
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ember.quant.ggml_blocks import GGMLTensor
-from ember.quant.grid import BLOCK, BlockGrid
+from ember.quant.grouped_codes import grouped_weight, unpack_words
 from ember.quant.hf_bitsandbytes import BitsAndBytesQuantization, read_bitsandbytes
 from ember.quant.hf_scaled import SCALED_METHODS, ScaledQuantization, read_scaled
 from ember.quant.int8_channel import Int8ChannelTensor
 from ember.quant.zero_point import ZeroPointTensor
-
-logger = logging.getLogger(__name__)
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # word position k holds output column 8c + AWQ_ORDER[k]
 AWQ_UNORDER = tuple(AWQ_ORDER.index(column) for column in range(8))  # output column j sits at position AWQ_UNORDER[j]
@@ -165,20 +161,6 @@ def quantized_weight(layout: HFQuantization, parts: dict[str, torch.Tensor], mod
     return grouped_weight(layout.bits, codes, zeros, scales, groups, module)
 
 
-def grouped_weight(bits: int, codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, groups: torch.Tensor,
-                   module: str) -> torch.Tensor | ZeroPointTensor:
-    """scales[g, o] * (codes[o, i] - zeros[g, o]) with g = groups[i] (codes unsigned, scales float16): a
-    ZeroPointTensor, or float32 where the groups do not cover whole blocks."""
-    cols = codes.shape[1]
-    is_sorted = bool((groups[1:] >= groups[:-1]).all())
-    order = None if is_sorted else torch.argsort(groups, stable=True)
-    stored_groups = groups if order is None else groups[order]
-    if cols % BLOCK or not bool((stored_groups.reshape(-1, BLOCK) == stored_groups.reshape(-1, BLOCK)[:, :1]).all()):
-        logger.warning("%s: its groups do not cover whole %d-value blocks; this layer runs in float32", module, BLOCK)
-        return dequantize_reference(codes, zeros, scales, groups)
-    return _zero_point_tensor(bits, codes, zeros, scales, stored_groups, order)
-
-
 def unpack(layout: HFQuantization, parts: dict[str, torch.Tensor], module: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes int32 [out, in], zero points int32 [groups, out], scales float16 [groups, out]) from the packed parts."""
     qweight, qzeros, scales = parts["qweight"], parts["qzeros"], parts["scales"]
@@ -195,31 +177,3 @@ def unpack(layout: HFQuantization, parts: dict[str, torch.Tensor], module: str) 
         raise ValueError(f"{module}: scales {tuple(scales.shape)} and qzeros (unpacked {tuple(zeros.shape)}) must both be [groups, "
                          f"{codes.shape[0]}]: the checkpoint does not match its quantization_config (bits {layout.bits})")
     return codes.contiguous(), zeros, scales.to(torch.float16)
-
-
-def unpack_words(words: torch.Tensor, bits: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
-    """int32 [r, c] words, 32 / bits values each (lowest bits first) -> int32 [r, c * 32 / bits] along the last dim,
-    the values of each word taken at positions `order` (AWQ) or in position order."""
-    per_word = 32 // bits
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
-    values = (words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # arithmetic shift; the mask drops the sign
-    if order is not None:
-        values = values[..., list(order)]
-    return values.reshape(words.shape[0], words.shape[1] * per_word)
-
-
-def dequantize_reference(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """float32 [out, in]: scales[g, o] * (codes[o, i] - zeros[g, o]) with g = groups[i] (exact in float32)."""
-    return scales.float()[groups].t() * (codes - zeros[groups].t()).float()
-
-
-def _zero_point_tensor(bits: int, codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, stored_groups: torch.Tensor,
-                       order: torch.Tensor | None) -> ZeroPointTensor:
-    center = 1 << (bits - 1)  # Q4_0 decodes d * (q - 8); Q8_0 holds q - 128 as int8
-    if order is not None:
-        codes = codes[:, order]
-    block_scales = scales[stored_groups[::BLOCK]].t().float()  # [out, blocks]: each block's group scale
-    stored_codes = codes if bits == 4 else codes - center
-    blocks: GGMLTensor = BlockGrid(bits, BLOCK, symmetric=True).to_blocks(stored_codes, block_scales, torch.zeros_like(block_scales))
-    offsets = (scales.float() * (center - zeros).float()).t().contiguous()  # [out, groups]
-    return ZeroPointTensor(blocks, None if not bool(offsets.any()) else offsets, stored_groups.contiguous(), order)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ember.quant.grouped_codes import dequantize_reference, grouped_weight, unpack_words
 from ember.quant.int8_channel import MAX_CODE, Int8ChannelTensor
 from ember.quant.zero_point import ZeroPointTensor
 
@@ -161,8 +162,6 @@ def _expanded_scale(layout: ScaledQuantization, scale: torch.Tensor, rows: int, 
 
 def packed_weight(layout: ScaledQuantization, packed: torch.Tensor, scale: torch.Tensor, module: str) -> Weight:
     """Packed symmetric codes as Q4_0 / Q8_0 blocks (`grouped_weight`), or float32 where a scale has no float16 value."""
-    from ember.quant.hf_quantized import dequantize_reference, grouped_weight, unpack_words
-
     bits = layout.packed_bits
     assert bits is not None  # packed_weight is called for packed layouts only
     if packed.dtype != torch.int32 or packed.dim() != 2:

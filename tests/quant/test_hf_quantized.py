@@ -87,7 +87,7 @@ def test_few_and_many_row_products_equal_x_times_the_dequantized_weight(sources,
 ], ids=["groups-of-16", "unshared-act-order"])
 def test_weights_blocks_cannot_hold_load_as_exact_float32(sources, tmp_path, caplog, variant, warning):
     reference = write_checkpoint(sources["llama"], tmp_path / "q", variant)
-    with caplog.at_level(logging.WARNING, logger="ember.quant.hf_quantized"):
+    with caplog.at_level(logging.WARNING, logger="ember.quant.grouped_codes"):
         model = load_model(tmp_path / "q").model
     assert warning in caplog.text
     qkv = model.model.layers[0].self_attn.qkv_proj

@@ -20,8 +20,8 @@ from ember.quant.at_load import decoder_linears
 from ember.quant.checkpoint import QUANTIZATION_FILE
 from ember.quant.config import QuantizeConfig
 from ember.quant.ggml_layers import GGMLLinear
-from ember.quant.pipeline import quantize_checkpoint
 from ember.quant.w8a8_layers import W8A8Linear
+from ember.quantize import EngineCalibration, quantize_checkpoint
 from tests.model_factory import save_tiny_model
 
 VOCAB = 512  # the stories260K tokenizer's size, so calibration text tokenizes inside the vocabulary
@@ -90,7 +90,7 @@ def test_gptq_builds_each_hessian_from_the_already_quantized_layers_before_it(ti
                                         cache=CacheConfig(num_kv_blocks=64, enable_prefix_caching=False)))
         with Progress(disable=True) as progress:
             chunks = calibration_chunks(engine.tokenizer, config)
-            hessian = calibrate(engine, engine.runner.model, [target], chunks, progress)[target].mean_hessian
+            hessian = calibrate(EngineCalibration(engine), engine.runner.model, [target], chunks, progress)[target].mean_hessian
         codes, d, m = gptq_quantize(weight, hessian, config.grid, GPTQSettings())
         return config.grid.to_blocks(codes, d, m).dequantize()
 
@@ -208,7 +208,7 @@ def test_awq_scaling_folds_into_the_model_without_changing_its_float_outputs(fam
     before_norms = [norm.weight.detach().clone() for norm in norms]
     with Progress(disable=True) as progress:
         names = decoder_linears(model)
-        stats = calibrate(engine, model, names, calibration_chunks(engine.tokenizer, config), progress)
+        stats = calibrate(EngineCalibration(engine), model, names, calibration_chunks(engine.tokenizer, config), progress)
         apply_awq(model, stats, config.grid, progress)
     assert any(not torch.equal(norm.weight, old) for norm, old in zip(norms, before_norms, strict=True))  # some s != 1 folded
     torch.testing.assert_close(_prompt_logprobs(engine, "after", prompt), before, rtol=1e-4, atol=1e-4)
@@ -305,7 +305,7 @@ def test_smoothquant_migration_folds_into_the_model_without_changing_its_float_o
     old = mlp_norm.weight.detach().clone()
     with Progress(disable=True) as progress:
         names = decoder_linears(model)
-        stats = calibrate(engine, model, names, calibration_chunks(engine.tokenizer, config), progress, with_hessian=False)
+        stats = calibrate(EngineCalibration(engine), model, names, calibration_chunks(engine.tokenizer, config), progress, with_hessian=False)
         apply_smoothing(model, stats, config.alpha, progress)
     assert stats[names[0]].hessian is None and (stats[names[0]].abs_max > 0).all()
     assert not torch.equal(mlp_norm.weight, old)

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import torch
 
-from ember.engine.spec.distillation import (
+from ember.engine.spec.eagle_head import EagleHead, token_embeddings
+from ember.engine.spec.medusa_heads import model_identity
+from ember.training.distillation import (
     TargetForward,
     differentiable_lm_head,
     load_training_text,
     plot_training,
     train_with_progress,
 )
-from ember.engine.spec.eagle_head import EagleHead, token_embeddings
-from ember.engine.spec.medusa_heads import model_identity
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What training a draft head on a frozen target needs, whatever the head: corpus tokens, the target's
 final hidden states over token windows, and its LM head as a differentiable product.
 
-Medusa heads (medusa_training) and the EAGLE-style head (eagle_training) both learn the target's
+Medusa heads (ember.training.medusa) and the EAGLE-style head (ember.training.eagle) both learn the target's
 own outputs (self-distillation), so both read the target the same way.
 """
 
@@ -17,12 +17,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ember.engine.engine_request import EngineRequest
 from ember.engine.request import Request, Sequence
-from ember.engine.runner import ModelRunner, kv_cache_layout
+from ember.engine.runner import ModelRunner
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.engine.spec.lm_head_rows import lm_head_rows
 from ember.kv.cache_manager import KVCacheManager
+from ember.kv.tensors import kv_cache_layout
 from ember.layers.sampler import Sampler
+from ember.llm import LLM
 from ember.models.loader import LoadedModel
 from ember.tokenizers.base import Tokenizer
 
@@ -78,7 +80,7 @@ class TargetForward:
             seq = Sequence(seq_id, Request(EngineRequest(seq_id, window, SamplingParams(max_tokens=1))), 0, list(window), len(window))
             if self.kv.allocate_slots(seq_id, window, 0, len(window)) is None:
                 raise RuntimeError("the training KV cache is sized for one batch of windows and must have room")
-            scheduled.append(ScheduledSequence(seq, len(window)))
+            scheduled.append(ScheduledSequence(seq, len(window), self.kv.block_ids(seq_id)))
         try:
             hidden = self.runner.hidden_states(SchedulerOutput(scheduled))
         finally:
@@ -89,7 +91,7 @@ class TargetForward:
 
 def load_training_target(model: str, corpus: list[Path], dtype: str, tokenizer: str | None, show_progress: bool):
     """The frozen target (a `LoadedModel`) and the tokenizer to read the corpus with; raises naming the fix."""
-    from ember.engine.llm_engine import load_tokenizer_from
+    from ember.engine.builder import load_tokenizer_from
     from ember.models.loader import load_model
     from ember.models.registry import resolve_model
 
@@ -152,7 +154,6 @@ def self_generated_tokens(
     """
     import random
 
-    from ember.llm import LLM
     from ember.tokenizers.chat_template import load_chat_template
 
     check_corpus(corpus)

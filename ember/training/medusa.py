@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from ember.engine.spec.distillation import (
+from ember.engine.spec.medusa_heads import MedusaHeads, model_identity
+from ember.training.distillation import (
     TargetForward,
     differentiable_lm_head,
     load_training_text,
     plot_training,
     train_with_progress,
 )
-from ember.engine.spec.medusa_heads import MedusaHeads, model_identity
 
 FEATURE_LOSS_WEIGHT = 1.0  # weight of the hidden-state regression beside the distillation loss
 

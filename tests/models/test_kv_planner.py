@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ember.config.model import ModelConfig
-from ember.kv.planner import KNOWN_SHAPES, compare_variants, plan
 from ember.models.family_registry import config_from_hf
+from ember.models.kv_planner import KNOWN_SHAPES, compare_variants, plan
 
 
 def _config(name: str) -> ModelConfig:
