@@ -81,6 +81,8 @@ class EngineStats:
     spec_draft_time_s: float = 0.0
     spec_verify_time_s: float = 0.0
     spec_accepted_histogram: tuple[int, ...] = ()  # [j] = verifications that kept j drafted tokens
+    num_waiting_preempted: int = 0  # of num_waiting: sequences preempted after their first token (a server's count misses them)
+    num_free_seats: int = 0  # sequences the next step may admit beside the running ones (max_num_seqs - num_running)
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -390,6 +392,8 @@ class LLMEngine:
             prompt_tokens_total=self._counters["prompt_tokens"],
             generation_tokens_total=self._counters["generation_tokens"],
             computed_tokens_total=self._counters["computed_tokens"],
+            num_waiting_preempted=sum(1 for seq in self.scheduler.waiting if seq.num_output_tokens),
+            num_free_seats=max(0, self.config.scheduler.max_num_seqs - len(self.scheduler.running)),
             **self._speculation_stats(),
         )
 

@@ -92,24 +92,26 @@ def tracked_generate(
     first, then arrival, as vLLM's priority scheduling orders them; sharing cached prefixes only with requests of
     the same `cache_salt`).
 
-    From here on the engine's queue counts the request as waiting, not the server (the engine
-    takes it at the first step of the stream). However the caller stops (finished, closed
-    early, cancelled by a disconnect), the engine request is aborted unless it finished, and
-    one metrics observation and one log line are written.
+    The request holds its waiting-room slot until its first delta shows the engine running it.
+    However the caller stops (finished, closed early, cancelled by a disconnect), the engine
+    request is aborted unless it finished, and one metrics observation and one log line are written.
     """
-    ticket.hand_over()
-    return _tracked_stream(context, request_id, prompt, params, priority, cache_salt)
+    return _tracked_stream(context, request_id, prompt, params, ticket, priority, cache_salt)
 
 
 async def _tracked_stream(
-    context: ServingContext, request_id: str, prompt: PreparedPrompt, params: SamplingParams, priority: int,
-    cache_salt: str | None,
+    context: ServingContext, request_id: str, prompt: PreparedPrompt, params: SamplingParams, ticket: AdmissionTicket,
+    priority: int, cache_salt: str | None,
 ) -> AsyncIterator[RequestOutput]:
     tracker = _RequestTracker(request_id, len(prompt.token_ids))
     stream = context.engine.generate(request_id, prompt.token_ids, params, prompt=prompt.text, priority=priority,
                                      cache_salt=cache_salt)
     try:
+        is_started = False
         async for delta in stream:
+            if not is_started:
+                ticket.mark_started()
+                is_started = True
             tracker.add(delta)
             yield delta
     except EngineDeadError as error:

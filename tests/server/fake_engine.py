@@ -66,8 +66,9 @@ class FakeEngine:
     """Generates FAKE_REPLY deterministically, one token every `step_s` seconds."""
 
     def __init__(self, step_s: float = 0.01, max_model_len: int = 128, tokenizer: Tokenizer | None = None,
-                 reply: str = FAKE_REPLY) -> None:
+                 reply: str = FAKE_REPLY, max_num_seqs: int = 16) -> None:
         self.model_name = "fake-model"
+        self.max_num_seqs = max_num_seqs  # seats of a step: a held engine has none free
         self.reply = reply  # the text generated, one byte a token, over and over
         self.tokenizer = tokenizer or ByteTokenizer()
         self.max_model_len = max_model_len
@@ -192,6 +193,7 @@ class FakeEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             computed_tokens_total=self.prompt_tokens_total + self.generation_tokens_total,
+            num_free_seats=0 if self.is_held else max(0, self.max_num_seqs - len(self.running)),
         )
 
     def step_records(self) -> list:
