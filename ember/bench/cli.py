@@ -97,6 +97,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     structured.add_argument("--num-prompts", type=int, default=3, help="chat prompts asking for an item as JSON")
     structured.add_argument("--output-len", type=int, default=128, help="most tokens per reply")
     structured.set_defaults(func=_run_structured)
+    contention = commands.add_parser("contention", help="batch-1 decode and mixed tok/s alone and beside a busy neighbour, same run")
+    _common(contention, peers=False, default_dtype="auto")
+    contention.add_argument("--num-requests", type=int, default=16, help="requests of the mixed workload")
+    contention.set_defaults(func=_run_contention)
     soak = commands.add_parser("soak", help="many mixed requests against a real server: nothing lost, no 5xx, bounded memory")
     _common(soak, peers=False)
     soak.add_argument("--url", default=None, help="base URL of a running server (default: start `ember serve` with a small KV pool)")
@@ -297,6 +301,21 @@ def _run_structured(args: argparse.Namespace) -> int:
         raise ValueError("--num-prompts must be at least 1 and --output-len at least 2")
     section = bench_structured(_options(args), args.num_prompts, args.output_len)
     print(format_structured_section(section))
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, section)
+    return 0
+
+
+def _run_contention(args: argparse.Namespace) -> int:
+    from ember.bench.contention import bench_contention, format_contention_section
+
+    options = _options(args)
+    if args.num_requests < 1:
+        raise ValueError("--num-requests must be at least 1")
+    section = bench_contention(args.model, options.dtypes[0], options.repeats, args.num_requests, options.seed, options.tick)
+    print(format_contention_section(section))
+    print("machine: the ratios are to the quiet figure of the same run; on a machine shared with other work, 'quiet' is "
+          "only as quiet as that work lets it be")
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)
     return 0

@@ -30,6 +30,7 @@ from ember.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from ember.engine.spec.speculator import Proposer, Speculator
 from ember.engine.stop_checker import StopChecker
 from ember.engine.structured.structured_outputs import StructuredOutputs
+from ember.engine.threads import SlowStepWatch, apply_num_threads
 from ember.kv.cache_manager import KVCacheManager
 from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import SampledToken, Sampler
@@ -83,6 +84,7 @@ class EngineStats:
     spec_accepted_histogram: tuple[int, ...] = ()  # [j] = verifications that kept j drafted tokens
     num_waiting_preempted: int = 0  # of num_waiting: sequences preempted after their first token (a server's count misses them)
     num_free_seats: int = 0  # sequences the next step may admit beside the running ones (max_num_seqs - num_running)
+    num_slow_steps: int = 0  # steps many times slower than the median of their size (ember.engine.threads.SlowStepWatch)
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -110,6 +112,7 @@ class LLMEngine:
         """`loaded` (`draft_loaded`) reuses weights already in memory (they hold no per-engine state);
         else `config.model` (the speculative draft model) is loaded."""
         self.config = config
+        self.num_threads = apply_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         model_path = resolve_model(config.model)
         self.workers: WorkerGroup | None = None
@@ -161,6 +164,7 @@ class LLMEngine:
         self._aborted_outputs: list[RequestOutput] = []
         self._step_records: collections.deque[StepRecord] = collections.deque(maxlen=4096)
         self._counters = collections.Counter()
+        self.slow_steps = SlowStepWatch()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -358,6 +362,7 @@ class LLMEngine:
         self._step_records.append(
             StepRecord(self._counters["steps"], request_ids, plan.num_batched_tokens, len(plan.preempted), duration_s)
         )
+        self.slow_steps.observe(plan.num_batched_tokens, duration_s)
 
     def step_records(self) -> list[StepRecord]:
         return list(self._step_records)
@@ -394,6 +399,7 @@ class LLMEngine:
             computed_tokens_total=self._counters["computed_tokens"],
             num_waiting_preempted=sum(1 for seq in self.scheduler.waiting if seq.num_output_tokens),
             num_free_seats=max(0, self.config.scheduler.max_num_seqs - len(self.scheduler.running)),
+            num_slow_steps=self.slow_steps.num_slow_steps,
             **self._speculation_stats(),
         )
 
