@@ -2,12 +2,18 @@
 
 Given a server with `--max-waiting 4 --max-num-seqs 16`, when 256 requests arrive at once, then at
 most 4 + 16 are admitted (none runs yet), every other one gets 503 with Retry-After, and every
-admitted one finishes.
+admitted one finishes. Given a server with room for them, when four batches of 256 short prompts
+arrive at once, then `/health` keeps answering fast while they are tokenized.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+import statistics
+import string
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +25,12 @@ from tests.server.harness import ServeProcess, assert_openai_error, tiny_server_
 MAX_WAITING = 4
 MAX_NUM_SEQS = 16
 BURST = 256
+BATCH_PROMPTS = 256
+PROMPT_CHARS = 4096  # at the off-loop threshold one by one: about 1,000 tokens each, 1 MB a batch
+HEALTH_DEADLINE_S = 0.1
+# The worst single probe may be held up by this machine's other load (the client's thread waits for a CPU too);
+# a stalled event loop shows as seconds (1.3-2.4 s when each short prompt was tokenized on the loop).
+HEALTH_WORST_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +65,61 @@ def test_a_burst_of_256_meets_the_waiting_room(server: ServeProcess) -> None:
         assert response.json()["usage"]["completion_tokens"] == 8
     debug = httpx.get(f"{server.base_url}/debug/engine").json()
     assert (debug["server_num_waiting"], debug["server_num_in_flight"]) == (0, 0)
+
+
+@pytest.fixture(scope="module")
+def roomy_server(tiny_model_dir: Path, smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    log_path = tmp_path_factory.mktemp("batch-serve") / "serve.log"
+    settings = ("--max-waiting", str(4 * BATCH_PROMPTS), "--max-model-len", "512")
+    with tiny_server_process(tiny_model_dir, smollm2_tokenizer_dir, log_path, *settings) as process:
+        yield process
+
+
+def _batch_body(batch: int) -> dict:
+    """256 distinct prompts of made-up words (no tokenizer cache serves one from another), longer than the
+    512-token context once tokenized, which the bound found without tokenizing does not show: refused after
+    they are tokenized, as the issue's were."""
+    rng = random.Random(batch)
+    prompts = []
+    for _ in range(BATCH_PROMPTS):
+        words = []
+        while sum(len(word) + 1 for word in words) < PROMPT_CHARS:
+            words.append("".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 9))))
+        prompts.append(" ".join(words)[:PROMPT_CHARS])
+    return {"prompt": prompts, "max_tokens": 4}
+
+
+def test_four_batches_of_256_prompts_keep_health_fast(roomy_server: ServeProcess) -> None:
+    bodies = [_batch_body(batch) for batch in range(4)]
+    latencies: list[float] = []
+    is_done = threading.Event()
+
+    def probe_health() -> None:
+        with httpx.Client(base_url=roomy_server.base_url, timeout=30) as prober:
+            while not is_done.is_set():
+                started = time.perf_counter()
+                assert prober.get("/health").status_code == 200
+                latencies.append(time.perf_counter() - started)
+                time.sleep(0.01)
+
+    async def send_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=roomy_server.base_url, timeout=300) as client:
+            return await asyncio.gather(*(client.post("/v1/completions", json=body) for body in bodies))
+
+    prober = threading.Thread(target=probe_health)
+    prober.start()
+    try:
+        while not latencies:  # the prober is under way before the batches go
+            time.sleep(0.01)
+        started = time.perf_counter()
+        responses = asyncio.run(send_all())
+        elapsed_s = time.perf_counter() - started
+    finally:
+        is_done.set()
+        prober.join()
+    for response in responses:
+        error = assert_openai_error(response, 400)
+        assert error["code"] == "context_length_exceeded", error
+    assert len(latencies) >= 5, (len(latencies), elapsed_s)
+    assert statistics.median(latencies) < HEALTH_DEADLINE_S, sorted(latencies)[-5:]
+    assert max(latencies) < HEALTH_WORST_S, sorted(latencies)[-5:]
