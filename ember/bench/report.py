@@ -68,6 +68,7 @@ def summary(results: dict) -> dict:
         "serve": {
             "batch1_tpot_ratio": _get(results, "serve", "vs_offline", "batch1_tpot_ratio"),
             "tok_s_ratio": _get(results, "serve", "vs_offline", "tok_s_ratio"),
+            "e2e_batch1_ratio": _get(results, "serve", "vs_offline", "e2e_batch1_ratio"),
         },
         "machine": results.get("machine", {}),
         "commit": results.get("commit", "unknown"),
@@ -569,6 +570,9 @@ def _serve_vs_offline(lines: list[str], compared: dict | None) -> None:
         ["TPOT (ms), one `batch1` request alone", fmt_spread(compared["batch1_tpot_ms"]["served"]),
          fmt_spread(compared["batch1_tpot_ms"]["offline"]), fmt_ratio(compared.get("batch1_tpot_ratio"))],
     ]
+    if "e2e_batch1_tok_s" in compared:
+        rows.append(["tok/s end to end, one whole 96-token answer to a short prompt", fmt_spread(compared["e2e_batch1_tok_s"]["served"]),
+                     fmt_spread(compared["e2e_batch1_tok_s"]["offline"]), fmt_ratio(compared.get("e2e_batch1_ratio"))])
     lines += _table(["", "served", "offline", "served / offline"], rows)
 
 

@@ -157,6 +157,7 @@ class LLMEngine:
             loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids, rejection, self.workers,
             self.kv_cache_dtype, keeps_last_hidden=self.speculator is not None and self.speculator.proposer.uses_last_hidden,
         )
+        self.kv_cache_bytes = self.runner.kv_cache_bytes  # fixed once allocated; summing the tensors was most of stats()
         self.stop_checker = StopChecker(self.eos_ids, self.max_model_len)
         self.structured_outputs = StructuredOutputs(self.tokenizer, loaded.config.vocab_size)
         self.requests: dict[str, Request] = {}
@@ -321,7 +322,7 @@ class LLMEngine:
         end = self.stop_checker.emittable_text_end(seq)
         text = seq.text[seq.num_emitted_chars : end]
         seq.num_emitted_chars = max(seq.num_emitted_chars, end)
-        token_ids = seq.output_token_ids[seq.num_emitted_tokens :]
+        token_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_emitted_tokens :]  # the new tokens, not a copy of all
         seq.num_emitted_tokens = seq.num_output_tokens
         logprobs = None
         if seq.params.logprobs is not None:
@@ -389,7 +390,7 @@ class LLMEngine:
             num_free_blocks=self.kv.num_free_blocks,
             num_total_blocks=self.kv.pool.num_blocks,
             block_size=self.block_size,
-            kv_cache_bytes=self.runner.kv_cache_bytes,
+            kv_cache_bytes=self.kv_cache_bytes,
             prefix_cache_queries=self.kv.prefix_stats.queries,
             prefix_cache_hits=self.kv.prefix_stats.hits,
             num_preemptions=self.scheduler.num_preemptions,
