@@ -153,6 +153,24 @@ def test_sigterm_drains_then_ends_the_streams_left_with_an_error_event(
     assert len(long_events) > 3  # it streamed tokens before being ended
 
 
+def test_a_second_sigterm_ends_the_streams_at_once_with_an_error_event(
+    long_context_model_dir: Path, smollm2_tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    process = tiny_server_process(
+        long_context_model_dir, smollm2_tokenizer_dir, tmp_path / "serve.log", "--drain-timeout-s", "120"
+    )
+    with process:
+        stream = _StreamReader(process.base_url, max_tokens=LONG_STREAM_TOKENS)
+        stream.wait_started()
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        process.send_signal(signal.SIGTERM)  # far inside the 120 s grace period
+        events = stream.result()
+        assert process.wait(timeout_s=30) == 0, process.log_text()
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == "server_shutting_down", events[-2]
+
+
 class _StreamReader:
     """Reads one streamed completion in a thread; `result()` is its SSE payloads (raises if cut)."""
 
