@@ -244,7 +244,8 @@ class EngineProcessClient:
 
     def _dispatch(self, message: FromEngine) -> None:
         if isinstance(message, StepOutputs):
-            self._stats = message.stats
+            if message.stats is not None:
+                self._stats = message.stats
             self._records.extend(message.records)
             for output in message.outputs:
                 self._deliver(output.request_id, output)
