@@ -52,8 +52,7 @@ class EngineClient(Protocol):
         ...
 
     def stats(self) -> EngineStats:
-        """The engine's queues, cache and counters as of its last step (an engine process sends them at most every
-        50 ms while it runs requests, and after every step that finishes one)."""
+        """The engine's queues, cache and counters as of its last step."""
         ...
 
     def step_records(self) -> list[StepRecord]:

@@ -13,12 +13,11 @@ import dataclasses
 import gc
 import logging
 import signal
-import time
 from multiprocessing.connection import Connection
 
 from ember.engine.client import EngineDeadError
 from ember.engine.config import EngineConfig
-from ember.engine.llm_engine import LLMEngine, StepRecord
+from ember.engine.llm_engine import LLMEngine
 from ember.engine.messages import (
     AbortRequest,
     AddRequest,
@@ -35,11 +34,6 @@ from ember.parallel.driver import WorkerFailedError
 logger = logging.getLogger(__name__)
 
 WORKER_CHECK_INTERVAL_S = 1.0
-# Stats and step records travel at most this often while requests run, and with every step that starts, finishes
-# or preempts a request or leaves the engine idle (the server's waiting room reads running and free seats from
-# them): building, pickling and unpickling them each step cost the served path about 60 us a token at batch 1,
-# as much again as the delta itself.
-STATS_INTERVAL_S = 0.05
 
 
 def run_engine_process(config: EngineConfig, commands: Connection, outputs: Connection, show_progress: bool = True) -> None:
@@ -86,9 +80,6 @@ class _EngineLoop:
         self.is_stopping = False
         # Idle, a tensor-parallel engine still wakes to check its workers (a death shows in /health).
         self.idle_wait_s = WORKER_CHECK_INTERVAL_S if engine.workers is not None else None
-        self.unsent_records: list[StepRecord] = []
-        self.stats_sent_at_s = float("-inf")
-        self.started_request_ids: set[str] = set()  # those whose deltas the client has had (cleared as they finish)
 
     def run(self) -> None:
         while not self.is_stopping:
@@ -127,38 +118,17 @@ class _EngineLoop:
             self._fail_all(RuntimeError(f"the engine failed while running this request: {error}"))
             return
         ran_model = self.engine.num_steps != steps_before
-        record = self.engine.latest_step_record()
-        if record is not None and ran_model:
-            self.unsent_records.append(record)
-        now_s = time.monotonic()
-        has_news = (self._changes_requests(outputs) or (ran_model and record.num_preempted > 0)
-                    or not self.engine.has_unfinished_requests() or now_s - self.stats_sent_at_s >= STATS_INTERVAL_S)
-        if not outputs and not (ran_model and has_news):
+        if not outputs and not ran_model:
             return
-        stats = None
-        records: list[StepRecord] = []
-        if has_news:
-            stats, records, self.unsent_records, self.stats_sent_at_s = self.engine.stats(), self.unsent_records, [], now_s
-        self.outputs.send(StepOutputs([_without_prompt(o) for o in outputs], stats, records))
-
-    def _changes_requests(self, outputs: list[RequestOutput]) -> bool:
-        """Whether these deltas start or finish a request (the running count the client reads changes)."""
-        changes = False
-        for output in outputs:
-            if output.finished:
-                self.started_request_ids.discard(output.request_id)
-                changes = True
-            elif output.request_id not in self.started_request_ids:
-                self.started_request_ids.add(output.request_id)
-                changes = True
-        return changes
+        record = self.engine.latest_step_record()
+        records = [record] if record is not None and ran_model else []
+        self.outputs.send(StepOutputs([_without_prompt(o) for o in outputs], self.engine.stats(), records))
 
     def _fail_all(self, failure: Exception) -> None:
         for request_id in list(self.engine.requests):
             self.engine.abort_request(request_id)
             self.outputs.send(RequestFailed(request_id, failure))
         self.engine.step()  # drain the abort outputs so nothing lingers
-        self.started_request_ids.clear()
 
 
 def _without_prompt(output: RequestOutput) -> RequestOutput:

@@ -2,8 +2,7 @@
 
 Client -> engine: AddRequest, AbortRequest, Shutdown.
 Engine -> client: EngineReady once loaded (or EngineFailed), then StepOutputs after every step
-that produced deltas (with the stats at most every 50 ms, and whenever a request finishes or the
-engine goes idle), and RequestFailed for a request the engine refused.
+that changed anything, and RequestFailed for a request the engine refused.
 Deltas travel without the prompt (the client keeps it): a step's message stays small
 whatever the prompt lengths.
 """
@@ -59,11 +58,10 @@ class EngineFailed:
 
 @dataclass(frozen=True)
 class StepOutputs:
-    """One step's deltas (without their prompts); the engine's stats after it and the records of the steps since
-    the last stats sent, or None and [] when they are not due (ember.engine.engine_process.STATS_INTERVAL_S)."""
+    """One step's deltas (without their prompts), the engine's stats after it, and its record."""
 
     outputs: list[RequestOutput]
-    stats: EngineStats | None
+    stats: EngineStats
     records: list[StepRecord]
 
 

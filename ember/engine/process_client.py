@@ -244,8 +244,7 @@ class EngineProcessClient:
 
     def _dispatch(self, message: FromEngine) -> None:
         if isinstance(message, StepOutputs):
-            if message.stats is not None:
-                self._stats = message.stats
+            self._stats = message.stats
             self._records.extend(message.records)
             for output in message.outputs:
                 self._deliver(output.request_id, output)

@@ -127,8 +127,8 @@ def test_a_step_message_larger_than_the_pipe_arrives_whole(stories_dir):
 
 
 def test_stats_and_step_records_are_current_when_a_request_starts_and_ends(stories_dir):
-    """Stats travel at most every 50 ms while a request runs, but always with its first and last deltas: the server's
-    waiting room reads the running count from them, and nothing is stale once the engine is idle."""
+    """Stats and step records travel with the deltas: the server's waiting room reads the running count from them,
+    and nothing is stale once the engine is idle."""
     client = EngineProcessClient(_config(stories_dir), show_progress=False)
     try:
         prompt = client.tokenizer.encode("Once upon a time", add_special_tokens=True)
