@@ -6,7 +6,7 @@ thread that finishes its share spins at the region's barrier; when another proce
 the cores, the thread it waits for is descheduled while the spinner burns the time slice that
 thread needed. Measured on a shared 2-core machine (SmolLM2 Q4_1, batch-1 decode, `LLM.generate`):
 the default policy fell from 208-227 tok/s alone to nothing within 150 s beside one busy loop, and
-to 2-6 tok/s under the other tenants' load, where a passive wait policy gave 23-56 tok/s in the same
+to 0.5-6 tok/s under the other tenants' load, where a passive wait policy gave 23-95 tok/s in the same
 run (`ember bench contention` measures it). The policy is read once, when the OpenMP runtime loads
 (with torch), so `ember/__init__.py` sets OMP_WAIT_POLICY=PASSIVE, unless the environment already
 says otherwise, before anything of ember imports torch; the thread count can change at any time and is set where the engine starts (`apply_num_threads`).
