@@ -191,13 +191,19 @@ def _common(parser: argparse.ArgumentParser, peers: bool = True, default_dtype: 
     if peers:
         parser.add_argument("--peers", default="hf,llamacpp", help="comma-separated peers: hf, llamacpp, or none")
     parser.add_argument("--json", type=Path, default=None, help="also write the section as JSON here")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of this bench process's engines and torch peers (default: torch's, one per core)")
 
 
 def _options(args: argparse.Namespace):
     from ember.bench.suite import PEERS, BenchOptions
+    from ember.engine.threads import apply_num_threads
 
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError("--threads must be at least 1")
+    apply_num_threads(args.threads)
     if args.scale <= 0:
         raise ValueError("--scale must be positive")
     peers = tuple(p for p in getattr(args, "peers", "none").split(",") if p and p != "none")
