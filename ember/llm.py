@@ -51,6 +51,7 @@ class LLM:
         quant_activations = options.pop("quant_activations", "int8")
         quantization = options.pop("quantization", None)
         generation_config = options.pop("generation_config", AUTO)
+        num_threads = options.pop("num_threads", None)
         if options:
             raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
         config = EngineConfig(
@@ -65,6 +66,7 @@ class LLM:
             scheduler=SchedulerConfig(**scheduler_fields),
             speculative=SpeculativeConfig(**speculative_fields),
             parallel=ParallelConfig(**parallel_fields),
+            num_threads=num_threads,
         )
         self.engine = LLMEngine(config, loaded=loaded)
         self.tokenizer = self.engine.tokenizer

@@ -97,6 +97,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     structured.add_argument("--num-prompts", type=int, default=3, help="chat prompts asking for an item as JSON")
     structured.add_argument("--output-len", type=int, default=128, help="most tokens per reply")
     structured.set_defaults(func=_run_structured)
+    contention = commands.add_parser("contention", help="batch-1 decode and mixed tok/s alone and beside a busy neighbour, same run")
+    _common(contention, peers=False, default_dtype="auto")
+    contention.add_argument("--num-requests", type=int, default=16, help="requests of the mixed workload")
+    contention.set_defaults(func=_run_contention)
     soak = commands.add_parser("soak", help="many mixed requests against a real server: nothing lost, no 5xx, bounded memory")
     _common(soak, peers=False)
     soak.add_argument("--url", default=None, help="base URL of a running server (default: start `ember serve` with a small KV pool)")
@@ -187,13 +191,19 @@ def _common(parser: argparse.ArgumentParser, peers: bool = True, default_dtype: 
     if peers:
         parser.add_argument("--peers", default="hf,llamacpp", help="comma-separated peers: hf, llamacpp, or none")
     parser.add_argument("--json", type=Path, default=None, help="also write the section as JSON here")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of this bench process's engines and torch peers (default: torch's, one per core)")
 
 
 def _options(args: argparse.Namespace):
     from ember.bench.suite import PEERS, BenchOptions
+    from ember.engine.threads import apply_num_threads
 
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError("--threads must be at least 1")
+    apply_num_threads(args.threads)
     if args.scale <= 0:
         raise ValueError("--scale must be positive")
     peers = tuple(p for p in getattr(args, "peers", "none").split(",") if p and p != "none")
@@ -297,6 +307,21 @@ def _run_structured(args: argparse.Namespace) -> int:
         raise ValueError("--num-prompts must be at least 1 and --output-len at least 2")
     section = bench_structured(_options(args), args.num_prompts, args.output_len)
     print(format_structured_section(section))
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, section)
+    return 0
+
+
+def _run_contention(args: argparse.Namespace) -> int:
+    from ember.bench.contention import bench_contention, format_contention_section
+
+    options = _options(args)
+    if args.num_requests < 1:
+        raise ValueError("--num-requests must be at least 1")
+    section = bench_contention(args.model, options.dtypes[0], options.repeats, args.num_requests, options.seed, options.tick)
+    print(format_contention_section(section))
+    print("machine: the ratios are to the quiet figure of the same run; on a machine shared with other work, 'quiet' is "
+          "only as quiet as that work lets it be")
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)
     return 0

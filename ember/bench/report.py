@@ -28,6 +28,7 @@ GOALS = (
     ("long_prefill_p99", "`long-prefill`: decoders' p99 ITL, chunked prefill off / on", ">= 3x", lambda v: v >= 3.0),
     ("serve_batch1_tpot", "`serve` batch 1: TPOT served / offline (same request)", "<= 1.10x", lambda v: v <= 1.10),
     ("serve_streams", "`serve` 16 streams: output tok/s served / offline (same requests)", ">= 0.85x", lambda v: v >= 0.85),
+    ("serve_batch1_e2e", "`serve` batch 1 end to end: tok/s of one whole answer, served / offline", ">= 0.9x", lambda v: v >= 0.9),
 )
 
 
@@ -69,6 +70,7 @@ def summary(results: dict) -> dict:
         "serve": {
             "batch1_tpot_ratio": _get(results, "serve", "vs_offline", "batch1_tpot_ratio"),
             "tok_s_ratio": _get(results, "serve", "vs_offline", "tok_s_ratio"),
+            "e2e_batch1_ratio": _get(results, "serve", "vs_offline", "e2e_batch1_ratio"),
         },
         "machine": results.get("machine", {}),
         "commit": results.get("commit", "unknown"),
@@ -90,6 +92,7 @@ def goal_values(results: dict) -> dict[str, float | None]:
         "long_prefill_p99": s["long_prefill"]["p99_itl_ratio"],
         "serve_batch1_tpot": s["serve"]["batch1_tpot_ratio"],
         "serve_streams": s["serve"]["tok_s_ratio"],
+        "serve_batch1_e2e": s["serve"]["e2e_batch1_ratio"],
     }
 
 
@@ -550,6 +553,9 @@ def _serve_vs_offline(lines: list[str], compared: dict | None) -> None:
         ["TPOT (ms), one `batch1` request alone", fmt_spread(compared["batch1_tpot_ms"]["served"]),
          fmt_spread(compared["batch1_tpot_ms"]["offline"]), fmt_ratio(compared.get("batch1_tpot_ratio"))],
     ]
+    if "e2e_batch1_tok_s" in compared:
+        rows.append(["tok/s end to end, one whole 96-token answer to a short prompt", fmt_spread(compared["e2e_batch1_tok_s"]["served"]),
+                     fmt_spread(compared["e2e_batch1_tok_s"]["offline"]), fmt_ratio(compared.get("e2e_batch1_ratio"))])
     lines += _table(["", "served", "offline", "served / offline"], rows)
 
 

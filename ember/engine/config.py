@@ -177,10 +177,14 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     quant_activations: str = "int8"  # GGML layers: "int8" (fast, rounded per 32 values) or "float32" (exact)
     quantization: str | None = None  # one of QUANTIZATIONS (an alias becomes its name); None: the checkpoint as it is
+    num_threads: int | None = None  # CPU threads of the step (torch and ember's kernels); None: ember.engine.threads' default
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):
             raise TypeError("EngineConfig.parallel must be a ParallelConfig")
+        if self.num_threads is not None and (isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int)
+                                             or self.num_threads < 1):
+            raise ValueError(f"num_threads must be a whole number of at least 1 (--threads), not {self.num_threads!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -228,6 +232,7 @@ class EngineConfig:
             ),
             speculative=_speculative_from_args(args),
             parallel=ParallelConfig.from_args(args),
+            num_threads=args.threads,
         )
 
 
@@ -354,6 +359,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--speculative-config", type=parse_speculative_config, default=None,
                         help='vLLM\'s JSON in place of the flags above, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\' '
                              "or '{\"model\": DRAFT, \"num_speculative_tokens\": 4}'")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of each engine step (default: torch's, one per core); OpenMP threads sleep rather "
+                             "than spin while they wait, so a busy neighbour costs its share, not a collapse")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="accepted so vLLM command lines run: ember executes no code shipped in a model folder")
     add_parallel_arguments(parser)

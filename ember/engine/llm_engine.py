@@ -16,6 +16,7 @@ from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, Re
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
 from ember.engine.runner import StepResult
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
+from ember.engine.threads import SlowStepWatch, apply_num_threads
 from ember.layers.sampler import SampledToken
 from ember.models.loader import LoadedModel
 
@@ -55,6 +56,9 @@ class EngineStats:
     spec_draft_time_s: float = 0.0
     spec_verify_time_s: float = 0.0
     spec_accepted_histogram: tuple[int, ...] = ()  # [j] = verifications that kept j drafted tokens
+    num_waiting_preempted: int = 0  # of num_waiting: sequences preempted after their first token (a server's count misses them)
+    num_free_seats: int = 0  # sequences the next step may admit beside the running ones (max_num_seqs - num_running)
+    num_slow_steps: int = 0  # steps many times slower than the median of their size (ember.engine.threads.SlowStepWatch)
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -82,6 +86,7 @@ class LLMEngine:
         """`loaded` (`draft_loaded`) reuses weights already in memory (they hold no per-engine state);
         else `config.model` (the speculative draft model) is loaded. The parts are wired by `EngineBuilder`."""
         self.config = config
+        self.num_threads = apply_num_threads(config.num_threads)  # before any kernel runs (loading included)
         parts = EngineBuilder(config, show_progress).build(loaded, draft_loaded)
         self.model_config: ModelConfig = parts.model_config
         self.model_name = parts.model_name
@@ -97,11 +102,13 @@ class LLMEngine:
         self.runner = parts.runner
         self.stop_checker = parts.stop_checker
         self.structured_outputs = parts.structured_outputs
+        self.kv_cache_bytes = self.runner.kv_cache_bytes  # fixed once allocated; summing the tensors was most of stats()
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
         self._aborted_outputs: list[RequestOutput] = []
         self._step_records: collections.deque[StepRecord] = collections.deque(maxlen=4096)
         self._counters = collections.Counter()
+        self.slow_steps = SlowStepWatch()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -253,7 +260,7 @@ class LLMEngine:
         end = self.stop_checker.emittable_text_end(seq)
         text = seq.text[seq.num_emitted_chars : end]
         seq.num_emitted_chars = max(seq.num_emitted_chars, end)
-        token_ids = seq.output_token_ids[seq.num_emitted_tokens :]
+        token_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_emitted_tokens :]  # the new tokens, not a copy of all
         seq.num_emitted_tokens = seq.num_output_tokens
         logprobs = None
         if seq.params.logprobs is not None:
@@ -294,6 +301,7 @@ class LLMEngine:
         self._step_records.append(
             StepRecord(self._counters["steps"], request_ids, plan.num_batched_tokens, len(plan.preempted), duration_s)
         )
+        self.slow_steps.observe(plan.num_batched_tokens, duration_s)
 
     def step_records(self) -> list[StepRecord]:
         return list(self._step_records)
@@ -320,7 +328,7 @@ class LLMEngine:
             num_free_blocks=self.kv.num_free_blocks,
             num_total_blocks=self.kv.num_blocks,
             block_size=self.block_size,
-            kv_cache_bytes=self.runner.kv_cache_bytes,
+            kv_cache_bytes=self.kv_cache_bytes,
             prefix_cache_queries=self.kv.prefix_stats.queries,
             prefix_cache_hits=self.kv.prefix_stats.hits,
             num_preemptions=self.scheduler.num_preemptions,
@@ -328,6 +336,9 @@ class LLMEngine:
             prompt_tokens_total=self._counters["prompt_tokens"],
             generation_tokens_total=self._counters["generation_tokens"],
             computed_tokens_total=self._counters["computed_tokens"],
+            num_waiting_preempted=sum(1 for seq in self.scheduler.waiting if seq.num_output_tokens),
+            num_free_seats=max(0, self.config.scheduler.max_num_seqs - len(self.scheduler.running)),
+            num_slow_steps=self.slow_steps.num_slow_steps,
             **self._speculation_stats(),
         )
 

@@ -9,11 +9,13 @@ from ember.server.errors import ApiError
 
 
 class AdmissionTicket:
-    """One admitted HTTP request holding `count` server-side slots (one per engine request).
+    """One admitted HTTP request holding `count` waiting-room slots (one per engine request).
 
-    A slot is held while the server prepares its engine request (tokenizing) and given back at
-    `hand_over` (from then on the engine's own queue counts it) or at `release`, whichever
-    comes first; both are idempotent per slot.
+    A slot is held from admission until the engine is seen running its request (`mark_started`,
+    at the request's first delta) or until `release`, whichever comes first; both are idempotent
+    per slot. Counting a slot until the engine answers, not until the server hands it over, is
+    what holds the limit against a burst: every request admitted before the engine's next step
+    still counts as waiting.
     """
 
     def __init__(self, gate: AdmissionGate, count: int) -> None:
@@ -21,8 +23,8 @@ class AdmissionTicket:
         self._held = count
         self._is_released = False
 
-    def hand_over(self) -> None:
-        """One engine request went to the engine: its waiting is now the engine's to count."""
+    def mark_started(self) -> None:
+        """One engine request produced its first delta: the engine runs it, so it no longer waits."""
         if self._held > 0:
             self._held -= 1
             self._gate._num_held -= 1
@@ -40,11 +42,13 @@ class AdmissionTicket:
 class AdmissionGate:
     """Admits requests while fewer than `max_waiting` wait to be scheduled; 503 + Retry-After beyond.
 
-    Waiting means not yet scheduled by the engine: the engine's queue (`stats().num_waiting`,
-    which includes preempted requests) plus the requests the server holds before handing them
-    over. A request the engine is running does not wait, however long its first token takes.
-    The engine's stats are a snapshot refreshed each step, so a burst arriving within one step
-    can be admitted past the limit by what the engine takes in that step.
+    Waiting means admitted and not yet seen running: the server's own count, raised here on
+    admission (synchronously, so a burst within one engine step meets the limit) and lowered by
+    the engine's feedback (a request's first delta, or its end), plus the requests the engine
+    preempted back into its queue after they had started (`stats().num_waiting_preempted`).
+    A request in a long chunked prefill counts as waiting until its first token. What the engine's
+    next step can take (`stats().num_free_seats`) is admitted beyond the limit: a burst the engine
+    batches at once does not wait.
 
     After `start_draining` every new request gets 503 + Retry-After (the server is shutting down).
     Used from the event loop only, so its counters need no lock.
@@ -61,7 +65,7 @@ class AdmissionGate:
 
     @property
     def num_held(self) -> int:
-        """Engine requests admitted that the server has not handed to the engine yet."""
+        """Engine requests admitted that the engine has not been seen running yet."""
         return self._num_held
 
     @property
@@ -71,8 +75,8 @@ class AdmissionGate:
 
     @property
     def num_waiting(self) -> int:
-        """Engine requests not yet scheduled: the engine's queue plus those the server holds."""
-        return self._engine.stats().num_waiting + self._num_held
+        """Engine requests not running: those admitted and not yet started, and the preempted ones."""
+        return self._num_held + self._engine.stats().num_waiting_preempted
 
     def start_draining(self) -> None:
         """Refuse every new request from now on (shutdown has begun)."""
@@ -90,8 +94,9 @@ class AdmissionGate:
                 code="server_shutting_down",
                 headers=headers,
             )
-        num_waiting = self.num_waiting
-        if num_waiting + count > self._max_waiting:
+        stats = self._engine.stats()
+        num_waiting = self._num_held + stats.num_waiting_preempted
+        if num_waiting + count > self._max_waiting + stats.num_free_seats:
             self._on_reject()
             raise ApiError(
                 f"The server is overloaded: {num_waiting} requests are already waiting to be scheduled "

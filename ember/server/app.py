@@ -11,7 +11,7 @@ from importlib import metadata
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ember.server.admission import AdmissionGate
 from ember.server.api_key import ApiKeyGate
@@ -22,7 +22,14 @@ from ember.server.context import ServingContext
 from ember.server.drain import Drain
 from ember.server.errors import ApiError, install_error_handlers
 from ember.server.metrics import CONTENT_TYPE, ServerMetrics
-from ember.server.openapi import answers, body_of, install_openapi
+from ember.server.openapi import (
+    DELETED_RESPONSE_SCHEMA,
+    INPUT_ITEMS_SCHEMA,
+    METRICS_ANSWERS,
+    answers,
+    body_of,
+    install_openapi,
+)
 from ember.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -145,13 +152,13 @@ def _add_openai_routes(app: FastAPI, context: ServingContext) -> None:
     async def stored_response(response_id: str) -> JSONResponse:
         return JSONResponse(stored(context, response_id).response)
 
-    @app.delete("/v1/responses/{response_id}")
+    @app.delete("/v1/responses/{response_id}", responses=answers(DELETED_RESPONSE_SCHEMA))
     async def delete_response(response_id: str) -> JSONResponse:
         stored(context, response_id)
         context.response_store.delete(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
-    @app.get("/v1/responses/{response_id}/input_items")
+    @app.get("/v1/responses/{response_id}/input_items", responses=answers(INPUT_ITEMS_SCHEMA))
     async def response_input_items(response_id: str, order: str = "desc", limit: int = 20, after: str | None = None) -> JSONResponse:
         return JSONResponse(input_items_page(stored(context, response_id), order, limit, after))
 
@@ -176,7 +183,7 @@ def _add_service_routes(app: FastAPI, context: ServingContext) -> None:
     async def version() -> JSONResponse:
         return JSONResponse({"version": _version()})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=METRICS_ANSWERS)
     async def metrics() -> Response:
         return Response(context.metrics.render(), media_type=CONTENT_TYPE)
 

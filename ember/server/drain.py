@@ -4,7 +4,8 @@ On the first SIGTERM (or Ctrl+C) the server keeps listening but answers every ne
 `/health` included, 503 + Retry-After, so a load balancer moves traffic elsewhere. Requests
 already running go on. When none is left, or the grace period ends, the streams still open get
 one error event (`code: server_shutting_down`) and `data: [DONE]`, whole-answer requests get a
-503, and only then does the HTTP server close.
+503, and only then does the HTTP server close. A second signal cuts the grace period short: the
+streams still open end the same way at once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Drain:
         self._retry_after_s = retry_after_s
         self._expired: asyncio.Event | None = None
         self._waiting: set[asyncio.Task] = set()  # streams waiting for their next item
+        self.is_cut_short = False  # a plain flag: set from a signal handler, polled by the drain
 
     @property
     def is_draining(self) -> bool:
@@ -57,6 +59,10 @@ class Drain:
         """Refuse new requests from now on (safe to call from a signal handler)."""
         self._gate.start_draining()
 
+    def cut_short(self) -> None:
+        """End the grace period now: the running drain ends the requests left at its next poll (signal-safe)."""
+        self.is_cut_short = True
+
     async def run(self) -> None:
         """Drain: stop admitting, wait for running requests up to the grace period, then end the rest."""
         self.start()
@@ -65,15 +71,18 @@ class Drain:
             self._gate.num_in_flight,
             self._grace_s,
         )
-        await self._wait_idle(self._grace_s)
+        await self._wait_idle(self._grace_s, stops_when_cut_short=True)
         if self._gate.num_in_flight:
-            logger.warning("grace period over: ending %d requests still running", self._gate.num_in_flight)
+            logger.warning("grace period %s: ending %d requests still running",
+                           "cut short by a second signal" if self.is_cut_short else "over", self._gate.num_in_flight)
         self._expire()
         await self._wait_idle(FLUSH_S)
 
-    async def _wait_idle(self, timeout_s: float) -> None:
+    async def _wait_idle(self, timeout_s: float, stops_when_cut_short: bool = False) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while self._gate.num_in_flight and asyncio.get_running_loop().time() < deadline:
+            if stops_when_cut_short and self.is_cut_short:
+                return
             await asyncio.sleep(POLL_S)
 
     def _expired_event(self) -> asyncio.Event:

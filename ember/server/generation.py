@@ -94,10 +94,9 @@ def tracked_generate(
     is checked and handed over to the engine now: a request the engine refuses is a 400 naming the field (as `names`
     spells it) and a stopped engine a 503, both before any response starts.
 
-    From here on the engine's queue counts the request as waiting, not the server (the engine
-    takes it at the first step of the stream). However the caller stops (finished, closed
-    early, cancelled by a disconnect), the engine request is aborted unless it finished, and
-    one metrics observation and one log line are written.
+    The request holds its waiting-room slot until its first delta shows the engine running it.
+    However the caller stops (finished, closed early, cancelled by a disconnect), the engine
+    request is aborted unless it finished, and one metrics observation and one log line are written.
     """
     with engine_rejections(names):
         request = engine_request(request_id, prompt, params, fields)
@@ -105,16 +104,19 @@ def tracked_generate(
             stream = context.engine.generate(request)
         except EngineDeadError as error:
             raise engine_unavailable(str(error)) from error
-    ticket.hand_over()
-    return _tracked_stream(context, request, stream)
+    return _tracked_stream(context, request, stream, ticket)
 
 
 async def _tracked_stream(
-    context: ServingContext, request: EngineRequest, stream: AsyncIterator[RequestOutput]
+    context: ServingContext, request: EngineRequest, stream: AsyncIterator[RequestOutput], ticket: AdmissionTicket,
 ) -> AsyncIterator[RequestOutput]:
     tracker = _RequestTracker(request.request_id, len(request.prompt_token_ids))
     try:
+        is_started = False
         async for delta in stream:
+            if not is_started:
+                ticket.mark_started()
+                is_started = True
             tracker.add(delta)
             yield delta
     except EngineDeadError as error:

@@ -69,6 +69,8 @@ class _EngineCollector(Collector):
             ("ember:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
             ("ember:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
             ("ember:num_preemptions", "Requests preempted to free KV-cache blocks.", stats.num_preemptions),
+            ("ember:num_slow_steps", "Engine steps many times slower than the median of their size (CPU contention).",
+             stats.num_slow_steps),
             ("ember:prompt_tokens", "Prompt tokens processed.", stats.prompt_tokens_total),
             ("ember:generation_tokens", "Tokens generated.", stats.generation_tokens_total),
             ("ember:spec_decode_num_draft_tokens", "Tokens drafted for speculative decoding (a Medusa tree counts its depth).", stats.spec_draft_tokens_total),

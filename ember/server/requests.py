@@ -436,9 +436,8 @@ async def _encoded_prompts(prompt: PromptInput, encoder: PromptEncoder, param: s
     for text in prompt:
         if not text:
             raise ApiError(f"'{param}' must not be an empty string.", param=param, code="invalid_value")
-        encoder.refuse_if_too_long(text, param, truncates)
-    return [PreparedPrompt(await encoder.encode(text, add_special_tokens=add_special_tokens, param=param, truncates=truncates),
-                           text) for text in prompt]  # fmt: skip
+    encoded = await encoder.encode_batch(prompt, add_special_tokens=add_special_tokens, param=param, truncates=truncates)
+    return [PreparedPrompt(ids, text) for ids, text in zip(encoded, prompt, strict=True)]
 
 
 def _truncated(prompt: PreparedPrompt, keep: int | None, max_model_len: int) -> PreparedPrompt:
