@@ -10,19 +10,22 @@ query at position p see keys p - W + 1 .. p only; its block tables may start wit
 KV manager gave back (id -1), which lie wholly before every window of the step and are skipped.
 
 On the CPU the fused op of ember.layers.cpu_attention does all of it in one call, reading K/V
-through the block tables; the torch code below is its reference and the fallback
-(EMBER_PURE_TORCH=1, no compiler, other devices).
+through the block tables; on CUDA the Triton kernel of ember.layers.triton_kernels does the same
+(not yet: float8 caches, trees of drafts). The torch code below is their reference and the fallback
+(EMBER_PURE_TORCH=1, no compiler, no triton, other devices).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
 from ember.layers import cpu_attention
 from ember.layers.cpu_attention import PagedBatch
+from ember.layers.triton_kernels import kernels_for
 
 
 @dataclass
@@ -123,6 +126,11 @@ def paged_attention(
 
     `logit_softcap` (Gemma 2) squashes scores to `cap * tanh(score / cap)` before the softmax.
     """
+    device_kernels = kernels_for(kv_cache)
+    if device_kernels is not None and _triton_reads(kv_cache, metadata.paged):
+        write_kv(kv_cache, key, value, metadata.slot_mapping)
+        return _triton_attention(device_kernels, query, kv_cache, metadata.paged, scale, metadata.sliding_window,
+                                 logit_softcap)
     op = cpu_attention.load_attention() if kv_cache.device.type == "cpu" else None
     if op is None or not op.write_kv(kv_cache, key, value, metadata.slot_mapping):
         write_kv(kv_cache, key, value, metadata.slot_mapping)
@@ -138,6 +146,23 @@ def paged_attention(
         batch = metadata.decode
         output[batch.token_indices] = _decode_attention(query[batch.token_indices], kv_cache, batch, scale, logit_softcap)
     return output
+
+
+def _triton_reads(kv_cache: torch.Tensor, batch: PagedBatch | None) -> bool:
+    return batch is not None and batch.span_masks is None and kv_cache.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _triton_attention(
+    kernels: ModuleType, query: torch.Tensor, kv_cache: torch.Tensor, batch: PagedBatch, scale: float,
+    sliding_window: int | None, logit_softcap: float | None,
+) -> torch.Tensor:
+    """The Triton kernel over the step's `PagedBatch`. Its largest query count is read where the batch was built (the
+    runner builds it on the CPU: no device sync), then the batch moves to the cache's device, once per layer: moving it
+    once per step is the device-agnostic runner's to do."""
+    max_query_count = int(batch.query_counts.max())
+    on_device = (t.to(kv_cache.device, non_blocking=True)
+                 for t in (batch.block_tables, batch.query_starts, batch.query_counts, batch.context_lens))
+    return kernels.paged_attention(query, kv_cache, *on_device, scale, sliding_window, logit_softcap, max_query_count)
 
 
 def _prefill_attention(

@@ -13,6 +13,8 @@ import functools
 import importlib.util
 from types import ModuleType
 
+import torch
+
 
 @functools.cache
 def load_triton_kernels() -> ModuleType | None:
@@ -22,3 +24,9 @@ def load_triton_kernels() -> ModuleType | None:
     from ember.layers.triton_kernels import kernels
 
     return kernels
+
+
+def kernels_for(tensor: torch.Tensor) -> ModuleType | None:
+    """The dispatch point: the Triton kernels for a tensor on a CUDA device (None without triton), None for any other
+    device, whose tensors keep their compiled C / torch path unchanged."""
+    return load_triton_kernels() if tensor.device.type == "cuda" else None
