@@ -26,9 +26,10 @@ def kernels():
     return module
 
 
-def run_attention(kernels, device, query, cache, batch, window, softcap):
+def run_attention(kernels, device, query, cache, batch, window, softcap, num_splits=None):
     on_device = [t.to(device) for t in (batch.block_tables, batch.query_starts, batch.query_counts, batch.context_lens)]
-    out = kernels.paged_attention(query.to(device), cache.to(device), *on_device, 0.25, window, softcap)
+    out = kernels.paged_attention(query.to(device), cache.to(device), *on_device, 0.25, window, softcap,
+                                  num_splits=num_splits)
     return out.cpu()
 
 
@@ -53,6 +54,23 @@ def test_decode_with_gqa_window_and_softcap_matches_gathered_attention(
     expected = reference(query.float(), cache[0], cache[1], batch, 0.25, window, softcap, num_kv_heads)
     assert ours.dtype == query_dtype
     assert torch.allclose(ours.float(), expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("num_splits", [2, 4])
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (7, None), (5, 20.0)])
+def test_decode_split_between_programs_matches_gathered_attention(kernels, kernel_device, num_splits, window, softcap):
+    """Keys split between 2 or 4 programs (flash-decoding), then merged: contexts of 70 and 45 over 32-key splits, 3
+    (block 4, one token in its last block) in one split and none in the others, windows that leave whole splits
+    empty."""
+    generator = torch.Generator().manual_seed(num_splits + (window or 0))
+    num_kv_heads, num_heads, head_dim, num_blocks = 2, 6, 16, 60
+    context_lens, query_counts = [70, 3, 45], [1, 1, 1]
+    batch = random_batch(generator, context_lens, query_counts, num_blocks, window)
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)
+    query = torch.randn(len(context_lens), num_heads, head_dim, generator=generator)
+    ours = run_attention(kernels, kernel_device, query, cache, batch, window, softcap, num_splits)
+    expected = reference(query, cache[0], cache[1], batch, 0.25, window, softcap, num_kv_heads)
+    assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (6, 25.0)])

@@ -5,7 +5,11 @@ that share the KV head (GQA: each key and value is loaded once for the whole gro
 tiles of KEY_TILE positions, looks up each position's block in the table, and keeps an online softmax
 in float32. The key walk stops at the tile's last query position (causal) and starts at the first key
 of the first query's window, so blocks given back behind a window (-1) are never read; a key whose
-block is -1 is masked all the same. The cache layout is ember's:
+block is -1 is masked all the same.
+
+Decode with few sequences (batch 1 has one program per KV head, too few for a GPU) splits each
+sequence's keys between NUM_SPLITS programs instead (flash-decoding): each writes its rows' partial
+output and log-sum-exp, and `combine_splits_kernel` merges them. The cache layout is ember's:
 `[2 (keys, values), num_blocks, block_size, num_kv_heads, head_dim]`, slot = block * block_size + offset.
 """
 
@@ -31,16 +35,22 @@ def _dot(a, b, IN_FLOAT32: tl.constexpr):
 
 @triton.jit
 def paged_attention_kernel(
-    query, out, kv_cache, block_tables, query_starts, query_counts, context_lens,
+    query, out, partial_out, partial_lse, kv_cache, block_tables, query_starts, query_counts, context_lens,
     query_token_stride, query_head_stride, out_token_stride, out_head_stride, cache_kv_stride, table_stride,
-    scale, softcap, window,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, GROUP: tl.constexpr, QUERY_TILE: tl.constexpr,
+    scale, softcap, window, keys_per_split,
+    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, GROUP: tl.constexpr, QUERY_TILE: tl.constexpr,
     ROWS: tl.constexpr, KEY_TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, IN_FLOAT32: tl.constexpr,
 ):
     sequence = tl.program_id(0)
     kv_head = tl.program_id(1)
-    first_query = tl.program_id(2) * QUERY_TILE
+    # The grid's third axis: key splits of a decode (one query row), else tiles of query rows.
+    if NUM_SPLITS > 1:
+        split = tl.program_id(2)
+        first_query = 0
+    else:
+        split = 0
+        first_query = tl.program_id(2) * QUERY_TILE
     count = tl.load(query_counts + sequence)
     start = tl.load(query_starts + sequence)
     context = tl.load(context_lens + sequence)
@@ -65,6 +75,9 @@ def paged_attention_kernel(
     if HAS_WINDOW:
         low = tl.maximum(context - count + first_query - window + 1, 0)
     low = (low // KEY_TILE) * KEY_TILE
+    if NUM_SPLITS > 1:
+        low = tl.maximum(low, split * keys_per_split)  # keys_per_split is a multiple of KEY_TILE
+        high = tl.minimum(high, (split + 1) * keys_per_split)
 
     running_max = tl.full([ROWS], float("-inf"), tl.float32)
     running_sum = tl.zeros([ROWS], tl.float32)
@@ -99,6 +112,33 @@ def paged_attention_kernel(
         running_max = new_max
 
     result = acc / tl.where(running_sum > 0, running_sum, 1.0)[:, None]
-    out_offsets = (start + query_index).to(tl.int64) * out_token_stride + head * out_head_stride
-    tl.store(out + out_offsets[:, None] + dims[None, :], result.to(out.dtype.element_ty),
-             mask=row_valid[:, None] & dim_valid[None, :])
+    store_mask = row_valid[:, None] & dim_valid[None, :]
+    if NUM_SPLITS > 1:
+        # Partials [tokens, heads, splits] (+ [HEAD_DIM_PADDED]); a split that saw no key has log-sum-exp -inf.
+        partial = ((start + query_index).to(tl.int64) * (GROUP * NUM_KV_HEADS) + head) * NUM_SPLITS + split
+        lse = tl.where(running_sum > 0, running_max + tl.log(tl.where(running_sum > 0, running_sum, 1.0)), float("-inf"))
+        tl.store(partial_lse + partial, lse, mask=row_valid)
+        tl.store(partial_out + partial[:, None] * HEAD_DIM_PADDED + dims[None, :], result, mask=store_mask)
+    else:
+        out_offsets = (start + query_index).to(tl.int64) * out_token_stride + head * out_head_stride
+        tl.store(out + out_offsets[:, None] + dims[None, :], result.to(out.dtype.element_ty), mask=store_mask)
+
+
+@triton.jit
+def combine_splits_kernel(
+    out, partial_out, partial_lse, out_token_stride, out_head_stride,
+    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+):
+    """out[token, head] = the splits' outputs weighted by exp(log-sum-exp), one program per (token, head)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, NUM_SPLITS)
+    dims = tl.arange(0, HEAD_DIM_PADDED)
+    partial = (token * NUM_HEADS + head) * NUM_SPLITS + splits
+    lse = tl.load(partial_lse + partial)
+    top = tl.max(lse, axis=0)
+    weights = tl.exp(lse - tl.where(top == float("-inf"), 0.0, top))
+    outputs = tl.load(partial_out + partial[:, None] * HEAD_DIM_PADDED + dims[None, :])
+    merged = tl.sum(weights[:, None] * outputs, axis=0) / tl.maximum(tl.sum(weights, axis=0), 1e-30)
+    tl.store(out + token * out_token_stride + head * out_head_stride + dims, merged.to(out.dtype.element_ty),
+             mask=dims < HEAD_DIM)
