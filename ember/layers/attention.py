@@ -190,13 +190,14 @@ def _prefill_attention(
     k, v = _gather(kv_cache, segment.block_table[first_block:], segment.seq_len - first_key)
     num_new = segment.end - segment.start
     # Query i sits at absolute position num_cached + i and sees keys 0..num_cached + i.
-    query_positions = torch.arange(segment.num_cached, segment.seq_len).unsqueeze(1)
-    key_positions = torch.arange(first_key, segment.seq_len).unsqueeze(0)
+    # The masks live on the query's device (the step's metadata is built on the CPU).
+    query_positions = torch.arange(segment.num_cached, segment.seq_len, device=q.device).unsqueeze(1)
+    key_positions = torch.arange(first_key, segment.seq_len, device=q.device).unsqueeze(0)
     mask = key_positions <= query_positions
     if sliding_window is not None:
         mask &= key_positions > query_positions - sliding_window
     if segment.span_mask is not None:
-        mask &= _tree_visibility(segment.span_mask, segment.num_cached, key_positions)
+        mask &= _tree_visibility(segment.span_mask.to(q.device), segment.num_cached, key_positions)
     k, v = k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
     if logit_softcap is not None:
         return _softcapped_attention(q, k, v, mask, scale, logit_softcap).transpose(0, 1)[:num_new]
@@ -250,7 +251,7 @@ def _decode_attention(
     scores = torch.matmul(q, keys).float() * scale  # [B, H_kv, G, L]
     if logit_softcap is not None:
         scores = logit_softcap * torch.tanh(scores / logit_softcap)
-    scores.masked_fill_(~batch.key_mask[:, None, None, :], float("-inf"))
+    scores.masked_fill_(~batch.key_mask.to(scores.device)[:, None, None, :], float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(values.dtype)
     out = torch.matmul(weights, values)  # [B, H_kv, G, D]
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)

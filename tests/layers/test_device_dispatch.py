@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ember.layers import attention
-from ember.layers.attention import AttentionMetadata
+from ember.layers.attention import AttentionMetadata, DecodeRows, PrefillSegment
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
 from ember.layers.triton_kernels import kernels_for, load_triton_kernels
@@ -54,6 +54,34 @@ def test_paged_attention_on_cuda_writes_the_new_keys_and_matches_the_cpu_path(gp
                                      sliding_window=window, paged=batch)
     ours = attention.paged_attention(query.to(gpu), key.to(gpu), value.to(gpu), gpu_cache, gpu_metadata, 0.125, softcap)
     assert torch.equal(gpu_cache.cpu(), cache)
+    assert torch.allclose(ours.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+@cuda
+def test_float8_cache_on_cuda_falls_back_to_the_torch_path_and_matches_the_cpu_op(gpu):
+    """The Triton kernel reads no float8 cache: on CUDA such a step runs ember's torch attention (prefill segments and
+    padded decode rows, its masks built on the query's device), equal to the compiled CPU op within float32 rounding."""
+    generator = torch.Generator().manual_seed(8)
+    num_kv_heads, num_heads, head_dim, num_blocks = 2, 4, 32, 40
+    context_lens, query_counts = [21, 30, 8], [1, 9, 1]
+    batch = random_batch(generator, context_lens, query_counts, num_blocks, None)
+    tables = [[b for b in row if b >= 0] for row in batch.block_tables.tolist()]
+    slots = [tables[s][p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
+             for s, (context, count) in enumerate(zip(context_lens, query_counts, strict=True))
+             for p in range(context - count, context)]
+    metadata = AttentionMetadata(
+        slot_mapping=torch.tensor(slots), paged=batch,
+        prefills=[PrefillSegment(1, 10, 30, torch.tensor(tables[1]))],
+        decode_rows=DecodeRows([0, 10], [tables[0], tables[2]], [21, 8], [0, 0], BLOCK_SIZE),
+    )
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator).to(torch.float8_e4m3fn)
+    query = torch.randn(sum(query_counts), num_heads, head_dim, generator=generator)
+    key, value = (torch.randn(sum(query_counts), num_kv_heads, head_dim, generator=generator) for _ in range(2))
+    gpu_cache = cache.to(gpu)
+    expected = attention.paged_attention(query, key, value, cache, metadata, 0.125)
+    metadata.slot_mapping = metadata.slot_mapping.to(gpu)
+    ours = attention.paged_attention(query.to(gpu), key.to(gpu), value.to(gpu), gpu_cache, metadata, 0.125)
+    assert torch.equal(gpu_cache.cpu().view(torch.uint8), cache.view(torch.uint8))
     assert torch.allclose(ours.cpu(), expected, rtol=1e-4, atol=1e-4)
 
 
