@@ -23,7 +23,7 @@ CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # A decode splits its keys when it has fewer (sequence, KV head) programs than this: about one per SM of a GPU.
 SPLIT_BELOW_PROGRAMS = 128
 MAX_SPLITS = 16
-MIN_KEYS_PER_SPLIT = 256
+MIN_KEYS_PER_SPLIT = 128
 
 
 def paged_attention(
