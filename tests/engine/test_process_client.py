@@ -138,7 +138,7 @@ def test_stats_and_step_records_are_current_when_a_request_starts_and_ends(stori
 
         async def run() -> int:
             count = 0
-            async for delta in client.generate("r", prompt, params):
+            async for delta in client.generate(EngineRequest("r", prompt, params)):
                 count += len(delta.outputs[0].token_ids)
                 if count == 1:
                     seen_running.append(client.stats().num_running)
