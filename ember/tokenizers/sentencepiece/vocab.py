@@ -10,9 +10,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ember.tokenizers.base import Tokenizer, replace_lone_surrogates
-from ember.tokenizers.pieces import PieceKind, byte_of_piece
-from ember.tokenizers.sp_normalizer import CharsMap, normalize_units
-from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
+from ember.tokenizers.text.pieces import PieceKind, byte_of_piece
+from ember.tokenizers.text.sentencepiece_normalizer import CharsMap, normalize_units
+from ember.tokenizers.text.specials import SpecialSet, SpecialTokenMatcher
 
 SPACE_MARKER = "\u2581"
 # surrogateescape's stand-ins for the bytes 0x80..0xFF, each mapped to U+FFFD.

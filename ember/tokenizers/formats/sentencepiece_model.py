@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ember.tokenizers import protobuf_wire as wire
 from ember.tokenizers.base import Tokenizer
-from ember.tokenizers.pieces import PieceKind
-from ember.tokenizers.sp_normalizer import CharsMap
+from ember.tokenizers.formats import protobuf_wire as wire
+from ember.tokenizers.text.pieces import PieceKind
+from ember.tokenizers.text.sentencepiece_normalizer import CharsMap
 
 _SPECIAL_KINDS = (PieceKind.CONTROL, PieceKind.USER_DEFINED)  # pieces that can be a chat format's end-of-turn token
 
@@ -35,7 +35,7 @@ class SentencePieceEntry:
 
 @dataclass
 class NormalizerSpec:
-    """How text is normalised before encoding: compiled rules (see sp_normalizer.py) and
+    """How text is normalised before encoding: compiled rules (see text/sentencepiece_normalizer.py) and
     whitespace options."""
 
     name: str = "identity"
@@ -221,8 +221,8 @@ def tokenizer_from_model(model: SentencePieceModel, name: str = "sentencepiece",
                          extra_eos_ids: Iterable[int] = ()) -> Tokenizer:
     """The ember tokenizer for a parsed SentencePiece model (BPE or Unigram); `chat_template` and `extra_eos_ids` (ids
     beyond EOS that end generation) come from where it lies."""
-    from ember.tokenizers.sentencepiece_bpe import SentencePieceBPETokenizer, SentencePieceOptions
-    from ember.tokenizers.unigram import UnigramTokenizer
+    from ember.tokenizers.sentencepiece.bpe import SentencePieceBPETokenizer, SentencePieceOptions
+    from ember.tokenizers.sentencepiece.unigram import UnigramTokenizer
 
     normalizer = model.normalizer
     charsmap = (
@@ -265,8 +265,12 @@ def tokenizer_from_model(model: SentencePieceModel, name: str = "sentencepiece",
 
 def load_sentencepiece_model(path: str | Path) -> Tokenizer:
     """The tokenizer of a SentencePiece `.model` file, with the chat template and stop tokens of the HF folder it
-    lies in, if it does (`hf_folder`)."""
-    from ember.tokenizers.hf_folder import chat_template_of, read_tokenizer_config, stop_token_ids
+    lies in, if it does (`formats.hf.folder`)."""
+    from ember.tokenizers.formats.hf.folder import (
+        chat_template_of,
+        read_tokenizer_config,
+        stop_token_ids,
+    )
 
     model, folder = SentencePieceModel.load(path), Path(path).parent
     specials = {entry.piece: token_id for token_id, entry in enumerate(model.pieces) if entry.kind in _SPECIAL_KINDS}

@@ -16,8 +16,8 @@ from array import array
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ember.tokenizers.pieces import PieceKind
-from ember.tokenizers.sentencepiece_vocab import SentencePieceTokenizer
+from ember.tokenizers.sentencepiece.vocab import SentencePieceTokenizer
+from ember.tokenizers.text.pieces import PieceKind
 
 UNKNOWN_PENALTY = 10.0
 _NOT_A_PREFIX = object()  # a sentinel (immutable): "no piece starts with this text"

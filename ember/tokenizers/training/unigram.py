@@ -26,15 +26,15 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ember.tokenizers.pieces import PieceKind
-from ember.tokenizers.sentencepiece_model import (
+from ember.tokenizers.formats.sentencepiece_model import (
     MODEL_UNIGRAM,
     NormalizerSpec,
     SentencePieceEntry,
     SentencePieceModel,
     TrainerSpec,
 )
-from ember.tokenizers.unigram import UnigramModel
+from ember.tokenizers.sentencepiece.unigram import UnigramModel
+from ember.tokenizers.text.pieces import PieceKind
 
 SPACE_MARKER = "\u2581"
 _WORD_START = re.compile(f"(?={SPACE_MARKER})")

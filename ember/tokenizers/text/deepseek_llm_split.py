@@ -1,6 +1,6 @@
 """deepseek-llm's six llama.cpp split stages as one pattern whose matches are the pieces.
 
-The stages (gguf_pre_tokenizers.DEEPSEEK_LLM_STAGES), each applied to every piece of the one
+The stages (formats.gguf.pre_tokenizers.DEEPSEEK_LLM_STAGES), each applied to every piece of the one
 before: newlines alone; a run of cased letters with the one whitespace before it; a run of
 "punctuation" (ASCII and fullwidth symbols, but also the ASCII and fullwidth letters, curly
 quotes and U+3000-3002) with the one whitespace before it; a piece's trailing whitespace;
@@ -23,7 +23,7 @@ against the stage loop on random text over every class here (test_tok_gguf_pre_t
 
 from __future__ import annotations
 
-from ember.tokenizers.char_classes import (
+from ember.tokenizers.text.char_classes import (
     Ranges,
     class_body,
     class_ranges,

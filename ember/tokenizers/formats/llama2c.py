@@ -7,8 +7,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from ember.tokenizers.pieces import PieceKind, byte_of_piece
-from ember.tokenizers.sentencepiece_bpe import SentencePieceBPETokenizer, SentencePieceOptions
+from ember.tokenizers.sentencepiece.bpe import SentencePieceBPETokenizer, SentencePieceOptions
+from ember.tokenizers.text.pieces import PieceKind, byte_of_piece
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 

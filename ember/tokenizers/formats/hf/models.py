@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ember.tokenizers.merges import MAX_VOCAB, BytePairMerger, pair_key, pair_value
-from ember.tokenizers.piece_cache import PieceCache
-from ember.tokenizers.unigram import UnigramModel
+from ember.tokenizers.bpe.merges import MAX_VOCAB, BytePairMerger, pair_key, pair_value
+from ember.tokenizers.sentencepiece.unigram import UnigramModel
+from ember.tokenizers.text.piece_cache import PieceCache
 
 
 class WordPieceModel:

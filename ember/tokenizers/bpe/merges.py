@@ -13,7 +13,7 @@ import heapq
 from itertools import repeat
 from operator import lshift, or_
 
-from ember.tokenizers.native import load_native
+from ember.tokenizers.bpe.native import load_native
 
 # Pair keys and table values pack two numbers into one int: fast to hash and compare.
 ID_BITS = 22

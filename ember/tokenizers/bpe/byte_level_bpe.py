@@ -13,10 +13,10 @@ from itertools import compress, repeat
 from operator import is_
 
 from ember.tokenizers.base import Tokenizer, replace_lone_surrogates
-from ember.tokenizers.merges import BytePairMerger
-from ember.tokenizers.patterns import PreTokenizer
-from ember.tokenizers.piece_cache import PieceCache
-from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
+from ember.tokenizers.bpe.merges import BytePairMerger
+from ember.tokenizers.text.patterns import PreTokenizer
+from ember.tokenizers.text.piece_cache import PieceCache
+from ember.tokenizers.text.specials import SpecialSet, SpecialTokenMatcher
 
 
 class ByteLevelBPETokenizer(Tokenizer):

@@ -11,9 +11,9 @@ import base64
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ember.tokenizers.bpe import ByteLevelBPETokenizer
-from ember.tokenizers.merges import BytePairMerger, pair_table_from_ranks
-from ember.tokenizers.patterns import NAMED_PATTERNS, PreTokenizer
+from ember.tokenizers.bpe.byte_level_bpe import ByteLevelBPETokenizer
+from ember.tokenizers.bpe.merges import BytePairMerger, pair_table_from_ranks
+from ember.tokenizers.text.patterns import NAMED_PATTERNS, PreTokenizer
 
 
 def _llama3_specials() -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""HF tokenizer.json pre-tokenizers for the general pipeline (`hf_pipeline.py`).
+"""HF tokenizer.json pre-tokenizers for the general pipeline (`formats/hf/pipeline.py`).
 
 A pre-tokenizer here is a function (text, at_text_start) -> pieces. `at_text_start` says
 whether the text begins the whole input (Metaspace's prepend_scheme "first" needs it).
@@ -14,9 +14,9 @@ from typing import Any
 
 import regex
 
-from ember.tokenizers.byte_level import bytes_to_unicode
-from ember.tokenizers.hf_normalizers import WHITE_SPACE, _pattern
-from ember.tokenizers.patterns import GPT2_PATTERN
+from ember.tokenizers.text.byte_level import bytes_to_unicode
+from ember.tokenizers.text.normalizers import WHITE_SPACE, _pattern
+from ember.tokenizers.text.patterns import GPT2_PATTERN
 
 PreTokenize = Callable[[str, bool], list[str]]
 Span = tuple[int, int]

@@ -3,7 +3,7 @@
 Byte-level BPE (ByteLevel, Split "Isolated" and Digits pre-tokenizers, no normalizer but NFC)
 runs on the fast `ByteLevelBPETokenizer`; everything else (WordPiece, BPE over Metaspace
 pieces with byte fallback, Unigram, the other normalizers and pre-tokenizers, single_word
-added tokens) runs on `hf_pipeline.PipelineTokenizer`. A part neither knows raises a
+added tokens) runs on `formats.hf.pipeline.PipelineTokenizer`. A part neither knows raises a
 ValueError naming it, so a tokenizer is never silently approximated.
 """
 
@@ -15,12 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from ember.tokenizers.base import Tokenizer
-from ember.tokenizers.bpe import ByteLevelBPETokenizer
-from ember.tokenizers.byte_level import ByteLevelCodec
-from ember.tokenizers.gguf_vocab import merger_from_merge_list
-from ember.tokenizers.hf_folder import chat_template_of, read_tokenizer_config, stop_token_ids
-from ember.tokenizers.hf_pipeline import PipelineTokenizer
-from ember.tokenizers.patterns import GPT2_PATTERN, PreTokenizer, for_oniguruma
+from ember.tokenizers.bpe.byte_level_bpe import ByteLevelBPETokenizer
+from ember.tokenizers.formats.gguf.vocab import merger_from_merge_list
+from ember.tokenizers.formats.hf.folder import (
+    chat_template_of,
+    read_tokenizer_config,
+    stop_token_ids,
+)
+from ember.tokenizers.formats.hf.pipeline import PipelineTokenizer
+from ember.tokenizers.text.byte_level import ByteLevelCodec
+from ember.tokenizers.text.patterns import GPT2_PATTERN, PreTokenizer, for_oniguruma
 
 SINGLE_DIGITS, DIGIT_RUNS = r"\p{N}", r"\p{N}+"
 

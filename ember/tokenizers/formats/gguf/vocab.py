@@ -14,13 +14,13 @@ from typing import Any
 
 from ember.gguf_file import read_gguf_metadata
 from ember.tokenizers.base import Tokenizer
-from ember.tokenizers.bpe import ByteLevelBPETokenizer
-from ember.tokenizers.byte_level import ByteLevelCodec
-from ember.tokenizers.gguf_pre_tokenizers import gguf_pre_tokenizer
-from ember.tokenizers.gguf_wordpiece import GGUFWordPieceTokenizer
-from ember.tokenizers.merges import MAX_VOCAB, BytePairMerger, pair_key, pair_value
-from ember.tokenizers.pieces import PieceKind
-from ember.tokenizers.sentencepiece_bpe import SentencePieceBPETokenizer, SentencePieceOptions
+from ember.tokenizers.bpe.byte_level_bpe import ByteLevelBPETokenizer
+from ember.tokenizers.bpe.merges import MAX_VOCAB, BytePairMerger, pair_key, pair_value
+from ember.tokenizers.formats.gguf.pre_tokenizers import gguf_pre_tokenizer
+from ember.tokenizers.formats.gguf.wordpiece import GGUFWordPieceTokenizer
+from ember.tokenizers.sentencepiece.bpe import SentencePieceBPETokenizer, SentencePieceOptions
+from ember.tokenizers.text.byte_level import ByteLevelCodec
+from ember.tokenizers.text.pieces import PieceKind
 
 # Text of tokens that end a turn in common chat formats: generation stops on them too.
 END_OF_TURN_TOKENS = (

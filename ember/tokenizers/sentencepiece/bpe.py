@@ -12,13 +12,13 @@ from __future__ import annotations
 import heapq
 import re
 
-from ember.tokenizers.merges import MAX_VOCAB, BytePairMerger, pair_key, pair_value
-from ember.tokenizers.piece_cache import PieceCache
-from ember.tokenizers.sentencepiece_vocab import (
+from ember.tokenizers.bpe.merges import MAX_VOCAB, BytePairMerger, pair_key, pair_value
+from ember.tokenizers.sentencepiece.vocab import (
     SPACE_MARKER,
     SentencePieceOptions,
     SentencePieceTokenizer,
 )
+from ember.tokenizers.text.piece_cache import PieceCache
 
 __all__ = ["SPACE_MARKER", "SentencePieceBPETokenizer", "SentencePieceOptions"]
 

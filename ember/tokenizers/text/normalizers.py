@@ -15,8 +15,8 @@ from typing import Any
 
 import regex
 
-from ember.tokenizers.patterns import for_oniguruma
-from ember.tokenizers.sp_normalizer import CharsMap
+from ember.tokenizers.text.patterns import for_oniguruma
+from ember.tokenizers.text.sentencepiece_normalizer import CharsMap
 
 Normalizer = Callable[[str], str]
 

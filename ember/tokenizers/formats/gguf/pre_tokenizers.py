@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from ember.tokenizers import deepseek_llm_split
-from ember.tokenizers.patterns import (
+from ember.tokenizers.text import deepseek_llm_split
+from ember.tokenizers.text.patterns import (
     BAILING_PATTERN,
     GPT2_PATTERN,
     LLAMA3_PATTERN,

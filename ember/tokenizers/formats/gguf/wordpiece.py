@@ -20,10 +20,10 @@ import unicodedata
 from collections.abc import Sequence
 
 from ember.tokenizers.base import Tokenizer, replace_lone_surrogates
-from ember.tokenizers.hf_normalizers import is_cjk, is_white_space
-from ember.tokenizers.piece_cache import PieceCache
-from ember.tokenizers.pieces import PieceKind
-from ember.tokenizers.specials import SpecialSet, SpecialTokenMatcher
+from ember.tokenizers.text.normalizers import is_cjk, is_white_space
+from ember.tokenizers.text.piece_cache import PieceCache
+from ember.tokenizers.text.pieces import PieceKind
+from ember.tokenizers.text.specials import SpecialSet, SpecialTokenMatcher
 
 WORD_START = "\u2581"
 CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs"})

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ember.tokenizers.gguf_vocab import END_OF_TURN_TOKENS
+from ember.tokenizers.formats.gguf.vocab import END_OF_TURN_TOKENS
 
 
 def read_tokenizer_config(folder: Path) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ember.tokenizers.byte_level import ByteLevelCodec
-from ember.tokenizers.patterns import NAMED_PATTERNS, PreTokenizer
+from ember.tokenizers.text.byte_level import ByteLevelCodec
+from ember.tokenizers.text.patterns import NAMED_PATTERNS, PreTokenizer
 
 
 @dataclass

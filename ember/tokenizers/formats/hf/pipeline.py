@@ -19,12 +19,12 @@ from typing import Any
 import regex
 
 from ember.tokenizers.base import Tokenizer, replace_lone_surrogates
-from ember.tokenizers.byte_level import ByteLevelCodec
-from ember.tokenizers.hf_models import build_model
-from ember.tokenizers.hf_normalizers import WHITE_SPACE, Normalizer, build_normalizer
-from ember.tokenizers.hf_pre_tokenizers import PreTokenize, build_pre_tokenizer
-from ember.tokenizers.pieces import byte_of_piece
-from ember.tokenizers.specials import SpecialSet
+from ember.tokenizers.formats.hf.models import build_model
+from ember.tokenizers.formats.hf.pre_tokenizers import PreTokenize, build_pre_tokenizer
+from ember.tokenizers.text.byte_level import ByteLevelCodec
+from ember.tokenizers.text.normalizers import WHITE_SPACE, Normalizer, build_normalizer
+from ember.tokenizers.text.pieces import byte_of_piece
+from ember.tokenizers.text.specials import SpecialSet
 
 _SPACE_CLASS = "[" + regex.escape("".join(sorted(WHITE_SPACE))) + "]*"
 SPACE_AT_END = regex.compile(_SPACE_CLASS + r"\Z")
