@@ -1346,7 +1346,7 @@ static int gemv_pass(int type, const float *x, const uint8_t *w, const float *bi
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#include "../layers/csrc/amx_tiles.h"
+#include "../../layers/csrc/amx_tiles.h"
 #define EMBER_GGML_AMX 1
 /* From this many rows an int8-path product runs on AMX tiles (amx_linear) instead of int8 passes: measured on a Xeon
  * with AMX against the passes, per call, at 64 / 128 / 512 rows: Qwen2.5-Coder-1.5B's Q4_K 17920 x 1536 1.4x / 2.0x /
