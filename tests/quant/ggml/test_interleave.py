@@ -96,9 +96,9 @@ def test_rows_read_out_of_the_interleaved_layout_are_the_gguf_rows(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_row_per_row_readers_refuse_the_interleaved_layout(name):
     moved = interleaved(random_blocks(name, rows=8, cols=COLS.get(name, 32)))
-    with pytest.raises(ValueError, match="ggml_interleave.plain"):
+    with pytest.raises(ValueError, match="ggml.interleave.plain"):
         dequantize_torch(moved.data, moved.format)
-    with pytest.raises(ValueError, match="ggml_interleave.plain"):
+    with pytest.raises(ValueError, match="ggml.interleave.plain"):
         moved.rows(torch.tensor([0]))
 
 
