@@ -205,8 +205,8 @@ def weight_bytes(model: torch.nn.Module) -> WeightBytes:
     The state dict is the weights' dense view (packed float panels are unpacked there); a tied
     table appears under two names with equal values and is counted once.
     """
-    from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear
-    from ember.quant.w8a8_layers import W8A8Linear
+    from ember.quant.ggml.layers import GGMLEmbedding, GGMLLinear
+    from ember.quant.int8.w8a8_layers import W8A8Linear
 
     memory = parameters = 0
     nominal = 0.0

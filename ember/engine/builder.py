@@ -27,8 +27,8 @@ from ember.layers.rejection_sampler import RejectionSampler
 from ember.layers.sampler import Sampler
 from ember.models.loader import LoadedModel, compute_dtype, load_model
 from ember.models.registry import resolve_model
-from ember.quant.ggml_kernels import MAX_GEMV_ROWS
-from ember.quant.ggml_layers import set_activations
+from ember.quant.ggml.kernels import MAX_GEMV_ROWS
+from ember.quant.ggml.layers import set_activations
 from ember.tokenizers.base import Tokenizer
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ class EngineBuilder:
 
 def rounds_activations(model: torch.nn.Module, num_ggml_layers: int, quant_activations: str) -> bool:
     """Whether some layer rounds its input to int8 (GGML layers with int8 activations, SmoothQuant's W8A8)."""
-    from ember.quant.w8a8_layers import W8A8Linear
+    from ember.quant.int8.w8a8_layers import W8A8Linear
 
     if num_ggml_layers and quant_activations == "int8":
         return True

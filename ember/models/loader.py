@@ -40,11 +40,11 @@ from ember.models.registry import single_gguf_in
 from ember.models.shard import ModelShard
 from ember.quant.at_load import check_checkpoint_method, round_at_load, weights_rounded_at_load
 from ember.quant.checkpoint import SourceNames, read_block_tensors
-from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
-from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
-from ember.quant.hf_quantized import hf_quantization, read_quantized
-from ember.quant.int8_channel import Int8ChannelTensor
-from ember.quant.zero_point import ZeroPointTensor
+from ember.quant.ggml.blocks import GGMLRowParts, GGMLTensor
+from ember.quant.ggml.layers import can_hold_blocks, install_ggml_layers
+from ember.quant.ggml.zero_point import ZeroPointTensor
+from ember.quant.hf.gptq_awq import hf_quantization, read_quantized
+from ember.quant.int8.channel import Int8ChannelTensor
 
 Quantized = GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor
 # A split model's rank: the whole model's config -> what this rank holds (ember.parallel.modes.shard_factory).

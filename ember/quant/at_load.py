@@ -24,10 +24,10 @@ from torch import nn
 
 from ember.layers.linear import Linear
 from ember.quant.choices import CHECKPOINT_QUANTIZATIONS
-from ember.quant.float_codes import quantize_fp8, quantize_nf4
-from ember.quant.ggml_blocks import GGMLTensor
-from ember.quant.ggml_layers import LOGITS_MODULE
-from ember.quant.grid import BlockGrid
+from ember.quant.codes.float_codes import quantize_fp8, quantize_nf4
+from ember.quant.codes.grid import BlockGrid
+from ember.quant.ggml.blocks import GGMLTensor
+from ember.quant.ggml.layers import LOGITS_MODULE
 
 logger = logging.getLogger(__name__)
 

@@ -2,10 +2,10 @@
 
 Steps: the model in float32 runs in ember's engine (built and driven by ember.quantize, the floor above,
 through `CalibrationRun`); for GPTQ/AWQ/SmoothQuant, run the
-calibration text through it and gather each linear's input statistics (ember.quant.calibration);
+calibration text through it and gather each linear's input statistics (ember.quant.methods.calibration);
 AWQ and SmoothQuant rescale weights and fold the inverse scales into the ops that feed them;
-every linear of the decoder is then rounded by RTN or GPTQ onto a block grid (ember.quant.grid),
-or for SmoothQuant to int8 per output channel (W8A8 layers, ember.quant.int8_channel), and the
+every linear of the decoder is then rounded by RTN or GPTQ onto a block grid (ember.quant.codes.grid),
+or for SmoothQuant to int8 per output channel (W8A8 layers, ember.quant.int8.channel), and the
 embedding (with a tied LM head) is stored as Q8_0. The result is written by
 ember.quant.checkpoint into a temporary folder renamed to --out only when complete.
 
@@ -29,18 +29,18 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from ember.quant.alpha_search import search_alpha
 from ember.quant.at_load import decoder_linears
-from ember.quant.awq import awq_clipped_ranges, awq_scales
-from ember.quant.calibration import Calibration, CalibrationRun, InputStats
 from ember.quant.checkpoint import SourceNames, write_quantized
+from ember.quant.codes.float_codes import quantize_fp8, quantize_nf4
+from ember.quant.codes.grid import BlockGrid
 from ember.quant.config import ALPHA_AUTO, CALIBRATED_METHODS, MIN_CALIB_TOKENS, QuantizeConfig
-from ember.quant.float_codes import quantize_fp8, quantize_nf4
-from ember.quant.ggml_blocks import GGMLTensor
-from ember.quant.gptq import GPTQSettings, gptq_quantize
-from ember.quant.grid import BlockGrid
-from ember.quant.int8_channel import Int8ChannelTensor, quantize_weight
-from ember.quant.smoothquant import (
+from ember.quant.ggml.blocks import GGMLTensor
+from ember.quant.int8.channel import Int8ChannelTensor, quantize_weight
+from ember.quant.methods.alpha_search import search_alpha
+from ember.quant.methods.awq import awq_clipped_ranges, awq_scales
+from ember.quant.methods.calibration import Calibration, CalibrationRun, InputStats
+from ember.quant.methods.gptq import GPTQSettings, gptq_quantize
+from ember.quant.methods.smoothquant import (
     apply_smoothing,
     fold_scales,
     folds_input_scales,

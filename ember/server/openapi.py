@@ -4,7 +4,7 @@ The OpenAI routes read their bodies themselves (strict pydantic parsing with Ope
 errors, off FastAPI's own validation), so FastAPI cannot see their models: each route declares
 its body and answers here, and the schemas of those pydantic models are merged into
 `components.schemas` of the document FastAPI builds. FastAPI's own 422 answers are dropped from
-the document: the app answers a failed validation with a 400 (`ember.server.errors`), never 422.
+the document: the app answers a failed validation with a 400 (`ember.server.common.errors`), never 422.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from ember.server.protocol import (
+from ember.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -29,7 +29,7 @@ from ember.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from ember.server.responses_api import ResponseObject, ResponsesRequest
+from ember.server.responses.models import ResponseObject, ResponsesRequest
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, ResponsesRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)

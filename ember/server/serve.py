@@ -11,9 +11,9 @@ from types import FrameType
 import uvicorn
 
 from ember.server.app import build_app
+from ember.server.common.drain import Drain
+from ember.server.common.header_timeout import HeaderDeadlineProtocol
 from ember.server.config import ServerConfig
-from ember.server.drain import Drain
-from ember.server.http_protocol import HeaderDeadlineProtocol
 
 logger = logging.getLogger("ember.server")
 
@@ -42,7 +42,7 @@ def describe_capacity(engine) -> str:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server whose first SIGTERM or Ctrl+C drains the app (see `ember.server.drain`)
+    """uvicorn's server whose first SIGTERM or Ctrl+C drains the app (see `ember.server.common.drain`)
     before it stops; a second one cuts the grace period short (the streams still open end at once
     with an error event and `[DONE]`, and the process exits 0); a third stops it as uvicorn would."""
 

@@ -15,7 +15,7 @@ from ember.engine.sampling_params import SamplingParams
 from ember.engine.spec.eagle_head import CONFIG_FILE, load_eagle_head
 from ember.engine.spec.lm_head_rows import lm_head_rows
 from ember.models.loader import load_model
-from ember.quant.ggml_layers import GGMLLogitsLinear
+from ember.quant.ggml.layers import GGMLLogitsLinear
 from ember.training.eagle import EagleTrainingConfig, draft_vocabulary, train_eagle_head
 from tests.engine.stories import (
     STORY_PROMPTS,

@@ -19,8 +19,8 @@ from ember.models.loader import load_model
 from ember.quant.at_load import decoder_linears
 from ember.quant.checkpoint import QUANTIZATION_FILE
 from ember.quant.config import QuantizeConfig
-from ember.quant.ggml_layers import GGMLLinear
-from ember.quant.w8a8_layers import W8A8Linear
+from ember.quant.ggml.layers import GGMLLinear
+from ember.quant.int8.w8a8_layers import W8A8Linear
 from ember.quantize import EngineCalibration, quantize_checkpoint
 from tests.model_factory import save_tiny_model
 
@@ -73,7 +73,7 @@ def test_gptq_builds_each_hessian_from_the_already_quantized_layers_before_it(ti
     from rich.progress import Progress
 
     from ember.layers.cpu_prepare import restore_dense_weights
-    from ember.quant.gptq import GPTQSettings, gptq_quantize
+    from ember.quant.methods.gptq import GPTQSettings, gptq_quantize
     from ember.quant.pipeline import calibrate, calibration_chunks
 
     out, target = tmp_path / "gptq", "model.layers.1.mlp.down_proj"
@@ -250,7 +250,7 @@ def test_smoothquant_checkpoint_loads_w8a8_layers_that_run_like_their_float_copy
 
 
 def test_smoothquant_alpha_auto_scores_every_candidate_and_writes_the_best_ones_checkpoint(tiny_folder, tokenizer, calib, tmp_path):
-    from ember.quant.alpha_search import ALPHA_CANDIDATES
+    from ember.quant.methods.alpha_search import ALPHA_CANDIDATES
 
     settings = {"model": str(tiny_folder), "method": "smoothquant", "bits": 8, "calib": calib, "tokenizer": tokenizer,
                 "calib_tokens": 256, "seq_len": 128}
@@ -265,8 +265,8 @@ def test_smoothquant_alpha_auto_scores_every_candidate_and_writes_the_best_ones_
 
 
 def test_the_alpha_search_runs_a_linear_as_its_w8a8_layer_would():
-    from ember.quant.alpha_search import _run_as_w8a8
-    from ember.quant.int8_channel import quantize_weight
+    from ember.quant.int8.channel import quantize_weight
+    from ember.quant.methods.alpha_search import _run_as_w8a8
 
     generator = torch.Generator().manual_seed(0)
     linear = torch.nn.Linear(96, 40)
@@ -290,8 +290,8 @@ def test_smoothquant_migration_folds_into_the_model_without_changing_its_float_o
     from rich.progress import Progress
 
     from ember.quant.at_load import decoder_linears
+    from ember.quant.methods.smoothquant import apply_smoothing
     from ember.quant.pipeline import calibrate, calibration_chunks
-    from ember.quant.smoothquant import apply_smoothing
 
     folder = _folding_model(family, tiny_folder, tmp_path)
     engine = LLMEngine(EngineConfig(model=str(folder), tokenizer=tokenizer, dtype="float32",
