@@ -35,13 +35,22 @@ run: install
 
 test: install-test
 	$(BIN)/ruff check ember tests
+	# The import contracts (pyproject.toml [tool.importlinter]): no upward import between floors, no cycle in any package.
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: install-test
 	$(BIN)/ruff check ember tests
+	$(BIN)/lint-imports
 
 .PHONY: docs
 docs: $(BIN)/python
 	# The docs site (docs/, mkdocs.yml) into site/ (ignored by git); --strict fails on any warning.
 	$(BIN)/pip install -e '.[docs]'
 	$(BIN)/mkdocs build --strict --site-dir site
+
+.PHONY: gpu-wheels
+gpu-wheels: $(BIN)/python
+	# pytest and its pure-Python requirements for scripts/gpu-check.sh on a GPU image without pytest or network
+	# (.gpu-wheels/ is ignored by git: carry it with the tree).
+	$(BIN)/pip download --no-deps --only-binary=:all: --platform any --dest .gpu-wheels pytest pluggy iniconfig packaging pygments exceptiongroup tomli

@@ -55,6 +55,7 @@ class LLM:
         quantization = options.pop("quantization", None)
         generation_config = options.pop("generation_config", AUTO)
         lora = _lora_config(options)
+        num_threads = options.pop("num_threads", None)
         if options:
             raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
         config = EngineConfig(
@@ -70,6 +71,7 @@ class LLM:
             speculative=SpeculativeConfig(**speculative_fields),
             parallel=ParallelConfig(**parallel_fields),
             lora=lora,
+            num_threads=num_threads,
         )
         self.engine = LLMEngine(config, loaded=loaded)
         self.tokenizer = self.engine.tokenizer

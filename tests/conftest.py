@@ -55,3 +55,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_model(
         "llama", tmp_path_factory.mktemp("tiny-llama-smollm2"), vocab_size=49152, max_position_embeddings=TINY_CONTEXT
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `cuda` skip, saying why, where torch sees no CUDA device (torch is imported only if one is marked,
+    so a run of torch-free tests stays torch-free)."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    reason = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False); scripts/gpu-check.sh runs it")
+    for item in marked:
+        item.add_marker(reason)

@@ -28,8 +28,8 @@ def test_every_kernel_library_builds_where_a_compiler_exists():
     from ember.layers.cpu_decoder_layer import load_decoder_layer_kernel
     from ember.layers.cpu_elementwise import load_elementwise
     from ember.layers.cpu_gemm import load_gemm
-    from ember.quant.ggml_kernels import load_kernels
-    from ember.quant.w8a8_kernels import load_w8a8_kernels
+    from ember.quant.ggml.kernels import load_kernels
+    from ember.quant.int8.w8a8_kernels import load_w8a8_kernels
 
     loaders = (load_attention, load_decoder_layer_kernel, load_elementwise, load_gemm, load_kernels, load_w8a8_kernels)
     assert [loader.__name__ for loader in loaders if loader() is None] == []

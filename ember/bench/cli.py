@@ -104,6 +104,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     lora.add_argument("--max-output", type=int, default=256, help="longest output of the mixed workload")
     lora.add_argument("--adapter-dir", type=Path, default=Path("benchmarks/lora_adapters"), help="where the random adapters are written")
     lora.set_defaults(func=_run_lora)
+    contention = commands.add_parser("contention", help="batch-1 decode and mixed tok/s alone and beside a busy neighbour, same run")
+    _common(contention, peers=False, default_dtype="auto")
+    contention.add_argument("--num-requests", type=int, default=16, help="requests of the mixed workload")
+    contention.set_defaults(func=_run_contention)
     soak = commands.add_parser("soak", help="many mixed requests against a real server: nothing lost, no 5xx, bounded memory")
     _common(soak, peers=False)
     soak.add_argument("--url", default=None, help="base URL of a running server (default: start `ember serve` with a small KV pool)")
@@ -194,13 +198,19 @@ def _common(parser: argparse.ArgumentParser, peers: bool = True, default_dtype: 
     if peers:
         parser.add_argument("--peers", default="hf,llamacpp", help="comma-separated peers: hf, llamacpp, or none")
     parser.add_argument("--json", type=Path, default=None, help="also write the section as JSON here")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of this bench process's engines and torch peers (default: torch's, one per core)")
 
 
 def _options(args: argparse.Namespace):
     from ember.bench.suite import PEERS, BenchOptions
+    from ember.engine.threads import apply_num_threads
 
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError("--threads must be at least 1")
+    apply_num_threads(args.threads)
     if args.scale <= 0:
         raise ValueError("--scale must be positive")
     peers = tuple(p for p in getattr(args, "peers", "none").split(",") if p and p != "none")
@@ -321,6 +331,21 @@ def _run_lora(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_contention(args: argparse.Namespace) -> int:
+    from ember.bench.contention import bench_contention, format_contention_section
+
+    options = _options(args)
+    if args.num_requests < 1:
+        raise ValueError("--num-requests must be at least 1")
+    section = bench_contention(args.model, options.dtypes[0], options.repeats, args.num_requests, options.seed, options.tick)
+    print(format_contention_section(section))
+    print("machine: the ratios are to the quiet figure of the same run; on a machine shared with other work, 'quiet' is "
+          "only as quiet as that work lets it be")
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, section)
+    return 0
+
+
 def _run_soak(args: argparse.Namespace) -> int:
     from ember.bench import printing, suite
 
@@ -403,7 +428,7 @@ def _run_all(args: argparse.Namespace) -> int:
 
 def _sibling(text: str | None):
     """The --sibling / --spec-sibling pair, parsed before anything runs (None when not given)."""
-    from ember.bench.spec import SiblingPair
+    from ember.bench.suite import SiblingPair
 
     return None if text is None else SiblingPair.parse(text)
 

@@ -11,25 +11,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
+from ember.bench.parallel_modes import PARALLEL_MODES
 from ember.bench.quant_methods import DEFAULT_METHODS as DEFAULT_QUANT_METHODS
 
 if TYPE_CHECKING:  # the report imports this module's names; keep it free of the engine
     from ember.bench.suite import BenchOptions
 
 FEATURE_SECTIONS = ("spec", "quant", "parallel", "structured")
-# What each parallel mode is called in the report; "sequence" is tensor parallel with sequence parallelism switched on.
-PARALLEL_MODES = {"tensor": "tensor parallel", "sequence": "tensor + sequence parallel", "pipeline": "pipeline parallel",
-                  "expert": "expert parallel"}
 
 QUANT_CALIB_FILE = "tinyshakespeare.txt"  # calibrate on one corpus ...
 QUANT_EVAL_FILE = "botchan.txt"  # ... evaluate on another (issue 10)
-
-
-def padding(result: dict) -> tuple[int, int] | None:
-    """(tokens computed, tokens counted) of a run whose formula counts padded tokens and whose split padded some;
-    else None."""
-    counted, tokens = result.get("counted_tokens_per_run"), result["tokens_per_run"]
-    return None if counted is None or counted == tokens else (tokens, counted)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ember.bench.feature_benches import PARALLEL_MODES, padding
+from ember.bench.parallel_modes import PARALLEL_MODES, padding
 from ember.bench.spec import NEVER_DRAFTED, acceptance_text, ceiling_text
 from ember.bench.spec_workloads import CONTROL_WORKLOADS
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ember.bench.feature_benches import padding
+from ember.bench.parallel_modes import padding
 from ember.engine.sampling_params import SamplingParams
 from ember.layers.expert_parallel import ExpertParallelMoE
 from ember.llm import LLM

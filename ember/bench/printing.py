@@ -5,14 +5,8 @@ from __future__ import annotations
 from rich.console import Console, Group
 from rich.table import Table
 
-from ember.bench.report import (
-    LABELS,
-    describe_decode_bytes,
-    fmt,
-    fmt_ratio,
-    fmt_spread,
-    roofline_percent,
-)
+from ember.bench.formatting import fmt, fmt_ratio, fmt_spread
+from ember.bench.report import LABELS, describe_decode_bytes, roofline_percent
 
 
 def print_section(name: str, section: dict, skipped: dict[str, str]) -> None:
@@ -149,6 +143,9 @@ def _serve(section: dict) -> Table | Group:
                    fmt_ratio(compared.get("tok_s_ratio")))
     versus.add_row("TPOT ms (one batch1 request alone)", fmt_spread(compared["batch1_tpot_ms"]["served"]),
                    fmt_spread(compared["batch1_tpot_ms"]["offline"]), fmt_ratio(compared.get("batch1_tpot_ratio")))
+    if "e2e_batch1_tok_s" in compared:
+        versus.add_row("tok/s end to end (one whole 96-token answer)", fmt_spread(compared["e2e_batch1_tok_s"]["served"]),
+                       fmt_spread(compared["e2e_batch1_tok_s"]["offline"]), fmt_ratio(compared.get("e2e_batch1_ratio")))
     return Group(table, versus)
 
 

@@ -146,7 +146,7 @@ def times_w8a8_kernels(methods: tuple[str, ...]) -> bool:
 def _quantize(source: str, name: str, out: Path, options: QuantBenchOptions, tick: Callable[[str], None]) -> tuple[str, float, int | None]:
     """(checkpoint path, seconds, group size: None for one scale per output channel) of `name` applied to `source`."""
     from ember.quant.config import FIXED_GROUP_SIZE, PER_CHANNEL_METHODS, QuantizeConfig
-    from ember.quant.pipeline import quantize_checkpoint
+    from ember.quantize import quantize_checkpoint
 
     method, bits = METHOD_SPECS[name]
     tick(f"quant, {options.model}: quantizing {name}")
@@ -205,8 +205,8 @@ def weight_bytes(model: torch.nn.Module) -> WeightBytes:
     The state dict is the weights' dense view (packed float panels are unpacked there); a tied
     table appears under two names with equal values and is counted once.
     """
-    from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear
-    from ember.quant.w8a8_layers import W8A8Linear
+    from ember.quant.ggml.layers import GGMLEmbedding, GGMLLinear
+    from ember.quant.int8.w8a8_layers import W8A8Linear
 
     memory = parameters = 0
     nominal = 0.0

@@ -10,6 +10,7 @@ import contextlib
 import json
 from pathlib import Path
 
+from ember.bench.formatting import fmt, fmt_ratio, fmt_spread
 from ember.bench.goals import Goal, feature_goals
 from ember.bench.stats import ratio
 from ember.bench.suite import BenchOptions
@@ -27,6 +28,7 @@ GOALS = (
     ("long_prefill_p99", "`long-prefill`: decoders' p99 ITL, chunked prefill off / on", ">= 3x", lambda v: v >= 3.0),
     ("serve_batch1_tpot", "`serve` batch 1: TPOT served / offline (same request)", "<= 1.10x", lambda v: v <= 1.10),
     ("serve_streams", "`serve` 16 streams: output tok/s served / offline (same requests)", ">= 0.85x", lambda v: v >= 0.85),
+    ("serve_batch1_e2e", "`serve` batch 1 end to end: tok/s of one whole answer, served / offline", ">= 0.9x", lambda v: v >= 0.9),
 )
 
 
@@ -68,6 +70,7 @@ def summary(results: dict) -> dict:
         "serve": {
             "batch1_tpot_ratio": _get(results, "serve", "vs_offline", "batch1_tpot_ratio"),
             "tok_s_ratio": _get(results, "serve", "vs_offline", "tok_s_ratio"),
+            "e2e_batch1_ratio": _get(results, "serve", "vs_offline", "e2e_batch1_ratio"),
         },
         "machine": results.get("machine", {}),
         "commit": results.get("commit", "unknown"),
@@ -89,6 +92,7 @@ def goal_values(results: dict) -> dict[str, float | None]:
         "long_prefill_p99": s["long_prefill"]["p99_itl_ratio"],
         "serve_batch1_tpot": s["serve"]["batch1_tpot_ratio"],
         "serve_streams": s["serve"]["tok_s_ratio"],
+        "serve_batch1_e2e": s["serve"]["e2e_batch1_ratio"],
     }
 
 
@@ -105,26 +109,6 @@ def write_summary(results: dict, path: Path) -> None:
              for g in all_goals(results)]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(summary(results), goals=goals), indent=2) + "\n")
-
-
-# -- formatting -----------------------------------------------------------------------------------
-
-
-def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.{digits}f}{suffix}"
-
-
-def fmt_spread(data: dict | None, digits: int = 1) -> str:
-    """'median (min-max)' of a repeated measurement."""
-    if not data:
-        return "n/a"
-    return f"{data['median']:,.{digits}f} ({data['min']:,.{digits}f}–{data['max']:,.{digits}f})"
-
-
-def fmt_ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -569,6 +553,9 @@ def _serve_vs_offline(lines: list[str], compared: dict | None) -> None:
         ["TPOT (ms), one `batch1` request alone", fmt_spread(compared["batch1_tpot_ms"]["served"]),
          fmt_spread(compared["batch1_tpot_ms"]["offline"]), fmt_ratio(compared.get("batch1_tpot_ratio"))],
     ]
+    if "e2e_batch1_tok_s" in compared:
+        rows.append(["tok/s end to end, one whole 96-token answer to a short prompt", fmt_spread(compared["e2e_batch1_tok_s"]["served"]),
+                     fmt_spread(compared["e2e_batch1_tok_s"]["offline"]), fmt_ratio(compared.get("e2e_batch1_ratio"))])
     lines += _table(["", "served", "offline", "served / offline"], rows)
 
 

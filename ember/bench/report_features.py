@@ -10,8 +10,8 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from ember.bench.feature_benches import PARALLEL_MODES
 from ember.bench.goals import quant_row
+from ember.bench.parallel_modes import PARALLEL_MODES
 from ember.bench.spec import acceptance_text, ceiling_text, draft_lengths_text
 
 Table = Callable[[list[str], list[list[str]]], list[str]]

@@ -29,30 +29,9 @@ from ember.bench.lookup_ceiling import LookupCeiling, lookup_ceiling, overall_ce
 from ember.bench.results import RunResult
 from ember.bench.spec_workloads import SPEC_WORKLOADS, build_spec_workload
 from ember.bench.stats import ratio, spread
-from ember.bench.suite import BenchOptions, _interleave, make_workload, model_path
+from ember.bench.suite import BenchOptions, SiblingPair, _interleave, make_workload, model_path
 from ember.bench.workloads import Workload
 from ember.engine.config import MAX_SPECULATIVE_TOKENS, default_speculative_tokens
-
-
-@dataclass(frozen=True)
-class SiblingPair:
-    """A target and a smaller model of its family with the same tokenizer, as its draft model, both at `dtype`."""
-
-    target: str
-    draft: str
-    dtype: str = "auto"
-
-    @classmethod
-    def parse(cls, text: str) -> SiblingPair:
-        """'TARGET,DRAFT' as the command line gives it."""
-        parts = [part.strip() for part in text.split(",")]
-        if len(parts) != 2 or not all(parts):
-            raise ValueError(f"a sibling pair reads TARGET,DRAFT (two models with one tokenizer), not {text!r}")
-        return cls(*parts)
-
-    @property
-    def models(self) -> tuple[str, str]:
-        return (self.target, self.draft)
 
 
 def draft_length_cap(spec: SpecBenchOptions, method: str) -> int:
@@ -230,7 +209,7 @@ def cached_medusa_heads(model: str, dtype: str, spec: SpecBenchOptions, tokenize
     """Heads for `model` trained on the shared corpus for `spec.medusa_train_steps` steps; reused when already cached."""
     from ember.bench.ember_runner import loaded_weights
     from ember.engine.spec.medusa_heads import CONFIG_FILE, model_identity
-    from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_heads_for
+    from ember.training.medusa import MedusaTrainingConfig, train_heads_for
 
     target = loaded_weights(model, dtype).model
     config = MedusaTrainingConfig(num_heads=draft_length_cap(spec, "medusa"), steps=spec.medusa_train_steps, steps_per_batch=4,
@@ -248,8 +227,8 @@ def cached_eagle_head(model: str, dtype: str, spec: SpecBenchOptions, tokenizer)
     """An EAGLE-style head for `model` trained on the shared corpus for `spec.eagle_train_steps` steps; reused when cached."""
     from ember.bench.ember_runner import loaded_weights
     from ember.engine.spec.eagle_head import CONFIG_FILE
-    from ember.engine.spec.eagle_training import EagleTrainingConfig, train_eagle_head_for
     from ember.engine.spec.medusa_heads import model_identity
+    from ember.training.eagle import EagleTrainingConfig, train_eagle_head_for
 
     target = loaded_weights(model, dtype).model
     config = EagleTrainingConfig(steps=spec.eagle_train_steps, steps_per_batch=4, self_generated=spec.train_replies)
@@ -264,7 +243,7 @@ def cached_eagle_head(model: str, dtype: str, spec: SpecBenchOptions, tokenizer)
 def _training_tokens(model: str, dtype: str, tokenizer, config, what: str, flag: str) -> list[int]:
     """The shared corpus's tokens, or the target's replies to prompts made from it (`config.self_generated`)."""
     from ember.bench.ember_runner import loaded_weights
-    from ember.engine.spec.distillation import training_tokens
+    from ember.training.distillation import training_tokens
 
     return training_tokens(loaded_weights(model, dtype), model, dtype, tokenizer, shared_corpus(what, flag), config,
                            show_progress=True)

@@ -12,20 +12,37 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING
 
 from ember.bench import workloads
-from ember.bench.ember_runner import EmberSettings, run_ember
+from ember.bench.ember_runner import EmberSettings, loaded_weights, run_ember
 from ember.bench.results import RunResult
 from ember.bench.stats import latency_summary, mean, ratio, spread
 from ember.bench.workloads import TokenSource, Workload
 from ember.engine.config import SchedulerConfig
 
-if TYPE_CHECKING:
-    from ember.bench.spec import SiblingPair
-
 PEERS = ("hf", "llamacpp")
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class SiblingPair:
+    """A target and a smaller model of its family with the same tokenizer, as its draft model, both at `dtype`."""
+
+    target: str
+    draft: str
+    dtype: str = "auto"
+
+    @classmethod
+    def parse(cls, text: str) -> SiblingPair:
+        """'TARGET,DRAFT' as the command line gives it."""
+        parts = [part.strip() for part in text.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"a sibling pair reads TARGET,DRAFT (two models with one tokenizer), not {text!r}")
+        return cls(*parts)
+
+    @property
+    def models(self) -> tuple[str, str]:
+        return (self.target, self.draft)
 
 
 @dataclass
@@ -456,8 +473,9 @@ def bench_serve(
 
     Against its own server (no `url`), each repeat also runs the same requests offline (`LLM`'s
     engine in this process, at the same concurrency) and one `batch1` request served alone and
-    offline, so the report shows what the served path costs: served / offline output tok/s and
-    served / offline batch-1 TPOT, same requests, same run.
+    offline, so the report shows what the served path costs: served / offline output tok/s,
+    served / offline batch-1 TPOT, and one whole 96-token answer end to end (`end_to_end_batch1`:
+    admission, tokenization, the engine-process hop and the response included), same run.
     """
     import asyncio
     import contextlib
@@ -476,6 +494,7 @@ def bench_serve(
     batch1 = make_workload(options, "batch1", **batch1_lengths) if compares_offline else None
     options.tick(f"serve: starting {label}")
     runs, offline, served_batch1, offline_batch1 = [], [], [], []
+    served_e2e, offline_e2e = [], []
     with server as base_url:
         for repeat in range(options.repeats):
             # A new seed per repeat, so a server's prefix cache cannot serve a repeat's prompts.
@@ -489,6 +508,10 @@ def bench_serve(
             options.tick(f"serve: batch1 served and offline ({repeat + 1}/{options.repeats})")
             served_batch1.append(asyncio.run(run_load(base_url, batch1, served_model, 1, label=label)))
             offline_batch1.append(run_ember(options.model, dtype, batch1, EmberSettings(label="ember offline (batch 1)", max_num_seqs=1)))
+            options.tick(f"serve: one whole answer served and offline, end to end ({repeat + 1}/{options.repeats})")
+            served_s, offline_s = end_to_end_batch1(base_url, options.model, dtype, served_model)
+            served_e2e.append(E2E_OUTPUT_TOKENS / served_s)
+            offline_e2e.append(E2E_OUTPUT_TOKENS / offline_s)
     summaries = [serve_summary(r, slo) for r in runs]
     section = {
         "target": label,
@@ -509,7 +532,44 @@ def bench_serve(
     }
     if compares_offline:
         section["vs_offline"] = served_vs_offline(runs, offline, served_batch1, offline_batch1)
+        section["vs_offline"]["e2e_batch1_tok_s"] = {"served": spread(served_e2e).to_dict(), "offline": spread(offline_e2e).to_dict()}
+        section["vs_offline"]["e2e_batch1_ratio"] = ratio(spread(served_e2e).median, spread(offline_e2e).median)
     return section
+
+
+E2E_PROMPT = "Once upon a time"
+E2E_OUTPUT_TOKENS = 96
+E2E_ATTEMPTS = 3  # alternating pairs per repeat; the best of each side counts (as the issue's held-out check took it)
+
+
+def end_to_end_batch1(base_url: str, model: str, dtype: str, served_model: str | None) -> tuple[float, float]:
+    """Best wall seconds of one whole (non-streamed) 96-token answer to a short text prompt: through the server's
+    /v1/completions, and through `LLM.generate` in this process; what a user waits for, tokenization and all."""
+    import httpx
+
+    from ember.engine.sampling_params import SamplingParams
+    from ember.llm import LLM
+
+    llm = LLM(model, dtype=dtype, loaded=loaded_weights(model, dtype))
+    params = SamplingParams(max_tokens=E2E_OUTPUT_TOKENS, ignore_eos=True, temperature=0.0)
+    body = {"prompt": E2E_PROMPT, "max_tokens": E2E_OUTPUT_TOKENS, "ignore_eos": True, "temperature": 0.0}
+    if served_model is not None:
+        body["model"] = served_model
+    served_s, offline_s = [], []
+    with httpx.Client(base_url=base_url, timeout=600) as client:
+        client.post("/v1/completions", json=body).raise_for_status()  # both warm before timing
+        llm.generate([E2E_PROMPT], params)
+        for _ in range(E2E_ATTEMPTS):
+            started = time.perf_counter()
+            answer = client.post("/v1/completions", json=body)
+            served_s.append(time.perf_counter() - started)
+            answer.raise_for_status()
+            if answer.json()["usage"]["completion_tokens"] != E2E_OUTPUT_TOKENS:
+                raise RuntimeError(f"the server answered {answer.json()['usage']} for a {E2E_OUTPUT_TOKENS}-token request")
+            started = time.perf_counter()
+            llm.generate([E2E_PROMPT], params)
+            offline_s.append(time.perf_counter() - started)
+    return min(served_s), min(offline_s)
 
 
 def _offline_settings(concurrency: int | None, num_requests: int) -> EmberSettings:

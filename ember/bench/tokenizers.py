@@ -22,9 +22,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ember.tokenizers.byte_level import ByteLevelCodec
-from ember.tokenizers.patterns import NAMED_PATTERNS
-from ember.tokenizers.tiktoken_files import KNOWN_ENCODINGS, load_tiktoken, read_tiktoken_ranks
+from ember.tokenizers.formats.tiktoken_files import (
+    KNOWN_ENCODINGS,
+    load_tiktoken,
+    read_tiktoken_ranks,
+)
+from ember.tokenizers.text.byte_level import ByteLevelCodec
+from ember.tokenizers.text.patterns import NAMED_PATTERNS
 
 MULTILINGUAL_SENTENCES = [
     "我们今天去公园散步，天气非常好。机器学习是人工智能的一个分支，它让计算机从数据中学习。",
@@ -267,7 +271,7 @@ def run_tokenizer_bench(
     return report
 
 
-# One name per distinct rule set of llama.cpp's GGUF pre-tokenizers (gguf_pre_tokenizers.py).
+# One name per distinct rule set of llama.cpp's GGUF pre-tokenizers (ember/tokenizers/formats/gguf/pre_tokenizers.py).
 PRE_TOKENIZER_NAMES = (
     "gpt-2", "default", "llama-bpe", "deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon",
     "starcoder", "qwen2", "qwen35", "poro-chat", "viking", "tekken", "chameleon", "gpt-4o",
@@ -287,8 +291,8 @@ def run_pre_tokenizer_bench(
     ember's own gpt-2 pre-tokenizer (issue 15 asks for <= 1.5x slower), and `tokenizers`
     running the same Split stages, after a parity check on the first 200 documents."""
     from ember.tokenizers import load
-    from ember.tokenizers.bpe import ByteLevelBPETokenizer
-    from ember.tokenizers.gguf_pre_tokenizers import gguf_pre_tokenizer
+    from ember.tokenizers.bpe.byte_level_bpe import ByteLevelBPETokenizer
+    from ember.tokenizers.formats.gguf.pre_tokenizers import gguf_pre_tokenizer
 
     subset, size = [], 0
     for document in documents:

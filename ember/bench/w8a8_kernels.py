@@ -1,7 +1,7 @@
 """W8A8 product paths timed on one model's layer shapes: the compiled kernel against torch's.
 
 Each shape (token rows m, layer in -> out) times the whole W8A8 product (per-token rounding,
-integer sums, scaling) through the compiled kernel (ember.quant.w8a8_kernels), the plain-torch
+integer sums, scaling) through the compiled kernel (ember.quant.int8.w8a8_kernels), the plain-torch
 path (exact float32 GEMM on codes in column chunks: the fallback) and `torch._int_mm` (int32
 accumulation), plus torch's float32 `F.linear` on the dequantized weight for scale, in the same
 run: medians of `repeats` timed groups. The W8A8 layer picks the fastest path it has from this
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from ember.bench.formatting import fmt, fmt_ratio
 
 DEFAULT_ROWS = (1, 4, 8, 16, 64)
 COLUMNS = ("layer", "rows", "in -> out", "compiled", "plain torch", "torch _int_mm", "float32 F.linear", "plain torch / compiled",
@@ -39,8 +41,8 @@ def layer_shapes(model: str) -> dict[str, tuple[int, int]]:
 
 def bench_w8a8_kernels(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...] = DEFAULT_ROWS, repeats: int = 5) -> list[dict]:
     """One row per (layer, m): microseconds per product of each path, and each torch path's time over the compiled one's."""
-    from ember.quant.int8_channel import quantize_weight, w8a8_linear_torch
-    from ember.quant.w8a8_kernels import load_w8a8_kernels
+    from ember.quant.int8.channel import quantize_weight, w8a8_linear_torch
+    from ember.quant.int8.w8a8_kernels import load_w8a8_kernels
 
     kernels = load_w8a8_kernels()
     results = []
@@ -65,7 +67,7 @@ def bench_w8a8_kernels(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]
 
 def _w8a8_int_mm(x: torch.Tensor, weight) -> torch.Tensor:
     """The W8A8 product with `torch._int_mm` for the integer sums."""
-    from ember.quant.int8_channel import int8_products_int_mm, quantize_tokens, scale_products
+    from ember.quant.int8.channel import int8_products_int_mm, quantize_tokens, scale_products
 
     x_codes, x_scales = quantize_tokens(x)
     return scale_products(int8_products_int_mm(x_codes, weight.codes), x_scales, weight.scales, None)
@@ -87,7 +89,5 @@ def _median_us(call: Callable[[], object], repeats: int, group_s: float = 0.02) 
 
 def table_cells(row: dict) -> list[str]:
     """One row of the timings as table cells (COLUMNS): microseconds and ratios."""
-    from ember.bench.report import fmt, fmt_ratio
-
     return [row["layer"], str(row["rows"]), f"{row['in']} -> {row['out']}", fmt(row["compiled_us"]), fmt(row["torch_us"]),
             fmt(row["int_mm_us"]), fmt(row["float32_us"]), fmt_ratio(row["torch_over_compiled"]), fmt_ratio(row["int_mm_over_compiled"])]

@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from ember.engine.spec.eagle_training import EagleTrainingConfig, train_eagle_head
+    from ember.training.eagle import EagleTrainingConfig, train_eagle_head
 
     config = EagleTrainingConfig(unroll=args.unroll, num_blocks=args.num_blocks, draft_vocab_size=args.draft_vocab,
                                  **training_fields(args))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ember.config.model import ModelConfig
 from ember.engine.config import parse_bytes
-from ember.kv.planner import (
+from ember.models.kv_planner import (
     ELEMENT_SIZES,
     KNOWN_SHAPES,
     KVPlan,

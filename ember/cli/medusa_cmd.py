@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_medusa_heads
+    from ember.training.medusa import MedusaTrainingConfig, train_medusa_heads
 
     config = MedusaTrainingConfig(num_heads=args.num_heads, **training_fields(args))
     result = train_medusa_heads(args.model, args.corpus, args.out, config, args.dtype, args.tokenizer, show_progress=sys.stderr.isatty())

@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ember.quant.config import QuantizeConfig
-    from ember.quant.pipeline import quantize_checkpoint
+    from ember.quantize import quantize_checkpoint
 
     bits = args.bits if args.bits is not None else {"fp8": 8, "smoothquant": 8}.get(args.method, 4)
     config = QuantizeConfig(model=args.model, method=args.method, out=args.out, bits=bits, group_size=args.group_size,

@@ -8,22 +8,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ember.engine.lora_request import LoRAConfig
+from ember.layers.draft_trees import MAX_TREE_NODES
 from ember.parallel.config import ParallelConfig, add_parallel_arguments
+from ember.quant.choices import (
+    AT_LOAD_QUANTIZATIONS,
+    QUANT_ACTIVATIONS,
+    QUANTIZATION_ALIASES,
+    QUANTIZATIONS,
+)
 
 # "auto": a quantized checkpoint stays quantized (float32 activations), a float one loads as float32.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
-QUANT_ACTIVATIONS = ("int8", "float32")  # what ember.quant.ggml_layers' GGML linear layers round activations to
 # "auto": the model's compute dtype; "fp8" (alias "fp8_e4m3"): float8 e4m3 with no scale, as vLLM's
 # uncalibrated default, 1 byte per element; "fp8_e5m2": float8 e5m2 (2 mantissa bits, the range of float16)
-# (torch dtypes: ember.engine.runner.KV_CACHE_TORCH_DTYPES).
+# (torch dtypes: ember.kv.tensors.KV_CACHE_TORCH_DTYPES).
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
-# --quantization: the block formats a float checkpoint's decoder linears are rounded to as it loads (ember.quant.at_load),
-# vLLM's name for one of them, and vLLM's names of checkpoint formats (accepted: the checkpoint's own description decides).
-AT_LOAD_QUANTIZATIONS = ("int8", "int4", "fp8", "nf4")
-QUANTIZATION_ALIASES = {"bitsandbytes": "nf4"}
-CHECKPOINT_QUANTIZATIONS = ("gptq", "awq", "gguf", "compressed-tensors", "gptq_marlin", "awq_marlin", "marlin")
-QUANTIZATIONS = (*AT_LOAD_QUANTIZATIONS, *QUANTIZATION_ALIASES, *CHECKPOINT_QUANTIZATIONS)
 
 
 @dataclass
@@ -73,7 +73,6 @@ class SchedulerConfig:
 
 SPECULATIVE_METHODS = ("ngram", "draft", "medusa", "eagle")
 MAX_SPECULATIVE_TOKENS = 16  # the deepest draft a sequence may verify in one step
-MAX_TREE_NODES = 62  # a tree's rows and their newest token fit the attention op's 64-bit masks
 DEFAULT_TREE_NODES = 7  # with the newest token, 8 rows: one query chunk of the attention op, as a decode row reads
 # K when none is given. A lookup drafts for free, so a deeper cap costs only the rows verification rejects, which
 # adaptive K weighs; copies run long (n-gram at K=8 over K=4 on SmolLM2, `ember bench spec`: code-edit 2.04x vs 1.93x).
@@ -180,10 +179,14 @@ class EngineConfig:
     quant_activations: str = "int8"  # GGML layers: "int8" (fast, rounded per 32 values) or "float32" (exact)
     quantization: str | None = None  # one of QUANTIZATIONS (an alias becomes its name); None: the checkpoint as it is
     lora: LoRAConfig | None = None
+    num_threads: int | None = None  # CPU threads of the step (torch and ember's kernels); None: ember.engine.threads' default
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):
             raise TypeError("EngineConfig.parallel must be a ParallelConfig")
+        if self.num_threads is not None and (isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int)
+                                             or self.num_threads < 1):
+            raise ValueError(f"num_threads must be a whole number of at least 1 (--threads), not {self.num_threads!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -244,6 +247,7 @@ class EngineConfig:
             speculative=_speculative_from_args(args),
             parallel=ParallelConfig.from_args(args),
             lora=LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras) if args.enable_lora else None,
+            num_threads=args.threads,
         )
 
 
@@ -375,6 +379,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--speculative-config", type=parse_speculative_config, default=None,
                         help='vLLM\'s JSON in place of the flags above, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\' '
                              "or '{\"model\": DRAFT, \"num_speculative_tokens\": 4}'")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of each engine step (default: torch's, one per core); OpenMP threads sleep rather "
+                             "than spin while they wait, so a busy neighbour costs its share, not a collapse")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="accepted so vLLM command lines run: ember executes no code shipped in a model folder")
     add_parallel_arguments(parser)

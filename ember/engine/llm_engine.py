@@ -4,49 +4,23 @@ from __future__ import annotations
 
 import collections
 import itertools
-import os
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-import torch
+from dataclasses import dataclass
 
 from ember.config.model import ModelConfig
 from ember.engine.bad_words import bad_word_token_ids
-from ember.engine.config import DEFAULT_TREE_NODES, EngineConfig
+from ember.engine.builder import EngineBuilder
+from ember.engine.config import EngineConfig
 from ember.engine.engine_request import EngineRequest
-from ember.engine.limits import RequestLimits
-from ember.engine.lora import AdapterPool
 from ember.engine.lora_request import LoRARequest
 from ember.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from ember.engine.rejection import RequestRejected
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
-from ember.engine.runner import (
-    ModelRunner,
-    StepResult,
-    kv_cache_bytes_per_block,
-    kv_cache_layout,
-    kv_cache_torch_dtype,
-    verifies_trees,
-)
-from ember.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
-from ember.engine.spec.speculator import Proposer, Speculator
-from ember.engine.stop_checker import StopChecker
-from ember.engine.structured.structured_outputs import StructuredOutputs
-from ember.kv.cache_manager import KVCacheManager
-from ember.layers.rejection_sampler import RejectionSampler
-from ember.layers.sampler import SampledToken, Sampler
-from ember.models.loader import LoadedModel, compute_dtype, load_model
-from ember.models.registry import resolve_model
-from ember.quant.ggml_kernels import MAX_GEMV_ROWS
-from ember.quant.ggml_layers import set_activations
-from ember.tokenizers.base import Tokenizer
-
-if TYPE_CHECKING:
-    from ember.parallel.driver import WorkerGroup
-
-DEFAULT_KV_CACHE_BYTES = 1 << 30
+from ember.engine.runner import StepResult
+from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
+from ember.engine.threads import SlowStepWatch, apply_num_threads
+from ember.layers.sampler import SampledToken
+from ember.models.loader import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -84,6 +58,9 @@ class EngineStats:
     spec_draft_time_s: float = 0.0
     spec_verify_time_s: float = 0.0
     spec_accepted_histogram: tuple[int, ...] = ()  # [j] = verifications that kept j drafted tokens
+    num_waiting_preempted: int = 0  # of num_waiting: sequences preempted after their first token (a server's count misses them)
+    num_free_seats: int = 0  # sequences the next step may admit beside the running ones (max_num_seqs - num_running)
+    num_slow_steps: int = 0  # steps many times slower than the median of their size (ember.engine.threads.SlowStepWatch)
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -109,63 +86,32 @@ class LLMEngine:
         draft_loaded: LoadedModel | None = None,
     ) -> None:
         """`loaded` (`draft_loaded`) reuses weights already in memory (they hold no per-engine state);
-        else `config.model` (the speculative draft model) is loaded."""
+        else `config.model` (the speculative draft model) is loaded. The parts are wired by `EngineBuilder`."""
         self.config = config
-        torch.manual_seed(config.seed)
-        model_path = resolve_model(config.model)
-        self.workers: WorkerGroup | None = None
-        if loaded is None and config.parallel.is_parallel:
-            from ember.parallel.driver import WorkerGroup
-
-            self.workers, loaded = WorkerGroup.start(model_path, config.dtype, config.parallel, show_progress, config.max_model_len)
-        loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress, max_model_len=config.max_model_len,
-                                      quantization=config.quantization)
-        num_ggml_layers = set_activations(loaded.model, config.quant_activations)  # 0 without GGML layers
-        self.rounds_activations = rounds_activations(loaded.model, num_ggml_layers, config.quant_activations)
-        self.rows_per_weight_pass = MAX_GEMV_ROWS if num_ggml_layers else None  # decode-sized products run in passes
-        self.model_config: ModelConfig = loaded.config
-        self.model_name = config.served_model_name or default_model_name(config.model)
-        self.tokenizer_source = _tokenizer_source(config, loaded)
-        self.tokenizer = load_tokenizer_from(self.tokenizer_source)
-        positions = loaded.config.rotary_table_positions  # the model's context, or the one it was loaded for
-        self.max_model_len = min(config.max_model_len or positions, positions)
-        self.block_size = config.cache.block_size
-        self.kv_layout = kv_cache_layout(loaded.model)
-        self.kv_cache_dtype = kv_cache_torch_dtype(config.cache.kv_cache_dtype) or compute_dtype(config.dtype)
-        num_blocks = self._num_kv_blocks(loaded.config)
-        self.kv = KVCacheManager(
-            num_blocks, self.block_size, config.cache.enable_prefix_caching, self.kv_layout.group_windows
-        )
-        # LoRA: adapters beside the model's linears, at most max_loras of them in a step (the scheduler holds to it)
-        self.adapters = AdapterPool(loaded.model, config.lora) if config.lora is not None else None
-        self.scheduler = Scheduler(config.scheduler, self.kv, None if config.lora is None else config.lora.max_loras)
-        self.limits = RequestLimits(
-            vocab_size=loaded.config.vocab_size,
-            max_model_len=self.max_model_len,
-            num_kv_blocks=num_blocks,
-            block_size=self.block_size,
-            group_windows=tuple(self.kv_layout.group_windows),
-            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-            max_num_seqs=config.scheduler.max_num_seqs,
-            enable_chunked_prefill=config.scheduler.enable_chunked_prefill,
-            has_tokenizer=self.tokenizer is not None,
-        )
-        generator = torch.Generator().manual_seed(config.seed)
-        self.eos_ids = self.tokenizer.eos_ids if self.tokenizer is not None else frozenset()
-        self.speculator = self._make_speculator(num_blocks, show_progress, draft_loaded, loaded.model)
-        rejection = RejectionSampler(generator) if self.speculator is not None else None
-        self.runner = ModelRunner(
-            loaded.model, num_blocks, self.block_size, self.kv, Sampler(generator), self.eos_ids, rejection, self.workers,
-            self.kv_cache_dtype, keeps_last_hidden=self.speculator is not None and self.speculator.proposer.uses_last_hidden,
-            adapters=self.adapters,
-        )
-        self.stop_checker = StopChecker(self.eos_ids, self.max_model_len)
-        self.structured_outputs = StructuredOutputs(self.tokenizer, loaded.config.vocab_size)
+        self.num_threads = apply_num_threads(config.num_threads)  # before any kernel runs (loading included)
+        parts = EngineBuilder(config, show_progress).build(loaded, draft_loaded)
+        self.model_config: ModelConfig = parts.model_config
+        self.model_name = parts.model_name
+        self.tokenizer_source = parts.tokenizer_source
+        self.tokenizer = parts.tokenizer
+        self.max_model_len = parts.max_model_len
+        self.block_size = parts.block_size
+        self.workers = parts.workers
+        self.kv = parts.kv
+        self.scheduler = parts.scheduler
+        self.limits = parts.limits
+        self.speculator = parts.speculator
+        self.runner = parts.runner
+        self.adapters = parts.adapters
+        self.stop_checker = parts.stop_checker
+        self.structured_outputs = parts.structured_outputs
+        self.kv_cache_bytes = self.runner.kv_cache_bytes  # fixed once allocated; summing the tensors was most of stats()
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
         self._aborted_outputs: list[RequestOutput] = []
         self._step_records: collections.deque[StepRecord] = collections.deque(maxlen=4096)
         self._counters = collections.Counter()
+        self.slow_steps = SlowStepWatch()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -327,7 +273,7 @@ class LLMEngine:
         end = self.stop_checker.emittable_text_end(seq)
         text = seq.text[seq.num_emitted_chars : end]
         seq.num_emitted_chars = max(seq.num_emitted_chars, end)
-        token_ids = seq.output_token_ids[seq.num_emitted_tokens :]
+        token_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_emitted_tokens :]  # the new tokens, not a copy of all
         seq.num_emitted_tokens = seq.num_output_tokens
         logprobs = None
         if seq.params.logprobs is not None:
@@ -368,6 +314,7 @@ class LLMEngine:
         self._step_records.append(
             StepRecord(self._counters["steps"], request_ids, plan.num_batched_tokens, len(plan.preempted), duration_s)
         )
+        self.slow_steps.observe(plan.num_batched_tokens, duration_s)
 
     def step_records(self) -> list[StepRecord]:
         return list(self._step_records)
@@ -392,9 +339,9 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             kv_cache_usage=self.kv.usage,
             num_free_blocks=self.kv.num_free_blocks,
-            num_total_blocks=self.kv.pool.num_blocks,
+            num_total_blocks=self.kv.num_blocks,
             block_size=self.block_size,
-            kv_cache_bytes=self.runner.kv_cache_bytes,
+            kv_cache_bytes=self.kv_cache_bytes,
             prefix_cache_queries=self.kv.prefix_stats.queries,
             prefix_cache_hits=self.kv.prefix_stats.hits,
             num_preemptions=self.scheduler.num_preemptions,
@@ -402,6 +349,9 @@ class LLMEngine:
             prompt_tokens_total=self._counters["prompt_tokens"],
             generation_tokens_total=self._counters["generation_tokens"],
             computed_tokens_total=self._counters["computed_tokens"],
+            num_waiting_preempted=sum(1 for seq in self.scheduler.waiting if seq.num_output_tokens),
+            num_free_seats=max(0, self.config.scheduler.max_num_seqs - len(self.scheduler.running)),
+            num_slow_steps=self.slow_steps.num_slow_steps,
             **self._speculation_stats(),
         )
 
@@ -418,125 +368,6 @@ class LLMEngine:
             spec_accepted_histogram=tuple(spec.accepted_histogram),
         )
 
-    def _make_speculator(
-        self, num_blocks: int, show_progress: bool, draft: LoadedModel | None, target: torch.nn.Module
-    ) -> Speculator | None:
-        """The configured proposer behind a speculator, or None when speculation is off."""
-        spec = self.config.speculative
-        if not spec.enabled:
-            return None
-        if spec.method == "ngram":
-            from ember.engine.spec.ngram import NgramProposer
-
-            return self._speculator(NgramProposer(spec.ngram_max, spec.ngram_min))
-        if spec.method == "medusa":
-            return self._medusa_speculator(target)
-        if spec.method == "eagle":
-            return self._eagle_speculator(target)
-        from ember.engine.spec.draft_model import DraftModelProposer
-
-        assert spec.draft_model is not None  # SpeculativeConfig checked it
-        draft = draft or load_model(resolve_model(spec.draft_model), spec.draft_dtype or self.config.dtype, show_progress=show_progress,
-                                    max_model_len=self.max_model_len)
-        if draft.config.vocab_size != self.model_config.vocab_size:
-            raise ValueError(
-                f"the draft model's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
-                f"({self.model_config.vocab_size}); give a draft model with the same tokenizer"
-            )
-        # An explicit cache dtype holds for the draft's cache too (same block count); "auto" follows the draft's dtype.
-        cache_dtype = kv_cache_torch_dtype(self.config.cache.kv_cache_dtype)
-        proposer = DraftModelProposer(draft.model, num_blocks, self.block_size, self._proposer_generator(),
-                                      draft.config.max_position_embeddings, cache_dtype)
-        return self._speculator(proposer)
-
-    def _eagle_speculator(self, target: torch.nn.Module) -> Speculator:
-        """An EAGLE-style head checked against the target."""
-        from ember.engine.spec.eagle import EagleProposer
-        from ember.engine.spec.eagle_head import load_eagle_head
-
-        spec = self.config.speculative
-        self._refuse_split_lm_head("an EAGLE head reads")
-        assert spec.eagle_head is not None  # SpeculativeConfig checked it
-        head = load_eagle_head(spec.eagle_head, target)
-        return self._speculator(EagleProposer(head, target, self._proposer_generator()))
-
-    def _medusa_speculator(self, target: torch.nn.Module) -> Speculator:
-        """Medusa heads checked against the target, drafting at most one token per head."""
-        from ember.engine.spec.medusa import MedusaProposer
-        from ember.engine.spec.medusa_heads import load_medusa_heads
-
-        spec = self.config.speculative
-        self._refuse_split_lm_head("Medusa heads read")
-        assert spec.medusa_heads is not None  # SpeculativeConfig checked it
-        heads = load_medusa_heads(spec.medusa_heads, target)
-        if not spec.draft_length_given and spec.num_speculative_tokens > heads.num_heads:
-            spec = self.config.speculative = replace(spec, num_speculative_tokens=heads.num_heads)  # as vLLM takes K from the heads
-        if spec.num_speculative_tokens > heads.num_heads:
-            raise ValueError(
-                f"the Medusa heads in {spec.medusa_heads} draft at most {heads.num_heads} tokens; "
-                f"pass num_speculative_tokens <= {heads.num_heads} (--num-speculative-tokens) or train more heads"
-            )
-        # The runner is built after the speculator; whether it verifies trees follows from the same model and workers.
-        tree_nodes = spec.medusa_tree_nodes
-        if tree_nodes is None:
-            tree_nodes = 0 if self.rounds_activations else DEFAULT_TREE_NODES
-        if not verifies_trees(kv_cache_layout(target), self.workers):
-            tree_nodes = 0
-        return self._speculator(MedusaProposer(heads, target, self._proposer_generator(), tree_nodes))
-
-    def _speculator(self, proposer: Proposer) -> Speculator:
-        """`proposer` behind this engine's speculative config, told how the target's products run (passes or not)."""
-        return Speculator(self.config.speculative, proposer, self.rows_per_weight_pass)
-
-    def _refuse_split_lm_head(self, reader: str) -> None:
-        """Heads over the target's LM head need all of it, which tensor parallelism splits across ranks."""
-        if self.workers is not None:
-            raise ValueError(f"{reader} the whole LM head, which tensor parallelism splits; run without --tensor-parallel-size")
-
-    def _proposer_generator(self) -> torch.Generator:
-        """The proposers' own random stream (unseeded sampled drafts), apart from the sampler's."""
-        return torch.Generator().manual_seed(self.config.seed + 1)
-
-    def _num_kv_blocks(self, config: ModelConfig) -> int:
-        cache = self.config.cache
-        if cache.num_kv_blocks is not None:
-            return cache.num_kv_blocks
-        per_block = kv_cache_bytes_per_block(config, self.block_size, self.kv_cache_dtype, self.kv_layout)
-        if cache.kv_cache_memory_bytes is not None:
-            blocks = cache.kv_cache_memory_bytes // per_block
-            if blocks < 1:
-                raise ValueError(f"--kv-cache-memory {cache.kv_cache_memory_bytes} holds no block; one block takes {per_block} bytes")
-            return blocks
-        wanted = -(-self.max_model_len // self.block_size) * self.config.scheduler.max_num_seqs
-        return max(1, min(wanted, DEFAULT_KV_CACHE_BYTES // per_block))
-
-
-def rounds_activations(model: torch.nn.Module, num_ggml_layers: int, quant_activations: str) -> bool:
-    """Whether some layer rounds its input to int8 (GGML layers with int8 activations, SmoothQuant's W8A8)."""
-    from ember.quant.w8a8_layers import W8A8Linear
-
-    if num_ggml_layers and quant_activations == "int8":
-        return True
-    return any(isinstance(module, W8A8Linear) for module in model.modules())
-
-
-def default_model_name(given: str) -> str:
-    """A registered name as it is; a path by its file or folder name (a folder holding one GGUF: the folder's)."""
-    return given if not Path(given).exists() else Path(os.path.abspath(Path(given).expanduser())).stem
-
-
-def _tokenizer_source(config: EngineConfig, loaded: LoadedModel) -> Path | None:
-    """The file the tokenizer comes from: `--tokenizer`, else the model's own, else none."""
-    return Path(config.tokenizer) if config.tokenizer else loaded.tokenizer_path
-
-
-def load_tokenizer_from(source: Path | None) -> Tokenizer | None:
-    """The tokenizer stored at `source` (None when there is none)."""
-    if source is None:
-        return None
-    from ember.tokenizers import load as load_tokenizer
-
-    return load_tokenizer(source)
 
 
 __all__ = ["EngineStats", "LLMEngine", "SequenceStatus", "StepRecord"]

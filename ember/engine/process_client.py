@@ -24,12 +24,13 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from ember.engine.builder import load_tokenizer_from
 from ember.engine.client import EngineDeadError
 from ember.engine.config import EngineConfig
 from ember.engine.engine_process import run_engine_process
 from ember.engine.engine_request import EngineRequest
 from ember.engine.frames import FrameReader
-from ember.engine.llm_engine import EngineStats, StepRecord, load_tokenizer_from
+from ember.engine.llm_engine import EngineStats, StepRecord
 from ember.engine.messages import (
     AbortRequest,
     AddRequest,

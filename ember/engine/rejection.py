@@ -8,7 +8,7 @@ class RequestRejected(ValueError):
 
     `param` names the field to change (SamplingParams' or EngineRequest's name: "max_tokens", "prompt", ...),
     `code` says why in a word a client can branch on ("invalid_value", "context_length_exceeded").
-    The server maps it to an OpenAI error once (ember.server.errors.rejection_error); offline it is raised as is.
+    The server maps it to an OpenAI error once (ember.server.common.errors.rejection_error); offline it is raised as is.
     """
 
     def __init__(self, message: str, param: str, code: str = "invalid_value") -> None:

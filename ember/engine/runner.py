@@ -14,8 +14,9 @@ from ember.engine.bad_words import banned_by_bad_words
 from ember.engine.lora import AdapterPool
 from ember.engine.request import Sequence
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
-from ember.kv.cache_manager import BlockCopy, KVCacheManager
-from ember.kv.specs import FullAttentionSpec, KVCacheLayout, LatentAttentionSpec
+from ember.kv.cache_manager import KVCacheManager
+from ember.kv.specs import FullAttentionSpec, KVCacheLayout
+from ember.kv.tensors import KVCacheTensors
 from ember.layers.attention import AttentionMetadata, DecodeRows, PrefillSegment
 from ember.layers.cpu_attention import PagedBatch
 from ember.layers.rejection_sampler import DraftRow, RejectionSampler, greedy_tree_path
@@ -62,23 +63,6 @@ def kv_cache_bytes_per_block(
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
 
 
-# Every `CacheConfig.kv_cache_dtype` (ember.engine.config.KV_CACHE_DTYPES, validated there) but "auto".
-KV_CACHE_TORCH_DTYPES = {
-    "float32": torch.float32, "bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
-
-
-def kv_cache_torch_dtype(name: str) -> torch.dtype | None:
-    """The torch dtype of a validated `CacheConfig.kv_cache_dtype`; None for "auto" (the model's compute dtype)."""
-    return KV_CACHE_TORCH_DTYPES.get(name)
-
-
-def kv_cache_layout(model: CausalLM) -> KVCacheLayout:
-    """The model's per-layer KV specs (`model.kv_cache_specs()`) as layer groups."""
-    return KVCacheLayout.from_specs(model.kv_cache_specs())
-
-
 def verifies_trees(layout: KVCacheLayout, workers: WorkerGroup | None) -> bool:
     """Whether a runner may score a tree of drafts: one group of full-attention layers in this process (a tree's
     nodes are masked by ancestry and its kept path is moved into place, which only that layout does here)."""
@@ -87,49 +71,6 @@ def verifies_trees(layout: KVCacheLayout, workers: WorkerGroup | None) -> bool:
         and layout.group_windows == (None,)
         and all(isinstance(spec, FullAttentionSpec) for spec in layout.specs)
     )
-
-
-class KVCacheTensors:
-    """Every layer's KV cache for a model's layout: the tensors, each layer's view, block copies."""
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        num_blocks: int,
-        block_size: int,
-        held_layers: range | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        """`held_layers` (a pipeline stage's): only their cache tensors get blocks; the others stay empty.
-        `dtype` None: the model's parameter dtype."""
-        dtype = dtype or next(model.parameters()).dtype
-        self.dtype = dtype
-        self.layout = kv_cache_layout(model)
-        used = {self.layout.layer_tensors[i] for i in (held_layers if held_layers is not None else range(len(self.layout.specs)))}
-        self.tensors = [
-            torch.zeros(self.layout.tensor_spec(t).cache_shape(num_blocks if t in used else 0, block_size), dtype=dtype)
-            for t in range(self.layout.num_tensors)
-        ]
-        # Layer i's cache; layers of different groups may share a tensor (see KVCacheLayout).
-        self.layer_caches = [self.tensors[t] for t in self.layout.layer_tensors]
-
-    @property
-    def num_bytes(self) -> int:
-        """Bytes allocated for KV, every cache tensor counted once."""
-        return sum(cache.numel() * cache.element_size() for cache in self.tensors)
-
-    def copy_blocks(self, copies: list[BlockCopy]) -> None:
-        if not copies:
-            return
-        sources = torch.tensor([c.source for c in copies])
-        destinations = torch.tensor([c.destination for c in copies])
-        for t, cache in enumerate(self.tensors):
-            if cache.numel() == 0:
-                continue  # another pipeline stage's layers
-            if isinstance(self.layout.tensor_spec(t), LatentAttentionSpec):
-                cache[destinations] = cache[sources]
-            else:
-                cache[:, destinations] = cache[:, sources]
 
 
 class ModelRunner:
@@ -153,14 +94,14 @@ class ModelRunner:
         keeps_last_hidden: bool = False,
         adapters: AdapterPool | None = None,
     ) -> None:
-        """`cache_dtype` None: the KV cache takes the model's parameter dtype. `keeps_last_hidden`: each
+        """`kv`: the cache manager whose block ids each plan carries (it must keep a table per layer group of the model).
+        `cache_dtype` None: the KV cache takes the model's parameter dtype. `keeps_last_hidden`: each
         step's result carries the hidden state behind every sequence's newest token (a Medusa proposer's input).
         `adapters`: the LoRA adapter pool installed on `model` (None: no adapters)."""
         self.model = model
         self.adapters = adapters
         self.keeps_last_hidden = keeps_last_hidden
         self.block_size = block_size
-        self.kv = kv
         self.sampler = sampler
         self.rejection_sampler = rejection_sampler
         self.eos_ids = eos_ids
@@ -262,7 +203,7 @@ class ModelRunner:
         start = 0
         for item, span in zip(scheduled, spans, strict=True):
             count, first = item.num_new_tokens, span.start
-            block_ids = self.kv.group_tables[group][item.seq.seq_id].block_ids
+            block_ids = item.block_ids[group]
             tables.append(block_ids)
             slots.extend(block_ids[position // size] * size + position % size for position in span)
             if count == 1:
@@ -338,21 +279,21 @@ class ModelRunner:
         path moves into place, and the hidden state that drew the final token is kept if the runner keeps them."""
         own = item.num_new_tokens - item.num_draft_tokens  # the sequence's own tokens scored before the drafts
         if item.draft.is_tree:
-            self._move_kv(item.seq, item.seq.num_computed_tokens + own, kept_nodes)
+            self._move_kv(item.block_ids[0], item.seq.num_computed_tokens + own, kept_nodes)
         if self.keeps_last_hidden:
             root = end - item.num_draft_tokens - 1  # the row of the sequence's own last token
             row = root + 1 + kept_nodes[-1] if kept_nodes else root
             position = item.seq.num_computed_tokens + own - 1 + len(kept_nodes)
             last_hidden[item.seq.seq_id] = LastHidden(position, hidden[row].clone())
 
-    def _move_kv(self, seq: Sequence, first_node: int, kept_nodes: list[int]) -> None:
+    def _move_kv(self, block_ids: list[int], first_node: int, kept_nodes: list[int]) -> None:
         """Copy the keys and values of a tree's kept path (node j sits at cache position first_node + j) to the
         positions first_node, first_node + 1, ... that its tokens now hold. Node j's depth is at most j + 1, so a
         destination never overwrites a source still to be read."""
         moves = [(first_node + j, first_node + d) for d, j in enumerate(kept_nodes) if j != d]
         if not moves:
             return
-        table = torch.tensor(self.kv.group_tables[0][seq.seq_id].block_ids, dtype=torch.long)
+        table = torch.tensor(block_ids, dtype=torch.long)
         positions = torch.tensor(moves, dtype=torch.long)
         slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
         for cache in self.caches.tensors:

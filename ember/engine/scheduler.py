@@ -13,14 +13,17 @@ from ember.layers.rejection_sampler import DraftRow
 
 @dataclass
 class ScheduledSequence:
-    """A sequence in this step's batch and how many of its tokens are computed.
+    """A sequence in this step's batch, how many of its tokens are computed, and where its KV lives.
 
-    With a `draft`, the last `num_draft_tokens` of the `num_new_tokens` are drafted tokens that
-    the step scores after the sequence's own last token (speculative verification).
+    `block_ids` holds, per layer group, the sequence's block ids once this step's slots are allocated (the
+    runner reads them here, never the cache manager's tables). With a `draft`, the last `num_draft_tokens`
+    of the `num_new_tokens` are drafted tokens that the step scores after the sequence's own last token
+    (speculative verification).
     """
 
     seq: Sequence
     num_new_tokens: int
+    block_ids: tuple[list[int], ...]
     draft: DraftRow | None = None
 
     @property
@@ -142,7 +145,7 @@ class Scheduler:
             copies = self._allocate_or_preempt(seq, num_new, out)
             if copies is None:
                 continue
-            out.scheduled.append(ScheduledSequence(seq, num_new))
+            out.scheduled.append(ScheduledSequence(seq, num_new, self.kv.block_ids(seq.seq_id)))
             out.block_copies.extend(copies)
             budget -= num_new
         return budget
@@ -162,7 +165,7 @@ class Scheduler:
                                         extra_keys=seq.request.cache_keys)
         if copies is None:
             return False
-        out.scheduled.append(ScheduledSequence(seq, 1 + num_draft, draft.truncated(num_draft)))
+        out.scheduled.append(ScheduledSequence(seq, 1 + num_draft, self.kv.block_ids(seq.seq_id), draft.truncated(num_draft)))
         out.block_copies.extend(copies)
         return True
 
@@ -214,7 +217,7 @@ class Scheduler:
             self._record_admission(seq, prefix)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append(ScheduledSequence(seq, num_new))
+            out.scheduled.append(ScheduledSequence(seq, num_new, self.kv.block_ids(seq.seq_id)))
             out.block_copies.extend(copies)
             budget -= num_new
 

@@ -117,6 +117,11 @@ class KVCacheManager:
         return self.pool.num_free_blocks
 
     @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool, free or held."""
+        return self.pool.num_blocks
+
+    @property
     def usage(self) -> float:
         return self.pool.usage
 
@@ -127,6 +132,10 @@ class KVCacheManager:
     def block_tables(self, seq_id: str) -> list[BlockTable]:
         """One block table per layer group, in group order."""
         return [tables[seq_id] for tables in self.group_tables]
+
+    def block_ids(self, seq_id: str) -> tuple[list[int], ...]:
+        """The block ids of `seq_id`'s table in each layer group, in group order: what a step's plan hands the runner."""
+        return tuple(tables[seq_id].block_ids for tables in self.group_tables)
 
     def num_blocks_needed(self, num_tokens: int, max_chunk_tokens: int | None = None) -> int:
         """Most blocks one sequence of `num_tokens` holds at once over all groups."""

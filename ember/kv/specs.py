@@ -12,10 +12,7 @@ model keeps full KV only for its global layers).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ember.config.model import ModelConfig
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -146,7 +143,33 @@ class KVCacheLayout:
         return total * element_size
 
 
-def kv_specs_for(config: ModelConfig) -> list[KVCacheSpec]:
+class LatentShape(Protocol):
+    """What the cache keeps per token of a DeepSeek-V2 latent attention layer (ember.config.model.LatentAttentionConfig)."""
+
+    @property
+    def kv_lora_rank(self) -> int: ...
+    @property
+    def qk_rope_head_dim(self) -> int: ...
+
+
+class AttentionShape(Protocol):
+    """What the KV cache reads of a model's config (ember.config.model.ModelConfig has it): declared here so
+    kv imports nothing from the models above it."""
+
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def mla(self) -> LatentShape | None: ...
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of `layer` in tokens, or None when it attends to every token."""
+
+
+def kv_specs_for(config: AttentionShape) -> list[KVCacheSpec]:
     """Per-layer specs of a model config: latent for MLA, else full or windowed attention per layer."""
     if config.mla is not None:
         return [LatentAttentionSpec(config.mla.kv_lora_rank, config.mla.qk_rope_head_dim)] * config.num_layers

@@ -10,19 +10,22 @@ query at position p see keys p - W + 1 .. p only; its block tables may start wit
 KV manager gave back (id -1), which lie wholly before every window of the step and are skipped.
 
 On the CPU the fused op of ember.layers.cpu_attention does all of it in one call, reading K/V
-through the block tables; the torch code below is its reference and the fallback
-(EMBER_PURE_TORCH=1, no compiler, other devices).
+through the block tables; on CUDA the Triton kernel of ember.layers.triton_kernels does the same
+(not yet: float8 caches, trees of drafts). The torch code below is their reference and the fallback
+(EMBER_PURE_TORCH=1, no compiler, no triton, other devices).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
 from ember.layers import cpu_attention
 from ember.layers.cpu_attention import PagedBatch
+from ember.layers.triton_kernels import kernels_for
 
 
 @dataclass
@@ -123,6 +126,11 @@ def paged_attention(
 
     `logit_softcap` (Gemma 2) squashes scores to `cap * tanh(score / cap)` before the softmax.
     """
+    device_kernels = kernels_for(kv_cache)
+    if device_kernels is not None and _triton_reads(kv_cache, metadata.paged):
+        write_kv(kv_cache, key, value, metadata.slot_mapping)
+        return _triton_attention(device_kernels, query, kv_cache, metadata.paged, scale, metadata.sliding_window,
+                                 logit_softcap)
     op = cpu_attention.load_attention() if kv_cache.device.type == "cpu" else None
     if op is None or not op.write_kv(kv_cache, key, value, metadata.slot_mapping):
         write_kv(kv_cache, key, value, metadata.slot_mapping)
@@ -138,6 +146,23 @@ def paged_attention(
         batch = metadata.decode
         output[batch.token_indices] = _decode_attention(query[batch.token_indices], kv_cache, batch, scale, logit_softcap)
     return output
+
+
+def _triton_reads(kv_cache: torch.Tensor, batch: PagedBatch | None) -> bool:
+    return batch is not None and batch.span_masks is None and kv_cache.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _triton_attention(
+    kernels: ModuleType, query: torch.Tensor, kv_cache: torch.Tensor, batch: PagedBatch, scale: float,
+    sliding_window: int | None, logit_softcap: float | None,
+) -> torch.Tensor:
+    """The Triton kernel over the step's `PagedBatch`. Its largest query count is read where the batch was built (the
+    runner builds it on the CPU: no device sync), then the batch moves to the cache's device, once per layer: moving it
+    once per step is the device-agnostic runner's to do."""
+    max_query_count = int(batch.query_counts.max())
+    on_device = (t.to(kv_cache.device, non_blocking=True)
+                 for t in (batch.block_tables, batch.query_starts, batch.query_counts, batch.context_lens))
+    return kernels.paged_attention(query, kv_cache, *on_device, scale, sliding_window, logit_softcap, max_query_count)
 
 
 def _prefill_attention(
@@ -165,13 +190,14 @@ def _prefill_attention(
     k, v = _gather(kv_cache, segment.block_table[first_block:], segment.seq_len - first_key)
     num_new = segment.end - segment.start
     # Query i sits at absolute position num_cached + i and sees keys 0..num_cached + i.
-    query_positions = torch.arange(segment.num_cached, segment.seq_len).unsqueeze(1)
-    key_positions = torch.arange(first_key, segment.seq_len).unsqueeze(0)
+    # The masks live on the query's device (the step's metadata is built on the CPU).
+    query_positions = torch.arange(segment.num_cached, segment.seq_len, device=q.device).unsqueeze(1)
+    key_positions = torch.arange(first_key, segment.seq_len, device=q.device).unsqueeze(0)
     mask = key_positions <= query_positions
     if sliding_window is not None:
         mask &= key_positions > query_positions - sliding_window
     if segment.span_mask is not None:
-        mask &= _tree_visibility(segment.span_mask, segment.num_cached, key_positions)
+        mask &= _tree_visibility(segment.span_mask.to(q.device), segment.num_cached, key_positions)
     k, v = k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
     if logit_softcap is not None:
         return _softcapped_attention(q, k, v, mask, scale, logit_softcap).transpose(0, 1)[:num_new]
@@ -225,7 +251,7 @@ def _decode_attention(
     scores = torch.matmul(q, keys).float() * scale  # [B, H_kv, G, L]
     if logit_softcap is not None:
         scores = logit_softcap * torch.tanh(scores / logit_softcap)
-    scores.masked_fill_(~batch.key_mask[:, None, None, :], float("-inf"))
+    scores.masked_fill_(~batch.key_mask.to(scores.device)[:, None, None, :], float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(values.dtype)
     out = torch.matmul(weights, values)  # [B, H_kv, G, D]
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from ember.config.model import MoEConfig
+from ember.layers.collectives import Collectives
 from ember.layers.moe import ExpertDispatch, SparseMoE
-from ember.parallel.communicator import Communicator
 
 
 class ExpertParallelMoE(SparseMoE):
@@ -29,7 +29,7 @@ class ExpertParallelMoE(SparseMoE):
         expert_factory: type[nn.Module],
         shared_name: str,
         rank_experts: list[range],
-        communicator: Communicator,
+        communicator: Collectives,
     ) -> None:
         """`rank_experts[r]`: the experts rank r holds (contiguous, in rank order); this rank's are kept."""
         super().__init__(hidden_size, config, expert_factory, shared_name)

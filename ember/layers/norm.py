@@ -7,10 +7,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ember.layers.cpu_elementwise import load_elementwise
+from ember.layers.triton_kernels import kernels_for
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, as in Llama; one compiled call on float32 CPU activations."""
+    """x / rms(x) * weight, as in Llama; one compiled call on float32 CPU activations, one Triton kernel on CUDA."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -23,6 +24,9 @@ class RMSNorm(nn.Module):
             self.weight.div_(scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device_kernels = kernels_for(x)
+        if device_kernels is not None:
+            return device_kernels.rms_norm(x, self.weight, self.eps)[0]
         ops = load_elementwise()
         # Contiguous first: the bits must not follow the layout (a Qwen3 rank's one key head per token is a strided
         # view, which would fall back to torch's rms_norm and round otherwise than the compiled op).
@@ -31,6 +35,9 @@ class RMSNorm(nn.Module):
 
     def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + delta), x + delta): a pre-norm block's residual add and the next norm in one pass."""
+        device_kernels = kernels_for(x)
+        if device_kernels is not None:
+            return device_kernels.rms_norm(x, self.weight, self.eps, delta)
         ops = load_elementwise()
         fused = ops.rms_norm(x, self.weight, self.eps, delta) if ops is not None else None
         if fused is not None:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ember.layers.collectives import Collectives
 from ember.layers.embedding import VocabEmbedding
 from ember.layers.linear import Linear
 from ember.layers.weight_arena import WeightArena
-from ember.parallel.communicator import Communicator
 
 
 class RowParallelLinear(Linear):
@@ -34,7 +34,7 @@ class RowParallelLinear(Linear):
     counts once; the other ranks drop theirs when packing.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, communicator: Communicator) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, communicator: Collectives) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.communicator = communicator
 
@@ -64,7 +64,7 @@ class GatheredRowLinear(Linear):
     widest input and output slices).
     """
 
-    def __init__(self, input_sizes: list[int], output_sizes: list[int], bias: bool, communicator: Communicator) -> None:
+    def __init__(self, input_sizes: list[int], output_sizes: list[int], bias: bool, communicator: Collectives) -> None:
         super().__init__(sum(input_sizes), output_sizes[communicator.rank], bias=bias)
         self.input_sizes = input_sizes
         self.output_sizes = output_sizes
@@ -75,7 +75,7 @@ class GatheredRowLinear(Linear):
         return _gather_columns(super().forward(whole_input), self.output_sizes, self.communicator)
 
 
-def _gather_columns(x: torch.Tensor, sizes: list[int], communicator: Communicator) -> torch.Tensor:
+def _gather_columns(x: torch.Tensor, sizes: list[int], communicator: Collectives) -> torch.Tensor:
     """Every rank's columns of a [tokens, sizes[rank]] tensor, side by side in rank order (padded on the wire)."""
     widest = max(sizes)
     padded = F.pad(x, (0, widest - x.shape[1])) if x.shape[1] < widest else x
@@ -89,7 +89,7 @@ class VocabParallelEmbedding(VocabEmbedding):
     A tied head's panels serve the lookups, as for the whole table (one copy per rank).
     """
 
-    def __init__(self, vocab_start: int, num_rows: int, hidden_size: int, communicator: Communicator) -> None:
+    def __init__(self, vocab_start: int, num_rows: int, hidden_size: int, communicator: Collectives) -> None:
         super().__init__(num_rows, hidden_size)
         self.vocab_start = vocab_start
         self.communicator = communicator
@@ -112,7 +112,7 @@ class ParallelLMHead(Linear):
     to the largest slice for the gather and rank 0 trims the padding.
     """
 
-    def __init__(self, vocab_sizes: list[int], hidden_size: int, communicator: Communicator) -> None:
+    def __init__(self, vocab_sizes: list[int], hidden_size: int, communicator: Collectives) -> None:
         super().__init__(hidden_size, vocab_sizes[communicator.rank], bias=False)
         self.vocab_sizes = vocab_sizes
         self.communicator = communicator

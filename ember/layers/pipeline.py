@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ember.layers.attention import AttentionMetadata
-from ember.parallel.communicator import Communicator
+from ember.layers.collectives import Collectives
 
 WIRE_DTYPE = torch.float32
 
@@ -28,7 +28,7 @@ class PipelineStage(nn.Module):
     `embed_tokens` lives on the first stage only and `norm` on the last; the others hold None.
     """
 
-    def __init__(self, decoder: nn.Module, held_layers: range, communicator: Communicator) -> None:
+    def __init__(self, decoder: nn.Module, held_layers: range, communicator: Collectives) -> None:
         super().__init__()
         self.communicator = communicator
         self.is_first = communicator.rank == 0

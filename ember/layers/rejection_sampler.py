@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ember.engine.config import MAX_TREE_NODES
+from ember.layers.draft_trees import MAX_TREE_NODES
 from ember.layers.sampler import (
     SampledToken,
     SamplingRow,

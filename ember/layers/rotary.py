@@ -8,6 +8,7 @@ import torch
 
 from ember.config.model import RopeScaling
 from ember.layers.cpu_elementwise import load_elementwise
+from ember.layers.triton_kernels import kernels_for
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -88,6 +89,9 @@ class RotaryEmbedding:
 
     def rotate_(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """`rotate` in place (x may be a view into a fused projection's output); returns x."""
+        device_kernels = kernels_for(x)
+        if device_kernels is not None and x.stride(2) == 1:
+            return device_kernels.rotary_(x, positions, self.cos, self.sin, self.rotary_dim)
         ops = load_elementwise()
         if ops is None or not ops.rotary_(x, positions, self.cos, self.sin):
             x.copy_(self.rotate(positions, x))

@@ -2,12 +2,50 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from ember.engine.sampling_params import SamplingParams
-from ember.engine.structured.token_masks import JsonGuide
+
+class SamplingRules(Protocol):
+    """What the sampler reads of one request's sampling parameters. Declared here, below the engine, so the
+    sampler imports nothing from it; the engine's `SamplingParams` has these fields and properties."""
+
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def min_p(self) -> float: ...
+    @property
+    def logprobs(self) -> int | None: ...
+    @property
+    def allowed_token_ids(self) -> Sequence[int] | None: ...
+    @property
+    def logit_bias(self) -> Mapping[int, float] | None: ...
+    @property
+    def repetition_penalty(self) -> float: ...
+    @property
+    def presence_penalty(self) -> float: ...
+    @property
+    def frequency_penalty(self) -> float: ...
+    @property
+    def is_greedy(self) -> bool: ...
+    @property
+    def restricts_tokens(self) -> bool: ...
+    @property
+    def has_penalties(self) -> bool: ...
+
+
+class TokenGuide(Protocol):
+    """A constraint on what may be sampled next (the engine's structured outputs): sets the logits of tokens that
+    may not come next to -inf, in place."""
+
+    def hold(self, logits: torch.Tensor, is_greedy: bool) -> None: ...
 
 
 @dataclass
@@ -20,12 +58,12 @@ class SamplingRow:
     `guide` (when the output is held to a shape) says which ids may be sampled now.
     """
 
-    params: SamplingParams
+    params: SamplingRules
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     generator: torch.Generator | None = None
     banned_token_ids: tuple[int, ...] = ()
-    guide: JsonGuide | None = None
+    guide: TokenGuide | None = None
 
 
 @dataclass
@@ -124,7 +162,7 @@ def _adjust_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
     return logits
 
 
-def draw_proposals(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[list[int], torch.Tensor | None]:
+def draw_proposals(logits: torch.Tensor, params: SamplingRules, generator: torch.Generator) -> tuple[list[int], torch.Tensor | None]:
     """A proposer's tokens for the rows of `logits` [n, vocab] under one request's params, and the q they came from.
 
     Greedy: each row's argmax and q None (only argmax agreement counts). Otherwise each row is drawn
@@ -137,7 +175,7 @@ def draw_proposals(logits: torch.Tensor, params: SamplingParams, generator: torc
     return row_argmax(q / noise), q
 
 
-def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, params: list[SamplingRules]) -> torch.Tensor:
     """Probabilities after temperature, top-k, top-p and min-p; filtered entries are 0."""
     temperatures = torch.tensor([p.temperature for p in params]).unsqueeze(1)
     logits = logits / temperatures
@@ -147,7 +185,7 @@ def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     return torch.softmax(logits, dim=-1)
 
 
-def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def _filter(logits: torch.Tensor, params: list[SamplingRules]) -> torch.Tensor:
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab).unsqueeze(0)

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ember.layers.collectives import Collectives
 from ember.layers.norm import RMSNorm
 from ember.layers.parallel import RowParallelLinear, VocabParallelEmbedding
-from ember.parallel.communicator import Communicator
 
 
 class SequenceSplit:
@@ -36,7 +36,7 @@ class SequenceSplit:
         missing = -x.shape[0] % self.world_size
         return F.pad(x, (0, 0, 0, missing)) if missing else x
 
-    def gather(self, block: torch.Tensor, communicator: Communicator) -> torch.Tensor:
+    def gather(self, block: torch.Tensor, communicator: Collectives) -> torch.Tensor:
         """Every rank's block of tokens, stacked, without the padding."""
         return communicator.all_gather(block)[: self.num_tokens]
 
@@ -44,7 +44,7 @@ class SequenceSplit:
 class SequenceParallelEmbedding(VocabParallelEmbedding):
     """The vocabulary-parallel lookup, reduce-scattered: this rank's block of tokens."""
 
-    def __init__(self, vocab_start: int, num_rows: int, hidden_size: int, communicator: Communicator, split: SequenceSplit) -> None:
+    def __init__(self, vocab_start: int, num_rows: int, hidden_size: int, communicator: Collectives, split: SequenceSplit) -> None:
         super().__init__(vocab_start, num_rows, hidden_size, communicator)
         self.split = split
 
@@ -56,7 +56,7 @@ class SequenceParallelEmbedding(VocabParallelEmbedding):
 class SequenceParallelRowLinear(RowParallelLinear):
     """The row-parallel partial product, reduce-scattered: the summed rows of this rank's block of tokens."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, communicator: Communicator, split: SequenceSplit) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, communicator: Collectives, split: SequenceSplit) -> None:
         super().__init__(in_features, out_features, bias, communicator)
         self.split = split
 
@@ -68,7 +68,7 @@ class SequenceParallelRMSNorm(RMSNorm):
     """An RMSNorm (and its fused residual add) on this rank's block of tokens; the normed rows of every
     token are all-gathered for the column-parallel product that reads them, the residual stays a block."""
 
-    def __init__(self, hidden_size: int, eps: float, communicator: Communicator, split: SequenceSplit) -> None:
+    def __init__(self, hidden_size: int, eps: float, communicator: Collectives, split: SequenceSplit) -> None:
         super().__init__(hidden_size, eps)
         self.communicator = communicator
         self.split = split

@@ -1,6 +1,6 @@
 """GGUF model files: metadata -> ModelConfig, tensors renamed to transformers' names.
 
-Matrices in a block format ember executes (ember.quant.ggml_blocks.FORMATS) come out as
+Matrices in a block format ember executes (ember.quant.ggml.blocks.FORMATS) come out as
 `GGMLTensor`s, still in their blocks (IQ4_NL re-coded as Q8_0, exactly), and W8A8 rows (written by `ember quantize
 --method smoothquant`) as `Int8ChannelTensor`s; every other tensor is dequantized to float32 here, including the
 types ember has no kernel for (the other i-quants, ternary and FP4 types), which then cost a float copy's memory.
@@ -26,10 +26,10 @@ from ember.gguf_file import GGUF_MAGIC, GGUFFile, GGUFTensor
 from ember.models.family_registry import config_from_gguf, family_of
 from ember.models.family_spec import GGUFReading
 from ember.quant.checkpoint import EMBER_BLOCK_FORMATS_KEY, SourceNames
-from ember.quant.ggml_blocks import FORMATS, GGMLTensor
-from ember.quant.int8_channel import FORMAT_NAME as INT8_ROWS_FORMAT
-from ember.quant.int8_channel import Int8ChannelTensor
-from ember.quant.iq4_nl import iq4_nl_rows_as_q8_0
+from ember.quant.ggml.blocks import FORMATS, GGMLTensor
+from ember.quant.ggml.iq4_nl import iq4_nl_rows_as_q8_0
+from ember.quant.int8.channel import FORMAT_NAME as INT8_ROWS_FORMAT
+from ember.quant.int8.channel import Int8ChannelTensor
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,6 @@ import ctypes
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from rich.progress import Progress
@@ -38,20 +37,18 @@ from ember.models.llama2c_loader import (
 )
 from ember.models.packing import PackingPlan
 from ember.models.registry import single_gguf_in
+from ember.models.shard import ModelShard
 from ember.quant.at_load import check_checkpoint_method, round_at_load, weights_rounded_at_load
 from ember.quant.checkpoint import SourceNames, read_block_tensors
-from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
-from ember.quant.ggml_layers import can_hold_blocks, install_ggml_layers
-from ember.quant.hf_quantized import hf_quantization, read_quantized
-from ember.quant.int8_channel import Int8ChannelTensor
-from ember.quant.zero_point import ZeroPointTensor
-
-if TYPE_CHECKING:
-    from ember.parallel.sharding import ModelShard
+from ember.quant.ggml.blocks import GGMLRowParts, GGMLTensor
+from ember.quant.ggml.layers import can_hold_blocks, install_ggml_layers
+from ember.quant.ggml.zero_point import ZeroPointTensor
+from ember.quant.hf.gptq_awq import hf_quantization, read_quantized
+from ember.quant.int8.channel import Int8ChannelTensor
 
 Quantized = GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor
 # A split model's rank: the whole model's config -> what this rank holds (ember.parallel.modes.shard_factory).
-ShardFactory = Callable[[ModelConfig], "ModelShard"]
+ShardFactory = Callable[[ModelConfig], ModelShard]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # "auto": quantized matrices the checkpoint holds stay quantized (ember.quant's layers), the rest float32.

@@ -23,8 +23,8 @@ from ember.config.model import ModelConfig
 from ember.layers.lora import LoRALinear, LoRAProduct
 from ember.models.causal_lm import CausalLM
 from ember.models.packing import FusedProjections
-from ember.quant.ggml_layers import GGMLLinear, GGMLRowPartsLinear
-from ember.quant.w8a8_layers import W8A8Linear
+from ember.quant.ggml.layers import GGMLLinear, GGMLRowPartsLinear
+from ember.quant.int8.w8a8_layers import W8A8Linear
 
 PEFT_PREFIX = "base_model.model."
 ADAPTABLE_LINEARS = (nn.Linear, GGMLLinear, GGMLRowPartsLinear, W8A8Linear)

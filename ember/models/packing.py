@@ -16,10 +16,10 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from ember.quant.ggml_blocks import SYMMETRIC_32, GGMLRowParts, GGMLTensor, as_q8_0
-from ember.quant.ggml_kernels import MAX_ROW_PARTS
-from ember.quant.int8_channel import Int8ChannelTensor
-from ember.quant.zero_point import ZeroPointTensor
+from ember.quant.ggml.blocks import SYMMETRIC_32, GGMLRowParts, GGMLTensor, as_q8_0
+from ember.quant.ggml.kernels import MAX_ROW_PARTS
+from ember.quant.ggml.zero_point import ZeroPointTensor
+from ember.quant.int8.channel import Int8ChannelTensor
 
 QuantizedPart = GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor
 

@@ -64,7 +64,8 @@ class CollectiveStats:
 
 
 class Communicator:
-    """The collectives one rank runs with its peers; rank 0 is the driver (the engine process)."""
+    """The collectives one rank runs with its peers; rank 0 is the driver (the engine process). The parallel layers
+    see it as `ember.layers.collectives.Collectives`."""
 
     def __init__(
         self, group: dist.ProcessGroupGloo, rank: int, world_size: int, timeout_s: float, store: dist.Store | None = None,

@@ -15,8 +15,9 @@ from torch import nn
 from ember.config.model import ModelConfig
 from ember.layers.expert_parallel import ExpertParallelMoE
 from ember.layers.moe import SparseMoE
+from ember.models.shard import ModelShard
 from ember.parallel.communicator import Communicator
-from ember.parallel.sharding import ModelShard, balanced_spans
+from ember.parallel.sharding import balanced_spans
 
 _EXPERT_NAME = re.compile(r"\.experts\.(\d+)\.")
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ember.config.model import ModelConfig
+from ember.models.shard import ModelShard
 from ember.parallel.communicator import Communicator
 from ember.parallel.config import ParallelConfig
 from ember.parallel.expert import ExpertParallelShard
 from ember.parallel.pipeline import PipelineShard
-from ember.parallel.sharding import ModelShard, TensorParallelShard
+from ember.parallel.sharding import TensorParallelShard
 
 _SHARDS = {"tensor": TensorParallelShard, "pipeline": PipelineShard, "expert": ExpertParallelShard}
 

@@ -17,8 +17,8 @@ from torch import nn
 from ember.config.model import ModelConfig
 from ember.layers.pipeline import PipelineStage
 from ember.models.decoder import DecoderModel
+from ember.models.shard import ModelShard
 from ember.parallel.communicator import Communicator
-from ember.parallel.sharding import ModelShard
 from ember.parallel.stage_split import stage_spans
 
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import torch
 from torch import nn
 
 from ember.config.model import ModelConfig
@@ -37,6 +36,7 @@ from ember.layers.sequence_parallel import (
     SequenceSplit,
 )
 from ember.models.family_registry import family_of, family_specs
+from ember.models.shard import ModelShard, TensorSlice
 from ember.parallel.communicator import Communicator
 
 # Checkpoint (transformers) name of a projection -> which split of its output rows (column) or input columns (row).
@@ -67,18 +67,6 @@ class Span:
         return Span(self.start * factor, self.stop * factor)
 
 
-@dataclass(frozen=True)
-class TensorSlice:
-    """Rows (dim 0) or columns (dim 1) [start, stop) of a checkpoint tensor."""
-
-    dim: int
-    start: int
-    stop: int
-
-    def of(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.narrow(self.dim, self.start, self.stop - self.start)
-
-
 def balanced_spans(total: int, parts: int) -> list[Span]:
     """`total` items in `parts` contiguous spans whose sizes differ by at most one (larger first)."""
     base, extra = divmod(total, parts)
@@ -103,37 +91,6 @@ def head_spans(num_heads: int, num_kv_heads: int, world_size: int) -> list[tuple
         )
     per_rank = num_heads // world_size
     return [(Span(r * per_rank, (r + 1) * per_rank), Span(r * per_rank // group, r * per_rank // group + 1)) for r in range(world_size)]
-
-
-class ModelShard:
-    """What one rank of a split model holds; the loader asks it, tensor by tensor (see ember.models.loader).
-
-    The defaults are the whole model: every tensor held, whole, every layer's KV cache. A mode
-    overrides what it splits: tensor parallel slices tensors, pipeline and expert parallel drop
-    whole tensors (other stages' layers, other ranks' experts).
-    """
-
-    config: ModelConfig
-
-    def local_config(self) -> ModelConfig:
-        """The config this rank's model is built from."""
-        return self.config
-
-    def holds(self, name: str) -> bool:
-        """Whether this rank loads checkpoint tensor `name` at all (never read otherwise)."""
-        return True
-
-    def slice_for(self, name: str) -> TensorSlice | None:
-        """The part of checkpoint tensor `name` this rank loads (None: the whole tensor)."""
-        return None
-
-    @property
-    def held_layers(self) -> range | None:
-        """The layers whose KV cache this rank allocates (None: every layer)."""
-        return None
-
-    def shard_modules(self, model: nn.Module) -> None:
-        """Swap in the layers that talk to the other ranks (the model is on the meta device)."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ember.engine.runner import KVCacheTensors
+from ember.kv.tensors import KVCacheTensors
 from ember.layers.cpu_gemm import PackedWeight
 from ember.layers.embedding import VocabEmbedding
 from ember.layers.linear import Linear

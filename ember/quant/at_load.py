@@ -22,16 +22,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ember.engine.config import CHECKPOINT_QUANTIZATIONS
 from ember.layers.linear import Linear
-from ember.quant.float_codes import quantize_fp8, quantize_nf4
-from ember.quant.ggml_blocks import GGMLTensor
-from ember.quant.ggml_layers import LOGITS_MODULE
-from ember.quant.grid import BlockGrid
+from ember.quant.choices import CHECKPOINT_QUANTIZATIONS
+from ember.quant.codes.float_codes import quantize_fp8, quantize_nf4
+from ember.quant.codes.grid import BlockGrid
+from ember.quant.ggml.blocks import GGMLTensor
+from ember.quant.ggml.layers import LOGITS_MODULE
 
 logger = logging.getLogger(__name__)
 
-AT_LOAD_QUANTIZERS: dict[str, Callable[[torch.Tensor], GGMLTensor]] = {  # keys: ember.engine.config.AT_LOAD_QUANTIZATIONS
+AT_LOAD_QUANTIZERS: dict[str, Callable[[torch.Tensor], GGMLTensor]] = {  # keys: ember.quant.choices.AT_LOAD_QUANTIZATIONS
     "int8": BlockGrid(bits=8, group_size=32).round_to_blocks,
     "int4": BlockGrid(bits=4, group_size=32).round_to_blocks,
     "fp8": quantize_fp8,

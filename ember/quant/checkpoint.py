@@ -25,8 +25,8 @@ from torch import nn
 
 from ember.config.model import ModelConfig
 from ember.quant.config import QuantizeConfig
-from ember.quant.ggml_blocks import FORMATS, GGUF_FORMATS, GGMLTensor
-from ember.quant.int8_channel import Int8ChannelTensor
+from ember.quant.ggml.blocks import FORMATS, GGUF_FORMATS, GGMLTensor
+from ember.quant.int8.channel import Int8ChannelTensor
 
 Quantized = GGMLTensor | Int8ChannelTensor
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ember.quant.grid import BlockGrid
-from ember.quant.int8_channel import FORMAT_NAME as INT8_ROWS_FORMAT
+from ember.quant.codes.grid import BlockGrid
+from ember.quant.int8.channel import FORMAT_NAME as INT8_ROWS_FORMAT
 
 # Bits each method can produce.
 METHOD_BITS: dict[str, tuple[int, ...]] = {"rtn": (4, 8), "gptq": (4, 8), "awq": (4, 8), "nf4": (4,), "fp8": (8,), "smoothquant": (8,)}
-# Methods whose block format fixes the group: NF4 scales 64 values, FP8 32 (ember.quant.float_codes).
+# Methods whose block format fixes the group: NF4 scales 64 values, FP8 32 (ember.quant.codes.float_codes).
 FIXED_GROUP_SIZE = {"nf4": 64, "fp8": 32}
 # Methods with one scale per output channel (a whole row), not per group of columns.
 PER_CHANNEL_METHODS = ("smoothquant",)
@@ -18,7 +18,7 @@ DEFAULT_GROUP_SIZE = 128
 CALIBRATED_METHODS = ("gptq", "awq", "smoothquant")
 MIN_CALIB_TOKENS = 256
 DEFAULT_ALPHA = 0.5  # SmoothQuant's migration strength (the paper's choice for most models)
-ALPHA_AUTO = "auto"  # --alpha auto: chosen on the calibration text (ember.quant.alpha_search)
+ALPHA_AUTO = "auto"  # --alpha auto: chosen on the calibration text (ember.quant.methods.alpha_search)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """`ember quantize`: float checkpoint -> calibration -> method -> GGML blocks -> a checkpoint ember loads.
 
-Steps: load the model in float32 through ember's engine; for GPTQ/AWQ/SmoothQuant, run the
-calibration text through it and gather each linear's input statistics (ember.quant.calibration);
+Steps: the model in float32 runs in ember's engine (built and driven by ember.quantize, the floor above,
+through `CalibrationRun`); for GPTQ/AWQ/SmoothQuant, run the
+calibration text through it and gather each linear's input statistics (ember.quant.methods.calibration);
 AWQ and SmoothQuant rescale weights and fold the inverse scales into the ops that feed them;
-every linear of the decoder is then rounded by RTN or GPTQ onto a block grid (ember.quant.grid),
-or for SmoothQuant to int8 per output channel (W8A8 layers, ember.quant.int8_channel), and the
+every linear of the decoder is then rounded by RTN or GPTQ onto a block grid (ember.quant.codes.grid),
+or for SmoothQuant to int8 per output channel (W8A8 layers, ember.quant.int8.channel), and the
 embedding (with a tied LM head) is stored as Q8_0. The result is written by
 ember.quant.checkpoint into a temporary folder renamed to --out only when complete.
 
@@ -28,19 +29,18 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from ember.engine.engine_request import EngineRequest
-from ember.models.family_registry import family_of, quantizable_architectures
-from ember.quant.alpha_search import search_alpha
 from ember.quant.at_load import decoder_linears
-from ember.quant.awq import awq_clipped_ranges, awq_scales
-from ember.quant.calibration import Calibration, InputStats
+from ember.quant.checkpoint import SourceNames, write_quantized
+from ember.quant.codes.float_codes import quantize_fp8, quantize_nf4
+from ember.quant.codes.grid import BlockGrid
 from ember.quant.config import ALPHA_AUTO, CALIBRATED_METHODS, MIN_CALIB_TOKENS, QuantizeConfig
-from ember.quant.float_codes import quantize_fp8, quantize_nf4
-from ember.quant.ggml_blocks import GGMLTensor
-from ember.quant.gptq import GPTQSettings, gptq_quantize
-from ember.quant.grid import BlockGrid
-from ember.quant.int8_channel import Int8ChannelTensor, quantize_weight
-from ember.quant.smoothquant import (
+from ember.quant.ggml.blocks import GGMLTensor
+from ember.quant.int8.channel import Int8ChannelTensor, quantize_weight
+from ember.quant.methods.alpha_search import search_alpha
+from ember.quant.methods.awq import awq_clipped_ranges, awq_scales
+from ember.quant.methods.calibration import Calibration, CalibrationRun, InputStats
+from ember.quant.methods.gptq import GPTQSettings, gptq_quantize
+from ember.quant.methods.smoothquant import (
     apply_smoothing,
     fold_scales,
     folds_input_scales,
@@ -68,41 +68,47 @@ class QuantizeResult:
         return (self.quantized_bytes + self.float_bytes) / self.num_parameters
 
 
-def quantize_checkpoint(config: QuantizeConfig, show_progress: bool = True) -> QuantizeResult:
-    from ember.layers.cpu_prepare import restore_dense_weights
-    from ember.models.loader import source_names
-    from ember.models.registry import resolve_model
-    from ember.quant.checkpoint import write_quantized
+@dataclass(frozen=True)
+class QuantizeTarget:
+    """The source checkpoint as ember.models reads it (the floor above hands it down): where it lies, its tensor
+    names, the formats its family writes back, and every family `ember quantize` takes (for a refusal)."""
 
-    engine = _float_engine(config)
-    model = engine.runner.model
+    path: Path
+    names: SourceNames
+    formats: tuple[str, ...]
+    quantizable: tuple[str, ...]
+
+
+def quantize_model(run: CalibrationRun, model: nn.Module, model_config, tokenizer, config: QuantizeConfig,
+                   target: QuantizeTarget, show_progress: bool = True) -> QuantizeResult:
+    """Quantize the float32 `model` (running in the engine `run` drives) by `config.method` and write the checkpoint."""
+    from ember.layers.cpu_prepare import restore_dense_weights
+
     restore_dense_weights(model)  # AWQ scales the weights in place, GPTQ writes them back, and every method reads them dense
-    _check_family(engine.model_config.architecture, resolve_model(config.model), config, model)
+    _check_family(model_config.architecture, target, config, model)
     names = decoder_linears(model)
     notes: dict = {}
     with Progress(disable=not show_progress) as progress:
         chunks: list[list[int]] = []
         if config.method in CALIBRATED_METHODS:
-            if engine.tokenizer is None:
+            if tokenizer is None:
                 raise ValueError(f"{config.model} has no tokenizer to read --calib with; give --tokenizer FILE")
-            chunks = calibration_chunks(engine.tokenizer, config)
+            chunks = calibration_chunks(tokenizer, config)
         embedding_name, embedding_table = _input_embedding(model)
         embedding = EMBEDDING_GRID.round_to_blocks(embedding_table.weight)
         if config.method == "gptq":
             with torch.no_grad():  # the first layer's inputs come from the embedding as it will run
                 embedding_table.weight.copy_(embedding.dequantize())
-            blocks, notes = gptq_sequential(engine, model, names, chunks, config, progress)
+            blocks, notes = gptq_sequential(run, model, names, chunks, config, progress)
         elif config.method == "smoothquant":
-            config, blocks, notes = _smooth_and_round(engine, model, names, chunks, config, progress)
+            config, blocks, notes = _smooth_and_round(run, model, names, chunks, config, progress)
         else:
-            blocks = _rescale_and_round(engine, model, names, chunks, config, progress)
+            blocks = _rescale_and_round(run, model, names, chunks, config, progress)
     blocks[f"{embedding_name}.weight"] = embedding
-    if not engine.model_config.tie_word_embeddings:
+    if not model_config.tie_word_embeddings:
         blocks["lm_head.weight"] = EMBEDDING_GRID.round_to_blocks(model.lm_head.weight)
     calib_tokens = sum(map(len, chunks))
-    source = resolve_model(config.model)
-    names = source_names(source, engine.model_config)
-    written = write_quantized(source, names, model, engine.model_config, blocks, config, calib_tokens, notes)
+    written = write_quantized(target.path, target.names, model, model_config, blocks, config, calib_tokens, notes)
     return QuantizeResult(config.out, *written, calib_tokens)
 
 
@@ -110,16 +116,16 @@ class FamilyRefused(ValueError):
     """The method (or the writer) cannot take this model's family: another method or source may (the message says)."""
 
 
-def _check_family(architecture: str, source: Path, config: QuantizeConfig, model: nn.Module) -> None:
+def _check_family(architecture: str, target: QuantizeTarget, config: QuantizeConfig, model: nn.Module) -> None:
     """Raise, naming the fix, where the method or the writer cannot take this family."""
-    formats = family_of(architecture).quantize_formats  # the checkpoints it writes back: every decoder linear rounded
+    formats = target.formats  # the checkpoints it writes back: every decoder linear rounded
     if not formats:
-        raise FamilyRefused(f"ember quantize runs {', '.join(quantizable_architectures())}; {config.model} is {architecture}")
+        raise FamilyRefused(f"ember quantize runs {', '.join(target.quantizable)}; {config.model} is {architecture}")
     if config.method in FOLDING_METHODS and not folds_input_scales(model):
         raise FamilyRefused(f"--method {config.method} folds its scales into the norms before attention and the MLP, which "
                             f"{config.model} ({architecture}: experts or post-norm blocks) does not have: use --method gptq, "
                             "rtn, nf4 or fp8")
-    if "gguf" not in formats and source.is_file():
+    if "gguf" not in formats and target.path.is_file():
         raise FamilyRefused(f"ember quantize writes GGUFs of the Llama family; {config.model} is a {architecture} GGUF: "
                          "quantize its HF folder instead")
 
@@ -130,36 +136,24 @@ def _input_embedding(model: nn.Module) -> tuple[str, nn.Module]:
     return next(name for name, module in model.named_modules() if module is table), table
 
 
-def _float_engine(config: QuantizeConfig):
-    """The float32 model in an engine whose step budget and KV cache take every calibration chunk in one step (GPTQ)."""
-    from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-    from ember.engine.llm_engine import LLMEngine
-
-    sequences = -(-config.calib_tokens // (config.seq_len - 1)) + 1
-    batch = SchedulerConfig(max_num_batched_tokens=max(512, config.calib_tokens), max_num_seqs=max(64, sequences))
-    cache = CacheConfig(num_kv_blocks=config.calib_tokens // 16 + 2 * sequences + 64, enable_prefix_caching=False)
-    return LLMEngine(EngineConfig(model=config.model, tokenizer=config.tokenizer, dtype="float32", max_model_len=config.seq_len,
-                                  cache=cache, scheduler=batch))
-
-
-def _rescale_and_round(engine, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
+def _rescale_and_round(run: CalibrationRun, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
                        progress: Progress) -> dict[str, GGMLTensor | Int8ChannelTensor]:
     """RTN, NF4, FP8, or AWQ (rescaling from float-model statistics, then clipped rounding); each linear rounded on its own."""
     if config.method == "awq":
-        stats = calibrate(engine, model, names, chunks, progress)
+        stats = calibrate(run, model, names, chunks, progress)
         scales = apply_awq(model, stats, config.grid, progress)
         return round_with_clipping(model, names, stats, scales, config.grid, progress)
     return quantize_linears(model, names, config, progress)
 
 
-def _smooth_and_round(engine, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
+def _smooth_and_round(run: CalibrationRun, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
                       progress: Progress) -> tuple[QuantizeConfig, dict[str, GGMLTensor | Int8ChannelTensor], dict]:
     """SmoothQuant: migration at config.alpha (with --alpha auto, the candidate the calibration text prefers), then
     int8 rows. Returns the config with the alpha applied, the rows, and the search's scores for the description."""
-    stats = calibrate(engine, model, names, chunks, progress, with_hessian=False)
+    stats = calibrate(run, model, names, chunks, progress, with_hessian=False)
     notes: dict = {}
     if config.alpha == ALPHA_AUTO:
-        search = search_alpha(engine, model, names, chunks, stats, progress)
+        search = search_alpha(run, model, names, chunks, stats, progress)
         config = replace(config, alpha=search.alpha)
         notes["alpha_search"] = {"candidates_nll": {f"{alpha:g}": nll for alpha, nll in search.nll.items()}, "chosen": search.alpha}
     apply_smoothing(model, stats, config.alpha, progress)
@@ -176,10 +170,9 @@ def calibration_chunks(tokenizer, config: QuantizeConfig) -> list[list[int]]:
     return [tokens[i : i + step] for i in range(0, len(tokens), step) if len(tokens[i : i + step]) >= 16]
 
 
-def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]], progress: Progress,
+def calibrate(run: CalibrationRun, model: nn.Module, names: list[str], chunks: list[list[int]], progress: Progress,
               with_hessian: bool = True) -> dict[str, InputStats]:
     """Prefill every chunk through the float model, hooks gathering each linear's input statistics."""
-    from ember.engine.sampling_params import SamplingParams
     from ember.layers.cpu_prepare import restore_dense_weights
 
     restore_dense_weights(model)  # the hooks see a linear's input only on the Python path, not in a compiled layer
@@ -187,11 +180,7 @@ def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]
     task = progress.add_task("calibrating", total=len(chunks))
 
     def feed() -> None:
-        for index, chunk in enumerate(chunks):
-            engine.add_request(EngineRequest(f"calibration-{index}", chunk, SamplingParams(max_tokens=1, temperature=0.0)))
-            while engine.has_unfinished_requests():
-                engine.step()
-            progress.advance(task)
+        run.prefill_each(chunks, lambda: progress.advance(task))
 
     calibration = Calibration(with_hessian=with_hessian)
     with torch.inference_mode():
@@ -199,13 +188,11 @@ def calibrate(engine, model: nn.Module, names: list[str], chunks: list[list[int]
     return calibration.stats
 
 
-def gptq_sequential(engine, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
+def gptq_sequential(run: CalibrationRun, model: nn.Module, names: list[str], chunks: list[list[int]], config: QuantizeConfig,
                     progress: Progress) -> tuple[dict[str, GGMLTensor], dict]:
     """GPTQ on every named linear in order, inside one forward pass of all `chunks` (one engine step):
     each linear's Hessian is built from the inputs the already-quantized linears before it produce. An expert no
     calibration token was routed to has no Hessian: it is rounded to nearest, and the notes list it."""
-    from ember.engine.sampling_params import SamplingParams
-
     # The caller restored the dense weights: hooks see a linear's input only on the Python path,
     # and the rounded weights are written back into them.
     grid, settings = config.grid, GPTQSettings(damp=config.damp, act_order=config.act_order)
@@ -228,11 +215,7 @@ def gptq_sequential(engine, model: nn.Module, names: list[str], chunks: list[lis
                for name in names]
     try:
         with torch.inference_mode():
-            for index, chunk in enumerate(chunks):
-                engine.add_request(EngineRequest(f"calibration-{index}", chunk, SamplingParams(max_tokens=1, temperature=0.0)))
-            engine.step()  # every chunk's prefill: the scheduler's budget holds all calibration tokens
-            while engine.has_unfinished_requests():
-                engine.step()
+            run.prefill_together(chunks)
     finally:
         for handle in handles:
             handle.remove()

@@ -13,21 +13,31 @@ from pathlib import Path
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ember.engine.lora_request import LoRARequest
 from ember.models.lora_adapter import LoRAAdapterError, read_adapter_config
-from ember.server.admission import AdmissionGate
-from ember.server.api_key import ApiKeyGate
-from ember.server.body_limit import BodyLimits
-from ember.server.chat_template import load_chat_template, request_templates
+from ember.server.common.admission import AdmissionGate
+from ember.server.common.api_key import ApiKeyGate
+from ember.server.common.body_limit import BodyLimits
+from ember.server.common.drain import Drain
+from ember.server.common.errors import ApiError, install_error_handlers
+from ember.server.common.metrics import CONTENT_TYPE, ServerMetrics
+from ember.server.common.request_log import RequestLogger
+from ember.server.completions.chat import create_chat_completion
+from ember.server.completions.text import create_completion
 from ember.server.config import ServerConfig
-from ember.server.context import ServingContext
-from ember.server.drain import Drain
-from ember.server.errors import ApiError, install_error_handlers
-from ember.server.metrics import CONTENT_TYPE, ServerMetrics
-from ember.server.openapi import answers, body_of, install_openapi
-from ember.server.protocol import (
+from ember.server.embeddings.serving import create_embeddings
+from ember.server.openai.chat_template import load_chat_template, request_templates
+from ember.server.openai.engine_requests import (
+    chat_template_for,
+    check_rendering,
+    parse_request,
+    render_request,
+    resolve_model,
+)
+from ember.server.openai.prompt_encoding import PromptEncoder
+from ember.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -43,21 +53,18 @@ from ember.server.protocol import (
     TokenizeResponse,
     UnloadLoRAAdapterRequest,
 )
-from ember.server.request_log import RequestLogger
-from ember.server.requests import (
-    chat_template_for,
-    check_rendering,
-    parse_request,
-    render_request,
-    resolve_model,
+from ember.server.openapi import (
+    DELETED_RESPONSE_SCHEMA,
+    INPUT_ITEMS_SCHEMA,
+    METRICS_ANSWERS,
+    answers,
+    body_of,
+    install_openapi,
 )
-from ember.server.response_store import ResponseStore
-from ember.server.responses_api import ResponseObject, ResponsesRequest
-from ember.server.serving_chat import create_chat_completion
-from ember.server.serving_completions import create_completion
-from ember.server.serving_embeddings import create_embeddings
-from ember.server.serving_responses import create_response, input_items_page, stored
-from ember.server.tokenization import PromptEncoder
+from ember.server.responses.models import ResponseObject, ResponsesRequest
+from ember.server.responses.serving import create_response, input_items_page, stored
+from ember.server.serving.context import ServingContext
+from ember.server.serving.response_store import ResponseStore
 
 DEBUG_STEP_RECORDS = 1024
 
@@ -195,13 +202,13 @@ def _add_openai_routes(app: FastAPI, context: ServingContext) -> None:
     async def stored_response(response_id: str) -> JSONResponse:
         return JSONResponse(stored(context, response_id).response)
 
-    @app.delete("/v1/responses/{response_id}")
+    @app.delete("/v1/responses/{response_id}", responses=answers(DELETED_RESPONSE_SCHEMA))
     async def delete_response(response_id: str) -> JSONResponse:
         stored(context, response_id)
         context.response_store.delete(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
-    @app.get("/v1/responses/{response_id}/input_items")
+    @app.get("/v1/responses/{response_id}/input_items", responses=answers(INPUT_ITEMS_SCHEMA))
     async def response_input_items(response_id: str, order: str = "desc", limit: int = 20, after: str | None = None) -> JSONResponse:
         return JSONResponse(input_items_page(stored(context, response_id), order, limit, after))
 
@@ -226,7 +233,7 @@ def _add_service_routes(app: FastAPI, context: ServingContext) -> None:
     async def version() -> JSONResponse:
         return JSONResponse({"version": _version()})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=METRICS_ANSWERS)
     async def metrics() -> Response:
         return Response(context.metrics.render(), media_type=CONTENT_TYPE)
 

@@ -16,7 +16,7 @@ from ember.server.config import (
     UVICORN_LOG_LEVELS,
     ServerConfig,
 )
-from ember.server.reasoning import REASONING_PARSERS
+from ember.server.openai.reasoning import REASONING_PARSERS
 
 logger = logging.getLogger(__name__)
 

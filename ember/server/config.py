@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ember.engine.sampling_defaults import SamplingDefaults
-from ember.server.reasoning import REASONING_PARSERS
+from ember.server.openai.reasoning import REASONING_PARSERS
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 # vLLM's --tool-call-parser names of the formats a reply's calls are read in (Qwen2.5 / Qwen3 and Hermes templates write
-# Hermes's tags): ember.server.tool_calls reads each of them in any reply, so naming one changes nothing.
+# Hermes's tags): ember.server.openai.tool_calls reads each of them in any reply, so naming one changes nothing.
 TOOL_CALL_FORMATS = ("hermes", "mistral", "llama3_json")
 
 
@@ -30,7 +30,7 @@ class ServerConfig:
     Slow clients: a connection has `header_timeout_s` to send a request's headers (from when it
     opens, or from the end of its previous response) and `body_timeout_s` from then to send the
     whole body (408 beyond). Shutdown: on SIGTERM running requests get `drain_timeout_s` to
-    finish while new ones are refused (503 + Retry-After); see `ember.server.drain`.
+    finish while new ones are refused (503 + Retry-After); see `ember.server.common.drain`.
     """
 
     host: str = "127.0.0.1"
@@ -42,14 +42,14 @@ class ServerConfig:
     log_prompts: bool = False
     log_requests: bool = True  # one line per finished request (off: vLLM's --disable-log-requests)
     uvicorn_log_level: str = "info"
-    reasoning_parser: str | None = None  # one of ember.server.reasoning.REASONING_PARSERS: reasoning apart from content
+    reasoning_parser: str | None = None  # one of ember.server.openai.reasoning.REASONING_PARSERS: reasoning apart from content
     chat_template: str | None = None
     trust_request_chat_template: bool = False
     enable_debug_endpoints: bool = True
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
-    api_keys: tuple[str, ...] = ()  # none: the /v1 routes are open; else a request must bring one (ember.server.api_key)
+    api_keys: tuple[str, ...] = ()  # none: the /v1 routes are open; else a request must bring one (ember.server.common.api_key)
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # fields a request leaves out
     # Responses API: where finished responses are kept for previous_response_id (SQLite; ":memory:" lasts as long as
     # the server), and how many at most (the oldest go first; 0: none is kept).

@@ -3,7 +3,8 @@
 The OpenAI routes read their bodies themselves (strict pydantic parsing with OpenAI-style
 errors, off FastAPI's own validation), so FastAPI cannot see their models: each route declares
 its body and answers here, and the schemas of those pydantic models are merged into
-`components.schemas` of the document FastAPI builds.
+`components.schemas` of the document FastAPI builds. FastAPI's own 422 answers are dropped from
+the document: the app answers a failed validation with a 400 (`ember.server.common.errors`), never 422.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from ember.server.protocol import (
+from ember.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -28,7 +29,7 @@ from ember.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from ember.server.responses_api import ResponseObject, ResponsesRequest
+from ember.server.responses.models import ResponseObject, ResponsesRequest
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, ResponsesRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)
@@ -55,11 +56,30 @@ def body_of(model: type[BaseModel]) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref(model)}}}}
 
 
-def answers(model: type[BaseModel] | None, *, streams: bool = False) -> dict:
-    """`responses` of a route: `model` on 200 (plus SSE when it may stream), the error body on 4xx/5xx."""
+# The JSON answers of the stored-response routes that have no pydantic model of their own.
+DELETED_RESPONSE_SCHEMA = {
+    "type": "object",
+    "required": ["id", "object", "deleted"],
+    "properties": {"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}},
+}
+INPUT_ITEMS_SCHEMA = {
+    "type": "object",
+    "required": ["object", "data", "has_more"],
+    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}},
+                   "first_id": {"type": ["string", "null"]}, "last_id": {"type": ["string", "null"]},
+                   "has_more": {"type": "boolean"}},
+}
+METRICS_ANSWERS = {200: {"description": "Prometheus text exposition format",
+                         "content": {"text/plain": {"schema": {"type": "string"}}}}}
+
+
+def answers(model: type[BaseModel] | dict | None, *, streams: bool = False) -> dict:
+    """`responses` of a route: `model` (a pydantic model or a JSON schema) on 200 (plus SSE when it may stream),
+    the error body on 4xx/5xx."""
     success: dict = {"description": "Success"}
     if model is not None:
-        success["content"] = {"application/json": {"schema": ref(model)}}
+        schema = model if isinstance(model, dict) else ref(model)
+        success["content"] = {"application/json": {"schema": schema}}
         if streams:
             success["content"]["text/event-stream"] = {"schema": {"type": "string"}}
     error = {"content": {"application/json": {"schema": ref(ErrorResponse)}}}
@@ -84,7 +104,19 @@ def install_openapi(app: FastAPI) -> None:
             )
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
             schemas.update(top.get("$defs", {}))
+            _drop_unanswered_422(document)
             app.openapi_schema = document
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+def _drop_unanswered_422(document: dict) -> None:
+    """Remove FastAPI's 422 answers (and their schemas once unused): validation failures are answered 400."""
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict):
+                operation.get("responses", {}).pop("422", None)
+    schemas = document.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)

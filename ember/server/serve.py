@@ -11,9 +11,9 @@ from types import FrameType
 import uvicorn
 
 from ember.server.app import build_app
+from ember.server.common.drain import Drain
+from ember.server.common.header_timeout import HeaderDeadlineProtocol
 from ember.server.config import ServerConfig
-from ember.server.drain import Drain
-from ember.server.http_protocol import HeaderDeadlineProtocol
 
 logger = logging.getLogger("ember.server")
 
@@ -42,8 +42,9 @@ def describe_capacity(engine) -> str:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server whose first SIGTERM or Ctrl+C drains the app (see `ember.server.drain`)
-    before it stops; a second one stops it at once."""
+    """uvicorn's server whose first SIGTERM or Ctrl+C drains the app (see `ember.server.common.drain`)
+    before it stops; a second one cuts the grace period short (the streams still open end at once
+    with an error event and `[DONE]`, and the process exits 0); a third stops it as uvicorn would."""
 
     def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
         super().__init__(config)
@@ -56,10 +57,13 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._loop is None or self._drain.is_draining or self.should_exit:
+        if self._loop is None or self.should_exit or self._drain.is_cut_short:
             super().handle_exit(sig, frame)
             return
-        # Runs in the signal handler: start the drain on the loop, which ends by asking uvicorn to stop.
+        # Runs in the signal handler: the drain runs on the loop and ends by asking uvicorn to stop.
+        if self._drain.is_draining:
+            self._drain.cut_short()
+            return
         self._drain.start()
         self._loop.call_soon_threadsafe(self._start_drain)
 

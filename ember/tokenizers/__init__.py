@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ember.tokenizers.base import IncrementalDecoder, Tokenizer
-    from ember.tokenizers.bpe import ByteLevelBPETokenizer
+    from ember.tokenizers.bpe.byte_level_bpe import ByteLevelBPETokenizer
     from ember.tokenizers.loading import load
-    from ember.tokenizers.sentencepiece_bpe import SentencePieceBPETokenizer
+    from ember.tokenizers.sentencepiece.bpe import SentencePieceBPETokenizer
 
 _EXPORTS = {
-    "ByteLevelBPETokenizer": "ember.tokenizers.bpe",
+    "ByteLevelBPETokenizer": "ember.tokenizers.bpe.byte_level_bpe",
     "IncrementalDecoder": "ember.tokenizers.base",
-    "SentencePieceBPETokenizer": "ember.tokenizers.sentencepiece_bpe",
+    "SentencePieceBPETokenizer": "ember.tokenizers.sentencepiece.bpe",
     "Tokenizer": "ember.tokenizers.base",
     "load": "ember.tokenizers.loading",
 }

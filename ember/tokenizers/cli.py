@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ember.tokenizers.patterns import NAMED_PATTERNS
+from ember.tokenizers.text.patterns import NAMED_PATTERNS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -102,7 +102,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"training files not found: {', '.join(missing)}")
     texts = [path.read_text(encoding="utf-8") for path in args.files]
     if args.kind == "bpe":
-        from ember.tokenizers.bpe_trainer import train_bpe
+        from ember.tokenizers.training.bpe import train_bpe
 
         result = train_bpe(texts, args.vocab_size, NAMED_PATTERNS[args.pattern], args.special)
         result.write_tiktoken(args.output.with_suffix(".tiktoken"))
@@ -112,7 +112,7 @@ def run_train(args: argparse.Namespace) -> int:
             f"({result.vocab_size} tokens)"
         )
     else:
-        from ember.tokenizers.unigram_trainer import train_unigram
+        from ember.tokenizers.training.unigram import train_unigram
 
         lines = [line for text in texts for line in text.splitlines()]
         model = train_unigram(lines, args.vocab_size)

@@ -6,14 +6,18 @@ from pathlib import Path
 
 from ember.gguf_file import GGUF_MAGIC
 from ember.tokenizers.base import Tokenizer
-from ember.tokenizers.gguf_vocab import load_gguf
-from ember.tokenizers.hf_json import load_gpt2_folder, load_tokenizer_json, load_vocab_and_merges
-from ember.tokenizers.llama2c import load_llama2c, looks_like_llama2c
-from ember.tokenizers.sentencepiece_model import (
+from ember.tokenizers.formats.gguf.vocab import load_gguf
+from ember.tokenizers.formats.hf.tokenizer_json import (
+    load_gpt2_folder,
+    load_tokenizer_json,
+    load_vocab_and_merges,
+)
+from ember.tokenizers.formats.llama2c import load_llama2c, looks_like_llama2c
+from ember.tokenizers.formats.sentencepiece_model import (
     load_sentencepiece_model,
     looks_like_sentencepiece_model,
 )
-from ember.tokenizers.tiktoken_files import load_tiktoken, looks_like_tiktoken
+from ember.tokenizers.formats.tiktoken_files import load_tiktoken, looks_like_tiktoken
 
 SUPPORTED = (
     "a .gguf model or vocab-only file, a llama2.c tokenizer.bin, a .tiktoken rank file, an HF "

@@ -7,7 +7,7 @@ import pytest
 from ember.cli.main import build_parser
 
 
-@pytest.mark.parametrize("command", ["mixed", "batch1", "shared-prefix", "long-prefill", "serve", "roofline", "all", "tokenizers", "gateway", "spec"])
+@pytest.mark.parametrize("command", ["mixed", "batch1", "shared-prefix", "long-prefill", "serve", "roofline", "all", "tokenizers", "gateway", "spec", "contention"])
 def test_every_bench_subcommand_parses(command):
     args = build_parser().parse_args(["bench", command])
     assert args.bench_command == command and callable(args.func)
@@ -70,3 +70,18 @@ def test_bench_all_refuses_a_bad_sibling_pair_or_an_unpulled_model_before_runnin
     assert main(["bench", "all", "--only", "quant", "--quant-also", "qwen2.5-coder-0.5b-instruct", "--out-dir", str(tmp_path)]) == 2
     assert "run `ember pull qwen2.5-coder-0.5b-instruct`" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()  # nothing ran
+
+
+def test_bench_threads_are_set_for_the_run_and_zero_is_refused():
+    import torch
+
+    from ember.bench.cli import _options
+
+    before = torch.get_num_threads()
+    try:
+        _options(build_parser().parse_args(["bench", "batch1", "--threads", "1", "--peers", "none"]))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="--threads"):
+        _options(build_parser().parse_args(["bench", "batch1", "--threads", "0", "--peers", "none"]))

@@ -9,8 +9,8 @@ from torch import nn
 from ember.bench.quant import weight_bytes
 from ember.layers import cpu_gemm
 from ember.layers.linear import Linear, pack_linear_weights
-from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear
-from ember.quant.grid import BlockGrid
+from ember.quant.codes.grid import BlockGrid
+from ember.quant.ggml.layers import GGMLEmbedding, GGMLLinear
 
 
 class TinyQuantized(nn.Module):

@@ -60,7 +60,8 @@ def fake_results() -> dict:
                   "p99_ttft_ms": _spread(200.0), "mean_tpot_ms": _spread(50.0), "p99_itl_ms": _spread(80.0),
                   "goodput_req_s": _spread(1.0), "errors": 0, "runs": [],
                   "vs_offline": {"tok_s": {"served": _spread(40.0), "offline": _spread(50.0)}, "tok_s_ratio": 0.8,
-                                 "batch1_tpot_ms": {"served": _spread(66.0), "offline": _spread(60.0)}, "batch1_tpot_ratio": 1.1}},
+                                 "batch1_tpot_ms": {"served": _spread(66.0), "offline": _spread(60.0)}, "batch1_tpot_ratio": 1.1,
+                                 "e2e_batch1_tok_s": {"served": _spread(95.0), "offline": _spread(100.0)}, "e2e_batch1_ratio": 0.95}},
     }
 
 
@@ -73,7 +74,7 @@ def test_summary_has_the_issue_shape_with_null_for_peers_not_run():
     assert s["batch1"] == {"ember_tok_s": 30.0, "roofline_tok_s": 40.0, "roofline_pct": 75.0, "hf_tok_s": None, "llamacpp_tok_s": None}
     assert s["shared_prefix"] == {"ttft_ratio": 8.0, "prefix_reuse_pct": 95.0}
     assert s["long_prefill"] == {"p99_itl_ratio": 2.0}
-    assert s["serve"] == {"batch1_tpot_ratio": 1.1, "tok_s_ratio": 0.8}
+    assert s["serve"] == {"batch1_tpot_ratio": 1.1, "tok_s_ratio": 0.8, "e2e_batch1_ratio": 0.95}
     json.dumps(s)  # machine-readable as is
 
 
@@ -101,6 +102,7 @@ def test_markdown_shows_hf_padding_peer_settings_static_steps_and_served_vs_offl
     assert "| TPOT (ms), one `batch1` request alone | 66.0 (66.0–66.0) | 60.0 (60.0–60.0) | 1.10x |" in text
     assert "| `serve` 16 streams: output tok/s served / offline (same requests) | >= 0.85x | 0.80x | **missed** |" in text
     assert "| `serve` batch 1: TPOT served / offline (same request) | <= 1.10x | 1.10x | met |" in text
+    assert "| `serve` batch 1 end to end: tok/s of one whole answer, served / offline | >= 0.9x | 0.95x | met |" in text
 
 
 def test_a_dropped_static_row_is_explained():

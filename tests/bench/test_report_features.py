@@ -174,7 +174,7 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     options = BenchOptions(repeats=2)
     assert planned_runs(options, small, "spec") == (3 * 5 + 2 * 2 + 2) * 2  # plain, ngram, draft, medusa, eagle on three workloads
     assert planned_runs(options, small, "quant") == 2 + 2 * 7 + 1  # gptq8 dropped below scale 0.5; sq8 adds its kernel timings
-    from ember.bench.spec import SiblingPair
+    from ember.bench.suite import SiblingPair
 
     sibling = BenchOptions(repeats=7, spec_sibling=SiblingPair.parse("qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct"))
     assert planned_runs(sibling, small, "spec") == (3 * 5 + 2 * 2 + 2) * 7 + 3 * 3 * 5  # plain, ngram, draft with the sibling target, 5 repeats

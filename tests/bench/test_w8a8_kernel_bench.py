@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ember.bench.w8a8_kernels import bench_w8a8_kernels, layer_shapes
-from ember.quant.w8a8_kernels import load_w8a8_kernels
+from ember.quant.int8.w8a8_kernels import load_w8a8_kernels
 from tests.model_factory import save_tiny_model
 
 

@@ -13,10 +13,10 @@ from ember.cli.main import main
 from ember.engine.engine_request import EngineRequest
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.spec.eagle_head import CONFIG_FILE, load_eagle_head
-from ember.engine.spec.eagle_training import EagleTrainingConfig, draft_vocabulary, train_eagle_head
 from ember.engine.spec.lm_head_rows import lm_head_rows
 from ember.models.loader import load_model
-from ember.quant.ggml_layers import GGMLLogitsLinear
+from ember.quant.ggml.layers import GGMLLogitsLinear
+from ember.training.eagle import EagleTrainingConfig, draft_vocabulary, train_eagle_head
 from tests.engine.stories import (
     STORY_PROMPTS,
     assert_mixed_batch_matches_plain,

@@ -110,6 +110,6 @@ def test_the_compiled_layer_and_the_torch_path_read_an_fp8_cache_alike(tiny_llam
 
 def test_every_cache_dtype_the_config_takes_has_a_torch_dtype():
     from ember.engine.config import KV_CACHE_DTYPES
-    from ember.engine.runner import KV_CACHE_TORCH_DTYPES
+    from ember.kv.tensors import KV_CACHE_TORCH_DTYPES
 
     assert set(KV_CACHE_DTYPES) == {"auto", *KV_CACHE_TORCH_DTYPES}

@@ -14,9 +14,9 @@ from ember.engine.config import DEFAULT_TREE_NODES, SpeculativeConfig
 from ember.engine.engine_request import EngineRequest
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.spec.medusa_heads import CONFIG_FILE, load_medusa_heads
-from ember.engine.spec.medusa_training import MedusaTrainingConfig, train_medusa_heads
 from ember.layers.rejection_sampler import DraftRow
 from ember.models.loader import load_model
+from ember.training.medusa import MedusaTrainingConfig, train_medusa_heads
 from tests.engine.stories import (
     STORY_PROMPTS,
     assert_mixed_batch_matches_plain,

@@ -125,3 +125,31 @@ def test_a_step_message_larger_than_the_pipe_arrives_whole(stories_dir):
     assert len(prompt_logprobs) == len(prompt) and prompt_logprobs[0] is None
     assert all(len(position) >= 20 for position in prompt_logprobs[1:])
     assert sum(len(d.outputs[0].token_ids) for d in deltas if d.outputs) == 2
+
+
+def test_stats_and_step_records_are_current_when_a_request_starts_and_ends(stories_dir):
+    """Stats and step records travel with the deltas: the server's waiting room reads the running count from them,
+    and nothing is stale once the engine is idle."""
+    client = EngineProcessClient(_config(stories_dir), show_progress=False)
+    try:
+        prompt = client.tokenizer.encode("Once upon a time", add_special_tokens=True)
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        seen_running: list[int] = []
+
+        async def run() -> int:
+            count = 0
+            async for delta in client.generate(EngineRequest("r", prompt, params)):
+                count += len(delta.outputs[0].token_ids)
+                if count == 1:
+                    seen_running.append(client.stats().num_running)
+            return count
+
+        assert asyncio.run(asyncio.wait_for(run(), timeout=60)) == 40
+        stats = client.stats()
+        assert seen_running == [1]
+        assert (stats.num_running, stats.num_waiting, stats.generation_tokens_total) == (0, 0, 40)
+        records = client.step_records()
+        assert sum(record.num_scheduled_tokens for record in records) == len(prompt) + 39
+        assert [record.step_index for record in records] == list(range(1, len(records) + 1))
+    finally:
+        client.shutdown()

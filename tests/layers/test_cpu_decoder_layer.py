@@ -21,9 +21,9 @@ from ember.layers.cpu_decoder_layer import (
 )
 from ember.layers.cpu_prepare import restore_dense_weights
 from ember.models.llama import LlamaDecoderLayer
-from ember.quant.ggml_kernels import MAX_PASS_ROWS
-from ember.quant.ggml_kernels import load_kernels as load_ggml_kernels
-from ember.quant.ggml_layers import GGMLLinear, set_activations
+from ember.quant.ggml.kernels import MAX_PASS_ROWS
+from ember.quant.ggml.kernels import load_kernels as load_ggml_kernels
+from ember.quant.ggml.layers import GGMLLinear, set_activations
 from tests.model_factory import save_tiny_model
 from tests.quant.ggml_factory import random_blocks
 

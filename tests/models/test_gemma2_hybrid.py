@@ -198,7 +198,7 @@ def test_a_quantized_gemma2_gguf_runs_in_its_blocks_like_its_float_copy(model_fo
 
     from ember.engine.sampling_params import SamplingParams
     from ember.llm import LLM
-    from ember.quant.ggml_layers import GGMLLinear
+    from ember.quant.ggml.layers import GGMLLinear
 
     path = tmp_path / "q8.gguf"
     write_gemma_gguf(model_folder, path, "gemma2", GGMLQuantizationType.Q8_0)

@@ -17,9 +17,9 @@ from ember.engine.engine_request import EngineRequest
 from ember.gguf_file import GGUFFile
 from ember.models.gguf_loader import read_gguf_config, unpermute_rope
 from ember.models.loader import load_model
-from ember.quant.ggml_blocks import FORMATS
-from ember.quant.ggml_kernels import load_kernels
-from ember.quant.ggml_layers import GGMLEmbedding, GGMLLinear, GGMLRowPartsLinear
+from ember.quant.ggml.blocks import FORMATS
+from ember.quant.ggml.kernels import load_kernels
+from ember.quant.ggml.layers import GGMLEmbedding, GGMLLinear, GGMLRowPartsLinear
 from tests.model_factory import load_reference, save_tiny_model
 
 T = GGMLQuantizationType

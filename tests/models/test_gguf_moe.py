@@ -17,7 +17,7 @@ from ember.gguf_file import GGUFFile
 from ember.models.gguf_loader import read_gguf_config
 from ember.models.hf_loader import read_hf_config
 from ember.models.loader import load_model
-from ember.quant.ggml_layers import GGMLLinear
+from ember.quant.ggml.layers import GGMLLinear
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_prompt_logits_match,
     load_reference,

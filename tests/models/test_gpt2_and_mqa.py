@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from ember.engine.runner import kv_cache_layout
 from ember.kv.specs import FullAttentionSpec
+from ember.kv.tensors import kv_cache_layout
 from ember.models.loader import load_model
 from tests.models.family_parity import (  # noqa: F401 (single_thread_torch is a fixture)
     assert_greedy_matches,

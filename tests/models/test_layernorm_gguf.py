@@ -99,7 +99,7 @@ def test_a_gguf_as_llama_cpp_writes_it_matches_transformers(tmp_path, model_clas
 
 
 def test_a_quantized_starcoder2_gguf_runs_in_its_blocks_like_its_float_copy(tmp_path):
-    from ember.quant.ggml_layers import GGMLLinear
+    from ember.quant.ggml.layers import GGMLLinear
 
     folder = save_random_model(transformers.Starcoder2ForCausalLM, _starcoder2(), tmp_path / "hf")
     write_layernorm_gguf(folder, tmp_path / "q8.gguf", "starcoder2", GGMLQuantizationType.Q8_0)

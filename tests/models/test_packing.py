@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ember.models.packing import PackedTarget, PackingPlan
-from ember.quant.ggml_blocks import GGMLRowParts, GGMLTensor
+from ember.quant.ggml.blocks import GGMLRowParts, GGMLTensor
 from tests.quant.ggml_factory import random_blocks
 
 

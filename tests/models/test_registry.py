@@ -106,7 +106,7 @@ def test_a_folder_holding_one_gguf_stands_for_it_while_hf_folders_and_ambiguous_
 
 
 def test_a_model_path_is_served_under_its_file_or_folder_name(tmp_path, monkeypatch):
-    from ember.engine.llm_engine import default_model_name
+    from ember.engine.builder import default_model_name
 
     quantized = tmp_path / "smol-q4"  # `ember quantize --out` folder: served as the folder, not as its model.gguf
     quantized.mkdir()

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ember.quant.ggml_blocks import NF4_LEVELS
+from ember.quant.ggml.blocks import NF4_LEVELS
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BLOCKSIZE, NESTED_BLOCKSIZE = 64, 256

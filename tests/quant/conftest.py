@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ember.quant.ggml_kernels import GGMLKernels, load_kernels
+from ember.quant.ggml.kernels import GGMLKernels, load_kernels
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ember.quant.ggml_blocks import FORMATS, GGMLTensor
+from ember.quant.ggml.blocks import FORMATS, GGMLTensor
 
 # Byte offsets of each format's fp16 fields (scale d, and min / dmin where the format has one).
 HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "NF4": (0,), "FP8": ()}

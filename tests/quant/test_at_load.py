@@ -16,7 +16,7 @@ from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
 from ember.models.loader import load_model
 from ember.quant.at_load import AT_LOAD_QUANTIZERS, decoder_linears
-from ember.quant.ggml_layers import GGMLLinear
+from ember.quant.ggml.layers import GGMLLinear
 from tests.model_factory import save_tiny_model
 
 FORMATS = {"int8": "Q8_0", "int4": "Q4_1", "fp8": "FP8", "nf4": "NF4"}

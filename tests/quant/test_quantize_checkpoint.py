@@ -19,9 +19,9 @@ from ember.models.loader import load_model
 from ember.quant.at_load import decoder_linears
 from ember.quant.checkpoint import QUANTIZATION_FILE
 from ember.quant.config import QuantizeConfig
-from ember.quant.ggml_layers import GGMLLinear
-from ember.quant.pipeline import quantize_checkpoint
-from ember.quant.w8a8_layers import W8A8Linear
+from ember.quant.ggml.layers import GGMLLinear
+from ember.quant.int8.w8a8_layers import W8A8Linear
+from ember.quantize import EngineCalibration, quantize_checkpoint
 from tests.model_factory import save_tiny_model
 
 VOCAB = 512  # the stories260K tokenizer's size, so calibration text tokenizes inside the vocabulary
@@ -73,7 +73,7 @@ def test_gptq_builds_each_hessian_from_the_already_quantized_layers_before_it(ti
     from rich.progress import Progress
 
     from ember.layers.cpu_prepare import restore_dense_weights
-    from ember.quant.gptq import GPTQSettings, gptq_quantize
+    from ember.quant.methods.gptq import GPTQSettings, gptq_quantize
     from ember.quant.pipeline import calibrate, calibration_chunks
 
     out, target = tmp_path / "gptq", "model.layers.1.mlp.down_proj"
@@ -90,7 +90,7 @@ def test_gptq_builds_each_hessian_from_the_already_quantized_layers_before_it(ti
                                         cache=CacheConfig(num_kv_blocks=64, enable_prefix_caching=False)))
         with Progress(disable=True) as progress:
             chunks = calibration_chunks(engine.tokenizer, config)
-            hessian = calibrate(engine, engine.runner.model, [target], chunks, progress)[target].mean_hessian
+            hessian = calibrate(EngineCalibration(engine), engine.runner.model, [target], chunks, progress)[target].mean_hessian
         codes, d, m = gptq_quantize(weight, hessian, config.grid, GPTQSettings())
         return config.grid.to_blocks(codes, d, m).dequantize()
 
@@ -208,7 +208,7 @@ def test_awq_scaling_folds_into_the_model_without_changing_its_float_outputs(fam
     before_norms = [norm.weight.detach().clone() for norm in norms]
     with Progress(disable=True) as progress:
         names = decoder_linears(model)
-        stats = calibrate(engine, model, names, calibration_chunks(engine.tokenizer, config), progress)
+        stats = calibrate(EngineCalibration(engine), model, names, calibration_chunks(engine.tokenizer, config), progress)
         apply_awq(model, stats, config.grid, progress)
     assert any(not torch.equal(norm.weight, old) for norm, old in zip(norms, before_norms, strict=True))  # some s != 1 folded
     torch.testing.assert_close(_prompt_logprobs(engine, "after", prompt), before, rtol=1e-4, atol=1e-4)
@@ -250,7 +250,7 @@ def test_smoothquant_checkpoint_loads_w8a8_layers_that_run_like_their_float_copy
 
 
 def test_smoothquant_alpha_auto_scores_every_candidate_and_writes_the_best_ones_checkpoint(tiny_folder, tokenizer, calib, tmp_path):
-    from ember.quant.alpha_search import ALPHA_CANDIDATES
+    from ember.quant.methods.alpha_search import ALPHA_CANDIDATES
 
     settings = {"model": str(tiny_folder), "method": "smoothquant", "bits": 8, "calib": calib, "tokenizer": tokenizer,
                 "calib_tokens": 256, "seq_len": 128}
@@ -265,8 +265,8 @@ def test_smoothquant_alpha_auto_scores_every_candidate_and_writes_the_best_ones_
 
 
 def test_the_alpha_search_runs_a_linear_as_its_w8a8_layer_would():
-    from ember.quant.alpha_search import _run_as_w8a8
-    from ember.quant.int8_channel import quantize_weight
+    from ember.quant.int8.channel import quantize_weight
+    from ember.quant.methods.alpha_search import _run_as_w8a8
 
     generator = torch.Generator().manual_seed(0)
     linear = torch.nn.Linear(96, 40)
@@ -290,8 +290,8 @@ def test_smoothquant_migration_folds_into_the_model_without_changing_its_float_o
     from rich.progress import Progress
 
     from ember.quant.at_load import decoder_linears
+    from ember.quant.methods.smoothquant import apply_smoothing
     from ember.quant.pipeline import calibrate, calibration_chunks
-    from ember.quant.smoothquant import apply_smoothing
 
     folder = _folding_model(family, tiny_folder, tmp_path)
     engine = LLMEngine(EngineConfig(model=str(folder), tokenizer=tokenizer, dtype="float32",
@@ -305,7 +305,7 @@ def test_smoothquant_migration_folds_into_the_model_without_changing_its_float_o
     old = mlp_norm.weight.detach().clone()
     with Progress(disable=True) as progress:
         names = decoder_linears(model)
-        stats = calibrate(engine, model, names, calibration_chunks(engine.tokenizer, config), progress, with_hessian=False)
+        stats = calibrate(EngineCalibration(engine), model, names, calibration_chunks(engine.tokenizer, config), progress, with_hessian=False)
         apply_smoothing(model, stats, config.alpha, progress)
     assert stats[names[0]].hessian is None and (stats[names[0]].abs_max > 0).all()
     assert not torch.equal(mlp_norm.weight, old)

@@ -27,6 +27,35 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class HealthProbe:
+    """Asks a server's /health every 10 ms from a thread while the `with` block runs; `latencies_s` are the answers'
+    round trips (each one asserted 200)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.latencies_s: list[float] = []
+        self._is_done = threading.Event()
+        self._thread = threading.Thread(target=self._probe)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        while not self.latencies_s and self._thread.is_alive():  # under way before the block's load starts
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._is_done.set()
+        self._thread.join(timeout=30)
+
+    def _probe(self) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=30) as prober:
+            while not self._is_done.is_set():
+                started = time.perf_counter()
+                assert prober.get("/health").status_code == 200
+                self.latencies_s.append(time.perf_counter() - started)
+                time.sleep(0.01)
+
+
 class ThreadedServer:
     """Runs an app of `build_app` on a free loopback port, in a daemon thread, with the uvicorn
     settings `ember serve` uses (header deadline included)."""

@@ -87,7 +87,7 @@ def test_the_model_may_come_first_unflagged_as_vllm_serve_takes_it() -> None:
 
 def test_a_vllm_serve_command_line_runs_and_says_which_flags_change_nothing(caplog) -> None:
     from ember.server.cli import vllm_notes
-    from ember.server.request_log import RequestLogger
+    from ember.server.common.request_log import RequestLogger
 
     args = parse("Qwen/Qwen2.5-0.5B-Instruct", "--gpu-memory-utilization", "0.9", "--swap-space", "4", "--enforce-eager",
                  "--disable-log-stats", "--disable-log-requests", "--uvicorn-log-level", "warning", "-q", "fp8",
@@ -98,7 +98,7 @@ def test_a_vllm_serve_command_line_runs_and_says_which_flags_change_nothing(capl
     notes = vllm_notes(args)
     assert len(notes) == 2 and "--kv-cache-memory" in notes[0] and "recomputes" in notes[1]
     assert vllm_notes(parse("--model", "m")) == []
-    from ember.server.metrics import FinishedRequest
+    from ember.server.common.metrics import FinishedRequest
 
     finished = FinishedRequest("r", 3, 4, 0, "stop", 0.1, 0.01, 0.2)
     with caplog.at_level("INFO", logger="ember.server.requests"):

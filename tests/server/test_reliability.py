@@ -174,6 +174,22 @@ def test_openapi_describes_the_real_request_bodies(http: httpx.Client) -> None:
     assert _dangling_refs(document) == []
 
 
+def test_openapi_lists_what_the_routes_answer(http: httpx.Client) -> None:
+    document = http.get("/openapi.json").json()
+    paths = document["paths"]
+    for path, method in (("/v1/responses/{response_id}", "get"), ("/v1/responses/{response_id}", "delete"),
+                         ("/v1/responses/{response_id}/input_items", "get")):
+        assert {"200", "400", "404"} <= set(paths[path][method]["responses"]), (path, method)
+    assert not [path for path, operations in paths.items() for operation in operations.values() if "422" in operation["responses"]]
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    assert http.get("/metrics").headers["content-type"].startswith("text/plain")
+    missing = http.get("/v1/responses/resp_missing")
+    assert str(missing.status_code) in paths["/v1/responses/{response_id}"]["get"]["responses"]
+    assert assert_openai_error(missing, 404)["code"] == "response_not_found"
+    bad_order = http.get("/v1/responses/resp_missing/input_items", params={"limit": "many"})
+    assert assert_openai_error(bad_order, 400)["param"] == "query.limit"
+
+
 def _dangling_refs(node: object, document: dict | None = None) -> list[str]:
     document = document if document is not None else node
     if isinstance(node, dict):

@@ -12,8 +12,8 @@ from openai import OpenAI
 from ember.engine.sampling_defaults import SamplingDefaults, sampling_defaults
 from ember.server.cli import with_generation_config
 from ember.server.config import ServerConfig
-from ember.server.protocol import ChatCompletionRequest
-from ember.server.requests import chat_sampling_params
+from ember.server.openai.engine_requests import chat_sampling_params
+from ember.server.openai.protocol import ChatCompletionRequest
 from tests.server.harness import ThreadedServer
 from tests.server.real_engine import MODEL, RecordingEngine, tiny_app
 

@@ -1,8 +1,10 @@
-"""Schema fuzzing: requests generated from the server's own /openapi.json never get a 5xx.
+"""Schema fuzzing: requests generated from the server's own /openapi.json never get a 5xx, and every
+answer is one the document lists.
 
 Given the tiny model's real server, when schemathesis sends bodies that fit each route's schema
 and bodies that break it (wrong types, missing or unknown fields, out-of-range values), then
-every answer is a 2xx or a 4xx, and every 4xx carries the OpenAI error body with a code.
+every answer is a 2xx or a 4xx, its status code and content type are ones the published document
+gives for that route, and every 4xx carries the OpenAI error body with a code.
 Generation lengths are clamped to a few tokens so the fuzz stays fast, and a generated model
 name is dropped (it would make nearly every request a 404); every other field is free.
 """
@@ -14,7 +16,9 @@ from collections import Counter
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
+from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
+from schemathesis.specs.openapi.checks import content_type_conformance, status_code_conformance
 
 from tests.server.harness import ServeProcess
 
@@ -41,7 +45,8 @@ def _fuzz(operation, mode: GenerationMode, statuses: Counter[int]) -> None:
     @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     def run(case) -> None:
         _clamp_generation_length(case.body)
-        response = case.call(timeout=120)
+        response = case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance],
+                                          timeout=120)
         statuses[response.status_code] += 1
         assert response.status_code < 500, (operation.label, mode, case.body, response.text[:500])
         if response.status_code >= 400:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.server.harness import (
+    HealthProbe,
     ServeProcess,
     assert_openai_error,
     parse_sse,
@@ -60,27 +61,12 @@ def test_huge_prompts_are_refused_while_health_stays_fast_and_memory_flat(server
             http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         bodies = huge_bodies()  # encoded before timing anything, so the client's own work is not measured
         rss_before = process_rss_bytes(server.pid)
-        latencies: list[float] = []
-        is_done = threading.Event()
-
-        def probe_health() -> None:
-            with httpx.Client(base_url=server.base_url, timeout=30) as prober:
-                while not is_done.is_set():
-                    started = time.perf_counter()
-                    assert prober.get("/health").status_code == 200
-                    latencies.append(time.perf_counter() - started)
-                    time.sleep(0.01)
-
-        prober = threading.Thread(target=probe_health)
-        prober.start()
-        try:
+        with HealthProbe(server.base_url) as probe:
             for path, body in bodies:
                 response = http.post(path, content=body, headers={"content-type": "application/json"})
                 error = assert_openai_error(response, 400)
                 assert error["code"] == "context_length_exceeded", error
-        finally:
-            is_done.set()
-            prober.join(timeout=30)
+        latencies = probe.latencies_s
         rss_after = process_rss_bytes(server.pid)
     assert len(latencies) >= NUM_HUGE_PROMPTS
     assert statistics.median(latencies) < HEALTH_DEADLINE_S, sorted(latencies)[-5:]
@@ -127,9 +113,7 @@ def long_context_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sigterm_drains_then_ends_the_streams_left_with_an_error_event(
     long_context_model_dir: Path, smollm2_tokenizer_dir: Path, tmp_path: Path
 ) -> None:
-    process = tiny_server_process(
-        long_context_model_dir, smollm2_tokenizer_dir, tmp_path / "serve.log", "--drain-timeout-s", "2"
-    )
+    process = tiny_server_process(long_context_model_dir, smollm2_tokenizer_dir, tmp_path / "serve.log", "--drain-timeout-s", "2")
     with process:
         long_stream = _StreamReader(process.base_url, max_tokens=LONG_STREAM_TOKENS)  # far longer than the grace period
         short_stream = _StreamReader(process.base_url, max_tokens=4)  # finishes within it, even on a busy machine
@@ -151,6 +135,22 @@ def test_sigterm_drains_then_ends_the_streams_left_with_an_error_event(
     assert long_events[-1] == "[DONE]"
     assert long_events[-2]["error"]["code"] == "server_shutting_down", long_events[-2]
     assert len(long_events) > 3  # it streamed tokens before being ended
+
+
+def test_a_second_sigterm_ends_the_streams_at_once_with_an_error_event(
+    long_context_model_dir: Path, smollm2_tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    process = tiny_server_process(long_context_model_dir, smollm2_tokenizer_dir, tmp_path / "serve.log", "--drain-timeout-s", "120")
+    with process:
+        stream = _StreamReader(process.base_url, max_tokens=LONG_STREAM_TOKENS)
+        stream.wait_started()
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        process.send_signal(signal.SIGTERM)  # far inside the 120 s grace period
+        events = stream.result()
+        assert process.wait(timeout_s=30) == 0, process.log_text()
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == "server_shutting_down", events[-2]
 
 
 class _StreamReader:

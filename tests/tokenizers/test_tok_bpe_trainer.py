@@ -12,9 +12,9 @@ import pytest
 from tok_corpus import build_corpus
 
 from ember.tokenizers import load
-from ember.tokenizers.bpe_trainer import count_pieces, train_bpe
-from ember.tokenizers.patterns import NAMED_PATTERNS
-from ember.tokenizers.tiktoken_files import load_tiktoken
+from ember.tokenizers.formats.tiktoken_files import load_tiktoken
+from ember.tokenizers.text.patterns import NAMED_PATTERNS
+from ember.tokenizers.training.bpe import count_pieces, train_bpe
 
 PATTERN = NAMED_PATTERNS["cl100k"]
 

@@ -12,7 +12,7 @@ import pytest
 from tok_gguf_writer import write_vocab_gguf
 
 from ember.tokenizers import load
-from ember.tokenizers.specials import SpecialTokenMatcher
+from ember.tokenizers.text.specials import SpecialTokenMatcher
 
 CHARS = [chr(c) for c in range(0x21, 0x7F)]  # printable ASCII: one token each, no merges
 ADDED = len(CHARS)  # the first added token's id

@@ -24,8 +24,8 @@ from tok_corpus import SCRIPTS, build_corpus
 from tok_gguf_writer import write_vocab_gguf
 
 from ember.tokenizers import load
-from ember.tokenizers.gguf_pre_tokenizers import GGUF_PRE_TOKENIZERS, gguf_pre_tokenizer
-from ember.tokenizers.patterns import PreTokenizer, compile_stage, for_oniguruma
+from ember.tokenizers.formats.gguf.pre_tokenizers import GGUF_PRE_TOKENIZERS, gguf_pre_tokenizer
+from ember.tokenizers.text.patterns import PreTokenizer, compile_stage, for_oniguruma
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -11,7 +11,7 @@ import pytest
 
 from ember.tokenizers import load
 from ember.tokenizers.chat_template import load_chat_template
-from ember.tokenizers.hf_pipeline import PipelineTokenizer
+from ember.tokenizers.formats.hf.pipeline import PipelineTokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import Tokenizer, decoders, models, normalizers, trainers  # noqa: E402

@@ -16,8 +16,8 @@ import pytest
 from tok_corpus import SCRIPTS, build_corpus
 
 from ember.tokenizers import load
-from ember.tokenizers.hf_pipeline import PipelineTokenizer
-from ember.tokenizers.unigram import UnigramModel
+from ember.tokenizers.formats.hf.pipeline import PipelineTokenizer
+from ember.tokenizers.sentencepiece.unigram import UnigramModel
 
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import (  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 from tok_corpus import build_corpus
 
 from ember.tokenizers import SentencePieceBPETokenizer, load
-from ember.tokenizers.llama2c import read_llama2c_vocab
+from ember.tokenizers.formats.llama2c import read_llama2c_vocab
 
 
 def run_c_encode(pieces: list[str], scores: list[float], text: str) -> list[int]:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from ember.tokenizers.patterns import NAMED_PATTERNS
+from ember.tokenizers.text.patterns import NAMED_PATTERNS
 
 RUNS = ["a" * 5000, "ab" * 3000, "日" * 2000, " " * 3000, "1" * 999, "é" * 777, "\n" * 600]
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tok_corpus import build_corpus
 
-from ember.tokenizers.merges import BytePairMerger, pair_key, pair_value
-from ember.tokenizers.tiktoken_files import load_tiktoken
+from ember.tokenizers.bpe.merges import BytePairMerger, pair_key, pair_value
+from ember.tokenizers.formats.tiktoken_files import load_tiktoken
 
 
 def toy_merger(merge_list, use_native=True):

@@ -12,8 +12,8 @@ MODULES = [
     "ember.tokenizers",
     "ember.tokenizers.cli",
     "ember.tokenizers.compare",
-    "ember.tokenizers.bpe_trainer",
-    "ember.tokenizers.unigram_trainer",
+    "ember.tokenizers.training.bpe",
+    "ember.tokenizers.training.unigram",
     "ember.bench.tokenizers",
 ]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from tok_corpus import build_corpus
 
-from ember.tokenizers.patterns import NAMED_PATTERNS
-from ember.tokenizers.tiktoken_files import KNOWN_ENCODINGS
+from ember.tokenizers.formats.tiktoken_files import KNOWN_ENCODINGS
+from ember.tokenizers.text.patterns import NAMED_PATTERNS
 
 TIKTOKEN_CASES = {
     "r50k": ("tiktoken/r50k_base.tiktoken", "r50k_base"),

@@ -4,7 +4,7 @@ byte budget a cache starts over from its seed (issue 16: 3.9 MB one-letter promp
 from __future__ import annotations
 
 from ember.tokenizers import load
-from ember.tokenizers.piece_cache import ENTRY_OVERHEAD_BYTES, PieceCache
+from ember.tokenizers.text.piece_cache import ENTRY_OVERHEAD_BYTES, PieceCache
 
 
 def test_a_piece_longer_than_the_limit_is_not_cached():

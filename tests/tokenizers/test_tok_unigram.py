@@ -12,9 +12,9 @@ import pytest
 from tok_corpus import build_corpus
 
 from ember.tokenizers import load
-from ember.tokenizers.sentencepiece_model import SentencePieceModel
-from ember.tokenizers.unigram import UnigramTokenizer
-from ember.tokenizers.unigram_trainer import digamma, train_unigram
+from ember.tokenizers.formats.sentencepiece_model import SentencePieceModel
+from ember.tokenizers.sentencepiece.unigram import UnigramTokenizer
+from ember.tokenizers.training.unigram import digamma, train_unigram
 
 VOCAB_SIZE = 1000
 # Tolerances of ember's trainer against sentencepiece's, both on botchan.txt, vocab 1000,

@@ -27,11 +27,12 @@ import torch
 
 from ember.engine.engine_request import EngineRequest
 from ember.engine.request import Request, Sequence
-from ember.engine.runner import LastHidden, ModelRunner, kv_cache_layout
+from ember.engine.runner import LastHidden, ModelRunner
 from ember.engine.sampling_params import SamplingParams
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
 from ember.engine.spec.speculator import StepTimeFit
 from ember.kv.cache_manager import KVCacheManager
+from ember.kv.tensors import kv_cache_layout
 from ember.layers.rejection_sampler import DraftRow
 from ember.layers.sampler import Sampler, draw_proposals
 
@@ -144,7 +145,8 @@ class DraftModelProposer:
     def _draft_step(self, batch: list[Sequence], tokens: dict[str, list[int]], probs: dict[str, list[torch.Tensor]]) -> None:
         """One draft forward over `batch` (catch-up or one token each) and one drafted token per sequence."""
         shadows = [self._states[seq.seq_id].shadow for seq in batch]
-        plan = SchedulerOutput([ScheduledSequence(s, len(s.token_ids) - s.num_computed_tokens) for s in shadows])
+        plan = SchedulerOutput([ScheduledSequence(s, len(s.token_ids) - s.num_computed_tokens, self.kv.block_ids(s.seq_id))
+                                for s in shadows])
         started = time.perf_counter()
         logits = self.runner.last_position_logits(plan).float()
         self._record_forward(plan, time.perf_counter() - started)

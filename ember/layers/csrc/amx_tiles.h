@@ -1,4 +1,4 @@
-/* AMX tile setup shared by the tile kernels (layers/csrc/amx_gemm.h, quant/ggml_source.c).
+/* AMX tile setup shared by the tile kernels (layers/csrc/amx_gemm.h, quant/ggml/ggml_source.c).
 
    Linux hands a process the AMX tile state only when asked (arch_prctl), once per process; where it
    refuses, `amx_ready()` is 0 and callers take their other path. Every kernel here uses eight tiles

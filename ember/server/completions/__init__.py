@@ -1,0 +1,1 @@
+"""`POST /v1/chat/completions` (chat.py) and `POST /v1/completions` (text.py): the handlers over the serving core."""

@@ -1,0 +1,1 @@
+"""`POST /v1/embeddings`: the handler over the serving core."""

@@ -1,0 +1,1 @@
+"""Training tokenizers from text: byte-level BPE and Unigram LM (`ember tokenizers train`)."""
