@@ -102,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     lora.add_argument("--num-requests", type=int, default=64, help="requests of the mixed workload")
     lora.add_argument("--max-prompt", type=int, default=512, help="longest prompt of the mixed workload")
     lora.add_argument("--max-output", type=int, default=256, help="longest output of the mixed workload")
-    lora.add_argument("--adapter-dir", type=Path, default=Path("benchmarks/lora_adapters"), help="where the random adapters are written")
+    lora.add_argument("--adapter-dir", type=Path, default=Path("benchmarks/lora_adapters"), help="where the random adapters are written (git ignores the default)")
     lora.set_defaults(func=_run_lora)
     contention = commands.add_parser("contention", help="batch-1 decode and mixed tok/s alone and beside a busy neighbour, same run")
     _common(contention, peers=False, default_dtype="auto")
