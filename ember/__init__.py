@@ -7,13 +7,7 @@ The names are imported on first use, so `import ember.tokenizers` never pulls in
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
-
-# OpenMP threads that sleep, not spin, while they wait: a spinning thread steals the time slice of the
-# thread it waits for when another process competes for the cores (ember.engine.threads measures it).
-# Read once, when torch loads the OpenMP runtime, so it is set here, before any of ember imports torch.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 _EXPORTS = {
     "LLM": "ember.llm",

@@ -1,15 +1,13 @@
 """CPU threads of the engine's step, and a watch for steps that took many times their usual time.
 
-Why the threads sleep rather than spin: the kernels behind a step (torch's and ember's, one OpenMP
-runtime) run a few hundred parallel regions per decoded token. With OpenMP's default wait policy a
-thread that finishes its share spins at the region's barrier; when another process competes for
-the cores, the thread it waits for is descheduled while the spinner burns the time slice that
-thread needed. Measured on a shared 2-core machine (SmolLM2 Q4_1, batch-1 decode, `LLM.generate`):
-the default policy fell from 208-227 tok/s alone to nothing within 150 s beside one busy loop, and
-to 0.5-6 tok/s under the other tenants' load, where a passive wait policy gave 23-95 tok/s in the same
-run (`ember bench contention` measures it). The policy is read once, when the OpenMP runtime loads
-(with torch), so `ember/__init__.py` sets OMP_WAIT_POLICY=PASSIVE, unless the environment already
-says otherwise, before anything of ember imports torch; the thread count can change at any time and is set where the engine starts (`apply_num_threads`).
+The thread count is set where the engine starts (`apply_num_threads`); the OpenMP wait policy is
+left as the environment says (the runtime reads it once, when torch loads it). Measured on a
+2-vCPU VM (AMD EPYC, SmolLM2 Q4_1, batch-1 decode through `LLM.generate`, one run alternating):
+the runtime's default (spinning) gives 180-210 tok/s alone and about 50 beside one busy loop;
+OMP_WAIT_POLICY=PASSIVE gives 89 beside the loop but only 60-64 alone (a sleeping vCPU is slow to
+wake for each of the few hundred parallel regions of a step), so it is not the default. On a
+machine shared with CPU-bound work, `--threads 1` or OMP_WAIT_POLICY=passive trade quiet speed
+for robustness; `ember bench contention` measures both on the machine at hand.
 """
 
 from __future__ import annotations
