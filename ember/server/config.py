@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ember.engine.sampling_defaults import SamplingDefaults
@@ -80,8 +81,8 @@ class ServerConfig:
             ("--body-timeout-s", self.body_timeout_s),
             ("--drain-timeout-s", self.drain_timeout_s),
         ):
-            if not value > 0:
-                raise ValueError(f"{flag} must be a positive number of seconds, got {value}")
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{flag} must be a positive, finite number of seconds, got {value}")
         if self.max_stored_responses < 0:
             raise ValueError(f"--max-stored-responses must be at least 0, got {self.max_stored_responses}")
         if any(not name for name in self.served_model_names):

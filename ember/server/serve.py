@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import socket
 import sys
 from types import FrameType
@@ -85,6 +86,9 @@ def uvicorn_config(app, server_config: ServerConfig, log_level: str = "info") ->
         host=server_config.host,
         port=server_config.port,
         http=functools.partial(HeaderDeadlineProtocol, header_timeout_s=server_config.header_timeout_s),
+        # One idle rule: the header deadline also ends a silent keep-alive connection, so uvicorn's own (5 s by
+        # default) does not close connections a loaded client is about to reuse (a burst's POSTs then read EOF).
+        timeout_keep_alive=math.ceil(server_config.header_timeout_s),
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_TIMEOUT_S,
