@@ -179,7 +179,7 @@ class EngineConfig:
     quant_activations: str = "int8"  # GGML layers: "int8" (fast, rounded per 32 values) or "float32" (exact)
     quantization: str | None = None  # one of QUANTIZATIONS (an alias becomes its name); None: the checkpoint as it is
     lora: LoRAConfig | None = None
-    num_threads: int | None = None  # CPU threads of the step (torch and ember's kernels); None: ember.engine.threads' default
+    num_threads: int | None = None  # CPU threads of the step (torch and ember's kernels), fixed; None: ThreadGovernor's choice
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):
@@ -380,8 +380,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
                         help='vLLM\'s JSON in place of the flags above, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\' '
                              "or '{\"model\": DRAFT, \"num_speculative_tokens\": 4}'")
     parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads of each engine step (default: torch's, one per core); OpenMP threads sleep rather "
-                             "than spin while they wait, so a busy neighbour costs its share, not a collapse")
+                        help="CPU threads of each engine step, fixed (default: up to one per core, fewer while another "
+                             "process keeping cores busy makes fewer faster; see ember.engine.threads)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="accepted so vLLM command lines run: ember executes no code shipped in a model folder")
     add_parallel_arguments(parser)

@@ -18,7 +18,7 @@ from ember.engine.rejection import RequestRejected
 from ember.engine.request import Request, Sequence, SequenceStatus, make_sequence
 from ember.engine.runner import StepResult
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
-from ember.engine.threads import SlowStepWatch, apply_num_threads
+from ember.engine.threads import SlowStepWatch, ThreadGovernor, apply_num_threads
 from ember.layers.sampler import SampledToken
 from ember.models.loader import LoadedModel
 
@@ -61,6 +61,8 @@ class EngineStats:
     num_waiting_preempted: int = 0  # of num_waiting: sequences preempted after their first token (a server's count misses them)
     num_free_seats: int = 0  # sequences the next step may admit beside the running ones (max_num_seqs - num_running)
     num_slow_steps: int = 0  # steps many times slower than the median of their size (ember.engine.threads.SlowStepWatch)
+    num_threads: int = 1  # CPU threads the latest step ran with (the governor's choice unless --threads fixed it)
+    num_thread_changes: int = 0  # times the governor moved a step size to another thread count
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -112,6 +114,8 @@ class LLMEngine:
         self._step_records: collections.deque[StepRecord] = collections.deque(maxlen=4096)
         self._counters = collections.Counter()
         self.slow_steps = SlowStepWatch()
+        # Threads follow the machine's load unless the user fixed them; tensor-parallel ranks keep their share.
+        self.governor = ThreadGovernor(self.num_threads) if config.num_threads is None and self.workers is None else None
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -178,9 +182,13 @@ class LLMEngine:
         plan = self.scheduler.schedule(drafts)
         if plan.is_empty:
             return outputs
+        if self.governor is not None:
+            self.governor.threads_for(plan.num_batched_tokens)
         started = time.perf_counter()
         result = self.runner.execute(plan)
         duration_s = time.perf_counter() - started
+        if self.governor is not None:
+            self.governor.observe(duration_s)
         outputs.extend(self._process(plan, result))
         self._record(plan, duration_s)
         if self.speculator is not None:
@@ -352,6 +360,8 @@ class LLMEngine:
             num_waiting_preempted=sum(1 for seq in self.scheduler.waiting if seq.num_output_tokens),
             num_free_seats=max(0, self.config.scheduler.max_num_seqs - len(self.scheduler.running)),
             num_slow_steps=self.slow_steps.num_slow_steps,
+            num_threads=self.governor.threads if self.governor is not None else self.num_threads,
+            num_thread_changes=self.governor.num_changes if self.governor is not None else 0,
             **self._speculation_stats(),
         )
 
