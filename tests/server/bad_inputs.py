@@ -89,7 +89,7 @@ def bad_requests(model: str, max_model_len: int) -> list[BadRequest]:
         BadRequest("tool without a function", "POST", chat, chat_with(tools=[{"type": "function"}]), param="tools.0.function", message_mentions="function"),
         BadRequest("tool_choice without tools", "POST", chat, chat_with(tool_choice="required"), param="tool_choice"),
         BadRequest("tool_choice naming no tool", "POST", chat, chat_with(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice={"type": "function", "function": {"name": "g"}}), param="tool_choice"),
-        BadRequest("tool message without its call id", "POST", chat, chat_with(messages=[{"role": "tool", "content": "42"}]), param="messages.0.tool_call_id"),
+        BadRequest("tool message without its call id", "POST", chat, chat_with(messages=[{"role": "tool", "content": "42"}]), param="messages.0"),
         BadRequest("forced tool call beside response_format", "POST", chat, chat_with(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required", response_format={"type": "json_object"}), param="tool_choice"),
         BadRequest("logit_bias key not a token id", "POST", chat, chat_with(logit_bias={"hello": 5}), param="logit_bias"),
         BadRequest("logit_bias value absurd", "POST", chat, chat_with(logit_bias={"1": 500}), param="logit_bias"),

@@ -121,13 +121,15 @@ def from_validation_error(error: ValidationError, what: str = "request body") ->
 
 _UNION_EXPECTATIONS = {
     "stop": "a string or a list of strings",
-    "prompt": "a string, a list of strings, a list of token ids, or a list of lists of token ids",
+    "prompt": "a non-empty string, list of non-empty strings, list of token ids, or list of non-empty lists of token ids",
+    "input": "a non-empty string, list of non-empty strings, list of token ids, or list of non-empty lists of token ids",
     "content": "a string or a list of {'type': 'text', 'text': ...} parts",
 }
 
 
 def _is_type_tag(part: object) -> bool:
-    return isinstance(part, str) and (part in {"str", "int", "float", "bool"} or "[" in part or part[:1].isupper())
+    return isinstance(part, str) and (part in {"str", "int", "float", "bool"} or "[" in part or part[:1].isupper()
+                                      or part.startswith("constrained-"))
 
 
 _HTTP_ERROR_CODES = {

@@ -128,20 +128,8 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
             code="invalid_value",
         )
     check_rendering(request, request.messages)
-    for index, message in enumerate(request.messages):
-        if message.tool_calls and message.role != "assistant":
-            raise ApiError(f"Message {index} ({message.role}) has tool_calls; only assistant messages make tool calls.",
-                           param=f"messages.{index}.tool_calls", code="invalid_value")  # fmt: skip
-        if message.role == "tool" and not message.tool_call_id:
-            raise ApiError(f"Message {index} (tool) needs the 'tool_call_id' of the call it answers.",
-                           param=f"messages.{index}.tool_call_id", code="invalid_value")  # fmt: skip
+    for index, message in enumerate(request.messages):  # what the role requires is ChatMessage's own check
         _check_reply_extras(index, message)
-        if message.content is None and message.role != "assistant":
-            raise ApiError(
-                f"Message {index} ({message.role}) has no content.",
-                param=f"messages.{index}.content",
-                code="invalid_value",
-            )
 
 
 def _check_reply_extras(index: int, message: ChatMessage) -> None:
@@ -428,15 +416,10 @@ async def _encoded_prompts(prompt: PromptInput, encoder: PromptEncoder, param: s
                            truncates: bool) -> list[PreparedPrompt]:  # fmt: skip
     if isinstance(prompt, str):
         prompt = [prompt]
-    if not prompt:
-        raise ApiError(f"'{param}' must not be an empty list.", param=param, code="invalid_value")
-    if isinstance(prompt[0], int):  # token ids: EngineRequest and the engine's limits check them
+    if isinstance(prompt[0], int):  # PromptInput's shapes are never empty  # token ids: EngineRequest and the engine's limits check them
         return [PreparedPrompt(list(prompt))]
     if isinstance(prompt[0], list):
         return [PreparedPrompt(list(ids)) for ids in prompt]
-    for text in prompt:
-        if not text:
-            raise ApiError(f"'{param}' must not be an empty string.", param=param, code="invalid_value")
     encoded = await encoder.encode_batch(prompt, add_special_tokens=add_special_tokens, param=param, truncates=truncates)
     return [PreparedPrompt(ids, text) for ids, text in zip(encoded, prompt, strict=True)]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -82,9 +82,22 @@ class NamedToolChoice(StrictModel):
     function: NamedFunction
 
 
+# What the role requires of a turn, as the published schema states it (JSON Schema if / then; OpenAPI 3.1).
+_ROLE_RULES_SCHEMA = {"allOf": [
+    {"if": {"properties": {"role": {"const": "tool"}}, "required": ["role"]},
+     "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string", "minLength": 1}}}},
+    {"if": {"properties": {"role": {"not": {"const": "assistant"}}}, "required": ["role"]},
+     "then": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}},
+                                                      "tool_calls": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}}},
+]}
+
+
 class ChatMessage(StrictModel):
     """One turn of a conversation; `developer` is treated as `system`. An assistant turn may carry the
-    tool calls it made, a `tool` turn the result of one (`tool_call_id`)."""
+    tool calls it made (and may have no content), a `tool` turn the result of one (`tool_call_id`);
+    every other turn has content and makes no calls."""
+
+    model_config = ConfigDict(json_schema_extra=_ROLE_RULES_SCHEMA)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
@@ -101,6 +114,16 @@ class ChatMessage(StrictModel):
     annotations: list[Any] | None = None
     audio: Any | None = None
     function_call: Any | None = None
+
+    @model_validator(mode="after")
+    def _role_rules(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the 'tool_call_id' of the call it answers")
+        if self.role != "assistant" and self.tool_calls:
+            raise ValueError(f"only assistant messages make tool calls, not {self.role} messages")
+        if self.role != "assistant" and self.content is None:
+            raise ValueError(f"a {self.role} message needs its content")
+        return self
 
     def text(self) -> str:
         """The message content as one string (text parts joined)."""
@@ -232,7 +255,10 @@ class ChatCompletionRequest(SamplingFields, ChatRenderFields):
     prediction: Any | None = None
 
 
-PromptInput = str | list[str] | list[int] | list[list[int]]
+# Every shape non-empty: a prompt of nothing has no position to generate from.
+_Text = Annotated[str, Field(min_length=1)]
+_TokenIds = Annotated[list[int], Field(min_length=1)]
+PromptInput = _Text | Annotated[list[_Text], Field(min_length=1)] | _TokenIds | Annotated[list[_TokenIds], Field(min_length=1)]
 
 
 class CompletionRequest(SamplingFields):
