@@ -144,3 +144,31 @@ def test_decode_steps_through_the_graphs_buffers_match_the_plain_runner_and_padd
         torch.testing.assert_close(mine[:, :NUM_KV_BLOCKS], theirs, rtol=1e-5, atol=1e-5)
     scratch_written = any(bool(cache[:, NUM_KV_BLOCKS].any()) for cache in runner.caches.tensors)
     assert scratch_written is (through_graphs and padded_size(count, sizes) > count)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["decode graphs", "eager"])
+def test_a_cuda_engine_in_float32_gives_the_cpu_engines_greedy_tokens(stories_dir, enforce_eager):
+    on_cpu = stories_llm(stories_dir, block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, device="cpu")
+    on_gpu = stories_llm(stories_dir, block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, device="cuda", dtype="float32",
+                         enforce_eager=enforce_eager)
+    expected = run_to_completion(on_cpu, _requests(on_cpu))
+    got = run_to_completion(on_gpu, _requests(on_gpu))
+    assert {k: v.outputs[0].token_ids for k, v in got.items()} == {k: v.outputs[0].token_ids for k, v in expected.items()}
+    runner = on_gpu.engine.runner
+    assert {cache.device.type for cache in runner.caches.tensors} == {"cuda"}
+    assert {parameter.device.type for parameter in runner.model.parameters()} == {"cuda"}
+    assert (runner.graphs is None) is enforce_eager
+    assert runner.graphs is None or set(runner.graphs.graphs) == set(capture_sizes(on_gpu.engine.config.scheduler.max_num_seqs))
+
+
+@pytest.mark.cuda
+def test_a_cuda_engine_defaults_to_bfloat16_and_sizes_its_cache_from_gpu_memory(stories_dir):
+    llm = stories_llm(stories_dir, device="cuda", gpu_memory_utilization=0.3)
+    runner = llm.engine.runner
+    assert next(runner.model.parameters()).dtype == torch.bfloat16 and runner.caches.dtype == torch.bfloat16
+    _, total_bytes = torch.cuda.mem_get_info()
+    assert torch.cuda.memory_allocated() <= 0.3 * total_bytes
+    sampled = run_to_completion(llm, {"s": (llm.tokenizer.encode(STORY_PROMPTS[0], add_special_tokens=True),
+                                            SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True))})
+    assert len(sampled["s"].outputs[0].token_ids) == 12
