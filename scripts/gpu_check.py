@@ -14,8 +14,8 @@ parity: greedy tokens of the engine on the GPU in float32 against the engine on 
 logits of the bfloat16 engine against transformers' float32 logits on the GPU, held to twice transformers' own
 bfloat16 error (tests/models/test_bfloat16_parity.py's rule).
 
-`--device cpu --shapes tiny --skip-tests --skip-kernels` rehearses the engine section on a CPU in seconds (a tiny
-Llama shape; the GPU's figures are what the script is for).
+`--device cpu --shapes tiny --skip-tests --skip-kernels --num-requests 8 --tokens 16` rehearses the engine section on
+a CPU in under a minute (a tiny Llama shape; the GPU's figures are what the script is for).
 """
 
 from __future__ import annotations
@@ -249,14 +249,15 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def engine_workloads(vocab: int) -> dict[str, Workload]:
-    """batch1 (128 + 128 tokens), batch64 (64 x (128 + 128)) and mixed (64 requests, ember bench's mix) over random ids."""
+def engine_workloads(vocab: int, num_requests: int, tokens: int) -> dict[str, Workload]:
+    """batch1 (`tokens` prompt + `tokens` output), batch64 (`num_requests` of those) and mixed (`num_requests`
+    requests of ember bench's mix, prompts up to 4x and outputs up to 2x `tokens`) over random ids."""
     rng = random.Random(0)
     source = TokenSource([rng.randrange(3, vocab) for _ in range(20_000)], description="random token ids")
-    batch64 = [BenchRequest(f"b64-{i}", source.take(rng, 128), 128) for i in range(64)]
-    return {"batch1": Workload("batch1", 0, [BenchRequest("b1", source.take(rng, 128), 128)]),
-            "batch64": Workload("batch64", 0, batch64),
-            "mixed": mixed(source, seed=0, num_requests=64)}
+    batch = [BenchRequest(f"b64-{i}", source.take(rng, tokens), tokens) for i in range(num_requests)]
+    return {"batch1": Workload("batch1", 0, [BenchRequest("b1", source.take(rng, tokens), tokens)]),
+            "batch64": Workload("batch64", 0, batch),
+            "mixed": mixed(source, seed=0, num_requests=num_requests, max_prompt=4 * tokens, max_output=2 * tokens)}
 
 
 def decode_tok_s(result: RunResult) -> float:
@@ -265,16 +266,16 @@ def decode_tok_s(result: RunResult) -> float:
     return (timing.output_tokens - 1) / (timing.finished - timing.first_token)
 
 
-def bench_engine(shape: ModelShape, folder: Path, device: torch.device) -> list[list[str]]:
+def bench_engine(shape: ModelShape, folder: Path, device: torch.device, num_requests: int, tokens: int) -> list[list[str]]:
     """ember and HF transformers on the same workloads, both on `device` in bfloat16, in this process run."""
-    workloads = engine_workloads(shape.vocab)
+    workloads = engine_workloads(shape.vocab, num_requests, tokens)
     ours: dict[str, RunResult] = {}
     for name, workload in workloads.items():
         settings = EmberSettings(label="ember", device=device.type, kv_cache_memory_bytes=KV_BYTES[device.type],
-                                 max_num_seqs=1 if name == "batch1" else 64)
+                                 max_num_seqs=1 if name == "batch1" else num_requests)
         ours[name] = run_ember(str(folder), "bfloat16", workload, settings)
         release_memory()
-    peer = HFRunner(folder, "bfloat16", batch_size=64, device=device.type)
+    peer = HFRunner(folder, "bfloat16", batch_size=num_requests, device=device.type)
     theirs = {"batch1": peer.run_batch1(workloads["batch1"]), "batch64": peer.run(workloads["batch64"]),
               "mixed": peer.run(workloads["mixed"])}
     del peer
@@ -353,14 +354,15 @@ def parity_rows(shape: ModelShape, folder: Path, device: torch.device) -> list[l
     return rows
 
 
-def engine_section(shape_names: list[str], device: torch.device, scratch: Path) -> list[list[str]]:
+def engine_section(shape_names: list[str], device: torch.device, scratch: Path, num_requests: int,
+                   tokens: int) -> list[list[str]]:
     """For each shape: a random checkpoint, the timed comparison, the parity rows."""
     rows: list[list[str]] = []
     for name in shape_names:
         shape = MODEL_SHAPES[name]
         folder = save_random_model(shape, scratch / name, device)
         print(f"gpu-check: {name} saved in {folder}; timing ember and transformers", flush=True)
-        rows += bench_engine(shape, folder, device)
+        rows += bench_engine(shape, folder, device, num_requests, tokens)
         rows += parity_rows(shape, folder, device)
     return rows
 
@@ -378,6 +380,8 @@ def main() -> int:
     parser.add_argument("--tests-timeout-s", type=float, default=240, help="limit for the pytest run")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: rehearse on a CPU (with --shapes tiny)")
     parser.add_argument("--shapes", default="smollm2-135m,qwen2.5-1.5b", help=f"comma-separated: {', '.join(MODEL_SHAPES)}")
+    parser.add_argument("--num-requests", type=int, default=64, help="requests of the batch64 and mixed workloads")
+    parser.add_argument("--tokens", type=int, default=128, help="prompt and output tokens of batch1 and batch64")
     parser.add_argument("--skip-tests", action="store_true", help="no pytest run")
     parser.add_argument("--skip-kernels", action="store_true", help="no kernel benchmark")
     parser.add_argument("--scratch", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / f"ember-gpu-check-{os.getpid()}",
@@ -389,7 +393,8 @@ def main() -> int:
         parser.error(f"unknown shape {unknown[0]!r}; choose from {', '.join(MODEL_SHAPES)}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("gpu-check: no CUDA device here; on a CPU, rehearse with --device cpu --shapes tiny --skip-tests --skip-kernels")
+        sys.exit("gpu-check: no CUDA device here; on a CPU, rehearse with --device cpu --shapes tiny --skip-tests --skip-kernels "
+                 "--num-requests 8 --tokens 16")
     started = time.perf_counter()
     where = torch.cuda.get_device_name() if device.type == "cuda" else "the CPU (a rehearsal)"
     report = [f"ember gpu-check on {where} (torch {torch.__version__}, CUDA {torch.version.cuda})"]
@@ -400,12 +405,13 @@ def main() -> int:
         report.append(format_table(["test file", "passed", "failed", "skipped", "seconds"], test_rows))
     if not args.skip_kernels and device.type == "cuda" and load_triton_kernels() is not None:
         report.append(kernel_table(device, args.repeats))
-    engine_rows = engine_section(shapes, device, args.scratch)
+    engine_rows = engine_section(shapes, device, args.scratch, args.num_requests, args.tokens)
     report.append(format_table(["model shape (random weights)", "measure", "ember", "HF transformers", "ratio", "target"],
                                engine_rows))
-    report.append(f"kernels: median of {args.repeats} timed calls each, ratios > 1 mean the Triton kernel is faster; "
-                  f"engine: one timed pass each, both on {device.type} in bfloat16, same process; "
-                  f"total {time.perf_counter() - started:.0f} s; reproduce: scripts/gpu-check.sh")
+    kernels_note = "" if args.skip_kernels else (f"kernels: median of {args.repeats} timed calls each, ratios > 1 mean "
+                                                 "the Triton kernel is faster; ")
+    report.append(f"{kernels_note}engine: one timed pass each, ember and transformers both on {device.type} in bfloat16, "
+                  f"same process; total {time.perf_counter() - started:.0f} s; reproduce: scripts/gpu-check.sh")
     text = "\n\n".join(report)
     print(text)
     if os.environ.get("OUT"):
