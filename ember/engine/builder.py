@@ -83,6 +83,7 @@ class EngineBuilder:
         model_path = resolve_model(config.model)
         if self.device.type == "cuda":
             config.check_runs_on_cuda()  # "auto" became cuda here
+            _refuse_cuda_without_triton()
         if loaded is None and config.parallel.is_parallel:
             from ember.parallel.driver import WorkerGroup
 
@@ -220,16 +221,13 @@ class EngineBuilder:
         return torch.Generator().manual_seed(self.config.seed + 1)
 
     def _graph_settings(self) -> GraphSettings | None:
-        """Decode graphs on CUDA unless --enforce-eager, where the Triton kernels run every step's attention (one
-        layer group of full attention, a cache the kernel reads); None on a CPU."""
+        """Decode graphs on CUDA unless --enforce-eager, for a model whose layers form one group of full attention (the
+        graphs' static buffers hold one block table per sequence); None on a CPU."""
         if self.device.type != "cuda" or self.config.device.enforce_eager:
             return None
-        from ember.layers.triton_kernels import load_triton_kernels
-        from ember.layers.triton_kernels.kernels import CACHE_DTYPES
-
-        if load_triton_kernels() is None or self.kv_layout.group_windows != (None,) or self.kv_cache_dtype not in CACHE_DTYPES:
-            logger.info("decode steps run eagerly: CUDA graphs need triton, one group of full-attention layers and a "
-                        "float KV cache")
+        if self.kv_layout.group_windows != (None,):
+            logger.info("decode steps run eagerly: CUDA graphs are captured for models with one group of full-attention "
+                        "layers, and this one has sliding windows %s", self.kv_layout.group_windows)
             return None
         max_num_seqs = self.config.scheduler.max_num_seqs
         return GraphSettings(capture_sizes(max_num_seqs), -(-self.max_model_len // self.block_size))
@@ -267,6 +265,15 @@ class EngineBuilder:
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB) in --gpu-memory-utilization %.2f", blocks, self.block_size,
                     blocks * per_block / 2**30, self.config.device.gpu_memory_utilization)
         return blocks
+
+
+def _refuse_cuda_without_triton() -> None:
+    """A CUDA engine's attention runs in the Triton kernels (the torch code beside them is their reference)."""
+    from ember.layers.triton_kernels import load_triton_kernels
+
+    if load_triton_kernels() is None:
+        raise ValueError("a CUDA engine runs its attention in Triton kernels, and triton is not installed: "
+                         "pip install triton (or pip install -e '.[gpu]'), or run with --device cpu")
 
 
 # Beyond the weights and the cache: the CUDA context's own allocations, cuBLAS workspaces and the graphs' pool.

@@ -210,6 +210,7 @@ class EngineConfig:
             ("--speculative-method", self.speculative.enabled),
             ("--enable-lora", self.lora is not None),
             (f"--quantization {self.quantization}", self.quantization in AT_LOAD_QUANTIZATIONS),
+            (f"--kv-cache-dtype {self.cache.kv_cache_dtype}", self.cache.kv_cache_dtype.startswith("fp8")),
         ]
         for flag, is_set in cpu_only:
             if is_set:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ember.engine.builder import gpu_kv_cache_bytes, step_activation_bytes
-from ember.engine.config import EngineConfig, add_engine_arguments
+from ember.engine.config import CacheConfig, EngineConfig, add_engine_arguments
 from ember.engine.cuda_graphs import GraphSettings, capture_sizes, padded_size
 from ember.engine.device import DeviceConfig
 from ember.engine.engine_request import EngineRequest
@@ -70,6 +70,8 @@ def test_a_cuda_engine_refuses_what_runs_on_a_cpu_only_naming_the_flag():
     EngineConfig(model="m").check_runs_on_cuda()  # nothing CPU-only asked for
     with pytest.raises(ValueError, match="--quantization int8 runs on a CPU engine only so far; drop it or run with --device cpu"):
         EngineConfig(model="m", quantization="int8").check_runs_on_cuda()
+    with pytest.raises(ValueError, match="--kv-cache-dtype fp8 runs on a CPU engine only so far"):
+        EngineConfig(model="m", cache=CacheConfig(kv_cache_dtype="fp8")).check_runs_on_cuda()
 
 
 def test_capture_sizes_climb_1_2_4_then_by_8_and_end_at_max_num_seqs():
