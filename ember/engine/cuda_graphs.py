@@ -111,7 +111,8 @@ class DecodeGraphs:
 
     def holds(self, num_seqs: int, tables: list[list[int]]) -> bool:
         """Whether a decode step of `num_seqs` sequences with block tables `tables` fits a size and the buffers."""
-        return padded_size(num_seqs, self.sizes) is not None and max(map(len, tables)) <= self.max_blocks_per_seq
+        return (num_seqs > 0 and padded_size(num_seqs, self.sizes) is not None
+                and max(map(len, tables)) <= self.max_blocks_per_seq)
 
     def run(self, token_ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Hidden states [len(token_ids), hidden] of a decode step (sequence i: one token at `positions[i]` into
