@@ -16,6 +16,7 @@ from ember.engine.engine_request import EngineRequest
 from ember.engine.runner import ModelRunner
 from ember.engine.sampling_params import SamplingParams
 from ember.layers.sampler import Sampler
+from ember.llm import LLM
 from tests.engine.stories import STORY_PROMPTS, run_to_completion, stories_llm
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -148,29 +149,47 @@ def test_decode_steps_through_the_graphs_buffers_match_the_plain_runner_and_padd
     assert scratch_written is (through_graphs and padded_size(count, sizes) > count)
 
 
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])
+def tiny_folder(request, tmp_path_factory):
+    """A tiny random checkpoint: llama (decode graphs), qwen2 (q/k/v biases), mistral (a sliding window: eager)."""
+    from tests.model_factory import save_tiny_model
+
+    overrides = {"sliding_window": 8} if request.param == "mistral" else {}
+    return save_tiny_model(request.param, tmp_path_factory.mktemp(request.param), **overrides)
+
+
+def _tiny_greedy(folder, **options) -> tuple[LLM, list[list[int]]]:
+    llm = LLM(str(folder), block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, **options)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, llm.engine.model_config.vocab_size, (n,), generator=generator).tolist() for n in (3, 17, 40)]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    return llm, [output.outputs[0].token_ids for output in outputs]
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["decode graphs", "eager"])
-def test_a_cuda_engine_in_float32_gives_the_cpu_engines_greedy_tokens(stories_dir, enforce_eager):
-    on_cpu = stories_llm(stories_dir, block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, device="cpu")
-    on_gpu = stories_llm(stories_dir, block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, device="cuda", dtype="float32",
-                         enforce_eager=enforce_eager)
-    expected = run_to_completion(on_cpu, _requests(on_cpu))
-    got = run_to_completion(on_gpu, _requests(on_gpu))
-    assert {k: v.outputs[0].token_ids for k, v in got.items()} == {k: v.outputs[0].token_ids for k, v in expected.items()}
+def test_a_cuda_engine_in_float32_gives_the_cpu_engines_greedy_tokens(tiny_folder, enforce_eager):
+    _, expected = _tiny_greedy(tiny_folder, device="cpu", dtype="float32")
+    on_gpu, got = _tiny_greedy(tiny_folder, device="cuda", dtype="float32", enforce_eager=enforce_eager)
+    assert got == expected
     runner = on_gpu.engine.runner
     assert {cache.device.type for cache in runner.caches.tensors} == {"cuda"}
     assert {parameter.device.type for parameter in runner.model.parameters()} == {"cuda"}
-    assert (runner.graphs is None) is enforce_eager
+    has_graphs = not enforce_eager and runner.layout.group_windows == (None,)
+    assert (runner.graphs is not None) is has_graphs
     assert runner.graphs is None or set(runner.graphs.graphs) == set(capture_sizes(on_gpu.engine.config.scheduler.max_num_seqs))
 
 
 @pytest.mark.cuda
-def test_a_cuda_engine_defaults_to_bfloat16_and_sizes_its_cache_from_gpu_memory(stories_dir):
-    llm = stories_llm(stories_dir, device="cuda", gpu_memory_utilization=0.3)
+def test_a_cuda_engine_defaults_to_bfloat16_sizes_its_cache_from_gpu_memory_and_samples_seeded(tmp_path):
+    from tests.model_factory import save_tiny_model
+
+    folder = save_tiny_model("llama", tmp_path)
+    llm = LLM(str(folder), device="cuda", gpu_memory_utilization=0.3)
     runner = llm.engine.runner
     assert next(runner.model.parameters()).dtype == torch.bfloat16 and runner.caches.dtype == torch.bfloat16
     _, total_bytes = torch.cuda.mem_get_info()
     assert torch.cuda.memory_allocated() <= 0.3 * total_bytes
-    sampled = run_to_completion(llm, {"s": (llm.tokenizer.encode(STORY_PROMPTS[0], add_special_tokens=True),
-                                            SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True))})
-    assert len(sampled["s"].outputs[0].token_ids) == 12
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True)
+    first, again = (llm.generate([[5, 6, 7]], params)[0].outputs[0].token_ids for _ in range(2))
+    assert len(first) == 12 and first == again
