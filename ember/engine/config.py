@@ -165,6 +165,7 @@ class EngineConfig:
 
     `model` is a path (GGUF file, HF safetensors folder, llama2.c .bin) or a registered name;
     `tokenizer` overrides the model's own tokenizer. `lora`: serve LoRA adapters chosen per request (None: none).
+    `device`: where the engine runs (ember.engine.device; "auto" is cuda where torch sees a GPU).
     """
 
     model: str
