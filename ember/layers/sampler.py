@@ -145,7 +145,7 @@ def _adjust_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
         if params.allowed_token_ids is not None:
             outside = torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device)
             outside[torch.tensor(params.allowed_token_ids, dtype=torch.long, device=logits.device)] = False
-            logits[i, outside] = float("-inf")
+            logits[i].masked_fill_(outside, float("-inf"))  # a mask, not boolean indexing: no device sync on a GPU
         if params.logit_bias:
             ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=logits.device)
             logits[i, ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype, device=logits.device)
@@ -158,8 +158,9 @@ def _adjust_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
                     values > 0, values / params.repetition_penalty, values * params.repetition_penalty
                 )
         if (params.presence_penalty or params.frequency_penalty) and row.output_token_ids:
-            counts = torch.bincount(torch.tensor(row.output_token_ids, device=logits.device),
-                                    minlength=logits.shape[1])[: logits.shape[1]]
+            # counted on the host (bincount on a GPU reads the largest id back first), then moved
+            counts = torch.bincount(torch.tensor(row.output_token_ids), minlength=logits.shape[1])[: logits.shape[1]]
+            counts = counts.to(logits.device)
             logits[i] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
         if row.banned_token_ids:
             logits[i, list(row.banned_token_ids)] = float("-inf")
