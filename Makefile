@@ -51,6 +51,7 @@ docs: $(BIN)/python
 
 .PHONY: gpu-wheels
 gpu-wheels: $(BIN)/python
-	# pytest and its pure-Python requirements for scripts/gpu-check.sh on a GPU image without pytest or network
+	# pytest and its pure-Python requirements, and gguf (the engine's GGUF reader imports it; its own requirements,
+	# numpy and pyyaml, come with transformers), for scripts/gpu-check.sh on a GPU image without them or network
 	# (.gpu-wheels/ is ignored by git: carry it with the tree).
-	$(BIN)/pip download --no-deps --only-binary=:all: --platform any --dest .gpu-wheels pytest pluggy iniconfig packaging pygments exceptiongroup tomli
+	$(BIN)/pip download --no-deps --only-binary=:all: --platform any --dest .gpu-wheels pytest pluggy iniconfig packaging pygments exceptiongroup tomli gguf==0.19.0

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from rich.progress import Progress
 
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from ember.engine.device import DeviceConfig
 from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.lora_request import LoRAConfig, LoRARequest
@@ -36,7 +37,9 @@ class LLM:
     quantization; "bitsandbytes" is nf4); `generation_config="auto"|"vllm"|DIR`: where `generate` and `chat` without
     sampling params take theirs from (auto: the model folder's generation_config.json, as vLLM's LLM does);
     LoRA: `enable_lora=True, max_loras=N, max_lora_rank=R, max_cpu_loras=M` (vLLM's names), then
-    `generate(..., lora_request=LoRARequest(name, int_id, path))` per call or per prompt.
+    `generate(..., lora_request=LoRARequest(name, int_id, path))` per call or per prompt;
+    device: `device="cpu"|"cuda"|"auto"` (auto: cuda where torch sees one), `gpu_memory_utilization=F`,
+    `enforce_eager=True` (`DeviceConfig`).
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
@@ -56,6 +59,7 @@ class LLM:
         generation_config = options.pop("generation_config", AUTO)
         lora = _lora_config(options)
         num_threads = options.pop("num_threads", None)
+        device = DeviceConfig(**{k: options.pop(k) for k in list(options) if k in DeviceConfig.__dataclass_fields__})
         if options:
             raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
         config = EngineConfig(
@@ -72,6 +76,7 @@ class LLM:
             parallel=ParallelConfig(**parallel_fields),
             lora=lora,
             num_threads=num_threads,
+            device=device,
         )
         self.engine = LLMEngine(config, loaded=loaded)
         self.tokenizer = self.engine.tokenizer

@@ -13,6 +13,7 @@ from ember.bench.quant_methods import DEFAULT_METHODS as DEFAULT_QUANT_METHODS
 from ember.bench.quant_methods import METHOD_SPECS as QUANT_METHOD_SPECS
 from ember.cli.quantize_cmd import parse_alpha
 from ember.engine.config import KV_CACHE_DTYPES
+from ember.engine.device import DEVICES
 
 WORKLOAD_COMMANDS = ("mixed", "batch1", "shared-prefix", "long-prefill", "serve")
 
@@ -200,6 +201,9 @@ def _common(parser: argparse.ArgumentParser, peers: bool = True, default_dtype: 
     parser.add_argument("--json", type=Path, default=None, help="also write the section as JSON here")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads of this bench process's engines and torch peers (default: torch's, one per core)")
+    parser.add_argument("--device", default="cpu", choices=DEVICES,
+                        help="where mixed's and batch1's ember engines run (default cpu, as the peers; scripts/gpu_check.py "
+                             "compares with transformers on a GPU)")
 
 
 def _options(args: argparse.Namespace):
@@ -221,7 +225,7 @@ def _options(args: argparse.Namespace):
     options = BenchOptions(model=args.model, dtypes=dtypes, repeats=args.repeats, seed=args.seed, scale=args.scale, peers=peers,
                            num_requests=getattr(args, "num_requests", None), workload_file=getattr(args, "workload", None),
                            save_workload=getattr(args, "save_workload", None), chunk_tokens=getattr(args, "chunk_tokens", 256),
-                           kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
+                           kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"), device=getattr(args, "device", "cpu"))
     options.tick = lambda description: print(f"[bench] {description}", file=sys.stderr, flush=True)
     return options
 

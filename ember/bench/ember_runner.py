@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from ember.bench.results import RequestTiming, RunResult
 from ember.bench.workloads import BenchRequest, Workload
 from ember.engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from ember.engine.device import DeviceConfig
 from ember.engine.engine_request import EngineRequest
 from ember.engine.structured import StructuredOutput
 
@@ -42,6 +43,7 @@ class EmberSettings:
     adaptive_speculation: bool = True
     structured_output: StructuredOutput | None = None  # every request's output constraint (None: free text)
     untimed_passes: int = 0  # times the workload runs on the engine before the timed pass (a server that served it)
+    device: str = "cpu"  # the engine's (DeviceConfig.device); the peers run on the CPU
 
     def config(self, model: str, dtype: str) -> EngineConfig:
         """The engine's defaults, except the levers and limits this variant sets."""
@@ -65,6 +67,7 @@ class EmberSettings:
                 eagle_head=self.eagle_head,
                 adaptive=self.adaptive_speculation,
             ),
+            device=DeviceConfig(self.device),
         )
 
     def record(self) -> dict:
@@ -76,13 +79,15 @@ class EmberSettings:
 
 
 @functools.lru_cache(maxsize=4)
-def loaded_weights(model: str, dtype: str):
-    """The model's weights, loaded once per process and dtype: dequantizing a GGUF takes longer
+def loaded_weights(model: str, dtype: str, device: str = "cpu"):
+    """The model's weights, loaded once per process, dtype and device: dequantizing a GGUF takes longer
     than many a timed run, and the weights hold no per-engine state (KV caches live in the runner)."""
     from ember.models.loader import load_model
     from ember.models.registry import resolve_model
 
-    return load_model(resolve_model(model), dtype)
+    device_config = DeviceConfig(device)
+    torch_device = device_config.resolved()
+    return load_model(resolve_model(model), device_config.load_dtype(dtype, torch_device), device=torch_device)
 
 
 def make_engine(model: str, dtype: str, settings: EmberSettings):
@@ -91,8 +96,9 @@ def make_engine(model: str, dtype: str, settings: EmberSettings):
 
     draft = None
     if settings.speculative_method == "draft" and settings.draft_model is not None:
-        draft = loaded_weights(settings.draft_model, settings.draft_dtype or dtype)
-    engine = LLMEngine(settings.config(model, dtype), show_progress=False, loaded=loaded_weights(model, dtype), draft_loaded=draft)
+        draft = loaded_weights(settings.draft_model, settings.draft_dtype or dtype, settings.device)
+    engine = LLMEngine(settings.config(model, dtype), show_progress=False, loaded=loaded_weights(model, dtype, settings.device),
+                       draft_loaded=draft)
     _warm_up(engine)
     return engine
 

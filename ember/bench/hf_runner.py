@@ -75,7 +75,8 @@ class PaddedWork:
 class HFRunner:
     """One loaded transformers model; `run` times one pass of a workload through it."""
 
-    def __init__(self, model_path: Path, dtype: str, batch_size: int = 16) -> None:
+    def __init__(self, model_path: Path, dtype: str, batch_size: int = 16, device: str = "cpu") -> None:
+        """`device`: where the model and every batch's inputs live (scripts/gpu_check.py runs it on "cuda")."""
         import torch
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -91,7 +92,8 @@ class HFRunner:
                 model = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name, dtype=torch_dtype)
             else:
                 model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype)
-        self.model = model.eval()
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
         self.dtype = dtype
         self.batch_size = batch_size
         self.pad_id = 0
@@ -108,8 +110,8 @@ class HFRunner:
             attention_mask[row, width - len(prompt) :] = 1
         with torch.inference_mode():
             return self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
                 max_new_tokens=max_new_tokens,
                 min_new_tokens=max_new_tokens,
                 do_sample=False,
@@ -169,8 +171,8 @@ class HFRunner:
             arrival = time.monotonic()
             with torch.inference_mode():
                 self.model.generate(
-                    input_ids=torch.tensor([r.prompt_token_ids]),
-                    attention_mask=torch.ones((1, r.prompt_len), dtype=torch.long),
+                    input_ids=torch.tensor([r.prompt_token_ids], device=self.device),
+                    attention_mask=torch.ones((1, r.prompt_len), dtype=torch.long, device=self.device),
                     max_new_tokens=r.max_tokens,
                     min_new_tokens=r.max_tokens,
                     do_sample=False,

@@ -62,6 +62,7 @@ class BenchOptions:
     save_workload: Path | None = None
     workload_dir: Path | None = None  # bench all: every generated workload is saved here as <name>.jsonl
     chunk_tokens: int = 256  # token budget per step with chunked prefill on (long-prefill)
+    device: str = "cpu"  # where mixed's and batch1's ember engines run (DeviceConfig.device); the peers stay on the CPU
     kv_cache_dtype: str = "auto"  # batch1: not auto adds ember with this KV cache dtype beside the default cache
     hf_batch_size: int = 16
     llamacpp_slots: int = 16
@@ -189,11 +190,12 @@ def bench_mixed(options: BenchOptions) -> dict:
                "output_tokens": workload.total_output_tokens, "prompt_tokens": workload.total_prompt_tokens, "dtype": {}}
     for dtype in options.dtypes:
         runners: dict[str, Callable[[], RunResult]] = {
-            "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings()),
+            "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings(device=options.device)),
         }
         if static_size and (options.static_dtypes is None or dtype in options.static_dtypes):
             runners["ember_static"] = lambda dtype=dtype: run_ember(
-                options.model, dtype, workload, EmberSettings(label=f"ember (static batches of {static_size})", static_batch_size=static_size)
+                options.model, dtype, workload, EmberSettings(label=f"ember (static batches of {static_size})", static_batch_size=static_size,
+                                                      device=options.device)
             )
         if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
             runners["hf"] = _lazy_hf(path, dtype, options.hf_batch_size, workload)
@@ -331,10 +333,11 @@ def _batch1_runners(options: BenchOptions, dtype: str, workload: Workload, path:
     """One dtype's batch1 engines: ember (its bandwidth probes appended to `probes`), its KV-cache variant, the peers."""
     peers = active_peers(options)
     runners: dict[str, Callable[[], RunResult]] = {
-        "ember": _probed(lambda: run_ember(options.model, dtype, workload, EmberSettings(max_num_seqs=1)), probes),
+        "ember": _probed(lambda: run_ember(options.model, dtype, workload, EmberSettings(max_num_seqs=1, device=options.device)), probes),
     }
     if options.kv_cache_dtype != "auto":
-        settings = EmberSettings(label=f"ember ({options.kv_cache_dtype} KV cache)", max_num_seqs=1, kv_cache_dtype=options.kv_cache_dtype)
+        settings = EmberSettings(label=f"ember ({options.kv_cache_dtype} KV cache)", max_num_seqs=1, kv_cache_dtype=options.kv_cache_dtype,
+                                 device=options.device)
         runners["ember_kv"] = lambda: run_ember(options.model, dtype, workload, settings)
     if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
         runners["hf"] = _lazy_hf(path, dtype, 1, workload, batch1=True)

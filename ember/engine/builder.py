@@ -6,6 +6,7 @@ limits, speculator and runner, each built once, in the order their sizes depend 
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 
 from ember.config.model import ModelConfig
 from ember.engine.config import DEFAULT_TREE_NODES, EngineConfig
+from ember.engine.cuda_graphs import GraphSettings, capture_sizes
 from ember.engine.limits import RequestLimits
 from ember.engine.lora import AdapterPool
 from ember.engine.runner import ModelRunner, kv_cache_bytes_per_block, verifies_trees
@@ -34,6 +36,8 @@ from ember.tokenizers.base import Tokenizer
 
 if TYPE_CHECKING:
     from ember.parallel.driver import WorkerGroup
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 
@@ -68,6 +72,8 @@ class EngineBuilder:
         self.show_progress = show_progress
         self.block_size = config.cache.block_size
         self.workers: WorkerGroup | None = None
+        self.device = config.device.resolved()
+        self.load_dtype = config.device.load_dtype(config.dtype, self.device)
 
     def build(self, loaded: LoadedModel | None = None, draft_loaded: LoadedModel | None = None) -> EngineParts:
         """`loaded` (`draft_loaded`) reuses weights already in memory (they hold no per-engine state);
@@ -75,12 +81,15 @@ class EngineBuilder:
         config, show_progress = self.config, self.show_progress
         torch.manual_seed(config.seed)
         model_path = resolve_model(config.model)
+        if self.device.type == "cuda":
+            config.check_runs_on_cuda()  # "auto" became cuda here
+            _refuse_cuda_without_triton()
         if loaded is None and config.parallel.is_parallel:
             from ember.parallel.driver import WorkerGroup
 
             self.workers, loaded = WorkerGroup.start(model_path, config.dtype, config.parallel, show_progress, config.max_model_len)
-        loaded = loaded or load_model(model_path, config.dtype, show_progress=show_progress, max_model_len=config.max_model_len,
-                                      quantization=config.quantization)
+        loaded = loaded or load_model(model_path, self.load_dtype, show_progress=show_progress, max_model_len=config.max_model_len,
+                                      quantization=config.quantization, device=self.device)
         num_ggml_layers = set_activations(loaded.model, config.quant_activations)  # 0 without GGML layers
         self.rounds_activations = rounds_activations(loaded.model, num_ggml_layers, config.quant_activations)
         self.rows_per_weight_pass = MAX_GEMV_ROWS if num_ggml_layers else None  # decode-sized products run in passes
@@ -90,7 +99,7 @@ class EngineBuilder:
         positions = loaded.config.rotary_table_positions  # the model's context, or the one it was loaded for
         self.max_model_len = min(config.max_model_len or positions, positions)
         self.kv_layout = kv_cache_layout(loaded.model)
-        self.kv_cache_dtype = kv_cache_torch_dtype(config.cache.kv_cache_dtype) or compute_dtype(config.dtype)
+        self.kv_cache_dtype = kv_cache_torch_dtype(config.cache.kv_cache_dtype) or compute_dtype(self.load_dtype)
         num_blocks = self._num_kv_blocks(loaded.config)
         kv = KVCacheManager(num_blocks, self.block_size, config.cache.enable_prefix_caching, self.kv_layout.group_windows)
         limits = RequestLimits(
@@ -104,7 +113,7 @@ class EngineBuilder:
             enable_chunked_prefill=config.scheduler.enable_chunked_prefill,
             has_tokenizer=tokenizer is not None,
         )
-        generator = torch.Generator().manual_seed(config.seed)
+        generator = torch.Generator(device=self.device).manual_seed(config.seed)
         eos_ids = tokenizer.eos_ids if tokenizer is not None else frozenset()
         speculator = self._make_speculator(num_blocks, show_progress, draft_loaded, loaded.model)
         rejection = RejectionSampler(generator) if speculator is not None else None
@@ -112,7 +121,7 @@ class EngineBuilder:
         runner = ModelRunner(
             loaded.model, num_blocks, self.block_size, kv, Sampler(generator), eos_ids, rejection, self.workers,
             self.kv_cache_dtype, keeps_last_hidden=speculator is not None and speculator.proposer.uses_last_hidden,
-            adapters=adapters,
+            adapters=adapters, device=self.device, graphs=self._graph_settings(),
         )
         return EngineParts(
             model_config=loaded.config,
@@ -211,11 +220,25 @@ class EngineBuilder:
         """The proposers' own random stream (unseeded sampled drafts), apart from the sampler's."""
         return torch.Generator().manual_seed(self.config.seed + 1)
 
+    def _graph_settings(self) -> GraphSettings | None:
+        """Decode graphs on CUDA unless --enforce-eager, for a model whose layers form one group of full attention (the
+        graphs' static buffers hold one block table per sequence); None on a CPU."""
+        if self.device.type != "cuda" or self.config.device.enforce_eager:
+            return None
+        if self.kv_layout.group_windows != (None,):
+            logger.info("decode steps run eagerly: CUDA graphs are captured for models with one group of full-attention "
+                        "layers, and this one has sliding windows %s", self.kv_layout.group_windows)
+            return None
+        max_num_seqs = self.config.scheduler.max_num_seqs
+        return GraphSettings(capture_sizes(max_num_seqs), -(-self.max_model_len // self.block_size))
+
     def _num_kv_blocks(self, config: ModelConfig) -> int:
         cache = self.config.cache
         if cache.num_kv_blocks is not None:
             return cache.num_kv_blocks
         per_block = kv_cache_bytes_per_block(config, self.block_size, self.kv_cache_dtype, self.kv_layout)
+        if cache.kv_cache_memory_bytes is None and self.device.type == "cuda":
+            return self._blocks_in_gpu_memory(config, per_block)
         if cache.kv_cache_memory_bytes is not None:
             blocks = cache.kv_cache_memory_bytes // per_block
             if blocks < 1:
@@ -223,6 +246,53 @@ class EngineBuilder:
             return blocks
         wanted = -(-self.max_model_len // self.block_size) * self.config.scheduler.max_num_seqs
         return max(1, min(wanted, DEFAULT_KV_CACHE_BYTES // per_block))
+
+
+    def _blocks_in_gpu_memory(self, config: ModelConfig, per_block: int) -> int:
+        """The blocks that fit in --gpu-memory-utilization of the GPU once the weights (loaded), other processes' memory
+        and a step's activations are counted."""
+        free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
+        scheduler = self.config.scheduler
+        element = torch.empty((), dtype=compute_dtype(self.load_dtype)).element_size()
+        budget = gpu_kv_cache_bytes(total_bytes, free_bytes, self.config.device.gpu_memory_utilization,
+                                    step_activation_bytes(config, scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
+                                                          element))
+        blocks = budget // per_block - 1  # one scratch block for the decode graphs' padding rows
+        if blocks < 1:
+            raise ValueError(f"--gpu-memory-utilization {self.config.device.gpu_memory_utilization} leaves no room for the "
+                             f"KV cache ({free_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB free after loading the "
+                             "weights); raise it, or lower --max-num-batched-tokens / --max-num-seqs")
+        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB) in --gpu-memory-utilization %.2f", blocks, self.block_size,
+                    blocks * per_block / 2**30, self.config.device.gpu_memory_utilization)
+        return blocks
+
+
+def _refuse_cuda_without_triton() -> None:
+    """A CUDA engine's attention runs in the Triton kernels (the torch code beside them is their reference)."""
+    from ember.layers.triton_kernels import load_triton_kernels
+
+    if load_triton_kernels() is None:
+        raise ValueError("a CUDA engine runs its attention in Triton kernels, and triton is not installed: "
+                         "pip install triton (or pip install -e '.[gpu]'), or run with --device cpu")
+
+
+# Beyond the weights and the cache: the CUDA context's own allocations, cuBLAS workspaces and the graphs' pool.
+GPU_RUNTIME_RESERVE_BYTES = 512 << 20
+
+
+def gpu_kv_cache_bytes(total_bytes: int, free_bytes: int, utilization: float, activation_bytes: int) -> int:
+    """Bytes the KV cache may take on a GPU: `utilization` of its total memory, less what is in use already (this
+    process's weights, any other process's memory), a step's activations and the runtime's reserve (vLLM's rule,
+    with the activations estimated instead of profiled); 0 when nothing is left."""
+    in_use = total_bytes - free_bytes
+    return max(0, int(total_bytes * utilization) - in_use - activation_bytes - GPU_RUNTIME_RESERVE_BYTES)
+
+
+def step_activation_bytes(config: ModelConfig, max_tokens: int, max_seqs: int, element_bytes: int) -> int:
+    """A bound on one step's live activations: a few hidden-sized and two intermediate-sized tensors per token
+    (the layer's projections, freed layer by layer) and float32 logits, softmax and noise for the sampled rows."""
+    per_token = (6 * config.hidden_size + 3 * config.intermediate_size + 2 * config.num_heads * config.head_dim) * element_bytes
+    return max_tokens * per_token + 4 * max_seqs * config.vocab_size * 4
 
 
 def rounds_activations(model: torch.nn.Module, num_ggml_layers: int, quant_activations: str) -> bool:

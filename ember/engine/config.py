@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ember.engine.device import DeviceConfig, add_device_arguments, device_from_args
 from ember.engine.lora_request import LoRAConfig
 from ember.layers.draft_trees import MAX_TREE_NODES
 from ember.parallel.config import ParallelConfig, add_parallel_arguments
@@ -164,6 +165,7 @@ class EngineConfig:
 
     `model` is a path (GGUF file, HF safetensors folder, llama2.c .bin) or a registered name;
     `tokenizer` overrides the model's own tokenizer. `lora`: serve LoRA adapters chosen per request (None: none).
+    `device`: where the engine runs (ember.engine.device; "auto" is cuda where torch sees a GPU).
     """
 
     model: str
@@ -180,6 +182,7 @@ class EngineConfig:
     quantization: str | None = None  # one of QUANTIZATIONS (an alias becomes its name); None: the checkpoint as it is
     lora: LoRAConfig | None = None
     num_threads: int | None = None  # CPU threads of the step (torch and ember's kernels), fixed; None: ThreadGovernor's choice
+    device: DeviceConfig = field(default_factory=DeviceConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):
@@ -193,8 +196,26 @@ class EngineConfig:
             raise ValueError("max_model_len must be at least 2")
         if self.quant_activations not in QUANT_ACTIVATIONS:
             raise ValueError(f"quant_activations {self.quant_activations!r} is not supported; choose one of {', '.join(QUANT_ACTIVATIONS)}")
+        if not isinstance(self.device, DeviceConfig):
+            raise TypeError("EngineConfig.device must be a DeviceConfig (LLM(device=...) takes the name)")
         self._check_quantization()
         self._check_lora()
+        if self.device.device == "cuda":
+            self.check_runs_on_cuda()
+
+    def check_runs_on_cuda(self) -> None:
+        """Refuse what ember runs on a CPU only so far, once the device is cuda (asked for by name: at config time;
+        "auto" resolved to cuda: by the builder)."""
+        cpu_only = [
+            ("--tensor-parallel-size / --pipeline-parallel-size", self.parallel.is_parallel),
+            ("--speculative-method", self.speculative.enabled),
+            ("--enable-lora", self.lora is not None),
+            (f"--quantization {self.quantization}", self.quantization in AT_LOAD_QUANTIZATIONS),
+            (f"--kv-cache-dtype {self.cache.kv_cache_dtype}", self.cache.kv_cache_dtype.startswith("fp8")),
+        ]
+        for flag, is_set in cpu_only:
+            if is_set:
+                raise ValueError(f"{flag} runs on a CPU engine only so far; drop it or run with --device cpu")
 
     def _check_lora(self) -> None:
         """Adapters run in one process on the target model only: refused with speculation or parallel ranks."""
@@ -248,6 +269,7 @@ class EngineConfig:
             parallel=ParallelConfig.from_args(args),
             lora=LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras) if args.enable_lora else None,
             num_threads=args.threads,
+            device=device_from_args(args),
         )
 
 
@@ -385,3 +407,4 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="accepted so vLLM command lines run: ember executes no code shipped in a model folder")
     add_parallel_arguments(parser)
+    add_device_arguments(parser)

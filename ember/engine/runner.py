@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from ember.config.model import ModelConfig
 from ember.engine.bad_words import banned_by_bad_words
+from ember.engine.cuda_graphs import DecodeGraphs, GraphSettings
 from ember.engine.lora import AdapterPool
 from ember.engine.request import Sequence
 from ember.engine.scheduler import ScheduledSequence, SchedulerOutput
@@ -93,11 +94,15 @@ class ModelRunner:
         cache_dtype: torch.dtype | None = None,
         keeps_last_hidden: bool = False,
         adapters: AdapterPool | None = None,
+        device: torch.device | None = None,
+        graphs: GraphSettings | None = None,
     ) -> None:
         """`kv`: the cache manager whose block ids each plan carries (it must keep a table per layer group of the model).
         `cache_dtype` None: the KV cache takes the model's parameter dtype. `keeps_last_hidden`: each
         step's result carries the hidden state behind every sequence's newest token (a Medusa proposer's input).
-        `adapters`: the LoRA adapter pool installed on `model` (None: no adapters)."""
+        `adapters`: the LoRA adapter pool installed on `model` (None: no adapters). `device` (None: the CPU): where the
+        KV cache and each step's inputs live (the model's weights are already there). `graphs`: decode steps run
+        through `DecodeGraphs` (one layer group, no workers, no adapters); the cache gets one scratch block more."""
         self.model = model
         self.adapters = adapters
         self.keeps_last_hidden = keeps_last_hidden
@@ -106,8 +111,10 @@ class ModelRunner:
         self.rejection_sampler = rejection_sampler
         self.eos_ids = eos_ids
         self.workers = workers
+        self.device = device or torch.device("cpu")
         held_layers = workers.held_layers if workers is not None else None
-        self.caches = KVCacheTensors(model, num_blocks, block_size, held_layers, cache_dtype)
+        scratch_blocks = 0 if graphs is None else 1  # block num_blocks: padding rows of a graph's step write there
+        self.caches = KVCacheTensors(model, num_blocks + scratch_blocks, block_size, held_layers, cache_dtype, self.device)
         if workers is not None:
             workers.allocate_kv_cache(num_blocks, block_size, self.caches.dtype, self.caches.num_bytes)
         self.layout = self.caches.layout
@@ -115,6 +122,17 @@ class ModelRunner:
             raise ValueError(f"the KV cache manager keeps tables for windows {kv.group_windows}, the model's layers need "
                              f"{tuple(self.layout.group_windows)}: build it with kv_cache_layout(model).group_windows")
         self.kv_caches = self.caches.layer_caches
+        self.graphs = None if graphs is None else self._decode_graphs(graphs, num_blocks)
+
+    def _decode_graphs(self, settings: GraphSettings, scratch_block: int) -> DecodeGraphs:
+        if self.workers is not None or self.adapters is not None or self.layout.group_windows != (None,):
+            raise ValueError("decode graphs run one process's model with one layer group and no adapters")
+        graphs = DecodeGraphs(self._model_forward, settings.sizes, settings.max_blocks_per_seq, self.block_size,
+                              scratch_block, self.device)
+        if settings.capture:
+            with torch.inference_mode():
+                graphs.capture()
+        return graphs
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -149,6 +167,9 @@ class ModelRunner:
         return self.workers.failures() if self.workers is not None else contextlib.nullcontext()
 
     def _forward(self, plan: SchedulerOutput) -> torch.Tensor:
+        if self.graphs is not None and _decodes_only(plan.scheduled) and self.graphs.holds(
+                len(plan.scheduled), [item.block_ids[0] for item in plan.scheduled]):
+            return self._graph_forward(plan)
         input_ids, positions, metadata = self._prepare(plan.scheduled)
         if self.workers is not None:
             self.workers.forward(plan.block_copies, input_ids, positions, metadata)
@@ -156,7 +177,23 @@ class ModelRunner:
         if self.adapters is not None:
             self.adapters.prepare_step([item.seq.request.asked.lora_request for item in plan.scheduled
                                         for _ in range(item.num_new_tokens)])
+        if self.device.type != "cpu":  # one move per step, not one per layer
+            input_ids, positions = input_ids.to(self.device), positions.to(self.device)
+            metadata = _metadata_on(metadata, self.device)
+        return self._model_forward(input_ids, positions, metadata)
+
+    def _model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, self.kv_caches, metadata)
+
+    def _graph_forward(self, plan: SchedulerOutput) -> torch.Tensor:
+        """A decode-only step through the decode graphs (their static buffers are filled from the plan directly)."""
+        size = self.block_size
+        positions = [item.seq.num_computed_tokens for item in plan.scheduled]
+        tables = [item.block_ids[0] for item in plan.scheduled]
+        slots = [table[position // size] * size + position % size for table, position in zip(tables, positions, strict=True)]
+        self.caches.copy_blocks(plan.block_copies)
+        assert self.graphs is not None
+        return self.graphs.run([item.new_token_ids[0] for item in plan.scheduled], positions, slots, tables)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.workers is not None:
@@ -316,7 +353,7 @@ class ModelRunner:
         if last <= first:
             return []
         logprobs = torch.log_softmax(self._logits(hidden[: last - first]).float(), dim=-1)
-        targets = torch.tensor(seq.token_ids[first + 1 : last + 1])
+        targets = torch.tensor(seq.token_ids[first + 1 : last + 1], device=logprobs.device)
         chosen = logprobs.gather(1, targets.unsqueeze(1))
         ranks = (logprobs > chosen).sum(dim=1) + 1
         num_top = seq.params.prompt_logprobs or 0
@@ -331,6 +368,23 @@ class ModelRunner:
             )
             for j in range(last - first)
         ]
+
+
+def _decodes_only(scheduled: list[ScheduledSequence]) -> bool:
+    """Whether every scheduled sequence computes exactly one token, drafting none (a step decode graphs can run)."""
+    return all(item.num_new_tokens == 1 and item.draft is None for item in scheduled)
+
+
+def _metadata_on(metadata: AttentionMetadata, device: torch.device) -> AttentionMetadata:
+    """The step's metadata with the tensors the kernels read moved to `device` (every layer group's; the prefill
+    segments' block tables stay on the host: only the torch fallback reads them, and it indexes from there)."""
+    paged = metadata.paged
+    if paged is not None:
+        paged = replace(paged, block_tables=paged.block_tables.to(device), query_starts=paged.query_starts.to(device),
+                        query_counts=paged.query_counts.to(device), context_lens=paged.context_lens.to(device),
+                        span_masks=None if paged.span_masks is None else paged.span_masks.to(device))
+    return replace(metadata, slot_mapping=metadata.slot_mapping.to(device), paged=paged,
+                   other_groups=tuple(_metadata_on(group, device) for group in metadata.other_groups))
 
 
 def _as_chain(draft: DraftRow, logits: torch.Tensor) -> tuple[list[int], torch.Tensor, DraftRow]:
@@ -381,6 +435,7 @@ def _paged_batch(scheduled: list[ScheduledSequence], tables: list[list[int]]) ->
         query_starts=per_sequence[0],
         query_counts=per_sequence[1],
         context_lens=per_sequence[2],
+        max_query_count=max(counts),
         span_masks=None if all(m is None for m in masks) else torch.tensor(
             [bits for item, m in zip(scheduled, masks, strict=True) for bits in (m or [-1] * item.num_new_tokens)],
             dtype=torch.long,

@@ -47,15 +47,17 @@ class KVCacheTensors:
         block_size: int,
         held_layers: range | None = None,
         dtype: torch.dtype | None = None,
+        device: torch.device | None = None,
     ) -> None:
         """`held_layers` (a pipeline stage's): only their cache tensors get blocks; the others stay empty.
-        `dtype` None: the model's parameter dtype."""
+        `dtype` None: the model's parameter dtype; `device` None: the CPU."""
         dtype = dtype or next(model.parameters()).dtype
         self.dtype = dtype
         self.layout = kv_cache_layout(model)
         used = {self.layout.layer_tensors[i] for i in (held_layers if held_layers is not None else range(len(self.layout.specs)))}
         self.tensors = [
-            torch.zeros(self.layout.tensor_spec(t).cache_shape(num_blocks if t in used else 0, block_size), dtype=dtype)
+            torch.zeros(self.layout.tensor_spec(t).cache_shape(num_blocks if t in used else 0, block_size), dtype=dtype,
+                        device=device)
             for t in range(self.layout.num_tensors)
         ]
         # Layer i's cache; layers of different groups may share a tensor (see KVCacheLayout).

@@ -156,10 +156,9 @@ def _triton_attention(
     kernels: ModuleType, query: torch.Tensor, kv_cache: torch.Tensor, batch: PagedBatch, scale: float,
     sliding_window: int | None, logit_softcap: float | None,
 ) -> torch.Tensor:
-    """The Triton kernel over the step's `PagedBatch`. Its largest query count is read where the batch was built (the
-    runner builds it on the CPU: no device sync), then the batch moves to the cache's device, once per layer: moving it
-    once per step is the device-agnostic runner's to do."""
-    max_query_count = int(batch.query_counts.max())
+    """The Triton kernel over the step's `PagedBatch`. The runner builds the batch on the cache's device once per step
+    and says its largest query count (no device sync); a batch built on the CPU (a test's) moves here, per layer."""
+    max_query_count = batch.max_query_count if batch.max_query_count is not None else int(batch.query_counts.max())
     on_device = (t.to(kv_cache.device, non_blocking=True)
                  for t in (batch.block_tables, batch.query_starts, batch.query_counts, batch.context_lens))
     return kernels.paged_attention(query, kv_cache, *on_device, scale, sliding_window, logit_softcap, max_query_count)

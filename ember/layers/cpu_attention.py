@@ -70,6 +70,7 @@ class PagedBatch:
     query_counts: torch.Tensor  # [num_seqs] int32
     context_lens: torch.Tensor  # [num_seqs] int32
     span_masks: torch.Tensor | None = None  # [num_tokens] int64
+    max_query_count: int | None = None  # the largest query_counts, known on the host (None: read from the tensor)
 
     def decode_only(self) -> PagedBatch:
         """The sequences with one query each, their queries renumbered 0..B-1 in batch order."""

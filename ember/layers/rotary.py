@@ -107,3 +107,12 @@ class UnrotatedEmbedding(RotaryEmbedding):
         self.rotary_dim = head_dim
         self.cos = torch.ones(max_positions, head_dim, device=device)  # a real device even while the model is on meta
         self.sin = torch.zeros(max_positions, head_dim, device=device)
+
+
+def move_rotary_tables(model: torch.nn.Module, device: torch.device) -> None:
+    """Move the cos/sin tables of every RotaryEmbedding a module of `model` holds to `device`: they are plain
+    attributes (built on a real device while the parameters sit on meta), so `Module.to` does not see them."""
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, RotaryEmbedding):
+                value.cos, value.sin = value.cos.to(device), value.sin.to(device)

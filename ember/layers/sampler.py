@@ -103,17 +103,21 @@ class Sampler:
         if random_rows:
             index = torch.tensor(random_rows)
             probs = filtered_probs(logits[index], [rows[i].params for i in random_rows])
-            noise = self._exponential_noise(probs.shape, [rows[i].generator for i in random_rows])
+            noise = self._exponential_noise(probs.shape, [rows[i].generator for i in random_rows]).to(probs.device)
             for i, token_id in zip(random_rows, row_argmax(probs / noise), strict=True):
                 token_ids[i] = token_id
         return token_ids
 
     def _exponential_noise(self, shape: torch.Size, generators: list[torch.Generator | None]) -> torch.Tensor:
+        """Exp(1) noise on the engine stream's device; a seeded row's comes from its own generator (a CPU one: drawn
+        there, then moved, so a seed gives the same tokens on every device)."""
         # argmax(p / E) with E ~ Exp(1) picks index i with probability p_i (the exponential race).
-        noise = torch.empty(shape).exponential_(generator=self._generator)
+        noise = torch.empty(shape, device=self._generator.device).exponential_(generator=self._generator)
         for i, generator in enumerate(generators):
-            if generator is not None:
+            if generator is not None and generator.device == noise.device:
                 noise[i].exponential_(generator=generator)
+            elif generator is not None:
+                noise[i] = torch.empty(shape[1:], device=generator.device).exponential_(generator=generator)
         return noise
 
 
@@ -139,21 +143,24 @@ def _adjust_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
     for i, row in enumerate(rows):
         params = row.params
         if params.allowed_token_ids is not None:
-            outside = torch.ones(logits.shape[1], dtype=torch.bool)
-            outside[torch.tensor(params.allowed_token_ids, dtype=torch.long)] = False
-            logits[i, outside] = float("-inf")
+            outside = torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device)
+            outside[torch.tensor(params.allowed_token_ids, dtype=torch.long, device=logits.device)] = False
+            logits[i].masked_fill_(outside, float("-inf"))  # a mask, not boolean indexing: no device sync on a GPU
         if params.logit_bias:
-            ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
-            logits[i, ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)
+            ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=logits.device)
+            logits[i, ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype, device=logits.device)
         if params.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long)
+            seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long,
+                                device=logits.device)
             if len(seen):
                 values = logits[i, seen]
                 logits[i, seen] = torch.where(
                     values > 0, values / params.repetition_penalty, values * params.repetition_penalty
                 )
         if (params.presence_penalty or params.frequency_penalty) and row.output_token_ids:
+            # counted on the host (bincount on a GPU reads the largest id back first), then moved
             counts = torch.bincount(torch.tensor(row.output_token_ids), minlength=logits.shape[1])[: logits.shape[1]]
+            counts = counts.to(logits.device)
             logits[i] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
         if row.banned_token_ids:
             logits[i, list(row.banned_token_ids)] = float("-inf")
@@ -177,7 +184,7 @@ def draw_proposals(logits: torch.Tensor, params: SamplingRules, generator: torch
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingRules]) -> torch.Tensor:
     """Probabilities after temperature, top-k, top-p and min-p; filtered entries are 0."""
-    temperatures = torch.tensor([p.temperature for p in params]).unsqueeze(1)
+    temperatures = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
     logits = logits / temperatures
     needs_filter = any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params)
     if needs_filter:
@@ -188,15 +195,16 @@ def filtered_probs(logits: torch.Tensor, params: list[SamplingRules]) -> torch.T
 def _filter(logits: torch.Tensor, params: list[SamplingRules]) -> torch.Tensor:
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab).unsqueeze(0)
-    top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]).unsqueeze(1)  # any int: no overflow
+    device = logits.device
+    ranks = torch.arange(vocab, device=device).unsqueeze(0)
+    top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device).unsqueeze(1)  # any int: no overflow
     remove = ranks >= top_k
     sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
-    top_p = torch.tensor([p.top_p for p in params]).unsqueeze(1)
+    top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
     # Drop a token when the tokens ranked above it already cover top_p; the first always stays.
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     remove |= mass_before >= top_p
-    min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
+    min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
     remove |= sorted_probs < min_p * sorted_probs[:, :1]
     remove[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from torch import nn
 from ember.config.model import ModelConfig
 from ember.gguf_file import GGUFFile
 from ember.layers.cpu_prepare import prepare_for_cpu_kernels
+from ember.layers.rotary import move_rotary_tables
 from ember.models.causal_lm import CausalLM
 from ember.models.family_registry import family_of
 from ember.models.gguf_loader import (
@@ -46,6 +48,8 @@ from ember.quant.ggml.zero_point import ZeroPointTensor
 from ember.quant.hf.gptq_awq import hf_quantization, read_quantized
 from ember.quant.int8.channel import Int8ChannelTensor
 
+logger = logging.getLogger(__name__)
+
 Quantized = GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor
 # A split model's rank: the whole model's config -> what this rank holds (ember.parallel.modes.shard_factory).
 ShardFactory = Callable[[ModelConfig], ModelShard]
@@ -74,7 +78,7 @@ class LoadedModel:
 
 def load_model(
     path: Path, dtype: str = AUTO_DTYPE, show_progress: bool = False, shard_for: ShardFactory | None = None,
-    max_model_len: int | None = None, quantization: str | None = None,
+    max_model_len: int | None = None, quantization: str | None = None, device: torch.device | None = None,
 ) -> LoadedModel:
     """Load a GGUF file, an HF safetensors folder or a llama2.c .bin into ember's model.
 
@@ -82,7 +86,8 @@ def load_model(
     With `shard_for` (a rank of a split model), this rank loads only what its shard holds
     (ember.parallel): its tensors, or slices of them, are all that is read from the file. `max_model_len`: the
     context it will serve (`ModelConfig.for_context`; None: the model's own). `quantization`: an
-    `EngineConfig.quantization` (ember.quant.at_load rounds the float decoder linears as they load).
+    `EngineConfig.quantization` (ember.quant.at_load rounds the float decoder linears as they load). `device`
+    (None: the CPU): where each weight goes as it is read; on a GPU no block stays quantized and no CPU packing runs.
     """
     if dtype not in LOAD_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(LOAD_DTYPES)}")
@@ -103,7 +108,7 @@ def load_model(
         else:  # a rank reads float slices (quantized parallel layers are not there yet)
             tensors = iter_hf_tensors(path, _selector(shard), shard.holds)
         return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress, shard=shard,
-                      quantization=quantization, path=path)
+                      quantization=quantization, path=path, device=device)
     if is_gguf_file(path):
         file = GGUFFile.open(path)
         config = read_gguf_config(file).for_context(max_model_len)
@@ -111,13 +116,14 @@ def load_model(
         tokenizer_path = path if "tokenizer.ggml.model" in file.metadata else None
         tensors = iter_gguf_tensors(file, config, _selector(shard), None if shard is None else shard.holds)
         return _build(config, tensors, dtype, tokenizer_path, "gguf", show_progress, len(file.tensors), shard,
-                      quantization=quantization, path=path)
+                      quantization=quantization, path=path, device=device)
     if is_llama2c_file(path):
         header = read_llama2c_header(path)
         config = llama2c_config(header).for_context(max_model_len)
         shard = shard_for(config) if shard_for is not None else None
         tensors = _sliced(iter_llama2c_tensors(path, header), shard)
-        return _build(config, tensors, dtype, None, "llama2c", show_progress, shard=shard, quantization=quantization, path=path)
+        return _build(config, tensors, dtype, None, "llama2c", show_progress, shard=shard, quantization=quantization, path=path,
+                      device=device)
     raise ValueError(
         f"{path} is not a model ember can read: expected a GGUF file (or a folder holding one), a folder "
         "with config.json and *.safetensors, or a llama2.c .bin checkpoint"
@@ -142,9 +148,13 @@ def _build(
     shard: ModelShard | None = None,
     quantization: str | None = None,
     path: Path | None = None,
+    device: torch.device | None = None,
 ) -> LoadedModel:
     """`config` is the whole model's; a rank of a split model builds its model from its shard's local config."""
     torch_dtype = compute_dtype(dtype)
+    device = device or torch.device("cpu")
+    if device.type != "cpu" and dtype == AUTO_DTYPE:
+        raise ValueError(f"a {device.type} model loads in a float dtype (no quantized kernels there): give one, not auto")
     with torch.device("meta"):
         model = model_class(config)(config if shard is None else shard.local_config())
         if shard is not None:
@@ -179,7 +189,7 @@ def _build(
                     blocks[name] = tensor
                     continue
                 tensor = tensor.dequantize()
-            tensor = tensor.to(torch_dtype)
+            tensor = tensor.to(device=device, dtype=torch_dtype)
             rounded = round_at_load(name, tensor, quantization) if name in rounded_at_load else None
             if rounded is not None:
                 blocks[name] = rounded
@@ -200,7 +210,13 @@ def _build(
     install_ggml_layers(model, blocks)
     model.load_state_dict(state, assign=True)
     _freeze(model)
-    prepare_for_cpu_kernels(model, tied_weights)
+    if device.type == "cpu":
+        prepare_for_cpu_kernels(model, tied_weights)
+    else:
+        move_rotary_tables(model, device)
+        if num_quantized:
+            logger.info("%d quantized %s tensors dequantized to %s at load: ember has no quantized %s kernels yet",
+                        num_quantized, fmt, str(torch_dtype).removeprefix("torch."), device.type)
     del blocks, state  # the layers hold what they kept
     _return_freed_memory()
     return LoadedModel(model=model.eval(), config=config, tokenizer_path=tokenizer_path, format=fmt, shard=shard)

@@ -9,6 +9,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from ember.engine.device import device_from_args
 from ember.engine.sampling_defaults import AUTO, sampling_defaults
 from ember.server.config import (
     DEFAULT_MAX_BODY_BYTES,
@@ -95,10 +96,7 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     """vLLM flags a `vllm serve` command line carries that mean nothing or little on a CPU engine: accepted, so the
     line runs, and each one that changes nothing says so at start (`vllm_notes`)."""
     group = parser.add_argument_group("vLLM compatibility")
-    group.add_argument("--gpu-memory-utilization", type=float, default=None,
-                       help="no accelerator memory to fill here: size the KV cache with --kv-cache-memory or --num-kv-blocks")
     group.add_argument("--swap-space", type=float, default=None, help="nothing is swapped: preempted sequences are recomputed")
-    group.add_argument("--enforce-eager", action="store_true", help="accepted: ember captures no graphs")
     group.add_argument("--disable-log-stats", action="store_true", help="accepted: ember logs no periodic stats (see /metrics)")
     group.add_argument("--disable-log-requests", action="store_true", help="no log line per finished request")
     group.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS, help="the HTTP server's log level")
@@ -113,7 +111,7 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
 def vllm_notes(args: argparse.Namespace) -> list[str]:
     """What each accepted vLLM flag that changes nothing here means, to log at start."""
     notes = []
-    if args.gpu_memory_utilization is not None:
+    if args.gpu_memory_utilization is not None and device_from_args(args).resolved().type == "cpu":
         notes.append("--gpu-memory-utilization has no effect on a CPU engine; size the KV cache with --kv-cache-memory "
                      "or --num-kv-blocks")
     if args.swap_space is not None:

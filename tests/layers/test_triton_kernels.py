@@ -129,3 +129,27 @@ def test_rotary_in_place_on_a_fused_projection_view_matches_rotate(kernels, kern
                     rotary.rotary_dim)
     assert torch.allclose(query.cpu(), expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(on_device[:, num_heads * head_dim :].cpu(), fused[:, num_heads * head_dim :])
+
+
+def test_decode_over_a_graphs_wide_stale_block_tables_and_padding_rows_matches_gathered_attention(kernels, kernel_device):
+    """A decode graph's batch (ember.engine.cuda_graphs): tables as wide as the longest context the engine serves, their
+    columns past each sequence's context holding stale block ids from earlier steps, and two padding rows of one token
+    on a scratch block; the default key splits (8 here, most of them past every context) leave the real rows' output
+    the reference's."""
+    generator = torch.Generator().manual_seed(11)
+    num_kv_heads, num_heads, head_dim, num_blocks, width = 2, 6, 16, 40, 256
+    context_lens = [21, 13, 8]
+    batch = random_batch(generator, context_lens, [1, 1, 1], num_blocks, None)
+    scratch = num_blocks - 1
+    tables = torch.randint(0, num_blocks - 1, (len(context_lens) + 2, width), generator=generator, dtype=torch.int32)
+    tables[: len(context_lens), : batch.block_tables.shape[1]] = batch.block_tables
+    tables[len(context_lens):, 0] = scratch
+    tables[0, -(-context_lens[0] // BLOCK_SIZE)] = 5  # the longest row: a stale id right after its table
+    wide = type(batch)(tables, torch.arange(5, dtype=torch.int32), torch.ones(5, dtype=torch.int32),
+                       torch.tensor([*context_lens, 1, 1], dtype=torch.int32))
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)
+    query = torch.randn(5, num_heads, head_dim, generator=generator)
+    ours = run_attention(kernels, kernel_device, query, cache, wide, None, None)
+    expected = reference(query[:3], cache[0], cache[1], batch, 0.25, None, None, num_kv_heads)
+    assert kernels._decode_splits(5 * num_kv_heads, width * BLOCK_SIZE) == 8
+    assert torch.allclose(ours[:3], expected, rtol=1e-4, atol=1e-5)

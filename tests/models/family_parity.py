@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ember.engine.config import CacheConfig, EngineConfig
+from ember.engine.device import DeviceConfig
 from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import SamplingParams
@@ -59,17 +60,15 @@ def make_prompts(vocab_size: int, lengths: tuple[int, ...] = PROMPT_LENGTHS) -> 
 
 
 def ember_prompt_logits(folder: Path, prompts: list[list[int]], max_model_len: int | None = None) -> list[torch.Tensor]:
-    """Logits of every prompt position, all prompts in one flat batch (one forward pass)."""
+    """Logits of every prompt position, all prompts in one flat batch (one forward pass of the runner, on the CPU
+    through the device-agnostic path a GPU engine takes)."""
     cache = CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=256)
-    engine = LLMEngine(EngineConfig(model=str(folder), cache=cache, max_model_len=max_model_len))
+    engine = LLMEngine(EngineConfig(model=str(folder), cache=cache, max_model_len=max_model_len, device=DeviceConfig("cpu")))
     for i, prompt in enumerate(prompts):
         engine.add_request(EngineRequest(str(i), prompt, SamplingParams(max_tokens=1)))
     plan = engine.scheduler.schedule()
     assert len(plan.scheduled) == len(prompts)
-    input_ids, positions, metadata = engine.runner._prepare(plan.scheduled)
-    with torch.inference_mode():
-        hidden = engine.runner.model(input_ids, positions, engine.runner.kv_caches, metadata)
-        logits = engine.runner.model.compute_logits(hidden)
+    logits = engine.runner.all_logits(plan)
     return list(logits.split([len(p) for p in prompts]))
 
 
