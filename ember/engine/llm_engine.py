@@ -114,8 +114,10 @@ class LLMEngine:
         self._step_records: collections.deque[StepRecord] = collections.deque(maxlen=4096)
         self._counters = collections.Counter()
         self.slow_steps = SlowStepWatch()
-        # Threads follow the machine's load unless the user fixed them; tensor-parallel ranks keep their share.
-        self.governor = ThreadGovernor(self.num_threads) if config.num_threads is None and self.workers is None else None
+        # Threads follow the machine's load unless the user fixed them; tensor-parallel ranks keep their share,
+        # and a GPU's steps do not run on the CPU's threads.
+        governed = config.num_threads is None and self.workers is None and config.device.resolved().type == "cpu"
+        self.governor = ThreadGovernor(self.num_threads) if governed else None
 
     # -- requests ---------------------------------------------------------------------------
 
