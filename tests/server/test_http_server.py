@@ -263,7 +263,7 @@ def test_body_over_the_limit_is_refused_with_413(http: httpx.Client) -> None:
 def test_full_waiting_room_answers_503_with_retry_after(tiny_model_dir, smollm2_tokenizer_dir) -> None:
     """One request runs at a time, so the next MAX_WAITING wait in the engine's queue and fill the room."""
     engine = tiny_engine(tiny_model_dir, smollm2_tokenizer_dir, max_model_len=1024, max_num_seqs=1)
-    long = {"model": MODEL, "prompt": "x", "max_tokens": 1000, "ignore_eos": True}
+    long = {"model": MODEL, "prompt": "x", "max_tokens": 400, "ignore_eos": True}
     results: list[int] = []
     try:
         with ThreadedServer(tiny_app(engine, max_waiting=MAX_WAITING, retry_after_s=2)) as server:
