@@ -47,19 +47,43 @@ PREFIX_VIRTUAL_NODES = 64
 
 @dataclass(frozen=True)
 class DataParallelConfig:
-    """`size` replicas; `pin_cpus`: each replica's process (and its ranks) on its own share of this process's cores,
-    with as many threads as cores in the share (unless --threads says otherwise); a dead replica is restarted up to
-    `max_restarts` times."""
+    """`size` replicas; `cpus` (None: not pinned): the cores shared out among the replicas, each replica's process
+    (and its ranks) kept to its contiguous share, with as many threads as cores in it (unless --threads says
+    otherwise); a dead replica is restarted up to `max_restarts` times."""
 
     size: int = 1
-    pin_cpus: bool = False
+    cpus: tuple[int, ...] | None = None
     max_restarts: int = 3
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or not 1 <= self.size <= 64:
             raise ValueError(f"--data-parallel-size must be a whole number from 1 to 64, not {self.size!r}")
         if self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be at least 0, not {self.max_restarts}")
+            raise ValueError(f"--data-parallel-max-restarts must be at least 0, not {self.max_restarts}")
+        if self.cpus is not None:
+            missing = sorted(set(self.cpus) - os.sched_getaffinity(0))
+            if not self.cpus or missing:
+                raise ValueError(f"--data-parallel-cpus: cores {missing or '(none)'} are not among this process's cores "
+                                 f"{sorted(os.sched_getaffinity(0))}")
+
+    @property
+    def is_replicated(self) -> bool:
+        """Whether serving goes through a DataParallelEngine (several replicas, or one pinned to given cores)."""
+        return self.size > 1 or self.cpus is not None
+
+
+def parse_cpus(text: str) -> tuple[int, ...]:
+    """'all' (this process's cores), or a list like '0,2-3' -> (0, 2, 3); ValueError naming the flag otherwise."""
+    if text == "all":
+        return tuple(sorted(os.sched_getaffinity(0)))
+    cores: list[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            cores.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ValueError(f"--data-parallel-cpus {text!r}: give 'all' or cores like 0,1 or 0-3") from None
+    return tuple(sorted(set(cores)))
 
 
 def replica_cores(index: int, size: int, cores: list[int]) -> frozenset[int]:
@@ -101,7 +125,6 @@ class DataParallelEngine:
         self._engine_config = engine_config
         self._config = config
         self._startup_timeout_s = startup_timeout_s
-        self._cores = sorted(os.sched_getaffinity(0))
         self._router = PrefixAware(PREFIX_BLOCK_TOKENS, PREFIX_NUM_BLOCKS, PREFIX_LOAD_FACTOR, PREFIX_VIRTUAL_NODES)
         with concurrent.futures.ThreadPoolExecutor(config.size) as pool:  # the replicas load side by side
             starting = [pool.submit(self._start, index, show_progress and index == 0) for index in range(config.size)]
@@ -214,8 +237,8 @@ class DataParallelEngine:
 
     def _start(self, index: int, show_progress: bool) -> EngineProcessClient:
         config, cores = self._engine_config, None
-        if self._config.pin_cpus:
-            cores = replica_cores(index, self._config.size, self._cores)
+        if self._config.cpus is not None:
+            cores = replica_cores(index, self._config.size, list(self._config.cpus))
             if config.num_threads is None:
                 config = dataclasses.replace(config, num_threads=len(cores))
         return EngineProcessClient(config, show_progress=show_progress, startup_timeout_s=self._startup_timeout_s,

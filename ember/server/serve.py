@@ -124,7 +124,7 @@ def run_server(engine_config, server_config: ServerConfig | None = None) -> None
 
     server_config = server_config or ServerConfig()
     configure_logging()
-    if server_config.data_parallel.size > 1:
+    if server_config.data_parallel.is_replicated:
         engine = DataParallelEngine(engine_config, server_config.data_parallel)
     else:
         engine = EngineProcessClient(engine_config)

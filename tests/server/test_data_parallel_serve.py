@@ -31,7 +31,7 @@ def dp_server(tiny_model_dir: Path, smollm2_tokenizer_dir: Path, tmp_path_factor
               ) -> Iterator[ServeProcess]:
     """One `ember serve -dp 2` for the module, each replica pinned to its share of the cores, one thread each."""
     log_path = tmp_path_factory.mktemp("dp-serve") / "serve.log"
-    settings = ("--served-model-name", "tiny", "--data-parallel-size", "2", "--data-parallel-pin-cpus", "--threads", "1",
+    settings = ("--served-model-name", "tiny", "--data-parallel-size", "2", "--data-parallel-cpus", "all", "--threads", "1",
                 "--num-kv-blocks", "64",
                 "--block-size", "16", "--max-model-len", "256")
     with tiny_server_process(tiny_model_dir, smollm2_tokenizer_dir, log_path, *settings) as process:
