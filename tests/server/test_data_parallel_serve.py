@@ -123,3 +123,32 @@ def test_killing_a_replica_mid_run_loses_no_request_and_it_comes_back(dp_server:
     assert replica_metric(metrics, "ember:replica_restarts_total")["0"] == 1.0
     later = asyncio.run(complete_all(dp_server, [f"after {index}" for index in range(NUM_REQUESTS)], max_tokens=4))
     assert all(isinstance(answer, str) for answer in later), later
+
+
+def test_requests_on_a_replica_that_dies_before_answering_are_answered_by_the_other(dp_server: ServeProcess) -> None:
+    wait_until_both_up(dp_server)
+    victim = health(dp_server)["replicas"][1]
+    retries_before = dp_server.log_text().count("sending it to another replica")
+    prompts = [f"question {index} about frozen replicas" for index in range(NUM_REQUESTS)]
+
+    async def run_with_frozen_victim() -> list[str | BaseException]:
+        os.kill(victim["pid"], signal.SIGSTOP)  # its requests are placed but stream nothing
+        try:
+            requests = asyncio.ensure_future(complete_all(dp_server, prompts, max_tokens=4))
+            await asyncio.sleep(2.0)
+        finally:
+            os.kill(victim["pid"], signal.SIGKILL)
+        return await requests
+
+    answers = asyncio.run(run_with_frozen_victim())
+    assert all(isinstance(answer, str) for answer in answers), answers
+    assert dp_server.log_text().count("sending it to another replica") > retries_before  # some were on the victim
+    wait_until_both_up(dp_server)
+
+
+def wait_until_both_up(server: ServeProcess) -> None:
+    """Poll /health until every replica is up (a restart reloads the model)."""
+    deadline = time.monotonic() + RESTART_DEADLINE_S
+    while not all(replica["is_up"] for replica in health(server)["replicas"]):
+        assert time.monotonic() < deadline, health(server)
+        time.sleep(0.2)
