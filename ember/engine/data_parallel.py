@@ -236,7 +236,11 @@ class DataParallelEngine:
         return health
 
     def _start(self, index: int, show_progress: bool) -> EngineProcessClient:
+        """Replica `index`'s engine process, on its cores, its ranks (if any) at `--master-port` + `index`."""
         config, cores = self._engine_config, None
+        if config.parallel.master_port is not None:  # each replica's ranks meet on a port of their own
+            config = dataclasses.replace(config, parallel=dataclasses.replace(
+                config.parallel, master_port=config.parallel.master_port + index))
         if self._config.cpus is not None:
             cores = replica_cores(index, self._config.size, list(self._config.cpus))
             if config.num_threads is None:
