@@ -18,6 +18,7 @@ When a replica's process dies, nothing is lost silently:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -126,9 +127,7 @@ class DataParallelEngine:
         self._config = config
         self._startup_timeout_s = startup_timeout_s
         self._router = PrefixAware(PREFIX_BLOCK_TOKENS, PREFIX_NUM_BLOCKS, PREFIX_LOAD_FACTOR, PREFIX_VIRTUAL_NODES)
-        with concurrent.futures.ThreadPoolExecutor(config.size) as pool:  # the replicas load side by side
-            starting = [pool.submit(self._start, index, show_progress and index == 0) for index in range(config.size)]
-            clients = [future.result() for future in starting]
+        clients = self._start_all(show_progress)
         self._replicas = [_Replica(index, client) for index, client in enumerate(clients)]
         first = clients[0]
         self.model_name = first.model_name
@@ -166,9 +165,11 @@ class DataParallelEngine:
             replica.outstanding += 1
             self._placement[request.request_id] = replica
             try:
-                async for output in client.generate(request):
-                    has_streamed = True
-                    yield output
+                # Closed here when the caller leaves early, so the replica aborts the request at once.
+                async with contextlib.aclosing(client.generate(request)) as stream:
+                    async for output in stream:
+                        has_streamed = True
+                        yield output
                 return
             except EngineDeadError as error:
                 if has_streamed:
@@ -234,6 +235,20 @@ class DataParallelEngine:
                 pid=client.pid if client is not None else None,
             ))
         return health
+
+    def _start_all(self, show_progress: bool) -> list[EngineProcessClient]:
+        """Every replica's engine process, loaded side by side; when one fails to load, the others are stopped and
+        its error raised."""
+        with concurrent.futures.ThreadPoolExecutor(self._config.size) as pool:
+            starting = [pool.submit(self._start, index, show_progress and index == 0) for index in range(self._config.size)]
+            concurrent.futures.wait(starting)
+        failed = [future.exception() for future in starting if future.exception() is not None]
+        if failed:
+            for future in starting:
+                if future.exception() is None:
+                    future.result().shutdown()
+            raise failed[0]
+        return [future.result() for future in starting]
 
     def _start(self, index: int, show_progress: bool) -> EngineProcessClient:
         """Replica `index`'s engine process, on its cores, its ranks (if any) at `--master-port` + `index`."""

@@ -92,6 +92,18 @@ def test_a_shared_prefix_goes_to_one_replica(dp_server: ServeProcess) -> None:
     assert len(grown) == 1, (before, after)
 
 
+def test_a_client_that_leaves_mid_stream_frees_its_replica(dp_server: ServeProcess) -> None:
+    body = {"model": "tiny", "prompt": "a long story", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=dp_server.base_url, timeout=60) as http, http.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))  # streaming has begun; then the client leaves
+    deadline = time.monotonic() + 30
+    while any(replica_metric(httpx.get(f"{dp_server.base_url}/metrics", timeout=10).text, "ember:num_requests_running").values()):
+        assert time.monotonic() < deadline, "the request kept running after its client left"
+        time.sleep(0.1)
+
+
 def test_killing_a_replica_mid_run_loses_no_request_and_it_comes_back(dp_server: ServeProcess) -> None:
     victim = health(dp_server)["replicas"][0]
     prompts = [f"story {index}: once upon a time" for index in range(NUM_REQUESTS)]
