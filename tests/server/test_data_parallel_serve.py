@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+from ember.engine.data_parallel import replica_cores
 from tests.server.harness import ServeProcess, is_running, tiny_server_process
 
 NUM_REQUESTS = 12
@@ -80,6 +81,11 @@ def test_two_replicas_both_answer_and_metrics_label_each(dp_server: ServeProcess
     assert set(generated) == {"0", "1"} and all(count > 0 for count in generated.values()), generated
     assert sum(generated.values()) == 8 * NUM_REQUESTS
     assert replica_metric(metrics, "ember:replica_up") == {"0": 1.0, "1": 1.0}
+    cores = sorted(os.sched_getaffinity(0))  # the server's, inherited: --data-parallel-cpus all shares them out
+    for replica in state["replicas"]:
+        threads = Path(f"/proc/{replica['pid']}/task").iterdir()
+        assert {frozenset(os.sched_getaffinity(int(thread.name))) for thread in threads} == {
+            replica_cores(int(replica["replica"]), 2, cores)}
 
 
 def test_a_shared_prefix_goes_to_one_replica(dp_server: ServeProcess) -> None:
