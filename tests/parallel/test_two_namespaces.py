@@ -72,8 +72,12 @@ def two_nodes() -> Iterator[TwoNodes]:
             subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)
         detail = error.stderr.strip() if isinstance(error, subprocess.CalledProcessError) else str(error)
         pytest.skip(f"cannot make two network namespaces joined by a veth pair (needs root): {detail}")
+    nodes = TwoNodes(namespaces, "10.231.0.1")
     try:
-        yield TwoNodes(namespaces, "10.231.0.1")
+        probe = subprocess.run(nodes.command(0, ["true"]), capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.skip(f"cannot give a namespace its own /dev/shm (mount needs CAP_SYS_ADMIN): {probe.stderr.strip()}")
+        yield nodes
     finally:
         for namespace in namespaces:  # deleting a namespace deletes the veth end in it, and so the pair
             subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)
