@@ -273,7 +273,7 @@ class DataParallelEngine:
 
     def _replace(self, replica: _Replica, client: EngineProcessClient) -> None:
         replica.down_reason = client.dead_reason
-        replica.is_restarting = replica.restarts < self._config.max_restarts
+        replica.is_restarting = replica.restarts < self._config.max_restarts and not self._is_stopping.is_set()
         replica.client = None
         client.shutdown()  # reaps the process and closes its pipes; its streams already ended
         if not replica.is_restarting:
