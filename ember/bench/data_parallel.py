@@ -6,6 +6,11 @@ cores (`--data-parallel-size 1 --data-parallel-cpus SHARE`), and D replicas each
 repeat, so no prefix cache serves a repeat from the one before) to the one engine and then to the replicas, while
 the other server idles; the report gives each side's served output tok/s and the ratio within each repeat, whose
 ideal is D. Both API processes run unpinned.
+
+It also gives the CPU the engines got (CPU seconds of the engine processes per wall second, from /proc): the ratio
+can only reach D where the machine gives D replicas D times one engine's CPU. On a machine shared with other
+sessions under the kernel's autogroup scheduling (sched_autogroup_enabled), CPU is shared per session, not per
+process: the replicas together then get about what one engine got, and the ratio stays near 1.
 """
 
 from __future__ import annotations
@@ -13,7 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from pathlib import Path
 
+import httpx
+
+from ember.bench.results import RunResult
 from ember.bench.serve import SLO, ember_server, run_load, serve_summary
 from ember.bench.stats import spread
 from ember.bench.suite import BenchOptions, make_workload
@@ -41,6 +50,7 @@ def bench_data_parallel(options: BenchOptions, size: int, concurrency: int | Non
         "data_parallel": ("--data-parallel-size", str(size), "--data-parallel-cpus", all_cpus),
     }
     runs: dict[str, list] = {name: [] for name in sides}
+    engine_cores: dict[str, list[float]] = {name: [] for name in sides}
     options.tick(f"serve -dp {size}: starting one engine on cores {one_cpus} and {size} replicas on cores {all_cpus}")
     with contextlib.ExitStack() as stack:
         urls = {name: stack.enter_context(ember_server(options.model, dtype, flags)) for name, flags in sides.items()}
@@ -49,10 +59,11 @@ def bench_data_parallel(options: BenchOptions, size: int, concurrency: int | Non
                                      max_prompt=max_prompt, max_output=max_output)
             for name, url in urls.items():
                 options.tick(f"serve -dp {size}: {name} ({repeat + 1}/{options.repeats})")
-                runs[name].append(asyncio.run(run_load(url, workload, None, concurrency, label=name)))
+                run, cores_used = _measured_run(url, workload, concurrency, name)
+                runs[name].append(run)
+                engine_cores[name].append(cores_used)
     summaries = {name: [serve_summary(run, slo) for run in results] for name, results in runs.items()}
-    ratios = [replicas.output_tok_s / one.output_tok_s if one.output_tok_s else 0.0
-              for one, replicas in zip(runs["one_engine"], runs["data_parallel"], strict=True)]
+    tok_s = {name: [summary["output_tok_s"] for summary in items] for name, items in summaries.items()}
     return {
         "data_parallel_size": size,
         "cores": {"one_engine": one_cpus, "data_parallel": all_cpus},
@@ -60,9 +71,31 @@ def bench_data_parallel(options: BenchOptions, size: int, concurrency: int | Non
         "concurrency": concurrency,
         "max_prompt_tokens": max_prompt,
         "max_output_tokens": max_output,
-        "tok_s": {name: spread([s["output_tok_s"] for s in items]).to_dict() for name, items in summaries.items()},
+        "tok_s": {name: spread(values).to_dict() for name, values in tok_s.items()},
         "mean_ttft_ms": {name: spread([s["ttft"].get("mean_ms", 0.0) for s in items]).to_dict()
                          for name, items in summaries.items()},
-        "ratio": spread(ratios).to_dict(),
+        "ratio": _per_repeat_ratio(tok_s),
+        "engine_cores_used": {name: spread(values).to_dict() for name, values in engine_cores.items()},
+        "engine_cores_ratio": _per_repeat_ratio(engine_cores),
         "errors": {name: sum(s["errors"] for s in items) for name, items in summaries.items()},
     }
+
+
+def _measured_run(url: str, workload, concurrency: int | None, label: str) -> tuple[RunResult, float]:
+    """One load run against the server at `url`, and the CPU cores its engine processes used meanwhile."""
+    engine_pids = [replica["pid"] for replica in httpx.get(f"{url}/health", timeout=30).json()["replicas"]]
+    cpu_before_s = sum(map(process_cpu_s, engine_pids))
+    run = asyncio.run(run_load(url, workload, None, concurrency, label=label))
+    return run, (sum(map(process_cpu_s, engine_pids)) - cpu_before_s) / run.wall_s
+
+
+def _per_repeat_ratio(values: dict[str, list[float]]) -> dict:
+    """The spread of data_parallel / one_engine, taken within each repeat."""
+    pairs = zip(values["one_engine"], values["data_parallel"], strict=True)
+    return spread([replicas / one if one else 0.0 for one, replicas in pairs]).to_dict()
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far, from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -137,6 +137,9 @@ def _serve_data_parallel(section: dict) -> Table:
                   fmt_spread(section["ratio"], 2))
     table.add_row("mean TTFT ms", fmt_spread(section["mean_ttft_ms"]["one_engine"], 0),
                   fmt_spread(section["mean_ttft_ms"]["data_parallel"], 0), "")
+    cores = section["engine_cores_used"]
+    table.add_row("engine CPU cores used", fmt_spread(cores["one_engine"], 2), fmt_spread(cores["data_parallel"], 2),
+                  fmt_spread(section["engine_cores_ratio"], 2))
     table.add_row("failed requests", str(section["errors"]["one_engine"]), str(section["errors"]["data_parallel"]), "")
     return table
 
