@@ -51,6 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve.add_argument("--max-output-tokens", type=int, default=256, help="longest output of the requests (and of the batch-1 request, up to 128)")
     serve.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     serve.add_argument("--slo-tpot-ms", type=float, default=200.0)
+    serve.add_argument("--data-parallel-size", type=int, default=1, metavar="D",
+                       help="D > 1: the same workloads against D replicas (`ember serve -dp D`) and one engine, each on "
+                            "its own share of the cores; reports served output tok/s and the ratio (ideal D)")
     serve.add_argument("--workload", type=Path, default=None, help="replay this JSONL serve workload")
     serve.add_argument("--save-workload", type=Path, default=None)
     serve.set_defaults(func=_run_workload)
@@ -255,6 +258,15 @@ def _run_workload(args: argparse.Namespace) -> int:
         section = suite.bench_shared_prefix(options, options.dtypes[0])
     elif name == "long-prefill":
         section = suite.bench_long_prefill(options, options.dtypes[0])
+    elif args.data_parallel_size > 1:
+        from ember.bench.data_parallel import bench_data_parallel
+        from ember.bench.serve import SLO
+
+        if args.url is not None:
+            raise ValueError("--data-parallel-size starts its own two servers: drop --url")
+        section = bench_data_parallel(options, args.data_parallel_size, args.concurrency or None, options.dtypes[0],
+                                      args.max_prompt_tokens, args.max_output_tokens, SLO(args.slo_ttft_ms, args.slo_tpot_ms))
+        name = "serve-data-parallel"
     else:
         from ember.bench.serve import SLO
 

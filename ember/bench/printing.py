@@ -17,6 +17,7 @@ def print_section(name: str, section: dict, skipped: dict[str, str]) -> None:
         "shared-prefix": _shared_prefix,
         "long-prefill": _long_prefill,
         "serve": _serve,
+        "serve-data-parallel": _serve_data_parallel,
         "roofline": _roofline,
         "quant": _quant,
         "soak": _soak,
@@ -122,6 +123,24 @@ def _long_prefill(section: dict) -> Table:
         s = section[key]
         table.add_row(s["label"], fmt_spread(s["p50_itl_ms"]), fmt_spread(s["p99_itl_ms"]), fmt_spread(s["max_itl_ms"]),
                       fmt_spread(s["long_ttft_ms"], 0), fmt_spread(s["tok_s"]))
+    return table
+
+
+def _serve_data_parallel(section: dict) -> Table:
+    size = section["data_parallel_size"]
+    table = Table(title=f"serve: {size} replicas vs one engine, {section['num_requests']} requests, concurrency "
+                        f"{section['concurrency']} (same workloads, same run)")
+    for column in ("", f"one engine (cores {section['cores']['one_engine']})",
+                   f"{size} replicas (cores {section['cores']['data_parallel']})", f"replicas / one (ideal {size})"):
+        table.add_column(column)
+    table.add_row("output tok/s", fmt_spread(section["tok_s"]["one_engine"]), fmt_spread(section["tok_s"]["data_parallel"]),
+                  fmt_spread(section["ratio"], 2))
+    table.add_row("mean TTFT ms", fmt_spread(section["mean_ttft_ms"]["one_engine"], 0),
+                  fmt_spread(section["mean_ttft_ms"]["data_parallel"], 0), "")
+    cores = section["engine_cores_used"]
+    table.add_row("engine CPU cores used", fmt_spread(cores["one_engine"], 2), fmt_spread(cores["data_parallel"], 2),
+                  fmt_spread(section["engine_cores_ratio"], 2))
+    table.add_row("failed requests", str(section["errors"]["one_engine"]), str(section["errors"]["data_parallel"]), "")
     return table
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ember.engine.engine_request import EngineRequest
@@ -55,4 +56,31 @@ class EngineClient(Protocol):
 
     def shutdown(self) -> None:
         """Stop the engine and wait for it; in-flight streams end with EngineDeadError."""
+        ...
+
+
+@dataclass(frozen=True)
+class ReplicaHealth:
+    """One replica of a data-parallel engine as /health shows it: up, or down with why (and whether it is coming
+    back), how often it was restarted, its process id while up."""
+
+    replica: str
+    is_up: bool
+    is_restarting: bool
+    reason: str | None
+    restarts: int
+    pid: int | None
+
+
+@runtime_checkable
+class ReplicatedEngineClient(EngineClient, Protocol):
+    """An EngineClient over several engine replicas (`ember.engine.data_parallel`): the server labels the metrics of
+    each replica and shows each one's health."""
+
+    def replica_stats(self) -> dict[str, EngineStats]:
+        """Each live replica's stats, by replica name."""
+        ...
+
+    def replica_health(self) -> list[ReplicaHealth]:
+        """Every replica, up or not."""
         ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import os
 import signal
 from multiprocessing.connection import Connection
 
@@ -36,10 +37,14 @@ logger = logging.getLogger(__name__)
 WORKER_CHECK_INTERVAL_S = 1.0
 
 
-def run_engine_process(config: EngineConfig, commands: Connection, outputs: Connection, show_progress: bool = True) -> None:
+def run_engine_process(config: EngineConfig, commands: Connection, outputs: Connection, show_progress: bool = True,
+                       cpu_cores: frozenset[int] | None = None) -> None:
     """Entry point of the engine process: load, announce, then step until shut down or orphaned.
 
-    `commands` comes from the client, `outputs` goes to it (one pipe each way)."""
+    `commands` comes from the client, `outputs` goes to it (one pipe each way). `cpu_cores`: the cores this
+    process keeps to, set before any thread is started, so the step's threads and the worker ranks inherit them."""
+    if cpu_cores is not None:
+        _keep_to(cpu_cores)
     # Ctrl-C or a SIGTERM to the whole process group would kill the engine in the middle of the
     # server's drain: the client ends this process (Shutdown, or its pipe closing), not a signal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -127,6 +132,13 @@ class _EngineLoop:
             self.engine.abort_request(request_id)
             self.outputs.send(RequestFailed(request_id, failure))
         self.engine.step()  # drain the abort outputs so nothing lingers
+
+
+def _keep_to(cpu_cores: frozenset[int]) -> None:
+    """Keep every thread of this process to `cpu_cores` (a thread started while the interpreter imported, before
+    this runs, would keep the old cores); threads started later inherit them."""
+    for thread in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(thread), cpu_cores)
 
 
 def _without_prompt(output: RequestOutput) -> RequestOutput:

@@ -65,15 +65,18 @@ class _Stream:
 
 
 class EngineProcessClient:
-    """Starts an engine process for `config` and streams requests through it."""
+    """Starts an engine process for `config` and streams requests through it; `cpu_cores`: the only cores the
+    process (and the ranks it starts) may run on (None: this process's)."""
 
-    def __init__(self, config: EngineConfig, show_progress: bool = True, startup_timeout_s: float | None = None) -> None:
+    def __init__(self, config: EngineConfig, show_progress: bool = True, startup_timeout_s: float | None = None,
+                 cpu_cores: frozenset[int] | None = None) -> None:
         context = multiprocessing.get_context("spawn")
         # One pipe each way: the outputs' read end is non-blocking (the loop reads it), the commands' stays blocking.
         commands_in, self._commands = context.Pipe(duplex=False)
         self._outputs, outputs_out = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=run_engine_process, args=(config, commands_in, outputs_out, show_progress), name="ember-engine", daemon=True
+            target=run_engine_process, args=(config, commands_in, outputs_out, show_progress, cpu_cores), name="ember-engine",
+            daemon=True,
         )
         self._process.start()
         commands_in.close()  # only the child holds these ends now, so its death reads as end-of-file here

@@ -8,19 +8,18 @@ differ in who comes first:
 - prefix_aware: consistent hashing of the prompt's first blocks onto a ring of replicas, so
   requests sharing a prefix land where that prefix is already cached; a replica whose load
   exceeds `load_factor` x the mean is passed over (consistent hashing with bounded loads).
+  The rule is `ember.prefix_routing`'s, shared with data-parallel serving.
 """
 
 from __future__ import annotations
 
-import bisect
-import hashlib
 import itertools
-import math
 import random
 from typing import Protocol
 
 from ember.gateway.backend_state import BackendState
 from ember.gateway.config import PrefixRoutingConfig
+from ember.prefix_routing import PrefixAware
 
 
 class RoutingPolicy(Protocol):
@@ -65,45 +64,13 @@ class LatencyWeighted:
         return ordered
 
 
-class PrefixAware:
-    def __init__(self, config: PrefixRoutingConfig) -> None:
-        self._config = config
-
-    def prefix_key(self, prompt_text: str) -> int:
-        """The hash of the prompt's first `num_blocks` full blocks (the whole text if shorter)."""
-        block = self._config.block_chars
-        full_blocks = min(self._config.num_blocks, len(prompt_text) // block)
-        prefix = prompt_text[: full_blocks * block] if full_blocks else prompt_text
-        return _hash64(prefix)
-
-    def order(self, candidates: list[BackendState], prompt_text: str) -> list[BackendState]:
-        ring = self._ring(candidates)
-        start = bisect.bisect(ring, (self.prefix_key(prompt_text),))
-        walk = []
-        for offset in range(len(ring)):
-            state = ring[(start + offset) % len(ring)][1]
-            if state not in walk:
-                walk.append(state)
-        total = sum(state.outstanding for state in candidates)
-        capacity = math.ceil(self._config.load_factor * (total + 1) / len(candidates))
-        under_bound = [state for state in walk if state.outstanding < capacity]
-        return under_bound + [state for state in walk if state not in under_bound]
-
-    def _ring(self, candidates: list[BackendState]) -> list[tuple[int, BackendState]]:
-        points = [
-            (_hash64(f"{state.name}#{replica}"), index, state)
-            for index, state in enumerate(candidates)
-            for replica in range(self._config.virtual_nodes)
-        ]
-        return [(point, state) for point, _, state in sorted(points, key=lambda item: item[:2])]
+def prefix_aware(config: PrefixRoutingConfig) -> PrefixAware:
+    """The prefix-aware rule with the gateway's settings (blocks of `block_chars` characters of the prompt)."""
+    return PrefixAware(config.block_chars, config.num_blocks, config.load_factor, config.virtual_nodes)
 
 
 def make_policy(name: str, prefix_config: PrefixRoutingConfig) -> RoutingPolicy:
     """The policy called `name` (validated by the config)."""
     if name == "prefix_aware":
-        return PrefixAware(prefix_config)
+        return prefix_aware(prefix_config)
     return {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding, "latency_weighted": LatencyWeighted}[name]()
-
-
-def _hash64(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -45,9 +46,32 @@ def connect(
     # Wait for every rank first: gloo's own connect would time out on a rank still importing torch.
     store.set(f"ember/arrived/{rank}", "1")
     store.wait([f"ember/arrived/{r}" for r in range(world_size)], startup)
-    group = dist.ProcessGroupGloo(dist.PrefixStore("ember/gloo", store), rank, world_size, startup)
+    group = dist.ProcessGroupGloo(dist.PrefixStore("ember/gloo", store), rank, world_size, _gloo_options(master_addr, startup))
     exchange = _shared_exchange(store, rank, world_size, startup)
     return Communicator(group, rank, world_size, timeout_s, store, exchange, peer_failure)
+
+
+def _gloo_options(master_addr: str, timeout: datetime.timedelta) -> dist.ProcessGroupGloo._Options:
+    """gloo's options: its TCP device on this machine's address towards `master_addr`, unless GLOO_SOCKET_IFNAME
+    names an interface. gloo's default device is the address the host name resolves to, else loopback: on a node
+    whose host name does not resolve to a routable address (measured in a network namespace: it fell back to
+    127.0.0.1), the other node's ranks were told to connect to their own loopback and the group never formed."""
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    if interface:
+        options._devices = [dist.ProcessGroupGloo.create_device(interface=name) for name in interface.split(",")]
+    else:
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address_towards(master_addr))]
+    return options
+
+
+def local_address_towards(address: str) -> str:
+    """The address of this machine's interface that packets to `address` leave from (no packet is sent: a UDP
+    socket's connect only picks the route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((address, 9))
+        return probe.getsockname()[0]
 
 
 def _shared_exchange(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta) -> SharedExchange | None:

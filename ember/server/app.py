@@ -15,6 +15,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from ember.engine.client import ReplicatedEngineClient
 from ember.engine.lora_request import LoRARequest
 from ember.models.lora_adapter import LoRAAdapterError, read_adapter_config
 from ember.server.common.admission import AdmissionGate
@@ -213,6 +214,16 @@ def _add_openai_routes(app: FastAPI, context: ServingContext) -> None:
         return JSONResponse(input_items_page(stored(context, response_id), order, limit, after))
 
 
+def _replicas_health(engine: ReplicatedEngineClient) -> dict:
+    """/health of a data-parallel server (some replica is up): "ok" when every replica is, else "degraded", and
+    each replica's state."""
+    replicas = engine.replica_health()
+    return {
+        "status": "ok" if all(replica.is_up for replica in replicas) else "degraded",
+        "replicas": [dataclasses.asdict(replica) for replica in replicas],
+    }
+
+
 def _add_service_routes(app: FastAPI, context: ServingContext) -> None:
     @app.get("/health", responses=answers(None))
     async def health() -> JSONResponse:
@@ -227,6 +238,8 @@ def _add_service_routes(app: FastAPI, context: ServingContext) -> None:
                 code="server_shutting_down",
                 headers={"Retry-After": str(context.config.retry_after_s)},
             )
+        if isinstance(context.engine, ReplicatedEngineClient):
+            return JSONResponse(_replicas_health(context.engine))
         return JSONResponse({"status": "ok"})
 
     @app.get("/version")

@@ -9,6 +9,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from ember.engine.data_parallel import DataParallelConfig, parse_cpus
 from ember.engine.device import device_from_args
 from ember.engine.sampling_defaults import AUTO, sampling_defaults
 from ember.server.config import (
@@ -83,6 +84,14 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.body_timeout_s,
         help="seconds a request has to send its whole body after its headers; then 408 (default %(default)s)",
     )
+    group.add_argument("--data-parallel-size", "-dp", type=int, default=defaults.data_parallel.size, metavar="D",
+                       help="engine processes (replicas, each with the whole model and its own tensor / pipeline ranks) "
+                            "behind this one API; requests go by prompt prefix and load (default %(default)s)")
+    group.add_argument("--data-parallel-cpus", default=None, metavar="all|CORES",
+                       help="keep the replicas to these cores ('all', or like 0,1 or 0-3), each on its own contiguous "
+                            "share with one thread per core in it (default: not pinned)")
+    group.add_argument("--data-parallel-max-restarts", type=int, default=defaults.data_parallel.max_restarts, metavar="N",
+                       help="times a replica whose process died is restarted before it is taken out (default %(default)s)")
     group.add_argument(
         "--drain-timeout-s",
         type=float,
@@ -148,6 +157,11 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_stored_responses=args.max_stored_responses,
             lora_modules=lora_modules_from_args(args),
             allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+            data_parallel=DataParallelConfig(
+                args.data_parallel_size,
+                None if args.data_parallel_cpus is None else parse_cpus(args.data_parallel_cpus),
+                args.data_parallel_max_restarts,
+            ),
         )
     except ValueError as error:
         raise SystemExit(f"ember serve: {error}") from None
@@ -195,6 +209,9 @@ def serve_command(args: argparse.Namespace) -> int:
         engine_config = EngineConfig.from_args(args)
     except ValueError as error:
         raise SystemExit(f"ember serve: {error}") from None
+    if server_config.data_parallel.is_replicated and engine_config.parallel.nnodes > 1:
+        raise SystemExit("ember serve: --data-parallel-size with --nnodes is not built yet: every replica runs on this "
+                         "machine; drop --nnodes, or run one server per machine behind the gateway")
     if engine_config.parallel.node_rank > 0:  # a worker node of a multi-node group: no engine, no server
         from ember.models.registry import resolve_model
         from ember.parallel.driver import run_worker_node

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ember.engine.data_parallel import DataParallelConfig
 from ember.engine.sampling_defaults import SamplingDefaults
 from ember.server.openai.reasoning import REASONING_PARSERS
 
@@ -58,6 +59,7 @@ class ServerConfig:
     max_stored_responses: int = 10_000
     lora_modules: dict[str, str] = field(default_factory=dict)  # adapter name clients send as 'model' -> its folder
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's env flag)
+    data_parallel: DataParallelConfig = field(default_factory=DataParallelConfig)  # engine replicas behind this API
 
     def __post_init__(self) -> None:
         self.served_model_names = list(self.served_model_names)

@@ -117,12 +117,17 @@ def serve_app(engine, server_config: ServerConfig) -> None:
 
 
 def run_server(engine_config, server_config: ServerConfig | None = None) -> None:
-    """Start the engine process for `engine_config` (it loads with a progress bar), then serve until stopped."""
+    """Start the engine process for `engine_config` (it loads with a progress bar), or `data_parallel.size` of them
+    behind one API, then serve until stopped."""
+    from ember.engine.data_parallel import DataParallelEngine
     from ember.engine.process_client import EngineProcessClient
 
     server_config = server_config or ServerConfig()
     configure_logging()
-    engine = EngineProcessClient(engine_config)
+    if server_config.data_parallel.is_replicated:
+        engine = DataParallelEngine(engine_config, server_config.data_parallel)
+    else:
+        engine = EngineProcessClient(engine_config)
     try:
         logger.info(describe_capacity(engine))
         serve_app(engine, server_config)

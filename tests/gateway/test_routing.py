@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ember.gateway.backend_state import BackendState, CircuitBreaker
 from ember.gateway.config import BreakerConfig, PrefixRoutingConfig
-from ember.gateway.routing import LatencyWeighted, LeastOutstanding, PrefixAware, RoundRobin
+from ember.gateway.routing import LatencyWeighted, LeastOutstanding, RoundRobin, prefix_aware
 
 
 def states(*names: str) -> list[BackendState]:
@@ -52,7 +52,7 @@ SYSTEM = "You are a helpful assistant that answers questions about the ember pro
 
 
 def test_prefix_aware_sends_a_shared_prefix_to_one_replica():
-    policy, backends = PrefixAware(PrefixRoutingConfig(block_chars=64, num_blocks=4)), states("r0", "r1", "r2")
+    policy, backends = prefix_aware(PrefixRoutingConfig(block_chars=64, num_blocks=4)), states("r0", "r1", "r2")
     firsts = {names(policy.order(backends, SYSTEM + f"question {index}"))[0] for index in range(20)}
     assert len(firsts) == 1
     spread = {names(policy.order(backends, f"{index} " + SYSTEM))[0] for index in range(60)}
@@ -60,7 +60,7 @@ def test_prefix_aware_sends_a_shared_prefix_to_one_replica():
 
 
 def test_prefix_aware_moves_only_the_removed_replicas_prefixes():
-    policy, backends = PrefixAware(PrefixRoutingConfig(block_chars=8, num_blocks=2)), states("r0", "r1", "r2")
+    policy, backends = prefix_aware(PrefixRoutingConfig(block_chars=8, num_blocks=2)), states("r0", "r1", "r2")
     prompts = [f"prefix-{index:04d}-rest" for index in range(300)]
     before = {prompt: names(policy.order(backends, prompt))[0] for prompt in prompts}
     after = {prompt: names(policy.order(backends[:2], prompt))[0] for prompt in prompts}
@@ -69,7 +69,7 @@ def test_prefix_aware_moves_only_the_removed_replicas_prefixes():
 
 
 def test_prefix_aware_passes_over_a_replica_above_the_load_bound():
-    policy, backends = PrefixAware(PrefixRoutingConfig(block_chars=64, num_blocks=4, load_factor=1.25)), states("r0", "r1")
+    policy, backends = prefix_aware(PrefixRoutingConfig(block_chars=64, num_blocks=4, load_factor=1.25)), states("r0", "r1")
     home = names(policy.order(backends, SYSTEM))[0]
     busy = next(state for state in backends if state.name == home)
     busy.outstanding = 4  # bound: ceil(1.25 * (4 + 1) / 2) = 4, so the home replica is full

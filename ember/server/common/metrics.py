@@ -21,6 +21,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ember.engine.client import ReplicatedEngineClient
+from ember.engine.llm_engine import EngineStats
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
@@ -42,51 +45,70 @@ class FinishedRequest:
 
 
 class _EngineCollector(Collector):
-    """Reads the engine's live stats at every scrape."""
+    """Reads the engine's live stats at every scrape: one series per metric, or with a data-parallel engine one per
+    live replica (label `replica`), plus `ember:replica_up` and `ember:replica_restarts` for every replica."""
 
     def __init__(self, engine, model_name: str) -> None:
         self._engine = engine
         self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._engine.stats()
-        labels = [self._model_name]
-        gauges = (
-            ("ember:num_requests_running", "Requests in the engine's running batch.", stats.num_running),
-            ("ember:num_requests_waiting", "Requests waiting in the engine's queue.", stats.num_waiting),
-            ("ember:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).", stats.kv_cache_usage),
-            ("ember:kv_cache_free_blocks", "KV-cache blocks free to allocate.", stats.num_free_blocks),
-            ("ember:kv_cache_total_blocks", "KV-cache blocks in the pool.", stats.num_total_blocks),
-            ("ember:num_threads", "CPU threads the latest engine step ran with (fewer while a neighbour takes cores).",
-             stats.num_threads),
-            ("ember:spec_decode_acceptance_rate", "Share of drafted tokens the target kept.", stats.spec_acceptance_rate),
-            ("ember:spec_decode_mean_accepted_length", "Tokens emitted per verification (kept drafts + 1).",
-             stats.spec_mean_accepted_length),
-        )
-        for name, documentation, value in gauges:
-            gauge = GaugeMetricFamily(name, documentation, labels=["model_name"])
-            gauge.add_metric(labels, float(value))
-            yield gauge
-        counters = (
-            ("ember:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
-            ("ember:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
-            ("ember:num_preemptions", "Requests preempted to free KV-cache blocks.", stats.num_preemptions),
-            ("ember:num_slow_steps", "Engine steps many times slower than the median of their size (CPU contention).",
-             stats.num_slow_steps),
-            ("ember:num_thread_changes", "Times the engine moved a step size to another CPU thread count.",
-             stats.num_thread_changes),
-            ("ember:prompt_tokens", "Prompt tokens processed.", stats.prompt_tokens_total),
-            ("ember:generation_tokens", "Tokens generated.", stats.generation_tokens_total),
-            ("ember:spec_decode_num_draft_tokens", "Tokens drafted for speculative decoding (a Medusa tree counts its depth).", stats.spec_draft_tokens_total),
-            ("ember:spec_decode_num_accepted_tokens", "Drafted tokens the target kept.", stats.spec_accepted_tokens_total),
-            ("ember:spec_decode_num_verifications", "Sequence-steps that verified drafted tokens.", stats.spec_verifications_total),
-            ("ember:spec_decode_draft_time_seconds", "Time spent drafting.", stats.spec_draft_time_s),
-            ("ember:spec_decode_verify_time_seconds", "Time of target steps that verified drafts.", stats.spec_verify_time_s),
-        )
-        for name, documentation, value in counters:
-            counter = CounterMetricFamily(name, documentation, labels=["model_name"])
-            counter.add_metric(labels, float(value))
-            yield counter
+        if isinstance(self._engine, ReplicatedEngineClient):
+            yield from self._replica_metrics(self._engine)
+            samples = [([self._model_name, name], stats) for name, stats in self._engine.replica_stats().items()]
+            yield from _engine_metrics(["model_name", "replica"], samples)
+        else:
+            yield from _engine_metrics(["model_name"], [([self._model_name], self._engine.stats())])
+
+    def _replica_metrics(self, engine: ReplicatedEngineClient) -> Iterator[Metric]:
+        up = GaugeMetricFamily("ember:replica_up", "1 while the replica's engine process runs, else 0.",
+                               labels=["model_name", "replica"])
+        restarts = CounterMetricFamily("ember:replica_restarts", "Times the replica's engine process was restarted.",
+                                       labels=["model_name", "replica"])
+        for health in engine.replica_health():
+            up.add_metric([self._model_name, health.replica], float(health.is_up))
+            restarts.add_metric([self._model_name, health.replica], float(health.restarts))
+        yield up
+        yield restarts
+
+
+def _engine_metrics(label_names: list[str], samples: list[tuple[list[str], EngineStats]]) -> Iterator[Metric]:
+    """The engine's gauges and counters, one series per (labels, stats) sample."""
+    gauges = (
+        ("ember:num_requests_running", "Requests in the engine's running batch.", "num_running"),
+        ("ember:num_requests_waiting", "Requests waiting in the engine's queue.", "num_waiting"),
+        ("ember:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).", "kv_cache_usage"),
+        ("ember:kv_cache_free_blocks", "KV-cache blocks free to allocate.", "num_free_blocks"),
+        ("ember:kv_cache_total_blocks", "KV-cache blocks in the pool.", "num_total_blocks"),
+        ("ember:num_threads", "CPU threads the latest engine step ran with (fewer while a neighbour takes cores).",
+         "num_threads"),
+        ("ember:spec_decode_acceptance_rate", "Share of drafted tokens the target kept.", "spec_acceptance_rate"),
+        ("ember:spec_decode_mean_accepted_length", "Tokens emitted per verification (kept drafts + 1).",
+         "spec_mean_accepted_length"),
+    )
+    counters = (
+        ("ember:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
+        ("ember:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+        ("ember:num_preemptions", "Requests preempted to free KV-cache blocks.", "num_preemptions"),
+        ("ember:num_slow_steps", "Engine steps many times slower than the median of their size (CPU contention).",
+         "num_slow_steps"),
+        ("ember:num_thread_changes", "Times the engine moved a step size to another CPU thread count.",
+         "num_thread_changes"),
+        ("ember:prompt_tokens", "Prompt tokens processed.", "prompt_tokens_total"),
+        ("ember:generation_tokens", "Tokens generated.", "generation_tokens_total"),
+        ("ember:spec_decode_num_draft_tokens", "Tokens drafted for speculative decoding (a Medusa tree counts its depth).",
+         "spec_draft_tokens_total"),
+        ("ember:spec_decode_num_accepted_tokens", "Drafted tokens the target kept.", "spec_accepted_tokens_total"),
+        ("ember:spec_decode_num_verifications", "Sequence-steps that verified drafted tokens.", "spec_verifications_total"),
+        ("ember:spec_decode_draft_time_seconds", "Time spent drafting.", "spec_draft_time_s"),
+        ("ember:spec_decode_verify_time_seconds", "Time of target steps that verified drafts.", "spec_verify_time_s"),
+    )
+    for family, specs in ((GaugeMetricFamily, gauges), (CounterMetricFamily, counters)):
+        for name, documentation, attribute in specs:
+            metric = family(name, documentation, labels=label_names)
+            for labels, stats in samples:
+                metric.add_metric(labels, float(getattr(stats, attribute)))
+            yield metric
 
 
 class ServerMetrics:
