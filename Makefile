@@ -21,6 +21,8 @@ install-test: $(BIN)/python
 	$(BIN)/pip install -e '.[test]'
 	# The gateway's multi-replica tests start a real redis-server (Debian package).
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y --no-install-recommends redis-server)
+	# The two-node parallel test joins two network namespaces with `ip` (iproute2); without it, it skips.
+	command -v ip >/dev/null || (apt-get update && apt-get install -y --no-install-recommends iproute2) || true
 	# llama.cpp's tokenizer test vectors, from the llama-cpp-python sdist (nothing is built;
 	# cached outside the repo; on failure their tests skip).
 	.ci/fetch-llama-cpp-models $(BIN)/pip
