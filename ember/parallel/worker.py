@@ -28,6 +28,8 @@ from ember.parallel.config import ParallelConfig
 from ember.parallel.group import connect
 from ember.parallel.messages import AllocateKVCache, ComputeLogits, RunForward, StopWorker
 from ember.parallel.modes import shard_factory
+from ember.quant.choices import QUANT_ACTIVATIONS
+from ember.quant.ggml.layers import set_activations
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +43,8 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 
     Packed layers count their panels (a packed layer's state dict rebuilds a fresh dense copy,
     which would count a tied table twice: once for the head, once for the embedding reading its
-    panels); everything else counts what its state dict holds.
+    panels); quantized layers count their blocks (buffers the state dict leaves out; a tied table's
+    once); everything else counts what its state dict holds.
     """
     panels: dict[str, PackedWeight] = {}
     for name, module in model.named_modules():
@@ -57,6 +60,8 @@ def parameter_bytes(model: torch.nn.Module) -> int:
         else:
             bias_bytes = 0 if owner.bias is None else owner.bias.numel() * owner.bias.element_size()
             tensors[owner.panels.data_ptr()] = owner.panels.numel() * owner.panels.element_size() + bias_bytes
+    for buffer in model.buffers():
+        tensors.setdefault(buffer.data_ptr(), buffer.numel() * buffer.element_size())
     return sum(tensors.values())
 
 
@@ -114,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--collective-timeout", type=float, required=True)
     parser.add_argument("--startup-timeout", type=float, required=True)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of this rank")
+    parser.add_argument("--quant-activations", default="int8", choices=QUANT_ACTIVATIONS,
+                        help="what quantized layers round their inputs to (the engine's --quant-activations)")
     parser.add_argument("--max-model-len", type=int, default=None, help="the context the engine serves")
     parser.add_argument("--no-lifeline", action="store_true", help="do not exit when stdin closes (a rank started by hand)")
     args = parser.parse_args(argv)
@@ -128,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         args.rank, parallel.world_size, args.master_addr, args.master_port, args.collective_timeout, args.startup_timeout
     )
     loaded = load_model(args.model, args.dtype, shard_for=shard_factory(communicator, parallel), max_model_len=args.max_model_len)
+    set_activations(loaded.model, args.quant_activations)
     communicator.gather_to_driver(torch.tensor([parameter_bytes(loaded.model)]), args.startup_timeout)
     assert loaded.shard is not None
     WorkerLoop(loaded.model, communicator, loaded.shard.held_layers).run()
