@@ -50,6 +50,18 @@ def connect(
     return Communicator(group, rank, world_size, timeout_s, store, exchange, peer_failure)
 
 
+def subgroup(world: Communicator, ranks: range, startup_timeout_s: float) -> Communicator:
+    """A communicator among `ranks` of `world` (this rank one of them, numbered by its place in `ranks`), on gloo
+    over the world's store: a pipeline stage's tensor-parallel group. Every rank of `ranks` calls it at once."""
+    if world.store is None:
+        raise ValueError("a subgroup meets on its world's store; this communicator has none")
+    startup = datetime.timedelta(seconds=startup_timeout_s)
+    rank = ranks.index(world.rank)
+    store = dist.PrefixStore(f"ember/gloo/ranks-{ranks.start}-{ranks.stop}", world.store)
+    group = dist.ProcessGroupGloo(store, rank, len(ranks), startup)
+    return Communicator(group, rank, len(ranks), world.timeout.total_seconds(), world.store, None, world.peer_failure)
+
+
 def _shared_exchange(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta) -> SharedExchange | None:
     """The group's shared segment if every rank maps it (every rank gets the same answer), else None."""
     library = exchange_library()

@@ -66,12 +66,16 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 
 
 class WorkerLoop:
-    """Rank r's model shard and KV cache shard, driven by the commands rank 0 broadcasts."""
+    """Rank r's model shard and KV cache shard, driven by the commands rank 0 broadcasts.
 
-    def __init__(self, model: torch.nn.Module, communicator: Communicator, held_layers: range | None = None) -> None:
+    `scores_logits`: whether this rank holds a slice of the head (a later pipeline stage's ranks do not)."""
+
+    def __init__(self, model: torch.nn.Module, communicator: Communicator, held_layers: range | None = None,
+                 scores_logits: bool = True) -> None:
         self.model = model
         self.communicator = communicator
         self.held_layers = held_layers
+        self.scores_logits = scores_logits
         self.caches: KVCacheTensors | None = None
 
     @torch.inference_mode()
@@ -89,7 +93,7 @@ class WorkerLoop:
                 assert self.caches is not None, "rank 0 runs a step before allocating the KV cache"
                 self.caches.copy_blocks(command.block_copies)
                 self.model(command.input_ids, command.positions, self.caches.layer_caches, command.metadata)
-            elif isinstance(command, ComputeLogits):
+            elif isinstance(command, ComputeLogits) and self.scores_logits:
                 self.model.compute_logits(command.hidden)
 
 
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     set_activations(loaded.model, args.quant_activations)
     communicator.gather_to_driver(torch.tensor([parameter_bytes(loaded.model)]), args.startup_timeout)
     assert loaded.shard is not None
-    WorkerLoop(loaded.model, communicator, loaded.shard.held_layers).run()
+    WorkerLoop(loaded.model, communicator, loaded.shard.held_layers, parallel.scores_logits(args.rank)).run()
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ import torch
 
 from ember.llm import LLM
 from ember.parallel.worker import parameter_bytes
-from ember.quant.codes.grid import BlockGrid
 from ember.quant.codes.float_codes import quantize_nf4
+from ember.quant.codes.grid import BlockGrid
 from ember.quant.ggml.blocks import GGMLTensor
 from ember.quant.ggml.layers import GGMLLinear, ZeroPointLinear
 from ember.quant.ggml.zero_point import ZeroPointTensor
