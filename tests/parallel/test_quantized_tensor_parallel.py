@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ember.bench.parallel import markdown, run_parallel_bench
 from ember.llm import LLM
+from ember.parallel.config import ParallelConfig
 from ember.parallel.worker import parameter_bytes
 from ember.quant.codes.float_codes import quantize_nf4
 from ember.quant.codes.grid import BlockGrid
@@ -136,6 +138,16 @@ def test_tp2_refuses_act_order_gptq_row_layers_it_cannot_split_and_runs_them_as_
         assert greedy_tokens(parallel, PROMPTS) == greedy_tokens(single, PROMPTS)
     finally:
         parallel.shutdown()
+
+
+def test_the_parallel_bench_runs_the_quantized_mode_and_reports_tok_s_and_bytes_per_rank(gptq_folder, single_thread_torch):
+    """`ember bench parallel --dtype auto`: both engines on the GPTQ blocks; each rank holds about half of them."""
+    result = run_parallel_bench(str(gptq_folder), ParallelConfig(tensor_parallel_size=2), num_prompts=2, prompt_len=8,
+                                max_tokens=4, repeats=1, seed=0, dtype="auto")
+    assert result["dtype"] == "auto" and result["parallel_output_tok_s"] > 0 and result["single_output_tok_s"] > 0
+    assert max(result["rank_weight_bytes"]) < 0.55 * result["whole_weight_bytes"]
+    assert result["bytes_per_token_counted"] == result["bytes_per_token_formula"]
+    assert "| output tok/s, 1 process / tensor x2 |" in markdown(result) and "--dtype auto" in markdown(result)
 
 
 # -- ranks on the SmolLM2 GGUF (Q4_1 layers, Q8_0 tied embeddings) ----------------------------------------------------
