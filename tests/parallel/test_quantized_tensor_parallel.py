@@ -129,6 +129,22 @@ def test_tp2_on_gptq_all_reduce_adds_only_the_quantized_partial_sums(gptq_folder
         parallel.shutdown()
 
 
+def test_tp2_on_awq_runs_its_groups_sliced_and_adds_only_the_partial_sums(tmp_path, single_thread_torch):
+    """AWQ GEMM checkpoints read into the same zero-point blocks as GPTQ: sliced the same way."""
+    source = save_tiny_model("llama", tmp_path / "float")
+    write_checkpoint(source, tmp_path / "awq", Variant(method="awq", bits=4, group_size=32))
+    single = LLM(str(tmp_path / "awq"), **OPTIONS)
+    parallel = LLM(str(tmp_path / "awq"), tensor_parallel_size=2, **OPTIONS)
+    try:
+        assert isinstance(parallel.engine.runner.model.model.layers[0].mlp.down_proj.local, ZeroPointLinear)
+        assert greedy_tokens(parallel, PROMPTS) == greedy_tokens(single, PROMPTS)
+        split_row_parallel_sums(single.engine.runner.model, world_size=2)
+        for ours, reference in zip(prompt_logits(parallel, PROMPTS), prompt_logits(single, PROMPTS), strict=True):
+            assert torch.equal(ours, reference)
+    finally:
+        parallel.shutdown()
+
+
 def test_tp2_refuses_act_order_gptq_row_layers_it_cannot_split_and_runs_them_as_exact_rows(tmp_path, single_thread_torch):
     """Act-order columns are stored by group: no rank's input columns are one run of blocks; whole rows are."""
     source = save_tiny_model("llama", tmp_path / "float")
@@ -186,5 +202,18 @@ def test_tp2_smollm2_gguf_at_auto_all_reduce_adds_only_the_quantized_partial_sum
         split_row_parallel_sums(single.engine.runner.model, world_size=2)
         for ours, reference in zip(prompt_logits(parallel, SMOLLM2_PROMPTS), prompt_logits(single, SMOLLM2_PROMPTS), strict=True):
             assert torch.equal(ours, reference)
+    finally:
+        parallel.shutdown()
+
+
+@pytest.mark.slow
+def test_tp2_x_pp2_smollm2_gguf_at_auto_greedy_matches_one_process(smollm2_gguf, single_thread_torch):
+    """Four ranks, each a stage's tensor-parallel half of its layers' blocks: about a quarter of the file each."""
+    options = dict(block_size=16, num_kv_blocks=64)
+    single = LLM(str(smollm2_gguf), **options)
+    parallel = LLM(str(smollm2_gguf), tensor_parallel_size=2, pipeline_parallel_size=2, exact_row_parallel=True, **options)
+    try:
+        assert max(parallel.engine.workers.memory.parameter_bytes) <= 0.35 * smollm2_gguf.stat().st_size
+        assert greedy_tokens(parallel, SMOLLM2_PROMPTS) == greedy_tokens(single, SMOLLM2_PROMPTS)
     finally:
         parallel.shutdown()
