@@ -59,7 +59,9 @@ def subgroup(world: Communicator, ranks: range, startup_timeout_s: float) -> Com
     rank = ranks.index(world.rank)
     store = dist.PrefixStore(f"ember/gloo/ranks-{ranks.start}-{ranks.stop}", world.store)
     group = dist.ProcessGroupGloo(store, rank, len(ranks), startup)
-    return Communicator(group, rank, len(ranks), world.timeout.total_seconds(), world.store, None, world.peer_failure)
+    communicator = Communicator(group, rank, len(ranks), world.timeout.total_seconds(), world.store, None, world.peer_failure)
+    communicator.stats = world.stats  # one count of everything this rank sends, whichever group carried it
+    return communicator
 
 
 def _shared_exchange(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta) -> SharedExchange | None:

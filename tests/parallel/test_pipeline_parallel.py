@@ -61,6 +61,7 @@ def test_tp2_x_pp2_llama_matches_single_process(tmp_path, single_thread_torch):
     parallel = LLM(str(folder), tensor_parallel_size=2, pipeline_parallel_size=2, **OPTIONS)
     try:
         assert_parallel_matches(single, parallel, PROMPTS, tolerance=1e-5)
+        assert_volume_matches_formula(parallel, PROMPTS)  # rank 0: its stage's all-reduces and one row sent on
         memory = parallel.engine.workers.memory
         assert parallel.engine.workers.held_layers == range(0, 1)  # stage 0 also holds the embedding and head
         assert memory.kv_cache_bytes[0] == memory.kv_cache_bytes[1]  # a stage's ranks split its KV heads evenly
