@@ -51,15 +51,17 @@ def connect(
 
 
 def subgroup(world: Communicator, ranks: range, startup_timeout_s: float) -> Communicator:
-    """A communicator among `ranks` of `world` (this rank one of them, numbered by its place in `ranks`), on gloo
-    over the world's store: a pipeline stage's tensor-parallel group. Every rank of `ranks` calls it at once."""
+    """A communicator among `ranks` of `world` (this rank one of them, numbered by its place in `ranks`), met on the
+    world's store: a pipeline stage's tensor-parallel group, with a shared segment of its own where its ranks share
+    a machine. Every rank of `ranks` calls it at once."""
     if world.store is None:
         raise ValueError("a subgroup meets on its world's store; this communicator has none")
     startup = datetime.timedelta(seconds=startup_timeout_s)
     rank = ranks.index(world.rank)
-    store = dist.PrefixStore(f"ember/gloo/ranks-{ranks.start}-{ranks.stop}", world.store)
-    group = dist.ProcessGroupGloo(store, rank, len(ranks), startup)
-    communicator = Communicator(group, rank, len(ranks), world.timeout.total_seconds(), world.store, None, world.peer_failure)
+    store = dist.PrefixStore(f"ember/ranks-{ranks.start}-{ranks.stop}", world.store)
+    group = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, len(ranks), startup)
+    exchange = _shared_exchange(store, rank, len(ranks), startup)
+    communicator = Communicator(group, rank, len(ranks), world.timeout.total_seconds(), world.store, exchange, world.peer_failure)
     communicator.stats = world.stats  # one count of everything this rank sends, whichever group carried it
     return communicator
 

@@ -7,6 +7,7 @@ import pytest
 
 from ember.llm import LLM
 from ember.parallel.config import ParallelConfig
+from ember.parallel.shared_exchange import SHARED_FOLDER, exchange_library
 from ember.parallel.worker import parameter_bytes
 from tests.model_factory import save_tiny_model
 from tests.parallel.moe_models import save_deepseek_v2, save_mixtral
@@ -62,6 +63,8 @@ def test_tp2_x_pp2_llama_matches_single_process(tmp_path, single_thread_torch):
     try:
         assert_parallel_matches(single, parallel, PROMPTS, tolerance=1e-5)
         assert_volume_matches_formula(parallel, PROMPTS)  # rank 0: its stage's all-reduces and one row sent on
+        if SHARED_FOLDER.is_dir() and exchange_library() is not None:  # one machine: each stage's sums through shared memory
+            assert parallel.engine.runner.model.lm_head.communicator.exchange is not None
         memory = parallel.engine.workers.memory
         assert parallel.engine.workers.held_layers == range(0, 1)  # stage 0 also holds the embedding and head
         assert memory.kv_cache_bytes[0] == memory.kv_cache_bytes[1]  # a stage's ranks split its KV heads evenly
