@@ -26,8 +26,11 @@ from ember.quant.ggml.zero_point import ZeroPointTensor
 from ember.quant.int8.channel import quantize_weight
 from ember.quant.parts import UnsplittableWeightError, quantized_part
 from tests.model_factory import save_tiny_model
-from tests.parallel.split_sum_reference import split_row_parallel_sums
-from tests.parallel.tp_parity import greedy_tokens, prompt_logits
+from tests.parallel.tp_parity import (
+    assert_only_the_all_reduce_reorders,
+    greedy_tokens,
+    prompt_logits,
+)
 from tests.quant.gptq_awq_factory import Variant, write_checkpoint
 
 PROMPTS = [[5, 9, 14, 200, 3, 77], list(range(30, 53)), [1], [300, 2, 8, 8, 8, 40, 41, 42, 43]]
@@ -121,10 +124,7 @@ def test_tp2_on_gptq_all_reduce_adds_only_the_quantized_partial_sums(gptq_folder
     try:
         assert greedy_tokens(parallel, PROMPTS) == greedy_tokens(single, PROMPTS)
         assert max(parallel.engine.workers.memory.parameter_bytes) < 0.55 * parameter_bytes(single.engine.runner.model)
-        split_row_parallel_sums(single.engine.runner.model, world_size=2)
-        tolerance = 1e-6 if switch == "sequence-parallel" else 0.0
-        for ours, reference in zip(prompt_logits(parallel, PROMPTS), prompt_logits(single, PROMPTS), strict=True):
-            assert (ours - reference).abs().max().item() <= tolerance
+        assert_only_the_all_reduce_reorders(single, parallel, PROMPTS, tolerance=1e-6 if switch == "sequence-parallel" else 0.0)
     finally:
         parallel.shutdown()
 
@@ -138,9 +138,7 @@ def test_tp2_on_awq_runs_its_groups_sliced_and_adds_only_the_partial_sums(tmp_pa
     try:
         assert isinstance(parallel.engine.runner.model.model.layers[0].mlp.down_proj.local, ZeroPointLinear)
         assert greedy_tokens(parallel, PROMPTS) == greedy_tokens(single, PROMPTS)
-        split_row_parallel_sums(single.engine.runner.model, world_size=2)
-        for ours, reference in zip(prompt_logits(parallel, PROMPTS), prompt_logits(single, PROMPTS), strict=True):
-            assert torch.equal(ours, reference)
+        assert_only_the_all_reduce_reorders(single, parallel, PROMPTS)
     finally:
         parallel.shutdown()
 
@@ -199,9 +197,7 @@ def test_tp2_smollm2_gguf_at_auto_all_reduce_adds_only_the_quantized_partial_sum
     parallel = LLM(str(smollm2_gguf), tensor_parallel_size=2, **options)
     try:
         assert greedy_tokens(parallel, SMOLLM2_PROMPTS) == greedy_tokens(single, SMOLLM2_PROMPTS)
-        split_row_parallel_sums(single.engine.runner.model, world_size=2)
-        for ours, reference in zip(prompt_logits(parallel, SMOLLM2_PROMPTS), prompt_logits(single, SMOLLM2_PROMPTS), strict=True):
-            assert torch.equal(ours, reference)
+        assert_only_the_all_reduce_reorders(single, parallel, SMOLLM2_PROMPTS)
     finally:
         parallel.shutdown()
 
