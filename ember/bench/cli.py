@@ -12,7 +12,7 @@ from pathlib import Path
 from ember.bench.quant_methods import DEFAULT_METHODS as DEFAULT_QUANT_METHODS
 from ember.bench.quant_methods import METHOD_SPECS as QUANT_METHOD_SPECS
 from ember.cli.quantize_cmd import parse_alpha
-from ember.engine.config import KV_CACHE_DTYPES
+from ember.engine.config import DTYPES, KV_CACHE_DTYPES
 from ember.engine.device import DEVICES
 
 WORKLOAD_COMMANDS = ("mixed", "batch1", "shared-prefix", "long-prefill", "serve")
@@ -174,6 +174,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parallel.add_argument("--enable-expert-parallel", action="store_true", help="MoE models: experts split over the TP ranks")
     parallel.add_argument("--enable-sequence-parallel", action="store_true", help="TP with reduce-scatter + all-gather")
     parallel.add_argument("--exact-row-parallel", action="store_true", help="TP row layers by all-gathers (bit-exact)")
+    parallel.add_argument("--dtype", default="float32", choices=DTYPES,
+                          help="both engines' --dtype; auto: a quantized checkpoint's ranks hold its blocks, sliced")
     parallel.add_argument("--num-prompts", type=int, default=4)
     parallel.add_argument("--prompt-len", type=int, default=64)
     parallel.add_argument("--max-tokens", type=int, default=32)
@@ -385,7 +387,8 @@ def _run_parallel(args: argparse.Namespace) -> int:
     parallel = ParallelConfig.split_from_args(args)
     if not parallel.is_parallel:
         raise ValueError("give --tensor-parallel-size or --pipeline-parallel-size of 2 or more")
-    result = run_parallel_bench(args.model, parallel, args.num_prompts, args.prompt_len, args.max_tokens, args.repeats, args.seed)
+    result = run_parallel_bench(args.model, parallel, args.num_prompts, args.prompt_len, args.max_tokens, args.repeats, args.seed,
+                                args.dtype)
     print(markdown(result))
     print(f"machine: {torch_threads()} torch threads per rank, a shared CPU box: ranks on one socket add work, they cannot speed up")
     print(f"reproduce: {_command_line()}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
-from ember.bench.parallel_modes import PARALLEL_MODES
+from ember.bench.parallel_modes import PARALLEL_MODES, mode_dtype
 from ember.bench.quant_methods import DEFAULT_METHODS as DEFAULT_QUANT_METHODS
 
 if TYPE_CHECKING:  # the report imports this module's names; keep it free of the engine
@@ -41,7 +41,7 @@ class FeatureSizes:
     quant_methods: tuple[str, ...] = DEFAULT_QUANT_METHODS
     quant_eval_windows: int = 8  # of ember.bench.quant.EVAL_WINDOW_TOKENS tokens
     quant_calib_tokens: int = 4096
-    parallel_modes: tuple[str, ...] = ("tensor", "sequence", "pipeline")  # expert parallel needs an MoE model, SmolLM2 is dense
+    parallel_modes: tuple[str, ...] = ("tensor", "sequence", "pipeline", "tensor-quantized")  # expert parallel needs an MoE model, SmolLM2 is dense
     parallel_world_size: int = 2
     parallel_prompts: int = 4
     parallel_prompt_len: int = 64
@@ -175,7 +175,7 @@ def run_parallel_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
         try:
             section["modes"][mode] = run_parallel_bench(options.model, parallel_config(mode, sizes.parallel_world_size),
                                                         sizes.parallel_prompts, sizes.parallel_prompt_len, sizes.parallel_max_tokens,
-                                                        options.repeats, options.seed)  # fmt: skip
+                                                        options.repeats, options.seed, mode_dtype(mode))  # fmt: skip
         except Exception as error:  # noqa: BLE001 - one mode failing must not lose the others
             section["errors"][mode] = f"{type(error).__name__}: {error}"[:500]
     if not section["modes"]:
@@ -198,4 +198,4 @@ def parallel_config(mode: str, world_size: int):
     if mode == "pipeline":
         return ParallelConfig(pipeline_parallel_size=world_size)
     return ParallelConfig(tensor_parallel_size=world_size, enable_expert_parallel=mode == "expert",
-                          enable_sequence_parallel=mode == "sequence")  # fmt: skip
+                          enable_sequence_parallel=mode == "sequence", exact_row_parallel=mode == "tensor-quantized-exact")  # fmt: skip

@@ -74,11 +74,13 @@ def _timed_runs(llm: LLM, prompts: list[list[int]], params: SamplingParams, repe
 
 
 def run_parallel_bench(
-    model: str, parallel: ParallelConfig, num_prompts: int, prompt_len: int, max_tokens: int, repeats: int, seed: int
+    model: str, parallel: ParallelConfig, num_prompts: int, prompt_len: int, max_tokens: int, repeats: int, seed: int,
+    dtype: str = "float32",
 ) -> dict:
+    """One process and `parallel` on the same workload, both loaded at `dtype` ("auto": a quantized checkpoint's ranks
+    hold its blocks, sliced; "float32": every rank a float copy of its slice)."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    # float32 on both sides: a rank dequantizes its slice, so the single process must run float weights too.
-    options = dict(dtype="float32", enable_prefix_caching=False, max_num_seqs=num_prompts)
+    options = dict(dtype=dtype, enable_prefix_caching=False, max_num_seqs=num_prompts)
     single = LLM(model, **options)
     prompts = _prompts(single.engine.model_config.vocab_size, num_prompts, prompt_len, seed)
     single_s, _ = _timed_runs(single, prompts, params, repeats)
@@ -97,11 +99,13 @@ def run_parallel_bench(
         hardware = HardwareModel()
         modelled = None
         if parallel.mode == "tensor":
+            read_bytes = whole_bytes // 2 if dtype == "float32" else whole_bytes  # float32 weights read as bf16 there
             modelled = modelled_speedup(
-                whole_bytes // 2, volume.bytes_per_token / element_bytes * 2, volume.calls_per_forward, 1, parallel.world_size, hardware
+                read_bytes, volume.bytes_per_token / element_bytes * 2, volume.calls_per_forward, 1, parallel.world_size, hardware
             )
         return {
             "model": model,
+            "dtype": dtype,
             "mode": parallel.mode,
             "world_size": parallel.world_size,
             "workload": {"prompts": num_prompts, "prompt_len": prompt_len, "max_tokens": max_tokens, "repeats": repeats},
@@ -111,6 +115,8 @@ def run_parallel_bench(
             "tokens_per_run": sum(parallel_passes),
             "counted_tokens_per_run": counted_tokens,  # what the formula is per (padded for a sequence split)
             "speedup": statistics.median(single_s) / statistics.median(parallel_s),
+            "single_output_tok_s": num_prompts * max_tokens / statistics.median(single_s),
+            "parallel_output_tok_s": num_prompts * max_tokens / statistics.median(parallel_s),
             "collective": " + ".join(volume.kinds),
             "bytes_per_token_counted": sum(stats.bytes_sent[kind] for kind in volume.kinds) / counted_tokens,
             "bytes_per_token_formula": volume.bytes_per_token,
@@ -173,7 +179,7 @@ def markdown(result: dict) -> str:
     kv = ", ".join(f"{b / mib:.2f}" for b in result["rank_kv_cache_bytes"])
     mode, size = result["mode"], result["world_size"]
     lines = [
-        f"## {mode} parallel, {size} ranks, vs one process ({result['model']})",
+        f"## {mode} parallel, {size} ranks, vs one process ({result['model']}, --dtype {result.get('dtype', 'float32')})",
         "",
         "| measure | value |",
         "|---|---|",
@@ -181,6 +187,8 @@ def markdown(result: dict) -> str:
         f"| run time, {mode} x{size} (median s) | {statistics.median(result['parallel_s']):.2f} |",
         *([f"| torch threads per rank (one process: {result['single_threads']}) | {result['threads_per_rank']} |"]
           if "threads_per_rank" in result else []),
+        *([f"| output tok/s, 1 process / {mode} x{size} | {result['single_output_tok_s']:.1f} / {result['parallel_output_tok_s']:.1f} |"]
+          if "single_output_tok_s" in result else []),
         f"| measured speedup (1 process / parallel) | {result['speedup']:.2f}x |",
         f"| {result['collective']} bytes per {_token_unit(result)} per rank, counted | {result['bytes_per_token_counted']:.1f} |",
         f"| same, formula {result['formula']} | {result['bytes_per_token_formula']:.1f} |",
@@ -201,6 +209,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| routed (token, expert) pairs per rank since load | {', '.join(map(str, pairs))} ({shares}) |")
     if result["modelled_speedup_batch1"] is not None:
         lines.append(
-            f"| modelled batch-1 decode speedup on {result['hardware_model']['name']} (bf16) | {result['modelled_speedup_batch1']:.2f}x |"
+            f"| modelled batch-1 decode speedup on {result['hardware_model']['name']} "
+            f"({'bf16' if result.get('dtype', 'float32') == 'float32' else 'weights as loaded'}) | {result['modelled_speedup_batch1']:.2f}x |"
         )
     return "\n".join(lines)

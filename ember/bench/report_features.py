@@ -277,7 +277,7 @@ def parallel_markdown(section: dict | None, image: Image) -> list[str]:
         table = markdown(run).split("\n", 1)[1]  # its own heading names the engine's mode, which says nothing of SP
         lines += [f"### {PARALLEL_MODES.get(mode, mode)}, {run['world_size']} ranks, vs one process", table, "",
                   f"{w['prompts']} prompt(s) of {w['prompt_len']} random tokens, {w['max_tokens']} out (greedy), {w['repeats']} repeats "
-                  "of each engine, float32 on both sides.", ""]  # fmt: skip
+                  f"of each engine, --dtype {run.get('dtype', 'float32')} on both sides.", ""]  # fmt: skip
     for mode, error in section.get("errors", {}).items():
         lines += [f"- **{mode}** failed: `{error}`", ""]
     lines.append(f"{section.get('torch_threads', '?')} torch threads on one shared CPU box, shared out over the ranks: they compete for "

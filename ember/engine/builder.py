@@ -87,7 +87,8 @@ class EngineBuilder:
         if loaded is None and config.parallel.is_parallel:
             from ember.parallel.driver import WorkerGroup
 
-            self.workers, loaded = WorkerGroup.start(model_path, config.dtype, config.parallel, show_progress, config.max_model_len)
+            self.workers, loaded = WorkerGroup.start(model_path, config.dtype, config.parallel, show_progress, config.max_model_len,
+                                                     config.quant_activations)
         loaded = loaded or load_model(model_path, self.load_dtype, show_progress=show_progress, max_model_len=config.max_model_len,
                                       quantization=config.quantization, device=self.device)
         num_ggml_layers = set_activations(loaded.model, config.quant_activations)  # 0 without GGML layers

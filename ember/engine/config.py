@@ -238,8 +238,9 @@ class EngineConfig:
             raise ValueError(f"--quantization {self.quantization} runs block layers with float32 activations; "
                              f"use --dtype auto or float32, not {self.dtype}")
         if self.quantization in AT_LOAD_QUANTIZATIONS and self.parallel.is_parallel:
-            raise ValueError(f"--quantization {self.quantization} runs in one process (parallel ranks load float slices); "
-                             "drop --tensor-parallel-size / --pipeline-parallel-size")
+            raise ValueError(f"--quantization {self.quantization} rounds weights in one process (worker ranks do not round "
+                             "at load); quantize the checkpoint with `ember quantize` (its ranks keep the blocks), or drop "
+                             "--tensor-parallel-size / --pipeline-parallel-size")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:

@@ -11,11 +11,21 @@ from typing import Protocol
 import torch
 
 
-class Collectives(Protocol):
-    """One rank's collectives with its peers; rank 0 is the driver (the engine process)."""
+class PointToPoint(Protocol):
+    """Sends between numbered peers (pipeline stages: `rank` of `world_size`)."""
 
     rank: int
     world_size: int
+
+    def send(self, tensor: torch.Tensor, peer: int) -> None:
+        """Send `tensor` to peer `peer`."""
+
+    def receive(self, shape: tuple[int, ...], dtype: torch.dtype, peer: int) -> torch.Tensor:
+        """The tensor peer `peer` sends next (of this shape and dtype)."""
+
+
+class Collectives(PointToPoint, Protocol):
+    """One rank's collectives with its peers; rank 0 is the driver (the engine process)."""
 
     @property
     def is_driver(self) -> bool: ...
@@ -31,9 +41,3 @@ class Collectives(Protocol):
 
     def gather_to_driver(self, tensor: torch.Tensor, timeout_s: float | None = None) -> list[torch.Tensor] | None:
         """Every rank's `tensor` on rank 0, in rank order; None elsewhere."""
-
-    def send(self, tensor: torch.Tensor, peer: int) -> None:
-        """Send `tensor` to rank `peer`."""
-
-    def receive(self, shape: tuple[int, ...], dtype: torch.dtype, peer: int) -> torch.Tensor:
-        """The tensor rank `peer` sends next (of this shape and dtype)."""

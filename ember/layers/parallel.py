@@ -14,17 +14,34 @@ head computes exactly the numbers the whole layer computes. Only the row-paralle
 differs: rank 0 sums bias + k in [0, K0) and rank 1 sums k in [K0, K) from zero, then the two
 partial sums are added, where one process would have kept adding the second half onto the
 first: one float32 rounding per output element per row-parallel layer.
+
+A rank whose product is held in another form (GGML blocks, GPTQ groups: ember.quant) keeps the same
+collectives: each layer here `joins` a local product module into a layer that runs them around it
+(`JoinsSlices`), so a quantized rank runs the quantized kernels of one process on its slice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ember.layers.collectives import Collectives
 from ember.layers.embedding import VocabEmbedding
 from ember.layers.linear import Linear
 from ember.layers.weight_arena import WeightArena
+
+
+@runtime_checkable
+class JoinsSlices(Protocol):
+    """A parallel layer whose collectives can run around a product held in another form (quantized blocks)."""
+
+    def joining(self, local: nn.Module) -> nn.Module:
+        """A layer that runs this layer's collectives around `local`, this rank's product of the same slice (a module
+        with a `bias`, None or a tensor, of this layer's shape)."""
 
 
 class RowParallelLinear(Linear):
@@ -52,6 +69,27 @@ class RowParallelLinear(Linear):
             return super().forward(x)
         return F.linear(x, self.weight, self.bias if self.communicator.is_driver else None)
 
+    def joining(self, local: nn.Module) -> nn.Module:
+        return RowParallelProduct(local, self.communicator)
+
+
+class RowParallelProduct(nn.Module):
+    """`RowParallelLinear`'s all-reduce around this rank's partial product held in another form (`local`)."""
+
+    def __init__(self, local: nn.Module, communicator: Collectives) -> None:
+        super().__init__()
+        if not communicator.is_driver:
+            local.bias = None  # rank 0 adds it
+        self.local = local
+        self.communicator = communicator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.communicator.all_reduce(self.partial(x))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's partial product (with the bias on rank 0), before the ranks' sum."""
+        return self.local(x)
+
 
 class GatheredRowLinear(Linear):
     """A row layer computed whole for this rank's slice of its outputs: one process's sums, bit for bit.
@@ -71,8 +109,31 @@ class GatheredRowLinear(Linear):
         self.communicator = communicator
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        whole_input = _gather_columns(x, self.input_sizes, self.communicator)
-        return _gather_columns(super().forward(whole_input), self.output_sizes, self.communicator)
+        return _gathered_product(super().forward, x, self.input_sizes, self.output_sizes, self.communicator)
+
+    def joining(self, local: nn.Module) -> nn.Module:
+        return GatheredRowProduct(local, self.input_sizes, self.output_sizes, self.communicator)
+
+
+class GatheredRowProduct(nn.Module):
+    """`GatheredRowLinear`'s all-gathers around this rank's output rows held in another form (`local`)."""
+
+    def __init__(self, local: nn.Module, input_sizes: list[int], output_sizes: list[int], communicator: Collectives) -> None:
+        super().__init__()
+        self.local = local
+        self.input_sizes = input_sizes
+        self.output_sizes = output_sizes
+        self.communicator = communicator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _gathered_product(self.local, x, self.input_sizes, self.output_sizes, self.communicator)
+
+
+def _gathered_product(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, input_sizes: list[int],
+                      output_sizes: list[int], communicator: Collectives) -> torch.Tensor:
+    """The whole input gathered, this rank's output columns computed, every rank's output columns gathered."""
+    whole_input = _gather_columns(x, input_sizes, communicator)
+    return _gather_columns(product(whole_input), output_sizes, communicator)
 
 
 def _gather_columns(x: torch.Tensor, sizes: list[int], communicator: Collectives) -> torch.Tensor:
@@ -99,10 +160,36 @@ class VocabParallelEmbedding(VocabEmbedding):
 
     def lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
         """This rank's rows of the ids in its slice, exact zeros elsewhere (the sum over ranks adds nothing else)."""
-        local_ids = input_ids - self.vocab_start
-        is_here = (local_ids >= 0) & (local_ids < self.num_embeddings)
-        rows = super().forward(local_ids.clamp(0, self.num_embeddings - 1))
-        return rows * is_here.unsqueeze(-1).to(rows.dtype)
+        return _slice_lookup(super().forward, input_ids, self.vocab_start, self.num_embeddings)
+
+    def joining(self, local: nn.Module) -> nn.Module:
+        return VocabParallelLookup(local, self.vocab_start, self.num_embeddings, self.communicator)
+
+
+class VocabParallelLookup(nn.Module):
+    """`VocabParallelEmbedding` over this rank's rows held in another form (`local`, an embedding of them)."""
+
+    def __init__(self, local: nn.Module, vocab_start: int, num_rows: int, communicator: Collectives) -> None:
+        super().__init__()
+        self.local = local
+        self.vocab_start = vocab_start
+        self.num_rows = num_rows
+        self.communicator = communicator
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.communicator.all_reduce(self.lookup(input_ids))
+
+    def lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the ids in its slice, exact zeros elsewhere."""
+        return _slice_lookup(self.local, input_ids, self.vocab_start, self.num_rows)
+
+
+def _slice_lookup(rows_of: Callable[[torch.Tensor], torch.Tensor], input_ids: torch.Tensor, vocab_start: int, num_rows: int) -> torch.Tensor:
+    """Rows of the ids in [vocab_start, vocab_start + num_rows) looked up by `rows_of` (local ids), exact zeros elsewhere."""
+    local_ids = input_ids - vocab_start
+    is_here = (local_ids >= 0) & (local_ids < num_rows)
+    rows = rows_of(local_ids.clamp(0, num_rows - 1))
+    return rows * is_here.unsqueeze(-1).to(rows.dtype)
 
 
 class ParallelLMHead(Linear):
@@ -118,11 +205,31 @@ class ParallelLMHead(Linear):
         self.communicator = communicator
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        scores = super().forward(hidden)
-        widest = max(self.vocab_sizes)
-        if scores.shape[1] < widest:
-            scores = F.pad(scores, (0, widest - scores.shape[1]))
-        slices = self.communicator.gather_to_driver(scores.contiguous())
-        if slices is None:
-            return None
-        return torch.cat([part[:, :size] for part, size in zip(slices, self.vocab_sizes, strict=True)], dim=1)
+        return _gather_scores(super().forward(hidden), self.vocab_sizes, self.communicator)
+
+    def joining(self, local: nn.Module) -> nn.Module:
+        return ParallelHeadProduct(local, self.vocab_sizes, self.communicator)
+
+
+class ParallelHeadProduct(nn.Module):
+    """`ParallelLMHead` over this rank's vocabulary rows held in another form (`local`)."""
+
+    def __init__(self, local: nn.Module, vocab_sizes: list[int], communicator: Collectives) -> None:
+        super().__init__()
+        self.local = local
+        self.vocab_sizes = vocab_sizes
+        self.communicator = communicator
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        return _gather_scores(self.local(hidden), self.vocab_sizes, self.communicator)
+
+
+def _gather_scores(scores: torch.Tensor, vocab_sizes: list[int], communicator: Collectives) -> torch.Tensor | None:
+    """Every rank's vocabulary scores side by side on rank 0 (each padded to the widest slice on the wire); None elsewhere."""
+    widest = max(vocab_sizes)
+    if scores.shape[1] < widest:
+        scores = F.pad(scores, (0, widest - scores.shape[1]))
+    slices = communicator.gather_to_driver(scores.contiguous())
+    if slices is None:
+        return None
+    return torch.cat([part[:, :size] for part, size in zip(slices, vocab_sizes, strict=True)], dim=1)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ember.layers.attention import AttentionMetadata
-from ember.layers.collectives import Collectives
+from ember.layers.collectives import PointToPoint
 
 WIRE_DTYPE = torch.float32
 
@@ -25,10 +25,11 @@ WIRE_DTYPE = torch.float32
 class PipelineStage(nn.Module):
     """Layers `held_layers` of a decoder (same child names, so checkpoint names map); the rest are empty placeholders.
 
-    `embed_tokens` lives on the first stage only and `norm` on the last; the others hold None.
+    `embed_tokens` lives on the first stage only and `norm` on the last; the others hold None. `communicator`
+    numbers the stages (a stage that is a tensor-parallel group sends between its ranks and the next stage's peers).
     """
 
-    def __init__(self, decoder: nn.Module, held_layers: range, communicator: Collectives) -> None:
+    def __init__(self, decoder: nn.Module, held_layers: range, communicator: PointToPoint) -> None:
         super().__init__()
         self.communicator = communicator
         self.is_first = communicator.rank == 0

@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ember.layers.collectives import Collectives
 from ember.layers.norm import RMSNorm
-from ember.layers.parallel import RowParallelLinear, VocabParallelEmbedding
+from ember.layers.parallel import (
+    RowParallelLinear,
+    RowParallelProduct,
+    VocabParallelEmbedding,
+    VocabParallelLookup,
+)
 
 
 class SequenceSplit:
@@ -52,12 +58,41 @@ class SequenceParallelEmbedding(VocabParallelEmbedding):
         self.split.num_tokens = input_ids.shape[0]
         return self.communicator.reduce_scatter(self.split.pad(self.lookup(input_ids)))
 
+    def joining(self, local: nn.Module) -> nn.Module:
+        return SequenceParallelLookup(local, self.vocab_start, self.num_embeddings, self.communicator, self.split)
+
+
+class SequenceParallelLookup(VocabParallelLookup):
+    """`SequenceParallelEmbedding` over this rank's rows held in another form (`local`)."""
+
+    def __init__(self, local: nn.Module, vocab_start: int, num_rows: int, communicator: Collectives, split: SequenceSplit) -> None:
+        super().__init__(local, vocab_start, num_rows, communicator)
+        self.split = split
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.split.num_tokens = input_ids.shape[0]
+        return self.communicator.reduce_scatter(self.split.pad(self.lookup(input_ids)))
+
 
 class SequenceParallelRowLinear(RowParallelLinear):
     """The row-parallel partial product, reduce-scattered: the summed rows of this rank's block of tokens."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, communicator: Collectives, split: SequenceSplit) -> None:
         super().__init__(in_features, out_features, bias, communicator)
+        self.split = split
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.communicator.reduce_scatter(self.split.pad(self.partial(x)))
+
+    def joining(self, local: nn.Module) -> nn.Module:
+        return SequenceParallelRowProduct(local, self.communicator, self.split)
+
+
+class SequenceParallelRowProduct(RowParallelProduct):
+    """`SequenceParallelRowLinear` around this rank's partial product held in another form (`local`)."""
+
+    def __init__(self, local: nn.Module, communicator: Collectives, split: SequenceSplit) -> None:
+        super().__init__(local, communicator)
         self.split = split
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from ember.quant.ggml.blocks import FORMATS, GGMLTensor
 from ember.quant.ggml.iq4_nl import iq4_nl_rows_as_q8_0
 from ember.quant.int8.channel import FORMAT_NAME as INT8_ROWS_FORMAT
 from ember.quant.int8.channel import Int8ChannelTensor
+from ember.quant.parts import quantized_part
 
 logger = logging.getLogger(__name__)
 
@@ -182,14 +183,16 @@ SliceSelector = Callable[[str], tuple[int, int, int] | None]
 
 
 def iter_gguf_tensors(
-    file: GGUFFile, config: ModelConfig, select: SliceSelector | None = None, keep: Callable[[str], bool] | None = None
+    file: GGUFFile, config: ModelConfig, select: SliceSelector | None = None, keep: Callable[[str], bool] | None = None,
+    float_parts: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor | GGMLTensor | Int8ChannelTensor]]:
     """(transformers name, tensor) pairs, one at a time: `GGMLTensor` for executed block formats, `Int8ChannelTensor`
     for W8A8 rows, float32 otherwise.
 
-    With `select` (a tensor-parallel rank), only the selected rows or columns are read and
-    dequantized to float32 (rows always; columns on block boundaries): a rank's shard runs in
-    float32, quantized tensor-parallel layers are not there yet. Tensors `keep` says no to are skipped unread.
+    With `select` (a tensor-parallel rank), only the selected rows or columns are kept: rows are all that is read,
+    and a part stays in its blocks (ember.quant.parts: columns on block boundaries, else an error naming the
+    shape), or with `float_parts` is dequantized to float32 (any column split). Tensors `keep` says no to are
+    skipped unread.
     """
     reading = gguf_reading(config)
     permute_rope = reading.is_rope_interleaved
@@ -202,18 +205,21 @@ def iter_gguf_tensors(
         if keep is not None and not keep(name):
             continue  # another rank's layer or expert
         part = select(name) if select is not None else None
-        if part is not None:
-            values = _ember_blocks_part(tensor, ember_formats[tensor.name], *part) if tensor.name in ember_formats else _dequantized_part(tensor, *part)
-            if permute_rope and tensor.name.endswith(("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias")):
-                values = unpermute_rope(values, values.shape[0] // config.head_dim)  # whole heads, sliced or not
-            yield name, torch.from_numpy(np.array(values, dtype=np.float32, order="C", copy=True))
-            continue
         is_iq4_nl = tensor.tensor_type == GGMLQuantizationType.IQ4_NL and len(tensor.shape) == 2
         stored_format = "Q8_0" if is_iq4_nl else ember_formats.get(tensor.name, tensor.tensor_type.name)
         block_format = FORMATS.get(stored_format) if len(tensor.shape) == 2 else None
         is_int8_rows = stored_format == INT8_ROWS_FORMAT
+        is_rope_part = permute_rope and tensor.name.endswith(("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias"))
+        if part is not None and (float_parts or (block_format is None and not is_int8_rows)):
+            values = _ember_blocks_part(tensor, ember_formats[tensor.name], *part) if tensor.name in ember_formats else _dequantized_part(tensor, *part)
+            if is_rope_part:
+                values = unpermute_rope(values, values.shape[0] // config.head_dim)  # whole heads, sliced or not
+            yield name, torch.from_numpy(np.array(values, dtype=np.float32, order="C", copy=True))
+            continue
         if block_format is not None or is_int8_rows:  # rows of blocks (or of W8A8 scale + codes): uint8 [rows, bytes per row]
             values = np.asarray(tensor.data).view(np.uint8).reshape(int(tensor.shape[1]), -1)
+            if part is not None and part[0] == 0:
+                values = values[part[1] : part[2]]  # this rank's rows, the only ones read
             values = iq4_nl_rows_as_q8_0(values) if is_iq4_nl else values
             cols = 0 if is_int8_rows else values.shape[1] // block_format.block_bytes * block_format.block_values
         else:
@@ -223,18 +229,21 @@ def iter_gguf_tensors(
             values = values - 1
         if tensor.name.endswith("ffn_gate_inp_shexp.weight"):
             values = values.reshape(1, -1)  # one output: llama.cpp stores it as a vector
-        if permute_rope and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
-            values = unpermute_rope(values, config.num_heads)
-        elif permute_rope and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
-            values = unpermute_rope(values, config.num_kv_heads)
+        if is_rope_part and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
+            values = unpermute_rope(values, config.num_heads if part is None else values.shape[0] // config.head_dim)
+        elif is_rope_part:
+            values = unpermute_rope(values, config.num_kv_heads if part is None else values.shape[0] // config.head_dim)
         # A copy, never a view: the file map is read-only and is closed after loading.
         values = torch.from_numpy(np.array(values, order="C", copy=True))
         if is_int8_rows:
-            yield name, Int8ChannelTensor.from_stored(values)
+            weight: torch.Tensor | GGMLTensor | Int8ChannelTensor = Int8ChannelTensor.from_stored(values)
         elif block_format is not None:
-            yield name, GGMLTensor(values, block_format, cols)
+            weight = GGMLTensor(values, block_format, cols)
         else:
-            yield name, values
+            weight = values
+        if part is not None and part[0] == 1:
+            weight = quantized_part(weight, *part, name)  # a row-parallel rank's input columns, whole blocks
+        yield name, weight
 
 
 def split_experts(tensors: list[GGUFTensor]) -> Iterator[GGUFTensor]:

@@ -41,12 +41,13 @@ from ember.models.packing import PackingPlan
 from ember.models.registry import single_gguf_in
 from ember.models.shard import ModelShard
 from ember.quant.at_load import check_checkpoint_method, round_at_load, weights_rounded_at_load
-from ember.quant.checkpoint import SourceNames, read_block_tensors
+from ember.quant.checkpoint import QUANTIZATION_FILE, SourceNames, read_block_tensors
 from ember.quant.ggml.blocks import GGMLRowParts, GGMLTensor
 from ember.quant.ggml.layers import can_hold_blocks, install_ggml_layers
 from ember.quant.ggml.zero_point import ZeroPointTensor
 from ember.quant.hf.gptq_awq import hf_quantization, read_quantized
 from ember.quant.int8.channel import Int8ChannelTensor
+from ember.quant.parts import quantized_part
 
 logger = logging.getLogger(__name__)
 
@@ -98,14 +99,13 @@ def load_model(
         config = read_hf_config(path).for_context(max_model_len)
         layout = hf_quantization(path)  # GPTQ / AWQ / FP8 / W8A8: quantization_config in config.json
         shard = shard_for(config) if shard_for is not None else None
-        if shard is None:
-            tensors: Iterable[tuple[str, torch.Tensor | Quantized]] = read_block_tensors(path, iter_hf_tensors(path))
+        if shard is None or layout is not None or (path / QUANTIZATION_FILE).is_file():
+            tensors: Iterable[tuple[str, torch.Tensor | Quantized]] = read_block_tensors(
+                path, iter_hf_tensors(path, keep=None if shard is None else shard.holds))
             if layout is not None:
                 tensors = read_quantized(layout, tensors)
-        elif layout is not None:
-            raise ValueError(f"{path} is a {layout.method.upper()} checkpoint, which ember loads in one process: "
-                             "drop --tensor-parallel-size / --pipeline-parallel-size")
-        else:  # a rank reads float slices (quantized parallel layers are not there yet)
+            tensors = _sliced(tensors, shard, float_parts=dtype != AUTO_DTYPE)  # a rank's parts of whole quantized weights
+        else:  # a float checkpoint: a rank reads only its slices
             tensors = iter_hf_tensors(path, _selector(shard), shard.holds)
         return _build(config, tensors, dtype, find_hf_tokenizer(path), "safetensors", show_progress, shard=shard,
                       quantization=quantization, path=path, device=device)
@@ -114,7 +114,7 @@ def load_model(
         config = read_gguf_config(file).for_context(max_model_len)
         shard = shard_for(config) if shard_for is not None else None
         tokenizer_path = path if "tokenizer.ggml.model" in file.metadata else None
-        tensors = iter_gguf_tensors(file, config, _selector(shard), None if shard is None else shard.holds)
+        tensors = iter_gguf_tensors(file, config, _selector(shard), None if shard is None else shard.holds, float_parts=dtype != AUTO_DTYPE)
         return _build(config, tensors, dtype, tokenizer_path, "gguf", show_progress, len(file.tensors), shard,
                       quantization=quantization, path=path, device=device)
     if is_llama2c_file(path):
@@ -259,14 +259,28 @@ def _selector(shard: ModelShard | None) -> SliceSelector | None:
     return select
 
 
-def _sliced(tensors: Iterable[tuple[str, torch.Tensor]], shard: ModelShard | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Drop and slice whole tensors after reading (formats that cannot read a part, e.g. llama2.c)."""
+def _sliced(
+    tensors: Iterable[tuple[str, torch.Tensor | Quantized]], shard: ModelShard | None, float_parts: bool = False,
+) -> Iterator[tuple[str, torch.Tensor | Quantized]]:
+    """Drop and slice whole tensors after reading (formats that cannot read a part: llama2.c, quantized HF weights).
+
+    A quantized weight's part stays quantized (ember.quant.parts, which refuses a split its format cannot take), or
+    with `float_parts` is a float32 slice of its dequantized values."""
     for name, tensor in tensors:
         if shard is None:
             yield name, tensor
-        elif shard.holds(name):
-            part = shard.slice_for(name)
-            yield name, tensor if part is None else part.of(tensor).contiguous()
+            continue
+        if not shard.holds(name):
+            continue
+        part = shard.slice_for(name)
+        if part is None:
+            yield name, tensor
+        elif isinstance(tensor, torch.Tensor):
+            yield name, part.of(tensor).clone(memory_format=torch.contiguous_format)  # not a view holding the whole
+        elif float_parts:
+            yield name, part.of(tensor.dequantize()).clone(memory_format=torch.contiguous_format)
+        else:
+            yield name, quantized_part(tensor, part.dim, part.start, part.stop, name)
 
 
 def model_class(config: ModelConfig) -> type[CausalLM]:

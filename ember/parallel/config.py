@@ -13,6 +13,9 @@ class ParallelConfig:
     One mode at a time:
     - tensor parallel (`tensor_parallel_size` T > 1): heads, inner size and vocabulary split;
     - pipeline parallel (`pipeline_parallel_size` P > 1): contiguous layer ranges per stage;
+    - both (T > 1 and P > 1, mode "tensor-pipeline"): T x P ranks, stage-major (rank = stage * T + tensor rank);
+      each stage is a tensor-parallel group of T ranks, and each rank sends its activations to the rank of the
+      same tensor rank in the next stage;
     - expert parallel (`enable_expert_parallel` with T > 1, MoE families): the routed experts
       split over the T ranks, everything else replicated (vLLM's flag: EP size = TP size).
     `enable_sequence_parallel` (with tensor parallel) reduce-scatters / all-gathers around the
@@ -51,16 +54,14 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.pipeline_parallel_size <= 64:
             raise ValueError("pipeline_parallel_size must be from 1 to 64 (--pipeline-parallel-size)")
-        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
-            raise ValueError(
-                "tensor and pipeline parallelism together are not built yet: set one of "
-                "--tensor-parallel-size / --pipeline-parallel-size to 1"
-            )
+        if self.pipeline_parallel_size > 1 and (self.enable_expert_parallel or self.enable_sequence_parallel):
+            raise ValueError("pipeline parallelism runs with plain tensor parallelism only: drop --enable-expert-parallel / "
+                             "--enable-sequence-parallel, or set --pipeline-parallel-size 1")
         if self.enable_expert_parallel and self.tensor_parallel_size < 2:
             raise ValueError("--enable-expert-parallel splits the experts over --tensor-parallel-size ranks: set it to 2 or more")
         if self.enable_sequence_parallel and (self.tensor_parallel_size < 2 or self.enable_expert_parallel):
             raise ValueError("--enable-sequence-parallel splits tensor parallelism's norms: use it with --tensor-parallel-size 2 or more, without expert parallel")
-        if self.exact_row_parallel and (self.mode != "tensor" or self.enable_sequence_parallel):
+        if self.exact_row_parallel and (self.mode not in ("tensor", "tensor-pipeline") or self.enable_sequence_parallel):
             raise ValueError("--exact-row-parallel changes tensor parallelism's row layers: use it with --tensor-parallel-size 2 or more, alone")
         if self.nnodes < 1 or self.world_size % self.nnodes:
             raise ValueError("--nnodes must divide the number of ranks (each node runs the same number of ranks)")
@@ -83,17 +84,25 @@ class ParallelConfig:
 
     @property
     def mode(self) -> str:
-        """"tensor", "pipeline" or "expert" ("single" for one process)."""
+        """"tensor", "pipeline", "tensor-pipeline" or "expert" ("single" for one process)."""
         if self.pipeline_parallel_size > 1:
-            return "pipeline"
+            return "tensor-pipeline" if self.tensor_parallel_size > 1 else "pipeline"
         if self.tensor_parallel_size > 1:
             return "expert" if self.enable_expert_parallel else "tensor"
         return "single"
 
     @property
     def workers_score_logits(self) -> bool:
-        """Whether every rank takes part in scoring (a vocabulary-parallel head); else rank 0 alone holds the head."""
-        return self.mode == "tensor"
+        """Whether workers take part in scoring (a vocabulary-parallel head); else rank 0 alone holds the head."""
+        return self.mode in ("tensor", "tensor-pipeline")
+
+    def scores_logits(self, rank: int) -> bool:
+        """Whether `rank` holds a slice of the head: every rank of the first stage's tensor-parallel group."""
+        return self.workers_score_logits and rank < self.tensor_parallel_size
+
+    def stage_of(self, rank: int) -> tuple[int, int]:
+        """(pipeline stage, tensor rank within the stage) of `rank` (stage-major numbering)."""
+        return divmod(rank, self.tensor_parallel_size)
 
     @property
     def is_parallel(self) -> bool:

@@ -80,15 +80,17 @@ class WorkerGroup:
     @classmethod
     def start(
         cls, model_path: Path, dtype: str, parallel: ParallelConfig, show_progress: bool = False, max_model_len: int | None = None,
+        quant_activations: str = "int8",
     ) -> tuple[WorkerGroup, LoadedModel]:
         """Start the workers, join the group as rank 0 and load rank 0's shard.
 
         This process's torch threads drop to rank 0's share of them (`ParallelConfig.threads_per_rank`) until `shutdown`.
+        `quant_activations`: what every rank's quantized layers round their inputs to (rank 0's are set by its engine).
         """
         port = parallel.master_port or free_port(parallel.master_addr)
         caller_threads = torch.get_num_threads()
         threads = parallel.rank_threads(caller_threads)
-        processes = [_spawn_worker(rank, model_path, dtype, parallel, port, threads, max_model_len)
+        processes = [_spawn_worker(rank, model_path, dtype, parallel, port, threads, max_model_len, quant_activations)
                      for rank in parallel.node_ranks if rank != 0]
         try:
             communicator = connect(
@@ -180,12 +182,13 @@ def _first_exit(processes: list[subprocess.Popen]) -> str | None:
     return None
 
 
-def run_worker_node(model_path: Path, dtype: str, parallel: ParallelConfig, max_model_len: int | None = None) -> int:
+def run_worker_node(model_path: Path, dtype: str, parallel: ParallelConfig, max_model_len: int | None = None,
+                    quant_activations: str = "int8") -> int:
     """A node other than 0: start this node's ranks and wait for them; returns the first non-zero exit status."""
     if parallel.node_rank == 0 or parallel.master_port is None:
         raise ValueError("run_worker_node runs nodes 1.. of a multi-node group, with a fixed --master-port")
     threads = parallel.rank_threads(torch.get_num_threads())
-    processes = [_spawn_worker(rank, model_path, dtype, parallel, parallel.master_port, threads, max_model_len)
+    processes = [_spawn_worker(rank, model_path, dtype, parallel, parallel.master_port, threads, max_model_len, quant_activations)
                  for rank in parallel.node_ranks]
     try:
         statuses = [process.wait() for process in processes]
@@ -195,7 +198,7 @@ def run_worker_node(model_path: Path, dtype: str, parallel: ParallelConfig, max_
 
 
 def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelConfig, port: int, threads: int,
-                  max_model_len: int | None) -> subprocess.Popen:
+                  max_model_len: int | None, quant_activations: str) -> subprocess.Popen:
     command = [
         sys.executable, "-m", "ember.parallel.worker",
         "--model", str(model_path), "--dtype", dtype,
@@ -207,7 +210,7 @@ def _spawn_worker(rank: int, model_path: Path, dtype: str, parallel: ParallelCon
         "--master-addr", parallel.master_addr, "--master-port", str(port),
         "--collective-timeout", str(parallel.collective_timeout_s),
         "--startup-timeout", str(parallel.startup_timeout_s),
-        "--threads", str(threads),
+        "--threads", str(threads), "--quant-activations", quant_activations,
         *(["--max-model-len", str(max_model_len)] if max_model_len else []),
     ]  # fmt: skip
     # stdin is the worker's lifeline: only this process holds the write end.

@@ -51,6 +51,22 @@ def connect(
     return Communicator(group, rank, world_size, timeout_s, store, exchange, peer_failure)
 
 
+def subgroup(world: Communicator, ranks: range, startup_timeout_s: float) -> Communicator:
+    """A communicator among `ranks` of `world` (this rank one of them, numbered by its place in `ranks`), met on the
+    world's store: a pipeline stage's tensor-parallel group, with a shared segment of its own where its ranks share
+    a machine. Every rank of `ranks` calls it at once."""
+    if world.store is None:
+        raise ValueError("a subgroup meets on its world's store; this communicator has none")
+    startup = datetime.timedelta(seconds=startup_timeout_s)
+    rank = ranks.index(world.rank)
+    store = dist.PrefixStore(f"ember/ranks-{ranks.start}-{ranks.stop}", world.store)
+    group = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, len(ranks), _gloo_options(world.store.host, startup))
+    exchange = _shared_exchange(store, rank, len(ranks), startup)
+    communicator = Communicator(group, rank, len(ranks), world.timeout.total_seconds(), world.store, exchange, world.peer_failure)
+    communicator.stats = world.stats  # one count of everything this rank sends, whichever group carried it
+    return communicator
+
+
 def _gloo_options(master_addr: str, timeout: datetime.timedelta) -> dist.ProcessGroupGloo._Options:
     """gloo's options: its TCP device on this machine's address towards `master_addr`, unless GLOO_SOCKET_IFNAME
     names an interface. gloo's default device is the address the host name resolves to, else loopback: on a node

@@ -12,13 +12,16 @@ import functools
 import re
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from ember.config.model import ModelConfig
+from ember.layers.collectives import PointToPoint
 from ember.layers.pipeline import PipelineStage
 from ember.models.decoder import DecoderModel
-from ember.models.shard import ModelShard
+from ember.models.shard import ModelShard, TensorSlice
 from ember.parallel.communicator import Communicator
+from ember.parallel.sharding import TensorParallelShard
 from ember.parallel.stage_split import stage_spans
 
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
@@ -28,12 +31,12 @@ _LAST_STAGE = ("model.norm.",)
 
 @dataclass(frozen=True)
 class PipelineShard(ModelShard):
-    """Stage `rank` of `world_size` over `config`'s layers."""
+    """Stage `rank` of `world_size` over `config`'s layers; `communicator` numbers the stages."""
 
     config: ModelConfig
     rank: int
     world_size: int
-    communicator: Communicator | None = field(default=None, compare=False)
+    communicator: PointToPoint | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.config.num_layers < self.world_size:
@@ -68,3 +71,57 @@ class PipelineShard(ModelShard):
         model.model = PipelineStage(model.model, self.held_layers, self.communicator)
         if self.rank != 0:
             model.lm_head = nn.Module()  # rank 0 scores the final hidden states
+
+
+@dataclass(frozen=True)
+class StagePipe:
+    """Sends between pipeline stages numbered 0..P-1, over the world's communicator, for one tensor rank: stage s's
+    rank of tensor rank t is world rank s * T + t (ParallelConfig.stage_of), so each rank talks to its own peers."""
+
+    world: Communicator
+    rank: int  # this stage
+    world_size: int  # stages
+    tensor_rank: int
+    tensor_parallel_size: int
+
+    def send(self, tensor: torch.Tensor, peer: int) -> None:
+        self.world.send(tensor, self._world_rank(peer))
+
+    def receive(self, shape: tuple[int, ...], dtype: torch.dtype, peer: int) -> torch.Tensor:
+        return self.world.receive(shape, dtype, self._world_rank(peer))
+
+    def _world_rank(self, stage: int) -> int:
+        return stage * self.tensor_parallel_size + self.tensor_rank
+
+
+@dataclass(frozen=True)
+class TensorPipelineShard(ModelShard):
+    """A rank of T x P: its stage's layers (`stage`), and of those its tensor-parallel slices (`tensor`).
+
+    Every stage's tensor-parallel group holds heads, inner size and (first stage) vocabulary split as TP alone does;
+    the hidden states between stages are whole on every rank of a group (the row layers sum them), so each rank
+    sends its copy to its peer in the next stage."""
+
+    tensor: TensorParallelShard
+    stage: PipelineShard
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.tensor.config
+
+    def local_config(self) -> ModelConfig:
+        return self.tensor.local_config()
+
+    def holds(self, name: str) -> bool:
+        return self.stage.holds(name)
+
+    def slice_for(self, name: str) -> TensorSlice | None:
+        return self.tensor.slice_for(name)
+
+    @property
+    def held_layers(self) -> range:
+        return self.stage.held_layers
+
+    def shard_modules(self, model: nn.Module) -> None:
+        self.tensor.shard_modules(model)
+        self.stage.shard_modules(model)

@@ -17,6 +17,9 @@ W ranks, L layers, hidden size H, activation element size e (bytes), per token a
   inner and hidden slices.
 - pipeline parallel: each stage sends its [tokens, H] output once to the next stage (the last
   one back to rank 0, which holds the head), as float32:  H * 4.
+- tensor x pipeline (T ranks per stage), as rank 0 counts it: its stage's all-reduces over its T
+  ranks (L_0 layers of stage 0, plus the embedding's) and one float32 row sent to the next stage:
+  (2 L_0 + 1) * H * e * 2 (T - 1) / T + H * 4; the head's gather is over the first stage's T ranks.
 - expert parallel: one [tokens, H] all-reduce of the experts' partial outputs per MoE layer
   (L_moe = L minus the dense layers):  L_moe * H * e * 2 (W - 1) / W.
 
@@ -32,6 +35,7 @@ from ember.config.model import ModelConfig
 from ember.layers.pipeline import WIRE_DTYPE
 from ember.parallel.config import ParallelConfig
 from ember.parallel.sharding import TensorParallelShard
+from ember.parallel.stage_split import stage_spans
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,15 @@ def parallel_volume(config: ModelConfig, parallel: ParallelConfig, element_bytes
                 "(2L+1) H e 2(W-1)/W (reduce-scatter + all-gather, padded tokens)", gather, per_padded_token=True,
             )  # fmt: skip
         return ParallelVolume(("all_reduce",), calls, calls * hidden * element_bytes * ring_share, "(2L+1) H e 2(W-1)/W", gather)
+    if parallel.mode == "tensor-pipeline" and not parallel.exact_row_parallel:
+        tensor_size, first_stage = parallel.tensor_parallel_size, stage_spans(config, parallel.pipeline_parallel_size)[0]
+        calls = 2 * (first_stage.stop - first_stage.start) + 1
+        ring = 2 * (tensor_size - 1) / tensor_size
+        return ParallelVolume(
+            ("all_reduce", "send"), calls + 1, calls * hidden * element_bytes * ring + hidden * WIRE_DTYPE.itemsize,
+            "(2 L_0 + 1) H e 2(T-1)/T + H 4 (rank 0: its stage's all-reduces, one float32 row to the next stage)",
+            -(-config.vocab_size // tensor_size) * element_bytes,
+        )  # fmt: skip
     if parallel.mode == "pipeline":
         wire_bytes = WIRE_DTYPE.itemsize
         return ParallelVolume(("send",), 1, hidden * wire_bytes, f"H {wire_bytes} (one float32 activation row per stage)")
@@ -75,6 +88,8 @@ def parallel_volume(config: ModelConfig, parallel: ParallelConfig, element_bytes
             raise ValueError("expert parallelism needs an MoE model: drop --enable-expert-parallel for this one")
         calls = config.num_layers - len(config.moe.dense_layers)
         return ParallelVolume(("all_reduce",), calls, calls * hidden * element_bytes * ring_share, "L_moe H e 2(W-1)/W")
+    if parallel.mode == "tensor-pipeline":
+        raise ValueError("no traffic formula for tensor x pipeline with --exact-row-parallel yet: measure it without the flag")
     raise ValueError("a single process sends nothing: no volume to predict")
 
 

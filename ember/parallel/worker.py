@@ -28,6 +28,8 @@ from ember.parallel.config import ParallelConfig
 from ember.parallel.group import connect
 from ember.parallel.messages import AllocateKVCache, ComputeLogits, RunForward, StopWorker
 from ember.parallel.modes import shard_factory
+from ember.quant.choices import QUANT_ACTIVATIONS
+from ember.quant.ggml.layers import set_activations
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +43,8 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 
     Packed layers count their panels (a packed layer's state dict rebuilds a fresh dense copy,
     which would count a tied table twice: once for the head, once for the embedding reading its
-    panels); everything else counts what its state dict holds.
+    panels); quantized layers count their blocks (buffers the state dict leaves out; a tied table's
+    once); everything else counts what its state dict holds.
     """
     panels: dict[str, PackedWeight] = {}
     for name, module in model.named_modules():
@@ -57,16 +60,22 @@ def parameter_bytes(model: torch.nn.Module) -> int:
         else:
             bias_bytes = 0 if owner.bias is None else owner.bias.numel() * owner.bias.element_size()
             tensors[owner.panels.data_ptr()] = owner.panels.numel() * owner.panels.element_size() + bias_bytes
+    for buffer in model.buffers():
+        tensors.setdefault(buffer.data_ptr(), buffer.numel() * buffer.element_size())
     return sum(tensors.values())
 
 
 class WorkerLoop:
-    """Rank r's model shard and KV cache shard, driven by the commands rank 0 broadcasts."""
+    """Rank r's model shard and KV cache shard, driven by the commands rank 0 broadcasts.
 
-    def __init__(self, model: torch.nn.Module, communicator: Communicator, held_layers: range | None = None) -> None:
+    `scores_logits`: whether this rank holds a slice of the head (a later pipeline stage's ranks do not)."""
+
+    def __init__(self, model: torch.nn.Module, communicator: Communicator, held_layers: range | None = None,
+                 scores_logits: bool = True) -> None:
         self.model = model
         self.communicator = communicator
         self.held_layers = held_layers
+        self.scores_logits = scores_logits
         self.caches: KVCacheTensors | None = None
 
     @torch.inference_mode()
@@ -84,7 +93,7 @@ class WorkerLoop:
                 assert self.caches is not None, "rank 0 runs a step before allocating the KV cache"
                 self.caches.copy_blocks(command.block_copies)
                 self.model(command.input_ids, command.positions, self.caches.layer_caches, command.metadata)
-            elif isinstance(command, ComputeLogits):
+            elif isinstance(command, ComputeLogits) and self.scores_logits:
                 self.model.compute_logits(command.hidden)
 
 
@@ -114,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--collective-timeout", type=float, required=True)
     parser.add_argument("--startup-timeout", type=float, required=True)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of this rank")
+    parser.add_argument("--quant-activations", default="int8", choices=QUANT_ACTIVATIONS,
+                        help="what quantized layers round their inputs to (the engine's --quant-activations)")
     parser.add_argument("--max-model-len", type=int, default=None, help="the context the engine serves")
     parser.add_argument("--no-lifeline", action="store_true", help="do not exit when stdin closes (a rank started by hand)")
     args = parser.parse_args(argv)
@@ -128,9 +139,10 @@ def main(argv: list[str] | None = None) -> None:
         args.rank, parallel.world_size, args.master_addr, args.master_port, args.collective_timeout, args.startup_timeout
     )
     loaded = load_model(args.model, args.dtype, shard_for=shard_factory(communicator, parallel), max_model_len=args.max_model_len)
+    set_activations(loaded.model, args.quant_activations)
     communicator.gather_to_driver(torch.tensor([parameter_bytes(loaded.model)]), args.startup_timeout)
     assert loaded.shard is not None
-    WorkerLoop(loaded.model, communicator, loaded.shard.held_layers).run()
+    WorkerLoop(loaded.model, communicator, loaded.shard.held_layers, parallel.scores_logits(args.rank)).run()
 
 
 if __name__ == "__main__":

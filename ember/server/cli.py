@@ -217,7 +217,7 @@ def serve_command(args: argparse.Namespace) -> int:
         from ember.parallel.driver import run_worker_node
 
         return run_worker_node(resolve_model(engine_config.model), engine_config.dtype, engine_config.parallel,
-                               engine_config.max_model_len)
+                               engine_config.max_model_len, engine_config.quant_activations)
     if server_config.served_model_names:
         engine_config.served_model_name = server_config.served_model_names[0]
     server_config = with_generation_config(server_config, args.generation_config, engine_config.model)

@@ -180,7 +180,7 @@ def test_feature_sections_are_known_to_bench_all_and_sized_by_scale():
     assert planned_runs(sibling, small, "spec") == (3 * 5 + 2 * 2 + 2) * 7 + 3 * 3 * 5  # plain, ngram, draft with the sibling target, 5 repeats
     also = BenchOptions(repeats=2, quant_also=("qwen2.5-coder-0.5b-instruct",))
     assert planned_runs(also, small, "quant") == 2 * (2 + 2 * 7) + 1  # a further model: its own table, no kernel timings
-    assert planned_runs(options, small, "parallel") == 3  # tensor, tensor + sequence, pipeline
+    assert planned_runs(options, small, "parallel") == 4  # tensor, tensor + sequence, pipeline, tensor on the quantized weights
 
 
 def test_bad_feature_sizes_and_unknown_sections_say_what_to_do():

@@ -32,7 +32,7 @@ def test_the_feature_sections_run_through_bench_all_and_reach_the_report(smollm2
     assert {"plain", "ngram", "draft"} <= set(results["spec"]["batch1"]["code-edit"])  # the 4-bit self-draft ran
     assert set(results["spec"]["batch_sweep"]) == {"1", "2"} and results["spec"]["mixed"]["num_requests"] == 2
     assert [row["name"] for row in results["quant"]["rows"]] == ["float32", "checkpoint as stored", "rtn4 g128"]
-    assert set(results["parallel"]["modes"]) == {"tensor", "sequence", "pipeline"} and results["parallel"]["errors"] == {}
+    assert set(results["parallel"]["modes"]) == {"tensor", "sequence", "pipeline", "tensor-quantized"} and results["parallel"]["errors"] == {}
     assert list(results["structured"]["variants"]) == list(VARIANTS)
     saved = json.loads(next((tmp_path / "out" / "results").glob("2*.json")).read_text())
     assert saved["options"]["feature_sizes"]["quant_methods"] == ["rtn4"]
@@ -42,7 +42,8 @@ def test_the_feature_sections_run_through_bench_all_and_reach_the_report(smollm2
     goals = text[text.index("## Goals"):text.index("## Not run") if "## Not run" in text else None]
     assert "| 11 | `spec` batch 1 greedy, code-edit: n-gram output tok/s over plain | >= 2x |" in goals
     assert "| 10 | `quant` every 4-bit method: perplexity over float32 (worst) |" in goals
-    for mode in ("tensor parallel", "tensor + sequence parallel", "pipeline parallel"):
+    assert results["parallel"]["modes"]["tensor-quantized"]["dtype"] == "auto"
+    for mode in ("tensor parallel", "tensor + sequence parallel", "pipeline parallel", "tensor parallel on the quantized weights (--dtype auto)"):
         assert f"`parallel` {mode} x2:" in goals
     assert "counted / formula | 1.00x (within 1%) | 1.00x" in goals
     for png in ("spec_acceptance.png", "quant.png", "parallel.png"):

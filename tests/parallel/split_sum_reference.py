@@ -6,37 +6,57 @@ output, MLP down): there rank 0 sums bias + k in its slice, rank 1 sums k in its
 zero, and the all-reduce adds the two. `split_row_parallel_sums` rebuilds a single-process
 model's row layers to add the same partial sums in the same order, so a TP=2 engine must match
 it bit for bit: whatever differs from the plain single process is then that one addition.
+Quantized row layers (GGML blocks, GPTQ groups) split the same way: each partial product is the
+layer of its columns' blocks (ember.quant.parts), as a quantized rank holds them.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
 
 from ember.layers.cpu_gemm import PackedWeight, load_gemm
 from ember.parallel.sharding import Span, TensorParallelShard
+from ember.quant.ggml.layers import GGMLLinear, ZeroPointLinear
+from ember.quant.ggml.zero_point import ZeroPointTensor
+from ember.quant.parts import quantized_part
 
 
 class SplitSumLinear(nn.Module):
-    """A packed linear whose k range is summed as separate partial products, added in rank order."""
+    """A packed (or quantized) linear whose k range is summed as separate partial products, added in rank order."""
 
     def __init__(self, linear: nn.Module, spans: list[Span]) -> None:
         super().__init__()
+        self.spans = spans
+        if isinstance(linear, GGMLLinear):
+            self.parts = [_quantized_columns(linear, span, rank == 0) for rank, span in enumerate(spans)]
+            return
         dense = linear.packed.dense()
         bias = None if linear.packed.bias is None else linear.packed.bias[: linear.packed.out_features]
-        self.spans = spans
+        gemm = load_gemm()
         self.parts = [
-            PackedWeight.from_dense(dense[:, span.start : span.stop].contiguous(), bias if rank == 0 else None)
+            functools.partial(gemm, weight=PackedWeight.from_dense(dense[:, span.start : span.stop].contiguous(), bias if rank == 0 else None))
             for rank, span in enumerate(spans)
         ]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gemm = load_gemm()
-        partials = [gemm(x[:, span.start : span.stop].contiguous(), part) for span, part in zip(self.spans, self.parts, strict=True)]
+        partials = [part(x[:, span.start : span.stop].contiguous()) for span, part in zip(self.spans, self.parts, strict=True)]
         total = partials[0]
         for partial in partials[1:]:
             total = total + partial
         return total
+
+
+def _quantized_columns(linear: GGMLLinear, span: Span, has_bias: bool) -> GGMLLinear:
+    """The layer of `linear`'s input columns `span`, in its own blocks (with the bias on rank 0 only)."""
+    weight = linear.weight_tensor if isinstance(linear, ZeroPointLinear) else linear.weight_blocks
+    part = quantized_part(weight, 1, span.start, span.stop, "reference")
+    bias = linear.bias if has_bias else None
+    if isinstance(part, ZeroPointTensor):
+        return ZeroPointLinear(part, bias, linear.activations)
+    return GGMLLinear(part, bias, linear.activations)
 
 
 def split_row_parallel_sums(model: nn.Module, world_size: int) -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from ember.llm import LLM
 from ember.parallel.config import ParallelConfig
+from ember.parallel.shared_exchange import SHARED_FOLDER, exchange_library
 from ember.parallel.worker import parameter_bytes
 from tests.model_factory import save_tiny_model
 from tests.parallel.moe_models import save_deepseek_v2, save_mixtral
@@ -53,6 +54,25 @@ def test_pp2_families_match_single_process_exactly(tmp_path, single_thread_torch
         parallel.shutdown()
 
 
-def test_tensor_and_pipeline_together_are_refused_with_the_fix():
-    with pytest.raises(ValueError, match="set one of"):
-        ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2)
+def test_tp2_x_pp2_llama_matches_single_process(tmp_path, single_thread_torch):
+    """Four ranks: two stages of two layers, each stage a tensor-parallel pair (its own gloo group); stage 0 holds
+    the vocabulary-parallel embedding and head. Only the row layers' all-reduce reorders sums."""
+    folder = save_tiny_model("llama", tmp_path / "llama", num_hidden_layers=4)
+    single = LLM(str(folder), **OPTIONS)
+    parallel = LLM(str(folder), tensor_parallel_size=2, pipeline_parallel_size=2, **OPTIONS)
+    try:
+        assert_parallel_matches(single, parallel, PROMPTS, tolerance=1e-5)
+        assert_volume_matches_formula(parallel, PROMPTS)  # rank 0: its stage's all-reduces and one row sent on
+        if SHARED_FOLDER.is_dir() and exchange_library() is not None:  # one machine: each stage's sums through shared memory
+            assert parallel.engine.runner.model.lm_head.communicator.exchange is not None
+        memory = parallel.engine.workers.memory
+        assert parallel.engine.workers.held_layers == range(0, 1)  # stage 0 also holds the embedding and head
+        assert memory.kv_cache_bytes[0] == memory.kv_cache_bytes[1]  # a stage's ranks split its KV heads evenly
+        assert memory.kv_cache_bytes[2] == 3 * memory.kv_cache_bytes[0]  # stage 1 holds layers 1-3
+    finally:
+        parallel.shutdown()
+
+
+def test_pipeline_with_sequence_or_expert_parallel_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="plain tensor parallelism only"):
+        ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2, enable_sequence_parallel=True)

@@ -11,11 +11,10 @@ from ember.llm import LLM
 from ember.parallel.shared_exchange import SHARED_FOLDER, exchange_library
 from ember.parallel.worker import parameter_bytes
 from tests.model_factory import save_tiny_model
-from tests.parallel.split_sum_reference import split_row_parallel_sums
 from tests.parallel.tp_parity import (
+    assert_only_the_all_reduce_reorders,
     assert_parallel_matches,
     assert_volume_matches_formula,
-    prompt_logits,
 )
 
 # SmolLM2's logits reach |33| after 30 layers. Each row-parallel all-reduce adds two partial sums
@@ -53,16 +52,9 @@ def test_tp2_qwen2_hybrid_windows_uneven_heads_match_single_process(tmp_path, si
         assert_volume_matches_formula(parallel, PROMPTS)
         # Inner slices of 65 and 64 (not a multiple of the SIMD width): torch's vectorized SiLU and
         # its scalar tail round a few elements differently than at 129; measured 3e-7, so not bit-exact here.
-        _assert_only_the_all_reduce_reorders(single, parallel, PROMPTS, tolerance=1e-6)
+        assert_only_the_all_reduce_reorders(single, parallel, PROMPTS, tolerance=1e-6)
     finally:
         parallel.shutdown()
-
-
-def _assert_only_the_all_reduce_reorders(single: LLM, parallel: LLM, prompts: list[list[int]], tolerance: float = 0.0) -> None:
-    """Within `tolerance` (0: bit-identical) of one process whose row layers add the ranks' partial sums."""
-    split_row_parallel_sums(single.engine.runner.model, world_size=2)
-    for ours, reference in zip(prompt_logits(parallel, prompts), prompt_logits(single, prompts), strict=True):
-        assert (ours - reference).abs().max().item() <= tolerance
 
 
 @pytest.mark.slow
@@ -94,7 +86,7 @@ def test_tp2_smollm2_gguf_matches_single_process(smollm2_gguf, single_thread_tor
         assert_parallel_matches(single, parallel, prompts, SMOLLM2_LOGIT_TOLERANCE)
         whole = parameter_bytes(single.engine.runner.model)
         assert max(parallel.engine.workers.memory.parameter_bytes) < 0.6 * whole
-        _assert_only_the_all_reduce_reorders(single, parallel, prompts)
+        assert_only_the_all_reduce_reorders(single, parallel, prompts)
     finally:
         parallel.shutdown()
 
@@ -113,7 +105,7 @@ def test_tp2_sequence_parallel_adds_the_same_partial_sums_and_sends_the_same_byt
         assert_parallel_matches(single, parallel, PROMPTS)
         assert_volume_matches_formula(parallel, [*PROMPTS, [7]])  # 40 tokens: no padding
         assert_volume_matches_formula(parallel, PROMPTS)  # 39 tokens: the formula's 40 padded ones
-        _assert_only_the_all_reduce_reorders(single, parallel, PROMPTS, tolerance=1e-6)  # token-split norms meet SIMD tails differently: ulps, not order
+        assert_only_the_all_reduce_reorders(single, parallel, PROMPTS, tolerance=1e-6)  # token-split norms meet SIMD tails differently: ulps, not order
     finally:
         parallel.shutdown()
 

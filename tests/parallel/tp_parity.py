@@ -12,6 +12,7 @@ from ember.engine.engine_request import EngineRequest
 from ember.engine.sampling_params import SamplingParams
 from ember.llm import LLM
 from ember.parallel.volume import parallel_volume
+from tests.parallel.split_sum_reference import split_row_parallel_sums
 
 LOGIT_TOLERANCE = 1e-5
 NUM_GENERATED = 24
@@ -59,3 +60,11 @@ def assert_volume_matches_formula(parallel: LLM, prompts: list[list[int]]) -> No
     num_tokens = volume.counted_tokens([sum(len(p) for p in prompts)], parallel_config.world_size)
     assert sum(communicator.stats.bytes_sent[kind] for kind in volume.kinds) == num_tokens * volume.bytes_per_token
     assert sum(communicator.stats.calls[kind] for kind in volume.kinds) == volume.calls_per_forward
+
+
+def assert_only_the_all_reduce_reorders(single: LLM, parallel: LLM, prompts: list[list[int]], tolerance: float = 0.0) -> None:
+    """Within `tolerance` (0: bit-identical) of one process whose row layers add the ranks' partial sums
+    (split_sum_reference; `single`'s model is rebuilt that way)."""
+    split_row_parallel_sums(single.engine.runner.model, world_size=2)
+    for ours, reference in zip(prompt_logits(parallel, prompts), prompt_logits(single, prompts), strict=True):
+        assert (ours - reference).abs().max().item() <= tolerance

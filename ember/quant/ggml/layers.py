@@ -27,6 +27,7 @@ from torch import nn
 from ember.layers.cpu_decoder_layer import CompilableLayer
 from ember.layers.cpu_gemm import CompiledProduct, PackedWeight, load_gemm
 from ember.layers.linear import DenseLinear
+from ember.layers.parallel import JoinsSlices
 from ember.quant.choices import QUANT_ACTIVATIONS
 from ember.quant.ggml.blocks import GGMLRowParts, GGMLTensor, dequantize_torch
 from ember.quant.ggml.interleave import ROWS_PER_GROUP, can_interleave, interleaved, plain, rows_of
@@ -334,7 +335,8 @@ def _checked_activations(activations: str) -> str:
 def activations_for(module_path: str, activations: str, exact_top: bool = False) -> str:
     """The precision the layer at `module_path` uses under the model-wide `activations`: an LM head that does not make
     its top logits exact (`exact_top`: a `GGMLLogitsLinear` does) stays float32."""
-    return "float32" if module_path == LOGITS_MODULE and not exact_top else _checked_activations(activations)
+    is_head = module_path == LOGITS_MODULE or module_path.startswith(f"{LOGITS_MODULE}.")  # or a parallel head's local product
+    return "float32" if is_head and not exact_top else _checked_activations(activations)
 
 
 def set_activations(model: nn.Module, activations: str) -> int:
@@ -361,7 +363,8 @@ def can_hold_blocks(module: nn.Module) -> bool:
 
 def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | GGMLRowParts | Int8ChannelTensor | ZeroPointTensor]) -> None:
     """Swap each `<module>.weight` named in `weights` for a layer over its blocks (or W8A8 int8 rows, or GPTQ / AWQ
-    groups with zero points); a linear keeps its bias. Layers given one tensor (a tied table) share one copy of it."""
+    groups with zero points); a linear keeps its bias. Layers given one tensor (a tied table) share one copy of it.
+    A tensor-parallel layer (`JoinsSlices`) keeps its collectives around the quantized layer of its slice."""
     built_from: dict[int, list[nn.Module]] = {}
     for name, weight in weights.items():
         built_from.setdefault(id(weight), [])
@@ -389,8 +392,8 @@ def install_ggml_layers(model: nn.Module, weights: dict[str, GGMLTensor | GGMLRo
             new = GGMLEmbedding(weight)
         else:
             raise ValueError(f"{module_path} is a {type(old).__name__}, which cannot run GGML blocks; load with --dtype float32")
-        setattr(model.get_submodule(parent_path), child, new)
         built_from[id(weights[name])].append(new)
+        setattr(model.get_submodule(parent_path), child, old.joining(new) if isinstance(old, JoinsSlices) else new)
     for layers in built_from.values():
         _share_tied_table(layers)
 
