@@ -39,6 +39,7 @@ class RadixNode:
 
     @property
     def end(self) -> int:
+        """Position after the node's last token."""
         return self.start + len(self.token_ids)
 
 
@@ -120,16 +121,6 @@ class RadixTree:
         for node in list(self.owners.pop(block, ())):
             if node.is_attached:
                 self._forget(node, block)
-
-    def num_nodes(self) -> int:
-        """Attached nodes below the roots (for tests)."""
-        stack = list(self.roots.values())
-        count = 0
-        while stack:
-            node = stack.pop()
-            count += len(node.children)
-            stack.extend(node.children.values())
-        return count
 
     def _add_leaf(self, parent: RadixNode, token_ids: Sequence[int], start: int, end: int,
                   group_blocks: Sequence[Sequence[KVBlock | None]]) -> None:
