@@ -16,7 +16,11 @@ from ember.engine.llm_engine import LLMEngine
 from ember.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from tests.model_factory import load_reference, save_tiny_model
 from tests.models.family_parity import single_thread_torch  # noqa: F401 (a fixture)
-from tests.models.test_prefix_cache_parity import assert_position_matches, reference_log_softmax, run
+from tests.models.test_prefix_cache_parity import (
+    assert_position_matches,
+    reference_log_softmax,
+    run,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
