@@ -101,6 +101,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     structured.add_argument("--num-prompts", type=int, default=3, help="chat prompts asking for an item as JSON")
     structured.add_argument("--output-len", type=int, default=128, help="most tokens per reply")
     structured.set_defaults(func=_run_structured)
+    prefix = commands.add_parser("prefix", help="prefix cache: prompt tokens served and TTFT, radix tree vs block hashes, same run")
+    _common(prefix, peers=False)
+    prefix.set_defaults(func=_run_prefix)
     lora = commands.add_parser("lora", help="LoRA: mixed output tok/s with 0, 1, 4, 16 adapters of rank 8 and 64 vs the base model")
     _common(lora, peers=False, default_dtype="auto")
     lora.add_argument("--num-requests", type=int, default=64, help="requests of the mixed workload")
@@ -133,7 +136,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     everything.add_argument("--report", type=Path, default=None, help="write the Markdown report here (BENCHMARKS.md)")
     everything.add_argument("--out-dir", type=Path, default=Path("benchmarks"), help="results/ and plots/ go under this folder")
     everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,soak,tokenizers,gateway,"
-                            "spec,quant,parallel,structured (the last four are sized by --scale; see the report)")
+                            "spec,quant,parallel,structured,prefix (the last five are sized by --scale; see the report)")
     everything.add_argument("--chunk-tokens", type=int, default=256)
     everything.add_argument("--spec-sibling", default=None, metavar="TARGET,DRAFT",
                             help="spec section: also run batch 1 with TARGET (dtype auto) plain, with n-gram and with DRAFT, "
@@ -332,6 +335,16 @@ def _run_structured(args: argparse.Namespace) -> int:
         raise ValueError("--num-prompts must be at least 1 and --output-len at least 2")
     section = bench_structured(_options(args), args.num_prompts, args.output_len)
     print(format_structured_section(section))
+    print(f"reproduce: {_command_line()}")
+    _dump(args.json, section)
+    return 0
+
+
+def _run_prefix(args: argparse.Namespace) -> int:
+    from ember.bench.prefix import bench_prefix, format_prefix_section
+
+    section = bench_prefix(_options(args))
+    print(format_prefix_section(section))
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)
     return 0

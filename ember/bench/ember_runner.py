@@ -28,6 +28,7 @@ class EmberSettings:
 
     label: str = "ember"
     enable_prefix_caching: bool = True
+    prefix_cache: str = "hash"  # which prefix cache (ember.kv.cache_manager.PREFIX_CACHES)
     enable_chunked_prefill: bool = True
     max_num_batched_tokens: int | None = None  # None: the engine's own default
     max_num_seqs: int | None = None
@@ -56,7 +57,7 @@ class EmberSettings:
             model=model,
             dtype=dtype,
             cache=CacheConfig(enable_prefix_caching=self.enable_prefix_caching, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-                              kv_cache_dtype=self.kv_cache_dtype),
+                              kv_cache_dtype=self.kv_cache_dtype, prefix_cache=self.prefix_cache),
             scheduler=SchedulerConfig(**scheduler),
             speculative=SpeculativeConfig(
                 method=self.speculative_method,

@@ -17,7 +17,7 @@ from ember.bench.quant_methods import DEFAULT_METHODS as DEFAULT_QUANT_METHODS
 if TYPE_CHECKING:  # the report imports this module's names; keep it free of the engine
     from ember.bench.suite import BenchOptions
 
-FEATURE_SECTIONS = ("spec", "quant", "parallel", "structured")
+FEATURE_SECTIONS = ("spec", "quant", "parallel", "structured", "prefix")
 
 QUANT_CALIB_FILE = "tinyshakespeare.txt"  # calibrate on one corpus ...
 QUANT_EVAL_FILE = "botchan.txt"  # ... evaluate on another (issue 10)
@@ -112,13 +112,17 @@ def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
         from ember.bench.structured import VARIANTS
 
         return len(VARIANTS) * options.repeats
+    if name == "prefix":
+        from ember.bench.prefix import CACHES
+
+        return 3 * len(CACHES) * options.repeats
     raise ValueError(f"{name!r} is not a feature section; choose from {', '.join(FEATURE_SECTIONS)}")
 
 
 def run_feature_section(name: str, options: BenchOptions, sizes: FeatureSizes) -> dict:
     """The section of `name`, as its bench returns it, with the sizes it ran at under 'sizes'."""
     runners = {"spec": run_spec_section, "quant": run_quant_section, "parallel": run_parallel_section,
-               "structured": run_structured_section}
+               "structured": run_structured_section, "prefix": run_prefix_section}
     if name not in runners:
         raise ValueError(f"{name!r} is not a feature section; choose from {', '.join(FEATURE_SECTIONS)}")
     return runners[name](options, sizes)
@@ -189,6 +193,13 @@ def run_structured_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
 
     section = bench_structured(options, sizes.structured_prompts, sizes.structured_output_len)
     return dict(section, sizes=sizes.record("structured_"))
+
+
+def run_prefix_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
+    """`ember bench prefix`: prompt tokens served from the prefix cache and TTFT, radix vs hash (counts scale with --scale)."""
+    from ember.bench.prefix import bench_prefix
+
+    return bench_prefix(options)
 
 
 def parallel_config(mode: str, world_size: int):

@@ -628,6 +628,7 @@ def _features(lines: list[str], results: dict, plots: dict, report_dir: Path | N
     """The spec, quant, parallel and structured sections (ember.bench.report_features), each with its PNG if it has one."""
     from ember.bench.report_features import (
         parallel_markdown,
+        prefix_markdown,
         quant_markdown,
         spec_markdown,
         structured_markdown,
@@ -640,6 +641,7 @@ def _features(lines: list[str], results: dict, plots: dict, report_dir: Path | N
     lines += quant_markdown(results.get("quant"), _table, image)
     lines += parallel_markdown(results.get("parallel"), image)
     lines += structured_markdown(results.get("structured"))
+    lines += prefix_markdown(results.get("prefix"))
 
 
 def _closing(lines: list[str], results: dict) -> None:

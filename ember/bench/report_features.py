@@ -111,6 +111,22 @@ def structured_markdown(section: dict | None) -> list[str]:
             "", format_structured_section(section), ""]  # fmt: skip
 
 
+def prefix_markdown(section: dict | None) -> list[str]:
+    """The prefix-cache section: how many prompt tokens each cache serves, and what that does to TTFT."""
+    if not section:
+        return []
+    from ember.bench.prefix import format_prefix_section
+
+    return ["## `prefix`: radix-tree vs block-hash prefix cache (`ember bench prefix`)", "",
+            f"One engine per cache and repeat, dtype {section['dtype']}, greedy, {section['output_len']} tokens per reply; "
+            "requests arrive in rounds (the next once the last has finished) and the cache lives across rounds. "
+            "Multi-turn: each turn's prompt is its conversation so far, turns of uneven length; few-shot: one "
+            "instruction, four of eight examples in a random order, a question; shared-prefix: the suite's workload. "
+            "Served: prompt tokens taken from the cache (share of all prompt tokens). TTFT: mean over a run's requests, "
+            f"median (min-max) of {section['repeats']} interleaved repeats.",
+            "", format_prefix_section(section), ""]  # fmt: skip
+
+
 def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]:
     if not section:
         return []

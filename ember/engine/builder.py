@@ -102,7 +102,8 @@ class EngineBuilder:
         self.kv_layout = kv_cache_layout(loaded.model)
         self.kv_cache_dtype = kv_cache_torch_dtype(config.cache.kv_cache_dtype) or compute_dtype(self.load_dtype)
         num_blocks = self._num_kv_blocks(loaded.config)
-        kv = KVCacheManager(num_blocks, self.block_size, config.cache.enable_prefix_caching, self.kv_layout.group_windows)
+        kv = KVCacheManager(num_blocks, self.block_size, config.cache.enable_prefix_caching, self.kv_layout.group_windows,
+                            config.cache.prefix_cache)
         limits = RequestLimits(
             vocab_size=loaded.config.vocab_size,
             max_model_len=self.max_model_len,

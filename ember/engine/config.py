@@ -9,6 +9,7 @@ from typing import Any
 
 from ember.engine.device import DeviceConfig, add_device_arguments, device_from_args
 from ember.engine.lora_request import LoRAConfig
+from ember.kv.cache_manager import PREFIX_CACHES
 from ember.layers.draft_trees import MAX_TREE_NODES
 from ember.parallel.config import ParallelConfig, add_parallel_arguments
 from ember.quant.choices import (
@@ -41,6 +42,7 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"
+    prefix_cache: str = "hash"
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_size <= 1024:
@@ -49,6 +51,8 @@ class CacheConfig:
             raise ValueError("num_kv_blocks must be at least 1")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.prefix_cache not in PREFIX_CACHES:
+            raise ValueError(f"prefix_cache {self.prefix_cache!r} is not known; choose one of {', '.join(PREFIX_CACHES)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported; choose one of {', '.join(KV_CACHE_DTYPES)}"
@@ -260,6 +264,7 @@ class EngineConfig:
                 kv_cache_memory_bytes=args.kv_cache_memory,
                 enable_prefix_caching=args.enable_prefix_caching,
                 kv_cache_dtype=args.kv_cache_dtype,
+                prefix_cache=args.prefix_cache,
             ),
             scheduler=SchedulerConfig(
                 max_num_batched_tokens=args.max_num_batched_tokens,
@@ -374,6 +379,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="share the KV blocks of common prompt prefixes (default on; --no-prefix-caching too)")
     parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS)
+    parser.add_argument("--prefix-cache", default=defaults.cache.prefix_cache, choices=PREFIX_CACHES,
+                        help="radix: a token-granular radix tree (a prompt reuses a cached block's first tokens too); "
+                             "hash: chained hashes of whole blocks (vLLM's)")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                         help="split long prompts across steps beside the decoders (default on; --no-chunked-prefill too)")
     parser.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS)

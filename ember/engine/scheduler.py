@@ -123,7 +123,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
-        self.kv.free(seq.seq_id)
+        self._free(seq)
 
     def roll_back(self, seq: Sequence) -> None:
         """Give back the blocks past `seq`'s computed tokens (slots of rejected drafted tokens)."""
@@ -187,7 +187,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
-        self.kv.free(seq.seq_id)
+        self._free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         # Back in the queue ahead of every waiting sequence of its priority or lower (all of them when equal).
@@ -196,6 +196,10 @@ class Scheduler:
         self.waiting.insert(position, seq)
         out.preempted.append(seq)
         self.num_preemptions += 1
+
+    def _free(self, seq: Sequence) -> None:
+        """Give back `seq`'s blocks; the tokens they hold stay findable in the prefix cache."""
+        self.kv.free(seq.seq_id, seq.token_ids[: seq.num_computed_tokens], seq.request.cache_keys)
 
     def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
         while self.waiting and budget > 0:
@@ -235,7 +239,7 @@ class Scheduler:
         # cached prefix does not hold: it computes its whole prompt (its blocks still go into
         # the cache for later requests), as vLLM does.
         if seq.params.prompt_logprobs is not None:
-            return CachedPrefix(block_size=self.kv.block_size)
+            return CachedPrefix()
         return self.kv.find_cached_prefix(seq.token_ids, seq.compute_target - 1, seq.request.cache_keys)
 
     @staticmethod

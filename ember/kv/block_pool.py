@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -70,15 +71,17 @@ class BlockPool:
     """Keeps the blocks: hands out free ones (evicting their cached hash), takes them back.
 
     A block is in the free queue exactly when its ref_count is 0. `cached` maps a full block's
-    chained hash to the block holding those tokens' KV.
+    chained hash to the block holding those tokens' KV. `on_evict` hears of every block handed out
+    again, so another index of cached blocks (the radix tree) can forget it.
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, on_evict: Callable[[KVBlock], None] | None = None) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.blocks = [KVBlock(block_id=i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, KVBlock] = {}
+        self.on_evict = on_evict
 
     @property
     def num_blocks(self) -> int:
@@ -101,6 +104,8 @@ class BlockPool:
         for _ in range(count):
             block = self.free_queue.popleft()
             self._forget_hash(block)
+            if self.on_evict is not None:
+                self.on_evict(block)
             block.ref_count = 1
             taken.append(block)
         return taken

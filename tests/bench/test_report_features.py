@@ -295,3 +295,16 @@ def test_the_spec_section_names_each_proposers_draft_length_cap_where_they_diffe
     same = dict(spec_section(), num_speculative_tokens={"ngram": 4, "draft": 4})
     assert "target dtype float32, K=4 with adaptive K" in report.render_markdown(dict(feature_results(), spec=same))
     assert "target dtype float32, K=4 with adaptive K" in report.render_markdown(feature_results())  # results before per-proposer K
+
+
+def test_the_prefix_section_shows_tokens_served_by_each_cache_and_their_ratio():
+    def cache(served, ttft):
+        return {"prompt_tokens": 1000, "served_tokens": served, "hit_rate": served / 1000, "ttft_s": _spread(ttft)}
+
+    workload = {"radix": cache(500, 0.2), "hash": cache(400, 0.25), "requests": 12, "rounds": 3, "served_ratio": 1.25, "ttft_ratio": 0.8}
+    nothing = {"radix": cache(0, 0.3), "hash": cache(0, 0.3), "requests": 4, "rounds": 1, "served_ratio": None, "ttft_ratio": 1.0}
+    section = {"dtype": "auto", "repeats": 2, "output_len": 8, "workloads": {"few-shot": workload, "shared-prefix": nothing}}
+    text = report.render_markdown(dict(fake_results(), prefix=section))
+    assert "## `prefix`: radix-tree vs block-hash prefix cache (`ember bench prefix`)" in text
+    assert "| few-shot | 12 (3) | 1000 | 500 (50%) | 400 (40%) | 1.25x | 200 (180-220) | 250 (225-275) | 0.80x |" in text
+    assert "| shared-prefix | 4 (1) | 1000 | 0 (0%) | 0 (0%) | n/a |" in text

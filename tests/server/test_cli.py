@@ -36,6 +36,13 @@ def test_engine_flags_are_accepted_by_serve() -> None:
     assert engine_config.cache.num_kv_blocks == 64 and not engine_config.cache.enable_prefix_caching
 
 
+def test_the_prefix_cache_flag_picks_the_radix_tree_or_block_hashes() -> None:
+    assert EngineConfig.from_args(parse("--model", "m", "--prefix-cache", "radix")).cache.prefix_cache == "radix"
+    assert EngineConfig.from_args(parse("--model", "m", "--prefix-cache", "hash")).cache.prefix_cache == "hash"
+    with pytest.raises(SystemExit):
+        parse("--model", "m", "--prefix-cache", "trie")
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [(["--max-waiting", "0"], "--max-waiting"), (["--port", "70000"], "port"), (["--max-body-bytes", "10"], "--max-body-bytes")],
