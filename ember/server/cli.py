@@ -9,7 +9,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from ember.engine.data_parallel import DataParallelConfig, parse_cpus
+from ember.engine.data_parallel_config import DataParallelConfig, parse_cpus
 from ember.engine.device import device_from_args
 from ember.engine.sampling_defaults import AUTO, sampling_defaults
 from ember.server.config import (

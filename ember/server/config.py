@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ember.engine.data_parallel import DataParallelConfig
+from ember.engine.data_parallel_config import DataParallelConfig
 from ember.engine.sampling_defaults import SamplingDefaults
 from ember.server.openai.reasoning import REASONING_PARSERS
 

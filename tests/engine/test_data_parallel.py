@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from ember.engine.data_parallel import DataParallelConfig, combined_stats, parse_cpus, replica_cores
+from ember.engine.data_parallel import combined_stats
+from ember.engine.data_parallel_config import DataParallelConfig, parse_cpus, replica_cores
 from ember.engine.llm_engine import EngineStats
 
 

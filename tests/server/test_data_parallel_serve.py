@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from ember.engine.data_parallel import replica_cores
+from ember.engine.data_parallel_config import replica_cores
 from tests.server.harness import ServeProcess, is_running, tiny_server_process
 
 NUM_REQUESTS = 12
@@ -66,6 +66,15 @@ async def complete_all(server: ServeProcess, prompts: list[str], max_tokens: int
 
     async with client:
         return await asyncio.gather(*(one(prompt) for prompt in prompts))
+
+
+async def until_replica_runs_requests(server: ServeProcess, replica: str, timeout_s: float = 60.0) -> None:
+    """Return once `replica` reports running requests (so a kill lands mid-run, however fast the machine)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+        while replica_metric((await http.get("/metrics")).text, "ember:num_requests_running").get(replica, 0) == 0:
+            assert time.monotonic() < deadline, f"replica {replica} never ran a request"
+            await asyncio.sleep(0.02)
 
 
 def test_two_replicas_both_answer_and_metrics_label_each(dp_server: ServeProcess) -> None:
@@ -116,7 +125,7 @@ def test_killing_a_replica_mid_run_loses_no_request_and_it_comes_back(dp_server:
 
     async def run_and_kill() -> list[str | BaseException]:
         requests = asyncio.ensure_future(complete_all(dp_server, prompts, max_tokens=200))
-        await asyncio.sleep(1.0)  # the requests are spread and running
+        await until_replica_runs_requests(dp_server, victim["replica"])
         os.kill(victim["pid"], signal.SIGKILL)
         return await requests
 
@@ -125,7 +134,10 @@ def test_killing_a_replica_mid_run_loses_no_request_and_it_comes_back(dp_server:
     errors = [answer for answer in answers if isinstance(answer, BaseException)]
     assert all(isinstance(error, openai.APIStatusError) and error.status_code == 503 for error in errors), errors
     assert sum(isinstance(answer, str) for answer in answers) >= 1, answers  # the other replica kept answering
-    assert not is_running(victim["pid"])
+    deadline = time.monotonic() + 10  # SIGKILL is delivered asynchronously: the server reaps it soon after
+    while is_running(victim["pid"]):
+        assert time.monotonic() < deadline, "the killed replica's process is still running"
+        time.sleep(0.05)
 
     deadline = time.monotonic() + RESTART_DEADLINE_S
     seen_down = False
