@@ -36,7 +36,9 @@ class LLM:
     quantization; "bitsandbytes" is nf4); `generation_config="auto"|"vllm"|DIR`: where `generate` and `chat` without
     sampling params take theirs from (auto: the model folder's generation_config.json, as vLLM's LLM does);
     LoRA: `enable_lora=True, max_loras=N, max_lora_rank=R, max_cpu_loras=M` (vLLM's names), then
-    `generate(..., lora_request=LoRARequest(name, int_id, path))` per call or per prompt.
+    `generate(..., lora_request=LoRARequest(name, int_id, path))` per call or per prompt;
+    structured outputs: `structured_outputs_backend="auto"|"ember"|"xgrammar"|"llguidance"`, `jump_forward=False` to
+    sample every token a constraint forces.
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
@@ -56,6 +58,8 @@ class LLM:
         generation_config = options.pop("generation_config", AUTO)
         lora = _lora_config(options)
         num_threads = options.pop("num_threads", None)
+        structured_outputs_backend = options.pop("structured_outputs_backend", "auto")
+        jump_forward = options.pop("jump_forward", True)
         if options:
             raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
         config = EngineConfig(
@@ -72,6 +76,8 @@ class LLM:
             parallel=ParallelConfig(**parallel_fields),
             lora=lora,
             num_threads=num_threads,
+            structured_outputs_backend=structured_outputs_backend,
+            jump_forward=jump_forward,
         )
         self.engine = LLMEngine(config, loaded=loaded)
         self.tokenizer = self.engine.tokenizer

@@ -221,8 +221,24 @@ class JsonGuide:
         """The row `logits` held to what may come next (`TokenGrammar.hold`)."""
         self.grammar.hold(logits, self.states, is_greedy)
 
+    def prepare_mask(self) -> None:
+        """Build (or find cached) the mask of the current states: the runner calls it on the mask thread while the
+        forward pass runs, so `hold` finds it ready."""
+        if self.states:
+            self.grammar.allowed(self.states)
+
     def advance(self, token_id: int) -> None:
         self.states = self.grammar.advance(self.states, token_id)
+
+    def forced_tokens(self) -> list[int]:
+        """The one token the constraint allows next, where it allows exactly one and it is not EOS (jump-forward)."""
+        if not self.states:
+            return []
+        mask = self.grammar.allowed(self.states)
+        if mask.blocked is not None or len(mask.token_ids) != 1:
+            return []
+        token_id = int(mask.token_ids[0])
+        return [] if token_id in self.grammar.vocabulary.eos_ids else [token_id]
 
     def hold_drafts(self, logits: torch.Tensor, draft_ids: list[int], is_greedy: bool) -> torch.Tensor:
         """`logits` [len(draft_ids) + 1, vocab] with row i held to the state after the first i drafts, for
