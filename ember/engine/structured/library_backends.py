@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.engine.structured.grammars import grammar_dialect
+from ember.engine.structured.json_recognizer import MAX_WHITESPACE_RUN
 from ember.tokenizers.base import Tokenizer
 
 if TYPE_CHECKING:
@@ -202,8 +203,9 @@ class XGrammarBackend:
             return compiler.compile_grammar(f"root ::= {_choice_strings(constraint.choice)}")
         schema = {"type": "object"} if constraint.json_object else constraint.json_schema
         compact = constraint.compact_whitespace
-        return compiler.compile_json_schema(json.dumps(schema), any_whitespace=not compact,
-                                            separators=COMPACT_SEPARATORS if compact else None, strict_mode=True)  # fmt: skip
+        return compiler.compile_json_schema(json.dumps(schema), any_whitespace=not compact, strict_mode=True,
+                                            separators=COMPACT_SEPARATORS if compact else None,
+                                            max_whitespace_cnt=None if compact else MAX_WHITESPACE_RUN)  # fmt: skip
 
 
 class _EmberTokens:
@@ -255,4 +257,6 @@ class LLGuidanceBackend:
         options: dict[str, Any] = {"whitespace_flexible": not constraint.compact_whitespace}
         if constraint.compact_whitespace:
             options.update(item_separator=COMPACT_SEPARATORS[0], key_separator=COMPACT_SEPARATORS[1])
+        else:
+            options.update(whitespace_pattern=f"[\\x20\\x0A\\x0D\\x09]{{1,{MAX_WHITESPACE_RUN}}}")
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
