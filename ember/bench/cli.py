@@ -92,10 +92,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       help="also run batch 1 with TARGET (dtype auto) plain, with n-gram and with DRAFT, a smaller model of its family, as draft model")
     spec.add_argument("--plot", type=Path, default=Path("benchmarks/plots/spec_acceptance.png"), help="acceptance histogram PNG")
     spec.set_defaults(func=_run_spec)
-    structured = commands.add_parser("structured", help="structured outputs: free text vs json_object vs json_schema, batch 1, same run")
+    structured = commands.add_parser("structured", help="structured outputs: free text vs JSON and grammars through each backend, "
+                                                        "batch 1 and 16, same run")
     _common(structured, peers=False)
     structured.add_argument("--num-prompts", type=int, default=3, help="chat prompts asking for an item as JSON")
     structured.add_argument("--output-len", type=int, default=128, help="most tokens per reply")
+    structured.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes (as many prompts as the batch)")
     structured.set_defaults(func=_run_structured)
     lora = commands.add_parser("lora", help="LoRA: mixed output tok/s with 0, 1, 4, 16 adapters of rank 8 and 64 vs the base model")
     _common(lora, peers=False, default_dtype="auto")
@@ -312,7 +314,10 @@ def _run_structured(args: argparse.Namespace) -> int:
 
     if args.num_prompts < 1 or args.output_len < 2:
         raise ValueError("--num-prompts must be at least 1 and --output-len at least 2")
-    section = bench_structured(_options(args), args.num_prompts, args.output_len)
+    batch_sizes = tuple(int(size) for size in args.batch_sizes.split(","))
+    if min(batch_sizes) < 1:
+        raise ValueError("--batch-sizes are whole numbers of at least 1, e.g. 1,16")
+    section = bench_structured(_options(args), args.num_prompts, args.output_len, batch_sizes)
     print(format_structured_section(section))
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)

@@ -42,6 +42,7 @@ class EmberSettings:
     adaptive_speculation: bool = True
     structured_output: StructuredOutput | None = None  # every request's output constraint (None: free text)
     untimed_passes: int = 0  # times the workload runs on the engine before the timed pass (a server that served it)
+    structured_outputs_backend: str = "auto"  # who enforces `structured_output` (ember.engine.structured.grammars.BACKENDS)
 
     def config(self, model: str, dtype: str) -> EngineConfig:
         """The engine's defaults, except the levers and limits this variant sets."""
@@ -65,6 +66,7 @@ class EmberSettings:
                 eagle_head=self.eagle_head,
                 adaptive=self.adaptive_speculation,
             ),
+            structured_outputs_backend=self.structured_outputs_backend,
         )
 
     def record(self) -> dict:
