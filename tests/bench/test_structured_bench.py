@@ -3,6 +3,8 @@ batch 2, same run, replies checked (JSON against the schema, grammar replies aga
 
 from __future__ import annotations
 
+import pytest
+
 from ember.bench.structured import (
     VARIANTS,
     bench_structured,
@@ -12,6 +14,7 @@ from ember.bench.structured import (
 from ember.bench.suite import BenchOptions
 
 
+@pytest.mark.timeout(1800)  # 15 engines, each built and run once
 def test_every_finished_constrained_reply_conforms_and_each_variant_is_timed(smollm2_gguf):
     options = BenchOptions(model=str(smollm2_gguf), dtypes=("auto",), repeats=1, peers=())
     section = bench_structured(options, num_prompts=2, output_len=96, batch_sizes=(1, 2))

@@ -210,10 +210,15 @@ class XGrammarBackend:
 
 class _EmberTokens:
     """ember's tokenizer as llguidance's TokenizerWrapper reads one: token bytes (special tokens as 0xFF plus their
-    name, llguidance's convention), EOS and BOS, and text -> ids for its forced-token tokenization."""
+    name, llguidance's convention), EOS and BOS, and text -> ids for its forced-token tokenization: the tokenizer's own
+    where its ids spell the text exactly, else (a SentencePiece tokenizer adds a leading space) llguidance's greedy
+    longest-match tokenization, set once its tokenizer is built (`greedy`)."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         self._tokenizer = tokenizer
+        self.greedy: Any = None
+        probe = "Once upon a time, {\"x\": 1}"
+        self._is_exact = b"".join(tokenizer.token_bytes(t) for t in tokenizer.encode(probe)) == probe.encode()
         self.eos_token_id = min(tokenizer.eos_ids) if tokenizer.eos_ids else None
         self.bos_token_id = tokenizer.bos_id
         self.tokens = vocabulary_bytes(tokenizer, vocab_size)
@@ -224,7 +229,9 @@ class _EmberTokens:
     def __call__(self, text: str | bytes) -> list[int]:
         if isinstance(text, bytes):
             raise TypeError("ember's tokenizer encodes text, not bytes")  # llguidance then hands it text
-        return self._tokenizer.encode(text)
+        if self._is_exact or self.greedy is None:
+            return self._tokenizer.encode(text)
+        return self.greedy(text)
 
 
 class LLGuidanceBackend:
@@ -235,8 +242,10 @@ class LLGuidanceBackend:
         import llguidance
 
         self.vocab_size = vocab_size
-        self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_EmberTokens(tokenizer, vocab_size)),
-                                                 n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))  # fmt: skip
+        tokens = _EmberTokens(tokenizer, vocab_size)
+        self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(tokens), n_vocab=vocab_size,
+                                                 eos_token=sorted(tokenizer.eos_ids))  # fmt: skip
+        tokens.greedy = self._tokenizer.greedy_tokenize
 
     def guide(self, grammar: str) -> LLGuidanceGuide:
         """A fresh matcher for one sequence over a grammar `compile` wrote."""
