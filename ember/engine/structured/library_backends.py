@@ -3,7 +3,8 @@ sequence a guide whose matcher writes a 32-bit token bitmask per step.
 
 The vocabulary both libraries read is built from ember's own tokenizer (token bytes, special tokens, EOS ids),
 never downloaded. A guide's mask for the next token is computed on the engine's mask thread while the model's
-forward pass runs (`prefetch`, called by the runner before the forward), and read at sampling (`hold`).
+forward pass runs (`prepare_mask`, started by the runner before the forward), and read at sampling (`hold`). JSON
+whitespace runs are bounded by ember's MAX_WHITESPACE_RUN in every backend, so a model cannot pad a value forever.
 """
 
 from __future__ import annotations
