@@ -98,6 +98,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     structured.add_argument("--num-prompts", type=int, default=3, help="chat prompts asking for an item as JSON")
     structured.add_argument("--output-len", type=int, default=128, help="most tokens per reply")
     structured.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes (as many prompts as the batch)")
+    structured.add_argument("--variants", default=None,
+                            help="semicolon-separated variant names to run beside free text (default: all), e.g. "
+                                 "'json_schema, xgrammar;grammar, llguidance'")
     structured.set_defaults(func=_run_structured)
     lora = commands.add_parser("lora", help="LoRA: mixed output tok/s with 0, 1, 4, 16 adapters of rank 8 and 64 vs the base model")
     _common(lora, peers=False, default_dtype="auto")
@@ -317,7 +320,8 @@ def _run_structured(args: argparse.Namespace) -> int:
     batch_sizes = tuple(int(size) for size in args.batch_sizes.split(","))
     if min(batch_sizes) < 1:
         raise ValueError("--batch-sizes are whole numbers of at least 1, e.g. 1,16")
-    section = bench_structured(_options(args), args.num_prompts, args.output_len, batch_sizes)
+    only = None if args.variants is None else tuple(name.strip() for name in args.variants.split(";"))
+    section = bench_structured(_options(args), args.num_prompts, args.output_len, batch_sizes, only)
     print(format_structured_section(section))
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)

@@ -106,8 +106,12 @@ def build_structured_workload(tokenizer, seed: int, num_prompts: int, output_len
 
 
 def bench_structured(options: BenchOptions, num_prompts: int = 3, output_len: int = 128,
-                     batch_sizes: tuple[int, ...] = BATCH_SIZES) -> dict:  # fmt: skip
-    """The section: per batch size, each variant's decode rate, TTFT and output checks, and the ratios to free text."""
+                     batch_sizes: tuple[int, ...] = BATCH_SIZES, only: tuple[str, ...] | None = None) -> dict:  # fmt: skip
+    """The section: per batch size, each variant's decode rate, TTFT and output checks, and the ratios to free text.
+    `only`: the variants to run (free text always runs: the ratios are to it); None: all."""
+    unknown = sorted(set(only or ()) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown structured variants {unknown}; choose from {', '.join(VARIANTS)}")
     from ember.tokenizers import load
 
     tokenizer = load(model_path(options.model))
@@ -115,7 +119,8 @@ def bench_structured(options: BenchOptions, num_prompts: int = 3, output_len: in
     batches = {}
     for batch_size in batch_sizes:
         workload = build_structured_workload(tokenizer, options.seed, max(num_prompts, batch_size), output_len)
-        variants = variants_at(batch_size)
+        variants = {name: variant for name, variant in variants_at(batch_size).items()
+                    if only is None or name == "free text" or name in only}  # fmt: skip
         runners: dict[str, Callable[[], RunResult]] = {
             name: lambda settings=EmberSettings(max_num_seqs=batch_size, structured_output=v.constraint,
                                                 structured_outputs_backend=v.backend, untimed_passes=v.untimed_passes,
