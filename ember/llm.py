@@ -40,6 +40,8 @@ class LLM:
     `generate(..., lora_request=LoRARequest(name, int_id, path))` per call or per prompt;
     device: `device="cpu"|"cuda"|"auto"` (auto: cuda where torch sees one), `gpu_memory_utilization=F`,
     `enforce_eager=True` (`DeviceConfig`).
+    structured outputs: `structured_outputs_backend="auto"|"ember"|"xgrammar"|"llguidance"`, `jump_forward=False` to
+    sample every token a constraint forces.
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
@@ -60,6 +62,8 @@ class LLM:
         lora = _lora_config(options)
         num_threads = options.pop("num_threads", None)
         device = DeviceConfig(**{k: options.pop(k) for k in list(options) if k in DeviceConfig.__dataclass_fields__})
+        structured_outputs_backend = options.pop("structured_outputs_backend", "auto")
+        jump_forward = options.pop("jump_forward", True)
         if options:
             raise TypeError(f"unknown LLM options: {', '.join(sorted(options))}")
         config = EngineConfig(
@@ -77,6 +81,8 @@ class LLM:
             lora=lora,
             num_threads=num_threads,
             device=device,
+            structured_outputs_backend=structured_outputs_backend,
+            jump_forward=jump_forward,
         )
         self.engine = LLMEngine(config, loaded=loaded)
         self.tokenizer = self.engine.tokenizer

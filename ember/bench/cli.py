@@ -96,10 +96,15 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       help="also run batch 1 with TARGET (dtype auto) plain, with n-gram and with DRAFT, a smaller model of its family, as draft model")
     spec.add_argument("--plot", type=Path, default=Path("benchmarks/plots/spec_acceptance.png"), help="acceptance histogram PNG")
     spec.set_defaults(func=_run_spec)
-    structured = commands.add_parser("structured", help="structured outputs: free text vs json_object vs json_schema, batch 1, same run")
+    structured = commands.add_parser("structured", help="structured outputs: free text vs JSON and grammars through each backend, "
+                                                        "batch 1 and 16, same run")
     _common(structured, peers=False)
     structured.add_argument("--num-prompts", type=int, default=3, help="chat prompts asking for an item as JSON")
     structured.add_argument("--output-len", type=int, default=128, help="most tokens per reply")
+    structured.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes (as many prompts as the batch)")
+    structured.add_argument("--variants", default=None,
+                            help="semicolon-separated variant names to run beside free text (default: all), e.g. "
+                                 "'json_schema, xgrammar;grammar, llguidance'")
     structured.set_defaults(func=_run_structured)
     prefix = commands.add_parser("prefix", help="prefix cache: prompt tokens served and TTFT, radix tree vs block hashes, same run")
     _common(prefix, peers=False)
@@ -333,7 +338,11 @@ def _run_structured(args: argparse.Namespace) -> int:
 
     if args.num_prompts < 1 or args.output_len < 2:
         raise ValueError("--num-prompts must be at least 1 and --output-len at least 2")
-    section = bench_structured(_options(args), args.num_prompts, args.output_len)
+    batch_sizes = tuple(int(size) for size in args.batch_sizes.split(","))
+    if min(batch_sizes) < 1:
+        raise ValueError("--batch-sizes are whole numbers of at least 1, e.g. 1,16")
+    only = None if args.variants is None else tuple(name.strip() for name in args.variants.split(";"))
+    section = bench_structured(_options(args), args.num_prompts, args.output_len, batch_sizes, only)
     print(format_structured_section(section))
     print(f"reproduce: {_command_line()}")
     _dump(args.json, section)

@@ -45,6 +45,7 @@ class EmberSettings:
     structured_output: StructuredOutput | None = None  # every request's output constraint (None: free text)
     untimed_passes: int = 0  # times the workload runs on the engine before the timed pass (a server that served it)
     device: str = "cpu"  # the engine's (DeviceConfig.device); the peers run on the CPU
+    structured_outputs_backend: str = "auto"  # who enforces `structured_output` (ember.engine.structured.grammars.BACKENDS)
 
     def config(self, model: str, dtype: str) -> EngineConfig:
         """The engine's defaults, except the levers and limits this variant sets."""
@@ -69,6 +70,7 @@ class EmberSettings:
                 adaptive=self.adaptive_speculation,
             ),
             device=DeviceConfig(self.device),
+            structured_outputs_backend=self.structured_outputs_backend,
         )
 
     def record(self) -> dict:

@@ -48,6 +48,7 @@ class FeatureSizes:
     parallel_max_tokens: int = 32
     structured_prompts: int = 3  # chat prompts asking for an item as JSON, batch 1 (never scaled: three is already few)
     structured_output_len: int = 128
+    structured_batch_sizes: tuple[int, ...] = (1, 16)  # a batch of N runs N prompts at once
 
     def __post_init__(self) -> None:
         counts = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), int)}
@@ -109,9 +110,9 @@ def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
     if name == "parallel":
         return len(sizes.parallel_modes)
     if name == "structured":
-        from ember.bench.structured import VARIANTS
+        from ember.bench.structured import variants_at
 
-        return len(VARIANTS) * options.repeats
+        return sum(len(variants_at(batch_size)) for batch_size in sizes.structured_batch_sizes) * options.repeats
     if name == "prefix":
         from ember.bench.prefix import CACHES
 
@@ -188,10 +189,11 @@ def run_parallel_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
 
 
 def run_structured_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
-    """`ember bench structured`: free text, json_object and json_schema at batch 1, the first dtype asked for."""
+    """`ember bench structured`: free text against JSON and grammars through each backend, batch 1 and 16, the first dtype
+    asked for."""
     from ember.bench.structured import bench_structured
 
-    section = bench_structured(options, sizes.structured_prompts, sizes.structured_output_len)
+    section = bench_structured(options, sizes.structured_prompts, sizes.structured_output_len, sizes.structured_batch_sizes)
     return dict(section, sizes=sizes.record("structured_"))
 
 

@@ -98,16 +98,18 @@ def structured_markdown(section: dict | None) -> list[str]:
         return []
     from ember.bench.structured import format_structured_section
 
-    prompts = section["workload"]["num_requests"]
+    output_len = next(iter(section["batches"].values()))["workload"]["output_len"]
     return ["## `structured`: structured outputs (`ember bench structured`)", "",
-            f"One engine, batch 1, greedy, dtype {section['dtype']}, {prompts} chat prompts asking for an item as JSON, "
-            f"at most {section['workload']['output_len']} tokens each: free text, `json_object`, a `json_schema` of the "
-            f"fields asked for, and the schema on an engine that ran the workload once untimed (served before: its "
-            f"prompts come from the prefix cache, only its decode compares), without and with n-gram speculation, "
-            f"same run, interleaved repeats "
-            f"({section['repeats']}). A fresh engine per run: a cold first request's TTFT includes building the "
-            "vocabulary's byte trie, its decode the masks of states met first. "
-            "Finished replies (ended before the token limit) are parsed and validated (jsonschema) from the last repeat.",
+            f"One engine per variant, batch {' and '.join(section['batches'])}, greedy, dtype {section['dtype']}, chat "
+            f"prompts asking for an item as JSON, at most {output_len} tokens each: free text, `json_object`, a "
+            "`json_schema` of the fields asked for through each backend (ember's own engine, xgrammar, llguidance), a "
+            "GBNF grammar of the same fields through xgrammar and llguidance, and the schema on an engine that ran the "
+            "workload once untimed (served before: its prompts come from the prefix cache, only its decode compares), "
+            "without and with n-gram speculation (batch 1), same run, interleaved repeats "
+            f"({section['repeats']}). Masks are computed during the forward pass; forced tokens are appended without a "
+            "model step (jump-forward). A fresh engine per run: a cold first request's TTFT includes building the "
+            "backend's vocabulary, and ember's decode the masks of states met first. Finished replies (ended before the "
+            "token limit) are checked (jsonschema, or the grammar's language) from the last repeat.",
             "", format_structured_section(section), ""]  # fmt: skip
 
 

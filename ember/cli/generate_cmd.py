@@ -34,6 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shape.add_argument("--json-schema", type=Path, default=None, metavar="FILE", help="hold the output to a value of this JSON schema")
     shape.add_argument("--choice", action="append", default=None, help="hold the output to one of these strings (repeatable)")
     shape.add_argument("--regex", default=None, help="hold the output to text this regular expression matches whole")
+    shape.add_argument("--grammar", type=Path, default=None, metavar="FILE",
+                       help="hold the output to text this grammar derives: GBNF / EBNF (root ::= ...) or Lark (start: ...)")
     parser.set_defaults(func=run)
 
 
@@ -75,6 +77,11 @@ def structured_output(args: argparse.Namespace) -> StructuredOutput | None:
         return StructuredOutput(choice=tuple(args.choice))
     if args.regex is not None:
         return StructuredOutput(regex=args.regex)
+    if args.grammar is not None:
+        try:
+            return StructuredOutput(grammar=args.grammar.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise ValueError(f"--grammar {args.grammar}: cannot read it ({error})") from error
     if args.json_schema is None:
         return None
     try:

@@ -114,6 +114,7 @@ class EngineBuilder:
             max_num_seqs=config.scheduler.max_num_seqs,
             enable_chunked_prefill=config.scheduler.enable_chunked_prefill,
             has_tokenizer=tokenizer is not None,
+            structured_outputs_backend=config.structured_outputs_backend,
         )
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         eos_ids = tokenizer.eos_ids if tokenizer is not None else frozenset()
@@ -139,7 +140,7 @@ class EngineBuilder:
             speculator=speculator,
             runner=runner,
             stop_checker=StopChecker(eos_ids, self.max_model_len),
-            structured_outputs=StructuredOutputs(tokenizer, loaded.config.vocab_size),
+            structured_outputs=StructuredOutputs(tokenizer, loaded.config.vocab_size, config.structured_outputs_backend),
             adapters=adapters,
         )
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from ember.engine.device import DeviceConfig, add_device_arguments, device_from_args
 from ember.engine.lora_request import LoRAConfig
+from ember.engine.structured.grammars import BACKENDS
 from ember.kv.cache_manager import PREFIX_CACHES
 from ember.layers.draft_trees import MAX_TREE_NODES
 from ember.parallel.config import ParallelConfig, add_parallel_arguments
@@ -187,6 +188,11 @@ class EngineConfig:
     lora: LoRAConfig | None = None
     num_threads: int | None = None  # CPU threads of the step (torch and ember's kernels), fixed; None: ThreadGovernor's choice
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    num_threads: int | None = None  # CPU threads of the step (torch and ember's kernels); None: ember.engine.threads' default
+    # who enforces structured outputs (ember.engine.structured.grammars.BACKENDS), and whether a run of tokens the
+    # constraint forces is appended without a model step (jump-forward)
+    structured_outputs_backend: str = "auto"
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):
@@ -204,6 +210,9 @@ class EngineConfig:
             raise TypeError("EngineConfig.device must be a DeviceConfig (LLM(device=...) takes the name)")
         self._check_quantization()
         self._check_lora()
+        if self.structured_outputs_backend not in BACKENDS:
+            raise ValueError(f"structured_outputs_backend {self.structured_outputs_backend!r} is unknown; choose one of "
+                             f"{', '.join(BACKENDS)}")
         if self.device.device == "cuda":
             self.check_runs_on_cuda()
 
@@ -276,6 +285,8 @@ class EngineConfig:
             lora=LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras) if args.enable_lora else None,
             num_threads=args.threads,
             device=device_from_args(args),
+            structured_outputs_backend=args.structured_outputs_backend,
+            jump_forward=args.jump_forward,
         )
 
 
@@ -387,6 +398,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of unseeded sampling")
     lora = LoRAConfig()
+    parser.add_argument("--structured-outputs-backend", choices=BACKENDS, default=defaults.structured_outputs_backend,
+                        help="who enforces JSON / regex / choice / grammar outputs: ember's own engine (no grammars), "
+                             "xgrammar, llguidance, or auto (ember's, and a grammar backend for grammars)")
+    parser.add_argument("--jump-forward", action=argparse.BooleanOptionalAction, default=defaults.jump_forward,
+                        help="append tokens a structured output forces without a model step (default on)")
     parser.add_argument("--enable-lora", action="store_true", help="serve PEFT LoRA adapters chosen per request")
     parser.add_argument("--max-loras", type=int, default=lora.max_loras, help="distinct adapters in one step (the slots)")
     parser.add_argument("--max-lora-rank", type=int, default=lora.max_lora_rank, help="highest adapter rank served")

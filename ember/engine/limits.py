@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from ember.engine.engine_request import EngineRequest
 from ember.engine.rejection import RequestRejected
+from ember.engine.structured.errors import SchemaError
+from ember.engine.structured.grammars import choose_backend
 from ember.kv.cache_manager import blocks_needed
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
@@ -31,6 +33,7 @@ class RequestLimits:
     max_num_seqs: int
     enable_chunked_prefill: bool
     has_tokenizer: bool = True
+    structured_outputs_backend: str = "auto"
 
     def check(self, request: EngineRequest) -> None:
         """Raise RequestRejected, naming the field and what to change, if `request` could never run here."""
@@ -43,6 +46,11 @@ class RequestLimits:
                 if value:
                     raise RequestRejected(f"{name} need the model's tokenizer, and this engine has none; give it one "
                                           f"(--tokenizer) or drop {name}", name)  # fmt: skip
+        if params.structured_output is not None:
+            try:
+                choose_backend(params.structured_output, self.structured_outputs_backend)
+            except SchemaError as error:
+                raise RequestRejected(str(error), "grammar" if params.structured_output.grammar else "structured_output") from error
         if params.n > self.max_num_seqs:
             raise RequestRejected(f"n ({params.n}) exceeds max_num_seqs ({self.max_num_seqs}); lower n or raise --max-num-seqs", "n")
         self._check_fits(len(request.prompt_token_ids), params.max_tokens)

@@ -213,6 +213,8 @@ class LLMEngine:
                 self._append(seq, token)
                 if seq.finish_reason is not None:
                     break  # a stop inside the kept drafts ends the sequence there
+            if tokens and seq.finish_reason is None and self._jumps_forward(seq):
+                self._jump_forward(seq)
             if num_rejected and seq.finish_reason is None:
                 self.scheduler.roll_back(seq)
             if seq.seq_id in result.embeddings:
@@ -241,6 +243,25 @@ class LLMEngine:
         num_accepted = len(tokens) - 1
         self.speculator.record(item.seq, item.draft.depth, num_accepted)
         return item.num_draft_tokens - num_accepted
+
+    def _jumps_forward(self, seq: Sequence) -> bool:
+        """Whether forced tokens may skip the sampler for `seq`: it is constrained, and nothing the sampler would apply
+        to them (logprobs, an allowed list or bias, bad words, min_tokens' bans) is asked."""
+        params = seq.params
+        return (self.config.jump_forward and seq.guide is not None and params.logprobs is None
+                and not params.restricts_tokens and not params.bad_words and seq.num_output_tokens >= params.min_tokens)
+
+    def _jump_forward(self, seq: Sequence) -> None:
+        """Append the tokens `seq`'s constraint forces, through the stop checker one by one (detokenized, stop strings
+        and max_tokens checked exactly as for sampled ones); their KV is computed with the next sampled token's step."""
+        while seq.finish_reason is None:
+            forced = seq.guide.forced_tokens()
+            if not forced:
+                return
+            for token_id in forced:
+                self._append(seq, SampledToken(token_id))
+                if seq.finish_reason is not None:
+                    return
 
     def _new_sequence(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
         guide = self.structured_outputs.guide(request.params.structured_output)
@@ -336,6 +357,7 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (a single-process engine holds nothing to stop)."""
+        self.runner.close()
         if self.workers is not None:
             self.workers.shutdown()
 

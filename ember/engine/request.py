@@ -11,7 +11,7 @@ import torch
 from ember.engine.engine_request import EngineRequest
 from ember.engine.outputs import PositionLogprobs, RequestMetrics
 from ember.engine.sampling_params import SamplingParams
-from ember.engine.structured.token_masks import JsonGuide
+from ember.engine.structured.structured_outputs import Guide
 from ember.tokenizers.base import IncrementalDecoder, Tokenizer
 
 
@@ -80,7 +80,7 @@ class Sequence:
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    guide: JsonGuide | None = None  # the output's JSON constraint, when the request has one
+    guide: Guide | None = None  # the output's constraint (JSON, regex, choice, grammar), when the request has one
 
     @property
     def params(self) -> SamplingParams:
@@ -121,9 +121,9 @@ def make_generator(seed: int | None) -> torch.Generator | None:
 
 
 def make_sequence(
-    request: Request, index: int, tokenizer: Tokenizer | None, token_ids: list[int], guide: JsonGuide | None = None
+    request: Request, index: int, tokenizer: Tokenizer | None, token_ids: list[int], guide: Guide | None = None
 ) -> Sequence:
-    """Sequence `index` of a request, with its own seeded stream (seed + index), decoder and JSON guide."""
+    """Sequence `index` of a request, with its own seeded stream (seed + index), decoder and output guide."""
     seed = request.params.seed
     decoder = None
     if tokenizer is not None:

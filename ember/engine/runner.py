@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -133,6 +134,7 @@ class ModelRunner:
             with torch.inference_mode():
                 graphs.capture()
         return graphs
+        self._mask_thread: ThreadPoolExecutor | None = None  # started at the first constrained step
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -142,7 +144,27 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> StepResult:
         with self._collectives():
-            return self._sample(plan.scheduled, self._forward(plan))
+            masks = self._prepare_masks(plan.scheduled)
+            hidden = self._forward(plan)
+            if masks is not None:
+                masks.result()  # sampling reads the guides: the mask thread is done with them first
+            return self._sample(plan.scheduled, hidden)
+
+    def _prepare_masks(self, scheduled: list[ScheduledSequence]) -> Future | None:
+        """Start computing the next-token mask of every constrained sequence this step samples, on the mask thread,
+        so it overlaps the forward pass (None: no sequence is constrained)."""
+        guides = [item.seq.guide for item in scheduled if item.seq.guide is not None and item.samples and item.draft is None]
+        if not guides:
+            return None
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-masks")
+        return self._mask_thread.submit(_prepare_all, guides)
+
+    def close(self) -> None:
+        """Stop the mask thread, if one was started."""
+        if self._mask_thread is not None:
+            self._mask_thread.shutdown()
+            self._mask_thread = None
 
     @torch.inference_mode()
     def last_position_logits(self, plan: SchedulerOutput) -> torch.Tensor:
@@ -394,6 +416,11 @@ def _as_chain(draft: DraftRow, logits: torch.Tensor) -> tuple[list[int], torch.T
         return list(range(len(draft.token_ids))), logits, draft
     path = greedy_tree_path(row_argmax(logits), draft)
     return path, logits[[0, *(j + 1 for j in path)]], DraftRow([draft.token_ids[j] for j in path])
+
+
+def _prepare_all(guides: list) -> None:
+    for guide in guides:
+        guide.prepare_mask()
 
 
 def _held_to_guide(seq: Sequence, nodes: list[int], logits: torch.Tensor, chain: DraftRow) -> tuple[list[int], torch.Tensor, DraftRow]:

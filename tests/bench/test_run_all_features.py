@@ -18,7 +18,7 @@ from ember.bench.suite import BenchOptions
 TINY = FeatureSizes(spec_prompts=1, spec_output_len=8, spec_methods=("ngram", "draft"), spec_batch_sizes=(1, 2), spec_mixed_requests=2,
                     spec_mixed_max_output=8, quant_methods=("rtn4",), quant_eval_windows=1, quant_calib_tokens=256,
                     parallel_prompts=1, parallel_prompt_len=8, parallel_max_tokens=2, structured_prompts=1,
-                    structured_output_len=8)  # fmt: skip
+                    structured_output_len=8, structured_batch_sizes=(1,))  # fmt: skip
 
 
 @pytest.mark.slow
@@ -33,7 +33,7 @@ def test_the_feature_sections_run_through_bench_all_and_reach_the_report(smollm2
     assert set(results["spec"]["batch_sweep"]) == {"1", "2"} and results["spec"]["mixed"]["num_requests"] == 2
     assert [row["name"] for row in results["quant"]["rows"]] == ["float32", "checkpoint as stored", "rtn4 g128"]
     assert set(results["parallel"]["modes"]) == {"tensor", "sequence", "pipeline", "tensor-quantized"} and results["parallel"]["errors"] == {}
-    assert list(results["structured"]["variants"]) == list(VARIANTS)
+    assert list(results["structured"]["batches"]["1"]["variants"]) == list(VARIANTS)
     saved = json.loads(next((tmp_path / "out" / "results").glob("2*.json")).read_text())
     assert saved["options"]["feature_sizes"]["quant_methods"] == ["rtn4"]
     text = report_path.read_text()

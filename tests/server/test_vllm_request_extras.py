@@ -113,7 +113,7 @@ def test_documents_reach_the_chat_template_and_add_special_tokens_asks_the_token
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("use_beam_search", True), ("guided_grammar", 'root ::= "a"'), ("guided_whitespace_pattern", " "),
+    ("use_beam_search", True), ("guided_whitespace_pattern", " "),
     ("structural_tag", "{}"), ("logits_processors", ["x"]), ("vllm_xargs", {"a": 1}),
     ("kv_transfer_params", {"a": 1}), ("mm_processor_kwargs", {"a": 1}),
 ])  # fmt: skip

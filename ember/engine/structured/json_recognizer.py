@@ -104,6 +104,9 @@ class JsonRecognizer:
         """Whether a value that is the whole output (a number, raw text) may end after what it has read."""
         if frame[0] == "N":
             return self._number_ends(frame)
+        if frame[0] == "V":  # nothing read yet: a pattern that matches the empty text may end here
+            node = self.nodes[frame[1]]
+            return node.kind == "regex" and node.pattern.accepts(node.pattern.initial())
         return frame[0] == "R" and not frame[4] and self.nodes[frame[2]].pattern.accepts(frame[3])
 
     def string_body_room(self, states: frozenset[State]) -> int | None:

@@ -24,7 +24,8 @@ MASK_CACHE_ENTRIES = 256  # per constraint; at most a vocabulary's bytes each (d
 DENSE_FRACTION = 8  # a state allowing over 1/8 of the vocabulary keeps a boolean mask instead of ids
 STEP_MEMO_ENTRIES = 200_000
 MAX_TOKEN_CHARACTERS = 4096  # room at least this large: every plain token fits
-BOUNDED_ROOM_MASKS = 64  # plain-token masks kept per vocabulary for strings with a maxLength
+BOUNDED_ROOM_MASKS = 64
+MAX_FORCED_BYTES = 256  # forced text read per jump-forward (the rest is forced again after it)  # plain-token masks kept per vocabulary for strings with a maxLength
 
 States = frozenset[State]
 
@@ -160,6 +161,47 @@ class TokenGrammar:
             return self.recognizer.may_end(states)
         return bool(self.advance(states, token_id))
 
+    def forced_tokens(self, states: States) -> list[int]:
+        """Tokens spelling the text `states` force (one byte possible at a time, the value unable to end), matched
+        longest first in the vocabulary's trie, as xgrammar does: a last token that a longer token extends is left to
+        the model (it may go on past the forced text)."""
+        data = bytearray()
+        while len(data) < MAX_FORCED_BYTES:
+            byte = self._only_next_byte(states)
+            if byte is None:
+                break
+            data.append(byte)
+            states = self._step(states, byte)
+        tokens: list[int] = []
+        start = 0
+        while start < len(data):
+            node, longest = self.vocabulary.trie, None
+            for end in range(start, len(data)):
+                node = node.get(data[end])
+                if node is None:
+                    break
+                if TOKEN_IDS in node:
+                    longest = (end + 1, node[TOKEN_IDS][0], node)
+            if longest is None:
+                break
+            start, token_id, node = longest
+            if start == len(data) and len(node) > 1:  # a longer token spells these bytes and more
+                break
+            tokens.append(token_id)
+        return tokens
+
+    def _only_next_byte(self, states: States) -> int | None:
+        """The one byte that may follow `states`, where the value may not end there (None: none, or several)."""
+        if self.recognizer.may_end(states):
+            return None
+        found = None
+        for byte in range(256):
+            if self._step(states, byte):
+                if found is not None:
+                    return None
+                found = byte
+        return found
+
     def advance(self, states: States, token_id: int) -> States:
         """The states after reading `token_id` (empty when it cannot follow, e.g. a special token)."""
         data = self.vocabulary.token_bytes[token_id] if 0 <= token_id < self.vocabulary.size else None
@@ -221,8 +263,18 @@ class JsonGuide:
         """The row `logits` held to what may come next (`TokenGrammar.hold`)."""
         self.grammar.hold(logits, self.states, is_greedy)
 
+    def prepare_mask(self) -> None:
+        """Build (or find cached) the mask of the current states: the runner calls it on the mask thread while the
+        forward pass runs, so `hold` finds it ready."""
+        if self.states:
+            self.grammar.allowed(self.states)
+
     def advance(self, token_id: int) -> None:
         self.states = self.grammar.advance(self.states, token_id)
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens spelling the text the constraint forces from here (jump-forward; `TokenGrammar.forced_tokens`)."""
+        return self.grammar.forced_tokens(self.states) if self.states else []
 
     def hold_drafts(self, logits: torch.Tensor, draft_ids: list[int], is_greedy: bool) -> torch.Tensor:
         """`logits` [len(draft_ids) + 1, vocab] with row i held to the state after the first i drafts, for

@@ -70,7 +70,6 @@ def _unsupported(param: str, what: str) -> ApiError:
 # vLLM's request fields ember does not implement, and what each would ask for.
 _UNIMPLEMENTED_EXTRAS = (
     ("use_beam_search", "beam search"),
-    ("guided_grammar", "grammars (EBNF / Lark)"),
     ("guided_whitespace_pattern", "a custom whitespace pattern"),
     ("structural_tag", "structural tags"),
     ("logits_processors", "custom logits processors"),
@@ -250,12 +249,14 @@ def _output_constraint(request: SamplingFields, tool_constraint: StructuredOutpu
     return tool_constraint or asked
 
 
-GUIDED_FIELDS = ("response_format", "guided_json", "guided_choice", "guided_regex", "structured_outputs")
+GUIDED_FIELDS = ("response_format", "guided_json", "guided_choice", "guided_regex", "guided_grammar", "structured_outputs",
+                 "grammar")
 
 
 def structured_output(request: SamplingFields) -> StructuredOutput | None:
     """The engine's output constraint from OpenAI's response_format, vLLM's guided_json / guided_choice /
-    guided_regex, or vLLM's structured_outputs (its newer spelling of the same)."""
+    guided_regex / guided_grammar, vLLM's structured_outputs (its newer spelling of the same), or llama.cpp's
+    GBNF `grammar`."""
     given = [name for name in GUIDED_FIELDS if _constrains(name, getattr(request, name))]
     if len(given) > 1:
         raise ApiError(f"Set only one of {given}: each constrains the output on its own.", param=given[1], code="invalid_value")
@@ -266,6 +267,8 @@ def structured_output(request: SamplingFields) -> StructuredOutput | None:
             return StructuredOutput(choice=tuple(request.guided_choice))
         if given[0] == "guided_regex":
             return StructuredOutput(regex=request.guided_regex)
+        if given[0] in ("guided_grammar", "grammar"):
+            return StructuredOutput(grammar=getattr(request, given[0]))
         if given[0] == "guided_json":
             return StructuredOutput(json_schema=_schema_object(request.guided_json))
         if given[0] == "structured_outputs":
@@ -276,15 +279,15 @@ def structured_output(request: SamplingFields) -> StructuredOutput | None:
 
 
 def _structured_outputs(asked: StructuredOutputsParams) -> StructuredOutput:
-    """vLLM's `structured_outputs` object: exactly one of json, regex, choice, json_object (compact JSON on asking)."""
-    for name, what in (("grammar", "grammars (EBNF / Lark)"), ("structural_tag", "structural tags"),
-                       ("whitespace_pattern", "a custom whitespace pattern")):  # fmt: skip
+    """vLLM's `structured_outputs` object: exactly one of json, regex, choice, json_object, grammar (compact JSON on
+    asking)."""
+    for name, what in (("structural_tag", "structural tags"), ("whitespace_pattern", "a custom whitespace pattern")):
         if getattr(asked, name) is not None:
             raise _unsupported(f"structured_outputs.{name}", what)
     # StructuredOutput itself refuses none or several of them
     schema = None if asked.json_schema is None else _schema_object(asked.json_schema)
     return StructuredOutput(json_object=bool(asked.json_object), json_schema=schema, choice=asked.choice, regex=asked.regex,
-                            compact_whitespace=bool(asked.disable_any_whitespace))  # fmt: skip
+                            grammar=asked.grammar, compact_whitespace=bool(asked.disable_any_whitespace))  # fmt: skip
 
 
 def _constrains(name: str, value: object) -> bool:

@@ -135,8 +135,8 @@ class ChatMessage(StrictModel):
 
 
 class StructuredOutputsParams(StrictModel):
-    """vLLM's `structured_outputs`: one of json (a schema, or its JSON text), regex, choice, json_object;
-    `disable_any_whitespace` asks for compact JSON. `grammar`, `structural_tag` and `whitespace_pattern`
+    """vLLM's `structured_outputs`: one of json (a schema, or its JSON text), regex, choice, json_object, grammar
+    (GBNF / EBNF or Lark); `disable_any_whitespace` asks for compact JSON. `structural_tag` and `whitespace_pattern`
     are declared only to be refused by name."""
 
     json_schema: dict[str, Any] | str | None = Field(default=None, alias="json")
@@ -184,6 +184,9 @@ class SamplingFields(StrictModel):
     guided_regex: str | None = None
     # vLLM's newer spelling of the guided_* fields.
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's grammar (GBNF / EBNF or Lark), and llama.cpp server's GBNF `grammar` field: the same constraint.
+    guided_grammar: str | None = None
+    grammar: str | None = None
     # vLLM's extras: tokens the reply may use or must not spell, the prompt's own logprobs, the prompt cut to its
     # last k tokens (-1: to the context window), logprob tokens written "token_id:<id>", the request's place in the
     # queue (lower first), the id its response takes, a salt its cached prefix is shared under (only with the same).
@@ -196,13 +199,13 @@ class SamplingFields(StrictModel):
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
     cache_salt: str | None = None
     # Accepted, no effect: ember decodes as Hugging Face's fast tokenizers do, where vLLM's option changes nothing
-    # either; a length penalty only weighs beams, and ember has one backend for guided outputs.
+    # either; a length penalty only weighs beams, and the backend for guided outputs is the server's
+    # --structured-outputs-backend.
     spaces_between_special_tokens: bool | None = True
     length_penalty: float | None = 1.0
     guided_decoding_backend: str | None = None
     # vLLM's extras ember does not implement: refused by name unless absent or a no-op value.
     use_beam_search: bool | None = False
-    guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
     structural_tag: str | None = None
     logits_processors: list[Any] | None = None
