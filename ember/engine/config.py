@@ -197,15 +197,18 @@ class EngineConfig:
         self._check_lora()
 
     def _check_lora(self) -> None:
-        """Adapters run in one process on the target model only: refused with speculation or parallel ranks."""
+        """Adapters run in one process, on the target model: the target's adapter applies to verification, so the
+        output is the adapter's. An n-gram proposer needs nothing; a draft model drafts without the adapter (a lower
+        acceptance, never other tokens). Medusa / EAGLE heads, trained on the base model's hidden states, are refused."""
         if self.lora is None:
             return
         if self.parallel.is_parallel:
             raise ValueError("LoRA adapters (--enable-lora) run in one process: ember does not yet split adapters across "
                              "tensor / pipeline parallel ranks; drop --tensor-parallel-size / --pipeline-parallel-size")
-        if self.speculative.enabled:
-            raise ValueError("LoRA adapters (--enable-lora) do not yet run with speculative decoding (a draft would "
-                             "propose without the adapter); drop --speculative-method")
+        if self.speculative.method in ("medusa", "eagle"):
+            raise ValueError(f"LoRA adapters (--enable-lora) do not run with speculative method {self.speculative.method!r}: "
+                             "its heads were trained on the base model's hidden states, not an adapter's; use "
+                             "--speculative-method ngram or draft, or drop --enable-lora")
 
     def _check_quantization(self) -> None:
         if self.quantization is None:

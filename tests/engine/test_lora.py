@@ -135,6 +135,26 @@ def test_two_adapters_never_share_kv_blocks(llama_with_adapters) -> None:
     assert (first.num_cached_tokens, again.num_cached_tokens, other.num_cached_tokens, base_model.num_cached_tokens) == (0, 8, 0, 0)
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_greedy_with_an_adapter_and_speculation_equals_greedy_with_the_adapter_alone(llama_with_adapters, method: str) -> None:
+    """The target's adapter applies to verification; the n-gram proposer needs none, the draft model (here the base
+    model itself) drafts without it: some drafts are rejected, the tokens are the adapter's."""
+    base, requests = llama_with_adapters
+    prompts = [[9, 10, 11, 12] * 5, PROMPTS[0], PROMPTS[1]]
+    adapters = [requests[0], requests[1], None]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(str(base), enable_lora=True, max_loras=2, block_size=4, num_kv_blocks=128)
+    expected = [output.outputs[0].token_ids for output in plain.generate(prompts, params, lora_request=adapters)]
+    spec = LLM(str(base), enable_lora=True, max_loras=2, block_size=4, num_kv_blocks=128, speculative_method=method,
+               draft_model=str(base) if method == "draft" else None, num_speculative_tokens=3, adaptive=False)
+    assert [output.outputs[0].token_ids for output in spec.generate(prompts, params, lora_request=adapters)] == expected
+    stats = spec.engine.speculator.stats
+    assert stats.draft_tokens > 0
+    if method == "draft":
+        assert 0 < stats.accepted_tokens < stats.draft_tokens  # the base model drafts, the adapters' tokens differ
+    assert spec.engine.kv.num_free_blocks == 128
+
+
 def _edited_adapter(source: Path, folder: Path, **config) -> Path:
     """A copy of the adapter in `source` with adapter_config.json fields replaced."""
     folder.mkdir()
@@ -163,15 +183,19 @@ def test_adapters_ember_cannot_serve_are_refused_by_name_with_the_fix(llama_with
     assert llm.engine.scheduler.has_work is False  # nothing was queued by a refused batch
 
 
-def test_an_engine_without_enable_lora_refuses_an_adapter_and_speculation_or_parallel_ranks_with_adapters_are_refused(llama_with_adapters) -> None:
+def test_an_engine_without_enable_lora_refuses_an_adapter_and_heads_or_parallel_ranks_with_adapters_are_refused(llama_with_adapters, tmp_path: Path) -> None:
     base, requests = llama_with_adapters
     llm = LLM(str(base), block_size=4, num_kv_blocks=64)
     with pytest.raises(RequestRejected, match="enable_lora=True"):
         llm.generate([PROMPTS[0]], GREEDY, lora_request=requests[0])
-    with pytest.raises(ValueError, match="speculative decoding"):
-        LLM(str(base), enable_lora=True, speculative_method="ngram")
+    with pytest.raises(ValueError, match="speculative method 'medusa'.*trained on the base model's hidden states"):
+        LLM(str(base), enable_lora=True, speculative_method="medusa", medusa_heads=str(tmp_path))
+    with pytest.raises(ValueError, match="speculative method 'eagle'.*trained on the base model's hidden states"):
+        LLM(str(base), enable_lora=True, speculative_method="eagle", eagle_head=str(tmp_path))
     with pytest.raises(ValueError, match="tensor / pipeline parallel"):
         LLM(str(base), enable_lora=True, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor / pipeline parallel"):
+        LLM(str(base), enable_lora=True, pipeline_parallel_size=2)
     with pytest.raises(TypeError, match="need enable_lora=True"):
         LLM(str(base), max_loras=2)
 
