@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.engine.lora_request import LoRAConfig
+from ember.engine.lora_request import LORA_DTYPES, LoRAConfig
 from ember.layers.draft_trees import MAX_TREE_NODES
 from ember.parallel.config import ParallelConfig, add_parallel_arguments
 from ember.quant.choices import (
@@ -249,7 +249,7 @@ class EngineConfig:
             ),
             speculative=_speculative_from_args(args),
             parallel=ParallelConfig.from_args(args),
-            lora=LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras) if args.enable_lora else None,
+            lora=LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras, args.lora_dtype) if args.enable_lora else None,
             num_threads=args.threads,
         )
 
@@ -363,6 +363,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--max-loras", type=int, default=lora.max_loras, help="distinct adapters in one step (the slots)")
     parser.add_argument("--max-lora-rank", type=int, default=lora.max_lora_rank, help="highest adapter rank served")
     parser.add_argument("--max-cpu-loras", type=int, default=None, help="read adapters kept in memory (default: --max-loras)")
+    parser.add_argument("--lora-dtype", choices=LORA_DTYPES, default=lora.lora_dtype,
+                        help="adapters' dtype (auto: a float base's own, bfloat16 beside a quantized base)")
     parser.add_argument("--speculative-method", default=None, choices=SPECULATIVE_METHODS,
                         help="speculative decoding proposer (default: off)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,

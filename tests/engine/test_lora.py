@@ -201,25 +201,33 @@ def test_an_engine_without_enable_lora_refuses_an_adapter_and_heads_or_parallel_
 
 
 def test_an_adapter_on_the_quantized_smollm2_gguf_changes_it_as_on_the_dequantized_weights(smollm2_gguf: Path, tmp_path: Path) -> None:
-    """QLoRA serving: the adapter stays float beside the GGML blocks. With float32 activations its effect on the
-    quantized model equals its effect on the dequantized float32 weights (1e-3); with int8 activations (`--dtype
-    auto`'s default) within the error the int8 rounding already makes without it."""
+    """QLoRA serving: the adapter stays float beside the GGML blocks (bfloat16 by default there). With float32
+    activations a float32 adapter's effect on the quantized model equals its effect on the dequantized float32 weights
+    (1e-3), a bfloat16 one's within bfloat16's rounding of it (1% of the largest change); with int8 activations
+    (`--dtype auto`'s default) within the error the int8 rounding already makes without it."""
     from ember.bench.lora import save_random_adapter
     from ember.models.loader import load_model
 
     quantized, dequantized = load_model(smollm2_gguf, "auto"), load_model(smollm2_gguf, "float32")
     adapter = LoRARequest("qlora", 1, str(save_random_adapter(quantized.model, tmp_path / "adapter", rank=8, seed=0)))
     prompt = [1, 504, 3458, 282, 4529, 314, 253, 1345, 30, 378, 6330, 314]
-    changes, bases = {}, {}
-    for name, dtype, activations, loaded in (("float32", "float32", "int8", dequantized), ("exact", "auto", "float32", quantized),
-                                             ("int8", "auto", "int8", quantized)):
+    changes, bases, held_in = {}, {}, {}
+    for name, dtype, activations, lora_dtype, loaded in (("float32", "float32", "int8", "auto", dequantized),
+                                                         ("exact", "auto", "float32", "float32", quantized),
+                                                         ("bfloat16", "auto", "float32", "auto", quantized),
+                                                         ("int8", "auto", "int8", "auto", quantized)):
         config = EngineConfig(model=str(smollm2_gguf), dtype=dtype, quant_activations=activations,
-                              cache=CacheConfig(block_size=4, num_kv_blocks=32), lora=LoRAConfig(max_loras=1, max_lora_rank=8))
+                              cache=CacheConfig(block_size=4, num_kv_blocks=32),
+                              lora=LoRAConfig(max_loras=1, max_lora_rank=8, lora_dtype=lora_dtype))
         engine = LLMEngine(config, loaded=loaded)
+        held_in[name] = engine.adapters.dtype
         adapted, plain = batch_logits(engine, (prompt, prompt), [adapter, None])
         changes[name], bases[name] = adapted - plain, plain
-    assert changes["float32"].abs().max().item() > 1.0  # the adapter changes the model
+    assert held_in == {"float32": torch.float32, "exact": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.bfloat16}
+    largest = changes["float32"].abs().max().item()
+    assert largest > 1.0  # the adapter changes the model
     assert (changes["exact"] - changes["float32"]).abs().max().item() <= 1e-3
+    assert 1e-3 < (changes["bfloat16"] - changes["float32"]).abs().max().item() <= 0.01 * largest
     int8_error = (bases["int8"] - bases["float32"]).abs().max().item()  # the int8 activations' error without adapter
     assert changes["int8"].abs().max().item() > 1.0
     assert (changes["int8"] - changes["float32"]).abs().max().item() <= 2 * int8_error

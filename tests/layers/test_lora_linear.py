@@ -3,16 +3,19 @@ rows of no slot left as the base layer gives them, whatever order the step's row
 
 from __future__ import annotations
 
+import ctypes
+
+import pytest
 import torch
 
 from ember.layers.linear import Linear
 from ember.layers.lora import LoRALinear, LoRAProduct, LoRARows
 
 
-def random_product(generator: torch.Generator, segments: list[tuple[int, int, int]], rank: int) -> LoRAProduct:
-    """A product over 8 inputs whose segments (first row, end row, first column) each read `rank` columns."""
+def random_product(generator: torch.Generator, segments: list[tuple[int, int, int]], rank: int, inputs: int = 8) -> LoRAProduct:
+    """A product over `inputs` inputs whose segments (first row, end row, first column) each read `rank` columns."""
     b_parts = [torch.randn(end - start, rank, generator=generator) for start, end, _ in segments]
-    return LoRAProduct.of_parts(torch.randn(rank * len(segments), 8, generator=generator), b_parts, segments)
+    return LoRAProduct.of_parts(torch.randn(rank * len(segments), inputs, generator=generator), b_parts, segments)
 
 
 def test_each_row_gets_its_own_slots_product_and_rows_without_one_stay_the_base_layers() -> None:
@@ -40,3 +43,32 @@ def test_each_row_gets_its_own_slots_product_and_rows_without_one_stay_the_base_
             expected[row] += plain.b_t.view(3, 12).T @ (plain.a @ x[row])
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(out[[1, 5]], base_out[[1, 5]])  # untouched: the base layer's bits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_product_gives_each_row_its_slots_product_as_the_python_forward_does(dtype: torch.dtype) -> None:
+    """lora.c (BGMV) against LoRALinear's forward, float32 products and bfloat16 ones (widened as they are read; the
+    sums stay float32 in both paths, added in another order: 1e-5)."""
+    generator = torch.Generator().manual_seed(1)
+    base = Linear(40, 36)
+    base.pack_weights()
+    rows = LoRARows()
+    layer = LoRALinear(base, rows, num_slots=3, dtype=dtype)
+    products = [random_product(generator, [(0, 12, 0), (24, 36, 4)], rank=4, inputs=40), None,
+                random_product(generator, [(0, 36, 0)], rank=8, inputs=40)]  # slot 1: an adapter skipping this layer
+    for slot, product in enumerate(products):
+        layer.set_slot(slot, None if product is None else LoRAProduct(product.a.to(dtype), product.b_t.to(dtype), product.segments))
+    row_slots = [2, -1, 0, 0, 1, 2, 2, -1]  # more than 4 rows: the kernel's parallel loop
+    x = torch.randn(len(row_slots), 40, generator=generator)
+    rows.set_rows(row_slots)
+    compiled = layer.compiled_product()
+    assert compiled is not None
+    gemm = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 3)(compiled.gemm)
+    out = torch.empty(len(row_slots), 36)
+    gemm(x.data_ptr(), compiled.weight, None, out.data_ptr(), len(row_slots), 36, 40)
+    with torch.inference_mode():
+        expected = layer(x)
+        base_out = base(x)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[[1, 4, 7]], base_out[[1, 4, 7]])  # no slot, or a slot skipping the layer: the base's bits
+    assert (out - base_out).abs()[[0, 2, 3, 5, 6]].amax(dim=1).gt(0.1).all()  # every adapted row changed
