@@ -149,6 +149,8 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
+        if not self.rows.groups or self._add_compiled(x, out):
+            return out
         for slot, rows in self.rows.groups:
             product = self.slots[slot]
             if product is None:
@@ -158,6 +160,20 @@ class LoRALinear(nn.Module):
             else:
                 out.index_add_(0, rows, product.delta(x.index_select(0, rows), out.shape[-1]).to(out.dtype))
         return out
+
+
+    def _add_compiled(self, x: torch.Tensor, out: torch.Tensor) -> bool:
+        """Add every row's slot product to `out` in one lora.c call (a prefill's many rows take this Python forward:
+        one pass over the rows, not a gather, two products and a scatter per adapter); False where lora.c cannot
+        (no kernel, rows that are not contiguous float32 on the CPU, products of another dtype)."""
+        library = load_lora_kernel()
+        kernel = {torch.float32: "ember_lora_add", torch.bfloat16: "ember_lora_add_bf16"}.get(self.dtype)
+        is_plain = all(t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 2 and t.is_contiguous() for t in (x, out))
+        if library is None or kernel is None or not is_plain:
+            return False
+        getattr(library, kernel)(ctypes.c_void_p(x.data_ptr()), ctypes.byref(self._c_weight), ctypes.c_void_p(out.data_ptr()),
+                                 ctypes.c_int64(x.shape[0]), ctypes.c_int64(out.shape[1]), ctypes.c_int64(x.shape[1]))
+        return True
 
 
 class _LoRAWeight(ctypes.Structure):

@@ -2,7 +2,8 @@
    whose request holds an adapter slot, y[row] += B_s (A_s x[row]) (B by output segment: a fused layer's parts)
    (punica's BGMV: one gather-free pass over the rows, each row reading its own slot's two small matrices). It has
    the decoder layer's gemm_fn signature; `weight` is a lora_weight naming the base product and the slots
-   (ember/layers/lora.py fills it). The adapters' matrices are float32 (ember_lora_gemm) or bfloat16
+   (ember/layers/lora.py fills it); ember_lora_add adds the adapters' part alone to a base output the Python forward
+   computed (a prefill past the compiled layer's rows). The adapters' matrices are float32 (ember_lora_gemm) or bfloat16
    (ember_lora_gemm_bf16: half the bytes a decode step reads, widened to float32 as they are read); activations and
    sums stay float32 either way. */
 #include <stdint.h>
@@ -37,11 +38,10 @@ static inline float load(const void *matrix, int64_t i, int is_bf16) {
     return value;
 }
 
-/* Inlined into each entry point with is_bf16 a constant, so each gets its own vectorised loops. */
-static inline __attribute__((always_inline)) void lora_gemm(const float *x, const void *weight, float *y, int64_t m,
-                                                             int64_t n, int64_t k, int is_bf16) {
-    const lora_weight *w = (const lora_weight *)weight;
-    w->base(x, w->base_weight, w->base_bias, y, m, n, k);
+/* y[row] += B_s (A_s x[row]) for each row whose slot holds an adapter (the adapter part alone). Inlined into each entry
+   point with is_bf16 a constant, so each gets its own vectorised loops. */
+static inline __attribute__((always_inline)) void add_adapters(const float *x, const lora_weight *w, float *y, int64_t m,
+                                                                int64_t n, int64_t k, int is_bf16) {
     const int32_t *slots = *w->row_slots;
     if (slots == 0 || *w->num_rows != m) return; /* no adapter in this step (or rows the holder does not describe) */
 #pragma omp parallel for schedule(static) if (m > 4)
@@ -79,13 +79,27 @@ static inline __attribute__((always_inline)) void lora_gemm(const float *x, cons
     }
 }
 
+/* The compiled decoder layer's product: the base's, then the adapters'. */
 void ember_lora_gemm(const float *x, const void *weight, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+    const lora_weight *w = (const lora_weight *)weight;
     (void)bias; /* the base product takes the base bias */
-    lora_gemm(x, weight, y, m, n, k, 0);
+    w->base(x, w->base_weight, w->base_bias, y, m, n, k);
+    add_adapters(x, w, y, m, n, k, 0);
 }
 
 void ember_lora_gemm_bf16(const float *x, const void *weight, const float *bias, float *y, int64_t m, int64_t n,
                           int64_t k) {
+    const lora_weight *w = (const lora_weight *)weight;
     (void)bias;
-    lora_gemm(x, weight, y, m, n, k, 1);
+    w->base(x, w->base_weight, w->base_bias, y, m, n, k);
+    add_adapters(x, w, y, m, n, k, 1);
+}
+
+/* The adapters' part alone, onto a base output y the caller computed (the Python forward: a prefill's many rows). */
+void ember_lora_add(const float *x, const void *weight, float *y, int64_t m, int64_t n, int64_t k) {
+    add_adapters(x, (const lora_weight *)weight, y, m, n, k, 0);
+}
+
+void ember_lora_add_bf16(const float *x, const void *weight, float *y, int64_t m, int64_t n, int64_t k) {
+    add_adapters(x, (const lora_weight *)weight, y, m, n, k, 1);
 }
