@@ -51,6 +51,7 @@ class FeatureSizes:
     lora_requests: int = 16  # the mixed workload's requests, each on its own adapter at 16 adapters
     lora_max_prompt: int = 128
     lora_max_output: int = 48
+    lora_ranks: tuple[int, ...] = (8, 64)
 
     def __post_init__(self) -> None:
         counts = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), int)}
@@ -119,7 +120,7 @@ def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
     if name == "lora":
         from ember.bench.lora import variants
 
-        return len(variants()) * options.repeats
+        return len(variants(sizes.lora_ranks)) * options.repeats
     raise ValueError(f"{name!r} is not a feature section; choose from {', '.join(FEATURE_SECTIONS)}")
 
 
@@ -209,7 +210,7 @@ def run_lora_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="ember-bench-lora-") as folder:
         section = bench_lora(options, Path(folder), sizes.lora_requests, sizes.lora_max_prompt, sizes.lora_max_output,
-                             dtype="auto")
+                             dtype="auto", ranks=sizes.lora_ranks)
     return dict(section, sizes=sizes.record("lora_"))
 
 
