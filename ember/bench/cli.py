@@ -141,7 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     everything.add_argument("--report", type=Path, default=None, help="write the Markdown report here (BENCHMARKS.md)")
     everything.add_argument("--out-dir", type=Path, default=Path("benchmarks"), help="results/ and plots/ go under this folder")
     everything.add_argument("--only", default=None, help="comma-separated subset of: roofline,mixed,batch1,shared-prefix,long-prefill,serve,soak,tokenizers,gateway,"
-                            "spec,quant,parallel,structured,prefix (the last five are sized by --scale; see the report)")
+                            "spec,quant,parallel,structured,prefix,lora (the last six are sized by --scale; see the report)")
     everything.add_argument("--chunk-tokens", type=int, default=256)
     everything.add_argument("--spec-sibling", default=None, metavar="TARGET,DRAFT",
                             help="spec section: also run batch 1 with TARGET (dtype auto) plain, with n-gram and with DRAFT, "

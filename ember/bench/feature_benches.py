@@ -1,6 +1,6 @@
-"""`spec`, `quant`, `parallel` and `structured` as sections of `ember bench all`, sized like the rest of the suite.
+"""`spec`, `quant`, `parallel`, `structured`, `prefix` and `lora` as sections of `ember bench all`, sized like the rest of the suite.
 
-Each of these benches keeps its own subcommand (`ember bench spec|quant|parallel|structured`) with its own
+Each of these benches keeps its own subcommand (`ember bench spec|quant|parallel|structured|lora`) with its own
 defaults; here they run at sizes derived from `--scale` (counts scale, prompt and output lengths
 do not) and `--repeats`, and each section records the sizes it ran at next to the full ones, so
 the report can say what was scaled. The measurements themselves are the benches' own.
@@ -17,7 +17,7 @@ from ember.bench.quant_methods import DEFAULT_METHODS as DEFAULT_QUANT_METHODS
 if TYPE_CHECKING:  # the report imports this module's names; keep it free of the engine
     from ember.bench.suite import BenchOptions
 
-FEATURE_SECTIONS = ("spec", "quant", "parallel", "structured", "prefix")
+FEATURE_SECTIONS = ("spec", "quant", "parallel", "structured", "prefix", "lora")
 
 QUANT_CALIB_FILE = "tinyshakespeare.txt"  # calibrate on one corpus ...
 QUANT_EVAL_FILE = "botchan.txt"  # ... evaluate on another (issue 10)
@@ -49,6 +49,10 @@ class FeatureSizes:
     structured_prompts: int = 3  # chat prompts asking for an item as JSON, batch 1 (never scaled: three is already few)
     structured_output_len: int = 128
     structured_batch_sizes: tuple[int, ...] = (1, 16)  # a batch of N runs N prompts at once
+    lora_requests: int = 16  # the mixed workload's requests, each on its own adapter at 16 adapters
+    lora_max_prompt: int = 128
+    lora_max_output: int = 48
+    lora_ranks: tuple[int, ...] = (8, 64)
 
     def __post_init__(self) -> None:
         counts = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), int)}
@@ -80,6 +84,7 @@ class FeatureSizes:
             quant_eval_windows=max(MIN_EVAL_WINDOWS, round(full.quant_eval_windows * scale)),
             quant_calib_tokens=max(MIN_CALIB_TOKENS, round(full.quant_calib_tokens * scale)),
             parallel_prompts=max(1, round(full.parallel_prompts * scale)),
+            lora_requests=max(16, round(full.lora_requests * scale)),  # 16 distinct adapters need 16 requests
         )
 
     def record(self, prefix: str) -> dict:
@@ -117,13 +122,18 @@ def planned_runs(options: BenchOptions, sizes: FeatureSizes, name: str) -> int:
         from ember.bench.prefix import CACHES
 
         return 3 * len(CACHES) * options.repeats
+    if name == "lora":
+        from ember.bench.lora import variants
+
+        return len(variants(sizes.lora_ranks)) * options.repeats
     raise ValueError(f"{name!r} is not a feature section; choose from {', '.join(FEATURE_SECTIONS)}")
 
 
 def run_feature_section(name: str, options: BenchOptions, sizes: FeatureSizes) -> dict:
     """The section of `name`, as its bench returns it, with the sizes it ran at under 'sizes'."""
     runners = {"spec": run_spec_section, "quant": run_quant_section, "parallel": run_parallel_section,
-               "structured": run_structured_section, "prefix": run_prefix_section}
+               "structured": run_structured_section, "prefix": run_prefix_section,
+               "lora": run_lora_section}
     if name not in runners:
         raise ValueError(f"{name!r} is not a feature section; choose from {', '.join(FEATURE_SECTIONS)}")
     return runners[name](options, sizes)
@@ -202,6 +212,20 @@ def run_prefix_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
     from ember.bench.prefix import bench_prefix
 
     return bench_prefix(options)
+
+
+def run_lora_section(options: BenchOptions, sizes: FeatureSizes) -> dict:
+    """`ember bench lora` on the model's own weights (dtype auto: a GGUF's blocks, the quantized base QLoRA serves),
+    its random adapters written to a temporary folder."""
+    import tempfile
+    from pathlib import Path
+
+    from ember.bench.lora import bench_lora
+
+    with tempfile.TemporaryDirectory(prefix="ember-bench-lora-") as folder:
+        section = bench_lora(options, Path(folder), sizes.lora_requests, sizes.lora_max_prompt, sizes.lora_max_output,
+                             dtype="auto", ranks=sizes.lora_ranks)
+    return dict(section, sizes=sizes.record("lora_"))
 
 
 def parallel_config(mode: str, world_size: int):

@@ -1,5 +1,5 @@
-"""The "done when" numbers of issues 10 (quantization), 11 (speculative decoding) and 12 (parallelism)
-that `ember bench all` measures, as rows of the report's Goals table.
+"""The "done when" numbers of issues 10 (quantization), 11 (speculative decoding), 12 (parallelism) and 50
+(multi-LoRA) that `ember bench all` measures, as rows of the report's Goals table.
 
 Every verdict is computed from the results dict; a row whose numbers were not measured says so.
 Rows whose issue sets no target (scaling on a 2-core box, acceptance rates) are reported as such.
@@ -64,7 +64,20 @@ def _get(data, *keys):
 
 
 def feature_goals(results: dict) -> list[Goal]:
-    return quant_goals(results) + spec_goals(results) + parallel_goals(results)
+    return quant_goals(results) + spec_goals(results) + parallel_goals(results) + lora_goals(results)
+
+
+# -- issue 50: multi-LoRA ---------------------------------------------------------------------------
+
+
+def lora_goals(results: dict) -> list[Goal]:
+    """16 distinct rank-8 adapters against the base model, same run (issue 50); nothing where lora did not run."""
+    section = results.get("lora")
+    if not section:
+        return []
+    detail = f"{section['adapter_dtype']} adapters on the {section['dtype']} base, {section['workload']['num_requests']} requests"
+    return [Goal(50, "`lora` 16 distinct rank-8 adapters: `mixed` output tok/s over the base model", ">= 0.8x",
+                 _get(section, "variants", "16 adapters, rank 8", "over_base"), lambda v: v >= 0.8, detail=detail)]
 
 
 # -- issue 11: speculative decoding -----------------------------------------------------------------

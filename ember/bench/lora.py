@@ -24,6 +24,7 @@ from ember.bench.workloads import Workload, mixed
 from ember.engine.config import EngineConfig
 from ember.engine.engine_request import EngineRequest
 from ember.engine.llm_engine import LLMEngine
+from ember.engine.lora import adapter_dtype
 from ember.engine.lora_request import LoRAConfig, LoRARequest
 from ember.engine.sampling_params import SamplingParams
 from ember.models.causal_lm import CausalLM
@@ -51,31 +52,38 @@ def save_random_adapter(model: CausalLM, folder: Path, rank: int, seed: int) -> 
     return folder
 
 
-def bench_lora(options: BenchOptions, folder: Path, num_requests: int, max_prompt: int, max_output: int) -> dict:
-    """The section: each variant's output tok/s (median, min-max) and its ratio to the base model, and load times."""
+def variants(ranks: tuple[int, ...] = RANKS) -> dict[str, tuple[int, int]]:
+    """The runs of one repeat, in order, as (distinct adapters, rank): the base model (0, 0) on its own weights, then
+    each adapter count at each rank on the adapter-serving engine (0 adapters once: the wrappers' cost alone)."""
+    counts = [(count, rank) for rank in ranks for count in ADAPTER_COUNTS if count or rank == ranks[0]]
+    return {"base model": (0, 0), **{f"{count} adapters, rank {rank}": (count, rank) for count, rank in counts}}
+
+
+def bench_lora(options: BenchOptions, folder: Path, num_requests: int, max_prompt: int, max_output: int,
+               dtype: str | None = None, ranks: tuple[int, ...] = RANKS) -> dict:
+    """The section: each variant's output tok/s (median, min-max) and its ratio to the base model, and load times.
+    `dtype` None: the first of `options.dtypes`."""
     path = model_path(options.model)
-    dtype = options.dtypes[0]
+    dtype = dtype or options.dtypes[0]
     workload = mixed(token_source(options.model), options.seed, num_requests, max_prompt, max_output)
     base_weights, adapter_weights = load_model(path, dtype), load_model(path, dtype)  # the second gets adapter layers
     adapters = {rank: [LoRARequest(f"r{rank}-{i}", rank * 100 + i + 1,
                                    str(save_random_adapter(adapter_weights.model, folder / f"r{rank}-{i}", rank, i)))
-                       for i in range(max(ADAPTER_COUNTS))] for rank in RANKS}
+                       for i in range(max(ADAPTER_COUNTS))] for rank in ranks}
+    lora = LoRAConfig(max_loras=MAX_LORAS, max_lora_rank=max(ranks))
     runners = {"base model": lambda: _run(EngineConfig(model=str(path), dtype=dtype), base_weights, workload, [])}
-    for rank in RANKS:
-        lora = LoRAConfig(max_loras=MAX_LORAS, max_lora_rank=max(RANKS))
-        for count in ADAPTER_COUNTS:
-            if count == 0 and rank != RANKS[0]:
-                continue
-            runners[f"{count} adapters, rank {rank}"] = (
-                lambda count=count, rank=rank, lora=lora: _run(
-                    EngineConfig(model=str(path), dtype=dtype, lora=lora), adapter_weights, workload, adapters[rank][:count]))
+    for name, (count, rank) in list(variants(ranks).items())[1:]:
+        runners[name] = lambda count=count, rank=rank: _run(EngineConfig(model=str(path), dtype=dtype, lora=lora),
+                                                            adapter_weights, workload, adapters[rank][:count])
     runs = _interleave(options, "lora", runners)
     base = median(runs["base model"])
-    variants = {name: {"output_tok_s": spread(values).to_dict(), "over_base": ratio(median(values), base)}
-                for name, values in runs.items()}
-    load_s = {rank: spread([_load_time(adapter_weights.model, adapters[rank][0]) for _ in range(options.repeats)]).to_dict()
-              for rank in RANKS}
-    return {"dtype": dtype, "workload": workload.params, "repeats": options.repeats, "variants": variants, "load_s": load_s}
+    by_variant = {name: {"output_tok_s": spread(values).to_dict(), "over_base": ratio(median(values), base)}
+                  for name, values in runs.items()}
+    held_in = adapter_dtype(adapter_weights.model, lora.lora_dtype)
+    load_s = {rank: spread([_load_time(adapter_weights.model, adapters[rank][0], held_in)
+                            for _ in range(options.repeats)]).to_dict() for rank in ranks}
+    return {"dtype": dtype, "adapter_dtype": str(held_in).removeprefix("torch."), "workload": workload.params,
+            "repeats": options.repeats, "variants": by_variant, "load_s": load_s}
 
 
 def _run(config: EngineConfig, weights, workload: Workload, adapters: list[LoRARequest]) -> float:
@@ -91,9 +99,9 @@ def _run(config: EngineConfig, weights, workload: Workload, adapters: list[LoRAR
     return output_tokens / (time.monotonic() - started)
 
 
-def _load_time(model: CausalLM, adapter: LoRARequest) -> float:
+def _load_time(model: CausalLM, adapter: LoRARequest, dtype: torch.dtype) -> float:
     started = time.monotonic()
-    load_lora_adapter(adapter.lora_path, model, max(RANKS))
+    load_lora_adapter(adapter.lora_path, model, max(RANKS), dtype)  # the rank bound only refuses, it costs nothing
     return time.monotonic() - started
 
 

@@ -625,8 +625,9 @@ def _bottleneck(profile: dict) -> str:
 
 
 def _features(lines: list[str], results: dict, plots: dict, report_dir: Path | None) -> None:
-    """The spec, quant, parallel and structured sections (ember.bench.report_features), each with its PNG if it has one."""
+    """The spec, quant, parallel, structured and lora sections (ember.bench.report_features), each with its PNG if it has one."""
     from ember.bench.report_features import (
+        lora_markdown,
         parallel_markdown,
         prefix_markdown,
         quant_markdown,
@@ -642,6 +643,7 @@ def _features(lines: list[str], results: dict, plots: dict, report_dir: Path | N
     lines += parallel_markdown(results.get("parallel"), image)
     lines += structured_markdown(results.get("structured"))
     lines += prefix_markdown(results.get("prefix"))
+    lines += lora_markdown(results.get("lora"))
 
 
 def _closing(lines: list[str], results: dict) -> None:

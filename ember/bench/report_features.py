@@ -129,6 +129,21 @@ def prefix_markdown(section: dict | None) -> list[str]:
             "", format_prefix_section(section), ""]  # fmt: skip
 
 
+def lora_markdown(section: dict | None) -> list[str]:
+    """The multi-LoRA section: what serving adapters costs against the base model, same run."""
+    if not section:
+        return []
+    from ember.bench.lora import format_lora_section
+
+    workload = section["workload"]
+    return ["## `lora`: multi-LoRA serving (`ember bench lora`)", "",
+            f"The `mixed` workload ({workload['num_requests']} requests, greedy, ignore_eos) on the model's {section['dtype']} "
+            f"weights: the base model alone, then an engine serving up to 16 adapters whose requests take 0, 1, 4 or 16 "
+            f"distinct random adapters (round robin) of rank 8 and 64 over every attention and MLP linear, held in "
+            f"{section['adapter_dtype']}; a fresh engine per run, interleaved repeats ({section['repeats']}).",
+            "", format_lora_section(section), ""]  # fmt: skip
+
+
 def spec_markdown(section: dict | None, table: Table, image: Image) -> list[str]:
     if not section:
         return []

@@ -164,6 +164,9 @@ class EngineBuilder:
         assert spec.draft_model is not None  # SpeculativeConfig checked it
         draft = draft or load_model(resolve_model(spec.draft_model), spec.draft_dtype or self.config.dtype, show_progress=show_progress,
                                     max_model_len=self.max_model_len)
+        if self.config.lora is not None and draft.model is target:
+            raise ValueError("a draft model sharing the target's weights object would run the target's adapter layers: "
+                             "load the draft's weights on their own (draft_loaded=None) when serving LoRA adapters")
         if draft.config.vocab_size != self.model_config.vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "

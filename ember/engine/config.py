@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ember.engine.device import DeviceConfig, add_device_arguments, device_from_args
-from ember.engine.lora_request import LoRAConfig
+from ember.engine.lora_request import LORA_DTYPES, LoRAConfig
 from ember.engine.structured.grammars import BACKENDS
 from ember.kv.cache_manager import PREFIX_CACHES
 from ember.layers.draft_trees import MAX_TREE_NODES
@@ -231,15 +231,18 @@ class EngineConfig:
                 raise ValueError(f"{flag} runs on a CPU engine only so far; drop it or run with --device cpu")
 
     def _check_lora(self) -> None:
-        """Adapters run in one process on the target model only: refused with speculation or parallel ranks."""
+        """Adapters run in one process, on the target model: the target's adapter applies to verification, so the
+        output is the adapter's. An n-gram proposer needs nothing; a draft model drafts without the adapter (a lower
+        acceptance, never other tokens). Medusa / EAGLE heads, trained on the base model's hidden states, are refused."""
         if self.lora is None:
             return
         if self.parallel.is_parallel:
             raise ValueError("LoRA adapters (--enable-lora) run in one process: ember does not yet split adapters across "
                              "tensor / pipeline parallel ranks; drop --tensor-parallel-size / --pipeline-parallel-size")
-        if self.speculative.enabled:
-            raise ValueError("LoRA adapters (--enable-lora) do not yet run with speculative decoding (a draft would "
-                             "propose without the adapter); drop --speculative-method")
+        if self.speculative.method in ("medusa", "eagle"):
+            raise ValueError(f"LoRA adapters (--enable-lora) do not run with speculative method {self.speculative.method!r}: "
+                             "its heads were trained on the base model's hidden states, not an adapter's; use "
+                             "--speculative-method ngram or draft, or drop --enable-lora")
 
     def _check_quantization(self) -> None:
         if self.quantization is None:
@@ -282,7 +285,7 @@ class EngineConfig:
             ),
             speculative=_speculative_from_args(args),
             parallel=ParallelConfig.from_args(args),
-            lora=LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras) if args.enable_lora else None,
+            lora=LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras, args.lora_dtype) if args.enable_lora else None,
             num_threads=args.threads,
             device=device_from_args(args),
             structured_outputs_backend=args.structured_outputs_backend,
@@ -407,6 +410,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--max-loras", type=int, default=lora.max_loras, help="distinct adapters in one step (the slots)")
     parser.add_argument("--max-lora-rank", type=int, default=lora.max_lora_rank, help="highest adapter rank served")
     parser.add_argument("--max-cpu-loras", type=int, default=None, help="read adapters kept in memory (default: --max-loras)")
+    parser.add_argument("--lora-dtype", choices=LORA_DTYPES, default=lora.lora_dtype,
+                        help="adapters' dtype (auto: a float base's own, bfloat16 beside a quantized base)")
     parser.add_argument("--speculative-method", default=None, choices=SPECULATIVE_METHODS,
                         help="speculative decoding proposer (default: off)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,

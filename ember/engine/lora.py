@@ -16,6 +16,7 @@ import torch
 from ember.engine.lora_request import LoRAConfig, LoRARequest
 from ember.engine.rejection import RequestRejected
 from ember.layers.cpu_decoder_layer import CompilableLayer
+from ember.layers.linear import Linear
 from ember.layers.lora import LoRALinear, LoRARows
 from ember.models.causal_lm import CausalLM
 from ember.models.lora_adapter import (
@@ -33,12 +34,12 @@ class AdapterPool:
     the compiled CPU decoder layers fall back to their Python forward, which calls those wrappers.
     Invariant: `slot_ids[s]` is the id of the adapter whose products fill slot s of every layer, or None."""
 
-    def __init__(self, model: CausalLM, config: LoRAConfig, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, model: CausalLM, config: LoRAConfig) -> None:
         self.model = model
         self.config = config
-        self.dtype = dtype
         self.rows = LoRARows()
-        self.layers = _install(model, self.rows, config.max_loras)
+        self.dtype = adapter_dtype(model, config.lora_dtype)
+        self.layers = _install(model, self.rows, config.max_loras, self.dtype)
         self.slot_ids: list[int | None] = [None] * config.max_loras
         self._slot_order: collections.OrderedDict[int, int] = collections.OrderedDict()  # adapter id -> slot, LRU first
         self._read: collections.OrderedDict[int, LoRAAdapter] = collections.OrderedDict()  # adapter id -> adapter, LRU first
@@ -93,8 +94,27 @@ class AdapterPool:
         self.slot_ids[slot] = request.lora_int_id
 
 
-def _install(model: CausalLM, rows: LoRARows, num_slots: int) -> dict[str, LoRALinear]:
-    """Wrap each adaptable linear of `model` in a LoRALinear reading `rows`, with `num_slots` empty slots.
+def adapter_dtype(model: CausalLM, lora_dtype: str) -> torch.dtype:
+    """The dtype adapters are held in beside `model`'s linears (LoRAConfig.lora_dtype): "auto" is the float linears'
+    own dtype, bfloat16 beside quantized ones (or float ones of mixed dtypes)."""
+    if lora_dtype != "auto":
+        return getattr(torch, lora_dtype)
+    modules = dict(model.named_modules())
+    bases = [modules[target.module_name] for target in adaptable_modules(model).values()]
+    float_dtypes = {_weight_dtype(base.base if isinstance(base, LoRALinear) else base) for base in bases}
+    return float_dtypes.pop() if len(float_dtypes) == 1 and None not in float_dtypes else torch.bfloat16
+
+
+def _weight_dtype(layer: torch.nn.Module) -> torch.dtype | None:
+    """A float linear's weight dtype (its packed panels' when packed); None for a quantized layer."""
+    if isinstance(layer, Linear) and layer.packed is not None:
+        return layer.packed.dtype
+    return layer.weight.dtype if isinstance(layer, torch.nn.Linear) else None
+
+
+def _install(model: CausalLM, rows: LoRARows, num_slots: int, dtype: torch.dtype) -> dict[str, LoRALinear]:
+    """Wrap each adaptable linear of `model` in a LoRALinear reading `rows`, with `num_slots` empty slots for
+    adapters in `dtype`.
 
     Weights reused by a later engine (`LLMEngine(loaded=...)`, one engine after another as benchmarks build them)
     already hold wrappers: the new pool takes them over, empty, and the earlier engine must not step again."""
@@ -103,10 +123,10 @@ def _install(model: CausalLM, rows: LoRARows, num_slots: int) -> dict[str, LoRAL
     for name in sorted({target.module_name for target in adaptable_modules(model).values()}):
         layer = modules[name]
         if isinstance(layer, LoRALinear):
-            layer.reset(rows, num_slots)
+            layer.reset(rows, num_slots, dtype)
         else:
             parent_name, _, child = name.rpartition(".")
-            layer = LoRALinear(layer, rows, num_slots)
+            layer = LoRALinear(layer, rows, num_slots, dtype)
             setattr(modules[parent_name], child, layer)
         layers[name] = layer
     for module in model.modules():  # compiled again, through the wrappers' products (or left to the Python forward)

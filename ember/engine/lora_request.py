@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from ember.engine.rejection import RequestRejected
 
+LORA_DTYPES = ("auto", "float32", "bfloat16")
+
 
 @dataclass(frozen=True)
 class LoRARequest:
@@ -35,17 +37,25 @@ class LoRARequest:
 @dataclass(frozen=True)
 class LoRAConfig:
     """Adapter serving: `max_loras` adapters in one step (the slots), ranks up to `max_lora_rank`, and up to
-    `max_cpu_loras` read adapters kept in memory (None: as many as `max_loras`)."""
+    `max_cpu_loras` read adapters kept in memory (None: as many as `max_loras`).
+
+    `lora_dtype` (vLLM's name): what the adapters' matrices are held in. "auto": float32 beside float32 weights
+    (exact: peft's products), the weights' own dtype beside bfloat16 / float16 ones, bfloat16 beside quantized ones
+    (a 4-bit or int8 base rounds far coarser than bfloat16 rounds an adapter, and a decode step of many adapters
+    reads half the bytes)."""
 
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    lora_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_loras < 1:
             raise ValueError("max_loras must be at least 1")
         if self.max_lora_rank < 1:
             raise ValueError("max_lora_rank must be at least 1")
+        if self.lora_dtype not in LORA_DTYPES:
+            raise ValueError(f"lora_dtype {self.lora_dtype!r} is not supported; choose one of {', '.join(LORA_DTYPES)}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
 

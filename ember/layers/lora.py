@@ -48,12 +48,14 @@ class LoRAProduct:
         return self.a.shape[0] // self.segments.shape[0]
 
     def delta(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
-        """B (A x) for rows x [rows, in] as [rows, out_features], in the adapter's dtype."""
-        shrunk = x.to(self.a.dtype) @ self.a.T
+        """B (A x) for rows x [rows, in] as [rows, out_features], in the wider of x's and the adapter's dtypes (a
+        bfloat16 adapter beside float32 activations is widened, as the compiled path widens it)."""
+        dtype = torch.promote_types(x.dtype, self.a.dtype)
+        shrunk = x.to(dtype) @ self.a.to(dtype).T
         delta = shrunk.new_zeros(x.shape[0], out_features)
         offset, rank = 0, self.part_rank
         for start, end, column in self.segments.tolist():
-            b_t = self.b_t[offset : offset + rank * (end - start)].view(rank, end - start)
+            b_t = self.b_t[offset : offset + rank * (end - start)].view(rank, end - start).to(dtype)
             delta[:, start:end] = shrunk[:, column : column + rank] @ b_t
             offset += rank * (end - start)
         return delta
@@ -97,16 +99,18 @@ class LoRALinear(nn.Module):
 
     `slots[s]` is the product of the adapter the pool put in slot s, or None where that adapter does not touch
     this layer (or the slot is free). The slots are filled and emptied by the adapter pool; the forward reads
-    `rows`, the step's grouping, and adds each present slot's product to its rows only."""
+    `rows`, the step's grouping, and adds each present slot's product to its rows only. Every slot's products are
+    in `dtype` (float32 or bfloat16 run in the compiled path, others in the Python forward)."""
 
-    def __init__(self, base: nn.Module, rows: LoRARows, num_slots: int) -> None:
+    def __init__(self, base: nn.Module, rows: LoRARows, num_slots: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.base = base
-        self.reset(rows, num_slots)
+        self.reset(rows, num_slots, dtype)
 
-    def reset(self, rows: LoRARows, num_slots: int) -> None:
-        """Empty slots, reading `rows` (a new adapter pool taking this layer over)."""
+    def reset(self, rows: LoRARows, num_slots: int, dtype: torch.dtype = torch.float32) -> None:
+        """Empty slots for products in `dtype`, reading `rows` (a new adapter pool taking this layer over)."""
         self.rows = rows
+        self.dtype = dtype
         self.slots: list[LoRAProduct | None] = [None] * num_slots
         self._c_a, self._c_b = (ctypes.c_void_p * num_slots)(), (ctypes.c_void_p * num_slots)()
         self._c_ranks, self._c_part_ranks = (ctypes.c_int64 * num_slots)(), (ctypes.c_int64 * num_slots)()
@@ -120,6 +124,8 @@ class LoRALinear(nn.Module):
 
     def set_slot(self, slot: int, product: LoRAProduct | None) -> None:
         """Put an adapter's product (None: it skips this layer) into `slot`, for the Python and the compiled path."""
+        if product is not None and product.a.dtype != self.dtype:
+            raise ValueError(f"a {product.a.dtype} adapter product cannot go into slots of {self.dtype}")
         self.slots[slot] = product
         self._c_a[slot] = None if product is None else product.a.data_ptr()
         self._c_b[slot] = None if product is None else product.b_t.data_ptr()
@@ -130,18 +136,21 @@ class LoRALinear(nn.Module):
 
     def compiled_product(self) -> CompiledProduct | None:
         """The base's compiled product with the slots' products after it (lora.c), for the compiled decoder layer;
-        None where the base has none or the kernel is unavailable (the Python forward runs then). The adapters' products
-        are float32 (the adapter pool reads them so), as the compiled layer's activations are."""
+        None where the base has none, the kernel is unavailable or the products are neither float32 nor bfloat16 (the
+        Python forward runs then). The compiled layer's activations are float32; bfloat16 products are widened."""
         library = load_lora_kernel()
         base = self.base.compiled_product() if isinstance(self.base, CompiledProductSource) else None
-        if library is None or base is None:
+        kernels = {torch.float32: "ember_lora_gemm", torch.bfloat16: "ember_lora_gemm_bf16"}
+        if library is None or base is None or self.dtype not in kernels:
             return None
         self._c_weight.base, self._c_weight.base_weight, self._c_weight.base_bias = base.gemm, base.weight, base.bias
-        address = ctypes.cast(library.ember_lora_gemm, ctypes.c_void_p).value
+        address = ctypes.cast(getattr(library, kernels[self.dtype]), ctypes.c_void_p).value
         return CompiledProduct(address, ctypes.addressof(self._c_weight), None, base.in_features, base.max_rows, (self, base))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
+        if not self.rows.groups or self._add_compiled(x, out):
+            return out
         for slot, rows in self.rows.groups:
             product = self.slots[slot]
             if product is None:
@@ -151,6 +160,20 @@ class LoRALinear(nn.Module):
             else:
                 out.index_add_(0, rows, product.delta(x.index_select(0, rows), out.shape[-1]).to(out.dtype))
         return out
+
+
+    def _add_compiled(self, x: torch.Tensor, out: torch.Tensor) -> bool:
+        """Add every row's slot product to `out` in one lora.c call (a prefill's many rows take this Python forward:
+        one pass over the rows, not a gather, two products and a scatter per adapter); False where lora.c cannot
+        (no kernel, rows that are not contiguous float32 on the CPU, products of another dtype)."""
+        library = load_lora_kernel()
+        kernel = {torch.float32: "ember_lora_add", torch.bfloat16: "ember_lora_add_bf16"}.get(self.dtype)
+        is_plain = all(t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 2 and t.is_contiguous() for t in (x, out))
+        if library is None or kernel is None or not is_plain:
+            return False
+        getattr(library, kernel)(ctypes.c_void_p(x.data_ptr()), ctypes.byref(self._c_weight), ctypes.c_void_p(out.data_ptr()),
+                                 ctypes.c_int64(x.shape[0]), ctypes.c_int64(out.shape[1]), ctypes.c_int64(x.shape[1]))
+        return True
 
 
 class _LoRAWeight(ctypes.Structure):

@@ -216,7 +216,7 @@ def _fused_products(
                                        "outputs: an adapter trained on another base model?")
             segments.append((offsets[target.part], offsets[target.part + 1], index * a.shape[0]))
         stacked_a = torch.cat([a.to(dtype) for _, a, _ in parts])
-        products[linear_name] = LoRAProduct.of_parts(stacked_a, [b.to(dtype) * scaling for _, _, b in parts], segments)
+        products[linear_name] = LoRAProduct.of_parts(stacked_a, [(b.float() * scaling).to(dtype) for _, _, b in parts], segments)
     return products
 
 

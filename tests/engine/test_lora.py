@@ -135,6 +135,26 @@ def test_two_adapters_never_share_kv_blocks(llama_with_adapters) -> None:
     assert (first.num_cached_tokens, again.num_cached_tokens, other.num_cached_tokens, base_model.num_cached_tokens) == (0, 8, 0, 0)
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_greedy_with_an_adapter_and_speculation_equals_greedy_with_the_adapter_alone(llama_with_adapters, method: str) -> None:
+    """The target's adapter applies to verification; the n-gram proposer needs none, the draft model (here the base
+    model itself) drafts without it: some drafts are rejected, the tokens are the adapter's."""
+    base, requests = llama_with_adapters
+    prompts = [[9, 10, 11, 12] * 5, PROMPTS[0], PROMPTS[1]]
+    adapters = [requests[0], requests[1], None]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(str(base), enable_lora=True, max_loras=2, block_size=4, num_kv_blocks=128)
+    expected = [output.outputs[0].token_ids for output in plain.generate(prompts, params, lora_request=adapters)]
+    spec = LLM(str(base), enable_lora=True, max_loras=2, block_size=4, num_kv_blocks=128, speculative_method=method,
+               draft_model=str(base) if method == "draft" else None, num_speculative_tokens=3, adaptive=False)
+    assert [output.outputs[0].token_ids for output in spec.generate(prompts, params, lora_request=adapters)] == expected
+    stats = spec.engine.speculator.stats
+    assert stats.draft_tokens > 0
+    if method == "draft":
+        assert 0 < stats.accepted_tokens < stats.draft_tokens  # the base model drafts, the adapters' tokens differ
+    assert spec.engine.kv.num_free_blocks == 128
+
+
 def _edited_adapter(source: Path, folder: Path, **config) -> Path:
     """A copy of the adapter in `source` with adapter_config.json fields replaced."""
     folder.mkdir()
@@ -163,39 +183,51 @@ def test_adapters_ember_cannot_serve_are_refused_by_name_with_the_fix(llama_with
     assert llm.engine.scheduler.has_work is False  # nothing was queued by a refused batch
 
 
-def test_an_engine_without_enable_lora_refuses_an_adapter_and_speculation_or_parallel_ranks_with_adapters_are_refused(llama_with_adapters) -> None:
+def test_an_engine_without_enable_lora_refuses_an_adapter_and_heads_or_parallel_ranks_with_adapters_are_refused(llama_with_adapters, tmp_path: Path) -> None:
     base, requests = llama_with_adapters
     llm = LLM(str(base), block_size=4, num_kv_blocks=64)
     with pytest.raises(RequestRejected, match="enable_lora=True"):
         llm.generate([PROMPTS[0]], GREEDY, lora_request=requests[0])
-    with pytest.raises(ValueError, match="speculative decoding"):
-        LLM(str(base), enable_lora=True, speculative_method="ngram")
+    with pytest.raises(ValueError, match="speculative method 'medusa'.*trained on the base model's hidden states"):
+        LLM(str(base), enable_lora=True, speculative_method="medusa", medusa_heads=str(tmp_path))
+    with pytest.raises(ValueError, match="speculative method 'eagle'.*trained on the base model's hidden states"):
+        LLM(str(base), enable_lora=True, speculative_method="eagle", eagle_head=str(tmp_path))
     with pytest.raises(ValueError, match="tensor / pipeline parallel"):
         LLM(str(base), enable_lora=True, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor / pipeline parallel"):
+        LLM(str(base), enable_lora=True, pipeline_parallel_size=2)
     with pytest.raises(TypeError, match="need enable_lora=True"):
         LLM(str(base), max_loras=2)
 
 
 def test_an_adapter_on_the_quantized_smollm2_gguf_changes_it_as_on_the_dequantized_weights(smollm2_gguf: Path, tmp_path: Path) -> None:
-    """QLoRA serving: the adapter stays float beside the GGML blocks. With float32 activations its effect on the
-    quantized model equals its effect on the dequantized float32 weights (1e-3); with int8 activations (`--dtype
-    auto`'s default) within the error the int8 rounding already makes without it."""
+    """QLoRA serving: the adapter stays float beside the GGML blocks (bfloat16 by default there). With float32
+    activations a float32 adapter's effect on the quantized model equals its effect on the dequantized float32 weights
+    (1e-3), a bfloat16 one's within bfloat16's rounding of it (1% of the largest change); with int8 activations
+    (`--dtype auto`'s default) within the error the int8 rounding already makes without it."""
     from ember.bench.lora import save_random_adapter
     from ember.models.loader import load_model
 
     quantized, dequantized = load_model(smollm2_gguf, "auto"), load_model(smollm2_gguf, "float32")
     adapter = LoRARequest("qlora", 1, str(save_random_adapter(quantized.model, tmp_path / "adapter", rank=8, seed=0)))
     prompt = [1, 504, 3458, 282, 4529, 314, 253, 1345, 30, 378, 6330, 314]
-    changes, bases = {}, {}
-    for name, dtype, activations, loaded in (("float32", "float32", "int8", dequantized), ("exact", "auto", "float32", quantized),
-                                             ("int8", "auto", "int8", quantized)):
+    changes, bases, held_in = {}, {}, {}
+    for name, dtype, activations, lora_dtype, loaded in (("float32", "float32", "int8", "auto", dequantized),
+                                                         ("exact", "auto", "float32", "float32", quantized),
+                                                         ("bfloat16", "auto", "float32", "auto", quantized),
+                                                         ("int8", "auto", "int8", "auto", quantized)):
         config = EngineConfig(model=str(smollm2_gguf), dtype=dtype, quant_activations=activations,
-                              cache=CacheConfig(block_size=4, num_kv_blocks=32), lora=LoRAConfig(max_loras=1, max_lora_rank=8))
+                              cache=CacheConfig(block_size=4, num_kv_blocks=32),
+                              lora=LoRAConfig(max_loras=1, max_lora_rank=8, lora_dtype=lora_dtype))
         engine = LLMEngine(config, loaded=loaded)
+        held_in[name] = engine.adapters.dtype
         adapted, plain = batch_logits(engine, (prompt, prompt), [adapter, None])
         changes[name], bases[name] = adapted - plain, plain
-    assert changes["float32"].abs().max().item() > 1.0  # the adapter changes the model
+    assert held_in == {"float32": torch.float32, "exact": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.bfloat16}
+    largest = changes["float32"].abs().max().item()
+    assert largest > 1.0  # the adapter changes the model
     assert (changes["exact"] - changes["float32"]).abs().max().item() <= 1e-3
+    assert 1e-3 < (changes["bfloat16"] - changes["float32"]).abs().max().item() <= 0.01 * largest
     int8_error = (bases["int8"] - bases["float32"]).abs().max().item()  # the int8 activations' error without adapter
     assert changes["int8"].abs().max().item() > 1.0
     assert (changes["int8"] - changes["float32"]).abs().max().item() <= 2 * int8_error
