@@ -185,6 +185,15 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     tokenizers.add_argument("--plot", type=Path, default=Path("benchmarks/plots/tokenizer_languages.png"),
                             help="PNG of the tokens-by-language table (drawn when its text and vocabularies are present)")
     tokenizers.set_defaults(func=_run_tokenizers)
+    seed = commands.add_parser("seed", help="the seed's numeric claims, each measured here with a verdict: SEED_CLAIMS.md and its JSON")
+    seed.add_argument("--model", default="smollm2-135m-instruct", help="the model the measured rows run")
+    seed.add_argument("--scale", type=float, default=1.0, help="multiply request counts and sweeps (1.0: about half an hour on 2 cores)")
+    seed.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (medians are reported)")
+    seed.add_argument("--seed", type=int, default=0)
+    seed.add_argument("--only", default=None, help="comma-separated claim ids (the report's section names); the other rows are kept")
+    seed.add_argument("--report", type=Path, default=Path("SEED_CLAIMS.md"), help="the Markdown report (its JSON is written beside it)")
+    seed.add_argument("--plots-dir", type=Path, default=Path("benchmarks/plots"))
+    seed.set_defaults(func=_run_seed)
     return parser
 
 
@@ -472,6 +481,26 @@ def _run_tokenizers(args: argparse.Namespace) -> int:
 
         print(f"plot: {plot_language_costs(outcome['language_costs'], args.plot)}")
     _dump(args.json, outcome)
+    return 0
+
+
+def _run_seed(args: argparse.Namespace) -> int:
+    from ember.bench.seed_claims import CLAIMS, claims_of
+    from ember.bench.seed_experiments import SeedContext
+    from ember.bench.seed_report import run_seed
+
+    if args.scale <= 0 or args.repeats < 1:
+        raise ValueError("--scale must be positive and --repeats at least 1")
+    ids = tuple(c.id for c in CLAIMS) if args.only is None else tuple(part.strip() for part in args.only.split(",") if part.strip())
+    claims = claims_of(ids)
+    context = SeedContext(model=args.model, scale=args.scale, repeats=args.repeats, seed=args.seed, plots_dir=args.plots_dir,
+                          tick=lambda description: print(f"[bench seed] {description}", file=sys.stderr, flush=True))
+    results = run_seed(tuple(c.id for c in claims), context, args.report, _command_line())
+    for row in results["rows"]:
+        if row["id"] in ids:
+            figure = "-" if row["figure"] is None else f"{row['figure']:.3g} {row['unit']}"
+            print(f"{row['id']:<20} claimed {row['claimed']:<24} here {figure:<28} {row['verdict']}")
+    print(f"wrote {args.report} and {args.report.with_name('seed_claims.json')}")
     return 0
 
 
