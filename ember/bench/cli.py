@@ -495,13 +495,23 @@ def _run_seed(args: argparse.Namespace) -> int:
     claims = claims_of(ids)
     context = SeedContext(model=args.model, scale=args.scale, repeats=args.repeats, seed=args.seed, plots_dir=args.plots_dir,
                           tick=lambda description: print(f"[bench seed] {description}", file=sys.stderr, flush=True))
-    results = run_seed(tuple(c.id for c in claims), context, args.report, _command_line())
+    defaults = _seed_defaults()
+    flags = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(getattr(args, name)))}" for name in ("model", "scale", "repeats", "seed")
+                    if getattr(args, name) != defaults[name])
+    results = run_seed(tuple(c.id for c in claims), context, args.report, _command_line(), flags)
     for row in results["rows"]:
         if row["id"] in ids:
             figure = "-" if row["figure"] is None else f"{row['figure']:.3g} {row['unit']}"
             print(f"{row['id']:<20} claimed {row['claimed']:<24} here {figure:<28} {row['verdict']}")
     print(f"wrote {args.report} and {args.report.with_name('seed_claims.json')}")
     return 0
+
+
+def _seed_defaults() -> dict:
+    """`ember bench seed`'s option defaults (a row's command names only the options its run changed)."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return vars(parser.parse_args(["bench", "seed"]))
 
 
 def _run_quant(args: argparse.Namespace) -> int:

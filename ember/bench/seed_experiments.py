@@ -244,7 +244,7 @@ def run_attention(ctx: SeedContext, num_heads: int = 9, head_dim: int = 64) -> d
         times = {"fused": [], "unfused": []}
         for _ in range(max(3, ctx.repeats)):
             for name, attend in (("fused", fused_attention), ("unfused", unfused_attention)):
-                times[name].append(_time(lambda a=attend: a(q, k, v), device))
+                times[name].append(_time(lambda a=attend, inputs=(q, k, v): a(*inputs), device))
         kv_bytes = k.numel() * k.element_size() + v.numel() * v.element_size()
         rows.append({"tokens": length, "fused_ms": 1e3 * statistics.median(times["fused"]),
                      "unfused_ms": 1e3 * statistics.median(times["unfused"]), "kv_bytes": kv_bytes,
@@ -390,7 +390,13 @@ def run_quant(ctx: SeedContext) -> dict:
     """`ember bench quant` on SmolLM2 (calibrated on tinyshakespeare, perplexity on botchan): bytes per parameter,
     perplexity change and batch-1 decode speed of 4-bit and FP8 against the float model."""
     from ember.bench.feature_benches import QUANT_CALIB_FILE, QUANT_EVAL_FILE
-    from ember.bench.quant import MIN_CALIB_TOKENS, MIN_EVAL_WINDOWS, QuantBenchOptions, bench_quant, plot_quant
+    from ember.bench.quant import (
+        MIN_CALIB_TOKENS,
+        MIN_EVAL_WINDOWS,
+        QuantBenchOptions,
+        bench_quant,
+        plot_quant,
+    )
     from ember.bench.workloads import find_corpus_dir
 
     corpus = find_corpus_dir()
