@@ -193,6 +193,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     seed.add_argument("--only", default=None, help="comma-separated claim ids (the report's section names); the other rows are kept")
     seed.add_argument("--report", type=Path, default=Path("SEED_CLAIMS.md"), help="the Markdown report (its JSON is written beside it)")
     seed.add_argument("--plots-dir", type=Path, default=Path("benchmarks/plots"))
+    seed.add_argument("--threads", type=int, default=None,
+                      help="CPU threads of this bench process's engines and torch (default: torch's, one per core)")
     seed.set_defaults(func=_run_seed)
     return parser
 
@@ -489,14 +491,17 @@ def _run_seed(args: argparse.Namespace) -> int:
     from ember.bench.seed_experiments import SeedContext
     from ember.bench.seed_report import run_seed
 
-    if args.scale <= 0 or args.repeats < 1:
-        raise ValueError("--scale must be positive and --repeats at least 1")
+    from ember.engine.threads import apply_num_threads
+
+    if args.scale <= 0 or args.repeats < 1 or (args.threads is not None and args.threads < 1):
+        raise ValueError("--scale must be positive, --repeats and --threads at least 1")
+    apply_num_threads(args.threads)
     ids = tuple(c.id for c in CLAIMS) if args.only is None else tuple(part.strip() for part in args.only.split(",") if part.strip())
     claims = claims_of(ids)
     context = SeedContext(model=args.model, scale=args.scale, repeats=args.repeats, seed=args.seed, plots_dir=args.plots_dir,
                           tick=lambda description: print(f"[bench seed] {description}", file=sys.stderr, flush=True))
     defaults = _seed_defaults()
-    flags = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(getattr(args, name)))}" for name in ("model", "scale", "repeats", "seed")
+    flags = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(getattr(args, name)))}" for name in ("model", "scale", "repeats", "seed", "threads")
                     if getattr(args, name) != defaults[name])
     results = run_seed(tuple(c.id for c in claims), context, args.report, _command_line(), flags)
     for row in results["rows"]:

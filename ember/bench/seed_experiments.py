@@ -11,6 +11,7 @@ measured here and the published bandwidth and FLOPs of `GPU` (each such figure s
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -408,9 +409,8 @@ def run_quant(ctx: SeedContext) -> dict:
     section = bench_quant(options, tick=ctx.tick, time_kernels=False)
     rows = {row["name"].split(" ")[0]: row for row in section["rows"]}
     float_row = section["rows"][0]
-    four_bit = [row for row in section["rows"] if row["name"].startswith(("rtn4", "awq4", "gptq4")) or " 4-bit" in row["name"]]
-    four_bit = four_bit or [row for name, row in rows.items() if name in ("rtn4", "awq4", "gptq4")]
-    fp8 = next((row for row in section["rows"] if "fp8" in row["name"].lower()), None)
+    four_bit = [row for name, row in rows.items() if name in ("rtn4", "awq4", "gptq4")]
+    fp8 = rows.get("fp8")
     plot = str(plot_quant(section, ctx.plots_dir / "seed_quant.png"))
     best4 = min(four_bit, key=lambda row: row["bytes_per_parameter"]) if four_bit else None
     figures = {
@@ -491,10 +491,11 @@ def run_attention_variants(ctx: SeedContext) -> dict:
     from ember.models.registry import ember_home
 
     prompt_len, output_len, batch = (1024, 32, 4) if ctx.scale >= 0.5 else (512, 16, 4)
-    workload = workloads.build("mixed", suite.token_source(ctx.model), seed=ctx.seed, num_requests=batch)
-    requests = [replace(r, prompt_token_ids=(r.prompt_token_ids * (prompt_len // max(1, r.prompt_len) + 1))[:prompt_len],
-                        prompt_len=prompt_len, max_tokens=output_len) for r in workload.requests]
-    workload = replace(workload, requests=requests)
+    source = suite.token_source(ctx.model)
+    rng = random.Random(ctx.seed)
+    requests = [workloads.BenchRequest(f"variant-{i}", source.take(rng, prompt_len), output_len) for i in range(batch)]
+    workload = workloads.Workload("variants", ctx.seed, requests, {"prompt_len": prompt_len, "output_len": output_len, "batch": batch},
+                                  source.description)
     options = ctx.bench_options()
     rows = {}
     folders = {v: save_variant_model(v, ember_home() / "bench" / "seed-attention-variants" / v) for v in ("MHA", "GQA-8", "MQA", "MLA")}
