@@ -65,26 +65,29 @@ def has_gpu() -> bool:
 
 
 def run_batching(ctx: SeedContext) -> dict:
-    """`ember bench mixed` (with the static-batches lever and the HF peer), and a sweep of the batch size:
-    continuous batching with at most B sequences against static batches of B, same workload."""
+    """`ember bench mixed` (with the static-batches lever and the HF peer), and a sweep of the batch size (one size below
+    --scale 0.5, two below 1, four at 1): continuous batching with at most B sequences against static batches of B, same
+    workload."""
     from ember.bench import suite
     from ember.bench.ember_runner import EmberSettings, run_ember
 
     options = ctx.bench_options(peers=("hf",), num_requests=ctx.scaled(64, floor=8))
     mixed = suite.bench_mixed(options)
     entry = mixed["dtype"]["float32"]
+    static = entry.get("ember_static", {}).get("tok_s", {}).get("median")
     workload = suite.make_workload(options, "mixed", num_requests=options.num_requests)
     sweep = {}
-    for batch in (2, 8) if ctx.scale < 1 else (2, 4, 8, 16):
+    for batch in (2,) if ctx.scale < 0.5 else (2, 8) if ctx.scale < 1 else (2, 4, 8, 16):
         runners = {
             "continuous": lambda b=batch: run_ember(ctx.model, "float32", workload, EmberSettings(max_num_seqs=b)),
             "static": lambda b=batch: run_ember(ctx.model, "float32", workload, EmberSettings(static_batch_size=b, max_num_seqs=b)),
         }
         runs = suite._interleave(options, f"seed batching sweep, batch {batch}", runners)
         sweep[str(batch)] = {name: statistics.median(r.output_tok_s for r in rs) for name, rs in runs.items()}
+    if static:  # the bench's own pair: static batches of its size against continuous batching with no cap
+        sweep.setdefault(str(mixed["static_batch_size"]), {"continuous": entry["ember"]["tok_s"]["median"], "static": static})
     plot = _plot_batching(sweep, entry, ctx.plots_dir / "seed_batching.png")
     hf_reason = options.skipped.get("hf")
-    static = entry.get("ember_static", {}).get("tok_s", {}).get("median")
     return {
         "num_requests": mixed["num_requests"], "workload": mixed["workload"], "static_batch_size": mixed["static_batch_size"],
         "tok_s": {name: entry[name]["tok_s"]["median"] for name in ("ember", "ember_static", "hf") if name in entry},
@@ -108,7 +111,9 @@ def _plot_batching(sweep: dict, entry: dict, path: Path) -> str:
     plt = _pyplot()
     sizes = [int(b) for b in sweep]
     figure_, axes = plt.subplots(figsize=(6, 4))
-    axes.plot(sizes, [sweep[str(b)]["continuous"] for b in sizes], marker="o", label="continuous batching (ember)")
+    sizes.sort()
+    axes.plot(sizes, [sweep[str(b)]["continuous"] for b in sizes], marker="o",
+              label="continuous batching (ember; at the largest size, no cap)")
     axes.plot(sizes, [sweep[str(b)]["static"] for b in sizes], marker="s", label="static batches (ember)")
     if "hf" in entry:
         axes.axhline(entry["hf"]["tok_s"]["median"], color="gray", linestyle="--", label="HF transformers (batches of 16)")
@@ -511,7 +516,7 @@ def run_attention_variants(ctx: SeedContext) -> dict:
     mha = rows["MHA"]["kv_bytes_per_token"]
     plot = _plot_variants(rows, ctx.plots_dir / "seed_attention_variants.png")
     shape = f"{VARIANT_SHAPE['num_hidden_layers']} layers, 32 heads of 32, hidden {VARIANT_SHAPE['hidden_size']}"
-    speed = ", ".join(f"{v} {row['decode_tok_s']:.0f}" for v, row in rows.items())
+    speed = ", ".join(f"{v} {row['decode_tok_s']:.1f}" for v, row in rows.items())
     return {"shape": shape, "prompt_len": prompt_len, "output_len": output_len, "batch": batch, "rows": rows, "plots": [plot], "figures": {
         "gqa-cache": figure(mha / rows["GQA-8"]["kv_bytes_per_token"],
                             f"KV bytes/token the engine allocates, MHA / GQA-8, random models of one size ({shape}); it is "
