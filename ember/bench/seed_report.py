@@ -8,6 +8,7 @@ Rows are rebuilt from the experiments' figures on every write: the verdict alway
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 from pathlib import Path
@@ -22,19 +23,20 @@ def run_seed(claim_ids: tuple[str, ...], context, report_path: Path, command: st
     """Measure the experiments of `claim_ids` with `context` (a SeedContext), merge into the JSON beside
     `report_path`, rewrite both files; returns the merged results. `flags`: the options of this run that a row's
     own command must repeat to measure it the same way (e.g. ' --scale 0.25')."""
-    json_path = report_path.with_name(JSON_NAME)
-    results = json.loads(json_path.read_text()) if json_path.is_file() else {"experiments": {}, "runs": []}
     experiments = tuple(dict.fromkeys(CLAIMS_BY_ID[claim].experiment for claim in claim_ids))
-    run = {"command": command, "started_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git_commit(),
-           "experiments": []}
-    results["runs"].append(run)
-    results["machine"] = machine_info()
+    run = {"command": command, "started_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "pid": os.getpid(),
+           "commit": git_commit(), "experiments": []}
+    measured: dict = {}
+    machine = machine_info()
+    results: dict = {}
     for name in experiments:
         context.tick(f"seed: experiment {name}")
-        results["experiments"][name] = _measure(name, context, command, flags)
+        measured[name] = _measure(name, context, command, flags)
         run["experiments"].append(name)
         run["load_average_at_end"] = load_average()
-        _write(results, report_path)  # after each experiment: a run cut short keeps what it measured
+        # After each experiment, merged into the file as it is now: a run cut short keeps what it measured, and
+        # runs of other rows at the same time keep theirs.
+        results = _merge_and_write(report_path, measured, run, machine)
     return results
 
 
@@ -55,12 +57,19 @@ def _measure(name: str, context, command: str, flags: str) -> dict:
     return outcome
 
 
-def _write(results: dict, report_path: Path) -> None:
-    results["rows"] = build_rows(results["experiments"])
+def _merge_and_write(report_path: Path, measured: dict, run: dict, machine: dict) -> dict:
+    """The JSON beside `report_path` with this run's experiments and run record put in, rows rebuilt; both files rewritten."""
     json_path = report_path.with_name(JSON_NAME)
+    results = json.loads(json_path.read_text()) if json_path.is_file() else {"experiments": {}, "runs": []}
+    results["experiments"].update(measured)
+    others = [r for r in results["runs"] if (r.get("started_at"), r.get("pid")) != (run["started_at"], run["pid"])]
+    results["runs"] = [*others, run]
+    results["machine"] = machine
+    results["rows"] = build_rows(results["experiments"])
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
     report_path.write_text(render_markdown(results, report_path.resolve().parent))
+    return results
 
 
 def build_rows(experiments: dict) -> list[dict]:
