@@ -355,7 +355,9 @@ def run_spec(ctx: SeedContext) -> dict:
             "num_speculative_tokens": caps, "figures": {
                 "spec-speedup": figure(by_method[best], f"batch-1 decode tok/s with / without speculation, median over the "
                                        f"{len(section['batch1'])} workloads ({', '.join(section['batch1'])}), best proposer "
-                                       f"{best} (of {listing}), SmolLM2 float32"),
+                                       f"{best} (of {listing}; per workload: "
+                                       + ", ".join(f"{p['workload']} {p['decode_ratio']:.2f}x" for p in best_points)
+                                       + "), SmolLM2 float32"),
                 "spec-accepted": figure(tokens_per_step, f"tokens per verification step (accepted drafts + 1) of {best}, median "
                                         f"over workloads, draft length cap {caps[best]}: "
                                         + ", ".join(f"{p['workload']} {p['tokens_per_step']:.2f}" for p in best_points))}}
