@@ -187,7 +187,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     tokenizers.set_defaults(func=_run_tokenizers)
     seed = commands.add_parser("seed", help="the seed's numeric claims, each measured here with a verdict: SEED_CLAIMS.md and its JSON")
     seed.add_argument("--model", default="smollm2-135m-instruct", help="the model the measured rows run")
-    seed.add_argument("--scale", type=float, default=1.0, help="multiply request counts and sweeps (1.0: about half an hour on 2 cores)")
+    seed.add_argument("--scale", type=float, default=0.25,
+                      help="multiply request counts and sweeps (1.0: the benches' own sizes; below 0.5 the sweeps are shorter)")
     seed.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (medians are reported)")
     seed.add_argument("--seed", type=int, default=0)
     seed.add_argument("--only", default=None, help="comma-separated claim ids (the report's section names); the other rows are kept")
