@@ -199,7 +199,10 @@ def run_prefix(ctx: SeedContext, prompt_len: int = 512, shares: tuple[float, ...
         "prefix-caching": figure(middle["saved_pct"],
                                  f"mean TTFT saved by prefix caching, {num_requests} requests of {prompt_len} prompt tokens of which "
                                  f"{middle['share']:.0%} are shared; over the sweep: "
-                                 + ", ".join(f"{row['share']:.0%} shared -> {row['saved_pct']:.0f}%" for row in rows))}}
+                                 + ", ".join(f"{row['share']:.0%} shared -> {row['saved_pct']:.0f}%" for row in rows)
+                                 + f" (the first of the {num_requests} requests computes the whole prefix, so at most "
+                                 f"{(num_requests - 1) / num_requests:.0%} of the shared tokens can be saved; more requests, "
+                                 "larger --scale, come closer to the shared share)")}}
 
 
 def _plot_prefix(rows: list[dict], path: Path) -> str:
