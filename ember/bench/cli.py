@@ -491,7 +491,6 @@ def _run_seed(args: argparse.Namespace) -> int:
     from ember.bench.seed_claims import CLAIMS, claims_of
     from ember.bench.seed_experiments import SeedContext
     from ember.bench.seed_report import run_seed
-
     from ember.engine.threads import apply_num_threads
 
     if args.scale <= 0 or args.repeats < 1 or (args.threads is not None and args.threads < 1):
