@@ -199,6 +199,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     tokenizers.add_argument("--plot", type=Path, default=Path("benchmarks/plots/tokenizer_languages.png"),
                             help="PNG of the tokens-by-language table (drawn when its text and vocabularies are present)")
     tokenizers.set_defaults(func=_run_tokenizers)
+    seed = commands.add_parser("seed", help="the seed's numeric claims, each measured here with a verdict: SEED_CLAIMS.md and its JSON")
+    seed.add_argument("--model", default="smollm2-135m-instruct", help="the model the measured rows run")
+    seed.add_argument("--scale", type=float, default=0.25,
+                      help="multiply request counts and sweeps (1.0: the benches' own sizes; below 0.5 the sweeps are shorter)")
+    seed.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (medians are reported)")
+    seed.add_argument("--seed", type=int, default=0)
+    seed.add_argument("--only", default=None, help="comma-separated claim ids (the report's section names); the other rows are kept")
+    seed.add_argument("--report", type=Path, default=Path("SEED_CLAIMS.md"), help="the Markdown report (its JSON is written beside it)")
+    seed.add_argument("--plots-dir", type=Path, default=Path("benchmarks/plots"))
+    seed.add_argument("--threads", type=int, default=None,
+                      help="CPU threads of this bench process's engines and torch (default: torch's, one per core)")
+    seed.set_defaults(func=_run_seed)
     return parser
 
 
@@ -514,6 +526,38 @@ def _run_tokenizers(args: argparse.Namespace) -> int:
         print(f"plot: {plot_language_costs(outcome['language_costs'], args.plot)}")
     _dump(args.json, outcome)
     return 0
+
+
+def _run_seed(args: argparse.Namespace) -> int:
+    from ember.bench.seed_claims import CLAIMS, claims_of
+    from ember.bench.seed_experiments import SeedContext
+    from ember.bench.seed_report import run_seed
+    from ember.engine.threads import apply_num_threads
+
+    if args.scale <= 0 or args.repeats < 1 or (args.threads is not None and args.threads < 1):
+        raise ValueError("--scale must be positive, --repeats and --threads at least 1")
+    apply_num_threads(args.threads)
+    ids = tuple(c.id for c in CLAIMS) if args.only is None else tuple(part.strip() for part in args.only.split(",") if part.strip())
+    claims = claims_of(ids)
+    context = SeedContext(model=args.model, scale=args.scale, repeats=args.repeats, seed=args.seed, plots_dir=args.plots_dir,
+                          tick=lambda description: print(f"[bench seed] {description}", file=sys.stderr, flush=True))
+    defaults = _seed_defaults()
+    flags = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(getattr(args, name)))}" for name in ("model", "scale", "repeats", "seed", "threads")
+                    if getattr(args, name) != defaults[name])
+    results = run_seed(tuple(c.id for c in claims), context, args.report, _command_line(), flags)
+    for row in results["rows"]:
+        if row["id"] in ids:
+            figure = "-" if row["figure"] is None else f"{row['figure']:.3g} {row['unit']}"
+            print(f"{row['id']:<20} claimed {row['claimed']:<24} here {figure:<28} {row['verdict']}")
+    print(f"wrote {args.report} and {args.report.with_name('seed_claims.json')}")
+    return 0
+
+
+def _seed_defaults() -> dict:
+    """`ember bench seed`'s option defaults (a row's command names only the options its run changed)."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return vars(parser.parse_args(["bench", "seed"]))
 
 
 def _run_quant(args: argparse.Namespace) -> int:

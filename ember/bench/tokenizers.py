@@ -187,10 +187,11 @@ def run_tokenizer_bench(
     seed: int = 0,
     peers: Sequence[str] = ("tiktoken", "tokenizers"),
     languages: bool = True,
+    pre_tokenizers: bool = True,
 ) -> dict[str, Any]:
     """Encode throughput (MB/s, single thread) of ember and its peers on the same workload;
     with `languages`, what Korean and Hindi cost under llama.cpp's vocabularies
-    (tokenizer_languages.py).
+    (tokenizer_languages.py); with `pre_tokenizers`, the speed of each GGUF pre-tokenizer.
 
     Returns {"machine", "command", "workload": {...}, "results": {encoding: {library:
     {"mb_per_s", "min", "max"}}}, "ratios": {encoding: {"ember_cold/tiktoken", ...}},
@@ -261,9 +262,10 @@ def run_tokenizer_bench(
                 if library != "tiktoken"
             }
         print(f"[bench tokenizers] {name}: {results}", file=sys.stderr)
-    report["pre_tokenizers"] = run_pre_tokenizer_bench(
-        shared_dir, documents, repeats=repeats, with_peer="tokenizers" in peers
-    )
+    if pre_tokenizers:
+        report["pre_tokenizers"] = run_pre_tokenizer_bench(
+            shared_dir, documents, repeats=repeats, with_peer="tokenizers" in peers
+        )
     if languages:
         from ember.bench.tokenizer_languages import run_language_costs
 

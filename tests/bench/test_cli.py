@@ -7,7 +7,7 @@ import pytest
 from ember.cli.main import build_parser
 
 
-@pytest.mark.parametrize("command", ["mixed", "batch1", "shared-prefix", "long-prefill", "serve", "roofline", "all", "tokenizers", "gateway", "spec", "contention"])
+@pytest.mark.parametrize("command", ["mixed", "batch1", "shared-prefix", "long-prefill", "serve", "roofline", "all", "tokenizers", "gateway", "spec", "contention", "seed"])
 def test_every_bench_subcommand_parses(command):
     args = build_parser().parse_args(["bench", command])
     assert args.bench_command == command and callable(args.func)
