@@ -1,6 +1,6 @@
 """`spec`, `quant`, `parallel`, `structured`, `prefix` and `lora` as sections of `ember bench all`, sized like the rest of the suite.
 
-Each of these benches keeps its own subcommand (`ember bench spec|quant|parallel|structured|lora`) with its own
+Each of these benches keeps its own subcommand (`ember bench spec|quant|parallel|structured|prefix|lora`) with its own
 defaults; here they run at sizes derived from `--scale` (counts scale, prompt and output lengths
 do not) and `--repeats`, and each section records the sizes it ran at next to the full ones, so
 the report can say what was scaled. The measurements themselves are the benches' own.
