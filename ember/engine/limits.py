@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ember.engine.engine_request import EngineRequest
 from ember.engine.rejection import RequestRejected
+from ember.engine.structured.backend_choice import choose_backend
 from ember.engine.structured.errors import SchemaError
-from ember.engine.structured.grammars import choose_backend
 from ember.kv.cache_manager import blocks_needed
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"

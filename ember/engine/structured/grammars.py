@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from typing import TYPE_CHECKING
 
 from ember.engine.structured.errors import SchemaError
-
-if TYPE_CHECKING:
-    from ember.engine.structured.structured_output import StructuredOutput
 
 BACKENDS = ("auto", "ember", "xgrammar", "llguidance")
 GRAMMAR_BACKENDS = ("llguidance", "xgrammar")  # auto's order for a grammar (llguidance measured the faster here)
@@ -68,25 +64,3 @@ def check_grammar_with(backend: str, text: str) -> None:
             message = str(error)
     if message:
         raise SchemaError(f"the grammar does not parse ({backend}): {_LIBRARY_NOISE.sub('', message.strip())}")
-
-
-def choose_backend(constraint: StructuredOutput, configured: str) -> str:
-    """The backend that enforces `constraint` on an engine started with `configured`: auto takes ember's own engine
-    for JSON, regular expressions and choices (checked on construction) and the first installed grammar backend for a
-    grammar. SchemaError names what to change where the configured backend cannot enforce it."""
-    if configured not in BACKENDS:
-        raise SchemaError(f"structured-outputs backend {configured!r} is unknown; choose one of {', '.join(BACKENDS)}")
-    if configured == "auto":
-        if constraint.grammar is None:
-            return "ember"
-        installed = [backend for backend in GRAMMAR_BACKENDS if is_installed(backend)]
-        if not installed:
-            raise SchemaError("grammars need xgrammar or llguidance: pip install 'ember[structured]'")
-        return installed[0]
-    if not is_installed(configured):
-        raise SchemaError(f"the {configured} backend is not installed: pip install 'ember[structured]'")
-    if configured == "ember" and constraint.grammar is not None:
-        constraint.compile()  # raises, naming the backends that read grammars
-    if configured == "xgrammar" and constraint.grammar is not None:
-        check_grammar_with("xgrammar", constraint.grammar)
-    return configured

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ember.engine.structured.grammars import choose_backend
+from ember.engine.structured.backend_choice import choose_backend
 from ember.engine.structured.json_recognizer import MAX_WHITESPACE_RUN, JsonRecognizer
 from ember.engine.structured.structured_output import StructuredOutput
 from ember.engine.structured.token_masks import JsonGuide, TokenGrammar, Vocabulary
