@@ -124,6 +124,7 @@ class ModelRunner:
                              f"{tuple(self.layout.group_windows)}: build it with kv_cache_layout(model).group_windows")
         self.kv_caches = self.caches.layer_caches
         self.graphs = None if graphs is None else self._decode_graphs(graphs, num_blocks)
+        self._mask_thread: ThreadPoolExecutor | None = None  # started at the first constrained step
 
     def _decode_graphs(self, settings: GraphSettings, scratch_block: int) -> DecodeGraphs:
         if self.workers is not None or self.adapters is not None or self.layout.group_windows != (None,):
@@ -134,7 +135,6 @@ class ModelRunner:
             with torch.inference_mode():
                 graphs.capture()
         return graphs
-        self._mask_thread: ThreadPoolExecutor | None = None  # started at the first constrained step
 
     @property
     def kv_cache_bytes(self) -> int:
