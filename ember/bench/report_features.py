@@ -96,11 +96,12 @@ def structured_markdown(section: dict | None) -> list[str]:
     """The structured-outputs section: what holding replies to JSON costs, and whether the replies conform."""
     if not section:
         return []
-    from ember.bench.structured import format_structured_section
+    from ember.bench.structured import format_structured_section, section_batches
 
-    output_len = next(iter(section["batches"].values()))["workload"]["output_len"]
+    batches = section_batches(section)
+    output_len = next(iter(batches.values()))["workload"]["output_len"]
     return ["## `structured`: structured outputs (`ember bench structured`)", "",
-            f"One engine per variant, batch {' and '.join(section['batches'])}, greedy, dtype {section['dtype']}, chat "
+            f"One engine per variant, batch {' and '.join(batches)}, greedy, dtype {section['dtype']}, chat "
             f"prompts asking for an item as JSON, at most {output_len} tokens each: free text, `json_object`, a "
             "`json_schema` of the fields asked for through each backend (ember's own engine, xgrammar, llguidance), a "
             "GBNF grammar of the same fields through xgrammar and llguidance, and the schema on an engine that ran the "

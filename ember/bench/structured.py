@@ -169,10 +169,17 @@ def _conforms(text: str, constraint: StructuredOutput) -> bool:
     return jsonschema.Draft202012Validator(constraint.json_schema).is_valid(value)
 
 
+def section_batches(section: dict) -> dict[str, dict]:
+    """The section's runs per batch size; a section saved before batch sizes were swept ran batch 1 alone."""
+    if "batches" in section:
+        return section["batches"]
+    return {"1": {key: section[key] for key in ("workload", "variants")}}
+
+
 def format_structured_section(section: dict) -> str:
     """The section as markdown, a table per batch size (the report's and the subcommand's)."""
     lines = []
-    for batch_size, batch in section["batches"].items():
+    for batch_size, batch in section_batches(section).items():
         lines += [f"batch {batch_size} ({batch['workload']['num_requests']} prompts):", "",
                   "| variant | decode tok/s | over free text | first request's TTFT s | tokens / request | finished, valid |",
                   "|---|---|---|---|---|---|"]  # fmt: skip

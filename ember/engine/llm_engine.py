@@ -209,10 +209,9 @@ class LLMEngine:
                 self._add_prompt_logprobs(seq.request, result.prompt_logprobs[seq.seq_id])
             if seq.fork_pending and seq.num_computed_tokens == seq.compute_target:
                 self._fork(seq)
-            for token in tokens:
-                self._append(seq, token)
-                if seq.finish_reason is not None:
-                    break  # a stop inside the kept drafts ends the sequence there
+            num_dropped = self._append_kept(seq, tokens)
+            seq.num_computed_tokens -= num_dropped
+            num_rejected += num_dropped
             if tokens and seq.finish_reason is None and self._jumps_forward(seq):
                 self._jump_forward(seq)
             if num_rejected and seq.finish_reason is None:
@@ -243,6 +242,19 @@ class LLMEngine:
         num_accepted = len(tokens) - 1
         self.speculator.record(item.seq, item.draft.depth, num_accepted)
         return item.num_draft_tokens - num_accepted
+
+    def _append_kept(self, seq: Sequence, tokens: list[SampledToken]) -> int:
+        """Append the step's kept tokens (verified drafts, then the bonus token) until a stop or a forced run; returns
+        how many verified drafts were dropped. Where the constraint forces a run after a kept draft, the run replaces
+        the tokens verified past it, as it would have without speculation (jump-forward happens after every token)."""
+        for index, token in enumerate(tokens):
+            self._append(seq, token)
+            if seq.finish_reason is not None:
+                return 0  # a stop inside the kept drafts ends the sequence there
+            num_after = len(tokens) - 1 - index  # kept drafts after this one, and the bonus token (never computed)
+            if num_after and self._jumps_forward(seq) and seq.guide.forced_tokens():
+                return num_after - 1
+        return 0
 
     def _jumps_forward(self, seq: Sequence) -> bool:
         """Whether forced tokens may skip the sampler for `seq`: it is constrained, and nothing the sampler would apply
