@@ -222,7 +222,10 @@ def _common(parser: argparse.ArgumentParser, peers: bool = True, default_dtype: 
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts (1.0: issue 5's sizes)")
     if peers:
-        parser.add_argument("--peers", default="hf,llamacpp", help="comma-separated peers: hf, llamacpp, or none")
+        parser.add_argument("--peers", default=None,
+                            help="comma-separated peers: hf, llamacpp, vllm, or none (default: all; one that cannot run here is skipped, saying why)")
+        parser.add_argument("--vllm-python", type=Path, default=None,
+                            help="Python of the vLLM environment (default: $EMBER_VLLM_PYTHON, else .venv-vllm/bin/python; `make vllm-env` makes it)")
     parser.add_argument("--json", type=Path, default=None, help="also write the section as JSON here")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads of this bench process's engines and torch peers (default: torch's, one per core)")
@@ -242,7 +245,8 @@ def _options(args: argparse.Namespace):
     apply_num_threads(args.threads)
     if args.scale <= 0:
         raise ValueError("--scale must be positive")
-    peers = tuple(p for p in getattr(args, "peers", "none").split(",") if p and p != "none")
+    peer_list = getattr(args, "peers", "none")
+    peers = PEERS if peer_list is None else tuple(p for p in peer_list.split(",") if p and p != "none")
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)} or none")
@@ -250,7 +254,8 @@ def _options(args: argparse.Namespace):
     options = BenchOptions(model=args.model, dtypes=dtypes, repeats=args.repeats, seed=args.seed, scale=args.scale, peers=peers,
                            num_requests=getattr(args, "num_requests", None), workload_file=getattr(args, "workload", None),
                            save_workload=getattr(args, "save_workload", None), chunk_tokens=getattr(args, "chunk_tokens", 256),
-                           kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"), device=getattr(args, "device", "cpu"))
+                           kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"), device=getattr(args, "device", "cpu"),
+                           vllm_python=getattr(args, "vllm_python", None))
     options.tick = lambda description: print(f"[bench] {description}", file=sys.stderr, flush=True)
     return options
 

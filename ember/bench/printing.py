@@ -7,6 +7,7 @@ from rich.table import Table
 
 from ember.bench.formatting import fmt, fmt_ratio, fmt_spread
 from ember.bench.report import LABELS, describe_decode_bytes, roofline_percent
+from ember.bench.suite import PEERS
 
 
 def print_section(name: str, section: dict, skipped: dict[str, str]) -> None:
@@ -34,7 +35,7 @@ def _mixed(section: dict) -> Group:
     notes = []
     for dtype, entry in section["dtype"].items():
         ember = entry["ember"]["tok_s"]["median"]
-        for engine in ("ember", "ember_static", "hf", "llamacpp"):
+        for engine in ("ember", "ember_static", *PEERS):
             if engine not in entry:
                 continue
             record = entry[engine]
@@ -77,7 +78,7 @@ def _quant(section: dict) -> Group:
 def _settings_lines(section: dict) -> list[str]:
     lines = []
     for dtype, entry in section["dtype"].items():
-        for engine in ("hf", "llamacpp"):
+        for engine in PEERS:
             settings = entry.get(engine, {}).get("settings")
             if settings:
                 lines.append(f"{LABELS[engine]} ({dtype}): " + ", ".join(f"{key}={value}" for key, value in settings.items()))
@@ -93,7 +94,7 @@ def _batch1(section: dict) -> Group:
         table.add_column(column)
     notes = []
     for dtype, entry in section["dtype"].items():
-        for engine in ("ember", "ember_kv", "hf", "llamacpp"):
+        for engine in ("ember", "ember_kv", *PEERS):
             if engine in entry:
                 decode = entry[engine]["decode_tok_s"]
                 table.add_row(dtype, LABELS[engine], fmt_spread(decode), fmt_spread(entry[engine]["tok_s"]),

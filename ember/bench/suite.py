@@ -7,6 +7,7 @@ are interleaved (ember, peer, ember, peer, ...) so that drift on a shared machin
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from ember.bench.stats import latency_summary, mean, ratio, spread
 from ember.bench.workloads import TokenSource, Workload
 from ember.engine.config import SchedulerConfig
 
-PEERS = ("hf", "llamacpp")
+PEERS = ("hf", "llamacpp", "vllm")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -66,7 +67,8 @@ class BenchOptions:
     kv_cache_dtype: str = "auto"  # batch1: not auto adds ember with this KV cache dtype beside the default cache
     hf_batch_size: int = 16
     llamacpp_slots: int = 16
-    cache_dir: Path | None = None  # exported GGUFs for llama.cpp
+    cache_dir: Path | None = None  # exported GGUFs for llama.cpp, transformers folders for vLLM
+    vllm_python: Path | None = None  # the vLLM environment's Python (None: $EMBER_VLLM_PYTHON, else .venv-vllm)
     quant_also: tuple[str, ...] = ()  # bench all: further models whose quantization tables the quant section adds
     spec_sibling: SiblingPair | None = None  # bench all: a larger target and its smaller sibling for the spec section
     tick: Callable[[str], None] = field(default=lambda description: None)
@@ -114,8 +116,8 @@ def make_workload(options: BenchOptions, name: str, seed_offset: int = 0, **para
     return workload
 
 
-def peer_unavailable(peer: str) -> str | None:
-    """None if the peer can run here, else the reason it cannot."""
+def peer_unavailable(peer: str, vllm_python: Path | None = None) -> str | None:
+    """None if the peer can run here, else the reason it cannot (and, for vLLM, how to make its environment)."""
     if peer == "hf":
         from ember.bench.hf_runner import hf_available
 
@@ -124,13 +126,17 @@ def peer_unavailable(peer: str) -> str | None:
         from ember.bench.llamacpp_runner import llamacpp_available
 
         return llamacpp_available()
+    if peer == "vllm":
+        from ember.bench.vllm_runner import vllm_available
+
+        return vllm_available(vllm_python)
     return f"unknown peer {peer!r}"
 
 
 def active_peers(options: BenchOptions) -> list[str]:
     active = []
     for peer in options.peers:
-        reason = peer_unavailable(peer)
+        reason = peer_unavailable(peer, options.vllm_python)
         if reason is None:
             active.append(peer)
         else:
@@ -152,15 +158,30 @@ def _run_record(run: RunResult) -> dict:
 
 def _llamacpp_gguf(options: BenchOptions, dtype: str) -> Path:
     from ember.bench.gguf_export import export_gguf
-    from ember.models.registry import ember_home
 
     source = model_path(options.model)
     if not source.is_file():
         raise ValueError("the llama.cpp peer needs a GGUF model")
     if dtype == "auto":
         return source  # the checkpoint's own blocks, as ember runs them
-    folder = options.cache_dir or ember_home() / "bench"
-    return export_gguf(source, folder / f"{source.stem}.{ {'float32': 'F32', 'bfloat16': 'BF16'}[dtype] }.gguf", dtype)
+    return export_gguf(source, _bench_cache(options) / f"{source.stem}.{ {'float32': 'F32', 'bfloat16': 'BF16'}[dtype] }.gguf", dtype)
+
+
+def _vllm_folder(options: BenchOptions, dtype: str) -> Path:
+    """The transformers folder vLLM loads: the model's own when it is one, else one made once from its GGUF at `dtype`."""
+    from ember.bench.gguf_export import export_hf_folder
+
+    source = model_path(options.model)
+    if source.is_dir():
+        return source
+    return export_hf_folder(source, _bench_cache(options) / f"{source.stem}.hf-{dtype}", dtype)
+
+
+def _bench_cache(options: BenchOptions) -> Path:
+    """Where the peers' copies of the model's weights are written once and kept."""
+    from ember.models.registry import ember_home
+
+    return options.cache_dir or ember_home() / "bench"
 
 
 # -- mixed ---------------------------------------------------------------------------------------
@@ -183,33 +204,43 @@ def static_batch_size(num_requests: int) -> int | None:
 def bench_mixed(options: BenchOptions) -> dict:
     """Output tokens/s of ember (continuous and static batches), HF and llama.cpp, per dtype."""
     workload = make_workload(options, "mixed", num_requests=options.requests(64, "mixed"))
-    peers = active_peers(options)
     path = model_path(options.model)
     static_size = static_batch_size(len(workload.requests))
     section = {"workload": workload.params, "num_requests": len(workload.requests), "static_batch_size": static_size,
                "output_tokens": workload.total_output_tokens, "prompt_tokens": workload.total_prompt_tokens, "dtype": {}}
     for dtype in options.dtypes:
-        runners: dict[str, Callable[[], RunResult]] = {
-            "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings(device=options.device)),
-        }
-        if static_size and (options.static_dtypes is None or dtype in options.static_dtypes):
-            runners["ember_static"] = lambda dtype=dtype: run_ember(
-                options.model, dtype, workload, EmberSettings(label=f"ember (static batches of {static_size})", static_batch_size=static_size,
-                                                      device=options.device)
-            )
-        if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
-            runners["hf"] = _lazy_hf(path, dtype, options.hf_batch_size, workload)
-        if "llamacpp" in peers:
-            runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, options.llamacpp_slots)
-        runs = _interleave(options, f"mixed {dtype}", runners)
+        with contextlib.ExitStack() as closing:  # a peer's worker process ends with its dtype's runs
+            runners = _mixed_runners(options, dtype, workload, path, static_size, closing)
+            runs = _interleave(options, f"mixed {dtype}", runners)
         entry = {name: _mixed_record(rs) for name, rs in runs.items()}
         _drop_static_if_same_schedule(entry)
         ember = entry["ember"]["tok_s"]["median"]
-        entry["ratio_hf"] = ratio(ember, entry.get("hf", {}).get("tok_s", {}).get("median"))
-        entry["ratio_llamacpp"] = ratio(ember, entry.get("llamacpp", {}).get("tok_s", {}).get("median"))
+        for peer in PEERS:
+            entry[f"ratio_{peer}"] = ratio(ember, _get_median(entry, peer))
         entry["ratio_static"] = ratio(ember, _get_median(entry, "ember_static"))
         section["dtype"][dtype] = entry
     return section
+
+
+def _mixed_runners(options: BenchOptions, dtype: str, workload: Workload, path: Path, static_size: int | None,
+                   closing: contextlib.ExitStack) -> dict[str, Callable[[], RunResult]]:
+    """One dtype's mixed engines: ember (continuous, and static batches where asked), the peers that can run here."""
+    peers = active_peers(options)
+    runners: dict[str, Callable[[], RunResult]] = {
+        "ember": lambda: run_ember(options.model, dtype, workload, EmberSettings(device=options.device)),
+    }
+    if static_size and (options.static_dtypes is None or dtype in options.static_dtypes):
+        runners["ember_static"] = lambda: run_ember(
+            options.model, dtype, workload, EmberSettings(label=f"ember (static batches of {static_size})", static_batch_size=static_size,
+                                                  device=options.device)
+        )
+    if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
+        runners["hf"] = _lazy_hf(path, dtype, options.hf_batch_size, workload)
+    if "llamacpp" in peers:
+        runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, options.llamacpp_slots)
+    if "vllm" in peers and dtype != "auto":  # the peers compare at float precisions; auto is ember's quantized blocks
+        runners["vllm"] = _lazy_vllm(options, dtype, workload, closing)
+    return runners
 
 
 def _mixed_record(runs: list[RunResult]) -> dict:
@@ -270,6 +301,22 @@ def _lazy_llamacpp(options: BenchOptions, dtype: str, workload: Workload, slots:
     return run
 
 
+def _lazy_vllm(options: BenchOptions, dtype: str, workload: Workload, closing: contextlib.ExitStack,
+               batch1: bool = False) -> Callable[[], RunResult]:
+    """Start vLLM's worker on first use (its load takes minutes), keep it for every repeat, and end it with `closing`."""
+    holder = {}
+
+    def run() -> RunResult:
+        from ember.bench.vllm_runner import VLLMRunner
+
+        if "runner" not in holder:
+            runner = VLLMRunner(_vllm_folder(options, dtype), dtype, options.vllm_python, seed=options.seed)
+            holder["runner"] = closing.enter_context(contextlib.closing(runner))
+        return holder["runner"].run(workload, batch1=batch1)
+
+    return run
+
+
 def _interleave(options: BenchOptions, title: str, runners: dict[str, Callable[[], RunResult]]) -> dict[str, list[RunResult]]:
     runs: dict[str, list[RunResult]] = {name: [] for name in runners}
     for repeat in range(options.repeats):
@@ -314,9 +361,10 @@ def bench_batch1(options: BenchOptions) -> dict:
     workload = make_workload(options, "batch1")
     path = model_path(options.model)
     probes: dict[str, list[tuple[float, float]]] = {dtype: [] for dtype in options.dtypes}
-    runners = {f"{dtype}/{name}": runner for dtype in options.dtypes
-               for name, runner in _batch1_runners(options, dtype, workload, path, probes[dtype]).items()}
-    runs = _interleave(options, "batch1", runners)
+    with contextlib.ExitStack() as closing:  # peers' worker processes end with the section's runs
+        runners = {f"{dtype}/{name}": runner for dtype in options.dtypes
+                   for name, runner in _batch1_runners(options, dtype, workload, path, probes[dtype], closing).items()}
+        runs = _interleave(options, "batch1", runners)
     section: dict = {"workload": workload.params, "dtype": {}}
     for dtype in options.dtypes:
         own = {key.split("/", 1)[1]: rs for key, rs in runs.items() if key.split("/", 1)[0] == dtype}
@@ -328,8 +376,8 @@ def bench_batch1(options: BenchOptions) -> dict:
     return section
 
 
-def _batch1_runners(options: BenchOptions, dtype: str, workload: Workload, path: Path,
-                    probes: list[tuple[float, float]]) -> dict[str, Callable[[], RunResult]]:
+def _batch1_runners(options: BenchOptions, dtype: str, workload: Workload, path: Path, probes: list[tuple[float, float]],
+                    closing: contextlib.ExitStack) -> dict[str, Callable[[], RunResult]]:
     """One dtype's batch1 engines: ember (its bandwidth probes appended to `probes`), its KV-cache variant, the peers."""
     peers = active_peers(options)
     runners: dict[str, Callable[[], RunResult]] = {
@@ -343,6 +391,8 @@ def _batch1_runners(options: BenchOptions, dtype: str, workload: Workload, path:
         runners["hf"] = _lazy_hf(path, dtype, 1, workload, batch1=True)
     if "llamacpp" in peers:
         runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, 1)
+    if "vllm" in peers and dtype != "auto":
+        runners["vllm"] = _lazy_vllm(options, dtype, workload, closing, batch1=True)
     return runners
 
 
@@ -367,7 +417,7 @@ def _batch1_entry(runs: dict[str, list[RunResult]], probes: list[tuple[float, fl
                  roofline_pct=median(paired), roofline_pct_runs=paired)
     if "ember_kv" in entry:  # the same engine with the narrower KV cache, same run: decode speed-up
         entry["ratio_kv_cache"] = ratio(entry["ember_kv"]["decode_tok_s"]["median"], ember)
-    for peer in ("hf", "llamacpp"):
+    for peer in PEERS:
         if peer in entry:
             entry[f"{peer}_roofline_pct"] = 100.0 * entry[peer]["decode_tok_s"]["median"] / roofline_tok_s
             entry[f"ratio_{peer}"] = ratio(ember, entry[peer]["decode_tok_s"]["median"])

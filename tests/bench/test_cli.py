@@ -21,8 +21,8 @@ def test_mixed_takes_peers_and_a_request_count():
 def test_an_unknown_peer_is_refused_with_the_known_ones():
     from ember.bench.cli import _options
 
-    args = build_parser().parse_args(["bench", "mixed", "--peers", "vllm"])
-    with pytest.raises(ValueError, match="hf, llamacpp"):
+    args = build_parser().parse_args(["bench", "mixed", "--peers", "sglang"])
+    with pytest.raises(ValueError, match="hf, llamacpp, vllm"):
         _options(args)
 
 

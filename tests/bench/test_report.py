@@ -69,9 +69,11 @@ def test_summary_has_the_issue_shape_with_null_for_peers_not_run():
     s = report.summary(fake_results())
     assert set(s) == {"mixed", "batch1", "shared_prefix", "long_prefill", "serve", "machine", "commit"}
     f32 = s["mixed"]["dtype"]["float32"]
-    assert f32 == {"ember_tok_s": 300.0, "hf_tok_s": 50.0, "llamacpp_tok_s": None, "ratio_hf": 6.0, "ratio_llamacpp": None}
+    assert f32 == {"ember_tok_s": 300.0, "hf_tok_s": 50.0, "llamacpp_tok_s": None, "vllm_tok_s": None, "ratio_hf": 6.0, "ratio_llamacpp": None,
+                   "ratio_vllm": None}
     assert s["mixed"]["dtype"]["bfloat16"]["ember_tok_s"] is None
-    assert s["batch1"] == {"ember_tok_s": 30.0, "roofline_tok_s": 40.0, "roofline_pct": 75.0, "hf_tok_s": None, "llamacpp_tok_s": None}
+    assert s["batch1"] == {"ember_tok_s": 30.0, "roofline_tok_s": 40.0, "roofline_pct": 75.0, "hf_tok_s": None, "llamacpp_tok_s": None,
+                           "vllm_tok_s": None}
     assert s["shared_prefix"] == {"ttft_ratio": 8.0, "prefix_reuse_pct": 95.0}
     assert s["long_prefill"] == {"p99_itl_ratio": 2.0}
     assert s["serve"] == {"batch1_tpot_ratio": 1.1, "tok_s_ratio": 0.8, "e2e_batch1_ratio": 0.95}
