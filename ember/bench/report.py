@@ -528,19 +528,34 @@ def _serve(lines: list[str], results: dict, plots: dict, report_dir: Path | None
               f"{s['num_requests']} mixed-like requests per run ({rate}, at most {s.get('concurrency')} in flight) streamed from "
               f"`/v1/completions` of {s['target']}; a new seed per repeat. Goodput: requests/s with TTFT <= {s['slo']['ttft_ms']:.0f} ms "
               f"and TPOT <= {s['slo']['tpot_ms']:.0f} ms.", ""]
-    rows = [
-        ["output tok/s", fmt_spread(s["tok_s"])],
-        ["mean TTFT (ms)", fmt_spread(s["mean_ttft_ms"], 0)],
-        ["p99 TTFT (ms)", fmt_spread(s["p99_ttft_ms"], 0)],
-        ["mean TPOT (ms)", fmt_spread(s["mean_tpot_ms"])],
-        ["p99 ITL (ms)", fmt_spread(s["p99_itl_ms"])],
-        ["goodput (req/s)", fmt_spread(s["goodput_req_s"], 2)],
-        ["failed requests", str(s.get("errors", 0))],
-    ]
-    lines += _table(["", s["target"]], rows)
+    headers, rows = serve_table(s)
+    lines += _table(headers, rows)
+    for peer in _served_peers(s):
+        lines.append(f"\nSame requests, same run, against `{LABELS[peer]} serve` of the same weights: ember / {LABELS[peer]} output tok/s "
+                     f"{fmt_ratio(s.get(f'ratio_{peer}'))}.")
     _serve_vs_offline(lines, s.get("vs_offline"))
     _img(lines, plots, "serve", report_dir)
     lines.append("")
+
+
+SERVE_METRICS = (("output tok/s", "tok_s", 1), ("mean TTFT (ms)", "mean_ttft_ms", 0), ("p99 TTFT (ms)", "p99_ttft_ms", 0),
+                 ("mean TPOT (ms)", "mean_tpot_ms", 1), ("p99 ITL (ms)", "p99_itl_ms", 1), ("goodput (req/s)", "goodput_req_s", 2))
+
+
+def serve_table(section: dict) -> tuple[list[str], list[list[str]]]:
+    """The serve section's headers and rows, for the report and the terminal: a column per server (ember's, then the
+    peers' started beside it), and where a peer ran it, each server's TPOT of one batch1 request alone."""
+    servers = [section, *(section[peer] for peer in _served_peers(section))]
+    rows = [[label, *(fmt_spread(server[key], digits) for server in servers)] for label, key, digits in SERVE_METRICS]
+    rows.append(["failed requests", *(str(server.get("errors", 0)) for server in servers)])
+    if len(servers) > 1:
+        ember_tpot = _get(section, "vs_offline", "batch1_tpot_ms", "served")
+        rows.append(["TPOT (ms), one `batch1` request alone", fmt_spread(ember_tpot), *(fmt_spread(s["batch1_tpot_ms"]) for s in servers[1:])])
+    return ["", section["target"], *(f"{LABELS[peer]} serve" for peer in _served_peers(section))], rows
+
+
+def _served_peers(section: dict) -> list[str]:
+    return [peer for peer in PEERS if peer in section]
 
 
 def _serve_vs_offline(lines: list[str], compared: dict | None) -> None:

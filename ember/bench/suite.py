@@ -529,11 +529,12 @@ def bench_serve(
     offline, so the report shows what the served path costs: served / offline output tok/s,
     served / offline batch-1 TPOT, and one whole 96-token answer end to end (`end_to_end_batch1`:
     admission, tokenization, the engine-process hop and the response included), same run.
+    With "vllm" among the peers (and no `url`), `vllm serve` of the same weights is started beside it and each
+    repeat sends it the same requests, and the batch1 request alone, right after ember's (`section["vllm"]`).
     """
     import asyncio
-    import contextlib
 
-    from ember.bench.serve import SLO, ember_server, run_load, serve_summary
+    from ember.bench.serve import SLO, ember_server, run_load
 
     if max_prompt < 1 or max_output < 2:
         raise ValueError("--max-prompt-tokens must be at least 1 and --max-output-tokens at least 2 (a TPOT needs two tokens)")
@@ -548,7 +549,10 @@ def bench_serve(
     options.tick(f"serve: starting {label}")
     runs, offline, served_batch1, offline_batch1 = [], [], [], []
     served_e2e, offline_e2e = [], []
-    with server as base_url:
+    peer_runs: dict[str, list[RunResult]] = {}
+    with contextlib.ExitStack() as servers:
+        base_url = servers.enter_context(server)
+        peer_urls = _serve_peers(options, dtype, servers) if compares_offline else {}
         for repeat in range(options.repeats):
             # A new seed per repeat, so a server's prefix cache cannot serve a repeat's prompts.
             workload = make_workload(options, "serve", seed_offset=repeat, num_requests=num_requests, request_rate=request_rate, **lengths)
@@ -556,6 +560,10 @@ def bench_serve(
             runs.append(asyncio.run(run_load(base_url, workload, served_model, concurrency, label=label)))
             if not compares_offline:
                 continue
+            for peer, (peer_url, peer_model) in peer_urls.items():
+                options.tick(f"serve: the same requests and batch1 on {peer} serve ({repeat + 1}/{options.repeats})")
+                peer_runs.setdefault(peer, []).append(asyncio.run(run_load(peer_url, workload, peer_model, concurrency, label=f"{peer} serve")))
+                peer_runs.setdefault(f"{peer}/batch1", []).append(asyncio.run(run_load(peer_url, batch1, peer_model, 1, label=f"{peer} serve")))
             options.tick(f"serve: the same requests offline ({repeat + 1}/{options.repeats})")
             offline.append(run_ember(options.model, dtype, workload, _offline_settings(concurrency, len(workload.requests))))
             options.tick(f"serve: batch1 served and offline ({repeat + 1}/{options.repeats})")
@@ -565,7 +573,6 @@ def bench_serve(
             served_s, offline_s = end_to_end_batch1(base_url, options.model, dtype, served_model)
             served_e2e.append(E2E_OUTPUT_TOKENS / served_s)
             offline_e2e.append(E2E_OUTPUT_TOKENS / offline_s)
-    summaries = [serve_summary(r, slo) for r in runs]
     section = {
         "target": label,
         "num_requests": num_requests,
@@ -573,7 +580,37 @@ def bench_serve(
         "max_output_tokens": max_output,
         "concurrency": concurrency,
         "request_rate": None if request_rate == float("inf") else request_rate,
-        "slo": summaries[0]["slo"],
+        **_served_figures(runs, slo),
+    }
+    section["slo"] = section["runs"][0]["slo"]
+    for peer in peer_urls:
+        section[peer] = _served_figures(peer_runs[peer], slo)
+        section[peer]["batch1_tpot_ms"] = spread([1000 * mean_tpot_s(r) for r in peer_runs[f"{peer}/batch1"]]).to_dict()
+        section[f"ratio_{peer}"] = ratio(section["tok_s"]["median"], section[peer]["tok_s"]["median"])
+    if compares_offline:
+        section["vs_offline"] = served_vs_offline(runs, offline, served_batch1, offline_batch1)
+        section["vs_offline"]["e2e_batch1_tok_s"] = {"served": spread(served_e2e).to_dict(), "offline": spread(offline_e2e).to_dict()}
+        section["vs_offline"]["e2e_batch1_ratio"] = ratio(spread(served_e2e).median, spread(offline_e2e).median)
+    return section
+
+
+def _serve_peers(options: BenchOptions, dtype: str, servers: contextlib.ExitStack) -> dict[str, tuple[str, str]]:
+    """The peers' servers of the serve bench, started and entered into `servers`: peer -> (base URL, model name)."""
+    if "vllm" not in active_peers(options):
+        return {}
+    from ember.bench.vllm_runner import VLLM_SERVED_NAME, vllm_server
+
+    options.tick("serve: starting vllm serve (its load takes minutes)")
+    base_url = servers.enter_context(vllm_server(_vllm_folder(options, dtype), dtype, options.vllm_python))
+    return {"vllm": (base_url, VLLM_SERVED_NAME)}
+
+
+def _served_figures(runs: list[RunResult], slo) -> dict:
+    """One server's repeats under load: output tok/s, TTFT, TPOT, ITL, goodput (median, min, max), errors, the runs."""
+    from ember.bench.serve import serve_summary
+
+    summaries = [serve_summary(r, slo) for r in runs]
+    return {
         "tok_s": _tok_s(runs),
         "mean_ttft_ms": spread([s["ttft"].get("mean_ms", 0.0) for s in summaries]).to_dict(),
         "p99_ttft_ms": spread([s["ttft"].get("p99_ms", 0.0) for s in summaries]).to_dict(),
@@ -583,11 +620,6 @@ def bench_serve(
         "errors": sum(s["errors"] for s in summaries),
         "runs": [dict(s, ttft_s=r.ttfts(), itl_s={"main": r.itls()}) for s, r in zip(summaries, runs, strict=True)],
     }
-    if compares_offline:
-        section["vs_offline"] = served_vs_offline(runs, offline, served_batch1, offline_batch1)
-        section["vs_offline"]["e2e_batch1_tok_s"] = {"served": spread(served_e2e).to_dict(), "offline": spread(offline_e2e).to_dict()}
-        section["vs_offline"]["e2e_batch1_ratio"] = ratio(spread(served_e2e).median, spread(offline_e2e).median)
-    return section
 
 
 E2E_PROMPT = "Once upon a time"

