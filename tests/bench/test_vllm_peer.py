@@ -19,7 +19,6 @@ from ember.bench.vllm_runner import (
     DEFAULT_VLLM_PYTHON,
     VLLM_PYTHON_VARIABLE,
     VLLMRunner,
-    preload_libraries,
     run_command,
     run_result,
     thread_binding,
@@ -61,18 +60,17 @@ def test_threads_bind_to_the_first_cpus_this_process_may_use():
         thread_binding(len(allowed) + 1)
 
 
-def test_the_worker_preloads_the_environments_intel_openmp_and_drops_pythonpath(tmp_path, monkeypatch):
+def test_the_worker_preloads_vllms_own_tcmalloc_not_intel_openmp_and_drops_pythonpath(tmp_path, monkeypatch):
     python = tmp_path / "env" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.touch()
+    tcmalloc = tmp_path / "env" / "lib" / "python3.11" / "site-packages" / "vllm" / "libs" / "libtcmalloc_minimal.so.4"
     iomp = tmp_path / "env" / "lib" / "libiomp5.so"
-    iomp.parent.mkdir()
-    iomp.touch()
+    for library in (python, tcmalloc, iomp):
+        library.parent.mkdir(parents=True, exist_ok=True)
+        library.touch()
     monkeypatch.setenv("PYTHONPATH", "/somewhere/ember")
-    monkeypatch.delenv("LD_PRELOAD", raising=False)
-    assert preload_libraries(python)[-1] == str(iomp)
+    monkeypatch.setenv("LD_PRELOAD", "/already/preloaded.so")
     environment = worker_environment(python, 1)
-    assert environment["LD_PRELOAD"].split(":")[-1] == str(iomp)
+    assert environment["LD_PRELOAD"] == f"{tcmalloc}:/already/preloaded.so"
     assert "PYTHONPATH" not in environment
     assert environment["VLLM_CPU_OMP_THREADS_BIND"] == thread_binding(1) and environment["OMP_NUM_THREADS"] == "1"
 
