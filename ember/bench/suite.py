@@ -202,7 +202,7 @@ def static_batch_size(num_requests: int) -> int | None:
 
 
 def bench_mixed(options: BenchOptions) -> dict:
-    """Output tokens/s of ember (continuous and static batches), HF and llama.cpp, per dtype."""
+    """Output tokens/s of ember (continuous and static batches), HF, llama.cpp and vLLM, per dtype."""
     workload = make_workload(options, "mixed", num_requests=options.requests(64, "mixed"))
     path = model_path(options.model)
     static_size = static_batch_size(len(workload.requests))

@@ -150,3 +150,26 @@ def test_vllm_runs_the_mixed_and_batch1_shapes_on_smollm2(smollm2_gguf, tmp_path
     assert batch1.output_tokens == 16 and len(batch1.requests[0].output_token_ids) == 16
     assert 2 <= len(batch1.requests[0].token_times) <= 16 and decode_tok_s(batch1) > 0
     assert runner.settings["dtype"] == "bfloat16" and runner.settings["VLLM_CPU_OMP_THREADS_BIND"] == thread_binding(1)
+
+
+@pytest.mark.slow
+def test_the_folder_vllm_loads_holds_the_very_weights_ember_runs(smollm2_gguf, tmp_path):
+    """The transformers folder made from the GGUF (about 25 s): no GGUF quantization left in its config, and its
+    bfloat16 tensors equal to the bit to ember's own, q/k rows in transformers' order (ember fuses q, k, v)."""
+    from safetensors.torch import load_file
+
+    from ember.bench.ember_runner import loaded_weights
+    from ember.bench.gguf_export import export_hf_folder
+
+    folder = export_hf_folder(smollm2_gguf, tmp_path / "smollm2.hf-bfloat16", "bfloat16")
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config and config["dtype"] == "bfloat16"
+    exported = load_file(folder / "model.safetensors")
+    ember = loaded_weights(str(smollm2_gguf), "bfloat16").model.state_dict()
+    q_rows, kv_rows = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
+    qkv = ember["model.layers.0.self_attn.qkv_proj.weight"]
+    assert exported["model.layers.0.self_attn.q_proj.weight"].equal(qkv[:q_rows])
+    assert exported["model.layers.0.self_attn.k_proj.weight"].equal(qkv[q_rows:q_rows + kv_rows])
+    assert exported["model.embed_tokens.weight"].equal(ember["model.embed_tokens.weight"])
+    assert exported["model.layers.29.mlp.down_proj.weight"].equal(ember["model.layers.29.mlp.down_proj.weight"])
+    assert (folder / "tokenizer.json").is_file()
