@@ -14,8 +14,8 @@ The worker process is started with what vLLM's CPU docs ask for, but one thing:
 - VLLM_CPU_KVCACHE_SPACE: KV_CACHE_SPACE_GIB GiB of KV cache (unless already set);
 - VLLM_CPU_OMP_THREADS_BIND: the first `threads` CPUs this process may run on, as many as the bench's own threads.
 The model is a transformers folder of the very weights ember runs, at the bench's dtype (made once from a GGUF
-by ember.bench.gguf_export.export_hf_folder): vLLM's GGUF support covers quantized blocks ember's `auto` runs,
-not the dequantized float32 / bfloat16 the peers compare at.
+by ember.bench.gguf_export.export_hf_folder), as the other peers compare at float32 / bfloat16; the `auto` dtype
+(ember on the GGUF's own quantized blocks) has no vLLM row.
 """
 
 from __future__ import annotations
