@@ -126,7 +126,11 @@ class VLLMRunner:
         environment = worker_environment(self.python, threads or cpu_threads())
         self.process = subprocess.Popen([str(self.python), "-P", str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self.log, text=True, env=environment)
-        loaded = self._ask({"op": "load", "model": str(folder), "dtype": dtype, "seed": seed})
+        try:
+            loaded = self._ask({"op": "load", "model": str(folder), "dtype": dtype, "seed": seed})
+        except BaseException:
+            self.close()  # a worker whose load failed holds nothing worth keeping
+            raise
         self.settings = {**loaded["settings"], "load_s": round(loaded["load_s"], 1), "model_folder": str(folder), "worker_log": self.log.name}
 
     def run(self, workload: Workload, batch1: bool = False) -> RunResult:

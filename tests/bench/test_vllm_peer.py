@@ -173,3 +173,16 @@ def test_the_folder_vllm_loads_holds_the_very_weights_ember_runs(smollm2_gguf, t
     assert exported["model.embed_tokens.weight"].equal(ember["model.embed_tokens.weight"])
     assert exported["model.layers.29.mlp.down_proj.weight"].equal(ember["model.layers.29.mlp.down_proj.weight"])
     assert (folder / "tokenizer.json").is_file()
+
+
+def test_a_failed_load_raises_vllms_own_error_and_ends_the_worker(tmp_path):
+    reason = vllm_available()
+    if reason is not None:
+        pytest.skip(f"the vLLM peer cannot run here: {reason}")
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(RuntimeError, match="the vLLM worker failed on 'load'") as failure:
+        VLLMRunner(missing, "bfloat16", threads=1)
+    assert str(missing) in str(failure.value)
+    import psutil
+
+    assert not [child for child in psutil.Process().children(recursive=True) if "vllm_worker.py" in " ".join(child.cmdline())]
