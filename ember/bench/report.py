@@ -13,7 +13,7 @@ from pathlib import Path
 from ember.bench.formatting import fmt, fmt_ratio, fmt_spread
 from ember.bench.goals import Goal, feature_goals
 from ember.bench.stats import ratio
-from ember.bench.suite import BenchOptions
+from ember.bench.suite import PEERS, BenchOptions
 
 GOALS = (
     # (key, what, target text, test on the measured value)
@@ -47,10 +47,8 @@ def summary(results: dict) -> dict:
         entry = _get(results, "mixed", "dtype", dtype)
         mixed[dtype] = {
             "ember_tok_s": _get(entry, "ember", "tok_s", "median"),
-            "hf_tok_s": _get(entry, "hf", "tok_s", "median"),
-            "llamacpp_tok_s": _get(entry, "llamacpp", "tok_s", "median"),
-            "ratio_hf": _get(entry, "ratio_hf"),
-            "ratio_llamacpp": _get(entry, "ratio_llamacpp"),
+            **{f"{peer}_tok_s": _get(entry, peer, "tok_s", "median") for peer in PEERS},
+            **{f"ratio_{peer}": _get(entry, f"ratio_{peer}") for peer in PEERS},
         }
     batch1 = _get(results, "batch1", "dtype", "float32")
     return {
@@ -59,8 +57,7 @@ def summary(results: dict) -> dict:
             "ember_tok_s": _get(batch1, "ember", "decode_tok_s", "median"),
             "roofline_tok_s": _get(batch1, "roofline_tok_s"),
             "roofline_pct": _get(batch1, "roofline_pct"),
-            "hf_tok_s": _get(batch1, "hf", "decode_tok_s", "median"),
-            "llamacpp_tok_s": _get(batch1, "llamacpp", "decode_tok_s", "median"),
+            **{f"{peer}_tok_s": _get(batch1, peer, "decode_tok_s", "median") for peer in PEERS},
         },
         "shared_prefix": {
             "ttft_ratio": _get(results, "shared_prefix", "ttft_ratio"),
@@ -134,11 +131,11 @@ def make_plots(results: dict, folder: Path) -> dict[str, Path]:
     mixed = _get(results, "mixed", "dtype")
     if mixed:
         plots["mixed"] = _bars(plt, folder / "mixed_throughput.png", "mixed: output tokens/s (median, min–max)", mixed,
-                               ("ember", "ember_static", "hf", "llamacpp"), "tok_s")
+                               ("ember", "ember_static", *PEERS), "tok_s")
     batch1 = _get(results, "batch1", "dtype")
     if batch1:
         plots["batch1"] = _bars(plt, folder / "batch1_decode.png", "batch1: decode tokens/s (median, min–max)", batch1,
-                                ("ember", "hf", "llamacpp"), "decode_tok_s", roofline=True)
+                                ("ember", *PEERS), "decode_tok_s", roofline=True)
     shared = results.get("shared_prefix")
     if shared:
         plots["shared_prefix"] = _cdf(plt, folder / "shared_prefix_ttft_cdf.png", "shared-prefix: TTFT CDF",
@@ -177,7 +174,7 @@ def _pool(runs: list[dict], key: str, role: str | None = None) -> list[float]:
 
 
 LABELS = {"ember": "ember", "ember_static": "ember, static batches", "ember_kv": "ember, --kv-cache-dtype",
-          "hf": "HF transformers", "llamacpp": "llama.cpp"}
+          "hf": "HF transformers", "llamacpp": "llama.cpp", "vllm": "vLLM"}
 
 
 def _bars(plt, path: Path, title: str, by_dtype: dict, engines: tuple[str, ...], metric: str, roofline: bool = False) -> Path:
@@ -423,12 +420,14 @@ def _mixed(lines: list[str], results: dict, plots: dict, report_dir: Path | None
               f"{section['output_tokens']} output tokens in all (lengths {section['workload'].get('distribution', '')}). "
               "HF runs `generate()` in static batches of 16 with left padding: its output tok/s counts each request's own target only, "
               "its computed tok/s every token it generated, padding included; "
-              f"llama.cpp runs 16 parallel sequences through its batched API; ember runs once with continuous batching and {static_text}. "
+              "llama.cpp runs 16 parallel sequences through its batched API; vLLM (its CPU build, in its own environment) runs every "
+              "request through one `LLM.generate` call with its own scheduler's defaults; "
+              f"ember runs once with continuous batching and {static_text}. "
               "Peer settings are listed under 'Peer settings'.", ""]
     rows = []
     notes = []
     for dtype, entry in section["dtype"].items():
-        for engine in ("ember", "ember_static", "hf", "llamacpp"):
+        for engine in ("ember", "ember_static", *PEERS):
             if engine not in entry:
                 continue
             record = entry[engine]
@@ -459,12 +458,13 @@ def _batch1(lines: list[str], results: dict, plots: dict, report_dir: Path | Non
     w = section["workload"]
     lines += ["## `batch1`: single-stream decode", "",
               f"One {w.get('prompt_len')}-token prompt, {w.get('output_len')} tokens out. Decode tok/s counts the tokens after the first "
-              "over the time after the first; end-to-end tok/s includes the prefill. "
+              "over the time after the first (vLLM's: timed as its engine loop's streamed deltas come back); end-to-end tok/s "
+              "includes the prefill. "
               f"Roofline: memory bandwidth / bytes read per token ({describe_decode_bytes(_get(section, 'dtype', 'float32', 'decode_bytes'))} "
               f"in float32); {_batch1_bandwidth(section)}.", ""]
     rows = []
     for dtype, entry in section["dtype"].items():
-        for engine in ("ember", "hf", "llamacpp"):
+        for engine in ("ember", *PEERS):
             if engine not in entry:
                 continue
             decode = entry[engine]["decode_tok_s"]
@@ -528,19 +528,34 @@ def _serve(lines: list[str], results: dict, plots: dict, report_dir: Path | None
               f"{s['num_requests']} mixed-like requests per run ({rate}, at most {s.get('concurrency')} in flight) streamed from "
               f"`/v1/completions` of {s['target']}; a new seed per repeat. Goodput: requests/s with TTFT <= {s['slo']['ttft_ms']:.0f} ms "
               f"and TPOT <= {s['slo']['tpot_ms']:.0f} ms.", ""]
-    rows = [
-        ["output tok/s", fmt_spread(s["tok_s"])],
-        ["mean TTFT (ms)", fmt_spread(s["mean_ttft_ms"], 0)],
-        ["p99 TTFT (ms)", fmt_spread(s["p99_ttft_ms"], 0)],
-        ["mean TPOT (ms)", fmt_spread(s["mean_tpot_ms"])],
-        ["p99 ITL (ms)", fmt_spread(s["p99_itl_ms"])],
-        ["goodput (req/s)", fmt_spread(s["goodput_req_s"], 2)],
-        ["failed requests", str(s.get("errors", 0))],
-    ]
-    lines += _table(["", s["target"]], rows)
+    headers, rows = serve_table(s)
+    lines += _table(headers, rows)
+    for peer in _served_peers(s):
+        lines.append(f"\nSame requests, same run, against `{LABELS[peer]} serve` of the same weights: ember / {LABELS[peer]} output tok/s "
+                     f"{fmt_ratio(s.get(f'ratio_{peer}'))}.")
     _serve_vs_offline(lines, s.get("vs_offline"))
     _img(lines, plots, "serve", report_dir)
     lines.append("")
+
+
+SERVE_METRICS = (("output tok/s", "tok_s", 1), ("mean TTFT (ms)", "mean_ttft_ms", 0), ("p99 TTFT (ms)", "p99_ttft_ms", 0),
+                 ("mean TPOT (ms)", "mean_tpot_ms", 1), ("p99 ITL (ms)", "p99_itl_ms", 1), ("goodput (req/s)", "goodput_req_s", 2))
+
+
+def serve_table(section: dict) -> tuple[list[str], list[list[str]]]:
+    """The serve section's headers and rows, for the report and the terminal: a column per server (ember's, then the
+    peers' started beside it), and where a peer ran it, each server's TPOT of one batch1 request alone."""
+    servers = [section, *(section[peer] for peer in _served_peers(section))]
+    rows = [[label, *(fmt_spread(server[key], digits) for server in servers)] for label, key, digits in SERVE_METRICS]
+    rows.append(["failed requests", *(str(server.get("errors", 0)) for server in servers)])
+    if len(servers) > 1:
+        ember_tpot = _get(section, "vs_offline", "batch1_tpot_ms", "served")
+        rows.append(["TPOT (ms), one `batch1` request alone", fmt_spread(ember_tpot), *(fmt_spread(s["batch1_tpot_ms"]) for s in servers[1:])])
+    return ["", section["target"], *(f"{LABELS[peer]} serve" for peer in _served_peers(section))], rows
+
+
+def _served_peers(section: dict) -> list[str]:
+    return [peer for peer in PEERS if peer in section]
 
 
 def _serve_vs_offline(lines: list[str], compared: dict | None) -> None:
@@ -564,7 +579,7 @@ def _peer_settings(lines: list[str], results: dict) -> None:
     found: dict[str, dict] = {}
     for section in ("mixed", "batch1"):
         for dtype, entry in (_get(results, section, "dtype") or {}).items():
-            for engine in ("hf", "llamacpp"):
+            for engine in PEERS:
                 settings = _get(entry, engine, "settings")
                 if settings:
                     found.setdefault(f"{LABELS[engine]}, `{section}` {dtype}", settings)

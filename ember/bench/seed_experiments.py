@@ -65,13 +65,14 @@ def has_gpu() -> bool:
 
 
 def run_batching(ctx: SeedContext) -> dict:
-    """`ember bench mixed` (with the static-batches lever and the HF peer), and a sweep of the batch size (one size below
+    """`ember bench mixed` (with the static-batches lever, the HF peer, and vLLM's CPU build where its environment is
+    present: the paged-attention claim's own subject), and a sweep of the batch size (one size below
     --scale 0.5, two below 1, four at 1): continuous batching with at most B sequences against static batches of B, same
     workload."""
     from ember.bench import suite
     from ember.bench.ember_runner import EmberSettings, run_ember
 
-    options = ctx.bench_options(peers=("hf",), num_requests=ctx.scaled(64, floor=8))
+    options = ctx.bench_options(peers=("hf", "vllm"), num_requests=ctx.scaled(64, floor=8))
     mixed = suite.bench_mixed(options)
     entry = mixed["dtype"]["float32"]
     static = entry.get("ember_static", {}).get("tok_s", {}).get("median")
@@ -90,7 +91,7 @@ def run_batching(ctx: SeedContext) -> dict:
     hf_reason = options.skipped.get("hf")
     return {
         "num_requests": mixed["num_requests"], "workload": mixed["workload"], "static_batch_size": mixed["static_batch_size"],
-        "tok_s": {name: entry[name]["tok_s"]["median"] for name in ("ember", "ember_static", "hf") if name in entry},
+        "tok_s": {name: entry[name]["tok_s"]["median"] for name in ("ember", "ember_static", "hf", "vllm") if name in entry},
         "sweep_tok_s": sweep, "plots": [plot],
         "figures": {
             "continuous-batching": figure(
@@ -102,9 +103,18 @@ def run_batching(ctx: SeedContext) -> dict:
             "paged-vs-hf": figure(
                 entry.get("ratio_hf"),
                 f"ember (paged KV, continuous batching) / HF transformers generate (batches of {options.hf_batch_size}), "
-                f"output tok/s, {mixed['num_requests']} mixed requests, float32", reason=hf_reason),
+                f"output tok/s, {mixed['num_requests']} mixed requests, float32" + _vllm_vs_hf(entry, options.skipped.get("vllm")), reason=hf_reason),
         },
     }
+
+
+def _vllm_vs_hf(entry: dict, skipped: str | None) -> str:
+    """What vLLM itself (the claim's subject, its CPU build) measured against HF in the same run, or why it did not run."""
+    if skipped is not None:
+        return f"; vLLM itself not run: {skipped}"
+    if "vllm" not in entry or "hf" not in entry:
+        return ""
+    return f"; vLLM's CPU build / HF transformers, same run: {entry['vllm']['tok_s']['median'] / entry['hf']['tok_s']['median']:.2f}x"
 
 
 def _plot_batching(sweep: dict, entry: dict, path: Path) -> str:
@@ -117,6 +127,8 @@ def _plot_batching(sweep: dict, entry: dict, path: Path) -> str:
     axes.plot(sizes, [sweep[str(b)]["static"] for b in sizes], marker="s", label="static batches (ember)")
     if "hf" in entry:
         axes.axhline(entry["hf"]["tok_s"]["median"], color="gray", linestyle="--", label="HF transformers (batches of 16)")
+    if "vllm" in entry:
+        axes.axhline(entry["vllm"]["tok_s"]["median"], color="tab:red", linestyle=":", label="vLLM CPU build (its defaults)")
     axes.set_xlabel("batch size (most sequences at once)")
     axes.set_ylabel("output tok/s")
     axes.set_xscale("log", base=2)

@@ -149,27 +149,22 @@ def free_port() -> int:
 @contextlib.contextmanager
 def ember_server(model: str, dtype: str = "float32", extra_args: tuple[str, ...] = (), startup_timeout_s: float = 600.0):
     """Start `ember serve` on a free loopback port; yields its base URL; stops it afterwards."""
-    import httpx
-
     port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="ember-bench-serve-", suffix=".log", delete=False)  # noqa: SIM115 - kept open for the server's life, closed below
     command = [sys.executable, "-m", "ember.cli.main", "serve", "--model", model, "--dtype", dtype,
                "--host", "127.0.0.1", "--port", str(port), *extra_args]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    with local_server("ember serve", command, port, dict(os.environ), startup_timeout_s) as base_url:
+        yield base_url
+
+
+@contextlib.contextmanager
+def local_server(name: str, command: list[str], port: int, environment: dict[str, str], startup_timeout_s: float = 600.0):
+    """Run `command`, a server that will listen on loopback `port`; yields its base URL once /health answers 200;
+    stops it afterwards. `name` is what its errors call it; its output goes to a kept log file they name."""
+    log = tempfile.NamedTemporaryFile(prefix="ember-bench-serve-", suffix=".log", delete=False)  # noqa: SIM115 - kept open for the server's life, closed below
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"ember serve exited with {process.returncode}; see {log.name}:\n" + Path(log.name).read_text()[-1500:])
-            try:
-                if httpx.get(base_url + "/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"ember serve did not answer /health within {startup_timeout_s:.0f} s; see {log.name}")
-            time.sleep(0.5)
+        _wait_for_health(name, process, base_url, Path(log.name), startup_timeout_s)
         yield base_url
     finally:
         process.terminate()
@@ -179,3 +174,20 @@ def ember_server(model: str, dtype: str = "float32", extra_args: tuple[str, ...]
             process.kill()
             process.wait()
         log.close()
+
+
+def _wait_for_health(name: str, process: subprocess.Popen, base_url: str, log: Path, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}; see {log}:\n" + log.read_text(errors="replace")[-1500:])
+        try:
+            if httpx.get(base_url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not answer /health within {timeout_s:.0f} s; see {log}")
+        time.sleep(0.5)

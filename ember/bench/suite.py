@@ -7,6 +7,7 @@ are interleaved (ember, peer, ember, peer, ...) so that drift on a shared machin
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from ember.bench.stats import latency_summary, mean, ratio, spread
 from ember.bench.workloads import TokenSource, Workload
 from ember.engine.config import SchedulerConfig
 
-PEERS = ("hf", "llamacpp")
+PEERS = ("hf", "llamacpp", "vllm")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -66,7 +67,8 @@ class BenchOptions:
     kv_cache_dtype: str = "auto"  # batch1: not auto adds ember with this KV cache dtype beside the default cache
     hf_batch_size: int = 16
     llamacpp_slots: int = 16
-    cache_dir: Path | None = None  # exported GGUFs for llama.cpp
+    cache_dir: Path | None = None  # exported GGUFs for llama.cpp, transformers folders for vLLM
+    vllm_python: Path | None = None  # the vLLM environment's Python (None: $EMBER_VLLM_PYTHON, else .venv-vllm)
     quant_also: tuple[str, ...] = ()  # bench all: further models whose quantization tables the quant section adds
     spec_sibling: SiblingPair | None = None  # bench all: a larger target and its smaller sibling for the spec section
     tick: Callable[[str], None] = field(default=lambda description: None)
@@ -114,8 +116,8 @@ def make_workload(options: BenchOptions, name: str, seed_offset: int = 0, **para
     return workload
 
 
-def peer_unavailable(peer: str) -> str | None:
-    """None if the peer can run here, else the reason it cannot."""
+def peer_unavailable(peer: str, vllm_python: Path | None = None) -> str | None:
+    """None if the peer can run here, else the reason it cannot (and, for vLLM, how to make its environment)."""
     if peer == "hf":
         from ember.bench.hf_runner import hf_available
 
@@ -124,13 +126,17 @@ def peer_unavailable(peer: str) -> str | None:
         from ember.bench.llamacpp_runner import llamacpp_available
 
         return llamacpp_available()
+    if peer == "vllm":
+        from ember.bench.vllm_runner import vllm_available
+
+        return vllm_available(vllm_python)
     return f"unknown peer {peer!r}"
 
 
 def active_peers(options: BenchOptions) -> list[str]:
     active = []
     for peer in options.peers:
-        reason = peer_unavailable(peer)
+        reason = peer_unavailable(peer, options.vllm_python)
         if reason is None:
             active.append(peer)
         else:
@@ -152,15 +158,30 @@ def _run_record(run: RunResult) -> dict:
 
 def _llamacpp_gguf(options: BenchOptions, dtype: str) -> Path:
     from ember.bench.gguf_export import export_gguf
-    from ember.models.registry import ember_home
 
     source = model_path(options.model)
     if not source.is_file():
         raise ValueError("the llama.cpp peer needs a GGUF model")
     if dtype == "auto":
         return source  # the checkpoint's own blocks, as ember runs them
-    folder = options.cache_dir or ember_home() / "bench"
-    return export_gguf(source, folder / f"{source.stem}.{ {'float32': 'F32', 'bfloat16': 'BF16'}[dtype] }.gguf", dtype)
+    return export_gguf(source, _bench_cache(options) / f"{source.stem}.{ {'float32': 'F32', 'bfloat16': 'BF16'}[dtype] }.gguf", dtype)
+
+
+def _vllm_folder(options: BenchOptions, dtype: str) -> Path:
+    """The transformers folder vLLM loads: the model's own when it is one, else one made once from its GGUF at `dtype`."""
+    from ember.bench.gguf_export import export_hf_folder
+
+    source = model_path(options.model)
+    if source.is_dir():
+        return source
+    return export_hf_folder(source, _bench_cache(options) / f"{source.stem}.hf-{dtype}", dtype)
+
+
+def _bench_cache(options: BenchOptions) -> Path:
+    """Where the peers' copies of the model's weights are written once and kept."""
+    from ember.models.registry import ember_home
+
+    return options.cache_dir or ember_home() / "bench"
 
 
 # -- mixed ---------------------------------------------------------------------------------------
@@ -181,35 +202,45 @@ def static_batch_size(num_requests: int) -> int | None:
 
 
 def bench_mixed(options: BenchOptions) -> dict:
-    """Output tokens/s of ember (continuous and static batches), HF and llama.cpp, per dtype."""
+    """Output tokens/s of ember (continuous and static batches), HF, llama.cpp and vLLM, per dtype."""
     workload = make_workload(options, "mixed", num_requests=options.requests(64, "mixed"))
-    peers = active_peers(options)
     path = model_path(options.model)
     static_size = static_batch_size(len(workload.requests))
     section = {"workload": workload.params, "num_requests": len(workload.requests), "static_batch_size": static_size,
                "output_tokens": workload.total_output_tokens, "prompt_tokens": workload.total_prompt_tokens, "dtype": {}}
     for dtype in options.dtypes:
-        runners: dict[str, Callable[[], RunResult]] = {
-            "ember": lambda dtype=dtype: run_ember(options.model, dtype, workload, EmberSettings(device=options.device)),
-        }
-        if static_size and (options.static_dtypes is None or dtype in options.static_dtypes):
-            runners["ember_static"] = lambda dtype=dtype: run_ember(
-                options.model, dtype, workload, EmberSettings(label=f"ember (static batches of {static_size})", static_batch_size=static_size,
-                                                      device=options.device)
-            )
-        if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
-            runners["hf"] = _lazy_hf(path, dtype, options.hf_batch_size, workload)
-        if "llamacpp" in peers:
-            runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, options.llamacpp_slots)
-        runs = _interleave(options, f"mixed {dtype}", runners)
+        with contextlib.ExitStack() as closing:  # a peer's worker process ends with its dtype's runs
+            runners = _mixed_runners(options, dtype, workload, path, static_size, closing)
+            runs = _interleave(options, f"mixed {dtype}", runners)
         entry = {name: _mixed_record(rs) for name, rs in runs.items()}
         _drop_static_if_same_schedule(entry)
         ember = entry["ember"]["tok_s"]["median"]
-        entry["ratio_hf"] = ratio(ember, entry.get("hf", {}).get("tok_s", {}).get("median"))
-        entry["ratio_llamacpp"] = ratio(ember, entry.get("llamacpp", {}).get("tok_s", {}).get("median"))
+        for peer in PEERS:
+            entry[f"ratio_{peer}"] = ratio(ember, _get_median(entry, peer))
         entry["ratio_static"] = ratio(ember, _get_median(entry, "ember_static"))
         section["dtype"][dtype] = entry
     return section
+
+
+def _mixed_runners(options: BenchOptions, dtype: str, workload: Workload, path: Path, static_size: int | None,
+                   closing: contextlib.ExitStack) -> dict[str, Callable[[], RunResult]]:
+    """One dtype's mixed engines: ember (continuous, and static batches where asked), the peers that can run here."""
+    peers = active_peers(options)
+    runners: dict[str, Callable[[], RunResult]] = {
+        "ember": lambda: run_ember(options.model, dtype, workload, EmberSettings(device=options.device)),
+    }
+    if static_size and (options.static_dtypes is None or dtype in options.static_dtypes):
+        runners["ember_static"] = lambda: run_ember(
+            options.model, dtype, workload, EmberSettings(label=f"ember (static batches of {static_size})", static_batch_size=static_size,
+                                                  device=options.device)
+        )
+    if "hf" in peers and dtype != "auto":  # transformers has no kernels for GGUF blocks
+        runners["hf"] = _lazy_hf(path, dtype, options.hf_batch_size, workload)
+    if "llamacpp" in peers:
+        runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, options.llamacpp_slots)
+    if "vllm" in peers and dtype != "auto":  # the peers compare at float precisions; auto is ember's quantized blocks
+        runners["vllm"] = _lazy_vllm(options, dtype, workload, closing)
+    return runners
 
 
 def _mixed_record(runs: list[RunResult]) -> dict:
@@ -270,6 +301,22 @@ def _lazy_llamacpp(options: BenchOptions, dtype: str, workload: Workload, slots:
     return run
 
 
+def _lazy_vllm(options: BenchOptions, dtype: str, workload: Workload, closing: contextlib.ExitStack,
+               batch1: bool = False) -> Callable[[], RunResult]:
+    """Start vLLM's worker on first use (its load takes minutes), keep it for every repeat, and end it with `closing`."""
+    holder = {}
+
+    def run() -> RunResult:
+        from ember.bench.vllm_runner import VLLMRunner
+
+        if "runner" not in holder:
+            runner = VLLMRunner(_vllm_folder(options, dtype), dtype, options.vllm_python, seed=options.seed)
+            holder["runner"] = closing.enter_context(contextlib.closing(runner))
+        return holder["runner"].run(workload, batch1=batch1)
+
+    return run
+
+
 def _interleave(options: BenchOptions, title: str, runners: dict[str, Callable[[], RunResult]]) -> dict[str, list[RunResult]]:
     runs: dict[str, list[RunResult]] = {name: [] for name in runners}
     for repeat in range(options.repeats):
@@ -314,9 +361,10 @@ def bench_batch1(options: BenchOptions) -> dict:
     workload = make_workload(options, "batch1")
     path = model_path(options.model)
     probes: dict[str, list[tuple[float, float]]] = {dtype: [] for dtype in options.dtypes}
-    runners = {f"{dtype}/{name}": runner for dtype in options.dtypes
-               for name, runner in _batch1_runners(options, dtype, workload, path, probes[dtype]).items()}
-    runs = _interleave(options, "batch1", runners)
+    with contextlib.ExitStack() as closing:  # peers' worker processes end with the section's runs
+        runners = {f"{dtype}/{name}": runner for dtype in options.dtypes
+                   for name, runner in _batch1_runners(options, dtype, workload, path, probes[dtype], closing).items()}
+        runs = _interleave(options, "batch1", runners)
     section: dict = {"workload": workload.params, "dtype": {}}
     for dtype in options.dtypes:
         own = {key.split("/", 1)[1]: rs for key, rs in runs.items() if key.split("/", 1)[0] == dtype}
@@ -328,8 +376,8 @@ def bench_batch1(options: BenchOptions) -> dict:
     return section
 
 
-def _batch1_runners(options: BenchOptions, dtype: str, workload: Workload, path: Path,
-                    probes: list[tuple[float, float]]) -> dict[str, Callable[[], RunResult]]:
+def _batch1_runners(options: BenchOptions, dtype: str, workload: Workload, path: Path, probes: list[tuple[float, float]],
+                    closing: contextlib.ExitStack) -> dict[str, Callable[[], RunResult]]:
     """One dtype's batch1 engines: ember (its bandwidth probes appended to `probes`), its KV-cache variant, the peers."""
     peers = active_peers(options)
     runners: dict[str, Callable[[], RunResult]] = {
@@ -343,6 +391,8 @@ def _batch1_runners(options: BenchOptions, dtype: str, workload: Workload, path:
         runners["hf"] = _lazy_hf(path, dtype, 1, workload, batch1=True)
     if "llamacpp" in peers:
         runners["llamacpp"] = _lazy_llamacpp(options, dtype, workload, 1)
+    if "vllm" in peers and dtype != "auto":
+        runners["vllm"] = _lazy_vllm(options, dtype, workload, closing, batch1=True)
     return runners
 
 
@@ -367,7 +417,7 @@ def _batch1_entry(runs: dict[str, list[RunResult]], probes: list[tuple[float, fl
                  roofline_pct=median(paired), roofline_pct_runs=paired)
     if "ember_kv" in entry:  # the same engine with the narrower KV cache, same run: decode speed-up
         entry["ratio_kv_cache"] = ratio(entry["ember_kv"]["decode_tok_s"]["median"], ember)
-    for peer in ("hf", "llamacpp"):
+    for peer in PEERS:
         if peer in entry:
             entry[f"{peer}_roofline_pct"] = 100.0 * entry[peer]["decode_tok_s"]["median"] / roofline_tok_s
             entry[f"ratio_{peer}"] = ratio(ember, entry[peer]["decode_tok_s"]["median"])
@@ -479,11 +529,12 @@ def bench_serve(
     offline, so the report shows what the served path costs: served / offline output tok/s,
     served / offline batch-1 TPOT, and one whole 96-token answer end to end (`end_to_end_batch1`:
     admission, tokenization, the engine-process hop and the response included), same run.
+    With "vllm" among the peers (and no `url`), `vllm serve` of the same weights is started beside it and each
+    repeat sends it the same requests, and the batch1 request alone, right after ember's (`section["vllm"]`).
     """
     import asyncio
-    import contextlib
 
-    from ember.bench.serve import SLO, ember_server, run_load, serve_summary
+    from ember.bench.serve import SLO, ember_server, run_load
 
     if max_prompt < 1 or max_output < 2:
         raise ValueError("--max-prompt-tokens must be at least 1 and --max-output-tokens at least 2 (a TPOT needs two tokens)")
@@ -498,7 +549,10 @@ def bench_serve(
     options.tick(f"serve: starting {label}")
     runs, offline, served_batch1, offline_batch1 = [], [], [], []
     served_e2e, offline_e2e = [], []
-    with server as base_url:
+    peer_runs: dict[str, list[RunResult]] = {}
+    with contextlib.ExitStack() as servers:
+        base_url = servers.enter_context(server)
+        peer_urls = _serve_peers(options, dtype, servers) if compares_offline else {}
         for repeat in range(options.repeats):
             # A new seed per repeat, so a server's prefix cache cannot serve a repeat's prompts.
             workload = make_workload(options, "serve", seed_offset=repeat, num_requests=num_requests, request_rate=request_rate, **lengths)
@@ -506,6 +560,10 @@ def bench_serve(
             runs.append(asyncio.run(run_load(base_url, workload, served_model, concurrency, label=label)))
             if not compares_offline:
                 continue
+            for peer, (peer_url, peer_model) in peer_urls.items():
+                options.tick(f"serve: the same requests and batch1 on {peer} serve ({repeat + 1}/{options.repeats})")
+                peer_runs.setdefault(peer, []).append(asyncio.run(run_load(peer_url, workload, peer_model, concurrency, label=f"{peer} serve")))
+                peer_runs.setdefault(f"{peer}/batch1", []).append(asyncio.run(run_load(peer_url, batch1, peer_model, 1, label=f"{peer} serve")))
             options.tick(f"serve: the same requests offline ({repeat + 1}/{options.repeats})")
             offline.append(run_ember(options.model, dtype, workload, _offline_settings(concurrency, len(workload.requests))))
             options.tick(f"serve: batch1 served and offline ({repeat + 1}/{options.repeats})")
@@ -515,7 +573,6 @@ def bench_serve(
             served_s, offline_s = end_to_end_batch1(base_url, options.model, dtype, served_model)
             served_e2e.append(E2E_OUTPUT_TOKENS / served_s)
             offline_e2e.append(E2E_OUTPUT_TOKENS / offline_s)
-    summaries = [serve_summary(r, slo) for r in runs]
     section = {
         "target": label,
         "num_requests": num_requests,
@@ -523,7 +580,37 @@ def bench_serve(
         "max_output_tokens": max_output,
         "concurrency": concurrency,
         "request_rate": None if request_rate == float("inf") else request_rate,
-        "slo": summaries[0]["slo"],
+        **_served_figures(runs, slo),
+    }
+    section["slo"] = section["runs"][0]["slo"]
+    for peer in peer_urls:
+        section[peer] = _served_figures(peer_runs[peer], slo)
+        section[peer]["batch1_tpot_ms"] = spread([1000 * mean_tpot_s(r) for r in peer_runs[f"{peer}/batch1"]]).to_dict()
+        section[f"ratio_{peer}"] = ratio(section["tok_s"]["median"], section[peer]["tok_s"]["median"])
+    if compares_offline:
+        section["vs_offline"] = served_vs_offline(runs, offline, served_batch1, offline_batch1)
+        section["vs_offline"]["e2e_batch1_tok_s"] = {"served": spread(served_e2e).to_dict(), "offline": spread(offline_e2e).to_dict()}
+        section["vs_offline"]["e2e_batch1_ratio"] = ratio(spread(served_e2e).median, spread(offline_e2e).median)
+    return section
+
+
+def _serve_peers(options: BenchOptions, dtype: str, servers: contextlib.ExitStack) -> dict[str, tuple[str, str]]:
+    """The peers' servers of the serve bench, started and entered into `servers`: peer -> (base URL, model name)."""
+    if "vllm" not in active_peers(options):
+        return {}
+    from ember.bench.vllm_runner import VLLM_SERVED_NAME, vllm_server
+
+    options.tick("serve: starting vllm serve (its load takes minutes)")
+    base_url = servers.enter_context(vllm_server(_vllm_folder(options, dtype), dtype, options.vllm_python))
+    return {"vllm": (base_url, VLLM_SERVED_NAME)}
+
+
+def _served_figures(runs: list[RunResult], slo) -> dict:
+    """One server's repeats under load: output tok/s, TTFT, TPOT, ITL, goodput (median, min, max), errors, the runs."""
+    from ember.bench.serve import serve_summary
+
+    summaries = [serve_summary(r, slo) for r in runs]
+    return {
         "tok_s": _tok_s(runs),
         "mean_ttft_ms": spread([s["ttft"].get("mean_ms", 0.0) for s in summaries]).to_dict(),
         "p99_ttft_ms": spread([s["ttft"].get("p99_ms", 0.0) for s in summaries]).to_dict(),
@@ -533,11 +620,6 @@ def bench_serve(
         "errors": sum(s["errors"] for s in summaries),
         "runs": [dict(s, ttft_s=r.ttfts(), itl_s={"main": r.itls()}) for s, r in zip(summaries, runs, strict=True)],
     }
-    if compares_offline:
-        section["vs_offline"] = served_vs_offline(runs, offline, served_batch1, offline_batch1)
-        section["vs_offline"]["e2e_batch1_tok_s"] = {"served": spread(served_e2e).to_dict(), "offline": spread(offline_e2e).to_dict()}
-        section["vs_offline"]["e2e_batch1_ratio"] = ratio(spread(served_e2e).median, spread(offline_e2e).median)
-    return section
 
 
 E2E_PROMPT = "Once upon a time"

@@ -21,8 +21,8 @@ def test_mixed_takes_peers_and_a_request_count():
 def test_an_unknown_peer_is_refused_with_the_known_ones():
     from ember.bench.cli import _options
 
-    args = build_parser().parse_args(["bench", "mixed", "--peers", "vllm"])
-    with pytest.raises(ValueError, match="hf, llamacpp"):
+    args = build_parser().parse_args(["bench", "mixed", "--peers", "sglang"])
+    with pytest.raises(ValueError, match="hf, llamacpp, vllm"):
         _options(args)
 
 
@@ -85,3 +85,13 @@ def test_bench_threads_are_set_for_the_run_and_zero_is_refused():
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="--threads"):
         _options(build_parser().parse_args(["bench", "batch1", "--threads", "0", "--peers", "none"]))
+
+
+@pytest.mark.parametrize("extra", [["--peers", "hf"], ["--peers", "vllm", "--url", "http://127.0.0.1:9"],
+                                   ["--peers", "vllm", "--data-parallel-size", "2"]])
+def test_serve_takes_vllm_as_its_only_peer_beside_its_own_server(extra):
+    from ember.bench.cli import _run_workload
+
+    args = build_parser().parse_args(["bench", "serve", "--threads", "1", *extra])
+    with pytest.raises(ValueError, match="takes vllm only"):
+        _run_workload(args)

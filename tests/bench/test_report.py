@@ -69,9 +69,11 @@ def test_summary_has_the_issue_shape_with_null_for_peers_not_run():
     s = report.summary(fake_results())
     assert set(s) == {"mixed", "batch1", "shared_prefix", "long_prefill", "serve", "machine", "commit"}
     f32 = s["mixed"]["dtype"]["float32"]
-    assert f32 == {"ember_tok_s": 300.0, "hf_tok_s": 50.0, "llamacpp_tok_s": None, "ratio_hf": 6.0, "ratio_llamacpp": None}
+    assert f32 == {"ember_tok_s": 300.0, "hf_tok_s": 50.0, "llamacpp_tok_s": None, "vllm_tok_s": None, "ratio_hf": 6.0, "ratio_llamacpp": None,
+                   "ratio_vllm": None}
     assert s["mixed"]["dtype"]["bfloat16"]["ember_tok_s"] is None
-    assert s["batch1"] == {"ember_tok_s": 30.0, "roofline_tok_s": 40.0, "roofline_pct": 75.0, "hf_tok_s": None, "llamacpp_tok_s": None}
+    assert s["batch1"] == {"ember_tok_s": 30.0, "roofline_tok_s": 40.0, "roofline_pct": 75.0, "hf_tok_s": None, "llamacpp_tok_s": None,
+                           "vllm_tok_s": None}
     assert s["shared_prefix"] == {"ttft_ratio": 8.0, "prefix_reuse_pct": 95.0}
     assert s["long_prefill"] == {"p99_itl_ratio": 2.0}
     assert s["serve"] == {"batch1_tpot_ratio": 1.1, "tok_s_ratio": 0.8, "e2e_batch1_ratio": 0.95}
@@ -133,3 +135,39 @@ def test_the_terminal_tables_show_the_same_figures(capsys, monkeypatch):
     assert "HF transformers (float32): attention_implementation=sdpa" in out
     assert "KV cache 1.0 MB at 192 cached tokens" in out
     assert "served vs offline" in out and "1.10x" in out
+
+
+def with_vllm(results: dict) -> dict:
+    """`results` with vLLM's figures added beside ember's in mixed, batch1 and serve."""
+    entry = results["mixed"]["dtype"]["float32"]
+    entry["vllm"] = {"tok_s": _spread(100.0), "settings": {"vllm_version": "0.32.0", "max_num_seqs": 256}, "runs": []}
+    entry["ratio_vllm"] = 3.0
+    batch1 = results["batch1"]["dtype"]["float32"]
+    batch1["vllm"] = {"decode_tok_s": _spread(20.0), "tok_s": _spread(18.0)}
+    serve = results["serve"]
+    serve["vllm"] = {"tok_s": _spread(25.0), "mean_ttft_ms": _spread(300.0), "p99_ttft_ms": _spread(400.0), "mean_tpot_ms": _spread(70.0),
+                     "p99_itl_ms": _spread(90.0), "goodput_req_s": _spread(0.5), "errors": 0, "batch1_tpot_ms": _spread(45.0), "runs": []}
+    serve["ratio_vllm"] = 1.6
+    return results
+
+
+def test_vllm_figures_get_their_own_rows_columns_and_ratios():
+    results = with_vllm(fake_results())
+    text = report.render_markdown(results)
+    assert "| float32 | vLLM | 100.0 (100.0–100.0) | = output | none | — | 3.00x |" in text
+    assert "| float32 | vLLM | 20.0 (20.0–20.0) | 18.0 (18.0–18.0) | 50% |" in text  # 20 of the 40 tok/s roofline
+    assert "| vLLM, `mixed` float32 | vllm_version: 0.32.0, max_num_seqs: 256 |" in text
+    assert "|  | ember serve (float32) | vLLM serve |" in text
+    assert "| TPOT (ms), one `batch1` request alone | 66.0 (66.0–66.0) | 45.0 (45.0–45.0) |" in text
+    assert "ember / vLLM output tok/s 1.60x" in text
+    assert report.summary(results)["mixed"]["dtype"]["float32"]["ratio_vllm"] == 3.0
+    assert report.summary(results)["batch1"]["vllm_tok_s"] == 20.0
+
+
+def test_the_terminal_serve_table_has_a_vllm_column(capsys, monkeypatch):
+    from ember.bench.printing import print_section
+
+    monkeypatch.setenv("COLUMNS", "220")
+    print_section("serve", with_vllm(fake_results())["serve"], {})
+    out = capsys.readouterr().out
+    assert "ember / vLLM output tok/s 1.60x" in out and "vLLM serve" in out and "45.0 (45.0–45.0)" in out
