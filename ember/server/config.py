@@ -51,6 +51,8 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
+    # how often a whole-answer request checks that its client is still there (a gone client's request is aborted)
+    disconnect_poll_s: float = 0.5
     api_keys: tuple[str, ...] = ()  # none: the /v1 routes are open; else a request must bring one (ember.server.common.api_key)
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # fields a request leaves out
     # Responses API: where finished responses are kept for previous_response_id (SQLite; ":memory:" lasts as long as
@@ -82,6 +84,7 @@ class ServerConfig:
             ("--header-timeout-s", self.header_timeout_s),
             ("--body-timeout-s", self.body_timeout_s),
             ("--drain-timeout-s", self.drain_timeout_s),
+            ("disconnect_poll_s", self.disconnect_poll_s),
         ):
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{flag} must be a positive, finite number of seconds, got {value}")

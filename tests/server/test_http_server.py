@@ -34,7 +34,8 @@ HI = [{"role": "user", "content": "Hi"}]
 
 @pytest.fixture(scope="module")
 def server(engine: RecordingEngine):
-    with ThreadedServer(tiny_app(engine, max_waiting=MAX_WAITING, max_body_bytes=MAX_BODY_BYTES, retry_after_s=2)) as running:
+    with ThreadedServer(tiny_app(engine, max_waiting=MAX_WAITING, max_body_bytes=MAX_BODY_BYTES, retry_after_s=2,
+                                  disconnect_poll_s=0.01)) as running:
         yield running
 
 

@@ -23,8 +23,6 @@ from ember.server.serving.context import ServingContext
 
 T = TypeVar("T")
 
-DISCONNECT_POLL_S = 0.5
-
 
 class _RequestTracker:
     """Counts what one engine request produced, to report it when it ends."""
@@ -199,4 +197,4 @@ async def cancel_on_disconnect(context: ServingContext, request: Request, work: 
         if await request.is_disconnected():
             raise ApiError("The client disconnected.", status_code=499, code="client_disconnected")
 
-    return await context.drain.run_until_expired(work, check_client, DISCONNECT_POLL_S)
+    return await context.drain.run_until_expired(work, check_client, context.config.disconnect_poll_s)
